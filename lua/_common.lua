@@ -1,0 +1,39 @@
+-- Shared helpers, pasted by redisbuf/scripts.py in place of "-- @include common".
+-- Not an operation of its own.
+local unpack = unpack or table.unpack
+local CHUNK = 1000  -- both real Redis and fakeredis refuse unpack() of ~8000 values
+
+local function fmt(x)
+  return string.format('%.17g', x)
+end
+
+local function id_str(n)
+  return string.format('%012d', n)
+end
+
+-- Lua 5.3+ (fakeredis) refuses tonumber('-inf'); Redis' Lua 5.1 accepts it.
+local function to_number(s)
+  if s == '-inf' then return -math.huge end
+  if s == 'inf' or s == '+inf' then return math.huge end
+  return tonumber(s)
+end
+
+local function call_chunked(cmd, key, list, step)
+  step = step or CHUNK
+  for i = 1, #list, step do
+    redis.call(cmd, key, unpack(list, i, math.min(i + step - 1, #list)))
+  end
+end
+
+local function hmget_chunked(key, fields)
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
+end
+
+local function fail(code, message)
+  return redis.error_reply(code .. ' ' .. message)
+end

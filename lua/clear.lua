@@ -1,0 +1,9 @@
+-- Remove every item; keep configuration and schema; reset counters. Ids keep growing.
+-- KEYS[1] meta  KEYS[2..] the data keys (items, prio, order, tree, tree:ids, tree:slots,
+-- tree:free)
+-- Returns the number of items removed.
+local removed = redis.call('ZCARD', KEYS[4])
+for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
+redis.call('HSET', KEYS[1], 'inserted', 0, 'evicted', 0, 'sampled', 0, 'tree_next_slot', 0)
+redis.call('HDEL', KEYS[1], 'tree_ref')
+return removed

@@ -1,0 +1,13 @@
+-- Build (or rebuild) the sum tree that prioritized sampling walks; add.lua keeps it
+-- up to date from then on, whichever process adds.
+-- @include common
+-- @include tree
+-- KEYS[1] meta  KEYS[2] prio  KEYS[3] tree  KEYS[4] tree:ids  KEYS[5] tree:slots
+-- KEYS[6] tree:free
+-- ARGV[1] "1" = rebuild even if the tree exists
+-- Returns 1 if built, 0 if it already existed.
+local meta = KEYS[1]
+local conf = redis.call('HMGET', meta, 'tree', 'capacity')
+if conf[1] == '1' and ARGV[1] ~= '1' then return 0 end
+tree_rebuild(meta, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], tonumber(conf[2]))
+return 1

@@ -1,0 +1,522 @@
+"""ReplayBuffer: one named buffer in Redis, shared by every process that opens the name."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import redis
+
+from . import codec, scripts
+from .connection import as_client
+from .containers import KINDS, ContainerKind, describe_schema_difference, kind_of, schema_to_json
+from .errors import (
+    ConfigMismatchError,
+    DecodeError,
+    EmptyBufferError,
+    InvalidBatchError,
+    ItemTooLargeError,
+    SchemaError,
+)
+from .keys import BufferKeys, format_id
+from .samplers import Draw, PrioritizedSampler, Sampler, UniformSampler
+
+FORMAT_VERSION = 1
+FILE_MAGIC = "redisbuf"
+DEFAULT_MAX_ITEM_BYTES = 64 * 1024 * 1024
+_READ_CHUNK = 1000
+
+
+@dataclass
+class AddResult:
+    """What one ``add`` did: the ids given to the batch's items (in batch order), how many
+    items the insertion evicted (possibly some of these new ones, under prioritized
+    capacity), and the manager's score dict when a remote manager is configured."""
+
+    ids: np.ndarray
+    evicted: int
+    score: dict[str, float] | None = None
+
+
+@dataclass
+class SampleInfo:
+    """A sampled batch with the ids of its items and, for prioritized sampling, the
+    probability with which each draw picked its item."""
+
+    batch: Any
+    ids: np.ndarray
+    probabilities: np.ndarray | None = None
+
+
+@dataclass
+class _Config:
+    capacity: int
+    eviction: str
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+def _priority_text(value: float) -> str:
+    return "-inf" if value == -math.inf else repr(float(value))
+
+
+class ReplayBuffer:
+    """A replay buffer stored in Redis under ``name``, shared by all processes using it.
+
+    Args:
+        redis_or_url: a ``redis.Redis`` client (``decode_responses=False``) or a URL;
+            ``None`` reads ``$REDISBUF_URL``.
+        name: buffer name (letters, digits, ``_ . -``); all keys share the tag ``{name}``.
+        capacity: the most items kept. Opening an existing buffer with another capacity
+            raises :class:`ConfigMismatchError`; ``None`` adopts the stored one.
+        prioritized_capacity: when full, evict the lowest log-reward first (oldest first
+            among equals) instead of the oldest. Fixed at creation, like ``capacity``.
+        prioritized_sampling: ``sample`` draws with replacement, item ``i`` with
+            probability ``softmax(log_rewards)_i``; otherwise uniformly without replacement.
+        kind: expected container kind (``trajectories``, ``transitions``, ``states``,
+            ``dict``); by default the first ``add`` fixes it.
+        max_item_bytes: largest encoded item accepted by ``add``.
+        seed: seeds this process's sampling random numbers.
+        sampler: a custom :class:`~redisbuf.samplers.Sampler` (overrides
+            ``prioritized_sampling``).
+    """
+
+    def __init__(
+        self,
+        redis_or_url: Any = None,
+        name: str = "default",
+        capacity: int | None = 1000,
+        prioritized_capacity: bool = False,
+        prioritized_sampling: bool = False,
+        *,
+        kind: str | None = None,
+        max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
+        seed: int | None = None,
+        sampler: Sampler | None = None,
+    ) -> None:
+        if capacity is not None and (not isinstance(capacity, int) or capacity <= 0):
+            raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
+        if kind is not None and kind not in KINDS:
+            raise ValueError(f"unknown container kind {kind!r}; choose from {sorted(KINDS)}")
+        if max_item_bytes <= 0:
+            raise ValueError(f"max_item_bytes must be positive, got {max_item_bytes}")
+        self.client = as_client(redis_or_url)
+        self.keys = BufferKeys(name)
+        self.name = name
+        self.max_item_bytes = max_item_bytes
+        self.rng = np.random.default_rng(seed)
+        self._schema: dict[str, Any] | None = None
+        self._schema_json: str | None = None
+        self._config = self._open(capacity, "reward" if prioritized_capacity else "fifo")
+        self.capacity = self._config.capacity
+        self.prioritized_capacity = self._config.eviction == "reward"
+        self.prioritized_sampling = prioritized_sampling
+        stored_kind = self._config.meta.get("kind")
+        if kind is not None and stored_kind is not None and kind != stored_kind:
+            raise ConfigMismatchError(
+                f"buffer {name!r} holds {stored_kind}, not {kind} (container kind mismatch)"
+            )
+        self.kind = kind or stored_kind
+        if sampler is None:
+            sampler = PrioritizedSampler() if prioritized_sampling else UniformSampler()
+        self.sampler = sampler
+        self.sampler.prepare(self)
+
+    @classmethod
+    def open(cls, redis_or_url: Any, name: str, **kwargs: Any) -> ReplayBuffer:
+        """Open an existing buffer with its stored configuration.
+
+        Raises :class:`ConfigMismatchError` if no buffer called ``name`` exists.
+        """
+        client = as_client(redis_or_url)
+        meta = _decode_meta(client.hgetall(BufferKeys(name).meta))
+        if not meta:
+            raise ConfigMismatchError(f"no buffer named {name!r} exists in this Redis")
+        return cls(
+            client,
+            name,
+            capacity=None,
+            prioritized_capacity=meta.get("eviction") == "reward",
+            **kwargs,
+        )
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        return scripts.load(script)(self.client, keys, args)
+
+    def _open(self, capacity: int | None, eviction: str) -> _Config:
+        if capacity is None:
+            meta = _decode_meta(self.client.hgetall(self.keys.meta))
+            if not meta:
+                raise ConfigMismatchError(
+                    f"buffer {self.name!r} does not exist; give a capacity to create it"
+                )
+        else:
+            reply = self._run(
+                "init", [self.keys.meta], [capacity, eviction, FORMAT_VERSION, int(time.time())]
+            )
+            meta = _decode_meta(dict(zip(reply[::2], reply[1::2], strict=True)))
+        stored = _Config(int(meta["capacity"]), meta["eviction"], meta)
+        if int(meta.get("format_version", FORMAT_VERSION)) > FORMAT_VERSION:
+            raise ConfigMismatchError(
+                f"buffer {self.name!r} was written by a newer redisbuf "
+                f"(format {meta['format_version']}, this one reads {FORMAT_VERSION})"
+            )
+        if capacity is not None and stored.capacity != capacity:
+            raise ConfigMismatchError(
+                f"buffer {self.name!r} exists with capacity {stored.capacity}, "
+                f"not {capacity} (capacity mismatch)"
+            )
+        if capacity is not None and stored.eviction != eviction:
+            raise ConfigMismatchError(
+                f"buffer {self.name!r} exists with eviction policy {stored.eviction!r}, "
+                f"not {eviction!r} (prioritized_capacity mismatch)"
+            )
+        if "schema" in meta:
+            self._schema_json = meta["schema"]
+            self._schema = json.loads(meta["schema"])
+        return stored
+
+    def _stored_schema(self) -> dict[str, Any] | None:
+        if self._schema is None:
+            raw = self.client.hget(self.keys.meta, "schema")
+            if raw is not None:
+                self._schema_json = raw.decode()
+                self._schema = json.loads(self._schema_json)
+                self.kind = self._schema["kind"]
+        return self._schema
+
+    def _check_schema(self, schema: dict[str, Any], schema_json: str) -> None:
+        stored = self._stored_schema()
+        if stored is not None and schema_json != self._schema_json:
+            raise SchemaError(
+                f"batch does not fit buffer {self.name!r}: "
+                f"{describe_schema_difference(stored, schema)}"
+            )
+        if self.kind is not None and schema["kind"] != self.kind:
+            raise SchemaError(
+                f"batch does not fit buffer {self.name!r}: buffer holds {self.kind}, "
+                f"batch is {schema['kind']}"
+            )
+
+    # -- writing ------------------------------------------------------------------------
+
+    def encode(self, batch: Any) -> tuple[list[bytes], np.ndarray, dict[str, Any]]:
+        """Validate ``batch`` and encode it: (blobs, log-rewards, schema). Writes nothing."""
+        items, log_rewards, schema = kind_of(batch).split(batch)
+        if not items:
+            raise InvalidBatchError("batch is empty")
+        if (self.prioritized_capacity or self.prioritized_sampling) and (
+            "log_rewards" not in schema["fields"]
+        ):
+            raise InvalidBatchError(
+                "this buffer ranks items by log-reward: the batch must carry log_rewards"
+            )
+        try:
+            blobs = [codec.packb(item) for item in items]
+        except TypeError as exc:
+            raise SchemaError(f"batch cannot be encoded: {exc}") from exc
+        for index, blob in enumerate(blobs):
+            if len(blob) > self.max_item_bytes:
+                raise ItemTooLargeError(
+                    f"item {index} encodes to {len(blob)} bytes, over max_item_bytes="
+                    f"{self.max_item_bytes}"
+                )
+        return blobs, log_rewards, schema
+
+    def add(self, batch: Any) -> AddResult:
+        """Insert every item of ``batch`` in one atomic step, then evict beyond capacity.
+
+        Eviction removes the oldest items (FIFO), or with ``prioritized_capacity`` the
+        lowest log-reward ones (oldest first among equal log-rewards; new items included).
+        A batch that is rejected (wrong kind or schema, NaN or +inf log-rewards, an item
+        over ``max_item_bytes``) raises and leaves the buffer unchanged.
+        """
+        blobs, log_rewards, schema = self.encode(batch)
+        return self._insert(blobs, log_rewards, schema)
+
+    def _insert(self, blobs: list[bytes], priorities: np.ndarray, schema: dict[str, Any]) -> AddResult:
+        schema_json = schema_to_json(schema)
+        self._check_schema(schema, schema_json)
+        args: list[Any] = [schema_json, len(blobs)]
+        for blob, priority in zip(blobs, priorities.tolist(), strict=True):
+            args.append(blob)
+            args.append(_priority_text(priority))
+        k = self.keys
+        try:
+            first, count, evicted = self._run(
+                "add",
+                [k.meta, k.items, k.prio, k.order, k.tree, k.tree_ids, k.tree_slots, k.tree_free],
+                args,
+            )
+        except SchemaError:
+            self._schema = None  # another process fixed the schema first: report against it
+            stored = self._stored_schema() or {}
+            raise SchemaError(
+                f"batch does not fit buffer {self.name!r}: "
+                f"{describe_schema_difference(stored, schema)}"
+            ) from None
+        if self._schema is None:
+            self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
+        return AddResult(np.arange(first, first + count, dtype=np.int64), int(evicted))
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _container_kind(self) -> tuple[ContainerKind, dict[str, Any]]:
+        schema = self._stored_schema()
+        if schema is None:
+            raise EmptyBufferError(f"buffer {self.name!r} is empty")
+        return KINDS[schema["kind"]], schema
+
+    def decode(self, blobs: list[bytes], ids: list[int] | None = None) -> Any:
+        """Join stored blobs into one batch of this buffer's kind."""
+        kind, schema = self._container_kind()
+        items = []
+        for position, blob in enumerate(blobs):
+            if blob is None:
+                raise DecodeError(
+                    f"item {ids[position] if ids else position} has no blob in {self.keys.items}"
+                )
+            try:
+                items.append(codec.unpackb(blob))
+            except DecodeError as exc:
+                where = f"id {ids[position]}" if ids else f"position {position}"
+                raise DecodeError(f"{self.keys.items} {where}: {exc}") from exc
+        try:
+            return kind.join(items, schema)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise DecodeError(f"stored items do not match the buffer schema: {exc}") from exc
+
+    def _draw(self, n: int, replacement: bool | None) -> Draw:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        sampler = self.sampler
+        if replacement is not None and isinstance(sampler, UniformSampler):
+            sampler = UniformSampler(replacement)
+        try:
+            return sampler.draw(self, int(n), self.rng)
+        except EmptyBufferError as exc:
+            raise EmptyBufferError(f"buffer {self.name!r}: {exc}") from None
+
+    def sample(self, n: int, replacement: bool | None = None) -> Any:
+        """Draw ``n`` items and return them as one batch of the buffer's kind.
+
+        Uniform sampling is without replacement unless ``replacement=True`` or ``n``
+        exceeds the length; prioritized sampling (``prioritized_sampling=True``) is with
+        replacement, proportional to ``exp(log_reward)``. Raises
+        :class:`EmptyBufferError` ("buffer is empty") when there is nothing to draw.
+        """
+        draw = self._draw(n, replacement)
+        return self.decode(draw.blobs, draw.ids)
+
+    def sample_with_info(self, n: int, replacement: bool | None = None) -> SampleInfo:
+        """Like :meth:`sample`, also returning item ids and draw probabilities."""
+        draw = self._draw(n, replacement)
+        return SampleInfo(
+            self.decode(draw.blobs, draw.ids), np.array(draw.ids, dtype=np.int64), draw.probabilities
+        )
+
+    def get(self, ids: list[int] | np.ndarray) -> Any:
+        """The items with these ids, as one batch (KeyError names any id not present)."""
+        ids = [int(i) for i in ids]
+        blobs = self.client.hmget(self.keys.items, [format_id(i) for i in ids])
+        missing = [i for i, blob in zip(ids, blobs, strict=True) if blob is None]
+        if missing:
+            raise KeyError(f"ids not in buffer {self.name!r}: {missing[:10]}")
+        return self.decode(blobs, ids)
+
+    def __len__(self) -> int:
+        return int(self.client.zcard(self.keys.order))
+
+    def __repr__(self) -> str:
+        return (
+            f"ReplayBuffer(name={self.name!r}, capacity={self.capacity}, "
+            f"eviction={self._config.eviction!r}, sampler={self.sampler.name!r})"
+        )
+
+    def top(self, k: int = 10) -> list[tuple[int, float]]:
+        """The ``k`` items of highest log-reward (priority) as ``(id, log_reward)``."""
+        rows = self.client.zrevrange(self.keys.prio, 0, k - 1, withscores=True)
+        return [(int(member), float(score)) for member, score in rows]
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, length, capacity and configuration, plus Redis memory of the keys."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.keys.meta)
+        pipe.zcard(self.keys.order)
+        meta_raw, length = pipe.execute()
+        meta = _decode_meta(meta_raw)
+        return {
+            "name": self.name,
+            "capacity": int(meta.get("capacity", self.capacity)),
+            "length": int(length),
+            "inserted": int(meta.get("inserted", 0)),
+            "evicted": int(meta.get("evicted", 0)),
+            "sampled": int(meta.get("sampled", 0)),
+            "last_id": int(meta.get("last_id", 0)),
+            "kind": meta.get("kind"),
+            "eviction": meta.get("eviction"),
+            "prioritized_sampling_ready": meta.get("tree") == "1",
+            "memory_bytes": self.memory_usage(),
+        }
+
+    def memory_usage(self) -> int | None:
+        """Bytes Redis reports for this buffer's keys (None if the server cannot say)."""
+        total = 0
+        try:
+            for key in self.keys.all_keys():
+                used = self.client.memory_usage(key, samples=0)
+                total += int(used or 0)
+        except redis.exceptions.ResponseError:
+            return None
+        return total
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def clear(self) -> int:
+        """Remove every item, reset the counters; keep capacity, kind and schema.
+        Ids are never reused. Returns the number of items removed."""
+        return int(self._run("clear", self.keys.all_keys(), []))
+
+    def drop(self) -> None:
+        """Delete the buffer entirely, configuration included."""
+        self.client.delete(*self.keys.all_keys())
+        self._schema = self._schema_json = None
+
+    # -- persistence --------------------------------------------------------------------
+
+    def _header(self) -> dict[str, Any]:
+        meta = _decode_meta(self.client.hgetall(self.keys.meta))
+        return {
+            "format": FILE_MAGIC,
+            "version": FORMAT_VERSION,
+            "name": self.name,
+            "capacity": int(meta["capacity"]),
+            "eviction": meta["eviction"],
+            "schema": meta.get("schema"),
+            "counters": {k: int(meta.get(k, 0)) for k in ("inserted", "evicted", "sampled")},
+        }
+
+    def _records(self) -> Iterator[tuple[int, float, bytes]]:
+        """(id, priority, blob) of every item, oldest first, read in chunks."""
+        start = 0
+        while True:
+            members = self.client.zrange(self.keys.order, start, start + _READ_CHUNK - 1)
+            if not members:
+                return
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hmget(self.keys.items, members)
+            pipe.zmscore(self.keys.prio, members)
+            blobs, scores = pipe.execute()
+            for member, blob, score in zip(members, blobs, scores, strict=True):
+                if blob is not None and score is not None:  # evicted while we read
+                    yield int(member), float(score), blob
+            start += len(members)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole buffer as plain data: header, then ids, priorities and blobs."""
+        records = list(self._records())
+        return {
+            **self._header(),
+            "ids": [r[0] for r in records],
+            "priorities": [r[1] for r in records],
+            "blobs": [r[2] for r in records],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the buffer's items with those of ``state`` (from :meth:`state_dict`),
+        keeping their order and priorities and restoring the counters."""
+        _check_header(state)
+        self._restore(
+            state, zip(state["ids"], state["priorities"], state["blobs"], strict=True)
+        )
+
+    def save(self, path: str | Path) -> int:
+        """Write the buffer to ``path`` as a msgpack stream (header, then one record per
+        item, oldest first). Returns the number of items written. Not a consistent
+        snapshot if other processes write meanwhile."""
+        count = 0
+        with open(path, "wb") as handle:
+            packer = msgpack.Packer(use_bin_type=True)
+            handle.write(packer.pack(self._header()))
+            for record in self._records():
+                handle.write(packer.pack(list(record)))
+                count += 1
+        return count
+
+    def load(self, path: str | Path) -> int:
+        """Replace the buffer's items with those saved at ``path``; returns their number.
+        The file is read and checked whole before the buffer is touched."""
+        with open(path, "rb") as handle:
+            unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
+            try:
+                header = next(unpacker)
+            except StopIteration:
+                raise DecodeError(f"{path}: empty file") from None
+            except Exception as exc:
+                raise DecodeError(f"{path}: not a redisbuf file ({exc})") from exc
+            _check_header(header)
+            try:
+                records = [tuple(r) for r in unpacker]
+            except Exception as exc:
+                raise DecodeError(f"{path}: truncated or corrupt record stream ({exc})") from exc
+        for record in records:
+            if len(record) != 3 or not isinstance(record[2], bytes):
+                raise DecodeError(f"{path}: malformed record {record[:2]!r}")
+        self._restore(header, records)
+        return len(records)
+
+    def _restore(self, header: dict[str, Any], records: Any) -> None:
+        records = list(records)
+        schema_json = header.get("schema")
+        if records and not schema_json:
+            raise DecodeError("saved buffer has items but no schema")
+        if schema_json:
+            stored = self._stored_schema()
+            if stored is not None and schema_json != self._schema_json:
+                raise SchemaError(
+                    f"saved items do not fit buffer {self.name!r}: "
+                    f"{describe_schema_difference(stored, json.loads(schema_json))}"
+                )
+        if len(records) > self.capacity:
+            raise ConfigMismatchError(
+                f"saved buffer holds {len(records)} items, over this buffer's capacity "
+                f"{self.capacity}"
+            )
+        self.clear()
+        if records and schema_json:
+            schema = json.loads(schema_json)
+            for start in range(0, len(records), _READ_CHUNK):
+                chunk = records[start : start + _READ_CHUNK]
+                self._insert(
+                    [r[2] for r in chunk], np.array([r[1] for r in chunk], dtype=np.float64), schema
+                )
+        counters = header.get("counters", {})
+        self.client.hset(
+            self.keys.meta, mapping={k: int(counters.get(k, 0)) for k in ("inserted", "evicted", "sampled")}
+        )
+
+
+def _decode_meta(raw: dict[Any, Any]) -> dict[str, str]:
+    return {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in raw.items()
+    }
+
+
+def _check_header(header: Any) -> None:
+    if not isinstance(header, dict) or header.get("format") != FILE_MAGIC:
+        raise DecodeError("not a redisbuf save (missing format marker)")
+    version = header.get("version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise DecodeError(
+            f"saved with format version {version}, newer than this redisbuf reads "
+            f"({FORMAT_VERSION}); upgrade redisbuf"
+        )

@@ -1,0 +1,432 @@
+"""Batch containers and how each kind splits into per-item records and joins back.
+
+A batch is one of:
+
+* :class:`Trajectories` -- torchgfn's layout, time-major: ``states`` (T+1, B, *state_shape),
+  ``actions`` (T, B, *action_shape), ``terminating_idx`` (B,) = number of actions of each
+  trajectory, optional ``log_rewards`` (B,), ``log_probs`` (T, B), ``conditions`` (B, ...).
+  Trajectory ``b`` is ``states[:L+1, b]``, ``actions[:L, b]`` with ``L = terminating_idx[b]``;
+  it is stored without padding and padded again (to the longest sampled one) on the way out.
+* :class:`Transitions` -- one row per transition: ``states``, ``next_states``, ``actions``,
+  ``is_terminating``, optional ``log_rewards``, ``log_probs``, ``conditions``.
+* :class:`States` -- terminating states: ``states`` (B, *state_shape), optional
+  ``log_rewards`` and ``conditions``.
+* a plain ``dict`` of numpy arrays or torch tensors sharing the leading batch dimension
+  (``obs``, ``action``, ``reward``, ``next_obs``, ``done``...); per-item log-rewards, if any,
+  under the key ``log_rewards``.
+
+Arrays may be numpy or torch; a buffer's schema (kind, per-field dtype, trailing shape and
+library) is fixed by its first batch, and ``sample`` returns the same kind of batch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Union
+
+import numpy as np
+import torch
+
+from .codec import dtype_name
+from .errors import InvalidBatchError, SchemaError
+
+Array = Union[np.ndarray, torch.Tensor]
+
+# Field roles: how a field maps onto one item.
+ROW = "row"  # array[b] is item b's value
+STEPS = "steps"  # time-major: array[:L, b] (or [:L+1, b] for states) is item b's value
+
+
+def _lib(array: Array) -> str:
+    return "torch" if isinstance(array, torch.Tensor) else "numpy"
+
+
+def _as_array(value: Any, name: str) -> Array:
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return value
+    try:
+        return np.asarray(value)
+    except Exception as exc:
+        raise InvalidBatchError(f"field {name!r} is not an array: {exc}") from exc
+
+
+def _to_numpy(array: Array) -> np.ndarray:
+    if isinstance(array, torch.Tensor):
+        t = array.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        return t.numpy()
+    return array
+
+
+def _empty(lib: str, dtype: str, shape: tuple[int, ...], fill: float) -> Array:
+    if lib == "torch":
+        return torch.full(shape, fill, dtype=getattr(torch, dtype))
+    return np.full(shape, fill, dtype=np.dtype(dtype))
+
+
+def _stack_rows(values: list[Any], spec: dict[str, Any]) -> Array:
+    if not spec["shape"]:  # scalars travel as plain msgpack numbers
+        if spec["lib"] == "torch":
+            return torch.tensor(values, dtype=getattr(torch, spec["dtype"]))
+        return np.array(values, dtype=np.dtype(spec["dtype"]))
+    if spec["lib"] == "torch":
+        if values and isinstance(values[0], np.ndarray):
+            return torch.from_numpy(np.stack(values))
+        return torch.stack(values)
+    return np.stack(values)
+
+
+def _field_spec(array: Array, trailing: tuple[int, ...]) -> dict[str, Any]:
+    return {"dtype": dtype_name(array), "shape": list(trailing), "lib": _lib(array)}
+
+
+def _row_values(array: Array) -> list[Any]:
+    """Item values of a ROW field: sub-arrays, or Python scalars for 1-D fields."""
+    if array.ndim == 1:
+        return array.tolist()
+    return list(array)
+
+
+class ContainerKind:
+    """How one kind of batch is split into items and joined back.
+
+    ``split`` returns the per-item dicts (to be msgpack-encoded), the per-item
+    log-rewards (float64; 0.0 where the batch has none) and the batch's schema.
+    ``join`` rebuilds a batch from decoded item dicts and the stored schema.
+    """
+
+    name: ClassVar[str]
+
+    def split(self, batch: Any) -> tuple[list[dict[str, Any]], np.ndarray, dict[str, Any]]:
+        raise NotImplementedError
+
+    def join(self, items: list[dict[str, Any]], schema: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def empty_like(self, schema: dict[str, Any]) -> Any:
+        return self.join([], schema)
+
+
+def _log_rewards(value: Array | None, n: int, name: str = "log_rewards") -> np.ndarray:
+    if value is None:
+        return np.zeros(n, dtype=np.float64)
+    arr = _to_numpy(value).astype(np.float64, copy=False).reshape(-1)
+    if arr.shape[0] != n:
+        raise InvalidBatchError(f"{name} has {arr.shape[0]} entries for a batch of {n} items")
+    if np.isnan(arr).any():
+        bad = np.flatnonzero(np.isnan(arr))[:5].tolist()
+        raise InvalidBatchError(f"{name} contains NaN (items {bad})")
+    if np.isposinf(arr).any():
+        bad = np.flatnonzero(np.isposinf(arr))[:5].tolist()
+        raise InvalidBatchError(f"{name} contains +inf (items {bad}); use finite values")
+    return arr
+
+
+class _RowKind(ContainerKind):
+    """Kinds whose every field is one row per item (Transitions, States, dicts)."""
+
+    required: ClassVar[tuple[str, ...]] = ()
+    optional: ClassVar[tuple[str, ...]] = ()
+
+    def _fields_of(self, batch: Any) -> dict[str, Array]:
+        raise NotImplementedError
+
+    def _make(self, arrays: dict[str, Array], schema: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def split(self, batch: Any) -> tuple[list[dict[str, Any]], np.ndarray, dict[str, Any]]:
+        arrays = self._fields_of(batch)
+        for name in self.required:
+            if arrays.get(name) is None:
+                raise InvalidBatchError(f"{self.name} batch is missing field {name!r}")
+        arrays = {k: _as_array(v, k) for k, v in arrays.items() if v is not None}
+        if not arrays:
+            raise InvalidBatchError("batch has no fields")
+        sizes = {k: (v.shape[0] if v.ndim else None) for k, v in arrays.items()}
+        if None in sizes.values():
+            scalar = [k for k, s in sizes.items() if s is None]
+            raise InvalidBatchError(f"fields {scalar} have no leading batch dimension")
+        if len(set(sizes.values())) != 1:
+            raise InvalidBatchError(f"fields disagree on the batch size: {sizes}")
+        n = next(iter(sizes.values()))
+        log_rewards = _log_rewards(arrays.get("log_rewards"), n)
+        schema = {
+            "kind": self.name,
+            "fields": {k: _field_spec(v, tuple(v.shape[1:])) for k, v in sorted(arrays.items())},
+        }
+        columns = {k: _row_values(v) for k, v in arrays.items()}
+        items = [{k: col[i] for k, col in columns.items()} for i in range(n)]
+        return items, log_rewards, schema
+
+    def join(self, items: list[dict[str, Any]], schema: dict[str, Any]) -> Any:
+        out: dict[str, Array] = {}
+        for name, spec in schema["fields"].items():
+            if not items:
+                out[name] = _empty(spec["lib"], spec["dtype"], (0, *spec["shape"]), 0)
+            else:
+                out[name] = _stack_rows([item[name] for item in items], spec)
+        return self._make(out, schema)
+
+
+@dataclass
+class States:
+    """Terminating states: ``states`` (B, *state_shape), optional ``log_rewards`` (B,)
+    and ``conditions`` (B, *condition_shape)."""
+
+    states: Array
+    log_rewards: Array | None = None
+    conditions: Array | None = None
+
+    def __len__(self) -> int:
+        return int(self.states.shape[0])
+
+
+@dataclass
+class Transitions:
+    """One row per transition ``states -> next_states`` via ``actions``."""
+
+    states: Array
+    next_states: Array
+    actions: Array
+    is_terminating: Array
+    log_rewards: Array | None = None
+    log_probs: Array | None = None
+    conditions: Array | None = None
+
+    def __len__(self) -> int:
+        return int(self.states.shape[0])
+
+    @property
+    def terminating_states(self) -> Array:
+        mask = self.is_terminating
+        return self.next_states[mask if isinstance(mask, torch.Tensor) else np.asarray(mask)]
+
+
+@dataclass
+class Trajectories:
+    """Variable-length trajectories in torchgfn's time-major layout.
+
+    ``states`` (T+1, B, *state_shape), ``actions`` (T, B, *action_shape),
+    ``terminating_idx`` (B,): trajectory ``b`` took ``L = terminating_idx[b]`` actions,
+    its states are ``states[:L+1, b]`` and its actions ``actions[:L, b]``; the rest is
+    padding (``states_pad_value`` / ``actions_pad_value`` / 0 for ``log_probs``).
+    """
+
+    states: Array
+    actions: Array
+    terminating_idx: Array
+    log_rewards: Array | None = None
+    log_probs: Array | None = None
+    conditions: Array | None = None
+    states_pad_value: float = 0.0
+    actions_pad_value: float = -1.0
+
+    def __len__(self) -> int:
+        return int(self.states.shape[1])
+
+    @property
+    def max_length(self) -> int:
+        return int(self.actions.shape[0])
+
+    @property
+    def terminating_states(self) -> Array:
+        """The last state before the sink: ``states[L-1, b]`` for each trajectory."""
+        idx = self.terminating_idx
+        if isinstance(self.states, torch.Tensor):
+            rows = torch.as_tensor(idx, dtype=torch.long) - 1
+            return self.states[rows, torch.arange(len(self))]
+        return self.states[np.asarray(idx) - 1, np.arange(len(self))]
+
+
+class StatesKind(_RowKind):
+    name = "states"
+    required = ("states",)
+
+    def _fields_of(self, batch: States) -> dict[str, Array]:
+        return {f.name: getattr(batch, f.name) for f in fields(States)}
+
+    def _make(self, arrays: dict[str, Array], schema: dict[str, Any]) -> States:
+        return States(**arrays)
+
+
+class TransitionsKind(_RowKind):
+    name = "transitions"
+    required = ("states", "next_states", "actions", "is_terminating")
+
+    def _fields_of(self, batch: Transitions) -> dict[str, Array]:
+        return {f.name: getattr(batch, f.name) for f in fields(Transitions)}
+
+    def _make(self, arrays: dict[str, Array], schema: dict[str, Any]) -> Transitions:
+        return Transitions(**arrays)
+
+
+class DictKind(_RowKind):
+    name = "dict"
+
+    def _fields_of(self, batch: Mapping[str, Array]) -> dict[str, Array]:
+        bad = [k for k in batch if not isinstance(k, str)]
+        if bad:
+            raise InvalidBatchError(f"dict batch keys must be strings, got {bad!r}")
+        return dict(batch)
+
+    def _make(self, arrays: dict[str, Array], schema: dict[str, Any]) -> dict[str, Array]:
+        return arrays
+
+
+class TrajectoriesKind(ContainerKind):
+    name = "trajectories"
+
+    def split(self, batch: Trajectories) -> tuple[list[dict[str, Any]], np.ndarray, dict[str, Any]]:
+        states = _as_array(batch.states, "states")
+        actions = _as_array(batch.actions, "actions")
+        if states.ndim < 2 or actions.ndim < 2:
+            raise InvalidBatchError(
+                "trajectories need states (T+1, B, ...) and actions (T, B, ...), got shapes "
+                f"{tuple(states.shape)} and {tuple(actions.shape)}"
+            )
+        n = int(states.shape[1])
+        horizon = int(actions.shape[0])
+        if states.shape[0] != horizon + 1 or actions.shape[1] != n:
+            raise InvalidBatchError(
+                f"states {tuple(states.shape)} and actions {tuple(actions.shape)} disagree: "
+                "expected states (T+1, B, ...) and actions (T, B, ...)"
+            )
+        lengths = _to_numpy(_as_array(batch.terminating_idx, "terminating_idx")).reshape(-1)
+        if lengths.shape[0] != n or not np.issubdtype(lengths.dtype, np.integer):
+            raise InvalidBatchError(
+                f"terminating_idx must hold {n} integers, got {lengths.dtype} {lengths.shape}"
+            )
+        if n and (lengths.min() < 0 or lengths.max() > horizon):
+            raise InvalidBatchError(f"terminating_idx must lie in [0, {horizon}]")
+        log_rewards = _log_rewards(batch.log_rewards, n)
+        log_probs = batch.log_probs
+        if log_probs is not None:
+            log_probs = _as_array(log_probs, "log_probs")
+            if tuple(log_probs.shape[:2]) != (horizon, n):
+                raise InvalidBatchError(
+                    f"log_probs must be (T, B) = ({horizon}, {n}), got {tuple(log_probs.shape)}"
+                )
+        conditions = batch.conditions
+        if conditions is not None:
+            conditions = _as_array(conditions, "conditions")
+            if conditions.ndim == 0 or conditions.shape[0] != n:
+                raise InvalidBatchError(f"conditions must have a leading dimension of {n}")
+        spec: dict[str, Any] = {
+            "states": _field_spec(states, tuple(states.shape[2:])),
+            "actions": _field_spec(actions, tuple(actions.shape[2:])),
+        }
+        if log_probs is not None:
+            spec["log_probs"] = _field_spec(log_probs, tuple(log_probs.shape[2:]))
+        if conditions is not None:
+            spec["conditions"] = _field_spec(conditions, tuple(conditions.shape[1:]))
+        if batch.log_rewards is not None:
+            spec["log_rewards"] = _field_spec(_as_array(batch.log_rewards, "log_rewards"), ())
+        schema = {
+            "kind": self.name,
+            "fields": spec,
+            "pad": {"states": float(batch.states_pad_value), "actions": float(batch.actions_pad_value)},
+        }
+        items = []
+        for b, length in enumerate(lengths.tolist()):
+            item: dict[str, Any] = {
+                "states": states[: length + 1, b],
+                "actions": actions[:length, b],
+            }
+            if log_probs is not None:
+                item["log_probs"] = log_probs[:length, b]
+            if conditions is not None:
+                item["conditions"] = conditions[b]
+            if "log_rewards" in spec:
+                item["log_rewards"] = float(log_rewards[b])
+            items.append(item)
+        return items, log_rewards, schema
+
+    def join(self, items: list[dict[str, Any]], schema: dict[str, Any]) -> Trajectories:
+        spec = schema["fields"]
+        pads = schema.get("pad", {})
+        lengths = [int(item["actions"].shape[0]) for item in items]
+        horizon = max(lengths, default=0)
+        n = len(items)
+
+        def padded(name: str, extra: int, fill: float) -> Array:
+            field = spec[name]
+            out = _empty(field["lib"], field["dtype"], (horizon + extra, n, *field["shape"]), fill)
+            for b, item in enumerate(items):
+                value = item[name]
+                if isinstance(out, torch.Tensor) and not isinstance(value, torch.Tensor):
+                    value = torch.from_numpy(np.asarray(value))
+                out[: value.shape[0], b] = value
+            return out
+
+        out = Trajectories(
+            states=padded("states", 1, pads.get("states", 0.0)),
+            actions=padded("actions", 0, pads.get("actions", -1.0)),
+            terminating_idx=(
+                torch.tensor(lengths, dtype=torch.int64)
+                if spec["states"]["lib"] == "torch"
+                else np.array(lengths, dtype=np.int64)
+            ),
+            states_pad_value=pads.get("states", 0.0),
+            actions_pad_value=pads.get("actions", -1.0),
+        )
+        if "log_probs" in spec:
+            out.log_probs = padded("log_probs", 0, 0.0)
+        for name in ("conditions", "log_rewards"):
+            if name in spec:
+                field = spec[name]
+                if n:
+                    out.__setattr__(name, _stack_rows([item[name] for item in items], field))
+                else:
+                    out.__setattr__(name, _empty(field["lib"], field["dtype"], (0, *field["shape"]), 0))
+        return out
+
+
+KINDS: dict[str, ContainerKind] = {
+    kind.name: kind for kind in (TrajectoriesKind(), TransitionsKind(), StatesKind(), DictKind())
+}
+
+
+def kind_of(batch: Any) -> ContainerKind:
+    """The :class:`ContainerKind` that handles ``batch``'s type."""
+    if isinstance(batch, Trajectories):
+        return KINDS["trajectories"]
+    if isinstance(batch, Transitions):
+        return KINDS["transitions"]
+    if isinstance(batch, States):
+        return KINDS["states"]
+    if isinstance(batch, Mapping):
+        return KINDS["dict"]
+    raise SchemaError(
+        f"unsupported batch type {type(batch).__name__}: use Trajectories, Transitions, "
+        "States or a dict of arrays"
+    )
+
+
+def schema_to_json(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+def describe_schema_difference(stored: dict[str, Any], given: dict[str, Any]) -> str:
+    """A short human sentence naming how ``given`` differs from ``stored``."""
+    if stored.get("kind") != given.get("kind"):
+        return f"buffer holds {stored.get('kind')}, batch is {given.get('kind')}"
+    parts = []
+    s_fields, g_fields = stored.get("fields", {}), given.get("fields", {})
+    for name in sorted(set(s_fields) | set(g_fields)):
+        if name not in g_fields:
+            parts.append(f"field {name!r} missing from batch")
+        elif name not in s_fields:
+            parts.append(f"field {name!r} not in buffer schema")
+        elif s_fields[name] != g_fields[name]:
+            s, g = s_fields[name], g_fields[name]
+            diffs = [
+                f"{key} {s[key]!r} expected, got {g[key]!r}" for key in ("dtype", "shape", "lib")
+                if s.get(key) != g.get(key)
+            ]
+            parts.append(f"field {name!r}: " + ", ".join(diffs))
+    if stored.get("pad") != given.get("pad"):
+        parts.append(f"padding values {stored.get('pad')} expected, got {given.get('pad')}")
+    return "; ".join(parts) or "schemas differ"

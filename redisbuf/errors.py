@@ -1,0 +1,43 @@
+"""The exceptions redisbuf raises. Catch :class:`RedisBufError` for all of them."""
+
+from __future__ import annotations
+
+
+class RedisBufError(Exception):
+    """Base class of every redisbuf error."""
+
+
+class ConfigMismatchError(RedisBufError, ValueError):
+    """The buffer's stored configuration differs from the one asked for."""
+
+
+class SchemaError(RedisBufError, ValueError):
+    """A batch's container kind, field dtypes or trailing shapes do not fit the buffer."""
+
+
+class InvalidBatchError(RedisBufError, ValueError):
+    """A batch is malformed: mismatched lengths, NaN log-rewards, bad values."""
+
+
+class ItemTooLargeError(InvalidBatchError):
+    """One encoded item is larger than the buffer's ``max_item_bytes``."""
+
+
+class EmptyBufferError(RedisBufError, LookupError):
+    """Sampling was asked of a buffer that holds no item that can be drawn."""
+
+
+class DecodeError(RedisBufError, ValueError):
+    """A stored blob is not a valid redisbuf item."""
+
+
+class ServerUnavailableError(RedisBufError, ConnectionError):
+    """The Redis server cannot be reached (the message names the URL)."""
+
+
+class ProtocolError(RedisBufError):
+    """A control-plane peer sent something unexpected, or did not answer in time."""
+
+
+class ControlTimeoutError(ProtocolError, TimeoutError):
+    """A control-plane peer did not answer within the timeout."""

@@ -1,0 +1,116 @@
+"""Every Redis key of a buffer, in one place.
+
+All keys of a buffer share the hash tag ``{name}``, so a buffer lives in one Redis
+Cluster slot and one Lua script may touch all of them.
+
+=========================  ======  =====================================================
+key                        type    content
+=========================  ======  =====================================================
+``rb:{name}:meta``         hash    configuration, schema and counters
+``rb:{name}:items``        hash    item id -> msgpack blob
+``rb:{name}:prio``         zset    item id -> log-reward (priority)
+``rb:{name}:order``        zset    item id -> id (insertion order)
+``rb:{name}:tree``         hash    sum-tree node -> sum of exp(log_reward - ref)
+``rb:{name}:tree:ids``     hash    sum-tree leaf slot -> item id
+``rb:{name}:tree:slots``   hash    item id -> sum-tree leaf slot
+``rb:{name}:tree:free``    list    leaf slots freed by eviction, reused first
+=========================  ======  =====================================================
+
+Item ids are positive integers written as 12-digit zero-padded decimals, so that
+lexicographic order (Redis' tie-break inside a sorted set) is insertion order.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PREFIX = "rb"
+ID_WIDTH = 12
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+
+
+def validate_name(name: str) -> str:
+    """Return ``name`` if it is a valid buffer name, else raise ValueError."""
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise ValueError(
+            f"invalid buffer name {name!r}: use 1-200 characters from A-Z a-z 0-9 _ . -"
+        )
+    return name
+
+
+def format_id(item_id: int) -> bytes:
+    return b"%012d" % item_id
+
+
+@dataclass(frozen=True)
+class BufferKeys:
+    """The key names of the buffer called ``name``."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        validate_name(self.name)
+
+    def _key(self, suffix: str) -> str:
+        return f"{PREFIX}:{{{self.name}}}:{suffix}"
+
+    @property
+    def meta(self) -> str:
+        return self._key("meta")
+
+    @property
+    def items(self) -> str:
+        return self._key("items")
+
+    @property
+    def prio(self) -> str:
+        return self._key("prio")
+
+    @property
+    def order(self) -> str:
+        return self._key("order")
+
+    @property
+    def tree(self) -> str:
+        return self._key("tree")
+
+    @property
+    def tree_ids(self) -> str:
+        return self._key("tree:ids")
+
+    @property
+    def tree_slots(self) -> str:
+        return self._key("tree:slots")
+
+    @property
+    def tree_free(self) -> str:
+        return self._key("tree:free")
+
+    def data_keys(self) -> list[str]:
+        """Keys holding items and sampling structures (everything but meta)."""
+        return [
+            self.items,
+            self.prio,
+            self.order,
+            self.tree,
+            self.tree_ids,
+            self.tree_slots,
+            self.tree_free,
+        ]
+
+    def all_keys(self) -> list[str]:
+        return [self.meta, *self.data_keys()]
+
+    def describe(self) -> dict[str, str]:
+        """Key name -> what it holds, for people reading the buffer with redis-cli."""
+        return {
+            self.meta: "hash: configuration, schema, counters",
+            self.items: "hash: item id -> msgpack blob",
+            self.prio: "zset: item id -> log-reward",
+            self.order: "zset: item id -> insertion order",
+            self.tree: "hash: sum-tree node -> probability mass (prioritized sampling)",
+            self.tree_ids: "hash: sum-tree leaf slot -> item id",
+            self.tree_slots: "hash: item id -> sum-tree leaf slot",
+            self.tree_free: "list: free sum-tree leaf slots",
+        }

@@ -1,0 +1,49 @@
+"""Fixtures: a fakeredis client (unit tests) and a real Redis server (integration tests).
+
+``client`` is parametrized over both, so one scenario runs on fakeredis and on a real
+server; tests that need only one use ``fake_client`` or ``real_client``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+import redis
+
+from redisbuf.server import EmbeddedServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedServer]:
+    with EmbeddedServer() as server:
+        yield server
+
+
+@pytest.fixture
+def fake_client() -> Iterator[redis.Redis]:
+    client = fakeredis.FakeRedis()
+    yield client
+    client.flushall()
+
+
+@pytest.fixture
+def real_client(redis_server: EmbeddedServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.redis_server)])
+def client(request: pytest.FixtureRequest) -> redis.Redis:
+    if request.param == "fake":
+        return request.getfixturevalue("fake_client")
+    return request.getfixturevalue("real_client")
+
+
+@pytest.fixture
+def buffer_name() -> str:
+    return f"test-{uuid.uuid4().hex[:8]}"
