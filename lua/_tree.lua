@@ -11,18 +11,24 @@ local function leaf_weight(log_reward, ref)
   return math.exp(log_reward - ref)
 end
 
--- Write leaf values (list of {node, value}) and recompute every ancestor, one level at a
--- time, so each level costs one HMGET and one HSET however many leaves changed.
+-- Write leaf values (list of {node, value}; a later entry for the same node wins, as when
+-- an evicted item's slot is reused in the same call) and recompute every ancestor, one
+-- level at a time, so each level costs one HMGET and one HSET however many leaves changed.
 local function tree_set_leaves(tree_key, leaves)
-  local set_pairs, del_fields, dirty, dirty_list = {}, {}, {}, {}
+  local final, order = {}, {}
   for _, leaf in ipairs(leaves) do
-    if leaf[2] > 0 then
-      set_pairs[#set_pairs + 1] = leaf[1]
-      set_pairs[#set_pairs + 1] = fmt(leaf[2])
+    if final[leaf[1]] == nil then order[#order + 1] = leaf[1] end
+    final[leaf[1]] = leaf[2]
+  end
+  local set_pairs, del_fields, dirty, dirty_list = {}, {}, {}, {}
+  for _, node in ipairs(order) do
+    if final[node] > 0 then
+      set_pairs[#set_pairs + 1] = node
+      set_pairs[#set_pairs + 1] = fmt(final[node])
     else
-      del_fields[#del_fields + 1] = leaf[1]
+      del_fields[#del_fields + 1] = node
     end
-    local parent = math.floor(leaf[1] / 2)
+    local parent = math.floor(node / 2)
     if parent >= 1 and not dirty[parent] then
       dirty[parent] = true
       dirty_list[#dirty_list + 1] = parent

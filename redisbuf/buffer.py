@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,13 @@ class ReplayBuffer:
         seed: seeds this process's sampling random numbers.
         sampler: a custom :class:`~redisbuf.samplers.Sampler` (overrides
             ``prioritized_sampling``).
+        remote_manager_rank: rank of a :class:`~redisbuf.manager.ReplayBufferManager`
+            that scores what this worker adds; the other remote arguments
+            (``remote_buffer_freq``, ``async_score``, ``baseline_filtering``,
+            ``baseline_refresh_after``, ``scoring_only``, ``communication_backend``:
+            ``"mpi"``, ``"redis"`` or a transport object, ``timing``) follow torchgfn and
+            are described in :mod:`redisbuf.remote`. ``add`` then puts the score dict
+            (what torchgfn's ``add`` returns) in ``AddResult.score``.
     """
 
     def __init__(
@@ -99,6 +108,14 @@ class ReplayBuffer:
         max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
         seed: int | None = None,
         sampler: Sampler | None = None,
+        remote_manager_rank: int | None = None,
+        remote_buffer_freq: int = 1,
+        async_score: bool = False,
+        baseline_filtering: bool = False,
+        baseline_refresh_after: int = 10,
+        scoring_only: bool = False,
+        communication_backend: Any = "mpi",
+        timing: bool = False,
     ) -> None:
         if capacity is not None and (not isinstance(capacity, int) or capacity <= 0):
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
@@ -127,6 +144,14 @@ class ReplayBuffer:
             sampler = PrioritizedSampler() if prioritized_sampling else UniformSampler()
         self.sampler = sampler
         self.sampler.prepare(self)
+        from .remote import RemoteScorer  # the remote-manager logic lives in remote.py
+
+        self.remote: RemoteScorer | None = None
+        if remote_manager_rank is not None:
+            self.remote = RemoteScorer(
+                self, remote_manager_rank, remote_buffer_freq, async_score, baseline_filtering,
+                baseline_refresh_after, scoring_only, communication_backend, timing,
+            )
 
     @classmethod
     def open(cls, redis_or_url: Any, name: str, **kwargs: Any) -> ReplayBuffer:
@@ -210,8 +235,8 @@ class ReplayBuffer:
 
     def encode(self, batch: Any) -> tuple[list[bytes], np.ndarray, dict[str, Any]]:
         """Validate ``batch`` and encode it: (blobs, log-rewards, schema). Writes nothing."""
-        items, log_rewards, schema = kind_of(batch).split(batch)
-        if not items:
+        columns, log_rewards, schema = kind_of(batch).split(batch)
+        if len(log_rewards) == 0:
             raise InvalidBatchError("batch is empty")
         if (self.prioritized_capacity or self.prioritized_sampling) and (
             "log_rewards" not in schema["fields"]
@@ -219,10 +244,7 @@ class ReplayBuffer:
             raise InvalidBatchError(
                 "this buffer ranks items by log-reward: the batch must carry log_rewards"
             )
-        try:
-            blobs = [codec.packb(item) for item in items]
-        except TypeError as exc:
-            raise SchemaError(f"batch cannot be encoded: {exc}") from exc
+        blobs = codec.encode_columns(columns, len(log_rewards))
         for index, blob in enumerate(blobs):
             if len(blob) > self.max_item_bytes:
                 raise ItemTooLargeError(
@@ -238,11 +260,25 @@ class ReplayBuffer:
         lowest log-reward ones (oldest first among equal log-rewards; new items included).
         A batch that is rejected (wrong kind or schema, NaN or +inf log-rewards, an item
         over ``max_item_bytes``) raises and leaves the buffer unchanged.
+
+        With a remote manager, ``.score`` of the result is the manager's score dict for
+        this batch (None when nothing was sent), or with ``async_score`` the previous
+        send's (None on the first); see :mod:`redisbuf.remote`.
         """
         blobs, log_rewards, schema = self.encode(batch)
-        return self._insert(blobs, log_rewards, schema)
+        result = self._insert(blobs, log_rewards, schema)
+        if self.remote is not None:
+            result.score = self.remote.after_add(batch, result.ids, log_rewards, schema)
+        return result
 
-    def _insert(self, blobs: list[bytes], priorities: np.ndarray, schema: dict[str, Any]) -> AddResult:
+    def drain_pending_score(self, timeout_sec: float = 30.0) -> dict[str, float] | None:
+        """Collect an outstanding async score before EXIT, waiting at most
+        ``timeout_sec``; None when nothing is pending, on timeout, or without a manager."""
+        return None if self.remote is None else self.remote.drain_pending_score(timeout_sec)
+
+    def _insert(
+        self, blobs: list[bytes], priorities: np.ndarray, schema: dict[str, Any]
+    ) -> AddResult:
         schema_json = schema_to_json(schema)
         self._check_schema(schema, schema_json)
         args: list[Any] = [schema_json, len(blobs)]
@@ -278,19 +314,34 @@ class ReplayBuffer:
     def decode(self, blobs: list[bytes], ids: list[int] | None = None) -> Any:
         """Join stored blobs into one batch of this buffer's kind."""
         kind, schema = self._container_kind()
-        items = []
-        for position, blob in enumerate(blobs):
-            if blob is None:
-                raise DecodeError(
-                    f"item {ids[position] if ids else position} has no blob in {self.keys.items}"
-                )
-            try:
-                items.append(codec.unpackb(blob))
-            except DecodeError as exc:
+        with _gc_paused():
+            return self._decode(kind, schema, blobs, ids)
+
+    def _decode(
+        self, kind: ContainerKind, schema: dict[str, Any], blobs: list[bytes], ids: list[int] | None
+    ) -> Any:
+        names = set(schema["fields"])
+        fields: dict[str, Any] | None = codec.decode_same_layout(blobs)
+        if fields is None or set(fields) != names:
+            items = []
+            for position, blob in enumerate(blobs):
                 where = f"id {ids[position]}" if ids else f"position {position}"
-                raise DecodeError(f"{self.keys.items} {where}: {exc}") from exc
+                if blob is None:
+                    raise DecodeError(f"{self.keys.items} {where}: no such item")
+                try:
+                    item = codec.unpackb_raw(blob)
+                except DecodeError as exc:
+                    raise DecodeError(f"{self.keys.items} {where}: {exc}") from exc
+                if not isinstance(item, dict) or set(item) != names:
+                    raise DecodeError(
+                        f"{self.keys.items} {where}: fields do not match the buffer schema"
+                    )
+                items.append(item)
+            fields = {name: [item[name] for item in items] for name in names}
         try:
-            return kind.join(items, schema)
+            return kind.join(fields, len(blobs), schema)
+        except DecodeError as exc:
+            raise DecodeError(f"items of {self.keys.items} do not fit the schema: {exc}") from exc
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise DecodeError(f"stored items do not match the buffer schema: {exc}") from exc
 
@@ -320,7 +371,9 @@ class ReplayBuffer:
         """Like :meth:`sample`, also returning item ids and draw probabilities."""
         draw = self._draw(n, replacement)
         return SampleInfo(
-            self.decode(draw.blobs, draw.ids), np.array(draw.ids, dtype=np.int64), draw.probabilities
+            self.decode(draw.blobs, draw.ids),
+            np.array(draw.ids, dtype=np.int64),
+            draw.probabilities,
         )
 
     def get(self, ids: list[int] | np.ndarray) -> Any:
@@ -343,6 +396,8 @@ class ReplayBuffer:
 
     def top(self, k: int = 10) -> list[tuple[int, float]]:
         """The ``k`` items of highest log-reward (priority) as ``(id, log_reward)``."""
+        if k <= 0:
+            return []
         rows = self.client.zrevrange(self.keys.prio, 0, k - 1, withscores=True)
         return [(int(member), float(score)) for member, score in rows]
 
@@ -500,8 +555,22 @@ class ReplayBuffer:
                 )
         counters = header.get("counters", {})
         self.client.hset(
-            self.keys.meta, mapping={k: int(counters.get(k, 0)) for k in ("inserted", "evicted", "sampled")}
+            self.keys.meta,
+            mapping={k: int(counters.get(k, 0)) for k in ("inserted", "evicted", "sampled")},
         )
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC: decoding a batch allocates thousands of small objects, none
+    of them cyclic, and collections triggered by them doubled the decode time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _decode_meta(raw: dict[Any, Any]) -> dict[str, str]:

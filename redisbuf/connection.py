@@ -13,6 +13,37 @@ from .errors import ServerUnavailableError
 URL_ENV = "REDISBUF_URL"
 
 
+class RespPacker:
+    """Packs a command into one RESP bytes object with a single join.
+
+    redis-py's default packers copy large commands several times (hiredis' packer runs
+    at about 0.5 GB/s here); an ``add`` of 256 items of 4 KiB is one 1 MiB command, so
+    the copy cost is most of the client's time. Arguments are encoded as redis-py does:
+    bytes and memoryviews as they are, str as UTF-8, int and float via ``repr``.
+    """
+
+    def pack(self, *args: Any) -> list[bytes]:
+        if isinstance(args[0], str):
+            args = (*args[0].encode().split(), *args[1:])
+        parts: list[Any] = [b"*%d\r\n" % len(args)]
+        append = parts.append
+        for arg in args:
+            if isinstance(arg, str):
+                arg = arg.encode()
+            elif isinstance(arg, bool):
+                raise redis.exceptions.DataError(f"invalid input of type bool: {arg!r}")
+            elif isinstance(arg, (int, float)):
+                arg = repr(arg).encode()
+            elif not isinstance(arg, (bytes, memoryview, bytearray)):
+                raise redis.exceptions.DataError(
+                    f"invalid input of type {type(arg).__name__}: {arg!r}"
+                )
+            append(b"$%d\r\n" % len(arg))
+            append(arg)
+            append(b"\r\n")
+        return [b"".join(parts)]
+
+
 def redacted(url: str) -> str:
     """``url`` with any password replaced by ``***``, for error messages and logs."""
     parts = urlsplit(url)
@@ -43,6 +74,7 @@ def connect(
             socket_timeout=socket_timeout,
             decode_responses=False,
             retry_on_timeout=False,
+            command_packer=RespPacker(),
         )
         client.ping()
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:

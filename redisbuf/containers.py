@@ -24,15 +24,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from . import codec
 from .codec import dtype_name
-from .errors import InvalidBatchError, SchemaError
+from .errors import DecodeError, InvalidBatchError, SchemaError
 
-Array = Union[np.ndarray, torch.Tensor]
+Array = np.ndarray | torch.Tensor
 
 # Field roles: how a field maps onto one item.
 ROW = "row"  # array[b] is item b's value
@@ -61,53 +62,114 @@ def _to_numpy(array: Array) -> np.ndarray:
     return array
 
 
-def _empty(lib: str, dtype: str, shape: tuple[int, ...], fill: float) -> Array:
-    if lib == "torch":
-        return torch.full(shape, fill, dtype=getattr(torch, dtype))
-    return np.full(shape, fill, dtype=np.dtype(dtype))
+def _raw_dtype(dtype: str) -> np.dtype:
+    """numpy dtype holding a field's elements (bfloat16 travels as raw uint16 words)."""
+    return np.dtype("<u2") if dtype == "bfloat16" else np.dtype(dtype)
 
 
-def _stack_rows(values: list[Any], spec: dict[str, Any]) -> Array:
-    if not spec["shape"]:  # scalars travel as plain msgpack numbers
+def _alloc(spec: dict[str, Any], shape: tuple[int, ...], fill: float) -> tuple[np.ndarray, Array]:
+    """A new array for a field: (numpy view to write through, the array to return).
+
+    Allocated with numpy (torch ops on small arrays pay for thread-pool wake-ups) and
+    handed to torch without a copy.
+    """
+    dtype = _raw_dtype(spec["dtype"])
+    if spec["dtype"] == "bfloat16":
+        fill = int(torch.tensor([fill], dtype=torch.bfloat16).view(torch.int16).item()) & 0xFFFF
+    array = np.full(shape, fill, dtype=dtype)
+    return array, codec.to_library(array, spec["lib"], spec["dtype"])
+
+
+# Decoded values of one field across the items of a sample: either one array of shape
+# (n, *item_shape) (blobs of one layout, see codec.decode_same_layout), or a list with
+# one number or RawArray per item.
+FieldValues = np.ndarray | list[Any]
+
+
+def _stack_rows(values: FieldValues, spec: dict[str, Any]) -> Array:
+    """One field of a batch from its decoded per-item values."""
+    shape = tuple(spec["shape"])
+    dtype = _raw_dtype(spec["dtype"])
+    if isinstance(values, np.ndarray):
+        if values.shape[1:] != shape:
+            raise DecodeError(f"stored items of shape {values.shape[1:]}, schema says {shape}")
+        if not shape:
+            values = values.astype(dtype)
+        elif values.dtype != dtype:
+            raise DecodeError(f"stored items of dtype {values.dtype}, schema says {dtype}")
+        return codec.to_library(values, spec["lib"], spec["dtype"])
+    if not shape:
         if spec["lib"] == "torch":
             return torch.tensor(values, dtype=getattr(torch, spec["dtype"]))
-        return np.array(values, dtype=np.dtype(spec["dtype"]))
-    if spec["lib"] == "torch":
-        if values and isinstance(values[0], np.ndarray):
-            return torch.from_numpy(np.stack(values))
-        return torch.stack(values)
-    return np.stack(values)
+        return np.array(values, dtype=dtype)
+    if not values:
+        return _alloc(spec, (0, *shape), 0)[1]
+    for value in values:
+        if isinstance(value, codec.RawArray) and value.shape != shape:
+            raise DecodeError(f"stored array of shape {value.shape}, schema says {shape}")
+    flat = codec.concat_raw([v._replace(shape=(1, *v.shape)) for v in values], dtype, shape)
+    return codec.to_library(flat, spec["lib"], spec["dtype"])
+
+
+def _padded_steps(values: FieldValues, spec: dict[str, Any], horizon: int, fill: float) -> Array:
+    """Time-major (horizon, B, *trailing) array of variable-length items, padded with
+    ``fill``: one concatenation and one scatter, whatever the number of items."""
+    trailing = tuple(spec["shape"])
+    n = len(values)
+    view, out = _alloc(spec, (horizon, n, *trailing), fill)
+    if n == 0:
+        return out
+    dtype = _raw_dtype(spec["dtype"])
+    if isinstance(values, np.ndarray):  # (n, rows, *trailing), every item of one length
+        if values.shape[2:] != trailing or values.dtype != dtype or values.shape[1] > horizon:
+            raise DecodeError(f"stored items of shape {values.shape[1:]} do not fit {trailing}")
+        view[: values.shape[1]] = values.swapaxes(0, 1)
+        return out
+    flat = codec.concat_raw(values, dtype, trailing)
+    rows = np.array([v.shape[0] for v in values], dtype=np.int64)
+    if rows.max(initial=0) > horizon:
+        raise DecodeError(f"stored item has {rows.max()} steps, more than {horizon}")
+    item_of_row = np.repeat(np.arange(n), rows)
+    starts = np.cumsum(rows) - rows
+    step_of_row = np.arange(len(flat)) - np.repeat(starts, rows)
+    view[step_of_row, item_of_row] = flat
+    return out
 
 
 def _field_spec(array: Array, trailing: tuple[int, ...]) -> dict[str, Any]:
     return {"dtype": dtype_name(array), "shape": list(trailing), "lib": _lib(array)}
 
 
-def _row_values(array: Array) -> list[Any]:
-    """Item values of a ROW field: sub-arrays, or Python scalars for 1-D fields."""
-    if array.ndim == 1:
-        return array.tolist()
-    return list(array)
+def _column(name: str, array: Array, lengths: np.ndarray | None = None) -> codec.Column:
+    try:
+        return codec.Column(name, array, lengths)
+    except TypeError as exc:
+        raise SchemaError(f"field {name!r}: {exc}") from None
+
+
+def _batch_major(array: Array) -> Array:
+    """(T, B, ...) -> (B, T, ...), contiguous: item b's steps become one run of bytes."""
+    if isinstance(array, torch.Tensor):
+        return array.detach().cpu().transpose(0, 1).contiguous()
+    return np.ascontiguousarray(np.swapaxes(array, 0, 1))
 
 
 class ContainerKind:
     """How one kind of batch is split into items and joined back.
 
-    ``split`` returns the per-item dicts (to be msgpack-encoded), the per-item
-    log-rewards (float64; 0.0 where the batch has none) and the batch's schema.
-    ``join`` rebuilds a batch from decoded item dicts and the stored schema.
+    ``split`` validates a batch and returns its columns (one per field, ready for
+    :func:`redisbuf.codec.encode_columns`), the per-item log-rewards (float64; 0.0 where
+    the batch has none) and the batch's schema. ``join`` rebuilds a batch of ``n`` items
+    from decoded field values (see ``FieldValues``) and the stored schema.
     """
 
     name: ClassVar[str]
 
-    def split(self, batch: Any) -> tuple[list[dict[str, Any]], np.ndarray, dict[str, Any]]:
+    def split(self, batch: Any) -> tuple[list[codec.Column], np.ndarray, dict[str, Any]]:
         raise NotImplementedError
 
-    def join(self, items: list[dict[str, Any]], schema: dict[str, Any]) -> Any:
+    def join(self, fields: dict[str, FieldValues], n: int, schema: dict[str, Any]) -> Any:
         raise NotImplementedError
-
-    def empty_like(self, schema: dict[str, Any]) -> Any:
-        return self.join([], schema)
 
 
 def _log_rewards(value: Array | None, n: int, name: str = "log_rewards") -> np.ndarray:
@@ -137,7 +199,7 @@ class _RowKind(ContainerKind):
     def _make(self, arrays: dict[str, Array], schema: dict[str, Any]) -> Any:
         raise NotImplementedError
 
-    def split(self, batch: Any) -> tuple[list[dict[str, Any]], np.ndarray, dict[str, Any]]:
+    def split(self, batch: Any) -> tuple[list[codec.Column], np.ndarray, dict[str, Any]]:
         arrays = self._fields_of(batch)
         for name in self.required:
             if arrays.get(name) is None:
@@ -157,17 +219,11 @@ class _RowKind(ContainerKind):
             "kind": self.name,
             "fields": {k: _field_spec(v, tuple(v.shape[1:])) for k, v in sorted(arrays.items())},
         }
-        columns = {k: _row_values(v) for k, v in arrays.items()}
-        items = [{k: col[i] for k, col in columns.items()} for i in range(n)]
-        return items, log_rewards, schema
+        columns = [_column(k, arrays[k]) for k in sorted(arrays)]
+        return columns, log_rewards, schema
 
-    def join(self, items: list[dict[str, Any]], schema: dict[str, Any]) -> Any:
-        out: dict[str, Array] = {}
-        for name, spec in schema["fields"].items():
-            if not items:
-                out[name] = _empty(spec["lib"], spec["dtype"], (0, *spec["shape"]), 0)
-            else:
-                out[name] = _stack_rows([item[name] for item in items], spec)
+    def join(self, fields: dict[str, FieldValues], n: int, schema: dict[str, Any]) -> Any:
+        out = {name: _stack_rows(fields[name], spec) for name, spec in schema["fields"].items()}
         return self._make(out, schema)
 
 
@@ -279,7 +335,7 @@ class DictKind(_RowKind):
 class TrajectoriesKind(ContainerKind):
     name = "trajectories"
 
-    def split(self, batch: Trajectories) -> tuple[list[dict[str, Any]], np.ndarray, dict[str, Any]]:
+    def split(self, batch: Trajectories) -> tuple[list[codec.Column], np.ndarray, dict[str, Any]]:
         states = _as_array(batch.states, "states")
         actions = _as_array(batch.actions, "actions")
         if states.ndim < 2 or actions.ndim < 2:
@@ -327,39 +383,35 @@ class TrajectoriesKind(ContainerKind):
         schema = {
             "kind": self.name,
             "fields": spec,
-            "pad": {"states": float(batch.states_pad_value), "actions": float(batch.actions_pad_value)},
+            "pad": {
+                "states": float(batch.states_pad_value),
+                "actions": float(batch.actions_pad_value),
+            },
         }
-        items = []
-        for b, length in enumerate(lengths.tolist()):
-            item: dict[str, Any] = {
-                "states": states[: length + 1, b],
-                "actions": actions[:length, b],
-            }
-            if log_probs is not None:
-                item["log_probs"] = log_probs[:length, b]
-            if conditions is not None:
-                item["conditions"] = conditions[b]
-            if "log_rewards" in spec:
-                item["log_rewards"] = float(log_rewards[b])
-            items.append(item)
-        return items, log_rewards, schema
+        columns = [
+            _column("states", _batch_major(states), lengths + 1),
+            _column("actions", _batch_major(actions), lengths),
+        ]
+        if log_probs is not None:
+            columns.append(_column("log_probs", _batch_major(log_probs), lengths))
+        if conditions is not None:
+            columns.append(_column("conditions", conditions))
+        if "log_rewards" in spec:
+            columns.append(_column("log_rewards", log_rewards))
+        return columns, log_rewards, schema
 
-    def join(self, items: list[dict[str, Any]], schema: dict[str, Any]) -> Trajectories:
+    def join(self, fields: dict[str, FieldValues], n: int, schema: dict[str, Any]) -> Trajectories:
         spec = schema["fields"]
         pads = schema.get("pad", {})
-        lengths = [int(item["actions"].shape[0]) for item in items]
+        actions = fields["actions"]
+        if isinstance(actions, np.ndarray):
+            lengths = [int(actions.shape[1])] * n
+        else:
+            lengths = [int(value.shape[0]) for value in actions]
         horizon = max(lengths, default=0)
-        n = len(items)
 
         def padded(name: str, extra: int, fill: float) -> Array:
-            field = spec[name]
-            out = _empty(field["lib"], field["dtype"], (horizon + extra, n, *field["shape"]), fill)
-            for b, item in enumerate(items):
-                value = item[name]
-                if isinstance(out, torch.Tensor) and not isinstance(value, torch.Tensor):
-                    value = torch.from_numpy(np.asarray(value))
-                out[: value.shape[0], b] = value
-            return out
+            return _padded_steps(fields[name], spec[name], horizon + extra, fill)
 
         out = Trajectories(
             states=padded("states", 1, pads.get("states", 0.0)),
@@ -374,13 +426,10 @@ class TrajectoriesKind(ContainerKind):
         )
         if "log_probs" in spec:
             out.log_probs = padded("log_probs", 0, 0.0)
-        for name in ("conditions", "log_rewards"):
-            if name in spec:
-                field = spec[name]
-                if n:
-                    out.__setattr__(name, _stack_rows([item[name] for item in items], field))
-                else:
-                    out.__setattr__(name, _empty(field["lib"], field["dtype"], (0, *field["shape"]), 0))
+        if "conditions" in spec:
+            out.conditions = _stack_rows(fields["conditions"], spec["conditions"])
+        if "log_rewards" in spec:
+            out.log_rewards = _stack_rows(fields["log_rewards"], spec["log_rewards"])
         return out
 
 
@@ -423,7 +472,8 @@ def describe_schema_difference(stored: dict[str, Any], given: dict[str, Any]) ->
         elif s_fields[name] != g_fields[name]:
             s, g = s_fields[name], g_fields[name]
             diffs = [
-                f"{key} {s[key]!r} expected, got {g[key]!r}" for key in ("dtype", "shape", "lib")
+                f"{key} {s[key]!r} expected, got {g[key]!r}"
+                for key in ("dtype", "shape", "lib")
                 if s.get(key) != g.get(key)
             ]
             parts.append(f"field {name!r}: " + ", ".join(diffs))

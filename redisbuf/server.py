@@ -89,27 +89,42 @@ class EmbeddedServer:
         log = Path(self._tmpdir.name) / "server.log"
         command = [
             self.binary,
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--save", "",
-            "--appendonly", "no",
-            "--daemonize", "no",
-            "--protected-mode", "yes",
-            "--dir", self._tmpdir.name,
-            "--logfile", str(log),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--dir",
+            self._tmpdir.name,
+            "--logfile",
+            str(log),
             *self.extra_args,
         ]
         # own process group: a Ctrl-C in the terminal reaches us, and we stop the server
         self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, start_new_session=True,
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         atexit.register(self.stop)
         deadline = time.monotonic() + self.startup_timeout
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
         while True:
             if self.process.poll() is not None:
-                detail = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                detail = (
+                    self.process.stderr.read().decode(errors="replace")
+                    if self.process.stderr
+                    else ""
+                )
                 if log.exists():
                     detail += log.read_text(errors="replace")[-2000:]
                 self.stop()

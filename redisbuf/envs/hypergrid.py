@@ -63,7 +63,9 @@ class HyperGrid:
             grows = alive & ~exits
             choice_scores = rng.random((n, self.ndim)) * can_grow
             dims = choice_scores.argmax(axis=1)
-            prob = np.where(n_grow == 0, 1.0, np.where(exits, p_exit, (1 - p_exit) / np.maximum(n_grow, 1)))
+            prob = np.where(
+                n_grow == 0, 1.0, np.where(exits, p_exit, (1 - p_exit) / np.maximum(n_grow, 1))
+            )
             actions[t, exits] = self.exit_action
             actions[t, grows] = dims[grows]
             log_probs[t, alive] = np.log(prob[alive])

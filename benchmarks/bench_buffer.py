@@ -1,0 +1,202 @@
+"""Throughput of add and sample next to raw redis-py on the same bytes, measured in one run.
+
+Usage: python benchmarks/bench_buffer.py [--url URL] [--rounds 7] [--quick]
+
+Without --url an embedded server is started. Every figure is the median over rounds, and
+each round measures redisbuf and its baseline back to back, so the printed ratios hold
+on a noisy shared machine even when the absolute numbers move.
+
+* add: ``ReplayBuffer.add`` of 256 trajectories of ~4 KiB (encode + one Lua call with
+  eviction at capacity) vs a redis-py pipeline writing the same pre-encoded blobs with
+  HSET + 2 ZADD per item (no encoding, no eviction).
+* sample: ``ReplayBuffer.sample(256)`` (choose ids in Lua, fetch, decode into a padded
+  batch) vs one HMGET of 256 random known ids of the same blobs (no choice, no decode).
+* prioritized: cost of ``sample`` with ``prioritized_sampling=True`` at 10^4 and 10^6 items.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import redis
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from redisbuf import BufferKeys, ReplayBuffer, Trajectories, connect
+from redisbuf.server import EmbeddedServer
+
+BATCH = 256
+HORIZON = 60  # states (61, 16) float32 + actions (60,) int8 + log_reward: 4036-byte blobs
+STATE_DIM = 16
+
+
+def trajectories(rng: np.random.Generator, variable: bool) -> Trajectories:
+    lengths = (
+        rng.integers(HORIZON // 2, HORIZON + 1, BATCH) if variable else np.full(BATCH, HORIZON)
+    )
+    return Trajectories(
+        states=torch.from_numpy(rng.standard_normal((HORIZON + 1, BATCH, STATE_DIM), np.float32)),
+        actions=torch.from_numpy(rng.integers(0, 5, (HORIZON, BATCH), dtype=np.int8)),
+        terminating_idx=torch.from_numpy(lengths),
+        log_rewards=torch.from_numpy(rng.standard_normal(BATCH)),
+    )
+
+
+def rate(fn: Callable[[], Any], items: int, repeat: int) -> float:
+    """Items per second of ``fn`` (called ``repeat`` times, ``items`` items each)."""
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return items * repeat / (time.perf_counter() - start)
+
+
+def paired(
+    ours: Callable[[], float], raw: Callable[[], float], rounds: int
+) -> tuple[float, float, float]:
+    """Median of each rate and of the per-round ratio, alternating which goes first."""
+    ours_rates, raw_rates, ratios = [], [], []
+    for index in range(rounds):
+        if index % 2:
+            b, a = raw(), ours()
+        else:
+            a, b = ours(), raw()
+        ours_rates.append(a)
+        raw_rates.append(b)
+        ratios.append(a / b)
+    return statistics.median(ours_rates), statistics.median(raw_rates), statistics.median(ratios)
+
+
+def bench_add_and_sample(
+    url: str, rounds: int, repeat: int, variable: bool
+) -> list[tuple[str, float, float, float]]:
+    rng = np.random.default_rng(0)
+    client = connect(url)
+    raw_client = redis.Redis.from_url(url)  # plain redis-py defaults (hiredis packer)
+    name = "bench-var" if variable else "bench"
+    client.delete(*BufferKeys(name).all_keys(), "raw:items", "raw:prio", "raw:order")
+    capacity = 20 * BATCH
+    buffer = ReplayBuffer(client, name, capacity=capacity, seed=1)
+    batch = trajectories(rng, variable)
+    blobs, log_rewards, _ = buffer.encode(batch)
+    for _ in range(capacity // BATCH + 1):  # reach capacity so every add evicts
+        buffer.add(batch)
+    counter = [0]
+
+    def raw_add() -> None:
+        pipe = raw_client.pipeline(transaction=False)
+        for blob, log_reward in zip(blobs, log_rewards.tolist(), strict=True):
+            counter[0] += 1
+            member = b"%012d" % counter[0]
+            pipe.hset("raw:items", member, blob)
+            pipe.zadd("raw:prio", {member: log_reward})
+            pipe.zadd("raw:order", {member: counter[0]})
+        pipe.execute()
+
+    add = paired(
+        lambda: rate(lambda: buffer.add(batch), BATCH, repeat),
+        lambda: rate(raw_add, BATCH, repeat),
+        rounds,
+    )
+    known = [b"%012d" % i for i in range(1, counter[0] + 1)]
+
+    def raw_sample() -> None:
+        picks = rng.integers(0, len(known), BATCH)
+        raw_client.hmget("raw:items", [known[i] for i in picks])
+
+    sample = paired(
+        lambda: rate(lambda: buffer.sample(BATCH), BATCH, repeat),
+        lambda: rate(raw_sample, BATCH, repeat),
+        rounds,
+    )
+    buffer.drop()
+    client.delete("raw:items", "raw:prio", "raw:order")
+    label = "variable-length" if variable else "fixed-length"
+    return [
+        (f"add, {label} (items/s)", *add),
+        (f"sample uniform, {label} (items/s)", *sample),
+    ]
+
+
+def bench_prioritized(url: str, sizes: list[int], rounds: int) -> list[tuple[int, float, float]]:
+    """(size, ms per sample(256) call, server ms per call) with prioritized sampling."""
+    client = connect(url)
+    out = []
+    for size in sizes:
+        name = f"bench-prio-{size}"
+        client.delete(*BufferKeys(name).all_keys())
+        filler = ReplayBuffer(client, name, capacity=size)
+        rng = np.random.default_rng(size)
+        chunk = 5000
+        for start in range(0, size, chunk):
+            count = min(chunk, size - start)
+            filler.add(
+                {
+                    "x": np.arange(start, start + count, dtype=np.int32).reshape(-1, 1),
+                    "log_rewards": rng.standard_normal(count),
+                }
+            )
+        buffer = ReplayBuffer(client, name, capacity=size, prioritized_sampling=True, seed=2)
+        buffer.sample(BATCH)  # warm: script loaded
+        times, server = [], []
+        for _ in range(rounds):
+            client.config_resetstat()
+            start = time.perf_counter()
+            for _ in range(20):
+                buffer.sample(BATCH)
+            times.append((time.perf_counter() - start) / 20 * 1e3)
+            stats = client.info("commandstats").get("cmdstat_evalsha", {})
+            server.append(stats.get("usec_per_call", float("nan")) / 1e3)
+        out.append((size, statistics.median(times), statistics.median(server)))
+        buffer.drop()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--url", help="Redis URL (default: start an embedded server)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=10, help="calls per timed run")
+    parser.add_argument("--quick", action="store_true", help="10^5 instead of 10^6 items")
+    args = parser.parse_args()
+    console = Console()
+    server = None if args.url else EmbeddedServer().start()
+    url = args.url or server.url
+    try:
+        console.print(f"[bold]redisbuf benchmarks[/] on {url}, {args.rounds} rounds, batch {BATCH}")
+        rows = bench_add_and_sample(url, args.rounds, args.repeat, variable=False)
+        rows += bench_add_and_sample(url, args.rounds, args.repeat, variable=True)
+        table = Table(title="redisbuf vs raw redis-py on the same bytes (medians)")
+        for column in ("operation", "redisbuf", "raw redis-py", "ratio", "target"):
+            table.add_column(column, justify="right" if column != "operation" else "left")
+        for label, ours, raw, ratio in rows:
+            table.add_row(label, f"{ours:,.0f}", f"{raw:,.0f}", f"{ratio:.2f}", ">= 0.80")
+        console.print(table)
+        big = 10**5 if args.quick else 10**6
+        prio = bench_prioritized(url, [10**4, big], max(3, args.rounds // 2))
+        table = Table(title=f"prioritized sample({BATCH}) cost vs buffer size")
+        for column in ("items", "ms per call", "server ms per call"):
+            table.add_column(column, justify="right")
+        for size, ms, server_ms in prio:
+            table.add_row(f"{size:,}", f"{ms:.2f}", f"{server_ms:.2f}")
+        console.print(table)
+        ratio = prio[1][1] / prio[0][1]
+        server_ratio = prio[1][2] / prio[0][2]
+        console.print(
+            f"cost at {big:,} / cost at 10,000: {ratio:.2f} (server time {server_ratio:.2f}); "
+            "target <= 3.00"
+        )
+    finally:
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
