@@ -1,67 +1,100 @@
 -- Sum tree over item probability mass, pasted in place of "-- @include tree" (needs common).
--- Layout: a perfect binary tree of `size` leaves (size = next power of two >= capacity),
--- node 1 is the root, node k has children 2k and 2k+1, leaf of slot s is node size+s.
--- A node's field in the tree hash holds the sum of exp(log_reward - ref) below it;
--- absent means 0. `ref` (meta field tree_ref) keeps exp() in range: the tree is rebuilt
--- around the current maximum when that drifts more than REBASE nats from ref.
+-- Layout: a 16-ary tree with 16^depth leaves (the smallest depth with 16^depth >= capacity).
+-- Nodes are numbered as a heap: the root is node 0 and node v has children 16v+1..16v+16,
+-- so the leaf of slot s is node FIRST_LEAF(depth) + s. The tree hash holds one field per
+-- internal node v: a "chunk" of 16 fixed-width (24-character) numbers, the masses of v's
+-- children. An absent chunk means 16 zeros. The mass of a node is the sum of
+-- exp(log_reward - ref) over the items below it; `ref` (meta field tree_ref) keeps exp() in
+-- range: the tree is rebuilt around the current maximum when that drifts more than REBASE
+-- nats from ref. Sixteen children per chunk keep a 10^6-item tree at 5 levels and ~70k
+-- fields: each level costs one HMGET for all draws of a call.
 local REBASE = 300
+local FANOUT = 16
+local WIDTH = 24
+local EMPTY_CHUNK = string.rep(string.format('%24d', 0), FANOUT)
 
 local function leaf_weight(log_reward, ref)
   if log_reward == -math.huge then return 0 end
   return math.exp(log_reward - ref)
 end
 
--- Write leaf values (list of {node, value}; a later entry for the same node wins, as when
--- an evicted item's slot is reused in the same call) and recompute every ancestor, one
--- level at a time, so each level costs one HMGET and one HSET however many leaves changed.
-local function tree_set_leaves(tree_key, leaves)
-  local final, order = {}, {}
-  for _, leaf in ipairs(leaves) do
-    if final[leaf[1]] == nil then order[#order + 1] = leaf[1] end
-    final[leaf[1]] = leaf[2]
+local function tree_depth(capacity)
+  local depth, leaves = 1, FANOUT
+  while leaves < capacity do
+    depth = depth + 1
+    leaves = leaves * FANOUT
   end
-  local set_pairs, del_fields, dirty, dirty_list = {}, {}, {}, {}
-  for _, node in ipairs(order) do
-    if final[node] > 0 then
-      set_pairs[#set_pairs + 1] = node
-      set_pairs[#set_pairs + 1] = fmt(final[node])
-    else
-      del_fields[#del_fields + 1] = node
-    end
-    local parent = math.floor(node / 2)
-    if parent >= 1 and not dirty[parent] then
-      dirty[parent] = true
-      dirty_list[#dirty_list + 1] = parent
-    end
+  return depth
+end
+
+-- The first node of level `depth` = the number of nodes above it, 1 + 16 + ... + 16^(depth-1)
+-- (integer arithmetic: Lua 5.4 would print a float node number as "4369.0").
+local function first_leaf(depth)
+  local count, width = 0, 1
+  for _ = 1, depth do
+    count = count + width
+    width = width * FANOUT
   end
-  call_chunked('HSET', tree_key, set_pairs)
-  call_chunked('HDEL', tree_key, del_fields)
-  while #dirty_list > 0 do
-    local children = {}
-    for _, node in ipairs(dirty_list) do
-      children[#children + 1] = 2 * node
-      children[#children + 1] = 2 * node + 1
+  return count
+end
+
+local function chunk_entry(chunk, k)
+  return tonumber(string.sub(chunk, k * WIDTH + 1, (k + 1) * WIDTH)) or 0
+end
+
+local function chunk_sum(chunk)
+  local total = 0
+  for k = 0, FANOUT - 1 do total = total + chunk_entry(chunk, k) end
+  return total
+end
+
+local function entry_text(value)
+  return string.format('%24.17g', value)
+end
+
+-- Set node masses (list of {node, value}; a later entry for the same node wins, as when an
+-- evicted item's slot is reused in the same call) and recompute every ancestor, one level
+-- at a time: each level costs one HMGET and one HSET however many nodes changed.
+local function tree_set_nodes(tree_key, updates)
+  local pending, order = {}, {}
+  for _, update in ipairs(updates) do
+    if pending[update[1]] == nil then order[#order + 1] = update[1] end
+    pending[update[1]] = update[2]
+  end
+  while #order > 0 and order[1] ~= 0 do
+    -- group the changed nodes by the chunk (parent) holding their masses
+    local parents, parent_list = {}, {}
+    for _, node in ipairs(order) do
+      local parent = math.floor((node - 1) / FANOUT)
+      if parents[parent] == nil then
+        parents[parent] = {}
+        parent_list[#parent_list + 1] = parent
+      end
+      parents[parent][#parents[parent] + 1] = node
     end
-    local values = hmget_chunked(tree_key, children)
-    set_pairs, del_fields = {}, {}
-    local next_dirty, next_list = {}, {}
-    for i, node in ipairs(dirty_list) do
-      local sum = (tonumber(values[2 * i - 1]) or 0) + (tonumber(values[2 * i]) or 0)
-      if sum > 0 then
-        set_pairs[#set_pairs + 1] = node
-        set_pairs[#set_pairs + 1] = fmt(sum)
+    local chunks = hmget_chunked(tree_key, parent_list)
+    local set_pairs, del_fields = {}, {}
+    local next_pending, next_order = {}, {}
+    for i, parent in ipairs(parent_list) do
+      local chunk = chunks[i] or EMPTY_CHUNK
+      for _, node in ipairs(parents[parent]) do
+        local k = (node - 1) % FANOUT
+        chunk = string.sub(chunk, 1, k * WIDTH) .. entry_text(pending[node])
+          .. string.sub(chunk, (k + 1) * WIDTH + 1)
+      end
+      local total = chunk_sum(chunk)
+      if total > 0 then
+        set_pairs[#set_pairs + 1] = parent
+        set_pairs[#set_pairs + 1] = chunk
       else
-        del_fields[#del_fields + 1] = node
+        del_fields[#del_fields + 1] = parent
       end
-      local parent = math.floor(node / 2)
-      if parent >= 1 and not next_dirty[parent] then
-        next_dirty[parent] = true
-        next_list[#next_list + 1] = parent
-      end
+      next_pending[parent] = total
+      next_order[#next_order + 1] = parent
     end
     call_chunked('HSET', tree_key, set_pairs)
     call_chunked('HDEL', tree_key, del_fields)
-    dirty_list = next_list
+    pending, order = next_pending, next_order
   end
 end
 
@@ -69,19 +102,20 @@ end
 -- ref = the largest finite priority. O(n); runs on enable and on rebase only.
 local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, free_key, capacity)
   redis.call('DEL', tree_key, ids_key, slots_key, free_key)
-  local size = 1
-  while size < capacity do size = size * 2 end
+  local depth = tree_depth(capacity)
   local entries = redis.call('ZRANGE', prio_key, 0, -1, 'WITHSCORES')
   local ref = 0
   for i = #entries, 2, -2 do
     local score = to_number(entries[i])
     if score > -math.huge then ref = score break end
   end
-  local level, id_pairs, slot_pairs = {}, {}, {}
   local count = #entries / 2
+  local id_pairs, slot_pairs = {}, {}
+  -- masses of the current level's nodes, by offset from the level's first node
+  local masses = {}
   for i = 1, count do
     local slot = i - 1
-    level[size + slot] = leaf_weight(to_number(entries[2 * i]), ref)
+    masses[slot] = leaf_weight(to_number(entries[2 * i]), ref)
     id_pairs[#id_pairs + 1] = slot
     id_pairs[#id_pairs + 1] = entries[2 * i - 1]
     slot_pairs[#slot_pairs + 1] = entries[2 * i - 1]
@@ -89,27 +123,29 @@ local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, fr
   end
   call_chunked('HSET', ids_key, id_pairs)
   call_chunked('HSET', slots_key, slot_pairs)
-  local node_pairs = {}
-  local lo, hi = size, size + count - 1
-  while hi >= 1 and lo <= hi do
-    local parent_level = {}
-    for node = lo, hi do
-      local value = level[node] or 0
-      if value > 0 then
-        node_pairs[#node_pairs + 1] = node
-        node_pairs[#node_pairs + 1] = fmt(value)
+  local chunk_pairs = {}
+  local width = count  -- nodes of this level that may be non-zero
+  for level = depth, 1, -1 do
+    local parent_first = first_leaf(level - 1)
+    local parent_masses = {}
+    local parents = math.ceil(width / FANOUT)
+    for p = 0, parents - 1 do
+      local parts, total = {}, 0
+      for k = 0, FANOUT - 1 do
+        local value = masses[p * FANOUT + k] or 0
+        parts[k + 1] = entry_text(value)
+        total = total + value
       end
-      if node > 1 then
-        local parent = math.floor(node / 2)
-        parent_level[parent] = (parent_level[parent] or 0) + value
+      if total > 0 then
+        chunk_pairs[#chunk_pairs + 1] = parent_first + p
+        chunk_pairs[#chunk_pairs + 1] = table.concat(parts)
       end
+      parent_masses[p] = total
     end
-    level = parent_level
-    if lo == 1 then break end
-    lo, hi = math.floor(lo / 2), math.floor(hi / 2)
+    masses, width = parent_masses, parents
   end
-  call_chunked('HSET', tree_key, node_pairs)
-  redis.call('HSET', meta_key, 'tree', 1, 'tree_size', size, 'tree_ref', fmt(ref),
+  call_chunked('HSET', tree_key, chunk_pairs)
+  redis.call('HSET', meta_key, 'tree', 1, 'tree_depth', depth, 'tree_ref', fmt(ref),
     'tree_next_slot', count)
 end
 

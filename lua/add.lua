@@ -59,7 +59,7 @@ if conf[4] == '1' then
   if tree_needs_rebase(meta, prio) then
     tree_rebuild(meta, prio, tree, tree_ids, tree_slots, tree_free, capacity)
   else
-    local size = tonumber(redis.call('HGET', meta, 'tree_size'))
+    local leaf0 = first_leaf(tonumber(redis.call('HGET', meta, 'tree_depth')))
     local ref = tonumber(redis.call('HGET', meta, 'tree_ref'))
     local leaves, gone = {}, {}
     for _, id in ipairs(victims) do gone[id] = true end
@@ -69,7 +69,7 @@ if conf[4] == '1' then
       for _, slot in ipairs(slots) do
         if slot then
           freed[#freed + 1] = slot
-          leaves[#leaves + 1] = {size + tonumber(slot), 0}
+          leaves[#leaves + 1] = {leaf0 + tonumber(slot), 0}
         end
       end
       call_chunked('HDEL', tree_slots, victims)
@@ -88,12 +88,14 @@ if conf[4] == '1' then
         id_pairs[#id_pairs + 1] = id
         slot_pairs[#slot_pairs + 1] = id
         slot_pairs[#slot_pairs + 1] = slot
-        leaves[#leaves + 1] = {size + tonumber(slot), leaf_weight(to_number(ARGV[2 + 2 * i]), ref)}
+        leaves[#leaves + 1] = {
+          leaf0 + tonumber(slot), leaf_weight(to_number(ARGV[2 + 2 * i]), ref)
+        }
       end
     end
     call_chunked('HSET', tree_ids, id_pairs)
     call_chunked('HSET', tree_slots, slot_pairs)
-    tree_set_leaves(tree, leaves)
+    tree_set_nodes(tree, leaves)
   end
 end
 return {first, n, #victims}

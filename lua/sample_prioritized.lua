@@ -1,64 +1,71 @@
 -- Draw items with probability proportional to exp(log_reward) (softmax), with replacement.
 -- @include common
+-- @include tree
 -- KEYS[1] meta  KEYS[2] items  KEYS[3] tree  KEYS[4] tree:ids
 -- ARGV[1] n  ARGV[2] "1" = also return blobs
 -- ARGV[3] n uniforms in [0, 1), packed 6 bytes each (see uniform_at)
 -- Each draw walks the sum tree from the root: O(log capacity) per draw, all draws of one
--- call advancing together so each tree level costs one HMGET of the distinct nodes.
+-- call advancing together so each tree level costs one HMGET of the distinct chunks.
 -- Returns {total, id_1..id_n, weight_1..weight_n} where weight_i / total is the
 -- probability of drawing item i, and, if asked, {blob_1..blob_n} after them.
--- Errors: RB_NOTREE, RB_EMPTY.
+-- Errors: RB_NOTREE, RB_EMPTY, RB_INVALID.
 local meta, items, tree, tree_ids = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local conf = redis.call('HMGET', meta, 'tree', 'tree_size')
+local conf = redis.call('HMGET', meta, 'tree', 'tree_depth')
 if conf[1] ~= '1' then return fail('RB_NOTREE', 'prioritized sampling is not enabled') end
-local size = tonumber(conf[2])
-local total = tonumber(redis.call('HGET', tree, 1) or '0')
+local depth = tonumber(conf[2])
+local n = tonumber(ARGV[1])
+if #ARGV[3] ~= 6 * n then return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms') end
+local root = redis.call('HGET', tree, 0)
+local total = root and chunk_sum(root) or 0
 if total <= 0 then
   return fail('RB_EMPTY', 'buffer is empty (no item with a finite log-reward)')
 end
-local n = tonumber(ARGV[1])
-if #ARGV[3] ~= 6 * n then return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms') end
-local nodes, targets = {}, {}
+local nodes, targets, weights = {}, {}, {}
 for i = 1, n do
-  nodes[i] = 1
+  nodes[i] = 0
   targets[i] = uniform_at(ARGV[3], i) * total
 end
-local width = size
-while width > 1 do
-  -- draws share nodes near the root: fetch each distinct node's children once
-  local children, position = {}, {}
+for _ = 1, depth do
+  -- draws share nodes near the root: fetch each distinct chunk once
+  local chunk_of, distinct = {}, {}
   for i = 1, n do
-    local node = nodes[i]
-    if position[node] == nil then
-      position[node] = #children + 1
-      children[#children + 1] = 2 * node
-      children[#children + 1] = 2 * node + 1
+    if chunk_of[nodes[i]] == nil then
+      chunk_of[nodes[i]] = #distinct + 1
+      distinct[#distinct + 1] = nodes[i]
     end
   end
-  local values = hmget_chunked(tree, children)
+  local chunks = hmget_chunked(tree, distinct)
   for i = 1, n do
-    local at = position[nodes[i]]
-    local left = tonumber(values[at]) or 0
-    local right = tonumber(values[at + 1]) or 0
-    -- rounding may leave a target past the mass of its subtree: never step into an empty one
-    if (targets[i] < left and left > 0) or right <= 0 then
-      nodes[i] = 2 * nodes[i]
-      if targets[i] >= left then targets[i] = left * 0.5 end
-    else
-      nodes[i] = 2 * nodes[i] + 1
-      targets[i] = math.min(targets[i] - left, right * (1 - 1e-12))
+    local chunk = chunks[chunk_of[nodes[i]]] or EMPTY_CHUNK
+    local target, chosen, mass = targets[i], nil, 0
+    local last_k, last_mass = nil, 0
+    for k = 0, FANOUT - 1 do
+      mass = chunk_entry(chunk, k)
+      if mass > 0 then
+        if target < mass then
+          chosen = k
+          break
+        end
+        target = target - mass
+        last_k, last_mass = k, mass
+      end
     end
+    if chosen == nil then  -- rounding pushed the target past the last child with mass
+      chosen, mass, target = last_k, last_mass, last_mass * 0.5
+    end
+    nodes[i] = FANOUT * nodes[i] + 1 + chosen
+    targets[i] = target
+    weights[i] = mass
   end
-  width = width / 2
 end
+local leaf0 = first_leaf(depth)
 local slots = {}
-for i = 1, n do slots[i] = nodes[i] - size end
+for i = 1, n do slots[i] = nodes[i] - leaf0 end
 local ids = hmget_chunked(tree_ids, slots)
-local weights = hmget_chunked(tree, nodes)
 redis.call('HINCRBY', meta, 'sampled', n)
 local out = {fmt(total)}
 for i = 1, n do out[1 + i] = ids[i] end
-for i = 1, n do out[1 + n + i] = weights[i] end
+for i = 1, n do out[1 + n + i] = fmt(weights[i]) end
 if ARGV[2] == '1' then
   local blobs = hmget_chunked(items, ids)
   for i = 1, n do out[1 + 2 * n + i] = blobs[i] end

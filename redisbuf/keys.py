@@ -10,7 +10,7 @@ key                        type    content
 ``rb:{name}:items``        hash    item id -> msgpack blob
 ``rb:{name}:prio``         zset    item id -> log-reward (priority)
 ``rb:{name}:order``        zset    item id -> id (insertion order)
-``rb:{name}:tree``         hash    sum-tree node -> sum of exp(log_reward - ref)
+``rb:{name}:tree``         hash    sum-tree node v -> 16 masses of its children 16v+1..16v+16
 ``rb:{name}:tree:ids``     hash    sum-tree leaf slot -> item id
 ``rb:{name}:tree:slots``   hash    item id -> sum-tree leaf slot
 ``rb:{name}:tree:free``    list    leaf slots freed by eviction, reused first
@@ -109,7 +109,7 @@ class BufferKeys:
             self.items: "hash: item id -> msgpack blob",
             self.prio: "zset: item id -> log-reward",
             self.order: "zset: item id -> insertion order",
-            self.tree: "hash: sum-tree node -> probability mass (prioritized sampling)",
+            self.tree: "hash: sum-tree node -> masses of its 16 children (prioritized sampling)",
             self.tree_ids: "hash: sum-tree leaf slot -> item id",
             self.tree_slots: "hash: item id -> sum-tree leaf slot",
             self.tree_free: "list: free sum-tree leaf slots",
