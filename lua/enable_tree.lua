@@ -5,9 +5,10 @@
 -- KEYS[1] meta  KEYS[2] prio  KEYS[3] tree  KEYS[4] tree:ids  KEYS[5] tree:slots
 -- KEYS[6] tree:free
 -- ARGV[1] "1" = rebuild even if the tree exists
--- Returns 1 if built, 0 if it already existed.
+-- Returns 1 if built, 0 if it already existed. Errors: RB_NOBUF.
 local meta = KEYS[1]
 local conf = redis.call('HMGET', meta, 'tree', 'capacity')
+if not conf[2] then return fail('RB_NOBUF', 'buffer meta ' .. meta .. ' does not exist') end
 if conf[1] == '1' and ARGV[1] ~= '1' then return 0 end
 tree_rebuild(meta, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], tonumber(conf[2]))
 return 1

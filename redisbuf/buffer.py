@@ -494,9 +494,10 @@ class ReplayBuffer:
         )
 
     def save(self, path: str | Path) -> int:
-        """Write the buffer to ``path`` as a msgpack stream (header, then one record per
-        item, oldest first). Returns the number of items written. Not a consistent
-        snapshot if other processes write meanwhile."""
+        """Write the buffer to ``path`` as a msgpack stream: a header map, one
+        ``[id, priority, blob]`` record per item (oldest first), then a trailer map
+        ``{"end": count}`` so a truncated file is detected. Returns the number of items
+        written. Not a consistent snapshot if other processes write meanwhile."""
         count = 0
         with open(path, "wb") as handle:
             packer = msgpack.Packer(use_bin_type=True)
@@ -504,6 +505,7 @@ class ReplayBuffer:
             for record in self._records():
                 handle.write(packer.pack(list(record)))
                 count += 1
+            handle.write(packer.pack({"end": count}))
         return count
 
     def load(self, path: str | Path) -> int:
@@ -518,13 +520,30 @@ class ReplayBuffer:
             except Exception as exc:
                 raise DecodeError(f"{path}: not a redisbuf file ({exc})") from exc
             _check_header(header)
+            records: list[tuple[Any, ...]] = []
+            trailer = None
             try:
-                records = [tuple(r) for r in unpacker]
+                for entry in unpacker:
+                    if isinstance(entry, dict):
+                        trailer = entry
+                        break
+                    if not isinstance(entry, list) or len(entry) != 3:
+                        raise DecodeError(f"{path}: malformed record {entry!r:.80}")
+                    if not isinstance(entry[2], bytes):
+                        raise DecodeError(f"{path}: record {entry[0]!r} has no blob")
+                    records.append(tuple(entry))
+                extra = next(unpacker, None)
+            except DecodeError:
+                raise
             except Exception as exc:
-                raise DecodeError(f"{path}: truncated or corrupt record stream ({exc})") from exc
-        for record in records:
-            if len(record) != 3 or not isinstance(record[2], bytes):
-                raise DecodeError(f"{path}: malformed record {record[:2]!r}")
+                raise DecodeError(f"{path}: corrupt record stream ({exc})") from exc
+        if trailer is None or trailer.get("end") != len(records):
+            raise DecodeError(
+                f"{path}: truncated file: {len(records)} records read, "
+                f"trailer {'missing' if trailer is None else trailer}"
+            )
+        if extra is not None:
+            raise DecodeError(f"{path}: data after the trailer")
         self._restore(header, records)
         return len(records)
 

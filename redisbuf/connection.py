@@ -68,6 +68,12 @@ def connect(
     if not url:
         raise ServerUnavailableError(f"no Redis URL given and ${URL_ENV} is not set")
     try:
+        # probe with the short timeout: a port that accepts and never answers must not
+        # hold us for the long socket timeout
+        with redis.Redis.from_url(
+            url, socket_connect_timeout=connect_timeout, socket_timeout=connect_timeout
+        ) as probe:
+            probe.ping()
         client = redis.Redis.from_url(
             url,
             socket_connect_timeout=connect_timeout,
@@ -76,11 +82,10 @@ def connect(
             retry_on_timeout=False,
             command_packer=RespPacker(),
         )
-        client.ping()
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-        raise ServerUnavailableError(f"cannot reach Redis at {redacted(url)}: {exc}") from exc
     except ValueError as exc:
         raise ServerUnavailableError(f"invalid Redis URL {redacted(url)}: {exc}") from exc
+    except (redis.exceptions.RedisError, OSError) as exc:
+        raise ServerUnavailableError(f"cannot reach Redis at {redacted(url)}: {exc}") from exc
     return client
 
 

@@ -117,7 +117,9 @@ class EmbeddedServer:
         )
         atexit.register(self.stop)
         deadline = time.monotonic() + self.startup_timeout
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, socket_connect_timeout=0.5, socket_timeout=0.5
+        )
         while True:
             if self.process.poll() is not None:
                 detail = (
@@ -132,18 +134,20 @@ class EmbeddedServer:
                     f"{self.binary} exited at start (port {self.port}): {detail.strip()}"
                 )
             try:
-                client.ping()
-                break
+                # the port may answer for another server (busy port, or a race after
+                # free_port): only our own process counts
+                if int(client.info("server")["process_id"]) == self.process.pid:
+                    break
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise ServerUnavailableError(
-                        f"{self.binary} did not answer on port {self.port} within "
-                        f"{self.startup_timeout:.0f} s"
-                    ) from None
-                time.sleep(0.02)
-            finally:
-                client.close()
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerUnavailableError(
+                    f"{self.binary} did not answer on port {self.port} within "
+                    f"{self.startup_timeout:.0f} s"
+                )
+            time.sleep(0.02)
+        client.close()
         return self
 
     def stop(self) -> None:

@@ -1,0 +1,139 @@
+"""The Lua scripts: documented headers, no modules fakeredis lacks, they compile on both
+servers, NOSCRIPT recovery, and error codes that become redisbuf exceptions."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import redis
+
+from redisbuf import (
+    ConfigMismatchError,
+    EmptyBufferError,
+    InvalidBatchError,
+    RedisBufError,
+    ReplayBuffer,
+    SchemaError,
+    scripts,
+)
+
+OPERATIONS = sorted(p.stem for p in scripts.lua_dir().glob("*.lua") if not p.stem.startswith("_"))
+HELPERS = sorted(p.stem for p in scripts.lua_dir().glob("_*.lua"))
+
+
+def _header(name: str) -> str:
+    """The comment block a script opens with (``-- @include`` lines included)."""
+    lines = []
+    for line in (scripts.lua_dir() / f"{name}.lua").read_text().splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _code(path) -> str:
+    """A script without its comments."""
+    return "\n".join(re.sub(r"--.*$", "", line) for line in path.read_text().splitlines())
+
+
+def test_the_expected_operations_exist():
+    assert {"add", "clear", "enable_tree", "init", "sample_prioritized", "sample_uniform"} <= set(
+        OPERATIONS
+    )
+
+
+@pytest.mark.parametrize("name", OPERATIONS)
+def test_every_script_documents_its_keys_and_argv(name):
+    header = _header(name)
+    code = _code(scripts.lua_dir() / f"{name}.lua")
+    assert header.count("\n") >= 2, f"{name}.lua has no header comment"
+    assert "KEYS[1]" in header, f"{name}.lua does not list its KEYS"
+    for table in ("KEYS", "ARGV"):
+        used = {int(i) for i in re.findall(rf"{table}\[(\d+)\]", code)}
+        dynamic = re.search(rf"{table}\[[^\]\d]", code) or re.search(rf"#{table}\b", code)
+        if used or dynamic:
+            assert f"{table}[" in header, f"{name}.lua uses {table} without listing it"
+        listed = {int(i) for i in re.findall(rf"{table}\[(\d+)\]", header)}
+        ranges = [int(i) for i in re.findall(rf"{table}\[(\d+)\.\.", header)]
+        for index in used:
+            covered = index in listed or any(index >= start for start in ranges)
+            assert covered, f"{name}.lua uses {table}[{index}] without documenting it"
+
+
+@pytest.mark.parametrize("name", OPERATIONS + HELPERS)
+def test_no_lua_modules_that_fakeredis_lacks(name):
+    code = _code(scripts.lua_dir() / f"{name}.lua")
+    for module in ("struct", "cmsgpack", "bit", "cjson.encode_keep_buffer"):
+        assert not re.search(rf"\b{re.escape(module)}\s*\.", code), f"{name}.lua uses {module}"
+    assert "redis.sha1hex" not in code
+    assert not re.search(r"\bloadstring\b|\bdofile\b|\brequire\b", code)
+
+
+@pytest.mark.parametrize("name", OPERATIONS)
+def test_includes_are_expanded(name):
+    script = scripts.load(name)
+    assert not re.search(r"^-- @include \w+\s*$", script.source, re.MULTILINE)
+    for helper in re.findall(r"^-- @include (\w+)", (scripts.lua_dir() / f"{name}.lua").read_text(),
+                             re.MULTILINE):
+        assert (scripts.lua_dir() / f"_{helper}.lua").read_text().splitlines()[2] in script.source
+
+
+@pytest.mark.parametrize("name", OPERATIONS)
+def test_every_script_compiles_on_the_server(client, name):
+    script = scripts.load(name)
+    assert client.script_load(script.source) == script.sha
+    assert client.script_exists(script.sha) == [True]
+
+
+def test_noscript_recovery(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=4, prioritized_sampling=True, seed=0)
+    buffer.add({"x": np.arange(3), "log_rewards": np.zeros(3)})
+    client.script_flush()
+    assert client.script_exists(scripts.load("add").sha) == [False]
+    result = buffer.add({"x": np.arange(3), "log_rewards": np.zeros(3)})
+    assert result.ids.tolist() == [4, 5, 6] and result.evicted == 2
+    client.script_flush()
+    assert len(buffer.sample(3)["x"]) == 3
+    client.script_flush()
+    assert len(ReplayBuffer(client, buffer_name, capacity=4).sample(2)["x"]) == 2
+    client.script_flush()
+    assert buffer.clear() == 4
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        ("RB_EMPTY", EmptyBufferError),
+        ("RB_SCHEMA", SchemaError),
+        ("RB_NOBUF", ConfigMismatchError),
+        ("RB_NOTREE", ConfigMismatchError),
+        ("RB_CONFIG", ConfigMismatchError),
+        ("RB_INVALID", InvalidBatchError),
+        ("RB_SOMETHINGNEW", RedisBufError),
+    ],
+)
+def test_error_codes_become_redisbuf_exceptions(code, error):
+    reply = redis.exceptions.ResponseError(
+        f"{code} the detail here script: 0123abcd, on @user_script:12."
+    )
+    translated = scripts.translate(reply)
+    assert type(translated) is error
+    assert translated.code == code
+    assert str(translated) == "the detail here"
+
+
+def test_uncoded_errors_pass_through():
+    reply = redis.exceptions.ResponseError("WRONGTYPE Operation against a key")
+    assert scripts.translate(reply) is reply
+
+
+def test_script_errors_reach_python_as_redisbuf_exceptions(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=3)
+    buffer.drop()  # meta gone: the add script answers RB_NOBUF
+    with pytest.raises(ConfigMismatchError, match="does not exist") as info:
+        buffer.add({"x": np.zeros(1)})
+    assert info.value.code == "RB_NOBUF"
+    with pytest.raises(EmptyBufferError, match="buffer is empty"):
+        buffer.sample(1)
