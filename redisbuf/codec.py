@@ -81,40 +81,16 @@ def _pack_array(code: int, shape: tuple[int, ...], raw: bytes | memoryview) -> b
     return b"".join((_HEADER.pack(code, len(shape)), struct.pack(f"<{len(shape)}Q", *shape), raw))
 
 
-def encode_numpy(array: np.ndarray) -> msgpack.ExtType:
-    code = _numpy_code(array.dtype)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    data = np.ascontiguousarray(array)
-    raw = data.data.cast("B") if data.size else b""
-    return msgpack.ExtType(EXT_NUMPY, _pack_array(code, array.shape, raw))
-
-
-def encode_torch(tensor: torch.Tensor) -> msgpack.ExtType:
-    try:
-        code = _TORCH_CODE[tensor.dtype]
-    except KeyError:
-        raise TypeError(
-            f"unsupported torch dtype {tensor.dtype}; supported: {supported_dtypes()}"
-        ) from None
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
-    raw_dtype = _TORCH_RAW.get(t.dtype)
-    if raw_dtype is not None:
-        data = t.view(torch.int16).numpy().view(raw_dtype)
-    else:
-        data = t.numpy()
-    raw = data.tobytes() if data.size else b""
-    return msgpack.ExtType(EXT_TORCH, _pack_array(code, tuple(t.shape), raw))
+def encode_array(array: np.ndarray | torch.Tensor) -> msgpack.ExtType:
+    """One array or tensor as a msgpack ext value (see the module docstring)."""
+    data, code, ext = raw_numpy(array)
+    raw = data.reshape(-1).view(np.uint8).data if data.size else b""
+    return msgpack.ExtType(ext, _pack_array(code, data.shape, raw))
 
 
 def _default(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        return encode_numpy(obj)
-    if isinstance(obj, torch.Tensor):
-        return encode_torch(obj)
+    if isinstance(obj, (np.ndarray, torch.Tensor)):
+        return encode_array(obj)
     if isinstance(obj, np.generic):
         return obj.item()
     raise TypeError(f"cannot encode object of type {type(obj).__name__}")
@@ -220,7 +196,9 @@ def raw_numpy(array: np.ndarray | torch.Tensor) -> tuple[np.ndarray, int, int]:
     code = _numpy_code(array.dtype)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(array), code, EXT_NUMPY
+    # not ascontiguousarray: it turns 0-d arrays into 1-d ones
+    data = array if array.flags.c_contiguous else np.array(array, order="C")
+    return data, code, EXT_NUMPY
 
 
 def _ext_frame(ext_code: int, length: int) -> bytes:

@@ -297,26 +297,28 @@ class Trajectories:
         return self.states[np.asarray(idx) - 1, np.arange(len(self))]
 
 
-class StatesKind(_RowKind):
+class _DataclassKind(_RowKind):
+    """A row kind whose batches are instances of the dataclass ``container``."""
+
+    container: ClassVar[type]
+
+    def _fields_of(self, batch: Any) -> dict[str, Array]:
+        return {f.name: getattr(batch, f.name) for f in fields(self.container)}
+
+    def _make(self, arrays: dict[str, Array], schema: dict[str, Any]) -> Any:
+        return self.container(**arrays)
+
+
+class StatesKind(_DataclassKind):
     name = "states"
+    container = States
     required = ("states",)
 
-    def _fields_of(self, batch: States) -> dict[str, Array]:
-        return {f.name: getattr(batch, f.name) for f in fields(States)}
 
-    def _make(self, arrays: dict[str, Array], schema: dict[str, Any]) -> States:
-        return States(**arrays)
-
-
-class TransitionsKind(_RowKind):
+class TransitionsKind(_DataclassKind):
     name = "transitions"
+    container = Transitions
     required = ("states", "next_states", "actions", "is_terminating")
-
-    def _fields_of(self, batch: Transitions) -> dict[str, Array]:
-        return {f.name: getattr(batch, f.name) for f in fields(Transitions)}
-
-    def _make(self, arrays: dict[str, Array], schema: dict[str, Any]) -> Transitions:
-        return Transitions(**arrays)
 
 
 class DictKind(_RowKind):
