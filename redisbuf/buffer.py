@@ -28,6 +28,7 @@ from .errors import (
     SchemaError,
 )
 from .keys import BufferKeys, format_id
+from .remote import RemoteScorer
 from .samplers import Draw, PrioritizedSampler, Sampler, UniformSampler
 
 FORMAT_VERSION = 1
@@ -144,8 +145,6 @@ class ReplayBuffer:
             sampler = PrioritizedSampler() if prioritized_sampling else UniformSampler()
         self.sampler = sampler
         self.sampler.prepare(self)
-        from .remote import RemoteScorer  # the remote-manager logic lives in remote.py
-
         self.remote: RemoteScorer | None = None
         if remote_manager_rank is not None:
             self.remote = RemoteScorer(
