@@ -429,11 +429,11 @@ def _blob_layout(blob: bytes) -> tuple[list[_Segment], list[tuple[int, int]]] | 
 
 def decode_same_layout(blobs: list[bytes]) -> dict[str, np.ndarray] | None:
     """Decode blobs that share one layout (same keys, dtypes, shapes; numbers all floats)
-    with a handful of vectorised copies: field -> array of shape (n, *item_shape).
+    without a per-blob parse: field -> array of shape (n, *item_shape).
 
-    Returns None when the blobs do not share a layout; :func:`unpackb_raw` then decodes
-    them one by one. Fixed-shape items (dict batches, transitions, states, trajectories
-    of one length) take this path.
+    The arrays are read-only views into one joined copy of the blobs. Fixed-shape items
+    (dict batches, transitions, states, trajectories of one length) take this path;
+    for others it returns None and :func:`unpackb_raw` decodes the blobs one by one.
     """
     if not blobs:
         return None
@@ -452,9 +452,11 @@ def decode_same_layout(blobs: list[bytes]) -> dict[str, np.ndarray] | None:
             return None
     columns: dict[str, np.ndarray] = {}
     for segment in segments:
-        data = table[:, segment.start : segment.start + segment.size].copy()
+        # strided read-only views into the joined blobs: the container's join makes the
+        # one copy, straight into the batch's layout
+        view = table[:, segment.start : segment.start + segment.size].view(segment.dtype)
         if segment.shape is None:
-            columns[segment.key] = data.view(segment.dtype).reshape(-1).astype(np.float64)
+            columns[segment.key] = view.reshape(-1).astype(np.float64)
         else:
-            columns[segment.key] = data.view(segment.dtype).reshape(len(blobs), *segment.shape)
+            columns[segment.key] = view.reshape(len(blobs), *segment.shape)
     return columns

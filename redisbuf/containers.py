@@ -97,6 +97,8 @@ def _stack_rows(values: FieldValues, spec: dict[str, Any]) -> Array:
             values = values.astype(dtype)
         elif values.dtype != dtype:
             raise DecodeError(f"stored items of dtype {values.dtype}, schema says {dtype}")
+        else:
+            values = np.array(values, order="C")  # the one copy out of the blobs
         return codec.to_library(values, spec["lib"], spec["dtype"])
     if not shape:
         if spec["lib"] == "torch":
@@ -116,14 +118,18 @@ def _padded_steps(values: FieldValues, spec: dict[str, Any], horizon: int, fill:
     ``fill``: one concatenation and one scatter, whatever the number of items."""
     trailing = tuple(spec["shape"])
     n = len(values)
-    view, out = _alloc(spec, (horizon, n, *trailing), fill)
-    if n == 0:
-        return out
     dtype = _raw_dtype(spec["dtype"])
     if isinstance(values, np.ndarray):  # (n, rows, *trailing), every item of one length
         if values.shape[2:] != trailing or values.dtype != dtype or values.shape[1] > horizon:
             raise DecodeError(f"stored items of shape {values.shape[1:]} do not fit {trailing}")
+        if values.shape[1] == horizon:  # nothing to pad: one transposing copy
+            time_major = np.array(values.swapaxes(0, 1), order="C")
+            return codec.to_library(time_major, spec["lib"], spec["dtype"])
+        view, out = _alloc(spec, (horizon, n, *trailing), fill)
         view[: values.shape[1]] = values.swapaxes(0, 1)
+        return out
+    view, out = _alloc(spec, (horizon, n, *trailing), fill)
+    if n == 0:
         return out
     flat = codec.concat_raw(values, dtype, trailing)
     rows = np.array([v.shape[0] for v in values], dtype=np.int64)
