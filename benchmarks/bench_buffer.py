@@ -10,7 +10,8 @@ on a noisy shared machine even when the absolute numbers move.
   eviction at capacity) vs a redis-py pipeline writing the same pre-encoded blobs with
   HSET + 2 ZADD per item (no encoding, no eviction).
 * sample: ``ReplayBuffer.sample(256)`` (choose ids in Lua, fetch, decode into a padded
-  batch) vs one HMGET of 256 random known ids of the same blobs (no choice, no decode).
+  batch) vs one HMGET of 256 random known ids of the same blobs (no choice, no decode);
+  also the draw alone (ids in Lua + HMGET, blobs left undecoded) against the same HMGET.
 * prioritized: cost of ``sample`` with ``prioritized_sampling=True`` at 10^4 and 10^6 items.
 """
 
@@ -114,12 +115,19 @@ def bench_add_and_sample(
         lambda: rate(raw_sample, BATCH, repeat),
         rounds,
     )
+    # the same draw without decoding: what choosing ids in Lua costs over a bare HMGET
+    draw = paired(
+        lambda: rate(lambda: buffer._draw(BATCH, None), BATCH, repeat),
+        lambda: rate(raw_sample, BATCH, repeat),
+        rounds,
+    )
     buffer.drop()
     client.delete("raw:items", "raw:prio", "raw:order")
     label = "variable-length" if variable else "fixed-length"
     return [
         (f"add, {label} (items/s)", *add),
         (f"sample uniform, {label} (items/s)", *sample),
+        (f"  of which ids + blobs, no decode, {label}", *draw),
     ]
 
 
