@@ -73,20 +73,25 @@ def _mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
+def _run_three_ranks(url: str, *command: str) -> str:
+    """Run ``command`` under ``mpiexec -n 3`` against ``url``; return its output."""
+    mpiexec = _mpiexec()
+    if mpiexec is None:
+        pytest.skip("mpiexec is not installed")
+    run = subprocess.run(
+        [mpiexec, "-n", "3", sys.executable, *command],
+        capture_output=True, text=True, timeout=90, env={**os.environ, "REDISBUF_URL": url},
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    return out
+
+
 @pytest.mark.mpi
 @pytest.mark.redis_server
 @pytest.mark.timeout(120)
 def test_three_rank_mpi_job(redis_server, buffer_name):
-    mpiexec = _mpiexec()
-    if mpiexec is None:
-        pytest.skip("mpiexec is not installed")
-    env = {**os.environ, "REDISBUF_URL": redis_server.url}
-    run = subprocess.run(
-        [mpiexec, "-n", "3", sys.executable, __file__, buffer_name],
-        capture_output=True, text=True, timeout=90, env=env,
-    )
-    out = run.stdout + run.stderr
-    assert run.returncode == 0, out
+    out = _run_three_ranks(redis_server.url, __file__, buffer_name)
     assert "WORKER 1 scores ok" in out and "WORKER 2 scores ok" in out
     assert "METADATA rank 2 while pending" in out
     assert "MANAGER exited after EXITs from [1, 2]" in out
@@ -97,17 +102,10 @@ def test_three_rank_mpi_job(redis_server, buffer_name):
 @pytest.mark.redis_server
 @pytest.mark.timeout(120)
 def test_mpi_hypergrid_example_runs(redis_server, buffer_name):
-    mpiexec = _mpiexec()
-    if mpiexec is None:
-        pytest.skip("mpiexec is not installed")
-    env = {**os.environ, "REDISBUF_URL": redis_server.url}
-    run = subprocess.run(
-        [mpiexec, "-n", "3", sys.executable, "-m", "redisbuf.examples.mpi_hypergrid",
-         "--name", buffer_name, "--iterations", "5", "--capacity", "100"],
-        capture_output=True, text=True, timeout=90, env=env,
+    out = _run_three_ranks(
+        redis_server.url, "-m", "redisbuf.examples.mpi_hypergrid",
+        "--name", buffer_name, "--iterations", "5", "--capacity", "100",
     )
-    out = run.stdout + run.stderr
-    assert run.returncode == 0, out
     assert "[worker 1] sent" in out and "[worker 2] sent" in out
     assert "[manager] 2 EXITs; buffer 100/100" in out
 
