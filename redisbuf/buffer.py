@@ -322,6 +322,8 @@ class ReplayBuffer:
         names = set(schema["fields"])
         fields: dict[str, Any] | None = codec.decode_same_layout(blobs)
         if fields is None or set(fields) != names:
+            fields = codec.decode_ragged(blobs)
+        if fields is None or set(fields) != names:
             items = []
             for position, blob in enumerate(blobs):
                 where = f"id {ids[position]}" if ids else f"position {position}"

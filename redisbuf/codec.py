@@ -214,7 +214,9 @@ class Column:
 
     ``data`` is batch-major and C-contiguous: item ``i``'s value is ``data[i]``, or, when
     ``lengths`` is given, its first ``lengths[i]`` rows ``data[i, :lengths[i]]``.
-    A ``scalar`` column holds one number per item, encoded as a plain msgpack number.
+    A ``scalar`` column holds one number per item, encoded as a plain msgpack number of
+    fixed width (float64, int64, uint64 or bool), so that every blob of a batch has the
+    same layout and :func:`decode_same_layout` can read a sample without parsing blobs.
     """
 
     def __init__(
@@ -228,7 +230,7 @@ class Column:
                 array = array.float()
             if isinstance(array, torch.Tensor):
                 array = array.detach().cpu().numpy()
-            self.values = [msgpack.packb(v) for v in array.tolist()]
+            self.values = _fixed_width_numbers(np.asarray(array))
             return
         self.data, self.code, self.ext = raw_numpy(array)
         self.lengths = lengths
@@ -263,6 +265,24 @@ class Column:
             frame = self._frame(rows)
         raw = self.flat[start : start + size] if self.flat is not None and size else b""
         return [self.packed_key, frame, raw]
+
+
+_NUMBER_FORMATS = {"f": (0xCB, ">f8"), "i": (0xD3, ">i8"), "u": (0xCF, ">u8")}
+
+
+def _fixed_width_numbers(values: np.ndarray) -> list[Any]:
+    """msgpack encodings of 1-D ``values``, one per item, all of the same width."""
+    if values.dtype.kind == "b":
+        return [b"\xc3" if value else b"\xc2" for value in values.tolist()]
+    try:
+        tag, dtype = _NUMBER_FORMATS[values.dtype.kind]
+    except KeyError:
+        raise TypeError(f"unsupported dtype {values.dtype} for a per-item number") from None
+    table = np.empty((len(values), 9), dtype=np.uint8)
+    table[:, 0] = tag
+    table[:, 1:] = values.astype(dtype).view(np.uint8).reshape(-1, 8)
+    flat = memoryview(table.tobytes())
+    return [flat[9 * i : 9 * i + 9] for i in range(len(values))]
 
 
 def encode_columns(columns: list[Column], n: int) -> list[bytes]:
@@ -362,17 +382,28 @@ def to_library(array: np.ndarray, lib: str, dtype: str) -> np.ndarray | torch.Te
 # -- decoding many blobs at once ---------------------------------------------------------
 
 
+_BOOL = np.dtype("?")  # marks a msgpack true/false: the tag byte is the value
+_NUMBER_TAGS = {0xCB: np.dtype(">f8"), 0xD3: np.dtype(">i8"), 0xCF: np.dtype(">u8")}
+_EXT_TAGS = {0xC7: 1, 0xC8: 2, 0xC9: 4}  # ext 8/16/32: bytes of the length field
+
+
 class _Segment(NamedTuple):
+    """Where one map entry of a blob lies."""
+
     key: str
-    start: int  # offset of the value's data inside the blob
-    size: int
-    dtype: np.dtype  # element dtype of the data ('>f8' for msgpack float64 numbers)
-    shape: tuple[int, ...] | None  # None for a number
+    key_start: int  # offset of the packed key
+    tag_at: int  # offset of the value's msgpack tag byte
+    start: int  # offset of the value's data
+    size: int  # bytes of data
+    dtype: np.dtype  # element dtype of the data (_BOOL for true/false)
+    shape: tuple[int, ...] | None  # array shape; None for a number
+    header_at: int = 0  # arrays: offset of the dtype code / ndim / shape header
 
 
 def _blob_layout(blob: bytes) -> tuple[list[_Segment], list[tuple[int, int]]] | None:
     """Where each value of one blob lies, and the spans that must be identical in every
-    blob of the same layout; None if the blob holds anything but arrays and floats."""
+    blob of the same layout; None unless the blob is a map of str keys to arrays and
+    fixed-width numbers (as :func:`encode_columns` writes them)."""
     view = memoryview(blob)
     if not view:
         return None
@@ -394,22 +425,22 @@ def _blob_layout(blob: bytes) -> tuple[list[_Segment], list[tuple[int, int]]] | 
             key = bytes(view[pos + 1 : pos + 1 + (tag & 0x1F)]).decode()
             pos += 1 + (tag & 0x1F)
             tag = view[pos]
-            if tag == 0xCB:
+            if tag in (0xC2, 0xC3):
+                fixed.append((key_start, pos))
+                segments.append(_Segment(key, key_start, pos, pos, 1, _BOOL, None))
+                pos += 1
+                continue
+            if tag in _NUMBER_TAGS:
                 fixed.append((key_start, pos + 1))
-                segments.append(_Segment(key, pos + 1, 8, np.dtype(">f8"), None))
+                segments.append(_Segment(key, key_start, pos, pos + 1, 8, _NUMBER_TAGS[tag], None))
                 pos += 9
                 continue
-            if tag == 0xC7:
-                length, ext_code = struct.unpack_from(">Bb", view, pos + 1)
-                header_at = pos + 3
-            elif tag == 0xC8:
-                length, ext_code = struct.unpack_from(">Hb", view, pos + 1)
-                header_at = pos + 4
-            elif tag == 0xC9:
-                length, ext_code = struct.unpack_from(">Ib", view, pos + 1)
-                header_at = pos + 6
-            else:
+            width = _EXT_TAGS.get(tag)
+            if width is None:
                 return None
+            length = int.from_bytes(view[pos + 1 : pos + 1 + width], "big")
+            ext_code = view[pos + 1 + width]
+            header_at = pos + 2 + width
             if ext_code not in (EXT_NUMPY, EXT_TORCH):
                 return None
             payload = bytes(view[header_at : header_at + length])
@@ -418,17 +449,32 @@ def _blob_layout(blob: bytes) -> tuple[list[_Segment], list[tuple[int, int]]] | 
             if np_dtype is None:
                 np_dtype = _TORCH_RAW[torch_dtype]
             fixed.append((key_start, header_at + offset))
-            segments.append(_Segment(key, header_at + offset, length - offset, np_dtype, shape))
+            segments.append(
+                _Segment(
+                    key, key_start, pos, header_at + offset, length - offset, np_dtype, shape,
+                    header_at,
+                )
+            )
             pos = header_at + length
-    except (IndexError, struct.error, DecodeError):
+    except (IndexError, DecodeError, UnicodeDecodeError):
         return None
     if pos != len(view):
         return None
     return segments, fixed
 
 
+def _numbers(data: np.ndarray, segment: _Segment) -> np.ndarray:
+    """Per-item numbers from their raw bytes (n, size), as float64 / int64 / uint64 / bool."""
+    if segment.dtype is _BOOL:
+        tags = data[:, 0]
+        if not np.isin(tags, (0xC2, 0xC3)).all():
+            raise DecodeError(f"field {segment.key!r}: not a boolean in every item")
+        return tags == 0xC3
+    return data.view(segment.dtype).reshape(-1).astype(segment.dtype.newbyteorder("="))
+
+
 def decode_same_layout(blobs: list[bytes]) -> dict[str, np.ndarray] | None:
-    """Decode blobs that share one layout (same keys, dtypes, shapes; numbers all floats)
+    """Decode blobs that share one layout (same keys, dtypes, shapes, number formats)
     without a per-blob parse: field -> array of shape (n, *item_shape).
 
     The arrays are read-only views into one joined copy of the blobs. Fixed-shape items
@@ -452,11 +498,113 @@ def decode_same_layout(blobs: list[bytes]) -> dict[str, np.ndarray] | None:
             return None
     columns: dict[str, np.ndarray] = {}
     for segment in segments:
-        # strided read-only views into the joined blobs: the container's join makes the
-        # one copy, straight into the batch's layout
-        view = table[:, segment.start : segment.start + segment.size].view(segment.dtype)
+        data = table[:, segment.start : segment.start + segment.size]
         if segment.shape is None:
-            columns[segment.key] = view.reshape(-1).astype(np.float64)
+            columns[segment.key] = _numbers(data, segment)
         else:
-            columns[segment.key] = view.reshape(len(blobs), *segment.shape)
+            # strided read-only views into the joined blobs: the container's join makes
+            # the one copy, straight into the batch's layout
+            columns[segment.key] = data.view(segment.dtype).reshape(len(blobs), *segment.shape)
+    return columns
+
+
+class Ragged(NamedTuple):
+    """One array field of many items whose first dimensions differ: the items' rows
+    concatenated (a new, writable array) and the number of rows of each item."""
+
+    flat: np.ndarray
+    rows: np.ndarray
+
+
+def decode_ragged(blobs: list[bytes]) -> dict[str, np.ndarray | Ragged] | None:
+    """Decode blobs with the same keys, dtypes and trailing shapes but arrays of varying
+    first dimension (variable-length trajectories), reading every header with a few
+    vectorised numpy operations per field instead of a msgpack parse per blob.
+
+    Numbers come back as arrays of shape (n,), arrays as :class:`Ragged`. Returns None
+    when the blobs do not fit the first blob's structure.
+    """
+    if not blobs or any(blob is None for blob in blobs):
+        return None
+    layout = _blob_layout(blobs[0])
+    if layout is None:
+        return None
+    segments, fixed = layout
+    n = len(blobs)
+    template = np.frombuffer(blobs[0], dtype=np.uint8)
+    lengths = np.fromiter(map(len, blobs), dtype=np.int64, count=n)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    joined = b"".join(blobs)
+    table = np.frombuffer(joined, dtype=np.uint8)
+    view = memoryview(joined)
+
+    def gather(at: np.ndarray, width: int) -> np.ndarray | None:
+        index = at[:, None] + np.arange(width)
+        if width and (index[:, -1] >= ends).any():
+            return None
+        return table[index]
+
+    def same_as_template(at: np.ndarray, span: tuple[int, int]) -> bool:
+        got = gather(at, span[1] - span[0])
+        return got is not None and bool((got == template[span[0] : span[1]]).all())
+
+    if not same_as_template(starts, fixed[0]):
+        return None
+    at = starts + fixed[0][1]
+    columns: dict[str, np.ndarray | Ragged] = {}
+    for segment, span in zip(segments, fixed[1:], strict=True):
+        # the key, and for numbers the tag, must match; arrays may use ext 8, 16 or 32
+        is_number = segment.shape is None
+        if not same_as_template(
+            at, (span[0], segment.tag_at + (is_number and segment.dtype is not _BOOL))
+        ):
+            return None
+        value_at = at + (segment.tag_at - segment.key_start)
+        if is_number:
+            data = gather(value_at + (segment.start - segment.tag_at), segment.size)
+            if data is None:
+                return None
+            columns[segment.key] = _numbers(data, segment)
+            at = value_at + (segment.start - segment.tag_at) + segment.size
+            continue
+        ndim = len(segment.shape)
+        frame = gather(value_at, 5)  # tag, then up to 4 length bytes
+        if frame is None or ndim == 0:
+            return None
+        tags = frame[:, 0]
+        width = np.select([tags == 0xC7, tags == 0xC8, tags == 0xC9], [1, 2, 4], 0)
+        if not width.all():
+            return None
+        big_endian = frame[:, 1:].astype(np.int64)
+        length = np.select(
+            [width == 1, width == 2],
+            [big_endian[:, 0], big_endian[:, 0] * 256 + big_endian[:, 1]],
+            ((big_endian[:, 0] * 256 + big_endian[:, 1]) * 256 + big_endian[:, 2]) * 256
+            + big_endian[:, 3],
+        )
+        header_at = value_at + 2 + width
+        codes = gather(header_at - 1, 3)  # ext code, dtype code, ndim
+        dims = gather(header_at + 2, 8 * ndim)
+        if codes is None or dims is None:
+            return None
+        if not (codes == template[segment.header_at - 1 : segment.header_at + 2]).all():
+            return None
+        dims = np.ascontiguousarray(dims).view("<u8").reshape(n, ndim).astype(np.int64)
+        trailing = segment.shape[1:]
+        if (dims < 0).any() or not (dims[:, 1:] == np.array(trailing, dtype=np.int64)).all():
+            return None
+        row_bytes = segment.dtype.itemsize * int(np.prod(trailing, dtype=np.int64))
+        sizes = dims[:, 0] * row_bytes
+        data_at = header_at + 2 + 8 * ndim
+        if not (sizes == length - 2 - 8 * ndim).all() or (data_at + sizes > ends).any():
+            return None
+        flat = bytearray().join(
+            [view[o : o + s] for o, s in zip(data_at.tolist(), sizes.tolist(), strict=True)]
+        )
+        array = np.frombuffer(flat, dtype=segment.dtype).reshape(-1, *trailing)
+        columns[segment.key] = Ragged(array, dims[:, 0])
+        at = data_at + sizes
+    if not (at == ends).all():
+        return None
     return columns

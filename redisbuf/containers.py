@@ -80,10 +80,10 @@ def _alloc(spec: dict[str, Any], shape: tuple[int, ...], fill: float) -> tuple[n
     return array, codec.to_library(array, spec["lib"], spec["dtype"])
 
 
-# Decoded values of one field across the items of a sample: either one array of shape
-# (n, *item_shape) (blobs of one layout, see codec.decode_same_layout), or a list with
-# one number or RawArray per item.
-FieldValues = np.ndarray | list[Any]
+# Decoded values of one field across the items of a sample: one array of shape
+# (n, *item_shape) (blobs of one layout, codec.decode_same_layout), the items' rows
+# concatenated (codec.decode_ragged), or a list with one number or RawArray per item.
+FieldValues = np.ndarray | codec.Ragged | list[Any]
 
 
 def _stack_rows(values: FieldValues, spec: dict[str, Any]) -> Array:
@@ -93,13 +93,19 @@ def _stack_rows(values: FieldValues, spec: dict[str, Any]) -> Array:
     if isinstance(values, np.ndarray):
         if values.shape[1:] != shape:
             raise DecodeError(f"stored items of shape {values.shape[1:]}, schema says {shape}")
-        if not shape:
-            values = values.astype(dtype)
-        elif values.dtype != dtype:
+        if not shape:  # numbers: a value conversion, not a reinterpretation of bytes
+            if spec["lib"] == "torch":
+                return torch.from_numpy(values).to(getattr(torch, spec["dtype"]))
+            return values.astype(np.dtype(spec["dtype"]))
+        if values.dtype != dtype:
             raise DecodeError(f"stored items of dtype {values.dtype}, schema says {dtype}")
-        else:
-            values = np.array(values, order="C")  # the one copy out of the blobs
+        values = np.array(values, order="C")  # the one copy out of the blobs
         return codec.to_library(values, spec["lib"], spec["dtype"])
+    if isinstance(values, codec.Ragged):
+        if not shape or (values.rows != shape[0]).any() or values.flat.dtype != dtype:
+            raise DecodeError(f"stored items do not have the schema's shape {shape}")
+        flat = values.flat.reshape(len(values.rows), *shape)
+        return codec.to_library(flat, spec["lib"], spec["dtype"])
     if not shape:
         if spec["lib"] == "torch":
             return torch.tensor(values, dtype=getattr(torch, spec["dtype"]))
@@ -128,11 +134,18 @@ def _padded_steps(values: FieldValues, spec: dict[str, Any], horizon: int, fill:
         view, out = _alloc(spec, (horizon, n, *trailing), fill)
         view[: values.shape[1]] = values.swapaxes(0, 1)
         return out
+    if isinstance(values, codec.Ragged):
+        if values.flat.shape[1:] != trailing or values.flat.dtype != dtype:
+            shape = values.flat.shape[1:]
+            raise DecodeError(f"stored items of shape {shape} do not fit {trailing}")
+        flat, rows = values.flat, values.rows
+        n = len(rows)
+    else:
+        flat = codec.concat_raw(values, dtype, trailing) if values else None
+        rows = np.array([v.shape[0] for v in values], dtype=np.int64)
     view, out = _alloc(spec, (horizon, n, *trailing), fill)
     if n == 0:
         return out
-    flat = codec.concat_raw(values, dtype, trailing)
-    rows = np.array([v.shape[0] for v in values], dtype=np.int64)
     if rows.max(initial=0) > horizon:
         raise DecodeError(f"stored item has {rows.max()} steps, more than {horizon}")
     item_of_row = np.repeat(np.arange(n), rows)
@@ -414,6 +427,8 @@ class TrajectoriesKind(ContainerKind):
         actions = fields["actions"]
         if isinstance(actions, np.ndarray):
             lengths = [int(actions.shape[1])] * n
+        elif isinstance(actions, codec.Ragged):
+            lengths = actions.rows.tolist()
         else:
             lengths = [int(value.shape[0]) for value in actions]
         horizon = max(lengths, default=0)
