@@ -8,13 +8,23 @@
 -- ARGV[3..] blob_1, log_reward_1, ..., blob_n, log_reward_n  (log-rewards as text, "-inf" ok)
 -- Evicts (count - capacity) items: the oldest ("fifo"), or the lowest log-reward with the
 -- oldest first among equals ("reward"). New items may be evicted at once under "reward".
--- Returns {first_id, n, evicted}. Errors: RB_NOBUF, RB_SCHEMA.
+-- Returns {first_id, n, evicted}. Errors: RB_NOBUF, RB_SCHEMA, RB_INVALID (a NaN, +inf or
+-- non-numeric priority; nothing is written).
 local meta, items, prio, order = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local conf = redis.call('HMGET', meta, 'capacity', 'eviction', 'schema', 'tree')
 if not conf[1] then
   return fail('RB_NOBUF', 'buffer meta ' .. meta .. ' does not exist')
 end
 local capacity = tonumber(conf[1])
+local n = tonumber(ARGV[2])
+-- check every priority before the first write: a script that fails halfway is not undone
+for i = 1, n do
+  local priority = to_number(ARGV[2 + 2 * i])
+  if priority == nil or priority ~= priority or priority == math.huge then
+    return fail('RB_INVALID', 'item ' .. (i - 1) .. ' has priority ' .. tostring(ARGV[2 + 2 * i])
+      .. '; priorities must be numbers below +inf')
+  end
+end
 if not conf[3] then
   local kind = cjson.decode(ARGV[1])['kind']
   redis.call('HSET', meta, 'schema', ARGV[1], 'kind', kind)
@@ -22,7 +32,6 @@ elseif conf[3] ~= ARGV[1] then
   return fail('RB_SCHEMA', conf[3])
 end
 
-local n = tonumber(ARGV[2])
 local last = redis.call('HINCRBY', meta, 'last_id', n)
 local first = last - n + 1
 local item_pairs, prio_pairs, order_pairs = {}, {}, {}

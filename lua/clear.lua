@@ -1,7 +1,11 @@
 -- Remove every item; keep configuration and schema; reset counters. Ids keep growing.
 -- KEYS[1] meta  KEYS[2..] the data keys (items, prio, order, tree, tree:ids, tree:slots,
 -- tree:free)
--- Returns the number of items removed.
+-- Returns the number of items removed. Errors: RB_NOBUF (the buffer was dropped: writing
+-- counters would leave a meta hash without a configuration).
+if not redis.call('HGET', KEYS[1], 'capacity') then
+  return redis.error_reply('RB_NOBUF buffer meta ' .. KEYS[1] .. ' does not exist')
+end
 local removed = redis.call('ZCARD', KEYS[4])
 for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
 redis.call('HSET', KEYS[1], 'inserted', 0, 'evicted', 0, 'sampled', 0, 'tree_next_slot', 0)

@@ -118,7 +118,9 @@ class ReplayBuffer:
         communication_backend: Any = "mpi",
         timing: bool = False,
     ) -> None:
-        if capacity is not None and (not isinstance(capacity, int) or capacity <= 0):
+        if capacity is not None and (
+            isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
+        ):
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
         if kind is not None and kind not in KINDS:
             raise ValueError(f"unknown container kind {kind!r}; choose from {sorted(KINDS)}")
@@ -187,6 +189,11 @@ class ReplayBuffer:
                 "init", [self.keys.meta], [capacity, eviction, FORMAT_VERSION, int(time.time())]
             )
             meta = _decode_meta(dict(zip(reply[::2], reply[1::2], strict=True)))
+        if "capacity" not in meta or "eviction" not in meta:
+            raise ConfigMismatchError(
+                f"buffer meta {self.keys.meta} has no configuration (fields: {sorted(meta)}); "
+                "drop the buffer to reuse the name"
+            )
         stored = _Config(int(meta["capacity"]), meta["eviction"], meta)
         if int(meta.get("format_version", FORMAT_VERSION)) > FORMAT_VERSION:
             raise ConfigMismatchError(
@@ -217,8 +224,15 @@ class ReplayBuffer:
                 self.kind = self._schema["kind"]
         return self._schema
 
+    def _forget_schema(self) -> None:
+        self._schema = self._schema_json = None
+        self.kind = None
+
     def _check_schema(self, schema: dict[str, Any], schema_json: str) -> None:
         stored = self._stored_schema()
+        if stored is not None and schema_json != self._schema_json:
+            self._forget_schema()  # another process may have dropped and recreated the buffer
+            stored = self._stored_schema()
         if stored is not None and schema_json != self._schema_json:
             raise SchemaError(
                 f"batch does not fit buffer {self.name!r}: "
@@ -292,7 +306,7 @@ class ReplayBuffer:
                 args,
             )
         except SchemaError:
-            self._schema = None  # another process fixed the schema first: report against it
+            self._forget_schema()  # another process fixed the schema first: report against it
             stored = self._stored_schema() or {}
             raise SchemaError(
                 f"batch does not fit buffer {self.name!r}: "
@@ -310,8 +324,14 @@ class ReplayBuffer:
             raise EmptyBufferError(f"buffer {self.name!r} is empty")
         return KINDS[schema["kind"]], schema
 
-    def decode(self, blobs: list[bytes], ids: list[int] | None = None) -> Any:
-        """Join stored blobs into one batch of this buffer's kind."""
+    def decode(
+        self, blobs: list[bytes], ids: list[int] | None = None, schema_json: bytes | None = None
+    ) -> Any:
+        """Join stored blobs into one batch of this buffer's kind. ``schema_json`` is the
+        meta's schema read together with the blobs: when it differs from the cached one
+        (the buffer was dropped and recreated meanwhile), the cache is refreshed first."""
+        if schema_json is not None and schema_json.decode() != self._schema_json:
+            self._forget_schema()
         kind, schema = self._container_kind()
         with _gc_paused():
             return self._decode(kind, schema, blobs, ids)
@@ -366,13 +386,13 @@ class ReplayBuffer:
         :class:`EmptyBufferError` ("buffer is empty") when there is nothing to draw.
         """
         draw = self._draw(n, replacement)
-        return self.decode(draw.blobs, draw.ids)
+        return self.decode(draw.blobs, draw.ids, draw.schema_json)
 
     def sample_with_info(self, n: int, replacement: bool | None = None) -> SampleInfo:
         """Like :meth:`sample`, also returning item ids and draw probabilities."""
         draw = self._draw(n, replacement)
         return SampleInfo(
-            self.decode(draw.blobs, draw.ids),
+            self.decode(draw.blobs, draw.ids, draw.schema_json),
             np.array(draw.ids, dtype=np.int64),
             draw.probabilities,
         )
@@ -380,11 +400,14 @@ class ReplayBuffer:
     def get(self, ids: list[int] | np.ndarray) -> Any:
         """The items with these ids, as one batch (KeyError names any id not present)."""
         ids = [int(i) for i in ids]
-        blobs = self.client.hmget(self.keys.items, [format_id(i) for i in ids])
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.keys.items, [format_id(i) for i in ids])
+        pipe.hget(self.keys.meta, "schema")
+        blobs, schema_json = pipe.execute()
         missing = [i for i, blob in zip(ids, blobs, strict=True) if blob is None]
         if missing:
             raise KeyError(f"ids not in buffer {self.name!r}: {missing[:10]}")
-        return self.decode(blobs, ids)
+        return self.decode(blobs, ids, schema_json)
 
     def __len__(self) -> int:
         return int(self.client.zcard(self.keys.order))
@@ -444,12 +467,14 @@ class ReplayBuffer:
     def drop(self) -> None:
         """Delete the buffer entirely, configuration included."""
         self.client.delete(*self.keys.all_keys())
-        self._schema = self._schema_json = None
+        self._forget_schema()
 
     # -- persistence --------------------------------------------------------------------
 
     def _header(self) -> dict[str, Any]:
         meta = _decode_meta(self.client.hgetall(self.keys.meta))
+        if "capacity" not in meta:
+            raise ConfigMismatchError(f"buffer {self.name!r} does not exist (dropped?)")
         return {
             "format": FILE_MAGIC,
             "version": FORMAT_VERSION,
@@ -565,6 +590,8 @@ class ReplayBuffer:
                 f"saved buffer holds {len(records)} items, over this buffer's capacity "
                 f"{self.capacity}"
             )
+        if records:
+            _check_records(records, json.loads(schema_json))
         self.clear()
         if records and schema_json:
             schema = json.loads(schema_json)
@@ -591,6 +618,38 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _check_records(records: list[tuple[Any, ...]], schema: dict[str, Any]) -> None:
+    """Refuse saved records that ``add`` would refuse: ids that are not integers,
+    priorities that are not numbers or are NaN or +inf, blobs that do not decode to
+    items of ``schema``."""
+    for record in records:
+        item_id, priority, blob = record
+        if isinstance(item_id, bool) or not isinstance(item_id, int):
+            raise DecodeError(f"saved record has id {item_id!r}, not an integer")
+        if isinstance(priority, bool) or not isinstance(priority, (int, float)):
+            raise DecodeError(f"saved record {item_id} has priority {priority!r}, not a number")
+        if math.isnan(priority) or priority == math.inf:
+            raise DecodeError(f"saved record {item_id} has priority {priority}: NaN or +inf")
+        if not isinstance(blob, bytes):
+            raise DecodeError(f"saved record {item_id} has no blob")
+    kind = KINDS.get(schema.get("kind"))
+    if kind is None:
+        raise DecodeError(f"saved schema names an unknown kind {schema.get('kind')!r}")
+    for start in range(0, len(records), _READ_CHUNK):
+        chunk = records[start : start + _READ_CHUNK]
+        fields = codec.decode_ragged([r[2] for r in chunk])
+        if fields is None or set(fields) != set(schema["fields"]):
+            items = [codec.unpackb_raw(r[2]) for r in chunk]
+            names = set(schema["fields"])
+            if any(not isinstance(item, dict) or set(item) != names for item in items):
+                raise DecodeError("saved items do not have the fields of the saved schema")
+            fields = {name: [item[name] for item in items] for name in schema["fields"]}
+        try:
+            kind.join(fields, len(chunk), schema)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DecodeError(f"saved items do not fit the saved schema: {exc}") from exc
 
 
 def _decode_meta(raw: dict[Any, Any]) -> dict[str, str]:

@@ -220,8 +220,11 @@ class RemoteScorer:
     def _collect(self, timeout: float | None) -> dict[str, float]:
         began = time.perf_counter()
         seq = self._pending_seq
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            _, payload = self.transport.recv(self.manager_rank, DATA_TAG, timeout)
+            # one deadline for the whole wait, however many stale replies come first
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            _, payload = self.transport.recv(self.manager_rank, DATA_TAG, left)
             stale = decode(payload).get("seq")
             # a reply that arrived after its drain timed out: its score is lost, skip it
             if not (isinstance(stale, int) and seq is not None and stale < seq):

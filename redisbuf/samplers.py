@@ -25,6 +25,7 @@ class Draw:
     ids: list[int]
     blobs: list[bytes]
     probabilities: np.ndarray | None = None
+    schema_json: bytes | None = None  # the meta's schema, read in the same round trip
 
 
 class Sampler(Protocol):
@@ -63,14 +64,16 @@ def _draw_then_fetch(
         inline = attempt == _FETCH_ATTEMPTS
         reply = buffer._run(script, keys, [*head, int(inline), uniforms])
         members, probabilities, offset = parse(reply, n)
-        if inline:
-            blobs = reply[offset : offset + n]
-        else:
-            blobs = buffer.client.hmget(buffer.keys.items, members)
-            if any(blob is None for blob in blobs):
-                buffer.client.hincrby(buffer.keys.meta, "sampled", -n)  # not a real draw
-                continue
-        return Draw([int(m) for m in members], blobs, probabilities)
+        pipe = buffer.client.pipeline(transaction=False)
+        if not inline:
+            pipe.hmget(buffer.keys.items, members)
+        pipe.hget(buffer.keys.meta, "schema")
+        *fetched, schema_json = pipe.execute()
+        blobs = reply[offset : offset + n] if inline else fetched[0]
+        if not inline and any(blob is None for blob in blobs):
+            buffer.client.hincrby(buffer.keys.meta, "sampled", -n)  # not a real draw
+            continue
+        return Draw([int(m) for m in members], blobs, probabilities, schema_json)
     raise AssertionError("unreachable")
 
 
