@@ -156,3 +156,14 @@ def test_heartbeats_outlive_a_busy_main_thread(client, buffer_name, manager):
     assert client.exists(ControlKeys(buffer_name).heartbeat(1))
     worker.close()
     assert not client.exists(ControlKeys(buffer_name).heartbeat(1))
+
+
+def test_manager_transport_skips_a_malformed_request(fake_client, buffer_name):
+    transport = RedisManagerTransport(fake_client, buffer_name)
+    try:
+        transport.start()
+        fake_client.lpush(transport.keys.requests, b"\xc1 not msgpack")
+        with pytest.raises(ControlTimeoutError):
+            transport.recv(ANY_SOURCE, DATA_TAG, timeout=0.3)
+    finally:
+        transport.close()

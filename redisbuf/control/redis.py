@@ -201,15 +201,15 @@ class RedisManagerTransport(_RedisEndpoint):
                     sender, msg_tag = int(envelope["src"]), int(envelope["tag"])
                     session, body = envelope["session"], envelope["body"]
                 except (DecodeError, KeyError, TypeError, ValueError) as exc:
-                    raise ProtocolError(
-                        f"malformed request envelope in {self.keys.requests}: {exc}"
-                    ) from exc
-                if session != self.token:
-                    log.warning("dropped a request of rank %d from an earlier session", sender)
-                elif (source in (ANY_SOURCE, sender)) and msg_tag == tag:
-                    return sender, body
+                    # one stray push must not stop the manager every worker depends on
+                    log.warning("dropped a malformed request in %s: %s", self.keys.requests, exc)
                 else:
-                    log.warning("dropped a request of rank %d on tag %d", sender, msg_tag)
+                    if session != self.token:
+                        log.warning("dropped a request of rank %d from an earlier session", sender)
+                    elif (source in (ANY_SOURCE, sender)) and msg_tag == tag:
+                        return sender, body
+                    else:
+                        log.warning("dropped a request of rank %d on tag %d", sender, msg_tag)
             if deadline is not None and time.monotonic() >= deadline:
                 raise ControlTimeoutError(
                     f"no request for buffer {self.name!r}'s manager within {timeout:.1f} s"
