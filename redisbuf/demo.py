@@ -3,9 +3,9 @@
 Each worker process draws trajectories of a random policy on
 :class:`~redisbuf.envs.HyperGrid`, ``add`` s them to the one buffer and ``sample`` s from
 it. The parent only supervises: it creates the buffer, starts the workers (``spawn``
-context, real processes), follows their progress through a queue of small tuples (no
-batch ever crosses a process boundary except through Redis), and stops them all when one
-fails or when it is interrupted.
+context, real processes), follows their progress through small msgpack messages
+(:mod:`redisbuf.ipc`; no batch crosses a process boundary except through Redis), and
+stops them all when one fails or when it is interrupted.
 
 :func:`run_worker` is also the loop of ``redisbuf worker`` (one worker in the
 foreground, e.g. one container of ``docker-compose.yml``).
@@ -27,6 +27,7 @@ from .buffer import ReplayBuffer
 from .connection import as_client, connect
 from .envs import HyperGrid
 from .errors import RedisBufError
+from .ipc import MessageQueue
 from .keys import BufferKeys, validate_name
 
 #: Called after each batch with (worker index, items added, items sampled) of that batch.
@@ -195,8 +196,6 @@ def worker_main(
         messages.put(("done", index, time.time(), added, sampled))
     except BaseException as exc:  # report everything, then exit non-zero
         messages.put(("error", index, f"{type(exc).__name__}: {exc}"))
-        messages.close()
-        messages.join_thread()
         raise SystemExit(1) from None
 
 
@@ -238,7 +237,7 @@ def _supervise(
     work: WorkFunction,
 ) -> DemoResult:
     ctx = mp.get_context("spawn")
-    messages = ctx.Queue()
+    messages = MessageQueue(ctx)
     processes = {
         i: ctx.Process(
             target=worker_main,
@@ -301,7 +300,6 @@ def _supervise(
     finally:
         _stop(processes.values())
         messages.close()
-        messages.cancel_join_thread()
         if interrupted:
             signal.signal(signal.SIGINT, signal.default_int_handler)
     if failures:

@@ -17,6 +17,7 @@ import pytest
 from redisbuf import ReplayBuffer, connect
 from redisbuf.control.redis import RedisWorkerTransport
 from redisbuf.errors import ControlTimeoutError
+from redisbuf.ipc import MessageQueue
 from redisbuf.manager import ReplayBufferManager
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.multiprocess, pytest.mark.timeout(120)]
@@ -86,7 +87,7 @@ def run_worker(url: str, name: str, rank: int, mode: str, events: Any) -> None:
 
 
 def _next(events: Any, timeout: float = 60.0) -> tuple:
-    return events.get(timeout=timeout)
+    return tuple(events.get(timeout=timeout))
 
 
 def _stop(*processes: mp.Process) -> None:
@@ -98,7 +99,7 @@ def _stop(*processes: mp.Process) -> None:
 
 
 def test_scores_reach_the_right_worker_and_the_manager_exits(redis_server, buffer_name):
-    events = CTX.Queue()
+    events = MessageQueue(CTX)
     manager = CTX.Process(target=run_manager, args=(redis_server.url, buffer_name, 2, events))
     workers = [
         CTX.Process(target=run_worker, args=(redis_server.url, buffer_name, rank, mode, events))
@@ -129,7 +130,7 @@ def test_scores_reach_the_right_worker_and_the_manager_exits(redis_server, buffe
 
 
 def test_a_killed_worker_is_reported_and_the_data_survives(redis_server, buffer_name):
-    events, doomed_events = CTX.Queue(), CTX.Queue()
+    events, doomed_events = MessageQueue(CTX), MessageQueue(CTX)
     manager = CTX.Process(target=run_manager, args=(redis_server.url, buffer_name, 2, events))
     doomed = CTX.Process(target=run_worker,
                          args=(redis_server.url, buffer_name, 4, "hang", doomed_events))
@@ -151,7 +152,7 @@ def test_a_killed_worker_is_reported_and_the_data_survives(redis_server, buffer_
 
 
 def test_a_killed_manager_gives_the_worker_a_timeout(redis_server, buffer_name):
-    events, doomed_events = CTX.Queue(), CTX.Queue()
+    events, doomed_events = MessageQueue(CTX), MessageQueue(CTX)
     manager = CTX.Process(target=run_manager,
                           args=(redis_server.url, buffer_name, 1, doomed_events))
     worker = CTX.Process(target=run_worker,
@@ -197,7 +198,7 @@ def test_cli_manager_serves_until_exit(redis_server, buffer_name):
 
 def test_queue_helper_times_out():
     with pytest.raises(queue.Empty):
-        _next(CTX.Queue(), timeout=0.01)
+        _next(MessageQueue(CTX), timeout=0.01)
 
 
 def test_manager_demo_runs_and_reports(redis_server, buffer_name):

@@ -3,7 +3,6 @@ prioritized-capacity + prioritized-sampling buffer (real server only)."""
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import queue
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 from redisbuf import BufferKeys, ReplayBuffer
+from redisbuf.ipc import MessageQueue
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.redis_server]
 
@@ -59,9 +59,9 @@ def _worker(url: str, fifo: str, prio: str, index: int, start, results) -> None:
                     assert ((info.probabilities > 0) & (info.probabilities <= 1)).all()
                 else:
                     assert info.probabilities is None
-        results.put(json.dumps({"worker": index, "added": added, "drawn": drawn}))
+        results.put({"worker": index, "added": added, "drawn": drawn})
     except BaseException:  # noqa: BLE001 - reported to the parent as text
-        results.put(json.dumps({"worker": index, "error": traceback.format_exc()}))
+        results.put({"worker": index, "error": traceback.format_exc()})
         raise
 
 
@@ -77,7 +77,7 @@ def concurrent_run(redis_server):
     ReplayBuffer(client, prio, capacity=CAPACITY, prioritized_capacity=True)
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Barrier(WORKERS)
-    results = ctx.Queue()
+    results = MessageQueue(ctx)
     processes = [
         ctx.Process(target=_worker, args=(redis_server.url, fifo, prio, i, start, results))
         for i in range(WORKERS)
@@ -87,9 +87,9 @@ def concurrent_run(redis_server):
     reports, deadline = [], time.monotonic() + JOIN_TIMEOUT
     while len(reports) < WORKERS and time.monotonic() < deadline:
         try:
-            reports.append(json.loads(results.get(timeout=1.0)))
+            reports.append(results.get(timeout=1.0))
         except queue.Empty:
-            if all(p.exitcode is not None for p in processes) and results.empty():
+            if all(p.exitcode is not None for p in processes):
                 break
     stragglers = []
     for process in processes:

@@ -5,7 +5,8 @@ worker processes (``spawn``), all on buffer ``name`` at ``url``. Each worker add
 ``batches`` HyperGrid batches with baseline filtering; the manager scores each one and
 replies with the baseline. The parent shows, live with rich, every worker's last score,
 how many trajectories the baseline let through, and the buffer's fill and baseline. Only
-small tuples cross the parent's queue; batches travel through Redis.
+small msgpack messages cross to the parent (:mod:`redisbuf.ipc`); batches travel
+through Redis.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 
 from ..errors import RedisBufError
+from ..ipc import MessageQueue
 
 _ENV = {"ndim": 2, "height": 12}
 _BATCH = 32
@@ -135,7 +137,7 @@ def run(url: str, name: str, workers: int, batches: int, console: Console) -> di
     client.delete(*BufferKeys(name).all_keys())  # a fresh buffer for each demo run
     capacity = max(4 * _BATCH, workers * batches * _BATCH // 4)
     context = mp.get_context("spawn")
-    events = context.Queue()
+    events = MessageQueue(context)
     processes = [context.Process(
         target=_manager_main, args=(url, name, workers, capacity, events), daemon=True
     )]
