@@ -573,6 +573,27 @@ class ReplayBuffer:
         self._restore(header, records)
         return len(records)
 
+    def _check_records(self, records: list[tuple[Any, ...]], schema: dict[str, Any]) -> None:
+        """Refuse saved records that ``add`` would refuse: ids that are not integers,
+        priorities that are not numbers or are NaN or +inf, blobs that do not decode to
+        items of ``schema``."""
+        for item_id, priority, blob in records:
+            if isinstance(item_id, bool) or not isinstance(item_id, int):
+                raise DecodeError(f"saved record has id {item_id!r}, not an integer")
+            if isinstance(priority, bool) or not isinstance(priority, (int, float)):
+                raise DecodeError(f"saved record {item_id} has priority {priority!r}, not a number")
+            if math.isnan(priority) or priority == math.inf:
+                raise DecodeError(f"saved record {item_id} has priority {priority}: NaN or +inf")
+            if not isinstance(blob, bytes):
+                raise DecodeError(f"saved record {item_id} has no blob")
+        kind = KINDS.get(schema.get("kind"))
+        if kind is None:
+            raise DecodeError(f"saved schema names an unknown kind {schema.get('kind')!r}")
+        for start in range(0, len(records), _READ_CHUNK):
+            chunk = records[start : start + _READ_CHUNK]
+            with _gc_paused():
+                self._decode(kind, schema, [r[2] for r in chunk], [r[0] for r in chunk])
+
     def _restore(self, header: dict[str, Any], records: Any) -> None:
         records = list(records)
         schema_json = header.get("schema")
@@ -591,7 +612,7 @@ class ReplayBuffer:
                 f"{self.capacity}"
             )
         if records:
-            _check_records(records, json.loads(schema_json))
+            self._check_records(records, json.loads(schema_json))
         self.clear()
         if records and schema_json:
             schema = json.loads(schema_json)
@@ -618,38 +639,6 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def _check_records(records: list[tuple[Any, ...]], schema: dict[str, Any]) -> None:
-    """Refuse saved records that ``add`` would refuse: ids that are not integers,
-    priorities that are not numbers or are NaN or +inf, blobs that do not decode to
-    items of ``schema``."""
-    for record in records:
-        item_id, priority, blob = record
-        if isinstance(item_id, bool) or not isinstance(item_id, int):
-            raise DecodeError(f"saved record has id {item_id!r}, not an integer")
-        if isinstance(priority, bool) or not isinstance(priority, (int, float)):
-            raise DecodeError(f"saved record {item_id} has priority {priority!r}, not a number")
-        if math.isnan(priority) or priority == math.inf:
-            raise DecodeError(f"saved record {item_id} has priority {priority}: NaN or +inf")
-        if not isinstance(blob, bytes):
-            raise DecodeError(f"saved record {item_id} has no blob")
-    kind = KINDS.get(schema.get("kind"))
-    if kind is None:
-        raise DecodeError(f"saved schema names an unknown kind {schema.get('kind')!r}")
-    for start in range(0, len(records), _READ_CHUNK):
-        chunk = records[start : start + _READ_CHUNK]
-        fields = codec.decode_ragged([r[2] for r in chunk])
-        if fields is None or set(fields) != set(schema["fields"]):
-            items = [codec.unpackb_raw(r[2]) for r in chunk]
-            names = set(schema["fields"])
-            if any(not isinstance(item, dict) or set(item) != names for item in items):
-                raise DecodeError("saved items do not have the fields of the saved schema")
-            fields = {name: [item[name] for item in items] for name in schema["fields"]}
-        try:
-            kind.join(fields, len(chunk), schema)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DecodeError(f"saved items do not fit the saved schema: {exc}") from exc
 
 
 def _decode_meta(raw: dict[Any, Any]) -> dict[str, str]:

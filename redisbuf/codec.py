@@ -161,14 +161,18 @@ def packb(obj: Any) -> bytes:
     return msgpack.packb(obj, **_packer_kwargs)
 
 
-def unpackb(blob: bytes) -> Any:
-    """Decode a blob made by :func:`packb`; raise :class:`DecodeError` if it is malformed."""
+def _unpack(blob: bytes, ext_hook: Any) -> Any:
     try:
-        return msgpack.unpackb(blob, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+        return msgpack.unpackb(blob, ext_hook=ext_hook, raw=False, strict_map_key=False)
     except DecodeError:
         raise
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise DecodeError(f"malformed msgpack blob: {exc}") from exc
+
+
+def unpackb(blob: bytes) -> Any:
+    """Decode a blob made by :func:`packb`; raise :class:`DecodeError` if it is malformed."""
+    return _unpack(blob, _ext_hook)
 
 
 # -- batch encoding and raw decoding (the hot paths of add and sample) --------------------
@@ -344,12 +348,7 @@ def _raw_ext_hook(code: int, data: bytes) -> RawArray:
 def unpackb_raw(blob: bytes) -> Any:
     """Decode a blob leaving every array as a :class:`RawArray` (torch ones too), so a
     batch can be assembled with one copy per field by :func:`concat_raw`."""
-    try:
-        return msgpack.unpackb(blob, ext_hook=_raw_ext_hook, raw=False, strict_map_key=False)
-    except DecodeError:
-        raise
-    except Exception as exc:
-        raise DecodeError(f"malformed msgpack blob: {exc}") from exc
+    return _unpack(blob, _raw_ext_hook)
 
 
 def concat_raw(values: list[RawArray], dtype: np.dtype, trailing: tuple[int, ...]) -> np.ndarray:
