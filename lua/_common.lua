@@ -44,3 +44,12 @@ local function uniform_at(packed, i)
   local b1, b2, b3, b4, b5, b6 = string.byte(packed, 6 * i - 5, 6 * i)
   return (((((b6 * 256 + b5) * 256 + b4) * 256 + b3) * 256 + b2) * 256 + b1) / 281474976710656
 end
+
+-- The buffer's keys, for scripts whose KEYS are BufferKeys.all_keys() in that order (every
+-- script that adds, removes or draws items takes them all, so any part may touch any key).
+local function buffer_keys(keys)
+  return {
+    meta = keys[1], items = keys[2], prio = keys[3], order = keys[4],
+    tree = keys[5], tree_ids = keys[6], tree_slots = keys[7], tree_free = keys[8],
+  }
+end

@@ -164,3 +164,49 @@ local function tree_needs_rebase(meta_key, prio_key)
   local ref = tonumber(redis.call('HGET', meta_key, 'tree_ref'))
   return ref == nil or math.abs(top - ref) > REBASE
 end
+
+-- Keep the tree in step with items just removed (ids) and added (ids and their priorities
+-- as text), after the other per-item structures were changed: free the removed items'
+-- slots, give added ones a slot (freed slots first) and their mass, all in one pass up the
+-- tree. Rebuilds instead when the largest priority drifted past REBASE from tree_ref.
+local function tree_update(K, capacity, removed, added, added_priorities)
+  if tree_needs_rebase(K.meta, K.prio) then
+    tree_rebuild(K.meta, K.prio, K.tree, K.tree_ids, K.tree_slots, K.tree_free, capacity)
+    return
+  end
+  local leaf0 = first_leaf(tonumber(redis.call('HGET', K.meta, 'tree_depth')))
+  local ref = tonumber(redis.call('HGET', K.meta, 'tree_ref'))
+  local leaves, gone = {}, {}
+  for _, id in ipairs(removed) do gone[id] = true end
+  if #removed > 0 then
+    local slots = hmget_chunked(K.tree_slots, removed)
+    local freed = {}
+    for _, slot in ipairs(slots) do
+      if slot then
+        freed[#freed + 1] = slot
+        leaves[#leaves + 1] = {leaf0 + tonumber(slot), 0}
+      end
+    end
+    call_chunked('HDEL', K.tree_slots, removed)
+    call_chunked('HDEL', K.tree_ids, freed)
+    call_chunked('RPUSH', K.tree_free, freed)
+  end
+  local id_pairs, slot_pairs = {}, {}
+  for i = 1, #added do
+    local id = added[i]
+    if not gone[id] then
+      local slot = redis.call('LPOP', K.tree_free)
+      if not slot then
+        slot = redis.call('HINCRBY', K.meta, 'tree_next_slot', 1) - 1
+      end
+      id_pairs[#id_pairs + 1] = slot
+      id_pairs[#id_pairs + 1] = id
+      slot_pairs[#slot_pairs + 1] = id
+      slot_pairs[#slot_pairs + 1] = slot
+      leaves[#leaves + 1] = {leaf0 + tonumber(slot), leaf_weight(to_number(added_priorities[i]), ref)}
+    end
+  end
+  call_chunked('HSET', K.tree_ids, id_pairs)
+  call_chunked('HSET', K.tree_slots, slot_pairs)
+  tree_set_nodes(K.tree, leaves)
+end

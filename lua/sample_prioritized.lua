@@ -1,7 +1,9 @@
 -- Draw items with probability proportional to exp(log_reward) (softmax), with replacement.
 -- @include common
 -- @include tree
--- KEYS[1] meta  KEYS[2] items  KEYS[3] tree  KEYS[4] tree:ids
+-- @include items
+-- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order (see
+-- buffer_keys in _common.lua)
 -- ARGV[1] n  ARGV[2] "1" = also return blobs
 -- ARGV[3] n uniforms in [0, 1), packed 6 bytes each (see uniform_at)
 -- Each draw walks the sum tree from the root: O(log capacity) per draw, all draws of one
@@ -9,7 +11,8 @@
 -- Returns {total, id_1..id_n, weight_1..weight_n} where weight_i / total is the
 -- probability of drawing item i, and, if asked, {blob_1..blob_n} after them.
 -- Errors: RB_NOTREE, RB_EMPTY, RB_INVALID.
-local meta, items, tree, tree_ids = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K = buffer_keys(KEYS)
+local meta, items, tree, tree_ids = K.meta, K.items, K.tree, K.tree_ids
 local conf = redis.call('HMGET', meta, 'tree', 'tree_depth')
 if conf[1] ~= '1' then return fail('RB_NOTREE', 'prioritized sampling is not enabled') end
 local depth = tonumber(conf[2])
@@ -62,7 +65,7 @@ local leaf0 = first_leaf(depth)
 local slots = {}
 for i = 1, n do slots[i] = nodes[i] - leaf0 end
 local ids = hmget_chunked(tree_ids, slots)
-redis.call('HINCRBY', meta, 'sampled', n)
+record_draws(K, ids)
 local out = {fmt(total)}
 for i = 1, n do out[1 + i] = ids[i] end
 for i = 1, n do out[1 + n + i] = fmt(weights[i]) end

@@ -1,6 +1,9 @@
 -- Draw item ids uniformly.
 -- @include common
--- KEYS[1] meta  KEYS[2] items  KEYS[3] order
+-- @include tree
+-- @include items
+-- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order (see
+-- buffer_keys in _common.lua)
 -- ARGV[1] n  ARGV[2] "1" = with replacement, "0" = without  ARGV[3] "1" = also return blobs
 -- ARGV[4] n uniforms in [0, 1), packed 6 bytes each (see uniform_at)
 -- Without replacement (and n <= len) every n-subset is equally likely (sparse
@@ -9,7 +12,8 @@
 -- Returns {id_1..id_n} and, if asked, {blob_1..blob_n} after them (fetching blobs here is
 -- atomic but costs the server far more than a separate HMGET).
 -- Errors: RB_EMPTY.
-local meta, items, order = KEYS[1], KEYS[2], KEYS[3]
+local K = buffer_keys(KEYS)
+local items, order = K.items, K.order
 local n = tonumber(ARGV[1])
 if #ARGV[4] ~= 6 * n then return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms') end
 local len = redis.call('ZCARD', order)
@@ -37,7 +41,7 @@ for i = 1, n do
     ids[i] = redis.call('ZRANGE', order, rank, rank)[1]
   end
 end
-redis.call('HINCRBY', meta, 'sampled', n)
+record_draws(K, ids)
 if ARGV[3] == '1' then
   local blobs = hmget_chunked(items, ids)
   for i = 1, n do ids[n + i] = blobs[i] end

@@ -298,13 +298,8 @@ class ReplayBuffer:
         for blob, priority in zip(blobs, priorities.tolist(), strict=True):
             args.append(blob)
             args.append(_priority_text(priority))
-        k = self.keys
         try:
-            first, count, evicted = self._run(
-                "add",
-                [k.meta, k.items, k.prio, k.order, k.tree, k.tree_ids, k.tree_slots, k.tree_free],
-                args,
-            )
+            first, count, evicted = self._run("add", self.keys.all_keys(), args)
         except SchemaError:
             self._forget_schema()  # another process fixed the schema first: report against it
             stored = self._stored_schema() or {}

@@ -98,7 +98,7 @@ class UniformSampler:
         return _draw_then_fetch(
             buffer,
             "sample_uniform",
-            [keys.meta, keys.items, keys.order],
+            keys.all_keys(),
             [n, int(self.replacement)],
             n,
             packed_uniforms(rng, n),
@@ -134,7 +134,7 @@ class PrioritizedSampler:
             return _draw_then_fetch(
                 buffer,
                 "sample_prioritized",
-                [keys.meta, keys.items, keys.tree, keys.tree_ids],
+                keys.all_keys(),
                 [n],
                 n,
                 uniforms,
