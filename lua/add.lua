@@ -6,7 +6,8 @@
 -- buffer_keys in _common.lua)
 -- ARGV[1] schema (canonical JSON; set by the first add, must match afterwards)
 -- ARGV[2] n, the number of items
--- ARGV[3..] blob_1, log_reward_1, ..., blob_n, log_reward_n  (log-rewards as text, "-inf" ok)
+-- ARGV[3] options: "" or a JSON object read by the parts that need more per batch
+-- ARGV[4..] blob_1, log_reward_1, ..., blob_n, log_reward_n  (log-rewards as text, "-inf" ok)
 -- Evicts (count - capacity) items: the oldest ("fifo"), or the lowest log-reward with the
 -- oldest first among equals ("reward"). New items may be evicted at once under "reward".
 -- Returns {first_id, n, evicted}. Errors: RB_NOBUF, RB_SCHEMA, RB_INVALID (a NaN, +inf or
@@ -19,11 +20,13 @@ if not conf[1] then
 end
 local capacity = tonumber(conf[1])
 local n = tonumber(ARGV[2])
+local options = {}
+if ARGV[3] ~= '' then options = cjson.decode(ARGV[3]) end
 -- check every priority before the first write: a script that fails halfway is not undone
 for i = 1, n do
-  local priority = to_number(ARGV[2 + 2 * i])
+  local priority = to_number(ARGV[3 + 2 * i])
   if priority == nil or priority ~= priority or priority == math.huge then
-    return fail('RB_INVALID', 'item ' .. (i - 1) .. ' has priority ' .. tostring(ARGV[2 + 2 * i])
+    return fail('RB_INVALID', 'item ' .. (i - 1) .. ' has priority ' .. tostring(ARGV[3 + 2 * i])
       .. '; priorities must be numbers below +inf')
   end
 end
@@ -39,8 +42,8 @@ local first = last - n + 1
 local new_ids, blobs, priorities = {}, {}, {}
 for i = 1, n do
   new_ids[i] = id_str(first + i - 1)
-  blobs[i] = ARGV[1 + 2 * i]
-  priorities[i] = ARGV[2 + 2 * i]
+  blobs[i] = ARGV[2 + 2 * i]
+  priorities[i] = ARGV[3 + 2 * i]
 end
 store_items(K, new_ids, blobs, priorities, first)
 redis.call('HINCRBY', meta, 'inserted', n)

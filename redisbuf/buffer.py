@@ -294,7 +294,7 @@ class ReplayBuffer:
     ) -> AddResult:
         schema_json = schema_to_json(schema)
         self._check_schema(schema, schema_json)
-        args: list[Any] = [schema_json, len(blobs)]
+        args: list[Any] = [schema_json, len(blobs), ""]
         for blob, priority in zip(blobs, priorities.tolist(), strict=True):
             args.append(blob)
             args.append(_priority_text(priority))

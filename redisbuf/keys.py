@@ -14,6 +14,11 @@ key                        type    content
 ``rb:{name}:tree:ids``     hash    sum-tree leaf slot -> item id
 ``rb:{name}:tree:slots``   hash    item id -> sum-tree leaf slot
 ``rb:{name}:tree:free``    list    leaf slots freed by eviction, reused first
+``rb:{name}:per``          zset    item id -> PER priority (prioritized experience replay)
+``rb:{name}:uses``         hash    item id -> times sampled
+``rb:{name}:versions``     zset    item id -> model version it was produced with
+``rb:{name}:times``        hash    item id -> insertion time
+``rb:{name}:vecs``         hash    item id -> compact state vector (diversity checks)
 =========================  ======  =====================================================
 
 Item ids are positive integers written as 12-digit zero-padded decimals, so that
@@ -87,6 +92,26 @@ class BufferKeys:
     def tree_free(self) -> str:
         return self._key("tree:free")
 
+    @property
+    def per(self) -> str:
+        return self._key("per")
+
+    @property
+    def uses(self) -> str:
+        return self._key("uses")
+
+    @property
+    def versions(self) -> str:
+        return self._key("versions")
+
+    @property
+    def times(self) -> str:
+        return self._key("times")
+
+    @property
+    def vecs(self) -> str:
+        return self._key("vecs")
+
     def data_keys(self) -> list[str]:
         """Keys holding items and sampling structures (everything but meta)."""
         return [
@@ -97,6 +122,11 @@ class BufferKeys:
             self.tree_ids,
             self.tree_slots,
             self.tree_free,
+            self.per,
+            self.uses,
+            self.versions,
+            self.times,
+            self.vecs,
         ]
 
     def all_keys(self) -> list[str]:
@@ -113,4 +143,9 @@ class BufferKeys:
             self.tree_ids: "hash: sum-tree leaf slot -> item id",
             self.tree_slots: "hash: item id -> sum-tree leaf slot",
             self.tree_free: "list: free sum-tree leaf slots",
+            self.per: "zset: item id -> PER priority",
+            self.uses: "hash: item id -> times sampled",
+            self.versions: "zset: item id -> model version",
+            self.times: "hash: item id -> insertion time",
+            self.vecs: "hash: item id -> compact state vector (diversity checks)",
         }
