@@ -45,8 +45,10 @@ def hypergrid_score(batch: Any, sender_rank: int = -1) -> dict[str, float]:
 
 def _manager_main(url: str, name: str, workers: int, capacity: int, events: Any) -> None:
     from ..connection import connect
+    from ..demo import exit_with_parent
     from ..manager import ReplayBufferManager
 
+    exit_with_parent()
     try:
         manager = ReplayBufferManager(
             connect(url), 0, workers, scoring_function=hypergrid_score, capacity=capacity,
@@ -69,9 +71,11 @@ def _worker_main(url: str, name: str, index: int, batches: int, events: Any) -> 
     from ..buffer import ReplayBuffer
     from ..connection import connect
     from ..control.redis import RedisWorkerTransport
+    from ..demo import exit_with_parent
     from ..envs import HyperGrid
     from ..manager import ReplayBufferManager
 
+    exit_with_parent()
     try:
         client = connect(url)
         transport = RedisWorkerTransport(
