@@ -2,6 +2,7 @@
 -- @include common
 -- @include tree
 -- @include items
+-- @include history
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order (see
 -- buffer_keys in _common.lua)
 -- ARGV[1] schema (canonical JSON; set by the first add, must match afterwards)
@@ -60,4 +61,5 @@ end
 if conf[4] == '1' then
   tree_update(K, capacity, victims, new_ids, priorities)
 end
+record_history(meta)
 return {first, n, #victims}
