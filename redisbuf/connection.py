@@ -105,6 +105,12 @@ def connect(
         )
     except ValueError as exc:
         raise ServerUnavailableError(f"invalid Redis URL {redacted(url)}: {exc}") from exc
+    except redis.exceptions.InvalidResponse as exc:
+        # e.g. an HTTP server on the port: redis-py says 'Protocol error, got "H"'
+        raise ServerUnavailableError(
+            f"the server at {redacted(url)} does not speak the Redis protocol (is it a "
+            f"Redis server? its first reply was not RESP: {exc})"
+        ) from exc
     except (redis.exceptions.RedisError, OSError) as exc:
         raise ServerUnavailableError(f"cannot reach Redis at {redacted(url)}: {exc}") from exc
     return client

@@ -152,8 +152,12 @@ class EmbeddedServer:
         first_line = self.process.stdout.readline()
         self.process.stdout.close()
         deadline = time.monotonic() + self.startup_timeout
+        password = None  # a server started with --requirepass answers our probe only so
+        if "--requirepass" in self.extra_args[:-1]:
+            password = self.extra_args[self.extra_args.index("--requirepass") + 1]
         client = redis.Redis(
-            host="127.0.0.1", port=self.port, socket_connect_timeout=0.5, socket_timeout=0.5
+            host="127.0.0.1", port=self.port, password=password, socket_connect_timeout=0.5,
+            socket_timeout=0.5,
         )
         try:
             self._server_pid = int(first_line)

@@ -78,6 +78,18 @@ def _progress() -> Progress:
 
 
 @contextlib.contextmanager
+def _progress_bar() -> Iterator[Progress]:
+    """The progress bar, shown while the block runs; left out of the output on an error
+    (the error line is all there is then)."""
+    with _progress() as progress:
+        try:
+            yield progress
+        except BaseException:
+            progress.live.transient = True
+            raise
+
+
+@contextlib.contextmanager
 def _counting(buffer: ReplayBuffer, method: str, advance: Callable[[Any], None]) -> Iterator[None]:
     """Call ``advance`` from the buffer's own ``method`` (per record written, per chunk
     inserted) while the block runs; the save format stays the buffer's business."""
@@ -109,7 +121,7 @@ def run_export(args: argparse.Namespace) -> int:
         raise CommandError(f"directory {path.parent} does not exist")
     try:
         buffer = open_buffer(client, args.name, url)
-        with _progress() as progress:
+        with _progress_bar() as progress:
             task = progress.add_task(f"exporting {safe(args.name)}", total=len(buffer))
             with _counting(buffer, "_records", lambda _r: progress.advance(task)):
                 count = buffer.save(path)
@@ -177,7 +189,7 @@ def run_import(args: argparse.Namespace) -> int:
             )
             created = True
         try:
-            with _progress() as progress:
+            with _progress_bar() as progress:
                 task = progress.add_task(f"importing {safe(args.name)}", total=None)
                 total = {"n": 0}
 

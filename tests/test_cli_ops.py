@@ -1,0 +1,547 @@
+"""Operators' commands as subprocesses against a real server: list, watch, plot,
+export / import, drop, metrics; --json parsed back; user errors as one line and exit 1;
+passwords never printed; inspect prints server data literally."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import msgpack
+import numpy as np
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from redisbuf import BufferKeys, ReplayBuffer
+from redisbuf.metrics import HIST_STEP, history_rates, parse_history
+from redisbuf.server import EmbeddedServer
+
+pytestmark = pytest.mark.redis_server
+TIMEOUT = 120
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "REDISBUF_URL"}
+    env.update(PYTHONUNBUFFERED="1", COLUMNS="200", NO_COLOR="1", **extra)
+    return env
+
+
+def cli(*args: str, url: str | None = None, stdin: str | None = None, **env: str):
+    extra = {"REDISBUF_URL": url} if url else {}
+    return subprocess.run(
+        [sys.executable, "-m", "redisbuf", *args], capture_output=True, text=True,
+        timeout=TIMEOUT, env=_env(**extra, **env), input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+    )
+
+
+def one_error(done: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.stdout == ""  # errors never go to stdout (a --json reader sees nothing)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def as_json(done: subprocess.CompletedProcess[str]) -> dict:
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)  # the whole of stdout is one document
+
+
+def fill(client: redis.Redis, name: str, n: int, capacity: int = 1000, **kw) -> ReplayBuffer:
+    buffer = ReplayBuffer(client, name, capacity=capacity, **kw)
+    if n:
+        buffer.add({"x": np.arange(n, dtype=np.int64), "log_rewards": np.linspace(-3, 0, n)})
+    return buffer
+
+
+def dump_all(client: redis.Redis, name: str) -> dict[str, bytes | None]:
+    keys = BufferKeys(name).all_keys()
+    return {key: client.dump(key) for key in keys}
+
+
+@pytest.fixture
+def url(redis_server: EmbeddedServer, real_client: redis.Redis) -> str:
+    return redis_server.url
+
+
+# -- list ------------------------------------------------------------------------------
+
+
+def test_list_shows_every_buffer_with_json(url, real_client):
+    assert as_json(cli("list", "--json", url=url))["buffers"] == []
+    for i in range(25):  # more than the 20 the old hint showed
+        fill(real_client, f"b{i:02d}", i % 3, capacity=10 + i)
+    doc = as_json(cli("list", "--json", url=url))
+    rows = {row["name"]: row for row in doc["buffers"]}
+    assert sorted(rows) == [f"b{i:02d}" for i in range(25)]
+    assert rows["b04"]["capacity"] == 14 and rows["b04"]["length"] == 1
+    assert rows["b04"]["kind"] == "dict" and rows["b04"]["memory_bytes"] > 0
+    assert rows["b03"]["last_insert"] is None  # created, never added to
+    assert abs(rows["b04"]["last_insert"] - time.time()) < 60
+    text = cli("list", "--url", url)
+    assert text.returncode == 0 and "b24" in text.stdout and "25 buffer(s)" in text.stdout
+    # a missing name lists every buffer, or says how many more there are
+    line = one_error(cli("inspect", "nope", url=url), "b00", "b19", "5 more")
+    assert "b20" not in line
+
+
+def test_every_command_needs_a_url_and_says_so_the_same_way():
+    for args in (["list"], ["inspect", "x"], ["watch", "x"], ["plot", "x", "-o", "f.png"],
+                 ["export", "x", "f"], ["drop", "x"], ["metrics"],
+                 ["manager", "x", "--workers", "1"], ["worker"]):
+        one_error(cli(*args), "needs a Redis server", "--url", "REDISBUF_URL")
+
+
+def test_unreachable_and_non_redis_servers_are_one_clear_line():
+    one_error(cli("list", "--url", "redis://127.0.0.1:1/0"), "cannot reach Redis")
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(1024)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        port = listener.getsockname()[1]
+        one_error(cli("list", "--url", f"redis://127.0.0.1:{port}/0"),
+                  "does not speak the Redis protocol")
+    finally:
+        listener.close()
+
+
+# -- passwords -------------------------------------------------------------------------
+
+
+def test_password_urls_work_and_the_password_is_never_printed():
+    secret = "Pa55-word_x"
+    with EmbeddedServer(extra_args=["--requirepass", secret]) as server:
+        good = f"redis://default:{secret}@127.0.0.1:{server.port}/0"
+        client = redis.Redis.from_url(good)
+        fill(client, "locked", 5)
+        for args in (["list", "--json"], ["inspect", "locked", "--json"],
+                     ["watch", "locked", "--json", "--count", "1"]):
+            done = cli(*args, "--url", good)
+            assert done.returncode == 0, done.stderr
+            assert secret not in done.stdout + done.stderr
+            assert "***" in json.loads(done.stdout)["url"]
+        done = cli("list", url=good)  # via $REDISBUF_URL, rich output
+        assert done.returncode == 0 and secret not in done.stdout + done.stderr
+        bad = f"redis://default:{secret}X@127.0.0.1:{server.port}/0"
+        line = one_error(cli("list", "--url", bad))
+        assert secret not in line
+        line = one_error(cli("inspect", "nope", "--url", good), "locked")
+        assert secret not in line
+        client.close()
+
+
+# -- inspect ---------------------------------------------------------------------------
+
+
+def test_inspect_prints_field_names_literally(url, real_client):
+    buffer = ReplayBuffer(real_client, "markup", capacity=10)
+    buffer.add({
+        "[/x]": np.arange(2), "[link=http://evil.example]y[/link]": np.zeros(2),
+        "[bold]z": np.ones(2), "log_rewards": np.zeros(2),
+    })
+    done = cli("inspect", "markup", url=url, TERM="xterm-256color", FORCE_COLOR="1")
+    assert done.returncode == 0, done.stderr
+    assert "[/x]" in done.stdout
+    assert "[link=http://evil.example]y[/link]" in done.stdout
+    assert "[bold]z" in done.stdout
+    assert "\x1b]8;" not in done.stdout  # no hyperlink escape sequence
+    doc = as_json(cli("inspect", "markup", "--json", url=url))
+    assert "[/x]" in doc["schema"]["fields"]
+
+
+def test_json_errors_leave_stdout_empty(url):
+    one_error(cli("inspect", "nope", "--json", url=url), "no buffer named 'nope'")
+    one_error(cli("inspect", "bad name!", "--json", url=url), "invalid buffer name")
+
+
+# -- drop ------------------------------------------------------------------------------
+
+
+def test_drop_asks_unless_yes(url, real_client):
+    fill(real_client, "victim", 4)
+    before = dump_all(real_client, "victim")
+    one_error(cli("drop", "victim", url=url), "--yes", "4 items")
+    assert dump_all(real_client, "victim") == before
+    done = cli("drop", "victim", url=url, stdin="n\n")  # not a terminal: still refused
+    assert done.returncode == 1 and dump_all(real_client, "victim") == before
+    doc = as_json(cli("drop", "victim", "--yes", "--json", url=url))
+    assert doc == {"url": url, "dropped": "victim", "items": 4}
+    assert not real_client.exists(*BufferKeys("victim").all_keys())
+    one_error(cli("drop", "victim", "--yes", url=url), "no buffer named 'victim'")
+
+
+def test_drop_at_a_terminal_asks(url, real_client):
+    fill(real_client, "asked", 2)
+    for answer, survives in ((b"n\n", True), (b"y\n", False)):
+        pid, fd = pty.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.environ.update(_env(REDISBUF_URL=url))
+            os.execv(sys.executable, [sys.executable, "-m", "redisbuf", "drop", "asked"])
+        output = _read_until(fd, b"[y/N]")
+        os.write(fd, answer)
+        _read_until(fd, b"")
+        _, status = os.waitpid(pid, 0)
+        assert b"Delete buffer 'asked'" in output
+        assert os.waitstatus_to_exitcode(status) == (1 if survives else 0)
+        assert bool(real_client.exists("rb:{asked}:meta")) == survives
+
+
+def _read_until(fd: int, marker: bytes, timeout: float = 60) -> bytes:
+    data = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                return data
+            if not chunk:
+                return data
+            data += chunk
+            if marker and marker in data:
+                return data
+    return data
+
+
+# -- export / import -------------------------------------------------------------------
+
+
+def test_export_import_moves_a_buffer_between_servers(url, real_client, tmp_path):
+    fill(real_client, "src", 300, capacity=500, prioritized_capacity=True)
+    path = tmp_path / "src.rbuf"
+    done = cli("export", "src", str(path), url=url)
+    assert done.returncode == 0, done.stderr
+    assert "300/300" in done.stderr  # the progress bar (on stderr)
+    assert "Exported 300 items" in done.stdout
+    doc = as_json(cli("export", "src", str(path), "--json", url=url))
+    assert doc["items"] == 300 and doc["bytes"] == path.stat().st_size
+    with EmbeddedServer() as other:
+        doc = as_json(cli("import", str(path), "dst", "--json", "--url", other.url))
+        assert doc["items"] == 300 and doc["created"] is True
+        copy = ReplayBuffer.open(other.url, "dst")
+        original = ReplayBuffer.open(real_client, "src")
+        assert copy.capacity == 500 and copy.prioritized_capacity
+        assert len(copy) == 300
+        top_copy, top_original = copy.top(300), original.top(300)
+        assert sorted(s for _, s in top_copy) == sorted(s for _, s in top_original)
+        assert sorted(copy.get([i for i, _ in top_copy])["x"].tolist()) == list(range(300))
+        copy.client.close()
+        # into an existing non-empty buffer: asks, then replaces with --yes
+        one_error(cli("import", str(path), "dst", "--url", other.url), "--yes", "300 items")
+        doc = as_json(cli("import", str(path), "dst", "--yes", "--json", "--url", other.url))
+        assert doc["created"] is False and doc["length"] == 300
+
+
+def test_import_refuses_newer_format_and_mismatched_schema_leaving_target_unchanged(
+    url, real_client, tmp_path
+):
+    fill(real_client, "src", 10)
+    path = tmp_path / "src.rbuf"
+    assert cli("export", "src", str(path), url=url).returncode == 0
+    # a newer format: nothing created
+    newer = tmp_path / "newer.rbuf"
+    unpacker = msgpack.Unpacker(open(path, "rb"), raw=False)
+    header, *rest = list(unpacker)
+    with open(newer, "wb") as handle:
+        handle.write(msgpack.packb({**header, "version": 99}, use_bin_type=True))
+        for entry in rest:
+            handle.write(msgpack.packb(entry, use_bin_type=True))
+    one_error(cli("import", str(newer), "fresh", url=url), "newer")
+    assert not real_client.exists("rb:{fresh}:meta")
+    # a schema that does not fit an existing (empty or not) buffer: byte-identical after
+    other = ReplayBuffer(real_client, "other", capacity=100)
+    other.add({"y": np.zeros((2, 3)), "log_rewards": np.zeros(2)})
+    before = dump_all(real_client, "other")
+    one_error(cli("import", str(path), "other", "--yes", url=url), "schema")
+    assert dump_all(real_client, "other") == before
+    # too many items for the target's capacity
+    fill(real_client, "small", 0, capacity=5)
+    before = dump_all(real_client, "small")
+    one_error(cli("import", str(path), "small", url=url), "capacity")
+    assert dump_all(real_client, "small") == before
+    # a truncated file: refused, and a target created for it is removed again
+    truncated = tmp_path / "cut.rbuf"
+    truncated.write_bytes(path.read_bytes()[:-40])
+    one_error(cli("import", str(truncated), "fresh2", url=url))
+    assert not real_client.exists("rb:{fresh2}:meta")
+    one_error(cli("import", str(tmp_path / "missing.rbuf"), "x", url=url), "no file")
+
+
+# -- watch -----------------------------------------------------------------------------
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    from redisbuf import BufferKeys, ReplayBuffer
+    buffer = ReplayBuffer(sys.argv[1], sys.argv[2], capacity=200, seed=int(sys.argv[3]))
+    rng = np.random.default_rng(int(sys.argv[3]))
+    while True:
+        buffer.add({"x": rng.integers(0, 9, 16), "log_rewards": rng.normal(size=16)})
+        buffer.sample(8)
+        time.sleep(0.01)
+    """
+)
+
+
+@pytest.fixture
+def writers(url, real_client) -> Iterator[list[subprocess.Popen]]:
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, url, "live", str(i)], env=_env(),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for i in range(3)
+    ]
+    deadline = time.monotonic() + 60
+    while int(real_client.hget("rb:{live}:meta", "inserted") or 0) < 200:
+        assert time.monotonic() < deadline, [p.poll() for p in procs]
+        time.sleep(0.1)
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.multiprocess
+def test_watch_json_reports_rates_while_many_processes_write(url, writers):
+    doc = as_json(cli("watch", "live", "--json", "--count", "3", "--interval", "0.5", url=url))
+    frames = doc["frames"]
+    assert len(frames) == 3 and frames[0]["rates"] is None
+    for frame in frames[1:]:
+        assert frame["rates"]["inserted_per_s"] > 0
+        assert frame["rates"]["sampled_per_s"] > 0
+        assert frame["rates"]["evicted_per_s"] > 0  # capacity 200 is full
+        assert frame["length"] == frame["capacity"] == 200
+        assert sum(frame["histogram"]["counts"]) == 200
+        assert len(frame["top"]) == 5
+    assert frames[2]["inserted"] > frames[0]["inserted"]
+
+
+@pytest.mark.multiprocess
+def test_watch_live_view_quits_on_q_and_on_ctrl_c(url, writers):
+    for stop in (b"q", signal.SIGINT):
+        pid, fd = pty.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.environ.update(_env(REDISBUF_URL=url, COLUMNS="120", LINES="60"))
+            os.execv(sys.executable, [sys.executable, "-m", "redisbuf", "watch", "live",
+                                      "--interval", "0.3"])
+        output = _read_until(fd, b"inserted/s")
+        assert b"inserted/s" in output and b"length / capacity" in output, output[-2000:]
+        if isinstance(stop, bytes):
+            os.write(fd, stop)
+        else:
+            os.kill(pid, stop)
+        _read_until(fd, b"", timeout=20)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, output[-2000:]
+
+
+def test_watch_bad_input(url, real_client):
+    one_error(cli("watch", "nope", url=url), "no buffer named 'nope'")
+    fill(real_client, "w", 1)
+    one_error(cli("watch", "w", "--interval", "0", url=url), "--interval")
+    one_error(cli("watch", "w", "--count", "0", url=url), "--count")
+
+
+# -- rate history and plot -------------------------------------------------------------
+
+
+def test_add_keeps_a_rate_history_in_meta(url, real_client):
+    buffer = fill(real_client, "hist", 5)
+    buffer.sample(3)
+    buffer.add({"x": np.arange(2), "log_rewards": np.zeros(2)})
+    now = int(real_client.time()[0])
+    meta = {k.decode(): v.decode() for k, v in real_client.hgetall("rb:{hist}:meta").items()}
+    points = parse_history(meta)
+    assert len(points) == 1
+    assert points[0].t == (now // HIST_STEP) * HIST_STEP or points[0].t == (
+        (now - 1) // HIST_STEP
+    ) * HIST_STEP
+    assert (points[0].inserted, points[0].evicted, points[0].sampled) == (7, 0, 3)
+    assert abs(float(meta["last_insert"]) - now) <= 2
+    # the sampling scripts write no history
+    fields = set(meta)
+    buffer.sample(2)
+    after = {k.decode() for k in real_client.hgetall("rb:{hist}:meta")}
+    assert after == fields
+
+
+def test_history_rates_from_buckets():
+    meta = {
+        "hist:1": f"{100} 10 0 5", "hist:2": f"{101} 30 5 25", "hist:4": f"{103} 50 25 25",
+        "hist:9": "garbage", "capacity": "4",
+    }
+    rates = history_rates(parse_history(meta))
+    assert [(r.inserted, r.evicted, r.sampled) for r in rates] == [
+        (2.0, 0.5, 2.0), (1.0, 1.0, 0.0)
+    ]
+    # a clear() restarts the counters: count from zero, never negative
+    meta["hist:5"] = "104 4 0 1"
+    assert history_rates(parse_history(meta))[-1].inserted == 0.4
+
+
+def test_plot_writes_an_image_and_json(url, real_client, tmp_path):
+    buffer = fill(real_client, "plotted", 50)
+    buffer.add({"x": np.arange(3), "log_rewards": np.full(3, -np.inf)})
+    # two earlier buckets, as add would have written them a minute ago
+    bucket = int(real_client.time()[0]) // HIST_STEP
+    real_client.hset("rb:{plotted}:meta", mapping={
+        f"hist:{(bucket - 6) % 360}": f"{bucket - 6} 10 0 0",
+        f"hist:{(bucket - 3) % 360}": f"{bucket - 3} 40 0 30",
+    })
+    out = tmp_path / "p.png"
+    doc = as_json(cli("plot", "plotted", "-o", str(out), "--json", "--bins", "10", url=url))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sum(doc["histogram"]["counts"]) == 50 and doc["histogram"]["minus_inf"] == 3
+    assert len(doc["rates"]) == 2
+    assert doc["rates"][0]["inserted_per_s"] == pytest.approx(1.0)
+    assert doc["rates"][0]["sampled_per_s"] == pytest.approx(1.0)
+    done = cli("plot", "plotted", "-o", str(tmp_path / "p.svg"), url=url)
+    assert done.returncode == 0 and (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
+    one_error(cli("plot", "plotted", "-o", str(tmp_path / "p.nope"), url=url), "cannot write")
+    one_error(cli("plot", "plotted", "-o", "/no/such/dir/p.png", url=url), "does not exist")
+    one_error(cli("plot", "nope", "-o", str(out), url=url), "no buffer named")
+
+
+# -- metrics ---------------------------------------------------------------------------
+
+
+def _scrape(port: int) -> dict[tuple[str, str], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[(sample.name, sample.labels.get("buffer", ""))] = sample.value
+    return values
+
+
+def _start_metrics(url: str, *names: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redisbuf", "metrics", "--port", "0", "--addr", "127.0.0.1",
+         "--json", *names],
+        env=_env(REDISBUF_URL=url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    lines = []
+    while True:  # one JSON document, printed when listening
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        lines.append(line)
+        if line.startswith("}"):
+            return proc, json.loads("".join(lines))["port"]
+
+
+def test_metrics_exporter_scraped_over_loopback(url, real_client):
+    a = fill(real_client, "ma", 30, capacity=20)
+    a.sample(7)
+    fill(real_client, "mb", 3)
+    real_client.hset("rb:{mb}:meta", "baseline_ema", "-1.5")
+    proc, port = _start_metrics(url)
+    try:
+        values = _scrape(port)
+        assert values[("redisbuf_up", "")] == 1
+        assert values[("redisbuf_length", "ma")] == 20
+        assert values[("redisbuf_capacity", "ma")] == 20
+        assert values[("redisbuf_inserted_total", "ma")] == 30
+        assert values[("redisbuf_evicted_total", "ma")] == 10
+        assert values[("redisbuf_sampled_total", "ma")] == 7
+        assert values[("redisbuf_memory_bytes", "ma")] > 0
+        assert values[("redisbuf_baseline_log_reward", "mb")] == -1.5
+        assert ("redisbuf_baseline_log_reward", "ma") not in values
+        a.add({"x": np.arange(5), "log_rewards": np.zeros(5)})
+        assert _scrape(port)[("redisbuf_inserted_total", "ma")] == 35  # read at each scrape
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    proc, port = _start_metrics(url, "mb")
+    try:
+        values = _scrape(port)
+        assert {b for (_, b) in values if b} == {"mb"}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_metrics_bad_input(url):
+    one_error(cli("metrics", "bad name!", url=url), "invalid buffer name")
+    one_error(cli("metrics", "--port", "70000", url=url), "--port")
+
+
+# -- the fixes a new user asked for ----------------------------------------------------
+
+
+@pytest.mark.multiprocess
+def test_worker_adopts_an_existing_buffers_capacity(url, real_client):
+    fill(real_client, "adopt", 4, capacity=123, prioritized_capacity=True)
+    done = cli("worker", "--name", "adopt", "--batches", "2", "--batch-size", "8", url=url)
+    assert done.returncode == 0, done.stderr
+    stats = ReplayBuffer.open(real_client, "adopt").stats()
+    assert stats["capacity"] == 123 and stats["eviction"] == "reward"
+    assert stats["inserted"] == 4 + 16
+    one_error(cli("worker", "--name", "adopt", "--batches", "1", "--capacity", "5", url=url),
+              "capacity")
+
+
+def test_demo_refuses_before_starting_anything(url, real_client, tmp_path):
+    started = time.monotonic()
+    one_error(cli("demo", "--batches", "0", TMPDIR=str(tmp_path)), "--batches")
+    assert list(tmp_path.iterdir()) == []  # no embedded server directory was made
+    assert time.monotonic() - started < 30
+    one_error(cli("demo", "--manager", "--prioritized", url=url), "--prioritized")
+    one_error(cli("demo", "--manager", "--sample-size", "3", url=url), "--sample-size")
+    fill(real_client, "keep", 3)
+    before = dump_all(real_client, "keep")
+    one_error(cli("demo", "--name", "keep", "--workers", "1", "--batches", "1", url=url),
+              "--yes", "already exists")
+    assert dump_all(real_client, "keep") == before
+
+
+@pytest.mark.multiprocess
+def test_demo_manager_takes_capacity_and_batch_size(url, real_client):
+    done = cli("demo", "--manager", "--name", "mgr", "--workers", "1", "--batches", "3",
+               "--batch-size", "5", "--capacity", "7", url=url)
+    assert done.returncode == 0, done.stderr
+    stats = ReplayBuffer.open(real_client, "mgr").stats()
+    assert stats["capacity"] == 7
+    assert stats["inserted"] == 15
+
+
+def test_worker_manager_says_what_it_waits_for(url):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redisbuf", "worker", "--manager", "--name", "nomgr"],
+        env=_env(REDISBUF_URL=url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert "waiting up to 60 s" in line and "redisbuf manager nomgr" in line
+    finally:
+        proc.kill()
+        proc.wait()
