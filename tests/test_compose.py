@@ -210,3 +210,81 @@ def test_compose_commands_run_together_without_docker(compose, redis_server, buf
     finally:
         client.close()
     assert stats["inserted"] == replicas * 3 * 64
+
+
+def test_services_wait_for_a_healthy_redis(compose):
+    services = compose["services"]
+    check = services["redis"]["healthcheck"]
+    assert check["test"] == ["CMD", "redis-cli", "ping"]
+    assert check["retries"] >= 1
+    for name, service in services.items():
+        if name == "redis":
+            continue
+        assert service["depends_on"]["redis"] == {"condition": "service_healthy"}, name
+
+
+def _setup_torch_pin() -> str:
+    setup = (ROOT / ".ci" / "setup").read_text()
+    match = re.search(r"^TORCH_PIN=(\S+)", setup, re.MULTILINE)
+    assert match, ".ci/setup has no TORCH_PIN"
+    return match.group(1)
+
+
+def test_image_installs_what_the_readme_says(compose):
+    """The image's pip steps: the torch pin of .ci/setup (which the README names), then
+    the package with exactly the extras the README's docker-compose section names."""
+    dockerfile = compose["services"]["manager"]["build"]["dockerfile_inline"]
+    installs = [
+        part.strip()
+        for line in dockerfile.splitlines() if line.startswith("RUN ")
+        for part in line[4:].split("&&") if "pip install" in part
+    ]
+    assert len(installs) == 2, installs
+    pin = _setup_torch_pin()
+    assert installs[0].split()[-1] == pin  # torch first, pinned: pip takes no other torch
+    package = installs[1].split()[-1]
+    assert package.startswith("."), installs[1]
+    extras = set(re.findall(r"\[(.*)\]", package)[0].split(",")) if "[" in package else set()
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## docker-compose", 1)[1].split("\n## ", 1)[0]
+    assert f"`{pin}`" in section and "`.ci/setup`" in section
+    if extras:
+        assert f"redisbuf[{','.join(sorted(extras))}]" in section
+    else:
+        assert "without extras" in section
+    known = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ])
+    assert extras <= known
+
+
+@pytest.mark.redis_server
+def test_metrics_service_command_serves_metrics_without_docker(compose, redis_server):
+    import socket
+    import time
+    import urllib.request
+
+    command = compose["services"]["metrics"]["command"]
+    assert _parse(command).command == "metrics"
+    with socket.socket() as sock:  # a free port instead of the published 9108
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [redis_server.url if arg == COMPOSE_URL else arg for arg in command[1:]]
+    argv[argv.index("--port") + 1] = str(port)
+    proc = subprocess.Popen([sys.executable, "-m", "redisbuf", *argv, "--addr", "127.0.0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "serving metrics" in proc.stdout.readline()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert "redisbuf_up 1.0" in text
+    finally:
+        proc.terminate()
+        proc.wait(30)
