@@ -45,7 +45,7 @@ for i = 1, n do
   blobs[i] = ARGV[2 + 2 * i]
   priorities[i] = ARGV[3 + 2 * i]
 end
-store_items(K, new_ids, blobs, priorities, first)
+store_items(K, new_ids, blobs, priorities, first, options)
 redis.call('HINCRBY', meta, 'inserted', n)
 
 local victims = {}

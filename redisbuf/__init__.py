@@ -16,7 +16,7 @@ from .errors import (
     ServerUnavailableError,
 )
 from .keys import BufferKeys
-from .samplers import PrioritizedSampler, UniformSampler
+from .samplers import PERSampler, PrioritizedSampler, UniformSampler
 
 __version__ = "0.1.0"
 
@@ -29,6 +29,7 @@ __all__ = [
     "EmptyBufferError",
     "InvalidBatchError",
     "ItemTooLargeError",
+    "PERSampler",
     "PrioritizedSampler",
     "ProtocolError",
     "RedisBufError",

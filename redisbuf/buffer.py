@@ -51,11 +51,17 @@ class AddResult:
 @dataclass
 class SampleInfo:
     """A sampled batch with the ids of its items and, for prioritized sampling, the
-    probability with which each draw picked its item."""
+    probability with which each draw picked its item. With :class:`PERSampler`,
+    ``weights`` are the importance-sampling weights ``(N * P(i))^-beta / max_j
+    (N * P(j))^-beta`` (N the length, the max over the whole buffer, as DI-engine) and
+    ``importance_weights`` are ALF's ``priority_i / mean non-zero priority`` (1 when every
+    priority is zero)."""
 
     batch: Any
     ids: np.ndarray
     probabilities: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    importance_weights: np.ndarray | None = None
 
 
 @dataclass
@@ -266,7 +272,7 @@ class ReplayBuffer:
                 )
         return blobs, log_rewards, schema
 
-    def add(self, batch: Any) -> AddResult:
+    def add(self, batch: Any, priorities: Any = None) -> AddResult:
         """Insert every item of ``batch`` in one atomic step, then evict beyond capacity.
 
         Eviction removes the oldest items (FIFO), or with ``prioritized_capacity`` the
@@ -274,12 +280,23 @@ class ReplayBuffer:
         A batch that is rejected (wrong kind or schema, NaN or +inf log-rewards, an item
         over ``max_item_bytes``) raises and leaves the buffer unchanged.
 
+        ``priorities`` (one finite number >= 0 per item) sets the items' PER priorities
+        on a buffer using :class:`PERSampler`; without it they get
+        ``max(initial_priority, highest priority present)``.
+
         With a remote manager, ``.score`` of the result is the manager's score dict for
         this batch (None when nothing was sent), or with ``async_score`` the previous
         send's (None on the first); see :mod:`redisbuf.remote`.
         """
         blobs, log_rewards, schema = self.encode(batch)
-        result = self._insert(blobs, log_rewards, schema)
+        options: dict[str, Any] = {}
+        if priorities is not None:
+            options["per_priorities"] = _per_priority_texts(priorities, len(blobs))
+            if self.client.hget(self.keys.meta, "tree_mass") != b"per":
+                raise ConfigMismatchError(
+                    f"buffer {self.name!r} has no PER priorities: priorities= needs PERSampler"
+                )
+        result = self._insert(blobs, log_rewards, schema, options)
         if self.remote is not None:
             result.score = self.remote.after_add(batch, result.ids, log_rewards, schema)
         return result
@@ -290,11 +307,15 @@ class ReplayBuffer:
         return None if self.remote is None else self.remote.drain_pending_score(timeout_sec)
 
     def _insert(
-        self, blobs: list[bytes], priorities: np.ndarray, schema: dict[str, Any]
+        self,
+        blobs: list[bytes],
+        priorities: np.ndarray,
+        schema: dict[str, Any],
+        options: dict[str, Any] | None = None,
     ) -> AddResult:
         schema_json = schema_to_json(schema)
         self._check_schema(schema, schema_json)
-        args: list[Any] = [schema_json, len(blobs), ""]
+        args: list[Any] = [schema_json, len(blobs), json.dumps(options) if options else ""]
         for blob, priority in zip(blobs, priorities.tolist(), strict=True):
             args.append(blob)
             args.append(_priority_text(priority))
@@ -390,7 +411,25 @@ class ReplayBuffer:
             self.decode(draw.blobs, draw.ids, draw.schema_json),
             np.array(draw.ids, dtype=np.int64),
             draw.probabilities,
+            draw.weights,
+            draw.importance_weights,
         )
+
+    def update_priority(self, ids: Any, priorities: Any) -> int:
+        """Set the PER priorities of items ``ids`` (:class:`PERSampler`), atomically for
+        the whole call and O(log capacity) per id. Ids no longer stored (evicted) are
+        skipped; for a repeated id the last priority wins. Returns how many distinct ids
+        were updated. A priority that is NaN, negative or not finite raises
+        :class:`InvalidBatchError` and changes nothing."""
+        id_list = [int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1)]
+        texts = _per_priority_texts(priorities, len(id_list))
+        args: list[Any] = []
+        for item_id, text in zip(id_list, texts, strict=True):
+            args.append(format_id(item_id))
+            args.append(text)
+        if not args:
+            return 0
+        return int(self._run("update_priority", self.keys.all_keys(), args))
 
     def get(self, ids: list[int] | np.ndarray) -> Any:
         """The items with these ids, as one batch (KeyError names any id not present)."""
@@ -634,6 +673,22 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _per_priority_texts(priorities: Any, n: int) -> list[str]:
+    """PER priorities as exact text, after checking there are ``n`` finite numbers >= 0."""
+    try:
+        values = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise InvalidBatchError(f"priorities must be numbers: {exc}") from None
+    if len(values) != n:
+        raise InvalidBatchError(f"{len(values)} priorities for {n} items")
+    bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
+    if len(bad):
+        raise InvalidBatchError(
+            f"priority {bad[0]} is {values[bad[0]]!r}; priorities must be finite and >= 0"
+        )
+    return [repr(float(v)) for v in values]
 
 
 def _decode_meta(raw: dict[Any, Any]) -> dict[str, str]:
