@@ -17,6 +17,7 @@ from .errors import (
 )
 from .keys import BufferKeys
 from .samplers import PERSampler, PrioritizedSampler, UniformSampler
+from .selectors import FifoSampler, LifoSampler, MaxHeapSampler, MinHeapSampler
 
 __version__ = "0.1.0"
 
@@ -27,8 +28,12 @@ __all__ = [
     "ControlTimeoutError",
     "DecodeError",
     "EmptyBufferError",
+    "FifoSampler",
     "InvalidBatchError",
     "ItemTooLargeError",
+    "LifoSampler",
+    "MaxHeapSampler",
+    "MinHeapSampler",
     "PERSampler",
     "PrioritizedSampler",
     "ProtocolError",
