@@ -30,6 +30,7 @@ from .errors import (
 from .keys import BufferKeys, format_id
 from .remote import RemoteScorer
 from .samplers import Draw, PrioritizedSampler, Sampler, UniformSampler
+from .windows import WindowSampler, joined, recent_batch_size
 
 FORMAT_VERSION = 1
 FILE_MAGIC = "redisbuf"
@@ -94,6 +95,10 @@ class ReplayBuffer:
         seed: seeds this process's sampling random numbers.
         sampler: a custom :class:`~redisbuf.samplers.Sampler` (overrides
             ``prioritized_sampling``).
+        recent_data_ratio, recent_data_steps: ALF's recent data: ``ceil(n *
+            recent_data_ratio)`` draws of every ``sample(n)`` come uniformly from the
+            newest ``recent_data_steps`` items, the rest from the sampler. This
+            process's setting, not the buffer's.
         remote_manager_rank: rank of a :class:`~redisbuf.manager.ReplayBufferManager`
             that scores what this worker adds; the other remote arguments
             (``remote_buffer_freq``, ``async_score``, ``baseline_filtering``,
@@ -115,6 +120,8 @@ class ReplayBuffer:
         max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
         seed: int | None = None,
         sampler: Sampler | None = None,
+        recent_data_ratio: float = 0.0,
+        recent_data_steps: int = 1,
         remote_manager_rank: int | None = None,
         remote_buffer_freq: int = 1,
         async_score: bool = False,
@@ -132,6 +139,16 @@ class ReplayBuffer:
             raise ValueError(f"unknown container kind {kind!r}; choose from {sorted(KINDS)}")
         if max_item_bytes <= 0:
             raise ValueError(f"max_item_bytes must be positive, got {max_item_bytes}")
+        if not 0.0 <= recent_data_ratio <= 1.0:
+            raise ValueError(f"recent_data_ratio must be in [0, 1], got {recent_data_ratio!r}")
+        if isinstance(recent_data_steps, bool) or not isinstance(recent_data_steps, int) or (
+            recent_data_steps < 1
+        ):
+            raise ValueError(
+                f"recent_data_steps must be a positive integer, got {recent_data_steps!r}"
+            )
+        self.recent_data_ratio = float(recent_data_ratio)
+        self.recent_data_steps = recent_data_steps
         self.client = as_client(redis_or_url)
         self.keys = BufferKeys(name)
         self.name = name
@@ -382,31 +399,49 @@ class ReplayBuffer:
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise DecodeError(f"stored items do not match the buffer schema: {exc}") from exc
 
-    def _draw(self, n: int, replacement: bool | None) -> Draw:
+    def _draw(
+        self, n: int, replacement: bool | None, sample_range: slice | None = None
+    ) -> Draw:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
             raise ValueError(f"n must be a positive integer, got {n!r}")
-        sampler = self.sampler
+        n = int(n)
+        sampler: Sampler = self.sampler
         if replacement is not None and isinstance(sampler, UniformSampler):
             sampler = UniformSampler(replacement)
         try:
-            return sampler.draw(self, int(n), self.rng)
+            if sample_range is not None:
+                return WindowSampler(sample_range, bool(replacement)).draw(self, n, self.rng)
+            recent = recent_batch_size(n, self.recent_data_ratio)
+            if recent == 0:
+                return sampler.draw(self, n, self.rng)
+            window = WindowSampler(slice(-self.recent_data_steps, None), bool(replacement))
+            recent_draw = window.draw(self, recent, self.rng)
+            rest = sampler.draw(self, n - recent, self.rng) if n > recent else None
+            return joined(recent_draw, rest)
         except EmptyBufferError as exc:
             raise EmptyBufferError(f"buffer {self.name!r}: {exc}") from None
 
-    def sample(self, n: int, replacement: bool | None = None) -> Any:
+    def sample(
+        self, n: int, replacement: bool | None = None, sample_range: slice | None = None
+    ) -> Any:
         """Draw ``n`` items and return them as one batch of the buffer's kind.
 
         Uniform sampling is without replacement unless ``replacement=True`` or ``n``
         exceeds the length; prioritized sampling (``prioritized_sampling=True``) is with
-        replacement, proportional to ``exp(log_reward)``. Raises
-        :class:`EmptyBufferError` ("buffer is empty") when there is nothing to draw.
+        replacement, proportional to ``exp(log_reward)``. ``sample_range`` (a slice over
+        insertion order, e.g. ``slice(-10_000, None)`` for the newest 10 000; DI-engine's
+        ``sample_range``) draws uniformly among those items instead, whatever the sampler.
+        Raises :class:`EmptyBufferError` ("buffer is empty") when there is nothing to draw.
         """
-        draw = self._draw(n, replacement)
+        draw = self._draw(n, replacement, sample_range)
         return self.decode(draw.blobs, draw.ids, draw.schema_json)
 
-    def sample_with_info(self, n: int, replacement: bool | None = None) -> SampleInfo:
-        """Like :meth:`sample`, also returning item ids and draw probabilities."""
-        draw = self._draw(n, replacement)
+    def sample_with_info(
+        self, n: int, replacement: bool | None = None, sample_range: slice | None = None
+    ) -> SampleInfo:
+        """Like :meth:`sample`, also returning item ids and draw probabilities (None for
+        ``sample_range`` and for batches with recent data)."""
+        draw = self._draw(n, replacement, sample_range)
         return SampleInfo(
             self.decode(draw.blobs, draw.ids, draw.schema_json),
             np.array(draw.ids, dtype=np.int64),
