@@ -7,10 +7,12 @@
 -- ARGV[1] schema (canonical JSON; set by the first add, must match afterwards)
 -- ARGV[2] n, the number of items
 -- ARGV[3] options: "" or a JSON object read by the parts that need more per batch
--- ARGV[4..] blob_1, log_reward_1, ..., blob_n, log_reward_n  (log-rewards as text, "-inf" ok)
+-- ARGV[4..] blob_1, log_reward_1, ..., blob_n, log_reward_n  (log-rewards as text; "-inf"
+-- and "inf" ok)
 -- Evicts (count - capacity) items: the oldest ("fifo"), or the lowest log-reward with the
--- oldest first among equals ("reward"). New items may be evicted at once under "reward".
--- Returns {first_id, n, evicted}. Errors: RB_NOBUF, RB_SCHEMA, RB_INVALID (a NaN, +inf or
+-- oldest first among equals ("reward", so +inf items go last). New items may be evicted at
+-- once under "reward".
+-- Returns {first_id, n, evicted}. Errors: RB_NOBUF, RB_SCHEMA, RB_INVALID (a NaN or
 -- non-numeric priority; nothing is written).
 local K = buffer_keys(KEYS)
 local meta, prio, order = K.meta, K.prio, K.order
@@ -25,9 +27,9 @@ if ARGV[3] ~= '' then options = cjson.decode(ARGV[3]) end
 -- check every priority before the first write: a script that fails halfway is not undone
 for i = 1, n do
   local priority = to_number(ARGV[3 + 2 * i])
-  if priority == nil or priority ~= priority or priority == math.huge then
+  if priority == nil or priority ~= priority then
     return fail('RB_INVALID', 'item ' .. (i - 1) .. ' has priority ' .. tostring(ARGV[3 + 2 * i])
-      .. '; priorities must be numbers below +inf')
+      .. '; priorities must be numbers (not NaN)')
   end
 end
 if not conf[3] then

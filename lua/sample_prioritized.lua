@@ -10,7 +10,7 @@
 -- call advancing together so each tree level costs one HMGET of the distinct chunks.
 -- Returns {total, id_1..id_n, weight_1..weight_n} where weight_i / total is the
 -- probability of drawing item i, and, if asked, {blob_1..blob_n} after them.
--- Errors: RB_NOTREE, RB_EMPTY, RB_INVALID.
+-- Errors: RB_NOTREE, RB_EMPTY, RB_INVALID, RB_UNDEFINED (an item of log-reward +inf).
 local K = buffer_keys(KEYS)
 local meta, items, tree, tree_ids = K.meta, K.items, K.tree, K.tree_ids
 local conf = redis.call('HMGET', meta, 'tree', 'tree_depth')
@@ -20,6 +20,11 @@ local n = tonumber(ARGV[1])
 if #ARGV[3] ~= 6 * n then return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms') end
 local root = redis.call('HGET', tree, 0)
 local total = root and chunk_sum(root) or 0
+local infinite = infinite_count(K.prio)
+if infinite > 0 then
+  return fail('RB_UNDEFINED', infinite .. ' item(s) have log-reward +inf: the softmax of '
+    .. 'log-rewards is undefined; sample uniformly or remove them')
+end
 if total <= 0 then
   return fail('RB_EMPTY', 'buffer is empty (no item with a finite log-reward)')
 end

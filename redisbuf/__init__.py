@@ -12,6 +12,7 @@ from .errors import (
     ItemTooLargeError,
     ProtocolError,
     RedisBufError,
+    SamplingError,
     SchemaError,
     ServerUnavailableError,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "RedisBufError",
     "ReplayBuffer",
     "SampleInfo",
+    "SamplingError",
     "SchemaError",
     "ServerUnavailableError",
     "States",

@@ -271,7 +271,9 @@ class ReplayBuffer:
 
         Eviction removes the oldest items (FIFO), or with ``prioritized_capacity`` the
         lowest log-reward ones (oldest first among equal log-rewards; new items included).
-        A batch that is rejected (wrong kind or schema, NaN or +inf log-rewards, an item
+        Log-rewards may be -inf or +inf (+inf items are evicted last; prioritized sampling
+        refuses to draw while one is present, as the softmax is undefined).
+        A batch that is rejected (wrong kind or schema, NaN log-rewards, an item
         over ``max_item_bytes``) raises and leaves the buffer unchanged.
 
         With a remote manager, ``.score`` of the result is the manager's score dict for
@@ -570,15 +572,15 @@ class ReplayBuffer:
 
     def _check_records(self, records: list[tuple[Any, ...]], schema: dict[str, Any]) -> None:
         """Refuse saved records that ``add`` would refuse: ids that are not integers,
-        priorities that are not numbers or are NaN or +inf, blobs that do not decode to
+        priorities that are not numbers or are NaN, blobs that do not decode to
         items of ``schema``."""
         for item_id, priority, blob in records:
             if isinstance(item_id, bool) or not isinstance(item_id, int):
                 raise DecodeError(f"saved record has id {item_id!r}, not an integer")
             if isinstance(priority, bool) or not isinstance(priority, (int, float)):
                 raise DecodeError(f"saved record {item_id} has priority {priority!r}, not a number")
-            if math.isnan(priority) or priority == math.inf:
-                raise DecodeError(f"saved record {item_id} has priority {priority}: NaN or +inf")
+            if math.isnan(priority):
+                raise DecodeError(f"saved record {item_id} has priority NaN")
             if not isinstance(blob, bytes):
                 raise DecodeError(f"saved record {item_id} has no blob")
         kind = KINDS.get(schema.get("kind"))

@@ -200,9 +200,6 @@ def _log_rewards(value: Array | None, n: int, name: str = "log_rewards") -> np.n
     if np.isnan(arr).any():
         bad = np.flatnonzero(np.isnan(arr))[:5].tolist()
         raise InvalidBatchError(f"{name} contains NaN (items {bad})")
-    if np.isposinf(arr).any():
-        bad = np.flatnonzero(np.isposinf(arr))[:5].tolist()
-        raise InvalidBatchError(f"{name} contains +inf (items {bad}); use finite values")
     return arr
 
 
