@@ -80,8 +80,9 @@ class ReplayBuffer:
             raises :class:`ConfigMismatchError`; ``None`` adopts the stored one.
         prioritized_capacity: when full, evict the lowest log-reward first (oldest first
             among equals) instead of the oldest. Fixed at creation, like ``capacity``.
-        prioritized_sampling: ``sample`` draws with replacement, item ``i`` with
-            probability ``softmax(log_rewards)_i``; otherwise uniformly without replacement.
+        prioritized_sampling: ``sample`` draws item ``i`` with probability
+            ``softmax(log_rewards)_i`` (without replacement when ``n <= len``, as
+            torchgfn); otherwise uniformly. See :meth:`sample`.
         kind: expected container kind (``trajectories``, ``transitions``, ``states``,
             ``dict``); by default the first ``add`` fixes it.
         max_item_bytes: largest encoded item accepted by ``add``.
@@ -369,6 +370,8 @@ class ReplayBuffer:
         sampler = self.sampler
         if replacement is not None and isinstance(sampler, UniformSampler):
             sampler = UniformSampler(replacement)
+        elif replacement is not None and isinstance(sampler, PrioritizedSampler):
+            sampler = PrioritizedSampler(replacement)
         try:
             return sampler.draw(self, int(n), self.rng)
         except EmptyBufferError as exc:
@@ -377,10 +380,14 @@ class ReplayBuffer:
     def sample(self, n: int, replacement: bool | None = None) -> Any:
         """Draw ``n`` items and return them as one batch of the buffer's kind.
 
-        Uniform sampling is without replacement unless ``replacement=True`` or ``n``
-        exceeds the length; prioritized sampling (``prioritized_sampling=True``) is with
-        replacement, proportional to ``exp(log_reward)``. Raises
-        :class:`EmptyBufferError` ("buffer is empty") when there is nothing to draw.
+        Sampling is without replacement unless ``replacement=True`` or ``n`` exceeds the
+        length (torchgfn's rule). Uniform: every n-subset equally likely. Prioritized
+        (``prioritized_sampling=True``): proportional to ``exp(log_reward)``, without
+        replacement as successive draws among the items not drawn yet (torch.multinomial's
+        distribution). Raises :class:`EmptyBufferError` ("buffer is empty") when there is
+        nothing to draw, :class:`SamplingError` when prioritized sampling is undefined
+        (a +inf log-reward; more draws without replacement than items of nonzero
+        probability).
         """
         draw = self._draw(n, replacement)
         return self.decode(draw.blobs, draw.ids, draw.schema_json)
