@@ -18,6 +18,7 @@ from .errors import (
 )
 from .keys import BufferKeys
 from .samplers import PrioritizedSampler, UniformSampler
+from .terminating import TerminatingStateBuffer
 
 __version__ = "0.1.0"
 
@@ -39,6 +40,7 @@ __all__ = [
     "SchemaError",
     "ServerUnavailableError",
     "States",
+    "TerminatingStateBuffer",
     "Trajectories",
     "Transitions",
     "UniformSampler",

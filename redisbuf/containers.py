@@ -273,8 +273,10 @@ class Transitions:
 
     @property
     def terminating_states(self) -> Array:
+        """``states`` of the terminating transitions (those whose next state is the sink),
+        as torchgfn's ``Transitions.terminating_states``."""
         mask = self.is_terminating
-        return self.next_states[mask if isinstance(mask, torch.Tensor) else np.asarray(mask)]
+        return self.states[mask if isinstance(mask, torch.Tensor) else np.asarray(mask)]
 
 
 @dataclass
