@@ -3,6 +3,7 @@
 from .buffer import AddResult, ReplayBuffer, SampleInfo
 from .connection import connect
 from .containers import States, Trajectories, Transitions
+from .diverse import DiverseAddResult, NormBasedDiversePrioritizedReplayBuffer
 from .errors import (
     ConfigMismatchError,
     ControlTimeoutError,
@@ -28,8 +29,10 @@ __all__ = [
     "ConfigMismatchError",
     "ControlTimeoutError",
     "DecodeError",
+    "DiverseAddResult",
     "EmptyBufferError",
     "InvalidBatchError",
+    "NormBasedDiversePrioritizedReplayBuffer",
     "ItemTooLargeError",
     "PrioritizedSampler",
     "ProtocolError",

@@ -295,14 +295,21 @@ class ReplayBuffer:
     def _insert(
         self, blobs: list[bytes], priorities: np.ndarray, schema: dict[str, Any]
     ) -> AddResult:
-        schema_json = schema_to_json(schema)
-        self._check_schema(schema, schema_json)
-        args: list[Any] = [schema_json, len(blobs), ""]
+        args: list[Any] = ["", len(blobs), ""]
         for blob, priority in zip(blobs, priorities.tolist(), strict=True):
             args.append(blob)
             args.append(_priority_text(priority))
+        first, count, evicted = self._insert_with(schema, "add", args)
+        return AddResult(np.arange(first, first + count, dtype=np.int64), int(evicted))
+
+    def _insert_with(self, schema: dict[str, Any], script: str, args: list[Any]) -> Any:
+        """Run an inserting script (ARGV[1] = the schema, filled in here) after checking
+        ``schema`` against the buffer's, and cache the schema it fixes. Returns its reply."""
+        schema_json = schema_to_json(schema)
+        self._check_schema(schema, schema_json)
+        args[0] = schema_json
         try:
-            first, count, evicted = self._run("add", self.keys.all_keys(), args)
+            reply = self._run(script, self.keys.all_keys(), args)
         except SchemaError:
             self._forget_schema()  # another process fixed the schema first: report against it
             stored = self._stored_schema() or {}
@@ -312,7 +319,7 @@ class ReplayBuffer:
             ) from None
         if self._schema is None:
             self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
-        return AddResult(np.arange(first, first + count, dtype=np.int64), int(evicted))
+        return reply
 
     # -- reading ------------------------------------------------------------------------
 
