@@ -1,0 +1,84 @@
+"""The fault probe's defects (issue 13), each pinned by a test that failed before its fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from redisbuf import ReplayBuffer, codec
+from redisbuf.errors import DecodeError
+from redisbuf.keys import BufferKeys, format_id
+
+# -- 1. every decode path raises DecodeError naming buffer, key and id --------------------
+
+
+def _with_shape(blob: bytes, shape: tuple[int, ...]) -> bytes:
+    """``blob`` (one float32 array field) with its declared shape rewritten in place."""
+    item = codec.unpackb(blob)
+    (name, array), = item.items()
+    good = codec.packb({name: array})
+    head = good.index(np.asarray(array.shape, "<u8").tobytes())
+    raw = np.asarray(shape, "<u8").tobytes()
+    assert len(raw) == 8 * array.ndim
+    return good[:head] + raw + good[head + len(raw) :]
+
+
+@pytest.mark.parametrize("ids", [[2], [1, 2], [2, 3], [1, 2, 3]])
+def test_blob_whose_shape_does_not_fit_its_payload_is_a_decode_error(client, buffer_name, ids):
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add({"x": np.arange(18, dtype=np.float32).reshape(3, 3, 2)})
+    keys = BufferKeys(buffer_name)
+    blob = client.hget(keys.items, format_id(2))
+    client.hset(keys.items, format_id(2), _with_shape(blob, (4, 2)))  # 8 values, payload 6
+    with pytest.raises(DecodeError) as info:
+        buffer.get(ids)
+    message = str(info.value)
+    assert buffer_name in message and keys.items in message and "id 2" in message
+    assert buffer.get([1, 3])["x"].shape == (2, 3, 2)
+
+
+def test_blob_with_an_odd_shape_in_a_same_layout_batch_is_a_decode_error(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add({"x": np.zeros((3, 6), np.float32)})
+    keys = BufferKeys(buffer_name)
+    blob = client.hget(keys.items, format_id(2))
+    client.hset(keys.items, format_id(2), _with_shape(blob, (3,)))  # same size, other shape
+    with pytest.raises(DecodeError, match="id 2"):
+        buffer.get([1, 2, 3])
+
+
+@pytest.mark.parametrize("value", ["a string", 7, None, [1.0, 2.0], {"k": 1}, b"bytes"])
+def test_record_with_a_non_array_where_an_array_belongs_is_a_decode_error(
+    client, buffer_name, value
+):
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add({"x": np.zeros((3, 2), np.float32), "log_rewards": np.zeros(3)})
+    keys = BufferKeys(buffer_name)
+    client.hset(keys.items, format_id(2), codec.packb({"x": value, "log_rewards": 0.0}))
+    for ids in ([2], [1, 2], [1, 2, 3]):
+        with pytest.raises(DecodeError) as info:
+            buffer.get(ids)
+        assert buffer_name in str(info.value) and "id 2" in str(info.value)
+    assert buffer.get([1, 3])["x"].shape == (2, 2)
+
+
+def test_trajectory_record_with_a_string_for_states_is_a_decode_error(client, buffer_name):
+    from redisbuf import Trajectories
+
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add(
+        Trajectories(
+            states=np.zeros((4, 3, 2), np.float32),
+            actions=np.zeros((3, 3), np.int64),
+            terminating_idx=np.array([1, 2, 3]),
+            log_rewards=np.zeros(3),
+        )
+    )
+    keys = BufferKeys(buffer_name)
+    item = codec.unpackb(client.hget(keys.items, format_id(2)))
+    item["states"] = "not an array"
+    client.hset(keys.items, format_id(2), codec.packb(item))
+    with pytest.raises(DecodeError) as info:
+        buffer.get([1, 2, 3])
+    assert buffer_name in str(info.value) and "id 2" in str(info.value)
+    assert buffer.get([1, 3]).log_rewards.shape[0] == 2
