@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
+import redis
 
 from redisbuf import ReplayBuffer, codec
-from redisbuf.errors import DecodeError
+from redisbuf.errors import ConfigMismatchError, DecodeError, EmptyBufferError
 from redisbuf.keys import BufferKeys, format_id
 
 # -- 1. every decode path raises DecodeError naming buffer, key and id --------------------
@@ -82,3 +86,65 @@ def test_trajectory_record_with_a_string_for_states_is_a_decode_error(client, bu
         buffer.get([1, 2, 3])
     assert buffer_name in str(info.value) and "id 2" in str(info.value)
     assert buffer.get([1, 3]).log_rewards.shape[0] == 2
+
+
+# -- 3. a sample racing drop() recreates nothing -----------------------------------------
+
+
+def test_sample_that_loses_its_items_to_drop_leaves_no_keys_behind(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add({"x": np.zeros((4, 2), np.float32)})
+    run = buffer._run
+
+    def run_then_drop(script, keys, args):
+        reply = run(script, keys, args)
+        if script.startswith("sample"):
+            client.delete(*BufferKeys(buffer_name).all_keys())  # another process drops
+        return reply
+
+    buffer._run = run_then_drop
+    with pytest.raises(EmptyBufferError):
+        buffer.sample(2)
+    assert client.exists(*BufferKeys(buffer_name).all_keys()) == 0
+    again = ReplayBuffer(client, buffer_name, capacity=8)  # the name is usable at once
+    again.add({"x": np.zeros((1, 2), np.float32)})
+    assert again.stats()["inserted"] == 1
+
+
+@pytest.mark.redis_server
+def test_drop_and_recreate_in_a_loop_while_another_client_samples(redis_server, buffer_name):
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def sample_forever() -> None:
+        client = redis.Redis.from_url(redis_server.url)
+        buffer = None
+        while not stop.is_set():
+            try:
+                buffer = buffer or ReplayBuffer(client, buffer_name, capacity=64)
+                buffer.sample(4, replacement=True)
+            except (EmptyBufferError, ConfigMismatchError):
+                buffer = None
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                failures.append(exc)
+                return
+
+    samplers = [threading.Thread(target=sample_forever) for _ in range(2)]
+    for thread in samplers:
+        thread.start()
+    client = redis.Redis.from_url(redis_server.url)
+    cycles = 0
+    deadline = time.monotonic() + 2.0
+    try:
+        while time.monotonic() < deadline:
+            buffer = ReplayBuffer(client, buffer_name, capacity=64)
+            buffer.add({"x": np.zeros((16, 2), np.float32)})
+            buffer.drop()
+            cycles += 1
+    finally:
+        stop.set()
+        for thread in samplers:
+            thread.join(timeout=10)
+    assert not failures, failures[0]
+    assert cycles > 20
+    assert client.exists(*BufferKeys(buffer_name).all_keys()) == 0
