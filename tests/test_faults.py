@@ -12,6 +12,7 @@ import redis
 from redisbuf import ReplayBuffer, codec
 from redisbuf.errors import ConfigMismatchError, DecodeError, EmptyBufferError
 from redisbuf.keys import BufferKeys, format_id
+from redisbuf.server import EmbeddedServer
 
 # -- 1. every decode path raises DecodeError naming buffer, key and id --------------------
 
@@ -153,3 +154,62 @@ def test_drop_and_recreate_in_a_loop_while_another_client_samples(redis_server, 
     assert not failures, failures[0]
     assert cycles > 20
     assert client.exists(*BufferKeys(buffer_name).all_keys()) == 0
+
+
+# -- 7. reading keeps working when the server refuses writes ------------------------------
+
+
+@pytest.fixture
+def own_server():
+    """A private server: these tests change its configuration."""
+    with EmbeddedServer() as server:
+        yield server
+
+
+@pytest.fixture
+def replicated():
+    """A primary and a read-only replica of it, linked and in sync."""
+    with EmbeddedServer() as primary:
+        with EmbeddedServer(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]) as copy:
+            replica = redis.Redis.from_url(copy.url)
+            deadline = time.monotonic() + 15
+            while replica.info("replication").get("master_link_status") != "up":
+                assert time.monotonic() < deadline, "the replica did not link"
+                time.sleep(0.05)
+            yield redis.Redis.from_url(primary.url), replica
+            replica.close()
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_sampling_works_on_a_server_at_maxmemory(own_server, buffer_name, prioritized):
+    client = redis.Redis.from_url(own_server.url)
+    buffer = ReplayBuffer(client, buffer_name, capacity=64, prioritized_sampling=prioritized)
+    buffer.add({"x": np.arange(32, dtype=np.float32).reshape(16, 2), "log_rewards": np.zeros(16)})
+    client.config_set("maxmemory", 1)  # every write is refused from now on (noeviction)
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        buffer.add({"x": np.zeros((1, 2), np.float32), "log_rewards": np.zeros(1)})
+    batch = buffer.sample(8)
+    assert batch["x"].shape == (8, 2)
+    info = buffer.sample_with_info(4, replacement=True)
+    assert np.array_equal(buffer.get(info.ids)["x"], info.batch["x"])
+    assert len(buffer) == 16
+    assert ReplayBuffer(client, buffer_name, capacity=64).sample(2)["x"].shape == (2, 2)
+    client.config_set("maxmemory", 0)
+    assert buffer.stats()["sampled"] == 0  # read-only draws are not counted
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_sampling_works_on_a_read_only_replica(replicated, buffer_name, prioritized):
+    primary, replica = replicated
+    writer = ReplayBuffer(primary, buffer_name, capacity=64, prioritized_sampling=prioritized)
+    writer.add({"x": np.arange(32, dtype=np.float32).reshape(16, 2), "log_rewards": np.zeros(16)})
+    assert primary.wait(1, 5000) == 1
+    reader = ReplayBuffer(replica, buffer_name, capacity=64, prioritized_sampling=prioritized)
+    assert reader.sample(8)["x"].shape == (8, 2)
+    assert len(ReplayBuffer.open(replica, buffer_name)) == 16
+    with pytest.raises(redis.exceptions.ReadOnlyError):
+        reader.add({"x": np.zeros((1, 2), np.float32), "log_rewards": np.zeros(1)})
+    with pytest.raises(redis.exceptions.ReadOnlyError):
+        reader.clear()
