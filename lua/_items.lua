@@ -69,9 +69,10 @@ local function per_new_priorities(K, n, options)
   return out
 end
 
--- Store new items: ids (strings), blobs and priorities (text) in batch order. options is
--- the add's options table (or nil): per_priorities sets PER priorities explicitly.
-local function store_items(K, ids, blobs, priorities, first, options)
+-- Store new items: ids (strings), blobs and priorities (text) in batch order, when vecs
+-- is not nil each item's state vector (text, see lua/add_diverse.lua), and when PER is on
+-- their PER priorities (options.per_priorities, else per_new_priorities).
+local function store_items(K, ids, blobs, priorities, first, vecs, options)
   local per = per_enabled(K)
   local per_values
   if per then
@@ -100,6 +101,14 @@ local function store_items(K, ids, blobs, priorities, first, options)
     call_chunked('ZADD', K.per, per_pairs)
     per_account(K, {}, per_values)
   end
+  if vecs then
+    local vec_pairs = {}
+    for i = 1, #ids do
+      vec_pairs[2 * i - 1] = ids[i]
+      vec_pairs[2 * i] = vecs[i]
+    end
+    call_chunked('HSET', K.vecs, vec_pairs)
+  end
 end
 
 -- Delete items from every per-item structure except the sum tree (see tree_update).
@@ -116,6 +125,7 @@ local function delete_items(K, ids)
   call_chunked('HDEL', K.items, ids)
   call_chunked('ZREM', K.prio, ids)
   call_chunked('ZREM', K.order, ids)
+  call_chunked('HDEL', K.vecs, ids)
 end
 
 -- Delete items everywhere, the sum tree included (when prioritized sampling is on).
@@ -156,7 +166,17 @@ local function set_priorities(K, ids, priorities)
 end
 
 -- Bookkeeping for items a sampling script has chosen (ids may repeat): every sampling
--- script calls this once with everything it returns.
+-- script calls this once with everything it returns. It writes nothing in the read-only
+-- variant (RB_NO_WRITES, see redisbuf/scripts.py: a full server or a replica still
+-- samples), nor once the buffer is dropped (a counter must not recreate its meta).
 local function record_draws(K, ids)
+  if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
   redis.call('HINCRBY', K.meta, 'sampled', #ids)
+end
+
+-- Take back draws that were not returned (their items vanished before the blobs were
+-- read); the same guards as record_draws.
+local function unrecord_draws(K, ids)
+  if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
+  redis.call('HINCRBY', K.meta, 'sampled', -#ids)
 end

@@ -3,6 +3,7 @@
 from .buffer import AddResult, ReplayBuffer, SampleInfo
 from .connection import connect
 from .containers import States, Trajectories, Transitions
+from .diverse import DiverseAddResult, NormBasedDiversePrioritizedReplayBuffer
 from .errors import (
     ConfigMismatchError,
     ControlTimeoutError,
@@ -12,12 +13,14 @@ from .errors import (
     ItemTooLargeError,
     ProtocolError,
     RedisBufError,
+    SamplingError,
     SchemaError,
     ServerUnavailableError,
 )
 from .keys import BufferKeys
 from .samplers import PERSampler, PrioritizedSampler, UniformSampler
 from .selectors import FifoSampler, LifoSampler, MaxHeapSampler, MinHeapSampler
+from .terminating import TerminatingStateBuffer
 
 __version__ = "0.1.0"
 
@@ -27,9 +30,11 @@ __all__ = [
     "ConfigMismatchError",
     "ControlTimeoutError",
     "DecodeError",
+    "DiverseAddResult",
     "EmptyBufferError",
     "FifoSampler",
     "InvalidBatchError",
+    "NormBasedDiversePrioritizedReplayBuffer",
     "ItemTooLargeError",
     "LifoSampler",
     "MaxHeapSampler",
@@ -40,9 +45,11 @@ __all__ = [
     "RedisBufError",
     "ReplayBuffer",
     "SampleInfo",
+    "SamplingError",
     "SchemaError",
     "ServerUnavailableError",
     "States",
+    "TerminatingStateBuffer",
     "Trajectories",
     "Transitions",
     "UniformSampler",
