@@ -17,11 +17,13 @@ from .errors import (
 )
 from .keys import BufferKeys
 from .samplers import PrioritizedSampler, UniformSampler
+from .sequence import BatchInfo, SequenceBuffer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AddResult",
+    "BatchInfo",
     "BufferKeys",
     "ConfigMismatchError",
     "ControlTimeoutError",
@@ -35,6 +37,7 @@ __all__ = [
     "ReplayBuffer",
     "SampleInfo",
     "SchemaError",
+    "SequenceBuffer",
     "ServerUnavailableError",
     "States",
     "Trajectories",

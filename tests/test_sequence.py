@@ -327,3 +327,97 @@ def test_discounted_returns_match_numpy(fake_client, seed, gamma, clip):
             batch["discounted_return"][w], expected[p : p + 2], rtol=1e-5, atol=1e-4
         )
     assert math.isfinite(float(batch["discounted_return"].sum()))
+
+
+# -- prioritized draws ----------------------------------------------------------------------
+
+
+def test_prioritized_draws_follow_first_step_priority(client, buffer_name):
+    buf = SequenceBuffer(
+        client, buffer_name, 2, 10, prioritized=True, with_replacement=True, seed=5
+    )
+    fill(buf, 12, 2)  # each env stores positions 2..11
+    priorities = {(e, p): float(1 + (p + 3 * e) % 4) for e in range(2) for p in range(2, 12)}
+    keys = sorted(priorities)
+    set_count = buf.update_priority(
+        [k[0] for k in keys], [k[1] for k in keys], [priorities[k] for k in keys]
+    )
+    assert set_count == len(keys)
+    # positions 0 and 1 were evicted: skipped, as in ALF
+    assert buf.update_priority([0, 1], [0, 1], [50.0, 50.0]) == 0
+    valid = [(e, p) for e in range(2) for p in range(2, 10)]  # windows of 3 steps
+    mass = sum(priorities[w] for w in valid)
+    total = sum(priorities.values())
+    counts: Counter = Counter()
+    for _ in range(30):
+        data, info = buf.get_batch(64, 3)
+        models = [EnvModel(begins=[p == 0 for p in range(12)], ends=[False] * 12, start=2)] * 2
+        check_window_data(data, info, models, 3, True)
+        pairs = list(zip(info.env_ids.tolist(), info.positions.tolist(), strict=True))
+        counts.update(pairs)
+        expected_weights = [priorities[w] * 20 / total for w in pairs]
+        np.testing.assert_allclose(info.importance_weights, expected_weights, rtol=1e-5)
+    assert set(counts) <= set(valid)
+    n = sum(counts.values())
+    chi2 = sum(
+        (counts[w] - n * priorities[w] / mass) ** 2 / (n * priorities[w] / mass) for w in valid
+    )
+    assert chi2 < 45, counts  # df = 15; the 0.9999 quantile is about 44
+
+
+def test_prioritized_initial_priority_dequeue_and_bad_input(client, buffer_name):
+    buf = SequenceBuffer(client, buffer_name, 1, 8, prioritized=True, initial_priority=2.0, seed=1)
+    fill(buf, 4, 1)
+    _, info = buf.get_batch(4, 1)
+    np.testing.assert_allclose(info.importance_weights, 1.0)  # all steps at 2.0
+    buf.update_priority([0], [1], [6.0])
+    fill(buf, 1, 1)  # position 4 gets max(2.0, 6.0)
+    before = snapshot(client, buffer_name)
+    for bad in ([-1.0], [math.nan], [math.inf]):
+        with pytest.raises(InvalidBatchError):
+            buf.update_priority([0], [0], bad)
+    assert snapshot(client, buffer_name) == before
+    # dequeue removes the oldest two (priorities 2 and 6) from the tree
+    buf.dequeue(2)
+    _, info = buf.get_batch(3, 1)
+    stored = {2: 2.0, 3: 2.0, 4: 6.0}
+    expected = [stored[p] * 3 / sum(stored.values()) for p in info.positions.tolist()]
+    np.testing.assert_allclose(info.importance_weights, expected, rtol=1e-6)
+    plain = SequenceBuffer(client, buffer_name + "u", 1, 8)
+    fill(plain, 2, 1)
+    with pytest.raises(ConfigMismatchError):
+        plain.update_priority([0], [0], [1.0])
+
+
+# -- recent data, ignored frames, replacement ----------------------------------------------
+
+
+def test_recent_part_starts_among_the_latest_windows(client, buffer_name):
+    buf = SequenceBuffer(
+        client, buffer_name, 2, 50, recent_data_ratio=0.25, recent_data_steps=2, seed=2
+    )
+    fill(buf, 30, 2)
+    for _ in range(5):
+        _, info = buf.get_batch(16, 4)
+        recent = info.positions[:4]
+        assert ((recent >= 30 - 4 + 1 - 2) & (recent <= 30 - 4)).all(), info
+    # ALF draws no separate recent part when ordinary draws would reach recent data
+    small = SequenceBuffer(
+        client, buffer_name + "s", 1, 50, recent_data_ratio=0.5, recent_data_steps=8, seed=2
+    )
+    fill(small, 10, 1)
+    starts = Counter()
+    for _ in range(50):
+        starts.update(small.get_batch(4, 4)[1].positions.tolist())
+    assert min(starts) == 0
+
+
+def test_ignored_frames_and_replacement(client, buffer_name):
+    buf = SequenceBuffer(client, buffer_name, 1, 6, num_earliest_frames_ignored=2, seed=4)
+    fill(buf, 9, 1)  # stores 3..8
+    _, info = buf.get_batch(3, 2)  # starts 5, 6, 7: all three, distinct
+    assert sorted(info.positions.tolist()) == [5, 6, 7]
+    _, info = buf.get_batch(10, 2)  # more than exist: drawn with replacement
+    assert set(info.positions.tolist()) <= {5, 6, 7}
+    with pytest.raises(EmptyBufferError):
+        buf.get_batch(1, 5)
