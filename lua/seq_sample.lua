@@ -1,4 +1,4 @@
--- Draw windows of consecutive steps and return their blobs, atomically.
+-- Draw windows of consecutive stored steps.
 -- @include common
 -- @include tree
 -- @include seq
@@ -18,7 +18,10 @@
 -- proportion to their priority and rejects invalid ones (exact conditional sampling),
 -- returning fewer windows when the tries run out.
 -- Returns {k_recent, k_normal, size, tree_total, env_1..env_k, pos_1..pos_k,
--- priority_1..priority_k, blob (k*L, window-major)..., return (k*L) if recorded}.
+-- priority_1..priority_k}. The caller reads the steps with HMGET afterwards: a field
+-- "e:p" only ever names step p of env e (positions are never reused) and a window's
+-- episode membership never changes, so that read finds the drawn window or, if it was
+-- evicted meanwhile, a missing step.
 -- Errors: RB_NOBUF, RB_EMPTY (no valid window), RB_INVALID.
 local K = seq_keys(KEYS)
 local C = seq_conf(K)
@@ -177,18 +180,8 @@ if not ok then
 end
 
 local k = #envs
-local fields = {}
-for w = 1, k do
-  for j = 0, L - 1 do fields[#fields + 1] = step_field(envs[w], positions[w] + j) end
-end
 local out = {n_recent, k - n_recent, size, fmt(tree_total)}
 for w = 1, k do out[#out + 1] = envs[w] end
 for w = 1, k do out[#out + 1] = positions[w] end
 for w = 1, k do out[#out + 1] = priorities[w] end
-local blobs = hmget_chunked(K.steps, fields)
-for i = 1, #fields do out[#out + 1] = blobs[i] end
-if C.returns then
-  local returns = hmget_chunked(K.returns, fields)
-  for i = 1, #fields do out[#out + 1] = returns[i] or fmt(C.default_return) end
-end
 return out

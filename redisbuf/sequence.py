@@ -44,7 +44,7 @@ from .keys import PREFIX, validate_name
 FIRST, MID, LAST = 0, 1, 2
 _DISCOUNTED_RETURN = "discounted_return"
 _PRIORITIZED_TRIES = 4  # tree draws sent per missing window and call
-_PRIORITIZED_ROUNDS = 50  # calls before giving up on finding valid prioritized windows
+_ROUNDS = 50  # draws before giving up on filling a batch (prioritized rejections, races)
 
 
 @dataclass(frozen=True)
@@ -221,6 +221,7 @@ class SequenceBuffer:
         self.num_earliest_frames_ignored = num_earliest_frames_ignored
         self.record_episodic_return = record_episodic_return
         self.reward_field = reward_field
+        self.default_return = float(default_return)
         self.rng = np.random.default_rng(seed)
         self._schema: dict[str, Any] | None = None
         config = {
@@ -375,10 +376,23 @@ class SequenceBuffer:
             out[key] = codec.to_library(array, spec["lib"], spec["dtype"])
         return _unflatten(out)
 
-    def _with_returns(self, data: dict[str, Any], raw: list[bytes], shape: tuple[int, ...]) -> None:
+    def _with_returns(self, data: dict[str, Any], raw: list[Any], shape: tuple[int, ...]) -> None:
         if self.record_episodic_return:
-            values = np.array([float(r) for r in raw], dtype=np.float32).reshape(shape)
-            data[_DISCOUNTED_RETURN] = values
+            default = self.default_return
+            values = [default if r is None else float(r) for r in raw]
+            data[_DISCOUNTED_RETURN] = np.array(values, dtype=np.float32).reshape(shape)
+
+    def _read_steps(self, names: list[str]) -> tuple[list[Any], list[Any]]:
+        """Blobs (None when not stored) and, when recorded, discounted returns of steps."""
+        if not names:
+            return [], []
+        if not self.record_episodic_return:
+            return self.client.hmget(self._keys[1], names), []
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hmget(self._keys[1], names)
+        pipe.hmget(self._keys[6], names)
+        blobs, returns = pipe.execute()
+        return blobs, returns
 
     # -- sampling --------------------------------------------------------------------
 
@@ -399,47 +413,54 @@ class SequenceBuffer:
         positions: list[int] = []
         priorities: list[float] = []
         blobs: list[bytes] = []
-        returns: list[bytes] = []
+        returns: list[Any] = []
         size = 0
         total = 0.0
         wanted = batch_size
         recent_ratio = self.recent_data_ratio
-        for _ in range(_PRIORITIZED_ROUNDS):
+        for _ in range(_ROUNDS):
             draws = wanted * (_PRIORITIZED_TRIES if self.prioritized else 1)
             packed = _packed_uniforms(self.rng, draws)
-            reply = self._run(
-                "seq_sample",
-                self._keys,
-                [
-                    L,
-                    wanted,
-                    repr(float(recent_ratio)),
-                    self.recent_data_steps,
-                    int(self.allow_cross_episode),
-                    int(self.with_replacement),
-                    self.num_earliest_frames_ignored,
-                    int(self.prioritized),
-                    packed,
-                    _PRIORITIZED_TRIES,
-                ],
-            )
+            args = [
+                L,
+                wanted,
+                repr(float(recent_ratio)),
+                self.recent_data_steps,
+                int(self.allow_cross_episode),
+                int(self.with_replacement),
+                self.num_earliest_frames_ignored,
+                int(self.prioritized),
+                packed,
+                _PRIORITIZED_TRIES,
+            ]
+            reply = self._run("seq_sample", self._keys, args)
             k = int(reply[0]) + int(reply[1])
             size, total = int(reply[2]), float(reply[3])
-            at = 4
-            envs += [int(x) for x in reply[at : at + k]]
-            positions += [int(x) for x in reply[at + k : at + 2 * k]]
-            priorities += [float(x) for x in reply[at + 2 * k : at + 3 * k]]
-            at += 3 * k
-            blobs += reply[at : at + k * L]
-            if self.record_episodic_return:
-                returns += reply[at + k * L : at + 2 * k * L]
-            wanted -= k
+            drawn_envs = [int(x) for x in reply[4 : 4 + k]]
+            drawn_positions = [int(x) for x in reply[4 + k : 4 + 2 * k]]
+            drawn_priorities = [float(x) for x in reply[4 + 2 * k : 4 + 3 * k]]
+            names = [
+                f"{e}:{p + j}"
+                for e, p in zip(drawn_envs, drawn_positions, strict=True)
+                for j in range(L)
+            ]
+            got, got_returns = self._read_steps(names)
+            for w in range(k):
+                window = got[w * L : (w + 1) * L]
+                if any(blob is None for blob in window):
+                    continue  # evicted between the draw and the read: drawn again
+                envs.append(drawn_envs[w])
+                positions.append(drawn_positions[w])
+                priorities.append(drawn_priorities[w])
+                blobs += window
+                returns += got_returns[w * L : (w + 1) * L]
+            wanted = batch_size - len(envs)
             recent_ratio = 0.0  # the recent part is drawn in full by the first call
             if wanted == 0:
                 break
         if wanted:
             raise EmptyBufferError(
-                f"prioritized draws found only {batch_size - wanted} valid windows of {L} steps"
+                f"found only {batch_size - wanted} valid windows of {L} steps in {_ROUNDS} tries"
             )
         data = self._decode(blobs, (batch_size, L))
         self._with_returns(data, returns, (batch_size, L))
@@ -506,13 +527,9 @@ class SequenceBuffer:
         )
         names = [f"{e}:{p}" for e, p in zip(ids.tolist(), pos.tolist(), strict=True)]
         if field == _DISCOUNTED_RETURN and self.record_episodic_return:
-            pipe = self.client.pipeline(transaction=True)
-            pipe.hmget(self._keys[1], names)
-            pipe.hmget(self._keys[6], names)
-            blobs, raw = pipe.execute() if names else ([], [])
+            blobs, raw = self._read_steps(names)
             self._missing(blobs, names)
-            default = float(self.client.hget(self.keys.meta, "default_return"))
-            values = [default if r is None else float(r) for r in raw]
+            values = [self.default_return if r is None else float(r) for r in raw]
             return np.asarray(values, dtype=np.float32).reshape(shape)
         blobs = self.client.hmget(self._keys[1], names) if names else []
         self._missing(blobs, names)
