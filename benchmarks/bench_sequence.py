@@ -63,7 +63,9 @@ def main() -> None:
     try:
         client.delete(*SequenceKeys(name).all_keys())
         start = time.perf_counter()
-        filler = SequenceBuffer(client, name, NUM_ENVS, steps, done_field="done", prioritized=True)
+        filler = SequenceBuffer(
+            client, name, NUM_ENVS, steps, done_field="done", prioritized_sampling=True
+        )
         fill(filler, steps)
         console.print(
             f"filled {len(filler):,} steps in {time.perf_counter() - start:.0f} s "
@@ -72,16 +74,22 @@ def main() -> None:
         table = Table(title=f"get_batch({BATCH}, {LENGTH}) vs raw HMGET of the same bytes")
         for column in ("windows", "redisbuf windows/s", "raw windows/s", "ratio", "server ms"):
             table.add_column(column, justify="right" if column != "windows" else "left")
-        for label, kwargs in (
-            ("inside one episode", {}),
-            ("may cross episodes", {"allow_cross_episode": True}),
-            ("prioritized", {"prioritized": True}),
+        for label, cross, prioritized in (
+            ("inside one episode", False, False),
+            ("may cross episodes", True, False),
+            ("prioritized", False, True),
         ):
-            prioritized = label == "prioritized"
-            kwargs["prioritized"] = True
-            buf = SequenceBuffer(client, name, NUM_ENVS, steps, done_field="done", seed=1, **kwargs)
-            if not prioritized:
-                buf.prioritized = False  # same stored buffer, uniform draws
+            buf = SequenceBuffer(
+                client,
+                name,
+                NUM_ENVS,
+                steps,
+                done_field="done",
+                prioritized_sampling=True,
+                allow_cross_episode=cross,
+                seed=1,
+            )
+            buf.prioritized_sampling = prioritized  # one stored buffer, both kinds of draws
             _, info = buf.get_batch(BATCH, LENGTH)
             fields = [
                 f"{e}:{p + j}"

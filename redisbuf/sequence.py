@@ -142,11 +142,13 @@ class SequenceBuffer:
         done_field: alternatively, a field that is true on the last step of an episode.
             With neither, a stream is one episode (until dequeue empties it).
         allow_cross_episode: ``get_batch`` windows may span episode boundaries.
-        prioritized: keep a sum tree of per-step priorities; ``get_batch`` then draws
-            window starts in proportion to them. New steps get
-            ``max(initial_priority, largest priority ever set)``.
+        prioritized_sampling: keep a sum tree of per-step priorities (stored with the
+            buffer); ``get_batch`` then draws valid windows with probability proportional
+            to their first step's priority, independently. New steps get
+            ``max(initial_priority, largest priority ever set)``. Setting the attribute
+            ``prioritized_sampling`` to False on one instance makes its draws uniform.
         with_replacement: uniform draws may repeat a window; otherwise a batch holds
-            distinct windows whenever enough exist (prioritized draws always repeat).
+            distinct windows whenever enough exist.
         recent_data_ratio, recent_data_steps: as ALF, ``ceil(batch_size * ratio)`` windows
             start among the last ``recent_data_steps`` possible starts of their environment
             (drawn uniformly), when the average stream is long enough to need it.
@@ -171,7 +173,7 @@ class SequenceBuffer:
         step_type_field: str | None = None,
         done_field: str | None = None,
         allow_cross_episode: bool = False,
-        prioritized: bool = False,
+        prioritized_sampling: bool = False,
         initial_priority: float = 1.0,
         with_replacement: bool = False,
         recent_data_ratio: float = 0.0,
@@ -214,7 +216,7 @@ class SequenceBuffer:
         self.step_type_field = step_type_field
         self.done_field = done_field
         self.allow_cross_episode = allow_cross_episode
-        self.prioritized = prioritized
+        self.prioritized_sampling = prioritized_sampling
         self.with_replacement = with_replacement
         self.recent_data_ratio = recent_data_ratio
         self.recent_data_steps = recent_data_steps
@@ -229,7 +231,7 @@ class SequenceBuffer:
             "max_length": max_length,
             "step_type_field": step_type_field,
             "done_field": done_field,
-            "prioritized": prioritized,
+            "prioritized": prioritized_sampling,
             "initial_priority": float(initial_priority),
             "record_episodic_return": record_episodic_return,
             "gamma": float(gamma),
@@ -256,7 +258,7 @@ class SequenceBuffer:
             "clip_high",
             _text(high),
             "prioritized",
-            int(prioritized),
+            int(prioritized_sampling),
             "tree_depth",
             depth,
             "initial_priority",
@@ -400,9 +402,12 @@ class SequenceBuffer:
         """``batch_size`` windows of ``batch_length`` consecutive stored steps: arrays
         shaped ``[batch_size, batch_length, ...]`` and their :class:`BatchInfo`.
 
-        Every window is read atomically. Uniform draws are uniform over all valid windows
-        (see the class docstring for validity). Raises :class:`EmptyBufferError` when no
-        valid window exists.
+        Windows are chosen in one Lua call; their steps are then read with one HMGET. A
+        step's field is never reused, so a window evicted in between reads as missing and
+        is drawn again: no window is torn or holds an evicted step. Uniform draws are
+        uniform over all valid windows (stored steps, at least
+        ``num_earliest_frames_ignored`` after the oldest, inside one episode unless
+        ``allow_cross_episode``). Raises :class:`EmptyBufferError` when none exists.
         """
         for label, value in (("batch_size", batch_size), ("batch_length", batch_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -419,7 +424,7 @@ class SequenceBuffer:
         wanted = batch_size
         recent_ratio = self.recent_data_ratio
         for _ in range(_ROUNDS):
-            draws = wanted * (_PRIORITIZED_TRIES if self.prioritized else 1)
+            draws = wanted * (_PRIORITIZED_TRIES if self.prioritized_sampling else 1)
             packed = _packed_uniforms(self.rng, draws)
             args = [
                 L,
@@ -429,7 +434,7 @@ class SequenceBuffer:
                 int(self.allow_cross_episode),
                 int(self.with_replacement),
                 self.num_earliest_frames_ignored,
-                int(self.prioritized),
+                int(self.prioritized_sampling),
                 packed,
                 _PRIORITIZED_TRIES,
             ]
@@ -465,7 +470,7 @@ class SequenceBuffer:
         data = self._decode(blobs, (batch_size, L))
         self._with_returns(data, returns, (batch_size, L))
         weights = np.ones(batch_size, dtype=np.float32)
-        if self.prioritized and total > 0 and size > 0:
+        if self.prioritized_sampling and total > 0 and size > 0:
             weights = np.asarray(priorities, dtype=np.float64) * size / total
         info = BatchInfo(
             np.asarray(envs, dtype=np.int64),

@@ -334,7 +334,7 @@ def test_discounted_returns_match_numpy(fake_client, seed, gamma, clip):
 
 def test_prioritized_draws_follow_first_step_priority(client, buffer_name):
     buf = SequenceBuffer(
-        client, buffer_name, 2, 10, prioritized=True, with_replacement=True, seed=5
+        client, buffer_name, 2, 10, prioritized_sampling=True, with_replacement=True, seed=5
     )
     fill(buf, 12, 2)  # each env stores positions 2..11
     priorities = {(e, p): float(1 + (p + 3 * e) % 4) for e in range(2) for p in range(2, 12)}
@@ -366,7 +366,9 @@ def test_prioritized_draws_follow_first_step_priority(client, buffer_name):
 
 
 def test_prioritized_initial_priority_dequeue_and_bad_input(client, buffer_name):
-    buf = SequenceBuffer(client, buffer_name, 1, 8, prioritized=True, initial_priority=2.0, seed=1)
+    buf = SequenceBuffer(
+        client, buffer_name, 1, 8, prioritized_sampling=True, initial_priority=2.0, seed=1
+    )
     fill(buf, 4, 1)
     _, info = buf.get_batch(4, 1)
     np.testing.assert_allclose(info.importance_weights, 1.0)  # all steps at 2.0
@@ -421,3 +423,22 @@ def test_ignored_frames_and_replacement(client, buffer_name):
     assert set(info.positions.tolist()) <= {5, 6, 7}
     with pytest.raises(EmptyBufferError):
         buf.get_batch(1, 5)
+
+
+def test_window_evicted_between_draw_and_read_is_drawn_again(client, buffer_name):
+    buf = SequenceBuffer(client, buffer_name, 1, 10, seed=0)
+    fill(buf, 10, 1)
+    read = buf._read_steps
+    removed = []
+
+    def racing_read(names):
+        if not removed:  # another process evicts a drawn step before our read
+            removed.append(names[0])
+            client.hdel(SequenceKeys(buffer_name).all_keys()[1], names[0])
+        return read(names)
+
+    buf._read_steps = racing_read
+    data, info = buf.get_batch(4, 3)
+    gone = int(removed[0].split(":")[1])
+    assert all(not p <= gone < p + 3 for p in info.positions.tolist())
+    assert data["pos"].tolist() == [list(range(p, p + 3)) for p in info.positions.tolist()]

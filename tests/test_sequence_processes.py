@@ -30,7 +30,7 @@ JOIN_TIMEOUT = 120.0
 
 def _open(url: str, name: str, seed: int) -> SequenceBuffer:
     return SequenceBuffer(
-        url, name, NUM_ENVS, MAX_LENGTH, done_field="done", prioritized=True, seed=seed
+        url, name, NUM_ENVS, MAX_LENGTH, done_field="done", prioritized_sampling=True, seed=seed
     )
 
 
