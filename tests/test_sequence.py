@@ -104,8 +104,14 @@ OPS = st.lists(
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(ops=OPS, max_length=st.integers(1, 7), cross=st.booleans())
-def test_matches_reference_model(fake_client, ops, max_length, cross):
+@given(
+    ops=OPS,
+    max_length=st.integers(1, 7),
+    cross=st.booleans(),
+    ignored=st.integers(0, 2),
+    prioritized=st.booleans(),
+)
+def test_matches_reference_model(fake_client, ops, max_length, cross, ignored, prioritized):
     fake_client.flushall()
     buf = SequenceBuffer(
         fake_client,
@@ -114,6 +120,8 @@ def test_matches_reference_model(fake_client, ops, max_length, cross):
         max_length,
         step_type_field="step_type",
         allow_cross_episode=cross,
+        num_earliest_frames_ignored=ignored,
+        prioritized_sampling=prioritized,
         seed=1,
     )
     models = [EnvModel() for _ in range(3)]
@@ -132,10 +140,19 @@ def test_matches_reference_model(fake_client, ops, max_length, cross):
             assert got.tolist() == expected
         elif op[0] == "sample":
             length, _ = op[1], op[2]
-            valid = {(e, p) for e, m in enumerate(models) for p in m.valid_starts(length, cross)}
+            valid = {
+                (e, p) for e, m in enumerate(models) for p in m.valid_starts(length, cross, ignored)
+            }
             if not valid:
                 with pytest.raises(EmptyBufferError):
                     buf.get_batch(2, length)
+                continue
+            if prioritized:  # independent draws among valid windows
+                data, info = buf.get_batch(4, length)
+                check_window_data(data, info, models, length, cross)
+                drawn = set(zip(info.env_ids.tolist(), info.positions.tolist(), strict=True))
+                assert drawn <= valid
+                buf.update_priority(info.env_ids, info.positions, np.arange(1.0, 5.0))
                 continue
             # all valid windows, without replacement: the batch must be exactly that set
             data, info = buf.get_batch(len(valid), length)
