@@ -3,6 +3,7 @@
 from .buffer import AddResult, ReplayBuffer, SampleInfo
 from .connection import connect
 from .containers import States, Trajectories, Transitions
+from .diverse import DiverseAddResult, NormBasedDiversePrioritizedReplayBuffer
 from .errors import (
     ConfigMismatchError,
     ControlTimeoutError,
@@ -12,12 +13,14 @@ from .errors import (
     ItemTooLargeError,
     ProtocolError,
     RedisBufError,
+    SamplingError,
     SchemaError,
     ServerUnavailableError,
 )
 from .keys import BufferKeys
 from .samplers import PrioritizedSampler, UniformSampler
 from .sequence import BatchInfo, SequenceBuffer
+from .terminating import TerminatingStateBuffer
 
 __version__ = "0.1.0"
 
@@ -28,18 +31,22 @@ __all__ = [
     "ConfigMismatchError",
     "ControlTimeoutError",
     "DecodeError",
+    "DiverseAddResult",
     "EmptyBufferError",
     "InvalidBatchError",
+    "NormBasedDiversePrioritizedReplayBuffer",
     "ItemTooLargeError",
     "PrioritizedSampler",
     "ProtocolError",
     "RedisBufError",
     "ReplayBuffer",
     "SampleInfo",
+    "SamplingError",
     "SchemaError",
     "SequenceBuffer",
     "ServerUnavailableError",
     "States",
+    "TerminatingStateBuffer",
     "Trajectories",
     "Transitions",
     "UniformSampler",
