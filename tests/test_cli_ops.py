@@ -45,6 +45,29 @@ def cli(*args: str, url: str | None = None, stdin: str | None = None, **env: str
     )
 
 
+def main_in_process(capsys, *args: str, url: str | None = None):
+    """``redisbuf ARGS`` run by :func:`redisbuf.cli.main` in this process (quicker than a
+    subprocess, for the checks of bad input), as a CompletedProcess."""
+    from redisbuf import cli as cli_package
+
+    saved_env = os.environ.pop("REDISBUF_URL", None)
+    saved_term = signal.getsignal(signal.SIGTERM)
+    if url:
+        os.environ["REDISBUF_URL"] = url
+    capsys.readouterr()
+    try:
+        code = cli_package.main(list(args))
+    except SystemExit as exc:  # argparse
+        code = exc.code
+    finally:
+        signal.signal(signal.SIGTERM, saved_term)
+        os.environ.pop("REDISBUF_URL", None)
+        if saved_env is not None:
+            os.environ["REDISBUF_URL"] = saved_env
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
+
+
 def one_error(done: subprocess.CompletedProcess[str], *needles: str) -> str:
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert done.stdout == ""  # errors never go to stdout (a --json reader sees nothing)
@@ -98,11 +121,15 @@ def test_list_shows_every_buffer_with_json(url, real_client):
     assert "b20" not in line
 
 
-def test_every_command_needs_a_url_and_says_so_the_same_way():
-    for args in (["list"], ["inspect", "x"], ["watch", "x"], ["plot", "x", "-o", "f.png"],
-                 ["export", "x", "f"], ["drop", "x"], ["metrics"],
+def test_every_command_needs_a_url_and_says_so_the_same_way(capsys):
+    one_error(cli("list"), "needs a Redis server", "--url", "REDISBUF_URL")  # as a process
+    for args in (["inspect", "x"], ["watch", "x"], ["plot", "x", "-o", "f.png"],
+                 ["export", "x", "f"], ["drop", "x"], ["metrics"], ["import", "f", "x"],
                  ["manager", "x", "--workers", "1"], ["worker"]):
-        one_error(cli(*args), "needs a Redis server", "--url", "REDISBUF_URL")
+        if args[0] == "import":
+            continue  # reads its file first: covered below
+        one_error(main_in_process(capsys, *args), "needs a Redis server", "--url",
+                  "REDISBUF_URL")
 
 
 def test_unreachable_and_non_redis_servers_are_one_clear_line():
@@ -177,9 +204,11 @@ def test_inspect_prints_field_names_literally(url, real_client):
     assert "[/x]" in doc["schema"]["fields"]
 
 
-def test_json_errors_leave_stdout_empty(url):
+def test_json_errors_leave_stdout_empty(url, capsys):
     one_error(cli("inspect", "nope", "--json", url=url), "no buffer named 'nope'")
-    one_error(cli("inspect", "bad name!", "--json", url=url), "invalid buffer name")
+    for command in ("inspect", "watch", "drop"):
+        one_error(main_in_process(capsys, command, "bad name!", "--json", url=url),
+                  "invalid buffer name")
 
 
 # -- drop ------------------------------------------------------------------------------
@@ -364,11 +393,11 @@ def test_watch_live_view_quits_on_q_and_on_ctrl_c(url, writers):
         assert os.waitstatus_to_exitcode(status) == 0, output[-2000:]
 
 
-def test_watch_bad_input(url, real_client):
-    one_error(cli("watch", "nope", url=url), "no buffer named 'nope'")
+def test_watch_bad_input(url, real_client, capsys):
+    one_error(main_in_process(capsys, "watch", "nope", url=url), "no buffer named 'nope'")
     fill(real_client, "w", 1)
-    one_error(cli("watch", "w", "--interval", "0", url=url), "--interval")
-    one_error(cli("watch", "w", "--count", "0", url=url), "--count")
+    one_error(main_in_process(capsys, "watch", "w", "--interval", "0", url=url), "--interval")
+    one_error(main_in_process(capsys, "watch", "w", "--count", "0", url=url), "--count")
 
 
 # -- rate history and plot -------------------------------------------------------------
@@ -426,9 +455,16 @@ def test_plot_writes_an_image_and_json(url, real_client, tmp_path):
     assert doc["rates"][0]["sampled_per_s"] == pytest.approx(1.0)
     done = cli("plot", "plotted", "-o", str(tmp_path / "p.svg"), url=url)
     assert done.returncode == 0 and (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
-    one_error(cli("plot", "plotted", "-o", str(tmp_path / "p.nope"), url=url), "cannot write")
-    one_error(cli("plot", "plotted", "-o", "/no/such/dir/p.png", url=url), "does not exist")
-    one_error(cli("plot", "nope", "-o", str(out), url=url), "no buffer named")
+
+def test_plot_bad_input(url, real_client, tmp_path, capsys):
+    fill(real_client, "plotted", 5)
+    out = tmp_path / "p.png"
+    one_error(main_in_process(capsys, "plot", "plotted", "-o", str(tmp_path / "p.nope"),
+                              url=url), "cannot write")
+    one_error(main_in_process(capsys, "plot", "plotted", "-o", "/no/such/dir/p.png", url=url),
+              "does not exist")
+    one_error(main_in_process(capsys, "plot", "nope", "-o", str(out), url=url),
+              "no buffer named")
 
 
 # -- metrics ---------------------------------------------------------------------------
@@ -490,9 +526,9 @@ def test_metrics_exporter_scraped_over_loopback(url, real_client):
         proc.wait(30)
 
 
-def test_metrics_bad_input(url):
-    one_error(cli("metrics", "bad name!", url=url), "invalid buffer name")
-    one_error(cli("metrics", "--port", "70000", url=url), "--port")
+def test_metrics_bad_input(url, capsys):
+    one_error(main_in_process(capsys, "metrics", "bad name!", url=url), "invalid buffer name")
+    one_error(main_in_process(capsys, "metrics", "--port", "70000", url=url), "--port")
 
 
 # -- the fixes a new user asked for ----------------------------------------------------
@@ -501,8 +537,9 @@ def test_metrics_bad_input(url):
 @pytest.mark.multiprocess
 def test_worker_adopts_an_existing_buffers_capacity(url, real_client):
     fill(real_client, "adopt", 4, capacity=123, prioritized_capacity=True)
-    done = cli("worker", "--name", "adopt", "--batches", "2", "--batch-size", "8", url=url)
-    assert done.returncode == 0, done.stderr
+    doc = as_json(cli("worker", "--name", "adopt", "--batches", "2", "--batch-size", "8",
+                      "--json", url=url))
+    assert doc["added"] == 16 and doc["sampled"] > 0
     stats = ReplayBuffer.open(real_client, "adopt").stats()
     assert stats["capacity"] == 123 and stats["eviction"] == "reward"
     assert stats["inserted"] == 4 + 16
@@ -515,8 +552,16 @@ def test_demo_refuses_before_starting_anything(url, real_client, tmp_path):
     one_error(cli("demo", "--batches", "0", TMPDIR=str(tmp_path)), "--batches")
     assert list(tmp_path.iterdir()) == []  # no embedded server directory was made
     assert time.monotonic() - started < 30
-    one_error(cli("demo", "--manager", "--prioritized", url=url), "--prioritized")
-    one_error(cli("demo", "--manager", "--sample-size", "3", url=url), "--sample-size")
+
+
+def test_demo_manager_refuses_options_it_would_ignore(url, capsys):
+    one_error(main_in_process(capsys, "demo", "--manager", "--prioritized", url=url),
+              "--prioritized")
+    one_error(main_in_process(capsys, "demo", "--manager", "--sample-size", "3", url=url),
+              "--sample-size")
+
+
+def test_demo_refuses_to_delete_an_existing_buffer(url, real_client):
     fill(real_client, "keep", 3)
     before = dump_all(real_client, "keep")
     one_error(cli("demo", "--name", "keep", "--workers", "1", "--batches", "1", url=url),
@@ -526,9 +571,9 @@ def test_demo_refuses_before_starting_anything(url, real_client, tmp_path):
 
 @pytest.mark.multiprocess
 def test_demo_manager_takes_capacity_and_batch_size(url, real_client):
-    done = cli("demo", "--manager", "--name", "mgr", "--workers", "1", "--batches", "3",
-               "--batch-size", "5", "--capacity", "7", url=url)
-    assert done.returncode == 0, done.stderr
+    doc = as_json(cli("demo", "--manager", "--name", "mgr", "--workers", "1", "--batches",
+                      "3", "--batch-size", "5", "--capacity", "7", "--json", url=url))
+    assert doc["capacity"] == 7 and doc["round_trips"] == 3
     stats = ReplayBuffer.open(real_client, "mgr").stats()
     assert stats["capacity"] == 7
     assert stats["inserted"] == 15
@@ -545,3 +590,12 @@ def test_worker_manager_says_what_it_waits_for(url):
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.multiprocess
+def test_demo_json_on_the_embedded_server():
+    done = cli("demo", "--workers", "1", "--batches", "2", "--batch-size", "8", "--json")
+    doc = as_json(done)  # stdout is the one document; the rest went to stderr
+    assert doc["embedded"] is True and doc["stats"]["inserted"] == 16
+    assert doc["added"] == 16 and len(doc["top"]) == 5
+    assert "Embedded Redis" in done.stderr

@@ -48,10 +48,10 @@ def add_url_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_json_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--json", action="store_true", help="print one JSON document on stdout instead"
-    )
+def add_json_argument(
+    parser: argparse.ArgumentParser, help: str = "print one JSON document on stdout instead"
+) -> None:
+    parser.add_argument("--json", action="store_true", help=help)
 
 
 def resolve_url(args: argparse.Namespace) -> str | None:
@@ -90,7 +90,7 @@ def safe(value: Any) -> str:
 
 def print_json(document: Any) -> None:
     """The one JSON document of a ``--json`` run, on stdout."""
-    sys.stdout.write(json.dumps(jsonable(document), indent=2, allow_nan=False) + "\n")
+    sys.stdout.write(json.dumps(jsonable(document), indent=2, allow_nan=False, default=str) + "\n")
     sys.stdout.flush()
 
 

@@ -13,10 +13,13 @@ from ..connection import URL_ENV, connect, redacted
 from ..keys import BufferKeys, validate_name
 from ._common import (
     CommandError,
+    add_json_argument,
     confirm,
     console,
+    error_console,
     format_bytes,
     log_reward_text,
+    print_json,
     resolve_url,
     safe,
 )
@@ -48,6 +51,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--yes", action="store_true", help="delete an existing buffer NAME without asking"
     )
+    add_json_argument(parser, "the summary as one JSON document on stdout (progress on stderr)")
     parser.add_argument(
         "--manager", action="store_true",
         help="run the manager demo instead (redisbuf.control.demo: scoring by a manager); "
@@ -162,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     from ..server import EmbeddedServer
 
     _check(args)
-    out = console()
+    out = error_console() if args.json else console()
     url = resolve_url(args)
     if url is not None:
         return _demo_on(args, url, out, embedded=False)
@@ -192,7 +196,9 @@ def _demo_on(args: argparse.Namespace, url: str, out: Console, *, embedded: bool
         client.close()
     if args.manager:
         return _manager_demo(args, url, out)
-    return _run_demo(demo_config(args, url), args.top, out, embedded=embedded)
+    return _run_demo(
+        demo_config(args, url), args.top, out, embedded=embedded, as_json=args.json
+    )
 
 
 def _manager_demo(args: argparse.Namespace, url: str, out: Console) -> int:
@@ -200,14 +206,18 @@ def _manager_demo(args: argparse.Namespace, url: str, out: Console) -> int:
         from ..control.demo import run as run_manager_demo
     except ImportError as exc:
         raise CommandError(f"the manager demo is not available in this install: {exc}") from None
-    run_manager_demo(
+    summary = run_manager_demo(
         url, args.name, args.workers, args.batches, out,
         capacity=args.capacity, batch_size=args.batch_size,
     )
+    if args.json:
+        print_json({"url": redacted(url), "name": args.name, **summary})
     return 0
 
 
-def _run_demo(config: DemoConfig, top: int, out: Console, *, embedded: bool) -> int:
+def _run_demo(
+    config: DemoConfig, top: int, out: Console, *, embedded: bool, as_json: bool = False
+) -> int:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -242,7 +252,17 @@ def _run_demo(config: DemoConfig, top: int, out: Console, *, embedded: bool) -> 
         )
     buffer = ReplayBuffer.open(config.url, config.name)
     try:
-        _print_summary(out, result, buffer, top, embedded=embedded)
+        if as_json:
+            print_json({
+                "url": redacted(config.url), "name": config.name, "embedded": embedded,
+                "stats": result.stats, "added": result.added, "sampled": result.sampled,
+                "add_items_per_s": result.add_throughput,
+                "sample_items_per_s": result.sample_throughput,
+                "loop_seconds": result.loop_seconds, "wall_seconds": result.wall_seconds,
+                "top": top_items(buffer, top),
+            })
+        else:
+            _print_summary(out, result, buffer, top, embedded=embedded)
     finally:
         buffer.client.close()
     return 0

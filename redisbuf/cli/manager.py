@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from ._common import CommandError, add_url_argument, connect_args
+from ..connection import redacted
+from ._common import CommandError, add_json_argument, add_url_argument, connect_args, print_json
 
 
 def _load_function(spec: str) -> Callable[..., Any]:
@@ -60,13 +62,17 @@ def register(subparsers: Any) -> None:
         "--idle-timeout", type=float, default=None, help="give up after this long without requests"
     )
     parser.add_argument("--timing", action="store_true", help="print the timing summary")
+    add_json_argument(
+        parser, "progress lines on stderr; at the end one JSON document on stdout"
+    )
     parser.set_defaults(func=run_manager)
 
 
 def run_manager(args: argparse.Namespace) -> int:
     from ..manager import ReplayBufferManager
 
-    client, _url = connect_args(args, "redisbuf manager")
+    client, url = connect_args(args, "redisbuf manager")
+    lines = sys.stderr if args.json else sys.stdout
     try:
         manager = ReplayBufferManager(
             client,
@@ -87,12 +93,17 @@ def run_manager(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    print(f"manager of buffer {args.name!r} waiting for {args.workers} worker(s)", flush=True)
+    print(f"manager of buffer {args.name!r} waiting for {args.workers} worker(s)", flush=True,
+          file=lines)
     manager.run()
     stats = manager.metadata()
     print(
         f"all {args.workers} worker(s) sent EXIT; buffer holds {stats['length']} of "
         f"{stats['capacity']}, baseline {stats['baseline_log_reward']}",
         flush=True,
+        file=lines,
     )
+    if args.json:
+        print_json({"url": redacted(url), "name": args.name, "workers": args.workers,
+                    **stats})
     return 0

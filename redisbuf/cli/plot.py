@@ -21,6 +21,7 @@ from ._common import (
     connect_args,
     emit,
     open_buffer,
+    require_url,
     safe,
 )
 
@@ -42,6 +43,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_url(args, "redisbuf plot")  # before the slow matplotlib import
     try:
         import matplotlib
     except ImportError:

@@ -11,7 +11,15 @@ from typing import Any
 from ..connection import redacted
 from ..demo import _MANAGER_WAIT
 from ..keys import BufferKeys
-from ._common import CommandError, connect_args, console, safe
+from ._common import (
+    CommandError,
+    add_json_argument,
+    connect_args,
+    console,
+    error_console,
+    print_json,
+    safe,
+)
 from .demo import DEFAULT_CAPACITY, add_worker_options, demo_config
 
 
@@ -36,6 +44,9 @@ def register(subparsers: Any) -> None:
         f"send it EXIT at the end; waits up to {_MANAGER_WAIT:.0f} s for the manager's "
         "buffer and adopts its capacity and eviction policy",
     )
+    add_json_argument(
+        parser, "progress lines on stderr; at the end one JSON document on stdout"
+    )
     parser.set_defaults(func=run)
 
 
@@ -43,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from ..demo import run_worker
 
     client, url = connect_args(args, "redisbuf worker")
-    out = console()
+    out = error_console() if args.json else console()
     try:
         keys = BufferKeys(args.name) if _valid(args.name) else None
         stored = client.hmget(keys.meta, "capacity", "eviction") if keys else [None, None]
@@ -91,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"worker: adding to buffer {safe(config.name)} at {safe(redacted(url))}")
     added, sampled = run_worker(config, 0, on_batch=on_batch, should_stop=lambda: stopping)
     out.print(f"worker: done, {added} added, {sampled} sampled")
+    if args.json:
+        print_json({"url": redacted(url), "name": config.name, "added": added,
+                    "sampled": sampled})
     return 0
 
 
