@@ -277,19 +277,20 @@ def test_unreachable_url_is_one_clear_line(command, capsys):
     assert_one_error_line(capsys.readouterr().err, "cannot reach Redis at redis://127.0.0.1:1/0")
 
 
-def test_manager_flag_calls_the_control_demo(monkeypatch, capsys):
+@pytest.mark.redis_server
+def test_manager_flag_calls_the_control_demo(monkeypatch, capsys, redis_server):
     calls = []
     module = pytest.importorskip("redisbuf.control.demo", reason="control demo not written yet")
 
-    def fake_run(url, name, workers, batches, console):
-        calls.append((url, name, workers, batches))
-        return 0
+    def fake_run(url, name, workers, batches, console, *, capacity, batch_size):
+        calls.append((url, name, workers, batches, capacity, batch_size))
+        return {"workers": workers}
 
     monkeypatch.setattr(module, "run", fake_run)
-    code = cli.main(["demo", "--manager", "--url", "redis://h:1/0", "--workers", "3",
-                     "--batches", "7", "--name", "m"])
+    code = cli.main(["demo", "--manager", "--url", redis_server.url, "--workers", "3",
+                     "--batches", "7", "--name", "m", "--capacity", "50", "--batch-size", "9"])
     assert code == 0
-    assert calls == [("redis://h:1/0", "m", 3, 7)]
+    assert calls == [(redis_server.url, "m", 3, 7, 50, 9)]
 
 
 # -- worker ----------------------------------------------------------------------------

@@ -135,9 +135,11 @@ def _check(args: argparse.Namespace) -> None:
         validate_name(args.name)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    if args.workers < 1 or args.batches < 1:
+    if args.workers < 1:
+        raise CommandError(f"workers must be at least 1, got {args.workers}")
+    if args.batches < 1:
         raise CommandError(
-            "the demo needs --workers >= 1 and --batches >= 1 (for a worker that runs "
+            f"the demo needs --batches >= 1, got {args.batches} (for a worker that runs "
             "until stopped, use `redisbuf worker --batches 0`)"
         )
     if args.manager:
