@@ -45,7 +45,8 @@ def diversity_vectors(batch: Any) -> np.ndarray:
     parts = [_to_numpy(states.states).reshape(len(states), -1)]
     if states.conditions is not None:
         parts.append(_to_numpy(states.conditions).reshape(len(states), -1))
-    vectors = np.concatenate([part.astype(np.float32) for part in parts], axis=1)
+    # + 0.0 turns -0.0 into 0.0: equal vectors must have equal texts (see add_diverse.lua)
+    vectors = np.concatenate([part.astype(np.float32) for part in parts], axis=1) + np.float32(0)
     if not np.isfinite(vectors).all():
         bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))[:5].tolist()
         raise InvalidBatchError(f"terminating states or conditions of items {bad} are not finite")
