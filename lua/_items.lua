@@ -46,7 +46,17 @@ local function remove_items(K, ids)
 end
 
 -- Bookkeeping for items a sampling script has chosen (ids may repeat): every sampling
--- script calls this once with everything it returns.
+-- script calls this once with everything it returns. It writes nothing in the read-only
+-- variant (RB_NO_WRITES, see redisbuf/scripts.py: a full server or a replica still
+-- samples), nor once the buffer is dropped (a counter must not recreate its meta).
 local function record_draws(K, ids)
+  if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
   redis.call('HINCRBY', K.meta, 'sampled', #ids)
+end
+
+-- Take back draws that were not returned (their items vanished before the blobs were
+-- read); the same guards as record_draws.
+local function unrecord_draws(K, ids)
+  if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
+  redis.call('HINCRBY', K.meta, 'sampled', -#ids)
 end

@@ -359,32 +359,46 @@ class ReplayBuffer:
     def _decode(
         self, kind: ContainerKind, schema: dict[str, Any], blobs: list[bytes], ids: list[int] | None
     ) -> Any:
+        """Every way a batch can fail to decode ends here as a DecodeError naming the
+        buffer, its items key and the first offending id (found by decoding the items
+        one by one, which costs nothing on the success path)."""
+        try:
+            return self._join(kind, schema, blobs, ids)
+        except Exception as exc:  # noqa: BLE001 - any failure of stored data is a DecodeError
+            culprit, detail = (0, exc) if len(blobs) == 1 else (None, exc)
+            for position in range(len(blobs) if culprit is None else 0):
+                try:
+                    self._join(kind, schema, blobs[position : position + 1], None)
+                except Exception as single:  # noqa: BLE001
+                    culprit, detail = position, single
+                    break
+            if culprit is None:  # each item decodes alone; together they do not fit
+                where = f"ids {(ids or [])[:10]}"
+            else:
+                where = f"id {ids[culprit]}" if ids else f"position {culprit}"
+            raise DecodeError(
+                f"buffer {self.name!r}, key {self.keys.items}, {where}: "
+                f"{type(detail).__name__}: {detail}"
+            ) from exc
+
+    def _join(
+        self, kind: ContainerKind, schema: dict[str, Any], blobs: list[bytes], ids: list[int] | None
+    ) -> Any:
         names = set(schema["fields"])
         fields: dict[str, Any] | None = codec.decode_same_layout(blobs)
         if fields is None or set(fields) != names:
             fields = codec.decode_ragged(blobs)
         if fields is None or set(fields) != names:
             items = []
-            for position, blob in enumerate(blobs):
-                where = f"id {ids[position]}" if ids else f"position {position}"
+            for blob in blobs:
                 if blob is None:
-                    raise DecodeError(f"{self.keys.items} {where}: no such item")
-                try:
-                    item = codec.unpackb_raw(blob)
-                except DecodeError as exc:
-                    raise DecodeError(f"{self.keys.items} {where}: {exc}") from exc
+                    raise DecodeError("no such item")
+                item = codec.unpackb_raw(blob)
                 if not isinstance(item, dict) or set(item) != names:
-                    raise DecodeError(
-                        f"{self.keys.items} {where}: fields do not match the buffer schema"
-                    )
+                    raise DecodeError("fields do not match the buffer schema")
                 items.append(item)
             fields = {name: [item[name] for item in items] for name in names}
-        try:
-            return kind.join(fields, len(blobs), schema)
-        except DecodeError as exc:
-            raise DecodeError(f"items of {self.keys.items} do not fit the schema: {exc}") from exc
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise DecodeError(f"stored items do not match the buffer schema: {exc}") from exc
+        return kind.join(fields, len(blobs), schema)
 
     def _draw(self, n: int, replacement: bool | None) -> Draw:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:

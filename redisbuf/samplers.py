@@ -71,7 +71,7 @@ def _draw_then_fetch(
         *fetched, schema_json = pipe.execute()
         blobs = reply[offset : offset + n] if inline else fetched[0]
         if not inline and any(blob is None for blob in blobs):
-            buffer.client.hincrby(buffer.keys.meta, "sampled", -n)  # not a real draw
+            buffer._run("undo_draws", keys, members)  # not a real draw
             continue
         return Draw([int(m) for m in members], blobs, probabilities, schema_json)
     raise AssertionError("unreachable")

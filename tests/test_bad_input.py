@@ -226,7 +226,9 @@ def test_bad_options_are_refused(client, buffer_name, kwargs, word):
 
 
 @pytest.mark.parametrize(
-    "name", ["", "has space", "brace{x}", "colon:x", "x" * 201, "ünï", "a/b", None, 5]
+    "name",
+    ["", "has space", "brace{x}", "colon:x", "x" * 201, "ünï", "a/b", None, 5]
+    + ["a\n", "x" * 200 + "\n"],  # "$" matches before a final newline: fullmatch does not
 )
 def test_invalid_buffer_names_are_refused(client, name):
     before = client.dbsize()
