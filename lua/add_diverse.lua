@@ -125,22 +125,63 @@ local function diverse(ranked)
     if distinct then out[#out + 1] = ranked[r] end
   end
   if #out == 0 then return out end
+  -- For p > 0 a norm is at least any one component's difference, so only stored vectors
+  -- whose first component is within cutoff can be near: bucket them by
+  -- floor(first / cutoff) and parse just the neighbouring buckets' vectors (and the
+  -- "wide" ones whose bucket number is not a safe integer).
   local stored = redis.call('HVALS', K.vecs)
-  local flat = {}
-  for j = 1, #stored do parse_into(flat, stored[j]) end
   local d = #vec[out[1]]
-  if #flat ~= d * #stored then
-    return nil, fail('RB_CONFIG', 'stored state vectors do not all have ' .. d
-      .. ' components (the buffer holds other states)')
+  local buckets, parsed, wide = {}, {}, {}
+  -- nil where the bucket number is not a safe integer (huge values, tiny cutoffs)
+  local function bucket_of(x)
+    if p == 0 or cutoff == huge then return nil end
+    local key = math.floor(x / cutoff)
+    if key ~= key or key > 2 ^ 50 or key < -2 ^ 50 then return nil end
+    return key
   end
+  for j = 1, #stored do
+    local key = bucket_of(tonumber(string.match(stored[j], '^[^,]*')))
+    local list = wide
+    if key ~= nil then
+      list = buckets[key]
+      if list == nil then
+        list = {}
+        buckets[key] = list
+      end
+    end
+    list[#list + 1] = j
+  end
+  local everything = nil
   local kept_ = {}
   for _, i in ipairs(out) do
-    local distinct = true
-    for base = 0, #flat - 1, d do
-      if near(vec[i], flat, base) then
-        distinct = false
-        break
+    local distinct, key = true, bucket_of(vec[i][1])
+    local lists
+    if key ~= nil then
+      lists = {wide, buckets[key - 1] or {}, buckets[key] or {}, buckets[key + 1] or {}}
+    else
+      if everything == nil then
+        everything = {}
+        for j = 1, #stored do everything[j] = j end
       end
+      lists = {everything}
+    end
+    for _, list in ipairs(lists) do
+      for _, j in ipairs(list) do
+        local other = parsed[j]
+        if other == nil then
+          other = parse_into({}, stored[j])
+          if #other ~= d then
+            return nil, fail('RB_CONFIG', 'a stored state vector has ' .. #other
+              .. ' components, this batch ' .. d .. ' (the buffer holds other states)')
+          end
+          parsed[j] = other
+        end
+        if near(vec[i], other, 0) then
+          distinct = false
+          break
+        end
+      end
+      if not distinct then break end
     end
     if distinct then kept_[#kept_ + 1] = i end
   end

@@ -47,6 +47,8 @@ def diversity_vectors(batch: Any) -> np.ndarray:
         parts.append(_to_numpy(states.conditions).reshape(len(states), -1))
     # + 0.0 turns -0.0 into 0.0: equal vectors must have equal texts (see add_diverse.lua)
     vectors = np.concatenate([part.astype(np.float32) for part in parts], axis=1) + np.float32(0)
+    if vectors.shape[1] == 0:
+        raise InvalidBatchError("terminating states (with conditions) have no components")
     if not np.isfinite(vectors).all():
         bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))[:5].tolist()
         raise InvalidBatchError(f"terminating states or conditions of items {bad} are not finite")

@@ -79,7 +79,7 @@ def _stored(client, name: str) -> list[tuple[tuple[float, ...], float]]:
 
 @pytest.mark.parametrize(
     ("cutoff", "p"), [(0.0, 1.0), (1.0, 2.0), (1.5, 2.0), (2.0, float("inf")), (2.5, 0.5),
-                      (0.0, 0.0), (-1.0, 1.0)],
+                      (0.0, 0.0), (1.0, 0.0), (1e-300, 1.0), (float("inf"), 2.0), (-1.0, 1.0)],
 )
 def test_matches_torchgfn_rule_on_random_batches(client, buffer_name, cutoff, p):
     rng = np.random.default_rng(abs(hash((cutoff, p))) % 1000)
@@ -91,7 +91,7 @@ def test_matches_torchgfn_rule_on_random_batches(client, buffer_name, cutoff, p)
     dropped = 0
     for _ in range(40):
         n = int(rng.integers(1, 7))
-        vecs = rng.integers(0, 4, size=(n, 2)).astype(np.float32)
+        vecs = rng.integers(-2, 3, size=(n, 2)).astype(np.float32)
         rewards = rng.choice([-1.0, 0.0, 0.5, 1.0, 2.0, 3.0], size=n)
         result = buffer.add(States(vecs, log_rewards=rewards))
         reference.add(vecs, rewards)
