@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .buffer import AddResult, ReplayBuffer
-from .containers import _to_numpy
+from .containers import KINDS, _to_numpy
 from .errors import InvalidBatchError, SchemaError
 from .terminating import terminating_states_of
 
@@ -102,16 +102,31 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
         self.cutoff_distance = float(cutoff_distance)
         self.p_norm_distance = float(p_norm_distance)
 
+    def _insert(
+        self, blobs: list[bytes], priorities: np.ndarray, schema: dict[str, Any]
+    ) -> AddResult:
+        """Insert stored records as they are (``load`` / ``load_state_dict``), their vectors
+        recomputed from the decoded items. A restore never exceeds the capacity, so
+        add_diverse takes its not-full path and inserts every record."""
+        batch = self._decode(KINDS[schema["kind"]], schema, blobs, None)
+        reply = self._insert_with(schema, "add_diverse", self._args(blobs, priorities, batch, -1.0))
+        first, count, evicted = (int(x) for x in reply[:3])
+        return AddResult(np.arange(first, first + count, dtype=np.int64), evicted)
+
+    def _args(
+        self, blobs: list[bytes], log_rewards: np.ndarray, batch: Any, cutoff: float
+    ) -> list[Any]:
+        vectors = diversity_vectors(batch)
+        args: list[Any] = ["", len(blobs), "", repr(cutoff), repr(self.p_norm_distance)]
+        for blob, priority, row in zip(blobs, log_rewards.tolist(), vectors, strict=True):
+            args += [blob, "-inf" if priority == -math.inf else repr(priority), _vector_text(row)]
+        return args
+
     def add(self, batch: Any) -> DiverseAddResult:
         """Add what the diversity rule lets through, atomically with its tests; a rejected
         batch (see :meth:`ReplayBuffer.add`) leaves the buffer unchanged."""
         blobs, log_rewards, schema = self.encode(batch)
-        vectors = diversity_vectors(batch)
-        args: list[Any] = [
-            "", len(blobs), "", repr(self.cutoff_distance), repr(self.p_norm_distance)
-        ]
-        for blob, priority, row in zip(blobs, log_rewards.tolist(), vectors, strict=True):
-            args += [blob, "-inf" if priority == -math.inf else repr(priority), _vector_text(row)]
+        args = self._args(blobs, log_rewards, batch, self.cutoff_distance)
         reply = self._insert_with(schema, "add_diverse", args)
         first, count, evicted = (int(x) for x in reply[:3])
         return DiverseAddResult(

@@ -182,6 +182,21 @@ def test_what_it_refuses(client, buffer_name):
     assert snapshot(client, buffer_name) == before
 
 
+def test_save_and_load_keep_the_vectors(client, buffer_name, tmp_path):
+    buffer = NormBasedDiversePrioritizedReplayBuffer(client, buffer_name, capacity=3)
+    cond = np.array([[1.0], [2.0], [3.0]], np.float32)
+    buffer.add(States(np.arange(6.0).reshape(3, 2), np.array([0.0, 1.0, 2.0]), cond))
+    vectors = sorted(client.hvals(buffer.keys.vecs))
+    assert buffer.save(tmp_path / "d.rbuf") == 3
+    copy = NormBasedDiversePrioritizedReplayBuffer(client, f"{buffer_name}-c", capacity=3)
+    assert copy.load(tmp_path / "d.rbuf") == 3
+    assert sorted(client.hvals(copy.keys.vecs)) == vectors == [b"0,1,1", b"2,3,2", b"4,5,3"]
+    # the loaded buffer is full and checks against what it loaded
+    assert copy.add(States(np.array([[2.0, 3.0]]), np.array([5.0]), cond[1:2])).kept.size == 0
+    copy.load_state_dict(buffer.state_dict())
+    assert sorted(client.hvals(copy.keys.vecs)) == vectors
+
+
 def test_prioritized_sampling_on_a_diverse_buffer(client, buffer_name):
     buffer = NormBasedDiversePrioritizedReplayBuffer(
         client, buffer_name, capacity=4, prioritized_sampling=True, seed=0
