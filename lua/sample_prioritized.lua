@@ -85,11 +85,26 @@ if replace then
       end
     end
     local chunks = hmget_chunked(tree, distinct)
-    local parsed = {}
     for i = 1, n do
-      local index = chunk_of[nodes[i]]
-      parsed[index] = parsed[index] or parse_chunk(chunks[index])
-      local chosen, mass, target = descend(parsed[index], targets[i])
+      -- read entries off the text until the target's child: at deep levels most chunks
+      -- serve one draw, and parsing all 16 entries cost ~35% more at 2x10^5 items
+      local chunk = chunks[chunk_of[nodes[i]]] or EMPTY_CHUNK
+      local target, chosen, mass = targets[i], nil, 0
+      local last_k, last_mass = nil, 0
+      for k = 0, FANOUT - 1 do
+        mass = chunk_entry(chunk, k)
+        if mass > 0 then
+          if target < mass then
+            chosen = k
+            break
+          end
+          target = target - mass
+          last_k, last_mass = k, mass
+        end
+      end
+      if chosen == nil then  -- rounding pushed the target past the last child with mass
+        chosen, mass, target = last_k, last_mass, last_mass * 0.5
+      end
       nodes[i] = FANOUT * nodes[i] + 1 + chosen
       targets[i] = target
       weights[i] = mass
