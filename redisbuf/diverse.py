@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .buffer import AddResult, ReplayBuffer
+from .buffer import AddResult, ReplayBuffer, _priority_text
 from .containers import KINDS, _to_numpy
 from .errors import InvalidBatchError, SchemaError
 from .terminating import terminating_states_of
@@ -119,7 +119,7 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
         vectors = diversity_vectors(batch)
         args: list[Any] = ["", len(blobs), "", repr(cutoff), repr(self.p_norm_distance)]
         for blob, priority, row in zip(blobs, log_rewards.tolist(), vectors, strict=True):
-            args += [blob, "-inf" if priority == -math.inf else repr(priority), _vector_text(row)]
+            args += [blob, _priority_text(priority), _vector_text(row)]
         return args
 
     def add(self, batch: Any) -> DiverseAddResult:
