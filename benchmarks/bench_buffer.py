@@ -12,7 +12,8 @@ on a noisy shared machine even when the absolute numbers move.
 * sample: ``ReplayBuffer.sample(256)`` (choose ids in Lua, fetch, decode into a padded
   batch) vs one HMGET of 256 random known ids of the same blobs (no choice, no decode);
   also the draw alone (ids in Lua + HMGET, blobs left undecoded) against the same HMGET.
-* prioritized: cost of ``sample`` with ``prioritized_sampling=True`` at 10^4 and 10^6 items.
+* prioritized: cost of ``sample`` with ``prioritized_sampling=True`` at 10^4 and 10^6 items,
+  without replacement (the default) and with.
 """
 
 from __future__ import annotations
@@ -131,8 +132,11 @@ def bench_add_and_sample(
     ]
 
 
-def bench_prioritized(url: str, sizes: list[int], rounds: int) -> list[tuple[int, float, float]]:
-    """(size, ms per sample(256) call, server ms per call) with prioritized sampling."""
+def bench_prioritized(
+    url: str, sizes: list[int], rounds: int
+) -> list[tuple[int, float, float, float, float]]:
+    """(size, ms per sample(256) call, server ms per call, the same two with replacement)
+    with prioritized sampling (without replacement by default, as 256 <= size)."""
     client = connect(url)
     out = []
     for size in sizes:
@@ -151,16 +155,19 @@ def bench_prioritized(url: str, sizes: list[int], rounds: int) -> list[tuple[int
             )
         buffer = ReplayBuffer(client, name, capacity=size, prioritized_sampling=True, seed=2)
         buffer.sample(BATCH)  # warm: script loaded
-        times, server = [], []
-        for _ in range(rounds):
-            client.config_resetstat()
-            start = time.perf_counter()
-            for _ in range(20):
-                buffer.sample(BATCH)
-            times.append((time.perf_counter() - start) / 20 * 1e3)
-            stats = client.info("commandstats").get("cmdstat_evalsha", {})
-            server.append(stats.get("usec_per_call", float("nan")) / 1e3)
-        out.append((size, statistics.median(times), statistics.median(server)))
+        row: list[float] = [size]
+        for replacement in (None, True):
+            times, server = [], []
+            for _ in range(rounds):
+                client.config_resetstat()
+                start = time.perf_counter()
+                for _ in range(20):
+                    buffer.sample(BATCH, replacement=replacement)
+                times.append((time.perf_counter() - start) / 20 * 1e3)
+                stats = client.info("commandstats").get("cmdstat_evalsha", {})
+                server.append(stats.get("usec_per_call", float("nan")) / 1e3)
+            row += [statistics.median(times), statistics.median(server)]
+        out.append(tuple(row))
         buffer.drop()
     return out
 
@@ -190,10 +197,12 @@ def main() -> None:
         big = 10**5 if args.quick else 10**6
         prio = bench_prioritized(url, [10**4, big], max(3, args.rounds // 2))
         table = Table(title=f"prioritized sample({BATCH}) cost vs buffer size")
-        for column in ("items", "ms per call", "server ms per call"):
+        for column in ("items", "ms per call", "server ms per call", "with replacement: ms",
+                       "server ms"):
             table.add_column(column, justify="right")
-        for size, ms, server_ms in prio:
-            table.add_row(f"{size:,}", f"{ms:.2f}", f"{server_ms:.2f}")
+        for size, ms, server_ms, ms_with, server_with in prio:
+            table.add_row(f"{size:,}", f"{ms:.2f}", f"{server_ms:.2f}", f"{ms_with:.2f}",
+                          f"{server_with:.2f}")
         console.print(table)
         ratio = prio[1][1] / prio[0][1]
         server_ratio = prio[1][2] / prio[0][2]

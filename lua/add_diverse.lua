@@ -11,7 +11,8 @@
 -- ARGV[4] cutoff distance  ARGV[5] p of the p-norm (> 0, or "inf"; 0 counts differing
 -- components, as torch.cdist)
 -- ARGV[6..] blob_1, log_reward_1, vec_1, ..., blob_n, log_reward_n, vec_n: vec_i is item
--- i's state vector (its terminating state, conditions appended) as comma-separated numbers
+-- i's state vector (its terminating state, conditions appended) as comma-separated float32
+-- values, 9 significant digits, -0 written as 0 (so equal vectors have equal texts)
 -- Rule: while the buffer holds fewer than capacity items, the whole batch is inserted.
 -- Once full: items below the lowest stored log-reward are dropped; the rest are ranked by
 -- log-reward, descending (batch order among ties); when cutoff >= 0, an item is dropped if
@@ -41,33 +42,151 @@ end
 err = check_priorities(priorities) or check_schema(conf, ARGV[1])
 if err then return err end
 
-local function parse_vec(text)
-  local v = {}
-  for x in string.gmatch(text, '[^,]+') do v[#v + 1] = tonumber(x) end
-  return v
+local abs, huge = math.abs, math.huge
+
+-- Append the numbers of comma-separated texts to flat.
+local function parse_into(flat, text)
+  for x in string.gmatch(text, '[^,]+') do flat[#flat + 1] = tonumber(x) end
+  return flat
 end
 
--- torch.cdist's p-norm of a - b
-local function distance(a, b)
-  local sum = 0
+-- Is torch.cdist's p-norm of a - flat[base+1 .. base+#a] <= cutoff? Partial sums only
+-- grow, so the loop stops once past a bound a little above the cutoff (margin for
+-- rounding); the final comparison is on the norm itself.
+local bound
+if p == huge or p == 0 then bound = cutoff
+elseif p == 1 then bound = cutoff * (1 + 1e-9)
+else bound = (cutoff * (1 + 1e-9)) ^ p end
+local function near(a, flat, base)
+  local d, sum = #a, 0
   if p == 1 then
-    for k = 1, #a do sum = sum + math.abs(a[k] - b[k]) end
-    return sum
-  elseif p == 2 then
-    for k = 1, #a do
-      local d = a[k] - b[k]
-      sum = sum + d * d
+    for k = 1, d do
+      sum = sum + abs(a[k] - flat[base + k])
+      if sum > bound then return false end
     end
-    return math.sqrt(sum)
-  elseif p == math.huge then
-    for k = 1, #a do sum = math.max(sum, math.abs(a[k] - b[k])) end
-    return sum
+    return sum <= cutoff
+  elseif p == 2 then
+    for k = 1, d do
+      local x = a[k] - flat[base + k]
+      sum = sum + x * x
+      if sum > bound then return false end
+    end
+    return math.sqrt(sum) <= cutoff
+  elseif p == huge then
+    for k = 1, d do
+      if abs(a[k] - flat[base + k]) > cutoff then return false end
+    end
+    return true
   elseif p == 0 then
-    for k = 1, #a do if a[k] ~= b[k] then sum = sum + 1 end end
-    return sum
+    for k = 1, d do
+      if a[k] ~= flat[base + k] then
+        sum = sum + 1
+        if sum > cutoff then return false end
+      end
+    end
+    return true
   end
-  for k = 1, #a do sum = sum + math.abs(a[k] - b[k]) ^ p end
-  return sum ^ (1 / p)
+  for k = 1, d do
+    sum = sum + abs(a[k] - flat[base + k]) ^ p
+    if sum > bound then return false end
+  end
+  return sum ^ (1 / p) <= cutoff
+end
+
+-- The ranked items (batch positions, best first) not within cutoff of a higher-ranked
+-- one nor of a stored one. At cutoff 0 "within" means equal, and equal float32 vectors
+-- have equal texts (9 significant digits; the client writes -0 as 0): a set lookup.
+local function diverse(ranked)
+  local out = {}
+  if cutoff == 0 then
+    local seen = {}
+    for _, i in ipairs(ranked) do
+      if not seen[vec_texts[i]] then out[#out + 1] = i end
+      seen[vec_texts[i]] = true
+    end
+    if #out == 0 then return out end
+    local stored = {}
+    for _, text in ipairs(redis.call('HVALS', K.vecs)) do stored[text] = true end
+    local kept_ = {}
+    for _, i in ipairs(out) do
+      if not stored[vec_texts[i]] then kept_[#kept_ + 1] = i end
+    end
+    return kept_
+  end
+  local vec = {}
+  for _, i in ipairs(ranked) do vec[i] = parse_into({}, vec_texts[i]) end
+  for r = 1, #ranked do
+    local distinct = true
+    for s = 1, r - 1 do
+      if near(vec[ranked[r]], vec[ranked[s]], 0) then
+        distinct = false
+        break
+      end
+    end
+    if distinct then out[#out + 1] = ranked[r] end
+  end
+  if #out == 0 then return out end
+  -- For p > 0 a norm is at least any one component's difference, so only stored vectors
+  -- whose first component is within cutoff can be near: bucket them by
+  -- floor(first / cutoff) and parse just the neighbouring buckets' vectors (and the
+  -- "wide" ones whose bucket number is not a safe integer).
+  local stored = redis.call('HVALS', K.vecs)
+  local d = #vec[out[1]]
+  local buckets, parsed, wide = {}, {}, {}
+  -- nil where the bucket number is not a safe integer (huge values, tiny cutoffs)
+  local function bucket_of(x)
+    if p == 0 or cutoff == huge then return nil end
+    local key = math.floor(x / cutoff)
+    if key ~= key or key > 2 ^ 50 or key < -2 ^ 50 then return nil end
+    return key
+  end
+  for j = 1, #stored do
+    local key = bucket_of(tonumber(string.match(stored[j], '^[^,]*')))
+    local list = wide
+    if key ~= nil then
+      list = buckets[key]
+      if list == nil then
+        list = {}
+        buckets[key] = list
+      end
+    end
+    list[#list + 1] = j
+  end
+  local everything = nil
+  local kept_ = {}
+  for _, i in ipairs(out) do
+    local distinct, key = true, bucket_of(vec[i][1])
+    local lists
+    if key ~= nil then
+      lists = {wide, buckets[key - 1] or {}, buckets[key] or {}, buckets[key + 1] or {}}
+    else
+      if everything == nil then
+        everything = {}
+        for j = 1, #stored do everything[j] = j end
+      end
+      lists = {everything}
+    end
+    for _, list in ipairs(lists) do
+      for _, j in ipairs(list) do
+        local other = parsed[j]
+        if other == nil then
+          other = parse_into({}, stored[j])
+          if #other ~= d then
+            return nil, fail('RB_CONFIG', 'a stored state vector has ' .. #other
+              .. ' components, this batch ' .. d .. ' (the buffer holds other states)')
+          end
+          parsed[j] = other
+        end
+        if near(vec[i], other, 0) then
+          distinct = false
+          break
+        end
+      end
+      if not distinct then break end
+    end
+    if distinct then kept_[#kept_ + 1] = i end
+  end
+  return kept_
 end
 
 local kept = {}
@@ -91,34 +210,8 @@ else
     return a < b
   end)
   if cutoff >= 0 and #ranked > 0 then
-    local vec = {}
-    for _, i in ipairs(ranked) do vec[i] = parse_vec(vec_texts[i]) end
-    local candidates = {}
-    for r = 1, #ranked do
-      local distinct = true
-      for s = 1, r - 1 do
-        if distance(vec[ranked[r]], vec[ranked[s]]) <= cutoff then
-          distinct = false
-          break
-        end
-      end
-      if distinct then candidates[#candidates + 1] = ranked[r] end
-    end
-    ranked = {}
-    if #candidates > 0 then
-      local stored = redis.call('HVALS', K.vecs)
-      for j = 1, #stored do stored[j] = parse_vec(stored[j]) end
-      for _, i in ipairs(candidates) do
-        local distinct = true
-        for j = 1, #stored do
-          if distance(vec[i], stored[j]) <= cutoff then
-            distinct = false
-            break
-          end
-        end
-        if distinct then ranked[#ranked + 1] = i end
-      end
-    end
+    ranked, err = diverse(ranked)
+    if err then return err end
   end
   table.sort(ranked)
   kept = ranked

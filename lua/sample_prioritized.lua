@@ -9,8 +9,8 @@
 -- n exceeds the number of items, as torch.multinomial(..., replacement=n > len) in torchgfn)
 -- ARGV[3] "1" = also return blobs
 -- ARGV[4] n uniforms in [0, 1), packed 6 bytes each (see uniform_at)
--- With replacement each draw walks the sum tree from the root: O(log capacity) per draw,
--- all draws advancing together so each tree level costs one HMGET of the distinct chunks.
+-- With replacement each draw walks the sum tree from the root (tree_walk): O(log capacity)
+-- per draw, all draws advancing together so each tree level costs one HMGET.
 -- Without replacement the draws are successive: each walks the tree, then its leaf's mass
 -- is removed from a script-local copy of the chunks on its path (recomputed as exact sums,
 -- so a drawn item has mass 0 and is never drawn again); nothing is written back, and the
@@ -67,42 +67,18 @@ local function masses_sum(masses)
   return sum
 end
 
-local nodes, probabilities = {}, {}
+local slots, probabilities = {}, {}
 if replace then
-  local targets = {}
-  for i = 1, n do
-    nodes[i] = 0
-    targets[i] = uniform_at(ARGV[4], i) * total
-  end
-  local weights = {}
-  for _ = 1, depth do
-    -- draws share nodes near the root: fetch each distinct chunk once
-    local chunk_of, distinct = {}, {}
-    for i = 1, n do
-      if chunk_of[nodes[i]] == nil then
-        chunk_of[nodes[i]] = #distinct + 1
-        distinct[#distinct + 1] = nodes[i]
-      end
-    end
-    local chunks = hmget_chunked(tree, distinct)
-    local parsed = {}
-    for i = 1, n do
-      local index = chunk_of[nodes[i]]
-      parsed[index] = parsed[index] or parse_chunk(chunks[index])
-      local chosen, mass, target = descend(parsed[index], targets[i])
-      nodes[i] = FANOUT * nodes[i] + 1 + chosen
-      targets[i] = target
-      weights[i] = mass
-    end
-  end
-  for i = 1, n do probabilities[i] = weights[i] / total end
+  local masses
+  slots, masses = tree_walk(tree, depth, ARGV[4], n, total)
+  for i = 1, n do probabilities[i] = masses[i] / total end
 else
   local copy = {}  -- node -> its chunk's masses, as changed by this call's draws
   local function chunk_masses(node)
     if copy[node] == nil then copy[node] = parse_chunk(redis.call('HGET', tree, node)) end
     return copy[node]
   end
-  local remaining = total
+  local remaining, leaf0 = total, first_leaf(depth)
   for i = 1, n do
     if remaining <= 0 then
       return fail('RB_UNDEFINED', 'only ' .. (i - 1) .. ' item(s) have nonzero probability, '
@@ -116,7 +92,7 @@ else
       chosen, mass, target = descend(chunk_masses(node), target)
       node = FANOUT * node + 1 + chosen
     end
-    nodes[i] = node
+    slots[i] = node - leaf0
     probabilities[i] = mass / remaining
     -- remove the drawn mass: zero the leaf, then each ancestor's entry becomes the exact
     -- sum of its chunk (as tree_set_nodes writes it), so emptied subtrees hold exactly 0
@@ -132,9 +108,6 @@ else
   end
 end
 
-local leaf0 = first_leaf(depth)
-local slots = {}
-for i = 1, n do slots[i] = nodes[i] - leaf0 end
 local ids = hmget_chunked(tree_ids, slots)
 record_draws(K, ids)
 local out = {fmt(total)}

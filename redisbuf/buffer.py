@@ -107,6 +107,10 @@ class ReplayBuffer:
             ``"mpi"``, ``"redis"`` or a transport object, ``timing``) follow torchgfn and
             are described in :mod:`redisbuf.remote`. ``add`` then puts the score dict
             (what torchgfn's ``add`` returns) in ``AddResult.score``.
+        lazy_sort: accepted for torchgfn compatibility; changes nothing: eviction is
+            already incremental, so there is no per-add sort to defer.
+        async_comm: torchgfn's non-blocking send with the score collected on the next
+            ``add``; here the same as ``async_score`` (the data is in Redis already).
     """
 
     def __init__(
@@ -131,6 +135,8 @@ class ReplayBuffer:
         scoring_only: bool = False,
         communication_backend: Any = "mpi",
         timing: bool = False,
+        lazy_sort: bool = False,
+        async_comm: bool = False,
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
@@ -171,6 +177,15 @@ class ReplayBuffer:
             sampler = PrioritizedSampler() if prioritized_sampling else UniformSampler()
         self.sampler = sampler
         self.sampler.prepare(self)
+        # torchgfn's lazy_sort defers its per-add sort and truncation to a flush at twice
+        # the capacity. Eviction here is incremental (sorted sets, O(log capacity) per
+        # item), so there is no sort to defer, and the items kept are those a flush keeps.
+        self.lazy_sort = bool(lazy_sort)
+        # torchgfn's async_comm sends the data without blocking and collects the score on
+        # the next add. Here the data is in Redis when the insert returns and the message
+        # carries only ids, so async_comm is async_score.
+        self.async_comm = bool(async_comm)
+        async_score = async_score or self.async_comm
         self.remote: RemoteScorer | None = None
         if remote_manager_rank is not None:
             self.remote = RemoteScorer(

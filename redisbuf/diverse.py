@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .buffer import AddResult, ReplayBuffer
-from .containers import _to_numpy
+from .buffer import AddResult, ReplayBuffer, _priority_text
+from .containers import KINDS, _to_numpy
 from .errors import InvalidBatchError, SchemaError
 from .terminating import terminating_states_of
 
@@ -45,7 +45,10 @@ def diversity_vectors(batch: Any) -> np.ndarray:
     parts = [_to_numpy(states.states).reshape(len(states), -1)]
     if states.conditions is not None:
         parts.append(_to_numpy(states.conditions).reshape(len(states), -1))
-    vectors = np.concatenate([part.astype(np.float32) for part in parts], axis=1)
+    # + 0.0 turns -0.0 into 0.0: equal vectors must have equal texts (see add_diverse.lua)
+    vectors = np.concatenate([part.astype(np.float32) for part in parts], axis=1) + np.float32(0)
+    if vectors.shape[1] == 0:
+        raise InvalidBatchError("terminating states (with conditions) have no components")
     if not np.isfinite(vectors).all():
         bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))[:5].tolist()
         raise InvalidBatchError(f"terminating states or conditions of items {bad} are not finite")
@@ -99,16 +102,31 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
         self.cutoff_distance = float(cutoff_distance)
         self.p_norm_distance = float(p_norm_distance)
 
+    def _insert(
+        self, blobs: list[bytes], priorities: np.ndarray, schema: dict[str, Any]
+    ) -> AddResult:
+        """Insert stored records as they are (``load`` / ``load_state_dict``), their vectors
+        recomputed from the decoded items. A restore never exceeds the capacity, so
+        add_diverse takes its not-full path and inserts every record."""
+        batch = self._decode(KINDS[schema["kind"]], schema, blobs, None)
+        reply = self._insert_with(schema, "add_diverse", self._args(blobs, priorities, batch, -1.0))
+        first, count, evicted = (int(x) for x in reply[:3])
+        return AddResult(np.arange(first, first + count, dtype=np.int64), evicted)
+
+    def _args(
+        self, blobs: list[bytes], log_rewards: np.ndarray, batch: Any, cutoff: float
+    ) -> list[Any]:
+        vectors = diversity_vectors(batch)
+        args: list[Any] = ["", len(blobs), "", repr(cutoff), repr(self.p_norm_distance)]
+        for blob, priority, row in zip(blobs, log_rewards.tolist(), vectors, strict=True):
+            args += [blob, _priority_text(priority), _vector_text(row)]
+        return args
+
     def add(self, batch: Any) -> DiverseAddResult:
         """Add what the diversity rule lets through, atomically with its tests; a rejected
         batch (see :meth:`ReplayBuffer.add`) leaves the buffer unchanged."""
         blobs, log_rewards, schema = self.encode(batch)
-        vectors = diversity_vectors(batch)
-        args: list[Any] = [
-            "", len(blobs), "", repr(self.cutoff_distance), repr(self.p_norm_distance)
-        ]
-        for blob, priority, row in zip(blobs, log_rewards.tolist(), vectors, strict=True):
-            args += [blob, "-inf" if priority == -math.inf else repr(priority), _vector_text(row)]
+        args = self._args(blobs, log_rewards, batch, self.cutoff_distance)
         reply = self._insert_with(schema, "add_diverse", args)
         first, count, evicted = (int(x) for x in reply[:3])
         return DiverseAddResult(

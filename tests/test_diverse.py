@@ -79,7 +79,7 @@ def _stored(client, name: str) -> list[tuple[tuple[float, ...], float]]:
 
 @pytest.mark.parametrize(
     ("cutoff", "p"), [(0.0, 1.0), (1.0, 2.0), (1.5, 2.0), (2.0, float("inf")), (2.5, 0.5),
-                      (0.0, 0.0), (-1.0, 1.0)],
+                      (0.0, 0.0), (1.0, 0.0), (1e-300, 1.0), (float("inf"), 2.0), (-1.0, 1.0)],
 )
 def test_matches_torchgfn_rule_on_random_batches(client, buffer_name, cutoff, p):
     rng = np.random.default_rng(abs(hash((cutoff, p))) % 1000)
@@ -91,7 +91,7 @@ def test_matches_torchgfn_rule_on_random_batches(client, buffer_name, cutoff, p)
     dropped = 0
     for _ in range(40):
         n = int(rng.integers(1, 7))
-        vecs = rng.integers(0, 4, size=(n, 2)).astype(np.float32)
+        vecs = rng.integers(-2, 3, size=(n, 2)).astype(np.float32)
         rewards = rng.choice([-1.0, 0.0, 0.5, 1.0, 2.0, 3.0], size=n)
         result = buffer.add(States(vecs, log_rewards=rewards))
         reference.add(vecs, rewards)
@@ -180,6 +180,21 @@ def test_what_it_refuses(client, buffer_name):
     with pytest.raises(InvalidBatchError, match=r"items \[0\] are not finite"):
         diverse.add(States(np.full((1, 1), np.nan), log_rewards=np.ones(1)))
     assert snapshot(client, buffer_name) == before
+
+
+def test_save_and_load_keep_the_vectors(client, buffer_name, tmp_path):
+    buffer = NormBasedDiversePrioritizedReplayBuffer(client, buffer_name, capacity=3)
+    cond = np.array([[1.0], [2.0], [3.0]], np.float32)
+    buffer.add(States(np.arange(6.0).reshape(3, 2), np.array([0.0, 1.0, 2.0]), cond))
+    vectors = sorted(client.hvals(buffer.keys.vecs))
+    assert buffer.save(tmp_path / "d.rbuf") == 3
+    copy = NormBasedDiversePrioritizedReplayBuffer(client, f"{buffer_name}-c", capacity=3)
+    assert copy.load(tmp_path / "d.rbuf") == 3
+    assert sorted(client.hvals(copy.keys.vecs)) == vectors == [b"0,1,1", b"2,3,2", b"4,5,3"]
+    # the loaded buffer is full and checks against what it loaded
+    assert copy.add(States(np.array([[2.0, 3.0]]), np.array([5.0]), cond[1:2])).kept.size == 0
+    copy.load_state_dict(buffer.state_dict())
+    assert sorted(client.hvals(copy.keys.vecs)) == vectors
 
 
 def test_prioritized_sampling_on_a_diverse_buffer(client, buffer_name):
