@@ -20,12 +20,14 @@ from .errors import (
 from .keys import BufferKeys
 from .samplers import PERSampler, PrioritizedSampler, UniformSampler
 from .selectors import FifoSampler, LifoSampler, MaxHeapSampler, MinHeapSampler
+from .sequence import BatchInfo, SequenceBuffer
 from .terminating import TerminatingStateBuffer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AddResult",
+    "BatchInfo",
     "BufferKeys",
     "ConfigMismatchError",
     "ControlTimeoutError",
@@ -47,6 +49,7 @@ __all__ = [
     "SampleInfo",
     "SamplingError",
     "SchemaError",
+    "SequenceBuffer",
     "ServerUnavailableError",
     "States",
     "TerminatingStateBuffer",
