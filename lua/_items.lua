@@ -29,12 +29,13 @@ local function per_account(K, removed, added)
   redis.call('HSET', K.meta, 'per_sum', fmt(sum), 'per_comp', fmt(comp), 'per_nonzero', nonzero)
 end
 
--- The PER priorities (numbers) of ids; false for ids without one.
+-- The PER priorities (numbers) of ids; false for ids without one. One ZMSCORE per
+-- CHUNK ids: a redis.call per id costs more than the lookups.
 local function per_scores(K, ids)
   local out = {}
-  for i = 1, #ids do
-    local score = redis.call('ZSCORE', K.per, ids[i])
-    out[i] = score and tonumber(score)
+  for i = 1, #ids, CHUNK do
+    local part = redis.call('ZMSCORE', K.per, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
+    for j = 1, #part do out[i + j - 1] = part[j] and tonumber(part[j]) end
   end
   return out
 end
