@@ -38,6 +38,7 @@ local function insert_batch(K, conf, schema_json, options, blobs, priorities, ve
   local meta = K.meta
   local capacity = tonumber(conf[1])
   local n = #blobs
+  per_batch_priorities(K, n, options)  -- raises on bad PER priorities, before any write
   if not conf[3] then
     local kind = cjson.decode(schema_json)['kind']
     redis.call('HSET', meta, 'schema', schema_json, 'kind', kind)

@@ -29,12 +29,13 @@ local function per_account(K, removed, added)
   redis.call('HSET', K.meta, 'per_sum', fmt(sum), 'per_comp', fmt(comp), 'per_nonzero', nonzero)
 end
 
--- The PER priorities (numbers) of ids; false for ids without one.
+-- The PER priorities (numbers) of ids; false for ids without one. One ZMSCORE per
+-- CHUNK ids: a redis.call per id costs more than the lookups.
 local function per_scores(K, ids)
   local out = {}
-  for i = 1, #ids do
-    local score = redis.call('ZSCORE', K.per, ids[i])
-    out[i] = score and tonumber(score)
+  for i = 1, #ids, CHUNK do
+    local part = redis.call('ZMSCORE', K.per, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
+    for j = 1, #part do out[i + j - 1] = part[j] and tonumber(part[j]) end
   end
   return out
 end
@@ -46,10 +47,19 @@ local function per_parse(text)
   return value
 end
 
--- The PER priorities of n new items: options.per_priorities (text) when given, else
--- max(per_initial, highest priority present). Raises RB_INVALID before anything is written.
-local function per_new_priorities(K, n, options)
+-- The PER priorities (numbers) of n new items, or nil when PER is off:
+-- options.per_priorities (text) when given, else max(per_initial, highest priority
+-- present). Raises RB_INVALID (a priority that is not a finite number >= 0) or RB_CONFIG
+-- (priorities without PER); insert_batch calls it before its first write for that.
+local function per_batch_priorities(K, n, options)
   local given = options and options.per_priorities
+  if not per_enabled(K) then
+    if given then
+      error('RB_CONFIG priorities= needs prioritized experience replay (PERSampler) on '
+        .. K.meta)
+    end
+    return nil
+  end
   local out = {}
   if given then
     if #given ~= n then error('RB_INVALID ' .. #given .. ' priorities for ' .. n .. ' items') end
@@ -73,13 +83,7 @@ end
 -- is not nil each item's state vector (text, see lua/add_diverse.lua), and when PER is on
 -- their PER priorities (options.per_priorities, else per_new_priorities).
 local function store_items(K, ids, blobs, priorities, first, vecs, options)
-  local per = per_enabled(K)
-  local per_values
-  if per then
-    per_values = per_new_priorities(K, #ids, options)
-  elseif options and options.per_priorities then
-    error('RB_CONFIG priorities= needs prioritized experience replay (PERSampler) on ' .. K.meta)
-  end
+  local per_values = per_batch_priorities(K, #ids, options)
   local item_pairs, prio_pairs, order_pairs = {}, {}, {}
   for i = 1, #ids do
     item_pairs[2 * i - 1] = ids[i]
@@ -92,7 +96,7 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
   call_chunked('HSET', K.items, item_pairs)
   call_chunked('ZADD', K.prio, prio_pairs)
   call_chunked('ZADD', K.order, order_pairs)
-  if per then
+  if per_values then
     local per_pairs = {}
     for i = 1, #ids do
       per_pairs[2 * i - 1] = fmt(per_values[i])

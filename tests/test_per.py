@@ -339,3 +339,27 @@ def test_zero_priorities_are_never_drawn_without_eps(client, buffer_name):
     buffer.update_priority(ids, [0.0, 0.0, 0.0, 0.0])
     with pytest.raises(EmptyBufferError):
         buffer.sample(1)
+
+
+def test_the_add_script_refuses_bad_per_priorities_before_writing(client, buffer_name):
+    """Another client skipping the Python checks still cannot write half a batch."""
+    import json
+
+    buffer = ReplayBuffer(client, buffer_name, capacity=5, sampler=PERSampler())
+    buffer.add(batch([0, 1]))
+    before = snapshot(client, buffer_name)
+    blob = client.hget(BufferKeys(buffer_name).items, b"%012d" % 1)
+    schema = client.hget(BufferKeys(buffer_name).meta, "schema")
+    for bad, error in ((["1", "-2"], InvalidBatchError), (["nan", "1"], InvalidBatchError),
+                       (["1"], InvalidBatchError)):
+        args = [schema, 2, json.dumps({"per_priorities": bad}), blob, "0", blob, "0"]
+        with pytest.raises(error, match="priorit"):
+            buffer._run("add", BufferKeys(buffer_name).all_keys(), args)
+        assert snapshot(client, buffer_name) == before
+    plain = ReplayBuffer(client, buffer_name + "p", capacity=5)
+    plain.add(batch([0]))
+    before = snapshot(client, plain.name)
+    args = [schema, 1, json.dumps({"per_priorities": ["1"]}), blob, "0"]
+    with pytest.raises(ConfigMismatchError, match="PERSampler"):
+        plain._run("add", BufferKeys(plain.name).all_keys(), args)
+    assert snapshot(client, plain.name) == before
