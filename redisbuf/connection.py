@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.connection import (
@@ -66,16 +66,48 @@ class RespPacker:
         return [b"".join(parts)]
 
 
+_QUERY_SECRET = re.compile(r"([?&](?:password|pass|pwd)=)[^&]*", re.IGNORECASE)
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def _secrets(url: str) -> list[str]:
+    """The password parts of ``url``: after the first ``:`` of the user info (up to the
+    last ``@``, so unencoded ``# / ? @`` in it count) and any ``password=`` query value."""
+    found = [m.group(0).split("=", 1)[1] for m in _QUERY_SECRET.finditer(url)]
+    scheme = _SCHEME.match(url)
+    rest = _QUERY_SECRET.sub("", url)[scheme.end() if scheme else 0 :]
+    userinfo = rest[: rest.rfind("@")] if "@" in rest else ""
+    if ":" in userinfo:
+        found.append(userinfo.split(":", 1)[1])
+    return [secret for secret in found if secret]
+
+
 def redacted(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for error messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """``url`` with every password replaced by ``***``, for error messages and logs:
+    the user info's (encoded or not: an unencoded ``#``, ``/``, ``?`` or ``@`` in it does
+    not end it early) and a ``password=`` query parameter's."""
+    url = _QUERY_SECRET.sub(r"\1***", url)
+    scheme = _SCHEME.match(url)
+    head = url[: scheme.end()] if scheme else ""
+    rest = url[len(head) :]
+    at = rest.rfind("@")
+    if at >= 0 and ":" in rest[:at]:
+        user = rest[:at].split(":", 1)[0]
+        rest = f"{user}:***{rest[at:]}"
+    return head + rest
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (an error message about ``url``) with the URL redacted and any piece of
+    its password removed: a URL with an unencoded ``#`` or ``/`` in the password is
+    misparsed, and the pieces turn up as host or port in the client's messages."""
+    text = text.replace(url, redacted(url))
+    for secret in _secrets(url):
+        text = text.replace(secret, "***")
+        for piece in re.split(r"[#/?@:&]", secret):
+            if piece:
+                text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(piece)}(?![A-Za-z0-9])", "***", text)
+    return text
 
 
 def connect(
@@ -104,10 +136,15 @@ def connect(
             retry_on_timeout=False,
             command_packer=RespPacker(),
         )
-    except ValueError as exc:
-        raise ServerUnavailableError(f"invalid Redis URL {redacted(url)}: {exc}") from exc
+    except (ValueError, TypeError) as exc:  # TypeError: an unknown query option
+        hint = " (percent-encode # / ? @ in a password)" if _secrets(url) else ""
+        raise ServerUnavailableError(
+            f"invalid Redis URL {redacted(url)}: {scrub(str(exc), url)}{hint}"
+        ) from None
     except (redis.exceptions.RedisError, OSError) as exc:
-        raise ServerUnavailableError(f"cannot reach Redis at {redacted(url)}: {exc}") from exc
+        raise ServerUnavailableError(
+            f"cannot reach Redis at {redacted(url)}: {scrub(str(exc), url)}"
+        ) from None
     return client
 
 

@@ -9,8 +9,14 @@ import numpy as np
 import pytest
 import redis
 
+import redisbuf
 from redisbuf import ReplayBuffer, codec
-from redisbuf.errors import ConfigMismatchError, DecodeError, EmptyBufferError
+from redisbuf.errors import (
+    ConfigMismatchError,
+    DecodeError,
+    EmptyBufferError,
+    ServerUnavailableError,
+)
 from redisbuf.keys import BufferKeys, format_id
 from redisbuf.server import EmbeddedServer
 
@@ -213,3 +219,35 @@ def test_sampling_works_on_a_read_only_replica(replicated, buffer_name, prioriti
         reader.add({"x": np.zeros((1, 2), np.float32), "log_rewards": np.zeros(1)})
     with pytest.raises(redis.exceptions.ReadOnlyError):
         reader.clear()
+
+
+# -- 4. passwords never appear in messages ------------------------------------------------
+
+SECRET_URLS = [
+    ("redis://127.0.0.1:1/0?password=Zq9secret", "Zq9secret"),
+    ("redis://127.0.0.1:1/0?db=0&password=Zq9secret&x=1", "Zq9secret"),
+    ("redis://u:Zq9#secret@127.0.0.1:1/0", "Zq9"),
+    ("redis://u:Zq9/secret@127.0.0.1:1/0", "Zq9"),
+    ("redis://:Zq9/se#cret@127.0.0.1:1/0", "Zq9"),
+    ("redis://u:Zq9?secret@127.0.0.1:1/0", "Zq9"),
+    ("redis://u:4242#secret@127.0.0.1:1/0", "4242"),
+    ("redis://u:Zq9@secret@127.0.0.1:1/0", "Zq9"),
+    ("unix:///tmp/no-such.sock?password=Zq9secret", "Zq9secret"),
+]
+
+
+@pytest.mark.parametrize(("url", "secret"), SECRET_URLS)
+def test_passwords_are_redacted_from_every_connection_error(url, secret):
+    import traceback
+
+    from redisbuf.connection import redacted
+
+    assert secret not in redacted(url) and "secret" not in redacted(url)
+    for attempt in (
+        lambda: redisbuf.connect(url, connect_timeout=0.5),
+        lambda: ReplayBuffer(url, "x", capacity=2),
+    ):
+        with pytest.raises(ServerUnavailableError) as info:
+            attempt()
+        shown = "".join(traceback.format_exception(info.value))
+        assert secret not in shown and "secret" not in shown, shown
