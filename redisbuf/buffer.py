@@ -17,7 +17,7 @@ import numpy as np
 import redis
 
 from . import codec, scripts
-from .connection import as_client
+from .connection import as_client, guarded
 from .containers import KINDS, ContainerKind, describe_schema_difference, kind_of, schema_to_json
 from .errors import (
     ConfigMismatchError,
@@ -126,7 +126,7 @@ class ReplayBuffer:
             raise ValueError(f"unknown container kind {kind!r}; choose from {sorted(KINDS)}")
         if max_item_bytes <= 0:
             raise ValueError(f"max_item_bytes must be positive, got {max_item_bytes}")
-        self.client = as_client(redis_or_url)
+        self.client = guarded(as_client(redis_or_url))
         self.keys = BufferKeys(name)
         self.name = name
         self.max_item_bytes = max_item_bytes
@@ -160,7 +160,7 @@ class ReplayBuffer:
 
         Raises :class:`ConfigMismatchError` if no buffer called ``name`` exists.
         """
-        client = as_client(redis_or_url)
+        client = guarded(as_client(redis_or_url))
         meta = _decode_meta(client.hgetall(BufferKeys(name).meta))
         if not meta:
             raise ConfigMismatchError(f"no buffer named {name!r} exists in this Redis")

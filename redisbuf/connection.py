@@ -151,8 +151,82 @@ def connect(
 def as_client(redis_or_url: Any) -> redis.Redis:
     """Accept a client or a URL; refuse clients that decode responses (blobs are bytes)."""
     if redis_or_url is None or isinstance(redis_or_url, str):
-        return connect(redis_or_url)
+        client = connect(redis_or_url)
+        client.redisbuf_url = redacted(redis_or_url or os.environ[URL_ENV])  # type: ignore
+        return client
     kwargs = getattr(getattr(redis_or_url, "connection_pool", None), "connection_kwargs", {})
     if kwargs.get("decode_responses"):
         raise ValueError("redisbuf needs a Redis client created with decode_responses=False")
     return redis_or_url
+
+
+# What a lost server looks like to redis-py: refused, reset, or silent past the timeout.
+LOST = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def server_name(client: Any) -> str:
+    """The server of ``client`` as a URL without password, for error messages."""
+    given = getattr(client, "redisbuf_url", None)
+    if given:
+        return str(given)
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", {})
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}"
+    host, port = kwargs.get("host"), kwargs.get("port")
+    if host is None:
+        return f"the server of {type(client).__name__}"
+    scheme = "rediss" if "SSL" in getattr(pool, "connection_class", type).__name__ else "redis"
+    return f"{scheme}://{host}:{port}/{kwargs.get('db', 0)}"
+
+
+def unavailable(client: Any, exc: BaseException) -> ServerUnavailableError:
+    """The ServerUnavailableError for ``exc`` (a LOST error) raised talking to ``client``."""
+    where = server_name(client)
+    return ServerUnavailableError(f"lost the Redis server at {where}: {exc}")
+
+
+class Guarded:
+    """A Redis client (or pipeline) whose calls raise :class:`ServerUnavailableError`
+    naming the server, instead of redis-py's ConnectionError / TimeoutError, when the
+    server is lost. Everything else is the wrapped object's own behaviour; ``pipeline()``
+    returns a guarded pipeline."""
+
+    def __init__(self, client: Any, name: Any = None) -> None:
+        self._client = client
+        self._name = name if name is not None else client
+
+    @property
+    def unwrapped(self) -> Any:
+        return self._client
+
+    def __getattr__(self, attribute: str) -> Any:
+        value = getattr(self._client, attribute)
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = value(*args, **kwargs)
+            except LOST as exc:
+                raise unavailable(self._name, exc) from None
+            if attribute == "pipeline":
+                return Guarded(result, self._name)
+            return result
+
+        return call
+
+    def __enter__(self) -> Any:
+        self._client.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        return self._client.__exit__(*exc_info)
+
+    def __repr__(self) -> str:
+        return f"Guarded({self._client!r})"
+
+
+def guarded(client: Any) -> Any:
+    """``client`` wrapped in :class:`Guarded` (once)."""
+    return client if isinstance(client, Guarded) else Guarded(client)

@@ -251,3 +251,32 @@ def test_passwords_are_redacted_from_every_connection_error(url, secret):
             attempt()
         shown = "".join(traceback.format_exception(info.value))
         assert secret not in shown and "secret" not in shown, shown
+
+
+# -- 8. a lost server is a ServerUnavailableError naming it -------------------------------
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize("opened_with", ["url", "client"])
+def test_server_gone_mid_run_is_server_unavailable_naming_the_url(buffer_name, opened_with):
+    server = EmbeddedServer().start()
+    try:
+        url = server.url
+        target = url if opened_with == "url" else redis.Redis.from_url(url, socket_timeout=2)
+        buffer = ReplayBuffer(target, buffer_name, capacity=8)
+        buffer.add({"x": np.zeros((4, 2), np.float32)})
+    finally:
+        server.stop()
+    for operation in (
+        lambda: buffer.add({"x": np.zeros((1, 2), np.float32)}),
+        lambda: buffer.sample(2),
+        lambda: len(buffer),
+        buffer.stats,
+        lambda: buffer.get([1]),
+        buffer.clear,
+        lambda: ReplayBuffer.open(buffer.client, buffer_name),
+    ):
+        with pytest.raises(ServerUnavailableError) as info:
+            operation()
+        assert f"127.0.0.1:{server.port}" in str(info.value)
+        assert isinstance(info.value, redis.exceptions.ConnectionError)  # still catchable so
