@@ -80,8 +80,9 @@ class ReplayBuffer:
             raises :class:`ConfigMismatchError`; ``None`` adopts the stored one.
         prioritized_capacity: when full, evict the lowest log-reward first (oldest first
             among equals) instead of the oldest. Fixed at creation, like ``capacity``.
-        prioritized_sampling: ``sample`` draws with replacement, item ``i`` with
-            probability ``softmax(log_rewards)_i``; otherwise uniformly without replacement.
+        prioritized_sampling: ``sample`` draws item ``i`` with probability
+            ``softmax(log_rewards)_i`` (without replacement when ``n <= len``, as
+            torchgfn); otherwise uniformly. See :meth:`sample`.
         kind: expected container kind (``trajectories``, ``transitions``, ``states``,
             ``dict``); by default the first ``add`` fixes it.
         max_item_bytes: largest encoded item accepted by ``add``.
@@ -271,7 +272,9 @@ class ReplayBuffer:
 
         Eviction removes the oldest items (FIFO), or with ``prioritized_capacity`` the
         lowest log-reward ones (oldest first among equal log-rewards; new items included).
-        A batch that is rejected (wrong kind or schema, NaN or +inf log-rewards, an item
+        Log-rewards may be -inf or +inf (+inf items are evicted last; prioritized sampling
+        refuses to draw while one is present, as the softmax is undefined).
+        A batch that is rejected (wrong kind or schema, NaN log-rewards, an item
         over ``max_item_bytes``) raises and leaves the buffer unchanged.
 
         With a remote manager, ``.score`` of the result is the manager's score dict for
@@ -292,14 +295,21 @@ class ReplayBuffer:
     def _insert(
         self, blobs: list[bytes], priorities: np.ndarray, schema: dict[str, Any]
     ) -> AddResult:
-        schema_json = schema_to_json(schema)
-        self._check_schema(schema, schema_json)
-        args: list[Any] = [schema_json, len(blobs), ""]
+        args: list[Any] = ["", len(blobs), ""]
         for blob, priority in zip(blobs, priorities.tolist(), strict=True):
             args.append(blob)
             args.append(_priority_text(priority))
+        first, count, evicted = self._insert_with(schema, "add", args)
+        return AddResult(np.arange(first, first + count, dtype=np.int64), int(evicted))
+
+    def _insert_with(self, schema: dict[str, Any], script: str, args: list[Any]) -> Any:
+        """Run an inserting script (ARGV[1] = the schema, filled in here) after checking
+        ``schema`` against the buffer's, and cache the schema it fixes. Returns its reply."""
+        schema_json = schema_to_json(schema)
+        self._check_schema(schema, schema_json)
+        args[0] = schema_json
         try:
-            first, count, evicted = self._run("add", self.keys.all_keys(), args)
+            reply = self._run(script, self.keys.all_keys(), args)
         except SchemaError:
             self._forget_schema()  # another process fixed the schema first: report against it
             stored = self._stored_schema() or {}
@@ -309,7 +319,7 @@ class ReplayBuffer:
             ) from None
         if self._schema is None:
             self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
-        return AddResult(np.arange(first, first + count, dtype=np.int64), int(evicted))
+        return reply
 
     # -- reading ------------------------------------------------------------------------
 
@@ -381,6 +391,8 @@ class ReplayBuffer:
         sampler = self.sampler
         if replacement is not None and isinstance(sampler, UniformSampler):
             sampler = UniformSampler(replacement)
+        elif replacement is not None and isinstance(sampler, PrioritizedSampler):
+            sampler = PrioritizedSampler(replacement)
         try:
             return sampler.draw(self, int(n), self.rng)
         except EmptyBufferError as exc:
@@ -389,10 +401,14 @@ class ReplayBuffer:
     def sample(self, n: int, replacement: bool | None = None) -> Any:
         """Draw ``n`` items and return them as one batch of the buffer's kind.
 
-        Uniform sampling is without replacement unless ``replacement=True`` or ``n``
-        exceeds the length; prioritized sampling (``prioritized_sampling=True``) is with
-        replacement, proportional to ``exp(log_reward)``. Raises
-        :class:`EmptyBufferError` ("buffer is empty") when there is nothing to draw.
+        Sampling is without replacement unless ``replacement=True`` or ``n`` exceeds the
+        length (torchgfn's rule). Uniform: every n-subset equally likely. Prioritized
+        (``prioritized_sampling=True``): proportional to ``exp(log_reward)``, without
+        replacement as successive draws among the items not drawn yet (torch.multinomial's
+        distribution). Raises :class:`EmptyBufferError` ("buffer is empty") when there is
+        nothing to draw, :class:`SamplingError` when prioritized sampling is undefined
+        (a +inf log-reward; more draws without replacement than items of nonzero
+        probability).
         """
         draw = self._draw(n, replacement)
         return self.decode(draw.blobs, draw.ids, draw.schema_json)
@@ -584,15 +600,15 @@ class ReplayBuffer:
 
     def _check_records(self, records: list[tuple[Any, ...]], schema: dict[str, Any]) -> None:
         """Refuse saved records that ``add`` would refuse: ids that are not integers,
-        priorities that are not numbers or are NaN or +inf, blobs that do not decode to
+        priorities that are not numbers or are NaN, blobs that do not decode to
         items of ``schema``."""
         for item_id, priority, blob in records:
             if isinstance(item_id, bool) or not isinstance(item_id, int):
                 raise DecodeError(f"saved record has id {item_id!r}, not an integer")
             if isinstance(priority, bool) or not isinstance(priority, (int, float)):
                 raise DecodeError(f"saved record {item_id} has priority {priority!r}, not a number")
-            if math.isnan(priority) or priority == math.inf:
-                raise DecodeError(f"saved record {item_id} has priority {priority}: NaN or +inf")
+            if math.isnan(priority):
+                raise DecodeError(f"saved record {item_id} has priority NaN")
             if not isinstance(blob, bytes):
                 raise DecodeError(f"saved record {item_id} has no blob")
         kind = KINDS.get(schema.get("kind"))

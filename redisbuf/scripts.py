@@ -48,6 +48,7 @@ _ERROR_CODES: dict[str, type[Exception]] = {
     "RB_NOTREE": errors.ConfigMismatchError,
     "RB_CONFIG": errors.ConfigMismatchError,
     "RB_INVALID": errors.InvalidBatchError,
+    "RB_UNDEFINED": errors.SamplingError,
 }
 _ERROR_PATTERN = re.compile(r"\b(RB_[A-Z]+) ?(.*)", re.DOTALL)
 
