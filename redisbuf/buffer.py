@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -548,15 +550,31 @@ class ReplayBuffer:
         """Write the buffer to ``path`` as a msgpack stream: a header map, one
         ``[id, priority, blob]`` record per item (oldest first), then a trailer map
         ``{"end": count}`` so a truncated file is detected. Returns the number of items
-        written. Not a consistent snapshot if other processes write meanwhile."""
+        written. Not a consistent snapshot if other processes write meanwhile.
+
+        The file is written beside ``path`` under a temporary name, fsynced, and renamed
+        over ``path`` only when complete: a save that fails (or a crash) leaves the
+        previous file as it was."""
+        path = Path(path)
+        handle = tempfile.NamedTemporaryFile(
+            "wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+        )
         count = 0
-        with open(path, "wb") as handle:
-            packer = msgpack.Packer(use_bin_type=True)
-            handle.write(packer.pack(self._header()))
-            for record in self._records():
-                handle.write(packer.pack(list(record)))
-                count += 1
-            handle.write(packer.pack({"end": count}))
+        try:
+            with handle:
+                packer = msgpack.Packer(use_bin_type=True)
+                handle.write(packer.pack(self._header()))
+                for record in self._records():
+                    handle.write(packer.pack(list(record)))
+                    count += 1
+                handle.write(packer.pack({"end": count}))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(handle.name, path)
+        except BaseException:
+            Path(handle.name).unlink(missing_ok=True)
+            raise
+        _fsync_dir(path.parent)  # the rename itself survives a crash
         return count
 
     def load(self, path: str | Path) -> int:
@@ -664,6 +682,19 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # not every platform opens directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _decode_meta(raw: dict[Any, Any]) -> dict[str, str]:

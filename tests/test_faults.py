@@ -280,3 +280,32 @@ def test_server_gone_mid_run_is_server_unavailable_naming_the_url(buffer_name, o
             operation()
         assert f"127.0.0.1:{server.port}" in str(info.value)
         assert isinstance(info.value, redis.exceptions.ConnectionError)  # still catchable so
+
+
+# -- 9. a failed save leaves the previous checkpoint intact -------------------------------
+
+
+def test_failed_save_keeps_the_previous_checkpoint(client, buffer_name, tmp_path):
+    buffer = ReplayBuffer(client, buffer_name, capacity=2000)
+    buffer.add({"x": np.arange(3000, dtype=np.float32).reshape(1500, 2)})
+    path = tmp_path / "ckpt.rb"
+    assert buffer.save(path) == 1500
+    before = path.read_bytes()
+    records = buffer._records
+
+    def failing_records():
+        for index, record in enumerate(records()):
+            if index == 1200:
+                raise redis.exceptions.ConnectionError("lost the server mid-save")
+            yield record
+
+    buffer._records = failing_records
+    with pytest.raises(redis.exceptions.ConnectionError):
+        buffer.save(path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.rb"]  # no temp file left
+    buffer._records = records
+    buffer.add({"x": np.zeros((1, 2), np.float32)})
+    assert buffer.save(str(path)) == 1501  # still saves by str path, replacing the file
+    assert path.read_bytes() != before and len(list(tmp_path.iterdir())) == 1
+    ReplayBuffer(client, buffer_name + "-copy", capacity=2000).load(path)
