@@ -15,6 +15,7 @@ from .errors import (
     RedisBufError,
     SamplingError,
     SchemaError,
+    ServerConfigError,
     ServerUnavailableError,
 )
 from .keys import BufferKeys
@@ -41,6 +42,7 @@ __all__ = [
     "SampleInfo",
     "SamplingError",
     "SchemaError",
+    "ServerConfigError",
     "ServerUnavailableError",
     "States",
     "TerminatingStateBuffer",

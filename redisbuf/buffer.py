@@ -19,7 +19,7 @@ import numpy as np
 import redis
 
 from . import codec, scripts
-from .connection import as_client, guarded
+from .connection import as_client, check_eviction_policy, guarded
 from .containers import KINDS, ContainerKind, describe_schema_difference, kind_of, schema_to_json
 from .errors import (
     ConfigMismatchError,
@@ -98,6 +98,8 @@ class ReplayBuffer:
             ``"mpi"``, ``"redis"`` or a transport object, ``timing``) follow torchgfn and
             are described in :mod:`redisbuf.remote`. ``add`` then puts the score dict
             (what torchgfn's ``add`` returns) in ``AddResult.score``.
+        strict: raise :class:`~redisbuf.errors.ServerConfigError` instead of warning when
+            the server's ``maxmemory-policy`` may evict the buffer's keys (``allkeys-*``).
     """
 
     def __init__(
@@ -120,6 +122,7 @@ class ReplayBuffer:
         scoring_only: bool = False,
         communication_backend: Any = "mpi",
         timing: bool = False,
+        strict: bool = False,
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
@@ -130,6 +133,7 @@ class ReplayBuffer:
         if max_item_bytes <= 0:
             raise ValueError(f"max_item_bytes must be positive, got {max_item_bytes}")
         self.client = guarded(as_client(redis_or_url))
+        check_eviction_policy(self.client, strict)
         self.keys = BufferKeys(name)
         self.name = name
         self.max_item_bytes = max_item_bytes

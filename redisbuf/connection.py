@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from typing import Any
 
 import redis
@@ -14,7 +15,7 @@ from redis.connection import (
     PythonRespSerializer,
 )
 
-from .errors import ServerUnavailableError
+from .errors import ServerConfigError, ServerUnavailableError
 
 URL_ENV = "REDISBUF_URL"
 
@@ -230,3 +231,40 @@ class Guarded:
 def guarded(client: Any) -> Any:
     """``client`` wrapped in :class:`Guarded` (once)."""
     return client if isinstance(client, Guarded) else Guarded(client)
+
+
+# Policies under which Redis never evicts a buffer's keys (they carry no TTL).
+SAFE_POLICIES = ("noeviction", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl")
+
+
+def eviction_policy(client: Any) -> str | None:
+    """The server's ``maxmemory-policy`` (from INFO memory, then CONFIG GET), or None when
+    the server does not say (an ACL without INFO and CONFIG, fakeredis)."""
+    try:
+        policy = client.info("memory").get("maxmemory_policy")
+        if policy:
+            return str(policy)
+    except redis.exceptions.ResponseError:
+        pass
+    try:
+        found = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    except redis.exceptions.ResponseError:
+        return None
+    return found.decode() if isinstance(found, bytes) else found
+
+
+def check_eviction_policy(client: Any, strict: bool = False) -> None:
+    """Warn (``strict``: raise :class:`ServerConfigError`) when the server may evict
+    keys without a TTL (``allkeys-*``): it would delete a buffer's meta, order or tree
+    keys under memory pressure and the buffer would vanish or break."""
+    policy = eviction_policy(client)
+    if policy is None or policy in SAFE_POLICIES:
+        return
+    message = (
+        f"Redis at {server_name(client)} has maxmemory-policy {policy}: at maxmemory it "
+        "deletes any key, a buffer's included. Use noeviction (or a volatile-* policy): "
+        "CONFIG SET maxmemory-policy noeviction"
+    )
+    if strict:
+        raise ServerConfigError(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)

@@ -44,6 +44,10 @@ class ServerUnavailableError(RedisBufError, redis.exceptions.ConnectionError, Co
     its password). Also a redis-py ``ConnectionError``, for code that catches those."""
 
 
+class ServerConfigError(RedisBufError):
+    """The server is configured in a way that can lose a buffer (``strict=True``)."""
+
+
 class ProtocolError(RedisBufError):
     """A control-plane peer sent something unexpected, or did not answer in time."""
 

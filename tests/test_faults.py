@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from redisbuf.errors import (
     ConfigMismatchError,
     DecodeError,
     EmptyBufferError,
+    ServerConfigError,
     ServerUnavailableError,
 )
 from redisbuf.keys import BufferKeys, format_id
@@ -309,3 +311,28 @@ def test_failed_save_keeps_the_previous_checkpoint(client, buffer_name, tmp_path
     assert buffer.save(str(path)) == 1501  # still saves by str path, replacing the file
     assert path.read_bytes() != before and len(list(tmp_path.iterdir())) == 1
     ReplayBuffer(client, buffer_name + "-copy", capacity=2000).load(path)
+
+
+# -- 11. a server that may evict a buffer's keys is reported -----------------------------
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu", "allkeys-random"])
+def test_an_evicting_policy_warns_and_strict_refuses(own_server, buffer_name, policy):
+    client = redis.Redis.from_url(own_server.url)
+    client.config_set("maxmemory-policy", policy)
+    with pytest.warns(RuntimeWarning, match=f"maxmemory-policy {policy}"):
+        ReplayBuffer(client, buffer_name, capacity=4)
+    with pytest.raises(ServerConfigError, match="noeviction"):
+        ReplayBuffer(client, buffer_name + "-strict", capacity=4, strict=True)
+    assert not client.exists(BufferKeys(buffer_name + "-strict").meta)  # refused before init
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize("policy", ["noeviction", "volatile-lru", "volatile-ttl"])
+def test_policies_that_keep_keys_without_ttl_pass_silently(own_server, buffer_name, policy):
+    client = redis.Redis.from_url(own_server.url)
+    client.config_set("maxmemory-policy", policy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ReplayBuffer(client, buffer_name, capacity=4, strict=True).add({"x": np.zeros(2)})
