@@ -8,6 +8,7 @@ import math
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from .errors import (
     ItemTooLargeError,
     SchemaError,
 )
-from .keys import BufferKeys, format_id
+from .keys import BufferKeys, StagingKeys, format_id
 from .remote import RemoteScorer
 from .samplers import Draw, PrioritizedSampler, Sampler, UniformSampler
 
@@ -544,7 +545,8 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the buffer's items with those of ``state`` (from :meth:`state_dict`),
-        keeping their order and priorities and restoring the counters."""
+        keeping their order and priorities (they get new ids); see :meth:`load` for
+        what is checked and how the replacement is atomic."""
         _check_header(state)
         self._restore(
             state, zip(state["ids"], state["priorities"], state["blobs"], strict=True)
@@ -583,7 +585,13 @@ class ReplayBuffer:
 
     def load(self, path: str | Path) -> int:
         """Replace the buffer's items with those saved at ``path``; returns their number.
-        The file is read and checked whole before the buffer is touched."""
+
+        The file is read and checked whole (records, schema, capacity, counters: integers
+        in [0, 2**53]) before anything is written. The items are then built under staging
+        keys and swapped in by one script: other processes see the old buffer or the
+        restored one, never a part. Counters: ``inserted`` is the saved one (at least the
+        length), ``evicted = inserted - length``, ``sampled`` the saved one. Restored
+        items get new ids, above every id handed out before or during the load."""
         with open(path, "rb") as handle:
             unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
             try:
@@ -660,19 +668,26 @@ class ReplayBuffer:
             )
         if records:
             self._check_records(records, json.loads(schema_json))
-        self.clear()
-        if records and schema_json:
-            schema = json.loads(schema_json)
+        inserted, sampled = _saved_counters(header, len(records))
+        staging = StagingKeys(self.name, uuid.uuid4().hex[:16])
+        try:
+            self._run("restore_stage", [self.keys.meta, staging.meta], [len(records)])
             for start in range(0, len(records), _READ_CHUNK):
                 chunk = records[start : start + _READ_CHUNK]
-                self._insert(
-                    [r[2] for r in chunk], np.array([r[1] for r in chunk], dtype=np.float64), schema
-                )
-        counters = header.get("counters", {})
-        self.client.hset(
-            self.keys.meta,
-            mapping={k: int(counters.get(k, 0)) for k in ("inserted", "evicted", "sampled")},
-        )
+                args: list[Any] = [schema_json, len(chunk), ""]
+                for _id, priority, blob in chunk:
+                    args.append(blob)
+                    args.append(_priority_text(priority))
+                self._run("add", staging.all_keys(), args)
+            self._run(
+                "restore",
+                [*self.keys.all_keys(), *staging.all_keys()],
+                [inserted, sampled, schema_json or ""],
+            )
+        finally:
+            self.client.delete(*staging.all_keys())  # nothing left after a failure
+            self._forget_schema()
+        self._stored_schema()
 
 
 @contextmanager
@@ -706,6 +721,28 @@ def _decode_meta(raw: dict[Any, Any]) -> dict[str, str]:
         (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
         for k, v in raw.items()
     }
+
+
+_MAX_COUNTER = 2**53  # exact in Lua's doubles
+
+
+def _saved_counters(header: dict[str, Any], length: int) -> tuple[int, int]:
+    """(inserted, sampled) of a saved header, checked: integers in [0, 2**53] (a file's
+    ``evicted`` is checked too but not used: the restore derives it from the length)."""
+    counters = header.get("counters", {})
+    if not isinstance(counters, dict):
+        raise DecodeError(f"saved counters {counters!r:.80} are not a map")
+    values = {}
+    for name in ("inserted", "evicted", "sampled"):
+        value = counters.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not (
+            0 <= value <= _MAX_COUNTER
+        ):
+            raise DecodeError(
+                f"saved counter {name}={value!r:.40} is not an integer in [0, 2**53]"
+            )
+        values[name] = value
+    return max(values["inserted"], length), values["sampled"]
 
 
 def _check_header(header: Any) -> None:

@@ -150,3 +150,15 @@ class BufferKeys:
             self.times: "hash: item id -> insertion time",
             self.vecs: "hash: item id -> compact state vector (diversity checks)",
         }
+
+
+@dataclass(frozen=True)
+class StagingKeys(BufferKeys):
+    """The keys a restore builds a buffer's new content under before swapping it in
+    (``rb:{name}:staging:TOKEN:...``): the same hash tag, so one script may rename them
+    over the buffer's own keys, and a token so that concurrent restores do not mix."""
+
+    token: str = "0"
+
+    def _key(self, suffix: str) -> str:
+        return f"{PREFIX}:{{{self.name}}}:staging:{self.token}:{suffix}"

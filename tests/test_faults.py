@@ -336,3 +336,130 @@ def test_policies_that_keep_keys_without_ttl_pass_silently(own_server, buffer_na
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ReplayBuffer(client, buffer_name, capacity=4, strict=True).add({"x": np.zeros(2)})
+
+
+# -- 5. restores: counters checked or derived, all-or-nothing for other processes --------
+
+
+def _every_key(client, name: str) -> dict[bytes, bytes]:
+    """Every key of the buffer's hash tag (staging keys included), dumped."""
+    return {key: client.dump(key) for key in client.scan_iter(match=f"rb:{{{name}}}:*")}
+
+
+def _filled(client, name: str, n: int = 10) -> ReplayBuffer:
+    buffer = ReplayBuffer(client, name, capacity=5000, prioritized_sampling=True)
+    buffer.add({"x": np.arange(2 * n, dtype=np.float32).reshape(n, 2), "log_rewards": np.zeros(n)})
+    buffer.sample(3)
+    return buffer
+
+
+@pytest.mark.parametrize(
+    "counters",
+    [
+        {"inserted": -1, "evicted": 0, "sampled": 0},
+        {"inserted": 2**64 - 1, "evicted": 0, "sampled": 0},
+        {"inserted": 10, "evicted": 0, "sampled": -5},
+        {"inserted": "10", "evicted": 0, "sampled": 0},
+        {"inserted": 10.5, "evicted": 0, "sampled": 0},
+        {"inserted": True, "evicted": 0, "sampled": 0},
+        {"inserted": 10, "evicted": None, "sampled": 0},
+        [10, 0, 0],
+    ],
+)
+def test_crafted_counters_are_refused_before_the_buffer_changes(client, buffer_name, counters):
+    source = _filled(client, buffer_name + "-src")
+    state = source.state_dict()
+    state["counters"] = counters
+    target = _filled(client, buffer_name)
+    target.add({"x": np.zeros((3, 2), np.float32), "log_rewards": np.ones(3)})
+    before = _every_key(client, buffer_name)
+    with pytest.raises(DecodeError, match="counter"):
+        target.load_state_dict(state)
+    assert _every_key(client, buffer_name) == before
+
+
+@pytest.mark.parametrize("saved", [(10, 0, 3), (3, 0, 0), (40, 35, 2), (0, 0, 0)])
+def test_restored_counters_keep_inserted_minus_evicted_equal_to_length(
+    client, buffer_name, tmp_path, saved
+):
+    source = _filled(client, buffer_name + "-src")
+    state = source.state_dict()
+    state["counters"] = dict(zip(("inserted", "evicted", "sampled"), saved, strict=True))
+    target = _filled(client, buffer_name, n=20)
+    target.load_state_dict(state)
+    stats = target.stats()
+    assert stats["length"] == 10 and stats["inserted"] - stats["evicted"] == 10
+    assert stats["inserted"] == max(saved[0], 10) and stats["sampled"] == saved[2]
+    assert target.sample(4)["x"].shape == (4, 2)  # the sum tree was rebuilt
+
+
+@pytest.mark.redis_server
+def test_readers_never_see_a_half_loaded_buffer(redis_server, buffer_name, tmp_path):
+    client = redis.Redis.from_url(redis_server.url)
+    source = ReplayBuffer(client, buffer_name + "-src", capacity=6000)
+    source.add({"x": np.ones((5000, 2), np.float32)})
+    path = tmp_path / "big.rb"
+    source.save(path)
+    target = ReplayBuffer(client, buffer_name, capacity=6000)
+    target.add({"x": np.zeros((7, 2), np.float32)})
+    seen: set[tuple[int, int, int]] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        reader = redis.Redis.from_url(redis_server.url)
+        keys = BufferKeys(buffer_name)
+        while not stop.is_set():
+            pipe = reader.pipeline(transaction=True)
+            pipe.zcard(keys.order)
+            pipe.hlen(keys.items)
+            pipe.hget(keys.meta, "inserted")
+            length, items, inserted = pipe.execute()
+            seen.add((length, items, int(inserted or -1)))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        assert target.load(path) == 5000
+        time.sleep(0.05)
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen <= {(7, 7, 7), (5000, 5000, 5000)}, sorted(seen)[:5]
+    assert (5000, 5000, 5000) in seen
+
+
+@pytest.mark.redis_server
+def test_load_while_another_process_adds_keeps_the_counters_consistent(
+    redis_server, buffer_name, tmp_path
+):
+    client = redis.Redis.from_url(redis_server.url)
+    source = ReplayBuffer(client, buffer_name + "-src", capacity=3000)
+    source.add({"x": np.ones((2500, 2), np.float32)})
+    path = tmp_path / "ckpt.rb"
+    source.save(path)
+    target = ReplayBuffer(client, buffer_name, capacity=3000)
+    stop = threading.Event()
+    handed_out: list[int] = []
+
+    def add_forever() -> None:
+        writer = ReplayBuffer(redis_server.url, buffer_name, capacity=3000)
+        while not stop.is_set():
+            handed_out.extend(writer.add({"x": np.zeros((5, 2), np.float32)}).ids.tolist())
+
+    adder = threading.Thread(target=add_forever)
+    adder.start()
+    try:
+        for _ in range(3):
+            target.load(path)
+    finally:
+        stop.set()
+        adder.join()
+    stats = target.stats()
+    assert stats["inserted"] - stats["evicted"] == stats["length"] == len(target)
+    present = [int(m) for m in client.zrange(target.keys.order, 0, -1)]
+    assert len(present) == len(set(present))
+    restored = np.array(present)[target.get(present)["x"][:, 0] == 1].tolist()
+    assert len(restored) == 2500
+    assert not set(restored) & set(handed_out)  # no restored item took an id handed out
+    assert len(set(handed_out)) == len(handed_out)
+    assert not client.keys(f"rb:{{{buffer_name}}}:staging:*")
