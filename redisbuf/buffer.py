@@ -20,7 +20,7 @@ import numpy as np
 import redis
 
 from . import codec, scripts
-from .connection import as_client, check_eviction_policy, guarded
+from .connection import as_client, check_eviction_policy, guarded, retrying
 from .containers import KINDS, ContainerKind, describe_schema_difference, kind_of, schema_to_json
 from .errors import (
     ConfigMismatchError,
@@ -38,6 +38,11 @@ FORMAT_VERSION = 1
 FILE_MAGIC = "redisbuf"
 DEFAULT_MAX_ITEM_BYTES = 64 * 1024 * 1024
 _READ_CHUNK = 1000
+#: Seconds a buffer remembers an add's batch id, so that a retried add is not inserted
+#: twice (see Script.__call__): far longer than any retry takes.
+BATCH_MEMORY = 600.0
+# Scripts that may run twice with the same effect (samplers retry by name: "sample*").
+_REPEATABLE_SCRIPTS = frozenset({"init", "enable_tree"})
 
 
 @dataclass
@@ -183,7 +188,10 @@ class ReplayBuffer:
     # -- plumbing ---------------------------------------------------------------------
 
     def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        return scripts.load(script)(self.client, keys, args)
+        run = scripts.load(script)
+        if script.startswith("sample") or script in _REPEATABLE_SCRIPTS:
+            return retrying(lambda: run(self.client, keys, args), name=self.client)
+        return run(self.client, keys, args)
 
     def _open(self, capacity: int | None, eviction: str) -> _Config:
         if capacity is None:
@@ -315,8 +323,14 @@ class ReplayBuffer:
         schema_json = schema_to_json(schema)
         self._check_schema(schema, schema_json)
         args[0] = schema_json
+        # one id per batch: a retry after a lost reply gets the first run's reply back
+        batch = (uuid.uuid4().hex, [self.keys.batches, self.keys.batch_times], BATCH_MEMORY)
+        run = scripts.load(script)
         try:
-            reply = self._run(script, self.keys.all_keys(), args)
+            reply = retrying(
+                lambda: run(self.client, self.keys.all_keys(), args, batch=batch),
+                name=self.client,
+            )
         except SchemaError:
             self._forget_schema()  # another process fixed the schema first: report against it
             stored = self._stored_schema() or {}

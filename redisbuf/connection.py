@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import warnings
 from typing import Any
 
@@ -125,10 +126,19 @@ def connect(
     try:
         # probe with the short timeout: a port that accepts and never answers must not
         # hold us for the long socket timeout
-        with redis.Redis.from_url(
-            url, socket_connect_timeout=connect_timeout, socket_timeout=connect_timeout
-        ) as probe:
-            probe.ping()
+        for delay in (*RETRY_DELAYS, None):
+            try:
+                with redis.Redis.from_url(
+                    url, socket_connect_timeout=connect_timeout, socket_timeout=connect_timeout
+                ) as probe:
+                    probe.ping()
+                break
+            except redis.exceptions.ConnectionError as exc:
+                # a server that answered, then dropped the connection, may answer the
+                # next one; refused or silent ones fail at once
+                if delay is None or "closed" not in str(exc) and "reset" not in str(exc):
+                    raise
+                time.sleep(delay)
         client = redis.Redis.from_url(
             url,
             socket_connect_timeout=connect_timeout,
@@ -187,15 +197,47 @@ def unavailable(client: Any, exc: BaseException) -> ServerUnavailableError:
     return ServerUnavailableError(f"lost the Redis server at {where}: {exc}")
 
 
+# Retries of calls that are safe to repeat, after the server was lost: delays in seconds.
+RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8)
+
+# Commands (redis-py method names and RESP names) that only read: retried when lost.
+READ_METHODS = frozenset(
+    "get hget hmget hgetall hlen hexists zcard zrange zrevrange zrangebyscore zmscore "
+    "zscore zcount exists type memory_usage info config_get ping lrange llen dbsize".split()
+)
+READ_COMMANDS = frozenset(
+    "GET HGET HMGET HGETALL HLEN HEXISTS ZCARD ZRANGE ZREVRANGE ZRANGEBYSCORE ZMSCORE ZSCORE "
+    "ZCOUNT EXISTS TYPE INFO PING LRANGE LLEN DBSIZE".split()
+)
+
+
+def retrying(call: Any, *, name: Any = None, delays: tuple[float, ...] = RETRY_DELAYS) -> Any:
+    """``call()``, repeated after each delay while it raises a lost-server error
+    (:class:`ServerUnavailableError` or redis-py's); only for calls safe to repeat."""
+    for delay in (*delays, None):
+        try:
+            return call()
+        except ServerUnavailableError:
+            if delay is None:
+                raise
+        except LOST as exc:
+            if delay is None:
+                raise unavailable(name, exc) from None
+        time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
 class Guarded:
     """A Redis client (or pipeline) whose calls raise :class:`ServerUnavailableError`
     naming the server, instead of redis-py's ConnectionError / TimeoutError, when the
-    server is lost. Everything else is the wrapped object's own behaviour; ``pipeline()``
-    returns a guarded pipeline."""
+    server is lost. Read-only commands (and pipelines of them) are first retried after
+    each of ``RETRY_DELAYS``. Everything else is the wrapped object's own behaviour;
+    ``pipeline()`` returns a guarded pipeline."""
 
     def __init__(self, client: Any, name: Any = None) -> None:
         self._client = client
         self._name = name if name is not None else client
+        self._stack: list[Any] = []
 
     @property
     def unwrapped(self) -> Any:
@@ -210,12 +252,28 @@ class Guarded:
             try:
                 result = value(*args, **kwargs)
             except LOST as exc:
-                raise unavailable(self._name, exc) from None
+                if not self._repeatable(attribute):
+                    raise unavailable(self._name, exc) from None
+                result = retrying(lambda: self._again(attribute, args, kwargs), name=self._name)
             if attribute == "pipeline":
                 return Guarded(result, self._name)
             return result
 
+        if attribute == "execute":  # a pipeline: keep its commands for a retry
+            self._stack = list(getattr(self._client, "command_stack", []))
         return call
+
+    def _repeatable(self, attribute: str) -> bool:
+        if attribute == "execute":
+            return bool(self._stack) and all(
+                str(args[0]).upper() in READ_COMMANDS for args, _options in self._stack
+            )
+        return attribute in READ_METHODS
+
+    def _again(self, attribute: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if attribute == "execute":
+            self._client.command_stack = list(self._stack)  # execute() emptied it
+        return getattr(self._client, attribute)(*args, **kwargs)
 
     def __enter__(self) -> Any:
         self._client.__enter__()

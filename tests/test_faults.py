@@ -463,3 +463,103 @@ def test_load_while_another_process_adds_keeps_the_counters_consistent(
     assert not set(restored) & set(handed_out)  # no restored item took an id handed out
     assert len(set(handed_out)) == len(handed_out)
     assert not client.keys(f"rb:{{{buffer_name}}}:staging:*")
+
+
+# -- retries: an add runs once per batch id; reads are retried ----------------------------
+
+
+def _add_args(n: int = 2) -> list:
+    """ARGV pairs of add.lua for ``n`` items of {"x": float32[2]}."""
+    blob = codec.packb({"x": np.zeros(2, np.float32)})
+    return [blob, "0.0"] * n
+
+
+def test_an_add_repeated_with_its_batch_id_inserts_once(client, buffer_name):
+    from redisbuf import scripts
+
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add({"x": np.zeros((1, 2), np.float32)})
+    keys = buffer.keys
+    schema = client.hget(keys.meta, "schema")
+    memory = [keys.batches, keys.batch_times]
+    args = [schema, 2, "", *_add_args(2)]
+    first = scripts.load("add")(client, keys.all_keys(), list(args), batch=("b1", memory, 60))
+    again = scripts.load("add")(client, keys.all_keys(), list(args), batch=("b1", memory, 60))
+    assert first == again == [2, 2, 0]
+    assert len(buffer) == 3 and buffer.stats()["inserted"] == 3
+    other = scripts.load("add")(client, keys.all_keys(), list(args), batch=("b2", memory, 60))
+    assert other == [4, 2, 0] and len(buffer) == 5
+    # an error reply is not remembered: the same id may succeed later
+    bad = [schema, 1, "", _add_args(1)[0], "nan"]
+    with pytest.raises(redisbuf.InvalidBatchError):
+        scripts.load("add")(client, keys.all_keys(), bad, batch=("b3", memory, 60))
+    assert client.hget(keys.batches, "b3") is None
+
+
+def test_batch_ids_are_forgotten_after_their_time(client, buffer_name):
+    from redisbuf import scripts
+
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add({"x": np.zeros((1, 2), np.float32)})
+    keys = buffer.keys
+    schema = client.hget(keys.meta, "schema")
+    memory = [keys.batches, keys.batch_times]
+    add = scripts.load("add")
+    add(client, keys.all_keys(), [schema, 1, "", *_add_args(1)], batch=("old", memory, 0.05))
+    time.sleep(0.1)
+    add(client, keys.all_keys(), [schema, 1, "", *_add_args(1)], batch=("new", memory, 0.05))
+    assert client.hkeys(keys.batches) == [b"new"]  # "old" was pruned by the next add
+    assert client.zrange(keys.batch_times, 0, -1) == [b"new"]
+
+
+def test_a_remembered_add_does_not_recreate_a_dropped_buffer(client, buffer_name):
+    from redisbuf import scripts
+
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    keys = buffer.keys
+    buffer.drop()
+    memory = [keys.batches, keys.batch_times]
+    args = ["{}", 1, "", *_add_args(1)]
+    with pytest.raises(ConfigMismatchError):
+        scripts.load("add")(client, keys.all_keys(), args, batch=("b", memory, 60))
+    assert client.exists(*keys.all_keys()) == 0
+
+
+def test_reads_and_read_pipelines_are_retried_after_a_lost_connection(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add({"x": np.arange(8, dtype=np.float32).reshape(4, 2)})
+    real = buffer.client.unwrapped
+    failures = {"zcard": 2, "execute": 2}
+
+    class Flaky:
+        """Forwards to ``inner``; the first calls named in ``failures`` lose the server."""
+
+        def __init__(self, inner):
+            object.__setattr__(self, "inner", inner)
+
+        def __setattr__(self, name, value):
+            setattr(self.inner, name, value)
+
+        def __getattr__(self, name):
+            value = getattr(self.inner, name)
+            if name == "pipeline":
+                return lambda *a, **k: Flaky(value(*a, **k))
+            if name in failures and failures[name] > 0:
+                def fail(*args, **kwargs):
+                    failures[name] -= 1
+                    if name == "execute":
+                        self.inner.reset()  # what redis-py does on a failed execute
+                    raise redis.exceptions.ConnectionError("Connection closed by server.")
+                return fail
+            return value
+
+    from redisbuf.connection import Guarded
+
+    buffer.client = Guarded(Flaky(real))
+    assert len(buffer) == 4  # zcard failed twice, then answered
+    assert buffer.get([1, 2])["x"].tolist() == [[0, 1], [2, 3]]  # pipeline re-sent
+    assert failures == {"zcard": 0, "execute": 0}
+    failures["delete"] = 1  # a write is not retried
+    with pytest.raises(ServerUnavailableError):
+        buffer.client.delete("unrelated")
+    assert failures["delete"] == 0

@@ -1,0 +1,142 @@
+"""Faults a long run meets, with real processes: connections cut at random moments while
+four writers add (a lossy proxy on loopback), and writers killed mid-run."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import random
+import socket
+import threading
+import traceback
+import uuid
+
+import numpy as np
+import pytest
+import redis
+
+from redisbuf import ReplayBuffer
+from redisbuf.ipc import MessageQueue
+from redisbuf.server import EmbeddedServer
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.redis_server]
+
+WRITERS = 4
+BATCHES = 40
+ITEMS = 3
+
+
+class LossyProxy:
+    """A TCP proxy on loopback to ``port`` that cuts a connection (both ways) with
+    probability ``p`` at each chunk it forwards: after the server has run a command and
+    before its reply arrives, or while the command is in flight."""
+
+    def __init__(self, port: int, p: float, seed: int = 0) -> None:
+        self.target = port
+        self.p = p
+        self.random = random.Random(seed)
+        self.cuts = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.stopping = False
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _cut(self) -> bool:
+        with self.lock:
+            cut = self.random.random() < self.p
+            self.cuts += cut
+            return cut
+
+    def _accept(self) -> None:
+        while not self.stopping:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data or self._cut():
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            end.close()
+
+    def close(self) -> None:
+        self.stopping = True
+        self.listener.close()
+
+
+def _writer(url: str, name: str, index: int, results: MessageQueue) -> None:
+    try:
+        buffer = ReplayBuffer(url, name, capacity=WRITERS * BATCHES * ITEMS)
+        acked, failed = [], 0
+        for batch in range(BATCHES):
+            tags = np.array([[index, batch, item] for item in range(ITEMS)], dtype=np.int64)
+            try:
+                result = buffer.add({"tag": tags})
+            except redis.exceptions.ConnectionError:  # ServerUnavailableError: not acked
+                failed += 1
+                continue
+            acked.append([batch, result.ids.tolist()])
+        results.put({"worker": index, "acked": acked, "failed": failed})
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put({"worker": index, "error": traceback.format_exc()})
+
+
+def test_cut_connections_lose_and_duplicate_no_acknowledged_batch():
+    with EmbeddedServer() as server:
+        proxy = LossyProxy(server.port, p=0.04, seed=7)
+        name = f"cut-{uuid.uuid4().hex[:8]}"
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+        ctx = multiprocessing.get_context("spawn")
+        results = MessageQueue(ctx)
+        writers = [
+            ctx.Process(target=_writer, args=(url, name, index, results))
+            for index in range(WRITERS)
+        ]
+        for process in writers:
+            process.start()
+        reports = []
+        try:
+            for _ in writers:
+                reports.append(results.get(timeout=240))
+        except queue.Empty:
+            pytest.fail(f"writers did not finish; got {reports}")
+        finally:
+            for process in writers:
+                process.join(timeout=30)
+                if process.is_alive():
+                    process.kill()
+            proxy.close()
+        errors = [r["error"] for r in reports if "error" in r]
+        assert not errors, errors[0]
+        assert proxy.cuts > 20, "the proxy cut too few connections to test anything"
+
+        direct = ReplayBuffer(redis.Redis.from_url(server.url), name, capacity=None)
+        ids = [int(m) for m in direct.client.zrange(direct.keys.order, 0, -1)]
+        tags = direct.get(ids)["tag"] if ids else np.zeros((0, 3), np.int64)
+        stored: dict[tuple[int, int], list[int]] = {}
+        for item_id, (writer, batch, _item) in zip(ids, tags.tolist(), strict=True):
+            stored.setdefault((writer, batch), []).append(item_id)
+        duplicated = {key: got for key, got in stored.items() if len(got) != ITEMS}
+        assert not duplicated, f"batches stored twice (or in part): {duplicated}"
+        acked = {(r["worker"], batch): got for r in reports for batch, got in r["acked"]}
+        assert sum(r["failed"] for r in reports) + len(acked) == WRITERS * BATCHES
+        lost = {key for key in acked if key not in stored}
+        assert not lost, f"acknowledged batches missing: {sorted(lost)[:10]}"
+        assert all(stored[key] == got for key, got in acked.items())
+        stats = direct.stats()
+        assert stats["inserted"] - stats["evicted"] == stats["length"] == len(ids)
