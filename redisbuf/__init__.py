@@ -19,22 +19,30 @@ from .errors import (
     ServerUnavailableError,
 )
 from .keys import BufferKeys
-from .samplers import PrioritizedSampler, UniformSampler
+from .samplers import PERSampler, PrioritizedSampler, UniformSampler
+from .selectors import FifoSampler, LifoSampler, MaxHeapSampler, MinHeapSampler
+from .sequence import BatchInfo, SequenceBuffer
 from .terminating import TerminatingStateBuffer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AddResult",
+    "BatchInfo",
     "BufferKeys",
     "ConfigMismatchError",
     "ControlTimeoutError",
     "DecodeError",
     "DiverseAddResult",
     "EmptyBufferError",
+    "FifoSampler",
     "InvalidBatchError",
     "NormBasedDiversePrioritizedReplayBuffer",
     "ItemTooLargeError",
+    "LifoSampler",
+    "MaxHeapSampler",
+    "MinHeapSampler",
+    "PERSampler",
     "PrioritizedSampler",
     "ProtocolError",
     "RedisBufError",
@@ -42,6 +50,7 @@ __all__ = [
     "SampleInfo",
     "SamplingError",
     "SchemaError",
+    "SequenceBuffer",
     "ServerConfigError",
     "ServerUnavailableError",
     "States",

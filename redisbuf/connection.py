@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import warnings
@@ -17,8 +16,9 @@ from redis.connection import (
 )
 
 from .errors import ServerConfigError, ServerUnavailableError
+from .server import URL_ENV, default_url
 
-URL_ENV = "REDISBUF_URL"
+__all__ = ["URL_ENV", "RespPacker", "as_client", "connect", "default_url", "redacted"]
 
 
 class RespPacker:
@@ -115,14 +115,13 @@ def scrub(text: str, url: str) -> str:
 def connect(
     url: str | None = None, *, connect_timeout: float = 5.0, socket_timeout: float | None = 60.0
 ) -> redis.Redis:
-    """A Redis client for ``url`` (or ``$REDISBUF_URL``), checked with PING.
+    """A Redis client for ``url`` (or ``$REDISBUF_URL``, else the private server of
+    :func:`redisbuf.server.default_url`), checked with PING.
 
     Raises :class:`ServerUnavailableError` naming the URL when the server cannot be
     reached within ``connect_timeout`` seconds.
     """
-    url = url or os.environ.get(URL_ENV)
-    if not url:
-        raise ServerUnavailableError(f"no Redis URL given and ${URL_ENV} is not set")
+    url = url or default_url()
     try:
         # probe with the short timeout: a port that accepts and never answers must not
         # hold us for the long socket timeout
@@ -147,6 +146,7 @@ def connect(
             retry_on_timeout=False,
             command_packer=RespPacker(),
         )
+        client.redisbuf_url = redacted(url)  # type: ignore[attr-defined]  # for messages
     except (ValueError, TypeError) as exc:  # TypeError: an unknown query option
         hint = " (percent-encode # / ? @ in a password)" if _secrets(url) else ""
         raise ServerUnavailableError(
@@ -162,9 +162,7 @@ def connect(
 def as_client(redis_or_url: Any) -> redis.Redis:
     """Accept a client or a URL; refuse clients that decode responses (blobs are bytes)."""
     if redis_or_url is None or isinstance(redis_or_url, str):
-        client = connect(redis_or_url)
-        client.redisbuf_url = redacted(redis_or_url or os.environ[URL_ENV])  # type: ignore
-        return client
+        return connect(redis_or_url)
     kwargs = getattr(getattr(redis_or_url, "connection_pool", None), "connection_kwargs", {})
     if kwargs.get("decode_responses"):
         raise ValueError("redisbuf needs a Redis client created with decode_responses=False")
