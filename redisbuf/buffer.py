@@ -20,7 +20,15 @@ import numpy as np
 import redis
 
 from . import codec, scripts
-from .connection import as_client, check_eviction_policy, guarded, retrying
+from .connection import (
+    as_client,
+    check_durability,
+    check_durability_support,
+    check_eviction_policy,
+    durability_wait,
+    guarded,
+    retrying,
+)
 from .containers import KINDS, ContainerKind, describe_schema_difference, kind_of, schema_to_json
 from .errors import (
     ConfigMismatchError,
@@ -117,6 +125,13 @@ class ReplayBuffer:
             (what torchgfn's ``add`` returns) in ``AddResult.score``.
         strict: raise :class:`~redisbuf.errors.ServerConfigError` instead of warning when
             the server's ``maxmemory-policy`` may evict the buffer's keys (``allkeys-*``).
+        durability: ``None`` (``add`` returns once the server applied the batch),
+            ``"aof"`` (also once WAITAOF confirms the server's append-only file has it:
+            Redis >= 7.2 or valkey with ``appendonly yes``) or ``"replica"`` (once WAIT
+            confirms a replica has it). Checked when the buffer is opened
+            (:class:`~redisbuf.errors.ServerConfigError` where unsupported); an add not
+            confirmed within ``durability_timeout`` seconds raises
+            :class:`~redisbuf.errors.DurabilityError` (the batch is in the buffer).
     """
 
     def __init__(
@@ -142,6 +157,8 @@ class ReplayBuffer:
         communication_backend: Any = "mpi",
         timing: bool = False,
         strict: bool = False,
+        durability: str | None = None,
+        durability_timeout: float = 10.0,
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
@@ -163,6 +180,8 @@ class ReplayBuffer:
         self.recent_data_steps = recent_data_steps
         self.client = guarded(as_client(redis_or_url))
         check_eviction_policy(self.client, strict)
+        self.durability, self.durability_timeout = durability, float(durability_timeout)
+        check_durability_support(self.client, durability)
         self.keys = BufferKeys(name)
         self.name = name
         self.max_item_bytes = max_item_bytes
@@ -364,11 +383,15 @@ class ReplayBuffer:
         # one id per batch: a retry after a lost reply gets the first run's reply back
         batch = (uuid.uuid4().hex, [self.keys.batches, self.keys.batch_times], BATCH_MEMORY)
         run = scripts.load(script)
+        wait = durability_wait(self.durability, self.durability_timeout)
         try:
             reply = retrying(
-                lambda: run(self.client, self.keys.all_keys(), args, batch=batch),
+                lambda: run(self.client, self.keys.all_keys(), args, batch=batch, then=wait),
                 name=self.client,
             )
+            if wait is not None:
+                reply, confirmation = reply
+                check_durability(self.durability, confirmation, self.client)
         except SchemaError:
             self._forget_schema()  # another process fixed the schema first: report against it
             stored = self._stored_schema() or {}

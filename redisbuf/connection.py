@@ -15,7 +15,7 @@ from redis.connection import (
     PythonRespSerializer,
 )
 
-from .errors import ServerConfigError, ServerUnavailableError
+from .errors import DurabilityError, ServerConfigError, ServerUnavailableError
 from .server import URL_ENV, default_url
 
 __all__ = ["URL_ENV", "RespPacker", "as_client", "connect", "default_url", "redacted"]
@@ -324,3 +324,64 @@ def check_eviction_policy(client: Any, strict: bool = False) -> None:
     if strict:
         raise ServerConfigError(message)
     warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+DURABILITY = (None, "aof", "replica")
+
+
+def check_durability_support(client: Any, durability: str | None) -> None:
+    """Raise :class:`ServerConfigError` unless the server can confirm ``durability``:
+    ``"aof"`` needs WAITAOF (Redis >= 7.2, valkey) and ``appendonly yes``; ``"replica"``
+    needs a connected replica."""
+    if durability not in DURABILITY:
+        raise ValueError(f"durability must be None, 'aof' or 'replica', got {durability!r}")
+    where = server_name(client)
+    if durability == "aof":
+        try:
+            client.execute_command("WAITAOF", 1, 0, 1)
+        except redis.exceptions.ResponseError as exc:
+            if "appendonly" in str(exc):
+                raise ServerConfigError(
+                    f"durability='aof' needs appendonly yes on Redis at {where} "
+                    "(CONFIG SET appendonly yes)"
+                ) from None
+            raise ServerConfigError(
+                f"durability='aof' needs the WAITAOF command (Redis >= 7.2 or valkey); "
+                f"Redis at {where} refused it: {exc}"
+            ) from None
+    elif durability == "replica":
+        try:
+            replicas = int(client.info("replication").get("connected_slaves", 0))
+        except redis.exceptions.ResponseError as exc:
+            raise ServerConfigError(
+                f"durability='replica': Redis at {where} does not report its replicas ({exc})"
+            ) from None
+        if replicas < 1:
+            raise ServerConfigError(f"durability='replica' but Redis at {where} has no replica")
+
+
+def durability_wait(durability: str | None, timeout: float) -> tuple[Any, ...] | None:
+    """The command that waits for ``durability`` after a write on the same connection."""
+    milliseconds = max(1, int(timeout * 1000))
+    if durability == "aof":
+        return ("WAITAOF", 1, 0, milliseconds)
+    if durability == "replica":
+        return ("WAIT", 1, milliseconds)
+    return None
+
+
+def check_durability(durability: str | None, confirmation: Any, client: Any) -> None:
+    """Raise :class:`DurabilityError` unless ``confirmation`` (the reply of
+    :func:`durability_wait`'s command) confirms ``durability``."""
+    if isinstance(confirmation, Exception):
+        raise DurabilityError(
+            f"the batch was added but {durability} durability could not be confirmed at "
+            f"{server_name(client)}: {confirmation}"
+        )
+    confirmed = confirmation[0] if durability == "aof" else confirmation
+    if int(confirmed) < 1:
+        what = "the append-only file" if durability == "aof" else "a replica"
+        raise DurabilityError(
+            f"the batch was added but {what} at {server_name(client)} did not confirm it "
+            "within durability_timeout"
+        )

@@ -48,6 +48,11 @@ class ServerConfigError(RedisBufError):
     """The server is configured in a way that can lose a buffer (``strict=True``)."""
 
 
+class DurabilityError(RedisBufError):
+    """An add was applied but its requested durability (AOF fsync, a replica) was not
+    confirmed in time; the batch is in the buffer and may be lost in a crash."""
+
+
 class ProtocolError(RedisBufError):
     """A control-plane peer sent something unexpected, or did not answer in time."""
 

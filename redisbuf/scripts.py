@@ -132,25 +132,50 @@ class Script:
             client.script_load(self.source)
             return client.evalsha(self.sha, len(keys), *keys, *args)
 
+    def _eval_then(
+        self, client: Any, keys: list[str], args: list[Any], then: tuple[Any, ...]
+    ) -> tuple[Any, Any]:
+        """The script, then the command ``then`` on the same connection (one pipeline):
+        WAIT and WAITAOF wait for the writes of their own connection only."""
+        for attempt in range(2):
+            pipe = client.pipeline(transaction=False)
+            pipe.evalsha(self.sha, len(keys), *keys, *args)
+            pipe.execute_command(*then)
+            reply, after = pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
+                client.script_load(self.source)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            return reply, after
+        raise AssertionError("unreachable")
+
     def __call__(
         self,
         client: Any,
         keys: list[str],
         args: list[Any],
         batch: tuple[str, list[str], float] | None = None,
+        then: tuple[Any, ...] | None = None,
     ) -> Any:
         """Run the script. With ``batch = (batch_id, [memory_key, times_key],
         remember_seconds)`` it runs at most once per batch id: the reply is remembered
         (a hash field of ``memory_key``, its time in the zset ``times_key``) for
         ``remember_seconds``, and a repeated call returns it without running the script,
         so a call retried after a lost reply does not insert twice. Error replies are
-        not remembered, nor anything once the buffer's meta (KEYS[1]) is gone."""
+        not remembered, nor anything once the buffer's meta (KEYS[1]) is gone.
+
+        With ``then`` (a command, e.g. ``("WAITAOF", 1, 0, 1000)``) it is sent right after
+        the script on the same connection and ``(reply, its reply)`` is returned; its
+        error reply is returned, not raised."""
         if batch is not None:
             batch_id, memory_keys, seconds = batch
             return self.remembering(
-                client, [*keys, *memory_keys], [*args, batch_id, int(seconds * 1000)]
+                client, [*keys, *memory_keys], [*args, batch_id, int(seconds * 1000)], then=then
             )
         try:
+            if then is not None:
+                return self._eval_then(client, keys, args, then)
             return self._eval(client, keys, args)
         except _REFUSED_WRITES as refused:
             if self.read_only is self:

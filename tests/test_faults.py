@@ -563,3 +563,57 @@ def test_reads_and_read_pipelines_are_retried_after_a_lost_connection(client, bu
     with pytest.raises(ServerUnavailableError):
         buffer.client.delete("unrelated")
     assert failures["delete"] == 0
+
+
+# -- durability on request ----------------------------------------------------------------
+
+
+@pytest.mark.redis_server
+def test_durability_aof_adds_once_the_append_only_file_has_the_batch(buffer_name):
+    with EmbeddedServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"]) as server:
+        client = redis.Redis.from_url(server.url)
+        buffer = ReplayBuffer(client, buffer_name, capacity=8, durability="aof")
+        result = buffer.add({"x": np.zeros((3, 2), np.float32)})
+        assert result.ids.tolist() == [1, 2, 3] and len(buffer) == 3
+        assert ReplayBuffer(server.url, buffer_name, capacity=8, durability="aof").add(
+            {"x": np.ones((1, 2), np.float32)}
+        ).ids.tolist() == [4]
+
+
+@pytest.mark.redis_server
+def test_durability_aof_without_appendonly_is_a_clear_error(own_server, buffer_name):
+    with pytest.raises(ServerConfigError, match="appendonly yes"):
+        ReplayBuffer(own_server.url, buffer_name, capacity=8, durability="aof")
+    assert not redis.Redis.from_url(own_server.url).exists(BufferKeys(buffer_name).meta)
+
+
+def test_durability_aof_without_waitaof_is_a_clear_error(fake_client, buffer_name):
+    # fakeredis has no WAITAOF, like Debian's Redis 7.0: the same error path
+    with pytest.raises(ServerConfigError, match="WAITAOF"):
+        ReplayBuffer(fake_client, buffer_name, capacity=8, durability="aof")
+    with pytest.raises(ValueError, match="durability"):
+        ReplayBuffer(fake_client, buffer_name, capacity=8, durability="fsync")
+
+
+@pytest.mark.redis_server
+def test_durability_replica_waits_for_the_replica(replicated, buffer_name):
+    primary, replica = replicated
+    buffer = ReplayBuffer(
+        primary, buffer_name, capacity=8, durability="replica", durability_timeout=5
+    )
+    buffer.add({"x": np.zeros((3, 2), np.float32)})
+    # WAIT returned: the replica has the batch now, without any further waiting
+    assert replica.zcard(BufferKeys(buffer_name).order) == 3
+    replica.execute_command("REPLICAOF", "NO", "ONE")  # the replica leaves
+    buffer.durability_timeout = 0.3
+    start = time.monotonic()
+    with pytest.raises(redisbuf.DurabilityError, match="replica"):
+        buffer.add({"x": np.zeros((1, 2), np.float32)})
+    assert time.monotonic() - start < 5
+    assert len(buffer) == 4  # the batch is in, just not confirmed
+
+
+@pytest.mark.redis_server
+def test_durability_replica_without_a_replica_is_a_clear_error(own_server, buffer_name):
+    with pytest.raises(ServerConfigError, match="no replica"):
+        ReplayBuffer(own_server.url, buffer_name, capacity=8, durability="replica")
