@@ -178,6 +178,7 @@ class ReplayBuffer:
             )
         self.recent_data_ratio = float(recent_data_ratio)
         self.recent_data_steps = recent_data_steps
+        self._owns_client = redis_or_url is None or isinstance(redis_or_url, str)
         self.client = guarded(as_client(redis_or_url))
         check_eviction_policy(self.client, strict)
         self.durability, self.durability_timeout = durability, float(durability_timeout)
@@ -551,6 +552,18 @@ class ReplayBuffer:
         if missing:
             raise KeyError(f"ids not in buffer {self.name!r}: {missing[:10]}")
         return self.decode(blobs, ids, schema_json)
+
+    def close(self) -> None:
+        """Release the connections of a client this buffer made (from a URL); a client
+        passed in stays open (its owner closes it). The buffer's data stays in Redis."""
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> ReplayBuffer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __len__(self) -> int:
         return int(self.client.zcard(self.keys.order))

@@ -617,3 +617,27 @@ def test_durability_replica_waits_for_the_replica(replicated, buffer_name):
 def test_durability_replica_without_a_replica_is_a_clear_error(own_server, buffer_name):
     with pytest.raises(ServerConfigError, match="no replica"):
         ReplayBuffer(own_server.url, buffer_name, capacity=8, durability="replica")
+
+
+# -- close() and use as a context manager -------------------------------------------------
+
+
+def _connections(client, name: str) -> int:
+    return sum(1 for c in client.client_list() if c.get("name") == name)
+
+
+@pytest.mark.redis_server
+def test_close_releases_the_connections_of_a_buffer_opened_by_url(own_server, buffer_name):
+    admin = redis.Redis.from_url(own_server.url)
+    url = own_server.url + "?client_name=rb-close-test"
+    with ReplayBuffer(url, buffer_name, capacity=8) as buffer:
+        buffer.add({"x": np.zeros((2, 2), np.float32)})
+        assert buffer.sample(1)["x"].shape == (1, 2)
+        assert _connections(admin, "rb-close-test") >= 1
+    assert _connections(admin, "rb-close-test") == 0
+    given = redis.Redis.from_url(url)
+    other = ReplayBuffer(given, buffer_name, capacity=8)
+    assert len(other) == 2
+    other.close()  # a client passed in is its owner's to close
+    assert given.ping() and _connections(admin, "rb-close-test") == 1
+    given.close()
