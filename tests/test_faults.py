@@ -641,3 +641,33 @@ def test_close_releases_the_connections_of_a_buffer_opened_by_url(own_server, bu
     other.close()  # a client passed in is its owner's to close
     assert given.ping() and _connections(admin, "rb-close-test") == 1
     given.close()
+
+
+# -- the ACL rule the README gives is enough ----------------------------------------------
+
+ACL_RULE = (
+    "~rb:* resetchannels -@all +@read +@write +@scripting +@connection +info +memory|usage "
+    "+time"
+)
+
+
+@pytest.mark.redis_server
+def test_the_documented_acl_rule_is_enough_for_every_buffer_operation(own_server, tmp_path):
+    admin = redis.Redis.from_url(own_server.url)
+    admin.execute_command("ACL", "SETUSER", "rb", "on", ">pw", *ACL_RULE.split())
+    url = f"redis://rb:pw@127.0.0.1:{own_server.port}/0"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the policy check may read INFO: no warning
+        for prioritized in (False, True):
+            name = f"acl-{int(prioritized)}"
+            with ReplayBuffer(url, name, capacity=8, prioritized_sampling=prioritized) as buffer:
+                buffer.add({"x": np.zeros((4, 2), np.float32), "log_rewards": np.zeros(4)})
+                assert buffer.sample(2)["x"].shape == (2, 2)
+                assert buffer.get([1])["x"].shape == (1, 2) and len(buffer) == 4
+                assert buffer.stats()["memory_bytes"] > 0 and buffer.top(1)
+                assert buffer.save(tmp_path / name) == 4 and buffer.load(tmp_path / name) == 4
+                buffer.clear()
+                buffer.drop()
+    assert admin.execute_command("ACL", "LOG", 10) == []  # nothing was refused
+    with pytest.raises(redis.exceptions.NoPermissionError):  # other keys stay out of reach
+        redis.Redis.from_url(url).get("not-a-buffer")
