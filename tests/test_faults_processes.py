@@ -8,6 +8,7 @@ import queue
 import random
 import socket
 import threading
+import time
 import traceback
 import uuid
 
@@ -140,3 +141,78 @@ def test_cut_connections_lose_and_duplicate_no_acknowledged_batch():
         assert all(stored[key] == got for key, got in acked.items())
         stats = direct.stats()
         assert stats["inserted"] - stats["evicted"] == stats["length"] == len(ids)
+
+
+def _endless_writer(url: str, name: str, index: int, done) -> None:
+    buffer = ReplayBuffer(url, name, capacity=400, prioritized_sampling=True)
+    batch = 0
+    while True:
+        done.value = batch
+        n = 50
+        tags = np.array([[index, batch, item] for item in range(n)], dtype=np.int64)
+        buffer.add({"tag": tags, "log_rewards": np.random.default_rng(batch).normal(size=n)})
+        buffer.sample(8)
+        batch += 1
+
+
+def test_writers_killed_at_random_moments_leave_whole_batches_and_true_counters():
+    with EmbeddedServer() as server:
+        name = f"killed-{uuid.uuid4().hex[:8]}"
+        ReplayBuffer(server.url, name, capacity=400, prioritized_sampling=True)
+        ctx = multiprocessing.get_context("spawn")
+        rng = random.Random(3)
+        for _round in range(2):
+            counts = [ctx.Value("i", 0) for _ in range(WRITERS)]
+            writers = [
+                ctx.Process(target=_endless_writer, args=(server.url, name, index, counts[index]))
+                for index in range(WRITERS)
+            ]
+            for process in writers:
+                process.start()
+            for process, count in zip(writers, counts, strict=True):
+                deadline = time.monotonic() + 120
+                while count.value < 2 and time.monotonic() < deadline:  # it is adding now
+                    time.sleep(0.05)
+                time.sleep(rng.uniform(0.0, 0.5))  # SIGKILL at a random moment of its run
+                process.kill()
+                process.join(timeout=30)
+        buffer = ReplayBuffer(server.url, name, capacity=None, prioritized_sampling=True)
+        ids = [int(m) for m in buffer.client.zrange(buffer.keys.order, 0, -1)]
+        assert ids, "no writer got anything in"
+        tags = buffer.get(ids)["tag"].tolist()
+        stats = buffer.stats()
+        assert stats["inserted"] - stats["evicted"] == stats["length"] == len(ids) <= 400
+        assert stats["inserted"] % 50 == 0  # only whole batches were ever inserted
+        by_batch: dict[tuple[int, int], list[int]] = {}
+        for writer, batch, item in tags:
+            by_batch.setdefault((writer, batch), []).append(item)
+        # capacity is 8 batches of 50: FIFO eviction removes whole batches too, so every
+        # batch present is complete unless a killed add left part of one
+        partial = {key: len(items) for key, items in by_batch.items() if len(items) != 50}
+        assert not partial, partial
+        assert buffer.sample(16)["tag"].shape == (16, 3)  # the sum tree is usable
+
+
+@pytest.mark.parametrize("durability", [None, "aof"])
+def test_a_killed_server_with_appendonly_keeps_every_acknowledged_add(tmp_path, durability):
+    aof = ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(tmp_path)]
+    name = f"aof-{uuid.uuid4().hex[:8]}"
+    server = EmbeddedServer(extra_args=aof).start()
+    acked = []
+    batches = 200 if durability is None else 20  # each durable add waits for an fsync
+    try:
+        buffer = ReplayBuffer(server.url, name, capacity=10_000, durability=durability)
+        for batch in range(batches):
+            tags = np.array([[batch, item] for item in range(5)], dtype=np.int64)
+            acked.append(buffer.add({"tag": tags}).ids.tolist())
+    finally:
+        server.process.kill()  # SIGKILL: no shutdown, no final fsync or rewrite
+        server.process.wait(timeout=10)
+        server.stop()
+    with EmbeddedServer(extra_args=aof) as again:
+        restored = ReplayBuffer(again.url, name, capacity=None)
+        stats = restored.stats()
+        assert stats["length"] == stats["inserted"] == 5 * batches
+        ids = [i for batch in acked for i in batch]
+        expected = [[b, i] for b in range(batches) for i in range(5)]
+        assert restored.get(ids)["tag"].tolist() == expected
