@@ -779,11 +779,12 @@ class ReplayBuffer:
         if records and not schema_json:
             raise DecodeError("saved buffer has items but no schema")
         if schema_json:
+            saved = _saved_schema(schema_json)
             stored = self._stored_schema()
             if stored is not None and schema_json != self._schema_json:
                 raise SchemaError(
                     f"saved items do not fit buffer {self.name!r}: "
-                    f"{describe_schema_difference(stored, json.loads(schema_json))}"
+                    f"{describe_schema_difference(stored, saved)}"
                 )
         if len(records) > self.capacity:
             raise ConfigMismatchError(
@@ -864,6 +865,22 @@ def _decode_meta(raw: dict[Any, Any]) -> dict[str, str]:
 
 
 _MAX_COUNTER = 2**53  # exact in Lua's doubles
+
+
+def _saved_schema(schema_json: Any) -> dict[str, Any]:
+    """The schema of a saved header, or DecodeError when it is not one redisbuf writes."""
+    try:
+        schema = json.loads(schema_json) if isinstance(schema_json, str) else None
+    except ValueError:
+        schema = None
+    if (
+        not isinstance(schema, dict)
+        or schema.get("kind") not in KINDS
+        or not isinstance(schema.get("fields"), dict)
+        or schema_to_json(schema) != schema_json
+    ):
+        raise DecodeError(f"saved schema {schema_json!r:.80} is not a redisbuf schema")
+    return schema
 
 
 def _saved_counters(header: dict[str, Any], length: int) -> tuple[int, int]:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 import warnings
 
 import numpy as np
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import redisbuf
 from redisbuf import ReplayBuffer, codec
@@ -16,6 +19,7 @@ from redisbuf.errors import (
     ConfigMismatchError,
     DecodeError,
     EmptyBufferError,
+    SchemaError,
     ServerConfigError,
     ServerUnavailableError,
 )
@@ -671,3 +675,98 @@ def test_the_documented_acl_rule_is_enough_for_every_buffer_operation(own_server
     assert admin.execute_command("ACL", "LOG", 10) == []  # nothing was refused
     with pytest.raises(redis.exceptions.NoPermissionError):  # other keys stay out of reach
         redis.Redis.from_url(url).get("not-a-buffer")
+
+
+# -- untrusted data: fuzzing every decode path and save files ----------------------------
+
+FUZZ = settings(
+    max_examples=60, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+def _mutate(data: bytes, how: str, at: int, payload: bytes) -> bytes:
+    at = at % max(len(data), 1)
+    if how == "truncate":
+        return data[:at]
+    if how == "flip":
+        return data[:at] + bytes([data[at] ^ (payload[0] if payload else 0xFF)]) + data[at + 1 :]
+    if how == "insert":
+        return data[:at] + payload + data[at:]
+    return payload  # "replace": random bytes
+
+
+_MUTATIONS = st.tuples(
+    st.sampled_from(["truncate", "flip", "insert", "replace"]),
+    st.integers(0, 10_000),
+    st.binary(min_size=1, max_size=64),
+)
+
+
+@FUZZ
+@given(
+    mutation=_MUTATIONS,
+    layout=st.sampled_from(["same", "ragged"]),
+    crafted=st.one_of(
+        st.none(),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=5) | st.binary(max_size=8),
+            lambda inner: (
+                st.lists(inner, max_size=3)
+                | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+            ),
+            max_leaves=20,
+        ),
+    ),
+)
+def test_a_corrupt_stored_item_is_a_decode_error_and_the_others_stay_readable(
+    fake_client, mutation, layout, crafted
+):
+    from redisbuf import Trajectories
+
+    name = f"fuzz-{uuid.uuid4().hex[:8]}"
+    buffer = ReplayBuffer(fake_client, name, capacity=8)
+    if layout == "same":
+        x = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
+        buffer.add({"x": x, "log_rewards": np.zeros(3)})
+    else:
+        buffer.add(
+            Trajectories(
+                states=np.zeros((4, 3, 2), np.float32),
+                actions=np.zeros((3, 3), np.int64),
+                terminating_idx=np.array([1, 2, 3]),
+                log_rewards=np.zeros(3),
+            )
+        )
+    keys = BufferKeys(name)
+    good = fake_client.hget(keys.items, format_id(2))
+    bad = codec.packb(crafted) if crafted is not None else _mutate(good, *mutation)
+    fake_client.hset(keys.items, format_id(2), bad)
+    for ids in ([2], [1, 2, 3]):
+        try:
+            buffer.get(ids)
+        except DecodeError as exc:
+            assert "id 2" in str(exc) and name in str(exc)
+    buffer.get([1, 3])
+    buffer.drop()
+
+
+@FUZZ
+@given(mutation=_MUTATIONS)
+def test_a_corrupt_save_file_is_refused_and_changes_nothing(
+    fake_client, tmp_path_factory, mutation
+):
+    name = f"fuzz-{uuid.uuid4().hex[:8]}"
+    source = ReplayBuffer(fake_client, name, capacity=8)
+    source.add({"x": np.arange(12, dtype=np.float32).reshape(3, 2, 2), "log_rewards": np.zeros(3)})
+    path = tmp_path_factory.mktemp("fuzz") / "f.rb"
+    source.save(path)
+    path.write_bytes(_mutate(path.read_bytes(), *mutation))
+    target = ReplayBuffer(fake_client, name + "-t", capacity=8)
+    target.add({"x": np.zeros((1, 2, 2), np.float32), "log_rewards": np.zeros(1)})
+    before = _every_key(fake_client, name + "-t")
+    try:
+        target.load(path)
+    except (DecodeError, SchemaError):  # SchemaError: a changed but well-formed schema
+        assert _every_key(fake_client, name + "-t") == before
+    source.drop()
+    target.drop()
