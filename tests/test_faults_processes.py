@@ -216,3 +216,30 @@ def test_a_killed_server_with_appendonly_keeps_every_acknowledged_add(tmp_path, 
         ids = [i for batch in acked for i in batch]
         expected = [[b, i] for b in range(batches) for i in range(5)]
         assert restored.get(ids)["tag"].tolist() == expected
+
+
+_SILENT_MANAGER = """
+import time
+from redisbuf.control import mpi
+from redisbuf.errors import ControlTimeoutError
+transport = mpi.MPITransport()
+assert transport.default_timeout == mpi.DEFAULT_TIMEOUT < float("inf"), transport.default_timeout
+transport.default_timeout = 0.5  # the default's behaviour, without waiting 300 s
+start = time.monotonic()
+try:
+    transport.recv(0, 7, None)  # a worker waiting for a manager that never runs
+except ControlTimeoutError as exc:
+    print("timeout after", round(time.monotonic() - start, 1), exc)
+"""
+
+
+def test_an_mpi_worker_whose_manager_never_runs_times_out():
+    import subprocess
+    import sys
+
+    pytest.importorskip("mpi4py")
+    done = subprocess.run(
+        [sys.executable, "-c", _SILENT_MANAGER], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no MPI message from rank 0" in done.stdout, done.stdout
