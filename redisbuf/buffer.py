@@ -37,6 +37,7 @@ from .errors import (
     InvalidBatchError,
     ItemTooLargeError,
     SchemaError,
+    ServerUnavailableError,
 )
 from .keys import BufferKeys, StagingKeys, format_id
 from .remote import RemoteScorer
@@ -235,6 +236,13 @@ class ReplayBuffer:
         if script.startswith("sample") or script in _REPEATABLE_SCRIPTS:
             return retrying(lambda: run(self.client, keys, args), name=self.client)
         return run(self.client, keys, args)
+
+    def _run_once(self, script: str, memory: BufferKeys, keys: list[str], args: list[Any]) -> Any:
+        """Run a script that must not run twice under a fresh batch id (its reply kept in
+        ``memory``'s batch keys), retrying after a lost connection."""
+        batch = (uuid.uuid4().hex, [memory.batches, memory.batch_times], BATCH_MEMORY)
+        run = scripts.load(script)
+        return retrying(lambda: run(self.client, keys, args, batch=batch), name=self.client)
 
     def _open(self, capacity: int | None, eviction: str) -> _Config:
         if capacity is None:
@@ -803,14 +811,18 @@ class ReplayBuffer:
                 for _id, priority, blob in chunk:
                     args.append(blob)
                     args.append(_priority_text(priority))
-                self._run("add", staging.all_keys(), args)
-            self._run(
+                self._run_once("add", staging, staging.all_keys(), args)
+            self._run_once(
                 "restore",
+                self.keys,
                 [*self.keys.all_keys(), *staging.all_keys()],
                 [inserted, sampled, schema_json or ""],
             )
         finally:
-            self.client.delete(*staging.all_keys())  # nothing left after a failure
+            try:  # nothing left after a failure (DEL may repeat: retried)
+                retrying(lambda: self.client.delete(*staging.all_keys()), name=self.client)
+            except ServerUnavailableError:
+                pass  # the server is gone; the staging keys are only garbage
             self._forget_schema()
         self._stored_schema()
 
