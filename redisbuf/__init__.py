@@ -8,6 +8,7 @@ from .errors import (
     ConfigMismatchError,
     ControlTimeoutError,
     DecodeError,
+    DurabilityError,
     EmptyBufferError,
     InvalidBatchError,
     ItemTooLargeError,
@@ -15,6 +16,7 @@ from .errors import (
     RedisBufError,
     SamplingError,
     SchemaError,
+    ServerConfigError,
     ServerUnavailableError,
 )
 from .keys import BufferKeys
@@ -32,6 +34,7 @@ __all__ = [
     "ConfigMismatchError",
     "ControlTimeoutError",
     "DecodeError",
+    "DurabilityError",
     "DiverseAddResult",
     "EmptyBufferError",
     "FifoSampler",
@@ -50,6 +53,7 @@ __all__ = [
     "SamplingError",
     "SchemaError",
     "SequenceBuffer",
+    "ServerConfigError",
     "ServerUnavailableError",
     "States",
     "TerminatingStateBuffer",

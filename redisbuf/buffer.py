@@ -5,7 +5,10 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
+import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,7 +20,15 @@ import numpy as np
 import redis
 
 from . import codec, scripts
-from .connection import as_client
+from .connection import (
+    as_client,
+    check_durability,
+    check_durability_support,
+    check_eviction_policy,
+    durability_wait,
+    guarded,
+    retrying,
+)
 from .containers import KINDS, ContainerKind, describe_schema_difference, kind_of, schema_to_json
 from .errors import (
     ConfigMismatchError,
@@ -26,8 +37,9 @@ from .errors import (
     InvalidBatchError,
     ItemTooLargeError,
     SchemaError,
+    ServerUnavailableError,
 )
-from .keys import BufferKeys, format_id
+from .keys import BufferKeys, StagingKeys, format_id
 from .remote import RemoteScorer
 from .samplers import Draw, PrioritizedSampler, Sampler, UniformSampler
 from .windows import WindowSampler, joined, recent_batch_size
@@ -36,6 +48,11 @@ FORMAT_VERSION = 1
 FILE_MAGIC = "redisbuf"
 DEFAULT_MAX_ITEM_BYTES = 64 * 1024 * 1024
 _READ_CHUNK = 1000
+#: Seconds a buffer remembers an add's batch id, so that a retried add is not inserted
+#: twice (see Script.__call__): far longer than any retry takes.
+BATCH_MEMORY = 600.0
+# Scripts that may run twice with the same effect (samplers retry by name: "sample*").
+_REPEATABLE_SCRIPTS = frozenset({"init", "enable_tree"})
 
 
 @dataclass
@@ -111,6 +128,15 @@ class ReplayBuffer:
             already incremental, so there is no per-add sort to defer.
         async_comm: torchgfn's non-blocking send with the score collected on the next
             ``add``; here the same as ``async_score`` (the data is in Redis already).
+        strict: raise :class:`~redisbuf.errors.ServerConfigError` instead of warning when
+            the server's ``maxmemory-policy`` may evict the buffer's keys (``allkeys-*``).
+        durability: ``None`` (``add`` returns once the server applied the batch),
+            ``"aof"`` (also once WAITAOF confirms the server's append-only file has it:
+            Redis >= 7.2 or valkey with ``appendonly yes``) or ``"replica"`` (once WAIT
+            confirms a replica has it). Checked when the buffer is opened
+            (:class:`~redisbuf.errors.ServerConfigError` where unsupported); an add not
+            confirmed within ``durability_timeout`` seconds raises
+            :class:`~redisbuf.errors.DurabilityError` (the batch is in the buffer).
     """
 
     def __init__(
@@ -137,6 +163,9 @@ class ReplayBuffer:
         timing: bool = False,
         lazy_sort: bool = False,
         async_comm: bool = False,
+        strict: bool = False,
+        durability: str | None = None,
+        durability_timeout: float = 10.0,
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
@@ -156,7 +185,11 @@ class ReplayBuffer:
             )
         self.recent_data_ratio = float(recent_data_ratio)
         self.recent_data_steps = recent_data_steps
-        self.client = as_client(redis_or_url)
+        self._owns_client = redis_or_url is None or isinstance(redis_or_url, str)
+        self.client = guarded(as_client(redis_or_url))
+        check_eviction_policy(self.client, strict)
+        self.durability, self.durability_timeout = durability, float(durability_timeout)
+        check_durability_support(self.client, durability)
         self.keys = BufferKeys(name)
         self.name = name
         self.max_item_bytes = max_item_bytes
@@ -199,7 +232,7 @@ class ReplayBuffer:
 
         Raises :class:`ConfigMismatchError` if no buffer called ``name`` exists.
         """
-        client = as_client(redis_or_url)
+        client = guarded(as_client(redis_or_url))
         meta = _decode_meta(client.hgetall(BufferKeys(name).meta))
         if not meta:
             raise ConfigMismatchError(f"no buffer named {name!r} exists in this Redis")
@@ -214,7 +247,17 @@ class ReplayBuffer:
     # -- plumbing ---------------------------------------------------------------------
 
     def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        return scripts.load(script)(self.client, keys, args)
+        run = scripts.load(script)
+        if script.startswith("sample") or script in _REPEATABLE_SCRIPTS:
+            return retrying(lambda: run(self.client, keys, args), name=self.client)
+        return run(self.client, keys, args)
+
+    def _run_once(self, script: str, memory: BufferKeys, keys: list[str], args: list[Any]) -> Any:
+        """Run a script that must not run twice under a fresh batch id (its reply kept in
+        ``memory``'s batch keys), retrying after a lost connection."""
+        batch = (uuid.uuid4().hex, [memory.batches, memory.batch_times], BATCH_MEMORY)
+        run = scripts.load(script)
+        return retrying(lambda: run(self.client, keys, args, batch=batch), name=self.client)
 
     def _open(self, capacity: int | None, eviction: str) -> _Config:
         if capacity is None:
@@ -361,8 +404,18 @@ class ReplayBuffer:
         schema_json = schema_to_json(schema)
         self._check_schema(schema, schema_json)
         args[0] = schema_json
+        # one id per batch: a retry after a lost reply gets the first run's reply back
+        batch = (uuid.uuid4().hex, [self.keys.batches, self.keys.batch_times], BATCH_MEMORY)
+        run = scripts.load(script)
+        wait = durability_wait(self.durability, self.durability_timeout)
         try:
-            reply = self._run(script, self.keys.all_keys(), args)
+            reply = retrying(
+                lambda: run(self.client, self.keys.all_keys(), args, batch=batch, then=wait),
+                name=self.client,
+            )
+            if wait is not None:
+                reply, confirmation = reply
+                check_durability(self.durability, confirmation, self.client)
         except SchemaError:
             self._forget_schema()  # another process fixed the schema first: report against it
             stored = self._stored_schema() or {}
@@ -523,6 +576,18 @@ class ReplayBuffer:
             raise KeyError(f"ids not in buffer {self.name!r}: {missing[:10]}")
         return self.decode(blobs, ids, schema_json)
 
+    def close(self) -> None:
+        """Release the connections of a client this buffer made (from a URL); a client
+        passed in stays open (its owner closes it). The buffer's data stays in Redis."""
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> ReplayBuffer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def __len__(self) -> int:
         return int(self.client.zcard(self.keys.order))
 
@@ -627,7 +692,8 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the buffer's items with those of ``state`` (from :meth:`state_dict`),
-        keeping their order and priorities and restoring the counters."""
+        keeping their order and priorities (they get new ids); see :meth:`load` for
+        what is checked and how the replacement is atomic."""
         _check_header(state)
         self._restore(
             state, zip(state["ids"], state["priorities"], state["blobs"], strict=True)
@@ -637,20 +703,42 @@ class ReplayBuffer:
         """Write the buffer to ``path`` as a msgpack stream: a header map, one
         ``[id, priority, blob]`` record per item (oldest first), then a trailer map
         ``{"end": count}`` so a truncated file is detected. Returns the number of items
-        written. Not a consistent snapshot if other processes write meanwhile."""
+        written. Not a consistent snapshot if other processes write meanwhile.
+
+        The file is written beside ``path`` under a temporary name, fsynced, and renamed
+        over ``path`` only when complete: a save that fails (or a crash) leaves the
+        previous file as it was."""
+        path = Path(path)
+        handle = tempfile.NamedTemporaryFile(
+            "wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+        )
         count = 0
-        with open(path, "wb") as handle:
-            packer = msgpack.Packer(use_bin_type=True)
-            handle.write(packer.pack(self._header()))
-            for record in self._records():
-                handle.write(packer.pack(list(record)))
-                count += 1
-            handle.write(packer.pack({"end": count}))
+        try:
+            with handle:
+                packer = msgpack.Packer(use_bin_type=True)
+                handle.write(packer.pack(self._header()))
+                for record in self._records():
+                    handle.write(packer.pack(list(record)))
+                    count += 1
+                handle.write(packer.pack({"end": count}))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(handle.name, path)
+        except BaseException:
+            Path(handle.name).unlink(missing_ok=True)
+            raise
+        _fsync_dir(path.parent)  # the rename itself survives a crash
         return count
 
     def load(self, path: str | Path) -> int:
         """Replace the buffer's items with those saved at ``path``; returns their number.
-        The file is read and checked whole before the buffer is touched."""
+
+        The file is read and checked whole (records, schema, capacity, counters: integers
+        in [0, 2**53]) before anything is written. The items are then built under staging
+        keys and swapped in by one script: other processes see the old buffer or the
+        restored one, never a part. Counters: ``inserted`` is the saved one (at least the
+        length), ``evicted = inserted - length``, ``sampled`` the saved one. Restored
+        items get new ids, above every id handed out before or during the load."""
         with open(path, "rb") as handle:
             unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
             try:
@@ -714,11 +802,12 @@ class ReplayBuffer:
         if records and not schema_json:
             raise DecodeError("saved buffer has items but no schema")
         if schema_json:
+            saved = _saved_schema(schema_json)
             stored = self._stored_schema()
             if stored is not None and schema_json != self._schema_json:
                 raise SchemaError(
                     f"saved items do not fit buffer {self.name!r}: "
-                    f"{describe_schema_difference(stored, json.loads(schema_json))}"
+                    f"{describe_schema_difference(stored, saved)}"
                 )
         if len(records) > self.capacity:
             raise ConfigMismatchError(
@@ -727,19 +816,30 @@ class ReplayBuffer:
             )
         if records:
             self._check_records(records, json.loads(schema_json))
-        self.clear()
-        if records and schema_json:
-            schema = json.loads(schema_json)
+        inserted, sampled = _saved_counters(header, len(records))
+        staging = StagingKeys(self.name, uuid.uuid4().hex[:16])
+        try:
+            self._run("restore_stage", [self.keys.meta, staging.meta], [len(records)])
             for start in range(0, len(records), _READ_CHUNK):
                 chunk = records[start : start + _READ_CHUNK]
-                self._insert(
-                    [r[2] for r in chunk], np.array([r[1] for r in chunk], dtype=np.float64), schema
-                )
-        counters = header.get("counters", {})
-        self.client.hset(
-            self.keys.meta,
-            mapping={k: int(counters.get(k, 0)) for k in ("inserted", "evicted", "sampled")},
-        )
+                args: list[Any] = [schema_json, len(chunk), ""]
+                for _id, priority, blob in chunk:
+                    args.append(blob)
+                    args.append(_priority_text(priority))
+                self._run_once("add", staging, staging.all_keys(), args)
+            self._run_once(
+                "restore",
+                self.keys,
+                [*self.keys.all_keys(), *staging.all_keys()],
+                [inserted, sampled, schema_json or ""],
+            )
+        finally:
+            try:  # nothing left after a failure (DEL may repeat: retried)
+                retrying(lambda: self.client.delete(*staging.all_keys()), name=self.client)
+            except ServerUnavailableError:
+                pass  # the server is gone; the staging keys are only garbage
+            self._forget_schema()
+        self._stored_schema()
 
 
 @contextmanager
@@ -753,6 +853,19 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # not every platform opens directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _per_priority_texts(priorities: Any, n: int) -> list[str]:
@@ -776,6 +889,44 @@ def _decode_meta(raw: dict[Any, Any]) -> dict[str, str]:
         (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
         for k, v in raw.items()
     }
+
+
+_MAX_COUNTER = 2**53  # exact in Lua's doubles
+
+
+def _saved_schema(schema_json: Any) -> dict[str, Any]:
+    """The schema of a saved header, or DecodeError when it is not one redisbuf writes."""
+    try:
+        schema = json.loads(schema_json) if isinstance(schema_json, str) else None
+    except ValueError:
+        schema = None
+    if (
+        not isinstance(schema, dict)
+        or schema.get("kind") not in KINDS
+        or not isinstance(schema.get("fields"), dict)
+        or schema_to_json(schema) != schema_json
+    ):
+        raise DecodeError(f"saved schema {schema_json!r:.80} is not a redisbuf schema")
+    return schema
+
+
+def _saved_counters(header: dict[str, Any], length: int) -> tuple[int, int]:
+    """(inserted, sampled) of a saved header, checked: integers in [0, 2**53] (a file's
+    ``evicted`` is checked too but not used: the restore derives it from the length)."""
+    counters = header.get("counters", {})
+    if not isinstance(counters, dict):
+        raise DecodeError(f"saved counters {counters!r:.80} are not a map")
+    values = {}
+    for name in ("inserted", "evicted", "sampled"):
+        value = counters.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not (
+            0 <= value <= _MAX_COUNTER
+        ):
+            raise DecodeError(
+                f"saved counter {name}={value!r:.40} is not an integer in [0, 2**53]"
+            )
+        values[name] = value
+    return max(values["inserted"], length), values["sampled"]
 
 
 def _check_header(header: Any) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import time
+import warnings
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.connection import (
@@ -13,7 +15,7 @@ from redis.connection import (
     PythonRespSerializer,
 )
 
-from .errors import ServerUnavailableError
+from .errors import DurabilityError, ServerConfigError, ServerUnavailableError
 from .server import URL_ENV, default_url
 
 __all__ = ["URL_ENV", "RespPacker", "as_client", "connect", "default_url", "redacted"]
@@ -66,16 +68,48 @@ class RespPacker:
         return [b"".join(parts)]
 
 
+_QUERY_SECRET = re.compile(r"([?&](?:password|pass|pwd)=)[^&]*", re.IGNORECASE)
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def _secrets(url: str) -> list[str]:
+    """The password parts of ``url``: after the first ``:`` of the user info (up to the
+    last ``@``, so unencoded ``# / ? @`` in it count) and any ``password=`` query value."""
+    found = [m.group(0).split("=", 1)[1] for m in _QUERY_SECRET.finditer(url)]
+    scheme = _SCHEME.match(url)
+    rest = _QUERY_SECRET.sub("", url)[scheme.end() if scheme else 0 :]
+    userinfo = rest[: rest.rfind("@")] if "@" in rest else ""
+    if ":" in userinfo:
+        found.append(userinfo.split(":", 1)[1])
+    return [secret for secret in found if secret]
+
+
 def redacted(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for error messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """``url`` with every password replaced by ``***``, for error messages and logs:
+    the user info's (encoded or not: an unencoded ``#``, ``/``, ``?`` or ``@`` in it does
+    not end it early) and a ``password=`` query parameter's."""
+    url = _QUERY_SECRET.sub(r"\1***", url)
+    scheme = _SCHEME.match(url)
+    head = url[: scheme.end()] if scheme else ""
+    rest = url[len(head) :]
+    at = rest.rfind("@")
+    if at >= 0 and ":" in rest[:at]:
+        user = rest[:at].split(":", 1)[0]
+        rest = f"{user}:***{rest[at:]}"
+    return head + rest
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (an error message about ``url``) with the URL redacted and any piece of
+    its password removed: a URL with an unencoded ``#`` or ``/`` in the password is
+    misparsed, and the pieces turn up as host or port in the client's messages."""
+    text = text.replace(url, redacted(url))
+    for secret in _secrets(url):
+        text = text.replace(secret, "***")
+        for piece in re.split(r"[#/?@:&]", secret):
+            if piece:
+                text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(piece)}(?![A-Za-z0-9])", "***", text)
+    return text
 
 
 def connect(
@@ -91,10 +125,19 @@ def connect(
     try:
         # probe with the short timeout: a port that accepts and never answers must not
         # hold us for the long socket timeout
-        with redis.Redis.from_url(
-            url, socket_connect_timeout=connect_timeout, socket_timeout=connect_timeout
-        ) as probe:
-            probe.ping()
+        for delay in (*RETRY_DELAYS, None):
+            try:
+                with redis.Redis.from_url(
+                    url, socket_connect_timeout=connect_timeout, socket_timeout=connect_timeout
+                ) as probe:
+                    probe.ping()
+                break
+            except redis.exceptions.ConnectionError as exc:
+                # a server that answered, then dropped the connection, may answer the
+                # next one; refused or silent ones fail at once
+                if delay is None or "closed" not in str(exc) and "reset" not in str(exc):
+                    raise
+                time.sleep(delay)
         client = redis.Redis.from_url(
             url,
             socket_connect_timeout=connect_timeout,
@@ -103,16 +146,22 @@ def connect(
             retry_on_timeout=False,
             command_packer=RespPacker(),
         )
-    except ValueError as exc:
-        raise ServerUnavailableError(f"invalid Redis URL {redacted(url)}: {exc}") from exc
+        client.redisbuf_url = redacted(url)  # type: ignore[attr-defined]  # for messages
+    except (ValueError, TypeError) as exc:  # TypeError: an unknown query option
+        hint = " (percent-encode # / ? @ in a password)" if _secrets(url) else ""
+        raise ServerUnavailableError(
+            f"invalid Redis URL {redacted(url)}: {scrub(str(exc), url)}{hint}"
+        ) from None
     except redis.exceptions.InvalidResponse as exc:
         # e.g. an HTTP server on the port: redis-py says 'Protocol error, got "H"'
         raise ServerUnavailableError(
             f"the server at {redacted(url)} does not speak the Redis protocol (is it a "
-            f"Redis server? its first reply was not RESP: {exc})"
-        ) from exc
+            f"Redis server? its first reply was not RESP: {scrub(str(exc), url)})"
+        ) from None
     except (redis.exceptions.RedisError, OSError) as exc:
-        raise ServerUnavailableError(f"cannot reach Redis at {redacted(url)}: {exc}") from exc
+        raise ServerUnavailableError(
+            f"cannot reach Redis at {redacted(url)}: {scrub(str(exc), url)}"
+        ) from None
     return client
 
 
@@ -124,3 +173,221 @@ def as_client(redis_or_url: Any) -> redis.Redis:
     if kwargs.get("decode_responses"):
         raise ValueError("redisbuf needs a Redis client created with decode_responses=False")
     return redis_or_url
+
+
+# What a lost server looks like to redis-py: refused, reset, or silent past the timeout.
+LOST = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def server_name(client: Any) -> str:
+    """The server of ``client`` as a URL without password, for error messages."""
+    given = getattr(client, "redisbuf_url", None)
+    if given:
+        return str(given)
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", {})
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}"
+    host, port = kwargs.get("host"), kwargs.get("port")
+    if host is None:
+        return f"the server of {type(client).__name__}"
+    scheme = "rediss" if "SSL" in getattr(pool, "connection_class", type).__name__ else "redis"
+    return f"{scheme}://{host}:{port}/{kwargs.get('db', 0)}"
+
+
+def unavailable(client: Any, exc: BaseException) -> ServerUnavailableError:
+    """The ServerUnavailableError for ``exc`` (a LOST error) raised talking to ``client``."""
+    where = server_name(client)
+    return ServerUnavailableError(f"lost the Redis server at {where}: {exc}")
+
+
+# Retries of calls that are safe to repeat, after the server was lost: delays in seconds.
+RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8)
+
+# Commands (redis-py method names and RESP names) that only read: retried when lost.
+READ_METHODS = frozenset(
+    "get hget hmget hgetall hlen hexists zcard zrange zrevrange zrangebyscore zmscore "
+    "zscore zcount exists type memory_usage info config_get ping lrange llen dbsize".split()
+)
+READ_COMMANDS = frozenset(
+    "GET HGET HMGET HGETALL HLEN HEXISTS ZCARD ZRANGE ZREVRANGE ZRANGEBYSCORE ZMSCORE ZSCORE "
+    "ZCOUNT EXISTS TYPE INFO PING LRANGE LLEN DBSIZE".split()
+)
+
+
+def retrying(call: Any, *, name: Any = None, delays: tuple[float, ...] = RETRY_DELAYS) -> Any:
+    """``call()``, repeated after each delay while it raises a lost-server error
+    (:class:`ServerUnavailableError` or redis-py's); only for calls safe to repeat."""
+    for delay in (*delays, None):
+        try:
+            return call()
+        except ServerUnavailableError:
+            if delay is None:
+                raise
+        except LOST as exc:
+            if delay is None:
+                raise unavailable(name, exc) from None
+        time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+class Guarded:
+    """A Redis client (or pipeline) whose calls raise :class:`ServerUnavailableError`
+    naming the server, instead of redis-py's ConnectionError / TimeoutError, when the
+    server is lost. Read-only commands (and pipelines of them) are first retried after
+    each of ``RETRY_DELAYS``. Everything else is the wrapped object's own behaviour;
+    ``pipeline()`` returns a guarded pipeline."""
+
+    def __init__(self, client: Any, name: Any = None) -> None:
+        self._client = client
+        self._name = name if name is not None else client
+        self._stack: list[Any] = []
+
+    @property
+    def unwrapped(self) -> Any:
+        return self._client
+
+    def __getattr__(self, attribute: str) -> Any:
+        value = getattr(self._client, attribute)
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = value(*args, **kwargs)
+            except LOST as exc:
+                if not self._repeatable(attribute):
+                    raise unavailable(self._name, exc) from None
+                result = retrying(lambda: self._again(attribute, args, kwargs), name=self._name)
+            if attribute == "pipeline":
+                return Guarded(result, self._name)
+            return result
+
+        if attribute == "execute":  # a pipeline: keep its commands for a retry
+            self._stack = list(getattr(self._client, "command_stack", []))
+        return call
+
+    def _repeatable(self, attribute: str) -> bool:
+        if attribute == "execute":
+            return bool(self._stack) and all(
+                str(args[0]).upper() in READ_COMMANDS for args, _options in self._stack
+            )
+        return attribute in READ_METHODS
+
+    def _again(self, attribute: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if attribute == "execute":
+            self._client.command_stack = list(self._stack)  # execute() emptied it
+        return getattr(self._client, attribute)(*args, **kwargs)
+
+    def __enter__(self) -> Any:
+        self._client.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        return self._client.__exit__(*exc_info)
+
+    def __repr__(self) -> str:
+        return f"Guarded({self._client!r})"
+
+
+def guarded(client: Any) -> Any:
+    """``client`` wrapped in :class:`Guarded` (once)."""
+    return client if isinstance(client, Guarded) else Guarded(client)
+
+
+# Policies under which Redis never evicts a buffer's keys (they carry no TTL).
+SAFE_POLICIES = ("noeviction", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl")
+
+
+def eviction_policy(client: Any) -> str | None:
+    """The server's ``maxmemory-policy`` (from INFO memory, then CONFIG GET), or None when
+    the server does not say (an ACL without INFO and CONFIG, fakeredis)."""
+    try:
+        policy = client.info("memory").get("maxmemory_policy")
+        if policy:
+            return str(policy)
+    except redis.exceptions.ResponseError:
+        pass
+    try:
+        found = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    except redis.exceptions.ResponseError:
+        return None
+    return found.decode() if isinstance(found, bytes) else found
+
+
+def check_eviction_policy(client: Any, strict: bool = False) -> None:
+    """Warn (``strict``: raise :class:`ServerConfigError`) when the server may evict
+    keys without a TTL (``allkeys-*``): it would delete a buffer's meta, order or tree
+    keys under memory pressure and the buffer would vanish or break."""
+    policy = eviction_policy(client)
+    if policy is None or policy in SAFE_POLICIES:
+        return
+    message = (
+        f"Redis at {server_name(client)} has maxmemory-policy {policy}: at maxmemory it "
+        "deletes any key, a buffer's included. Use noeviction (or a volatile-* policy): "
+        "CONFIG SET maxmemory-policy noeviction"
+    )
+    if strict:
+        raise ServerConfigError(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+DURABILITY = (None, "aof", "replica")
+
+
+def check_durability_support(client: Any, durability: str | None) -> None:
+    """Raise :class:`ServerConfigError` unless the server can confirm ``durability``:
+    ``"aof"`` needs WAITAOF (Redis >= 7.2, valkey) and ``appendonly yes``; ``"replica"``
+    needs a connected replica."""
+    if durability not in DURABILITY:
+        raise ValueError(f"durability must be None, 'aof' or 'replica', got {durability!r}")
+    where = server_name(client)
+    if durability == "aof":
+        try:
+            client.execute_command("WAITAOF", 1, 0, 1)
+        except redis.exceptions.ResponseError as exc:
+            if "appendonly" in str(exc):
+                raise ServerConfigError(
+                    f"durability='aof' needs appendonly yes on Redis at {where} "
+                    "(CONFIG SET appendonly yes)"
+                ) from None
+            raise ServerConfigError(
+                f"durability='aof' needs the WAITAOF command (Redis >= 7.2 or valkey); "
+                f"Redis at {where} refused it: {exc}"
+            ) from None
+    elif durability == "replica":
+        try:
+            replicas = int(client.info("replication").get("connected_slaves", 0))
+        except redis.exceptions.ResponseError as exc:
+            raise ServerConfigError(
+                f"durability='replica': Redis at {where} does not report its replicas ({exc})"
+            ) from None
+        if replicas < 1:
+            raise ServerConfigError(f"durability='replica' but Redis at {where} has no replica")
+
+
+def durability_wait(durability: str | None, timeout: float) -> tuple[Any, ...] | None:
+    """The command that waits for ``durability`` after a write on the same connection."""
+    milliseconds = max(1, int(timeout * 1000))
+    if durability == "aof":
+        return ("WAITAOF", 1, 0, milliseconds)
+    if durability == "replica":
+        return ("WAIT", 1, milliseconds)
+    return None
+
+
+def check_durability(durability: str | None, confirmation: Any, client: Any) -> None:
+    """Raise :class:`DurabilityError` unless ``confirmation`` (the reply of
+    :func:`durability_wait`'s command) confirms ``durability``."""
+    if isinstance(confirmation, Exception):
+        raise DurabilityError(
+            f"the batch was added but {durability} durability could not be confirmed at "
+            f"{server_name(client)}: {confirmation}"
+        )
+    confirmed = confirmation[0] if durability == "aof" else confirmation
+    if int(confirmed) < 1:
+        what = "the append-only file" if durability == "aof" else "a replica"
+        raise DurabilityError(
+            f"the batch was added but {what} at {server_name(client)} did not confirm it "
+            "within durability_timeout"
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import redis.exceptions
+
 
 class RedisBufError(Exception):
     """Base class of every redisbuf error."""
@@ -37,8 +39,18 @@ class DecodeError(RedisBufError, ValueError):
     """A stored blob is not a valid redisbuf item."""
 
 
-class ServerUnavailableError(RedisBufError, ConnectionError):
-    """The Redis server cannot be reached (the message names the URL)."""
+class ServerUnavailableError(RedisBufError, redis.exceptions.ConnectionError, ConnectionError):
+    """The Redis server cannot be reached, or was lost (the message names the URL, without
+    its password). Also a redis-py ``ConnectionError``, for code that catches those."""
+
+
+class ServerConfigError(RedisBufError):
+    """The server is configured in a way that can lose a buffer (``strict=True``)."""
+
+
+class DurabilityError(RedisBufError):
+    """An add was applied but its requested durability (AOF fsync, a replica) was not
+    confirmed in time; the batch is in the buffer and may be lost in a crash."""
 
 
 class ProtocolError(RedisBufError):

@@ -19,6 +19,8 @@ key                        type    content
 ``rb:{name}:versions``     zset    item id -> model version it was produced with
 ``rb:{name}:times``        hash    item id -> insertion time
 ``rb:{name}:vecs``         hash    item id -> compact state vector (diversity checks)
+``rb:{name}:batches``      hash    batch id of a recent add -> its reply (see scripts.py)
+``rb:{name}:batchtime``    zset    batch id -> time it was added (ms), to forget it
 =========================  ======  =====================================================
 
 Item ids are positive integers written as 12-digit zero-padded decimals, so that
@@ -113,6 +115,14 @@ class BufferKeys:
     def vecs(self) -> str:
         return self._key("vecs")
 
+    @property
+    def batches(self) -> str:
+        return self._key("batches")
+
+    @property
+    def batch_times(self) -> str:
+        return self._key("batchtime")
+
     def data_keys(self) -> list[str]:
         """Keys holding items and sampling structures (everything but meta)."""
         return [
@@ -128,6 +138,8 @@ class BufferKeys:
             self.versions,
             self.times,
             self.vecs,
+            self.batches,
+            self.batch_times,
         ]
 
     def all_keys(self) -> list[str]:
@@ -149,4 +161,18 @@ class BufferKeys:
             self.versions: "zset: item id -> model version",
             self.times: "hash: item id -> insertion time",
             self.vecs: "hash: item id -> compact state vector (diversity checks)",
+            self.batches: "hash: recent add's batch id -> its reply (retried adds)",
+            self.batch_times: "zset: recent add's batch id -> when (ms), for forgetting",
         }
+
+
+@dataclass(frozen=True)
+class StagingKeys(BufferKeys):
+    """The keys a restore builds a buffer's new content under before swapping it in
+    (``rb:{name}:staging:TOKEN:...``): the same hash tag, so one script may rename them
+    over the buffer's own keys, and a token so that concurrent restores do not mix."""
+
+    token: str = "0"
+
+    def _key(self, suffix: str) -> str:
+        return f"{PREFIX}:{{{self.name}}}:staging:{self.token}:{suffix}"

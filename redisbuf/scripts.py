@@ -55,6 +55,34 @@ _ERROR_PATTERN = re.compile(r"\b(RB_[A-Z]+) ?(.*)", re.DOTALL)
 
 # Every script starts with this flag; the read-only variant sets it (see Script).
 _FLAG = "local RB_NO_WRITES = {}\n"
+# The remembering variant: the script's body becomes a function whose reply is kept under
+# the batch id (see Script.__call__). The two memory keys and the two extra ARGV are taken
+# off the ends of KEYS and ARGV first, so the body sees only its own.
+_REMEMBER = """local rb_ttl_ms = tonumber(table.remove(ARGV))
+local rb_batch = table.remove(ARGV)
+local rb_times = table.remove(KEYS)
+local rb_memory = table.remove(KEYS)
+local rb_seen = redis.call('HGET', rb_memory, rb_batch)
+if rb_seen then return cjson.decode(rb_seen) end
+local function rb_body()
+BODY
+end
+local rb_reply = rb_body()
+if type(rb_reply) == 'table' and (rb_reply.err or rb_reply.ok) then return rb_reply end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local rb_time = redis.call('TIME')
+  local rb_now = tonumber(rb_time[1]) * 1000 + math.floor(tonumber(rb_time[2]) / 1000)
+  redis.call('HSET', rb_memory, rb_batch, cjson.encode(rb_reply))
+  redis.call('ZADD', rb_times, rb_now, rb_batch)
+  local rb_old = redis.call('ZRANGEBYSCORE', rb_times, '-inf', rb_now - rb_ttl_ms, 'LIMIT', 0, 256)
+  if #rb_old > 0 then
+    redis.call('HDEL', rb_memory, (unpack or table.unpack)(rb_old))
+    redis.call('ZREM', rb_times, (unpack or table.unpack)(rb_old))
+  end
+end
+return rb_reply
+"""
+
 # Errors a server gives scripts that may write when it refuses every write.
 _REFUSED_WRITES = (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError)
 
@@ -70,13 +98,25 @@ class Script:
     bookkeeping (sampling) keeps working, any other raises the server's refusal.
     """
 
-    def __init__(self, name: str, source: str, read_only: bool = False) -> None:
+    def __init__(
+        self, name: str, source: str, read_only: bool = False, remembering: bool = False
+    ) -> None:
         self.name = name
         body = _FLAG.format("true" if read_only else "false") + source
+        if remembering:
+            body = _REMEMBER.replace("BODY\n", body)
         self.source = f"#!lua flags=no-writes\n{body}" if read_only else body
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
         self._expanded = source
         self._read_only: Script | None = self if read_only else None
+        self._remembering: Script | None = self if remembering else None
+
+    @property
+    def remembering(self) -> Script:
+        """The variant that remembers its reply under a batch id (see ``__call__``)."""
+        if self._remembering is None:
+            self._remembering = Script(self.name, self._expanded, remembering=True)
+        return self._remembering
 
     @property
     def read_only(self) -> Script:
@@ -92,8 +132,50 @@ class Script:
             client.script_load(self.source)
             return client.evalsha(self.sha, len(keys), *keys, *args)
 
-    def __call__(self, client: Any, keys: list[str], args: list[Any]) -> Any:
+    def _eval_then(
+        self, client: Any, keys: list[str], args: list[Any], then: tuple[Any, ...]
+    ) -> tuple[Any, Any]:
+        """The script, then the command ``then`` on the same connection (one pipeline):
+        WAIT and WAITAOF wait for the writes of their own connection only."""
+        for attempt in range(2):
+            pipe = client.pipeline(transaction=False)
+            pipe.evalsha(self.sha, len(keys), *keys, *args)
+            pipe.execute_command(*then)
+            reply, after = pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
+                client.script_load(self.source)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            return reply, after
+        raise AssertionError("unreachable")
+
+    def __call__(
+        self,
+        client: Any,
+        keys: list[str],
+        args: list[Any],
+        batch: tuple[str, list[str], float] | None = None,
+        then: tuple[Any, ...] | None = None,
+    ) -> Any:
+        """Run the script. With ``batch = (batch_id, [memory_key, times_key],
+        remember_seconds)`` it runs at most once per batch id: the reply is remembered
+        (a hash field of ``memory_key``, its time in the zset ``times_key``) for
+        ``remember_seconds``, and a repeated call returns it without running the script,
+        so a call retried after a lost reply does not insert twice. Error replies are
+        not remembered, nor anything once the buffer's meta (KEYS[1]) is gone.
+
+        With ``then`` (a command, e.g. ``("WAITAOF", 1, 0, 1000)``) it is sent right after
+        the script on the same connection and ``(reply, its reply)`` is returned; its
+        error reply is returned, not raised."""
+        if batch is not None:
+            batch_id, memory_keys, seconds = batch
+            return self.remembering(
+                client, [*keys, *memory_keys], [*args, batch_id, int(seconds * 1000)], then=then
+            )
         try:
+            if then is not None:
+                return self._eval_then(client, keys, args, then)
             return self._eval(client, keys, args)
         except _REFUSED_WRITES as refused:
             if self.read_only is self:

@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
+import warnings
 
 import numpy as np
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+import redisbuf
 from redisbuf import ReplayBuffer, codec
-from redisbuf.errors import ConfigMismatchError, DecodeError, EmptyBufferError
+from redisbuf.errors import (
+    ConfigMismatchError,
+    DecodeError,
+    EmptyBufferError,
+    SchemaError,
+    ServerConfigError,
+    ServerUnavailableError,
+)
 from redisbuf.keys import BufferKeys, format_id
 from redisbuf.server import EmbeddedServer
 
@@ -213,3 +225,548 @@ def test_sampling_works_on_a_read_only_replica(replicated, buffer_name, prioriti
         reader.add({"x": np.zeros((1, 2), np.float32), "log_rewards": np.zeros(1)})
     with pytest.raises(redis.exceptions.ReadOnlyError):
         reader.clear()
+
+
+# -- 4. passwords never appear in messages ------------------------------------------------
+
+SECRET_URLS = [
+    ("redis://127.0.0.1:1/0?password=Zq9secret", "Zq9secret"),
+    ("redis://127.0.0.1:1/0?db=0&password=Zq9secret&x=1", "Zq9secret"),
+    ("redis://u:Zq9#secret@127.0.0.1:1/0", "Zq9"),
+    ("redis://u:Zq9/secret@127.0.0.1:1/0", "Zq9"),
+    ("redis://:Zq9/se#cret@127.0.0.1:1/0", "Zq9"),
+    ("redis://u:Zq9?secret@127.0.0.1:1/0", "Zq9"),
+    ("redis://u:4242#secret@127.0.0.1:1/0", "4242"),
+    ("redis://u:Zq9@secret@127.0.0.1:1/0", "Zq9"),
+    ("unix:///tmp/no-such.sock?password=Zq9secret", "Zq9secret"),
+]
+
+
+@pytest.mark.parametrize(("url", "secret"), SECRET_URLS)
+def test_passwords_are_redacted_from_every_connection_error(url, secret):
+    import traceback
+
+    from redisbuf.connection import redacted
+
+    assert secret not in redacted(url) and "secret" not in redacted(url)
+    for attempt in (
+        lambda: redisbuf.connect(url, connect_timeout=0.5),
+        lambda: ReplayBuffer(url, "x", capacity=2),
+    ):
+        with pytest.raises(ServerUnavailableError) as info:
+            attempt()
+        shown = "".join(traceback.format_exception(info.value))
+        assert secret not in shown and "secret" not in shown, shown
+
+
+# -- 8. a lost server is a ServerUnavailableError naming it -------------------------------
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize("opened_with", ["url", "client"])
+def test_server_gone_mid_run_is_server_unavailable_naming_the_url(buffer_name, opened_with):
+    server = EmbeddedServer().start()
+    try:
+        url = server.url
+        target = url if opened_with == "url" else redis.Redis.from_url(url, socket_timeout=2)
+        buffer = ReplayBuffer(target, buffer_name, capacity=8)
+        buffer.add({"x": np.zeros((4, 2), np.float32)})
+    finally:
+        server.stop()
+    for operation in (
+        lambda: buffer.add({"x": np.zeros((1, 2), np.float32)}),
+        lambda: buffer.sample(2),
+        lambda: len(buffer),
+        buffer.stats,
+        lambda: buffer.get([1]),
+        buffer.clear,
+        lambda: ReplayBuffer.open(buffer.client, buffer_name),
+    ):
+        with pytest.raises(ServerUnavailableError) as info:
+            operation()
+        assert f"127.0.0.1:{server.port}" in str(info.value)
+        assert isinstance(info.value, redis.exceptions.ConnectionError)  # still catchable so
+
+
+# -- 9. a failed save leaves the previous checkpoint intact -------------------------------
+
+
+def test_failed_save_keeps_the_previous_checkpoint(client, buffer_name, tmp_path):
+    buffer = ReplayBuffer(client, buffer_name, capacity=2000)
+    buffer.add({"x": np.arange(3000, dtype=np.float32).reshape(1500, 2)})
+    path = tmp_path / "ckpt.rb"
+    assert buffer.save(path) == 1500
+    before = path.read_bytes()
+    records = buffer._records
+
+    def failing_records():
+        for index, record in enumerate(records()):
+            if index == 1200:
+                raise redis.exceptions.ConnectionError("lost the server mid-save")
+            yield record
+
+    buffer._records = failing_records
+    with pytest.raises(redis.exceptions.ConnectionError):
+        buffer.save(path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.rb"]  # no temp file left
+    buffer._records = records
+    buffer.add({"x": np.zeros((1, 2), np.float32)})
+    assert buffer.save(str(path)) == 1501  # still saves by str path, replacing the file
+    assert path.read_bytes() != before and len(list(tmp_path.iterdir())) == 1
+    ReplayBuffer(client, buffer_name + "-copy", capacity=2000).load(path)
+
+
+# -- 11. a server that may evict a buffer's keys is reported -----------------------------
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu", "allkeys-random"])
+def test_an_evicting_policy_warns_and_strict_refuses(own_server, buffer_name, policy):
+    client = redis.Redis.from_url(own_server.url)
+    client.config_set("maxmemory-policy", policy)
+    with pytest.warns(RuntimeWarning, match=f"maxmemory-policy {policy}"):
+        ReplayBuffer(client, buffer_name, capacity=4)
+    with pytest.raises(ServerConfigError, match="noeviction"):
+        ReplayBuffer(client, buffer_name + "-strict", capacity=4, strict=True)
+    assert not client.exists(BufferKeys(buffer_name + "-strict").meta)  # refused before init
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize("policy", ["noeviction", "volatile-lru", "volatile-ttl"])
+def test_policies_that_keep_keys_without_ttl_pass_silently(own_server, buffer_name, policy):
+    client = redis.Redis.from_url(own_server.url)
+    client.config_set("maxmemory-policy", policy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ReplayBuffer(client, buffer_name, capacity=4, strict=True).add({"x": np.zeros(2)})
+
+
+# -- 5. restores: counters checked or derived, all-or-nothing for other processes --------
+
+
+def _every_key(client, name: str) -> dict[bytes, bytes]:
+    """Every key of the buffer's hash tag (staging keys included), dumped."""
+    return {key: client.dump(key) for key in client.scan_iter(match=f"rb:{{{name}}}:*")}
+
+
+def _filled(client, name: str, n: int = 10) -> ReplayBuffer:
+    buffer = ReplayBuffer(client, name, capacity=5000, prioritized_sampling=True)
+    buffer.add({"x": np.arange(2 * n, dtype=np.float32).reshape(n, 2), "log_rewards": np.zeros(n)})
+    buffer.sample(3)
+    return buffer
+
+
+@pytest.mark.parametrize(
+    "counters",
+    [
+        {"inserted": -1, "evicted": 0, "sampled": 0},
+        {"inserted": 2**64 - 1, "evicted": 0, "sampled": 0},
+        {"inserted": 10, "evicted": 0, "sampled": -5},
+        {"inserted": "10", "evicted": 0, "sampled": 0},
+        {"inserted": 10.5, "evicted": 0, "sampled": 0},
+        {"inserted": True, "evicted": 0, "sampled": 0},
+        {"inserted": 10, "evicted": None, "sampled": 0},
+        [10, 0, 0],
+    ],
+)
+def test_crafted_counters_are_refused_before_the_buffer_changes(client, buffer_name, counters):
+    source = _filled(client, buffer_name + "-src")
+    state = source.state_dict()
+    state["counters"] = counters
+    target = _filled(client, buffer_name)
+    target.add({"x": np.zeros((3, 2), np.float32), "log_rewards": np.ones(3)})
+    before = _every_key(client, buffer_name)
+    with pytest.raises(DecodeError, match="counter"):
+        target.load_state_dict(state)
+    assert _every_key(client, buffer_name) == before
+
+
+@pytest.mark.parametrize("saved", [(10, 0, 3), (3, 0, 0), (40, 35, 2), (0, 0, 0)])
+def test_restored_counters_keep_inserted_minus_evicted_equal_to_length(
+    client, buffer_name, tmp_path, saved
+):
+    source = _filled(client, buffer_name + "-src")
+    state = source.state_dict()
+    state["counters"] = dict(zip(("inserted", "evicted", "sampled"), saved, strict=True))
+    target = _filled(client, buffer_name, n=20)
+    target.load_state_dict(state)
+    stats = target.stats()
+    assert stats["length"] == 10 and stats["inserted"] - stats["evicted"] == 10
+    assert stats["inserted"] == max(saved[0], 10) and stats["sampled"] == saved[2]
+    assert target.sample(4)["x"].shape == (4, 2)  # the sum tree was rebuilt
+
+
+@pytest.mark.redis_server
+def test_readers_never_see_a_half_loaded_buffer(redis_server, buffer_name, tmp_path):
+    client = redis.Redis.from_url(redis_server.url)
+    source = ReplayBuffer(client, buffer_name + "-src", capacity=6000)
+    source.add({"x": np.ones((5000, 2), np.float32)})
+    path = tmp_path / "big.rb"
+    source.save(path)
+    target = ReplayBuffer(client, buffer_name, capacity=6000)
+    target.add({"x": np.zeros((7, 2), np.float32)})
+    seen: set[tuple[int, int, int]] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        reader = redis.Redis.from_url(redis_server.url)
+        keys = BufferKeys(buffer_name)
+        while not stop.is_set():
+            pipe = reader.pipeline(transaction=True)
+            pipe.zcard(keys.order)
+            pipe.hlen(keys.items)
+            pipe.hget(keys.meta, "inserted")
+            length, items, inserted = pipe.execute()
+            seen.add((length, items, int(inserted or -1)))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        assert target.load(path) == 5000
+        time.sleep(0.05)
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen <= {(7, 7, 7), (5000, 5000, 5000)}, sorted(seen)[:5]
+    assert (5000, 5000, 5000) in seen
+
+
+@pytest.mark.redis_server
+def test_load_while_another_process_adds_keeps_the_counters_consistent(
+    redis_server, buffer_name, tmp_path
+):
+    client = redis.Redis.from_url(redis_server.url)
+    source = ReplayBuffer(client, buffer_name + "-src", capacity=3000)
+    source.add({"x": np.ones((2500, 2), np.float32)})
+    path = tmp_path / "ckpt.rb"
+    source.save(path)
+    target = ReplayBuffer(client, buffer_name, capacity=3000)
+    stop = threading.Event()
+    handed_out: list[int] = []
+
+    def add_forever() -> None:
+        writer = ReplayBuffer(redis_server.url, buffer_name, capacity=3000)
+        while not stop.is_set():
+            handed_out.extend(writer.add({"x": np.zeros((5, 2), np.float32)}).ids.tolist())
+
+    adder = threading.Thread(target=add_forever)
+    adder.start()
+    try:
+        for _ in range(3):
+            target.load(path)
+    finally:
+        stop.set()
+        adder.join()
+    stats = target.stats()
+    assert stats["inserted"] - stats["evicted"] == stats["length"] == len(target)
+    present = [int(m) for m in client.zrange(target.keys.order, 0, -1)]
+    assert len(present) == len(set(present))
+    restored = np.array(present)[target.get(present)["x"][:, 0] == 1].tolist()
+    assert len(restored) == 2500
+    assert not set(restored) & set(handed_out)  # no restored item took an id handed out
+    assert len(set(handed_out)) == len(handed_out)
+    assert not client.keys(f"rb:{{{buffer_name}}}:staging:*")
+
+
+# -- retries: an add runs once per batch id; reads are retried ----------------------------
+
+
+def _add_args(n: int = 2) -> list:
+    """ARGV pairs of add.lua for ``n`` items of {"x": float32[2]}."""
+    blob = codec.packb({"x": np.zeros(2, np.float32)})
+    return [blob, "0.0"] * n
+
+
+def test_an_add_repeated_with_its_batch_id_inserts_once(client, buffer_name):
+    from redisbuf import scripts
+
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add({"x": np.zeros((1, 2), np.float32)})
+    keys = buffer.keys
+    schema = client.hget(keys.meta, "schema")
+    memory = [keys.batches, keys.batch_times]
+    args = [schema, 2, "", *_add_args(2)]
+    first = scripts.load("add")(client, keys.all_keys(), list(args), batch=("b1", memory, 60))
+    again = scripts.load("add")(client, keys.all_keys(), list(args), batch=("b1", memory, 60))
+    assert first == again == [2, 2, 0]
+    assert len(buffer) == 3 and buffer.stats()["inserted"] == 3
+    other = scripts.load("add")(client, keys.all_keys(), list(args), batch=("b2", memory, 60))
+    assert other == [4, 2, 0] and len(buffer) == 5
+    # an error reply is not remembered: the same id may succeed later
+    bad = [schema, 1, "", _add_args(1)[0], "nan"]
+    with pytest.raises(redisbuf.InvalidBatchError):
+        scripts.load("add")(client, keys.all_keys(), bad, batch=("b3", memory, 60))
+    assert client.hget(keys.batches, "b3") is None
+
+
+def test_batch_ids_are_forgotten_after_their_time(client, buffer_name):
+    from redisbuf import scripts
+
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add({"x": np.zeros((1, 2), np.float32)})
+    keys = buffer.keys
+    schema = client.hget(keys.meta, "schema")
+    memory = [keys.batches, keys.batch_times]
+    add = scripts.load("add")
+    add(client, keys.all_keys(), [schema, 1, "", *_add_args(1)], batch=("old", memory, 0.05))
+    time.sleep(0.1)
+    add(client, keys.all_keys(), [schema, 1, "", *_add_args(1)], batch=("new", memory, 0.05))
+    assert client.hkeys(keys.batches) == [b"new"]  # "old" was pruned by the next add
+    assert client.zrange(keys.batch_times, 0, -1) == [b"new"]
+
+
+def test_a_remembered_add_does_not_recreate_a_dropped_buffer(client, buffer_name):
+    from redisbuf import scripts
+
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    keys = buffer.keys
+    buffer.drop()
+    memory = [keys.batches, keys.batch_times]
+    args = ["{}", 1, "", *_add_args(1)]
+    with pytest.raises(ConfigMismatchError):
+        scripts.load("add")(client, keys.all_keys(), args, batch=("b", memory, 60))
+    assert client.exists(*keys.all_keys()) == 0
+
+
+def test_reads_and_read_pipelines_are_retried_after_a_lost_connection(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add({"x": np.arange(8, dtype=np.float32).reshape(4, 2)})
+    real = buffer.client.unwrapped
+    failures = {"zcard": 2, "execute": 2}
+
+    class Flaky:
+        """Forwards to ``inner``; the first calls named in ``failures`` lose the server."""
+
+        def __init__(self, inner):
+            object.__setattr__(self, "inner", inner)
+
+        def __setattr__(self, name, value):
+            setattr(self.inner, name, value)
+
+        def __getattr__(self, name):
+            value = getattr(self.inner, name)
+            if name == "pipeline":
+                return lambda *a, **k: Flaky(value(*a, **k))
+            if name in failures and failures[name] > 0:
+                def fail(*args, **kwargs):
+                    failures[name] -= 1
+                    if name == "execute":
+                        self.inner.reset()  # what redis-py does on a failed execute
+                    raise redis.exceptions.ConnectionError("Connection closed by server.")
+                return fail
+            return value
+
+    from redisbuf.connection import Guarded
+
+    buffer.client = Guarded(Flaky(real))
+    assert len(buffer) == 4  # zcard failed twice, then answered
+    assert buffer.get([1, 2])["x"].tolist() == [[0, 1], [2, 3]]  # pipeline re-sent
+    assert failures == {"zcard": 0, "execute": 0}
+    failures["delete"] = 1  # a write is not retried
+    with pytest.raises(ServerUnavailableError):
+        buffer.client.delete("unrelated")
+    assert failures["delete"] == 0
+
+
+# -- durability on request ----------------------------------------------------------------
+
+
+@pytest.mark.redis_server
+def test_durability_aof_adds_once_the_append_only_file_has_the_batch(buffer_name):
+    with EmbeddedServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"]) as server:
+        client = redis.Redis.from_url(server.url)
+        buffer = ReplayBuffer(client, buffer_name, capacity=8, durability="aof")
+        result = buffer.add({"x": np.zeros((3, 2), np.float32)})
+        assert result.ids.tolist() == [1, 2, 3] and len(buffer) == 3
+        assert ReplayBuffer(server.url, buffer_name, capacity=8, durability="aof").add(
+            {"x": np.ones((1, 2), np.float32)}
+        ).ids.tolist() == [4]
+
+
+@pytest.mark.redis_server
+def test_durability_aof_without_appendonly_is_a_clear_error(own_server, buffer_name):
+    with pytest.raises(ServerConfigError, match="appendonly yes"):
+        ReplayBuffer(own_server.url, buffer_name, capacity=8, durability="aof")
+    assert not redis.Redis.from_url(own_server.url).exists(BufferKeys(buffer_name).meta)
+
+
+def test_durability_aof_without_waitaof_is_a_clear_error(fake_client, buffer_name):
+    # fakeredis has no WAITAOF, like Debian's Redis 7.0: the same error path
+    with pytest.raises(ServerConfigError, match="WAITAOF"):
+        ReplayBuffer(fake_client, buffer_name, capacity=8, durability="aof")
+    with pytest.raises(ValueError, match="durability"):
+        ReplayBuffer(fake_client, buffer_name, capacity=8, durability="fsync")
+
+
+@pytest.mark.redis_server
+def test_durability_replica_waits_for_the_replica(replicated, buffer_name):
+    primary, replica = replicated
+    buffer = ReplayBuffer(
+        primary, buffer_name, capacity=8, durability="replica", durability_timeout=5
+    )
+    buffer.add({"x": np.zeros((3, 2), np.float32)})
+    # WAIT returned: the replica has the batch now, without any further waiting
+    assert replica.zcard(BufferKeys(buffer_name).order) == 3
+    replica.execute_command("REPLICAOF", "NO", "ONE")  # the replica leaves
+    buffer.durability_timeout = 0.3
+    start = time.monotonic()
+    with pytest.raises(redisbuf.DurabilityError, match="replica"):
+        buffer.add({"x": np.zeros((1, 2), np.float32)})
+    assert time.monotonic() - start < 5
+    assert len(buffer) == 4  # the batch is in, just not confirmed
+
+
+@pytest.mark.redis_server
+def test_durability_replica_without_a_replica_is_a_clear_error(own_server, buffer_name):
+    with pytest.raises(ServerConfigError, match="no replica"):
+        ReplayBuffer(own_server.url, buffer_name, capacity=8, durability="replica")
+
+
+# -- close() and use as a context manager -------------------------------------------------
+
+
+def _connections(client, name: str) -> int:
+    return sum(1 for c in client.client_list() if c.get("name") == name)
+
+
+@pytest.mark.redis_server
+def test_close_releases_the_connections_of_a_buffer_opened_by_url(own_server, buffer_name):
+    admin = redis.Redis.from_url(own_server.url)
+    url = own_server.url + "?client_name=rb-close-test"
+    with ReplayBuffer(url, buffer_name, capacity=8) as buffer:
+        buffer.add({"x": np.zeros((2, 2), np.float32)})
+        assert buffer.sample(1)["x"].shape == (1, 2)
+        assert _connections(admin, "rb-close-test") >= 1
+    assert _connections(admin, "rb-close-test") == 0
+    given = redis.Redis.from_url(url)
+    other = ReplayBuffer(given, buffer_name, capacity=8)
+    assert len(other) == 2
+    other.close()  # a client passed in is its owner's to close
+    assert given.ping() and _connections(admin, "rb-close-test") == 1
+    given.close()
+
+
+# -- the ACL rule the README gives is enough ----------------------------------------------
+
+ACL_RULE = (
+    "~rb:* resetchannels -@all +@read +@write +@scripting +@connection +info +memory|usage "
+    "+time"
+)
+
+
+@pytest.mark.redis_server
+def test_the_documented_acl_rule_is_enough_for_every_buffer_operation(own_server, tmp_path):
+    admin = redis.Redis.from_url(own_server.url)
+    admin.execute_command("ACL", "SETUSER", "rb", "on", ">pw", *ACL_RULE.split())
+    url = f"redis://rb:pw@127.0.0.1:{own_server.port}/0"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the policy check may read INFO: no warning
+        for prioritized in (False, True):
+            name = f"acl-{int(prioritized)}"
+            with ReplayBuffer(url, name, capacity=8, prioritized_sampling=prioritized) as buffer:
+                buffer.add({"x": np.zeros((4, 2), np.float32), "log_rewards": np.zeros(4)})
+                assert buffer.sample(2)["x"].shape == (2, 2)
+                assert buffer.get([1])["x"].shape == (1, 2) and len(buffer) == 4
+                assert buffer.stats()["memory_bytes"] > 0 and buffer.top(1)
+                assert buffer.save(tmp_path / name) == 4 and buffer.load(tmp_path / name) == 4
+                buffer.clear()
+                buffer.drop()
+    assert admin.execute_command("ACL", "LOG", 10) == []  # nothing was refused
+    with pytest.raises(redis.exceptions.NoPermissionError):  # other keys stay out of reach
+        redis.Redis.from_url(url).get("not-a-buffer")
+
+
+# -- untrusted data: fuzzing every decode path and save files ----------------------------
+
+FUZZ = settings(
+    max_examples=60, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+def _mutate(data: bytes, how: str, at: int, payload: bytes) -> bytes:
+    at = at % max(len(data), 1)
+    if how == "truncate":
+        return data[:at]
+    if how == "flip":
+        return data[:at] + bytes([data[at] ^ (payload[0] if payload else 0xFF)]) + data[at + 1 :]
+    if how == "insert":
+        return data[:at] + payload + data[at:]
+    return payload  # "replace": random bytes
+
+
+_MUTATIONS = st.tuples(
+    st.sampled_from(["truncate", "flip", "insert", "replace"]),
+    st.integers(0, 10_000),
+    st.binary(min_size=1, max_size=64),
+)
+
+
+@FUZZ
+@given(
+    mutation=_MUTATIONS,
+    layout=st.sampled_from(["same", "ragged"]),
+    crafted=st.one_of(
+        st.none(),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=5) | st.binary(max_size=8),
+            lambda inner: (
+                st.lists(inner, max_size=3)
+                | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+            ),
+            max_leaves=20,
+        ),
+    ),
+)
+def test_a_corrupt_stored_item_is_a_decode_error_and_the_others_stay_readable(
+    fake_client, mutation, layout, crafted
+):
+    from redisbuf import Trajectories
+
+    name = f"fuzz-{uuid.uuid4().hex[:8]}"
+    buffer = ReplayBuffer(fake_client, name, capacity=8)
+    if layout == "same":
+        x = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
+        buffer.add({"x": x, "log_rewards": np.zeros(3)})
+    else:
+        buffer.add(
+            Trajectories(
+                states=np.zeros((4, 3, 2), np.float32),
+                actions=np.zeros((3, 3), np.int64),
+                terminating_idx=np.array([1, 2, 3]),
+                log_rewards=np.zeros(3),
+            )
+        )
+    keys = BufferKeys(name)
+    good = fake_client.hget(keys.items, format_id(2))
+    bad = codec.packb(crafted) if crafted is not None else _mutate(good, *mutation)
+    fake_client.hset(keys.items, format_id(2), bad)
+    for ids in ([2], [1, 2, 3]):
+        try:
+            buffer.get(ids)
+        except DecodeError as exc:
+            assert "id 2" in str(exc) and name in str(exc)
+    buffer.get([1, 3])
+    buffer.drop()
+
+
+@FUZZ
+@given(mutation=_MUTATIONS)
+def test_a_corrupt_save_file_is_refused_and_changes_nothing(
+    fake_client, tmp_path_factory, mutation
+):
+    name = f"fuzz-{uuid.uuid4().hex[:8]}"
+    source = ReplayBuffer(fake_client, name, capacity=8)
+    source.add({"x": np.arange(12, dtype=np.float32).reshape(3, 2, 2), "log_rewards": np.zeros(3)})
+    path = tmp_path_factory.mktemp("fuzz") / "f.rb"
+    source.save(path)
+    path.write_bytes(_mutate(path.read_bytes(), *mutation))
+    target = ReplayBuffer(fake_client, name + "-t", capacity=8)
+    target.add({"x": np.zeros((1, 2, 2), np.float32), "log_rewards": np.zeros(1)})
+    before = _every_key(fake_client, name + "-t")
+    try:
+        target.load(path)
+    except (DecodeError, SchemaError):  # SchemaError: a changed but well-formed schema
+        assert _every_key(fake_client, name + "-t") == before
+    source.drop()
+    target.drop()

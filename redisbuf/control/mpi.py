@@ -24,11 +24,17 @@ _MAX_SLEEP = 0.0005
 _SPIN_SECONDS = 0.0005
 
 
+#: Seconds a receive without its own timeout waits (a worker waiting for its score):
+#: a manager that never runs or hangs must not hold a worker forever.
+DEFAULT_TIMEOUT = 300.0
+
+
 class MPITransport:
     """A :class:`~redisbuf.control.protocol.Transport` over an MPI communicator
-    (``MPI.COMM_WORLD`` by default)."""
+    (``MPI.COMM_WORLD`` by default). A receive given no timeout waits at most
+    ``default_timeout`` seconds (``None``: forever), then raises ControlTimeoutError."""
 
-    def __init__(self, comm: Any = None, default_timeout: float | None = None) -> None:
+    def __init__(self, comm: Any = None, default_timeout: float | None = DEFAULT_TIMEOUT) -> None:
         from mpi4py import MPI  # imported here: importing mpi4py initializes MPI
 
         self._mpi = MPI

@@ -1,0 +1,17 @@
+-- Start a restore: create the staged meta (see restore.lua) with the buffer's
+-- configuration, and reserve ids for the restored items.
+-- @include common
+-- KEYS[1] the buffer's meta  KEYS[2] the staged meta (StagingKeys.meta)
+-- ARGV[1] n, the number of items to restore
+-- The buffer's last_id grows by n now, so ids handed to concurrent adds are never given
+-- to a restored item; the staged meta's last_id is set just below the reserved block.
+-- Returns the first reserved id. Errors: RB_NOBUF.
+local conf = redis.call('HMGET', KEYS[1], 'capacity', 'eviction', 'format_version', 'created_at')
+if not conf[1] then return fail('RB_NOBUF', 'buffer meta ' .. KEYS[1] .. ' does not exist') end
+local n = tonumber(ARGV[1])
+local last = redis.call('HINCRBY', KEYS[1], 'last_id', n)
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], 'capacity', conf[1], 'eviction', conf[2],
+  'format_version', conf[3] or '1', 'created_at', conf[4] or '0', 'last_id', last - n,
+  'inserted', 0, 'evicted', 0, 'sampled', 0, 'tree', 0)
+return last - n + 1
