@@ -232,30 +232,46 @@ def from_redisbuf(batch: Any, env: Any, device: torch.device | str | None = None
 
 # -- the control plane as torchgfn names it -------------------------------------------
 
-# torchgfn's static helpers take a backend *name*; the worker transports opened by this
-# process's drop-in buffers, by backend name, answer them.
-_WORKER_TRANSPORTS: dict[str, Any] = {}
+# torchgfn's static helpers take a backend *name*: they use the worker transport that
+# this process's drop-in buffers opened last for that backend (one per manager name for
+# "redis"), or open one.
+_WORKER_TRANSPORTS: dict[tuple[str, str], Any] = {}
+_LAST_TRANSPORT: dict[str, Any] = {}
 
 
-def _worker_transport(backend: Any, url: Any = None, name: str = DEFAULT_MANAGER_NAME) -> Any:
+def _worker_transport(backend: Any, url: Any = None, name: str | None = None) -> Any:
     if not isinstance(backend, str):
         return backend
-    known = _WORKER_TRANSPORTS.get(backend)
-    if known is not None:
-        return known
-    if backend == "mpi":
-        from .control.mpi import MPITransport
-
-        transport: Any = MPITransport()
-    elif backend == "redis":
-        from .connection import as_client
-        from .control.redis import RedisWorkerTransport
-
-        transport = RedisWorkerTransport(as_client(url), name)
-    else:
+    if backend not in ("mpi", "redis"):
         raise ValueError(f"unknown communication_backend {backend!r}; use 'mpi' or 'redis'")
-    _WORKER_TRANSPORTS[backend] = transport
+    if backend == "mpi":
+        name = ""
+    elif name is None:
+        last = _LAST_TRANSPORT.get(backend)
+        if last is not None:
+            return last
+        name = DEFAULT_MANAGER_NAME
+    transport = _WORKER_TRANSPORTS.get((backend, name))
+    if transport is None:
+        if backend == "mpi":
+            from .control.mpi import MPITransport
+
+            transport = MPITransport()
+        else:
+            from .connection import as_client
+            from .control.redis import RedisWorkerTransport
+
+            transport = RedisWorkerTransport(as_client(url), name)
+        _WORKER_TRANSPORTS[(backend, name)] = transport
+    _LAST_TRANSPORT[backend] = transport
     return transport
+
+
+def _forget_transport(transport: Any) -> None:
+    for table in (_WORKER_TRANSPORTS, _LAST_TRANSPORT):
+        for key, value in list(table.items()):
+            if value is transport:
+                del table[key]
 
 
 def _drop_quietly(client: Any, name: str) -> None:
@@ -572,8 +588,9 @@ class ReplayBufferManager(_CoreManager):
     @staticmethod
     def get_metadata(manager_rank: int, backend: Any = "mpi", timeout: float | None = 30.0) -> dict:
         """Ask the manager for its metadata over ``backend`` (``"mpi"``, ``"redis"``,
-        or a transport); ``"redis"`` uses this process's drop-in worker transport, or
-        opens one to :data:`DEFAULT_MANAGER_NAME` at ``$REDISBUF_URL``."""
+        or a transport); ``"redis"`` uses the worker transport of this process's latest
+        drop-in buffer with a remote manager, or opens one to
+        :data:`DEFAULT_MANAGER_NAME` at ``$REDISBUF_URL``."""
         return _CoreManager.get_metadata(manager_rank, _worker_transport(backend), timeout)
 
     @staticmethod
@@ -582,6 +599,4 @@ class ReplayBufferManager(_CoreManager):
         transport for it."""
         transport = _worker_transport(backend)
         _CoreManager.send_termination_signal(manager_rank, transport)
-        for key, value in list(_WORKER_TRANSPORTS.items()):
-            if value is transport:
-                del _WORKER_TRANSPORTS[key]
+        _forget_transport(transport)
