@@ -3,6 +3,7 @@
 from .buffer import AddResult, ReplayBuffer, SampleInfo
 from .connection import connect
 from .containers import States, Trajectories, Transitions
+from .diverse import DiverseAddResult, NormBasedDiversePrioritizedReplayBuffer
 from .errors import (
     ConfigMismatchError,
     ControlTimeoutError,
@@ -12,31 +13,46 @@ from .errors import (
     ItemTooLargeError,
     ProtocolError,
     RedisBufError,
+    SamplingError,
     SchemaError,
     ServerUnavailableError,
 )
 from .keys import BufferKeys
-from .samplers import PrioritizedSampler, UniformSampler
+from .samplers import PERSampler, PrioritizedSampler, UniformSampler
+from .selectors import FifoSampler, LifoSampler, MaxHeapSampler, MinHeapSampler
+from .sequence import BatchInfo, SequenceBuffer
+from .terminating import TerminatingStateBuffer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AddResult",
+    "BatchInfo",
     "BufferKeys",
     "ConfigMismatchError",
     "ControlTimeoutError",
     "DecodeError",
+    "DiverseAddResult",
     "EmptyBufferError",
+    "FifoSampler",
     "InvalidBatchError",
+    "NormBasedDiversePrioritizedReplayBuffer",
     "ItemTooLargeError",
+    "LifoSampler",
+    "MaxHeapSampler",
+    "MinHeapSampler",
+    "PERSampler",
     "PrioritizedSampler",
     "ProtocolError",
     "RedisBufError",
     "ReplayBuffer",
     "SampleInfo",
+    "SamplingError",
     "SchemaError",
+    "SequenceBuffer",
     "ServerUnavailableError",
     "States",
+    "TerminatingStateBuffer",
     "Trajectories",
     "Transitions",
     "UniformSampler",

@@ -11,6 +11,7 @@ Decoded arrays are read-only views of the blob.
 
 from __future__ import annotations
 
+import math
 import struct
 import warnings
 from typing import Any, NamedTuple
@@ -51,8 +52,23 @@ _TORCH_CODE = {t: code for code, (_, t) in _DTYPES.items() if t is not None}
 _TORCH_RAW = {torch.bfloat16: np.dtype("<u2")}
 _HEADER = struct.Struct("<BB")
 
-# torch.frombuffer warns on read-only buffers; our decoded tensors are read-only views by design.
-warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+_frombuffer_warned = False
+
+
+def _torch_frombuffer(data: bytes, dtype: torch.dtype, count: int, offset: int) -> torch.Tensor:
+    """``torch.frombuffer`` without its warning about read-only buffers: our decoded
+    tensors are read-only views by design. torch warns once per process, so only the
+    first call needs the (scoped: no process-wide filter) suppression."""
+    global _frombuffer_warned
+    if _frombuffer_warned:
+        return torch.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="The given buffer is not writable", category=UserWarning
+        )
+        tensor = torch.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    _frombuffer_warned = True
+    return tensor
 
 
 def dtype_name(array: np.ndarray | torch.Tensor) -> str:
@@ -142,7 +158,7 @@ def _decode_torch(data: bytes) -> torch.Tensor:
     count = _checked_count(code, shape, data, offset)
     if count == 0:
         return torch.empty(shape, dtype=torch_dtype)
-    return torch.frombuffer(data, dtype=torch_dtype, count=count, offset=offset).reshape(shape)
+    return _torch_frombuffer(data, torch_dtype, count, offset).reshape(shape)
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
@@ -447,6 +463,8 @@ def _blob_layout(blob: bytes) -> tuple[list[_Segment], list[tuple[int, int]]] | 
             np_dtype, torch_dtype = _DTYPES[dtype_code]
             if np_dtype is None:
                 np_dtype = _TORCH_RAW[torch_dtype]
+            if math.prod(shape) * np_dtype.itemsize != length - offset:
+                return None  # shape and payload disagree: the per-blob parse names the item
             fixed.append((key_start, header_at + offset))
             segments.append(
                 _Segment(
