@@ -86,6 +86,39 @@ def job(name: str) -> None:
     comm.Barrier()
 
 
+def chain_job(name: str) -> None:
+    """Rank 0: top manager; rank 1: a manager that forwards what it stores to rank 0
+    (remote_manager_rank=0, diverse off); rank 2: a worker of rank 1."""
+    from mpi4py import MPI
+
+    sys.path.insert(0, str(HERE))
+    from torchgfn_helpers import make_env, trajectories
+
+    from redisbuf.torchgfn import ReplayBuffer, ReplayBufferManager
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    url = os.environ["REDISBUF_URL"]
+    env = make_env("hypergrid")
+    if rank in (0, 1):
+        manager = ReplayBufferManager(env, rank, 1, _score, capacity=100, url=url,
+                                      remote_manager_rank=None if rank == 0 else 0,
+                                      name=f"{name}-{rank}")
+        comm.Barrier()
+        manager.run()
+        print(f"MANAGER {rank} holds {manager.metadata()['length']}", flush=True)
+        if rank == 1:
+            ReplayBufferManager.send_termination_signal(0, "mpi")
+    else:
+        comm.Barrier()
+        buffer = ReplayBuffer(env, 100, url=url, remote_manager_rank=1)
+        for i in range(3):
+            assert buffer.add(trajectories(env, 8, seed=i))["n"] == 8
+        ReplayBufferManager.send_termination_signal(1, "mpi")
+        buffer.close()
+    comm.Barrier()
+
+
 def _mpiexec() -> str | None:
     beside_python = Path(sys.executable).parent / "mpiexec"
     if beside_python.exists():
@@ -95,20 +128,42 @@ def _mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
-@pytest.mark.mpi
-@pytest.mark.redis_server
-@pytest.mark.timeout(240)
-def test_three_rank_mpi_job_with_drop_in_classes(redis_server, buffer_name):
+def _run_three_ranks(url: str, *arguments: str) -> str:
     mpiexec = _mpiexec()
     if mpiexec is None:
         pytest.skip("mpiexec is not installed")
     run = subprocess.run(
-        [mpiexec, "-n", "3", sys.executable, __file__, buffer_name],
-        capture_output=True, text=True, timeout=200,
-        env={**os.environ, "REDISBUF_URL": redis_server.url},
+        [mpiexec, "-n", "3", sys.executable, *arguments],
+        capture_output=True, text=True, timeout=200, env={**os.environ, "REDISBUF_URL": url},
     )
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
+    return out
+
+
+@pytest.mark.mpi
+@pytest.mark.redis_server
+@pytest.mark.timeout(240)
+def test_manager_forwards_to_a_higher_manager(redis_server, buffer_name):
+    out = _run_three_ranks(redis_server.url, __file__, "chain", buffer_name)
+    assert "MANAGER 1 holds 24" in out and "MANAGER 0 holds 24" in out, out
+
+
+@pytest.mark.mpi
+@pytest.mark.redis_server
+@pytest.mark.timeout(240)
+def test_torchgfn_mpi_example_runs(redis_server, buffer_name):
+    out = _run_three_ranks(redis_server.url, "-m", "redisbuf.examples.torchgfn_mpi_hypergrid",
+                           "--name", buffer_name, "--n-iterations", "20", "--capacity", "100")
+    assert "[trainer 1] 20 iterations" in out and "[trainer 2] 20 iterations" in out, out
+    assert "[manager] 2 EXITs; buffer 100/100" in out, out
+
+
+@pytest.mark.mpi
+@pytest.mark.redis_server
+@pytest.mark.timeout(240)
+def test_three_rank_mpi_job_with_drop_in_classes(redis_server, buffer_name):
+    out = _run_three_ranks(redis_server.url, __file__, "job", buffer_name)
     assert "METADATA rank 2 while pending" in out
     workers = {}
     for line in out.splitlines():
@@ -173,6 +228,43 @@ def test_redis_backend_metadata_and_what_the_manager_holds(redis_server, buffer_
             manager.transport.close()
 
 
+@pytest.mark.redis_server
+@pytest.mark.timeout(120)
+def test_diverse_manager_buffer_rejects_duplicates(redis_server, buffer_name):
+    import torch
+    from torchgfn_helpers import make_env, trajectories
+
+    import redisbuf.torchgfn as drop_in
+    from redisbuf.diverse import NormBasedDiversePrioritizedReplayBuffer
+
+    env = make_env("hypergrid")
+    url = redis_server.url
+    manager = drop_in.ReplayBufferManager(env, 0, 1, _score, True, 8,
+                                          communication_backend="redis", url=url,
+                                          name=buffer_name, poll_interval=0.2)
+    assert isinstance(manager.buffer, NormBasedDiversePrioritizedReplayBuffer)
+    assert manager.diverse_replay_buffer
+    thread, errors = _manager_thread(manager)
+    try:
+        worker = drop_in.ReplayBuffer(env, capacity=100, url=url, remote_manager_rank=0,
+                                      communication_backend="redis", manager_name=buffer_name)
+        batch = trajectories(env, 8, seed=3)  # fills the manager's buffer
+        batch._log_rewards = torch.arange(8, dtype=torch.float32)
+        worker.add(batch)
+        first = sorted(manager.buffer.client.zrange(manager.buffer.keys.prio, 0, -1))
+        assert len(first) == 8
+        batch._log_rewards = batch._log_rewards + 100.0  # same states, higher rewards
+        assert worker.add(batch)["n"] == 8  # scored, then refused by the diversity rule
+        assert sorted(manager.buffer.client.zrange(manager.buffer.keys.prio, 0, -1)) == first
+        drop_in.ReplayBufferManager.send_termination_signal(0, "redis")
+        thread.join(30)
+        assert not thread.is_alive() and not errors, errors
+        worker.close()
+    finally:
+        if thread.is_alive():
+            manager.transport.close()
+
+
 def test_manager_signature_follows_torchgfn():
     import inspect
 
@@ -188,4 +280,4 @@ def test_manager_signature_follows_torchgfn():
 
 
 if __name__ == "__main__":
-    job(sys.argv[1])
+    {"job": job, "chain": chain_job}[sys.argv[1]](sys.argv[2])
