@@ -14,7 +14,7 @@ on the device of what was added. How each container is stored:
 * ``Trajectories`` as redisbuf trajectories: states, actions, terminating index,
   log-rewards and one condition vector per trajectory (torchgfn keeps conditions constant
   along a trajectory; a batch where they vary is refused). Backward trajectories are
-  refused (torchgfn gives them no log-rewards).
+  refused (torchgfn gives them no log-rewards), and so are graph states.
 * ``Transitions`` as redisbuf transitions (states, next states, actions,
   ``is_terminating``, log-rewards, conditions).
 * ``StatesContainer`` as a dict kind (``states``, ``is_terminating``, ``log_rewards``,
@@ -124,6 +124,11 @@ def to_redisbuf(container: Any, env: Any, states_kind: str = "dict") -> Any:
     ``states_kind="states"``: a StatesContainer becomes redisbuf States of its
     terminating rows (what the diverse and terminating-state buffers store)."""
     kind = _kind_of(container)
+    if not isinstance(container.states.tensor, torch.Tensor):
+        raise TypeError(
+            f"{type(container.states).__name__} are not stored by redisbuf.torchgfn: it "
+            "keeps states that are one tensor (graph states are not supported)"
+        )
     if getattr(container, "is_backward", False):
         raise ValueError(
             "backward trajectories/transitions have no log-rewards in torchgfn; reverse them "

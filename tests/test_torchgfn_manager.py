@@ -215,13 +215,21 @@ def test_redis_backend_metadata_and_what_the_manager_holds(redis_server, buffer_
         metadata = drop_in.ReplayBufferManager.get_metadata(0, "redis")
         assert metadata["length"] == 7 and metadata["missing_items"] == 6
         assert len(worker) == 4
+        # async_comm means async_score: the first add returns None, the score comes later
+        # (a second buffer of this process: it shares the process's transport, its rank)
+        later = drop_in.ReplayBuffer(env, capacity=10, url=url, remote_manager_rank=0,
+                                     communication_backend="redis", manager_name=buffer_name,
+                                     async_comm=True, lazy_sort=True)
+        assert later.async_score and later.add(trajectories(env, 2, seed=3)) is None
+        assert later.drain_pending_score(30.0)["n"] == 2.0
+        later.close()
         drop_in.ReplayBufferManager.send_termination_signal(0, "redis")
         thread.join(30)
         assert not thread.is_alive() and not errors, errors
         # the manager's buffer holds what was sent, rebuilt as torchgfn containers
         held = drop_in.ReplayBuffer(env, capacity=1000, prioritized_capacity=True, url=url,
                                     name=buffer_name).training_container
-        assert len(held) == 7 and held.states.tensor.shape[1] == 7
+        assert len(held) == 9 and held.states.tensor.shape[1] == 9
         worker.close()
     finally:
         if thread.is_alive():
