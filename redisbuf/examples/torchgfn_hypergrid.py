@@ -74,7 +74,7 @@ def train(
     if close is not None:
         close()
     metrics, _ = env.validate(gflownet, n_validation_samples=n_validation_samples)
-    return {"l1_dist": float(metrics["l1_dist"]), "seconds": seconds, "loss": float(loss)}
+    return {"l1_dist": float(metrics["l1_dist"]), "seconds": seconds, "loss": loss.item()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -81,7 +81,7 @@ def trainer(env: HyperGrid, args: argparse.Namespace, url: str, rank: int) -> No
         loss.backward()
         optimizer.step()
     print(
-        f"[trainer {rank}] {args.n_iterations} iterations, loss {float(loss):.3f}, "
+        f"[trainer {rank}] {args.n_iterations} iterations, loss {loss.item():.3f}, "
         f"shared buffer {len(replay_buffer)}/{args.capacity}, last score {score}",
         flush=True,
     )
