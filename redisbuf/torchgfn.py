@@ -14,7 +14,7 @@ on the device of what was added. How each container is stored:
 * ``Trajectories`` as redisbuf trajectories: states, actions, terminating index,
   log-rewards and one condition vector per trajectory (torchgfn keeps conditions constant
   along a trajectory; a batch where they vary is refused). Backward trajectories are
-  refused (torchgfn gives them no log-rewards).
+  refused (torchgfn gives them no log-rewards), and so are graph states.
 * ``Transitions`` as redisbuf transitions (states, next states, actions,
   ``is_terminating``, log-rewards, conditions).
 * ``StatesContainer`` as a dict kind (``states``, ``is_terminating``, ``log_rewards``,
@@ -55,8 +55,10 @@ __all__ = [
     "DEFAULT_MANAGER_NAME",
     "BufferEmptyError",
     "ContainerTypeError",
+    "NormBasedDiversePrioritizedReplayBuffer",
     "ReplayBuffer",
     "ReplayBufferManager",
+    "TerminatingStateBuffer",
     "from_redisbuf",
     "to_redisbuf",
 ]
@@ -105,10 +107,28 @@ def _same_conditions(a: torch.Tensor | None, b: torch.Tensor | None, what: str) 
         raise ValueError(f"{what}: conditions differ; redisbuf stores one condition per item")
 
 
-def to_redisbuf(container: Any, env: Any) -> Any:
+def _terminating_rows(container: Any) -> rb.States:
+    """A StatesContainer's terminating rows as redisbuf States."""
+    mask = container.is_terminating
+    conditions = container.states.conditions
+    return rb.States(
+        states=container.states.tensor[mask],
+        log_rewards=container.log_rewards[mask],
+        conditions=None if conditions is None else conditions[mask],
+    )
+
+
+def to_redisbuf(container: Any, env: Any, states_kind: str = "dict") -> Any:
     """A torchgfn container as the redisbuf batch the drop-in stores (see the module
-    docstring). Raises TypeError for anything else, ValueError for backward trajectories."""
+    docstring). Raises TypeError for anything else, ValueError for backward trajectories.
+    ``states_kind="states"``: a StatesContainer becomes redisbuf States of its
+    terminating rows (what the diverse and terminating-state buffers store)."""
     kind = _kind_of(container)
+    if not isinstance(container.states.tensor, torch.Tensor):
+        raise TypeError(
+            f"{type(container.states).__name__} are not stored by redisbuf.torchgfn: it "
+            "keeps states that are one tensor (graph states are not supported)"
+        )
     if getattr(container, "is_backward", False):
         raise ValueError(
             "backward trajectories/transitions have no log-rewards in torchgfn; reverse them "
@@ -148,6 +168,8 @@ def to_redisbuf(container: Any, env: Any) -> Any:
             log_rewards=log_rewards,
             conditions=conditions,
         )
+    if states_kind == "states":
+        return _terminating_rows(container)
     batch = {
         "states": container.states.tensor,
         "is_terminating": container.is_terminating,
@@ -232,30 +254,46 @@ def from_redisbuf(batch: Any, env: Any, device: torch.device | str | None = None
 
 # -- the control plane as torchgfn names it -------------------------------------------
 
-# torchgfn's static helpers take a backend *name*; the worker transports opened by this
-# process's drop-in buffers, by backend name, answer them.
-_WORKER_TRANSPORTS: dict[str, Any] = {}
+# torchgfn's static helpers take a backend *name*: they use the worker transport that
+# this process's drop-in buffers opened last for that backend (one per manager name for
+# "redis"), or open one.
+_WORKER_TRANSPORTS: dict[tuple[str, str], Any] = {}
+_LAST_TRANSPORT: dict[str, Any] = {}
 
 
-def _worker_transport(backend: Any, url: Any = None, name: str = DEFAULT_MANAGER_NAME) -> Any:
+def _worker_transport(backend: Any, url: Any = None, name: str | None = None) -> Any:
     if not isinstance(backend, str):
         return backend
-    known = _WORKER_TRANSPORTS.get(backend)
-    if known is not None:
-        return known
-    if backend == "mpi":
-        from .control.mpi import MPITransport
-
-        transport: Any = MPITransport()
-    elif backend == "redis":
-        from .connection import as_client
-        from .control.redis import RedisWorkerTransport
-
-        transport = RedisWorkerTransport(as_client(url), name)
-    else:
+    if backend not in ("mpi", "redis"):
         raise ValueError(f"unknown communication_backend {backend!r}; use 'mpi' or 'redis'")
-    _WORKER_TRANSPORTS[backend] = transport
+    if backend == "mpi":
+        name = ""
+    elif name is None:
+        last = _LAST_TRANSPORT.get(backend)
+        if last is not None:
+            return last
+        name = DEFAULT_MANAGER_NAME
+    transport = _WORKER_TRANSPORTS.get((backend, name))
+    if transport is None:
+        if backend == "mpi":
+            from .control.mpi import MPITransport
+
+            transport = MPITransport()
+        else:
+            from .connection import as_client
+            from .control.redis import RedisWorkerTransport
+
+            transport = RedisWorkerTransport(as_client(url), name)
+        _WORKER_TRANSPORTS[(backend, name)] = transport
+    _LAST_TRANSPORT[backend] = transport
     return transport
+
+
+def _forget_transport(transport: Any) -> None:
+    for table in (_WORKER_TRANSPORTS, _LAST_TRANSPORT):
+        for key, value in list(table.items()):
+            if value is transport:
+                del table[key]
 
 
 def _drop_quietly(client: Any, name: str) -> None:
@@ -329,25 +367,21 @@ class ReplayBuffer:
         self.seed = seed
         private = name is None
         self.name = f"torchgfn-{uuid.uuid4().hex[:16]}" if private else name
-        transport: Any = communication_backend
+        options: dict[str, Any] = {"seed": seed}
         if remote_manager_rank is not None:
-            transport = _worker_transport(communication_backend, url, manager_name)
-        self._buffer = _CoreBuffer(
-            url,
-            self.name,
-            capacity=capacity,
-            prioritized_capacity=prioritized_capacity,
-            prioritized_sampling=prioritized_sampling,
-            seed=seed,
-            remote_manager_rank=remote_manager_rank,
-            remote_buffer_freq=remote_buffer_freq,
-            async_score=self.async_score,
-            baseline_filtering=baseline_filtering,
-            baseline_refresh_after=baseline_refresh_after,
-            scoring_only=scoring_only,
-            communication_backend=transport,
-            timing=timing,
-        )
+            options.update(
+                remote_manager_rank=remote_manager_rank,
+                remote_buffer_freq=remote_buffer_freq,
+                async_score=self.async_score,
+                baseline_filtering=baseline_filtering,
+                baseline_refresh_after=baseline_refresh_after,
+                scoring_only=scoring_only,
+                communication_backend=_worker_transport(
+                    communication_backend, url, manager_name
+                ),
+                timing=timing,
+            )
+        self._buffer = self._open(url, options)
         self._device: torch.device | None = None
         self._container_class: type | None = None
         self._finalizer = (
@@ -355,6 +389,19 @@ class ReplayBuffer:
             if private
             else None
         )
+
+    def _open(self, url: Any, options: dict[str, Any]) -> _CoreBuffer:
+        return _CoreBuffer(
+            url,
+            self.name,
+            capacity=self.capacity,
+            prioritized_capacity=self.prioritized_capacity,
+            prioritized_sampling=self.prioritized_sampling,
+            **options,
+        )
+
+    def _convert(self, container: Any) -> Any:
+        return to_redisbuf(container, self.env)
 
     # -- torchgfn's API ---------------------------------------------------------------
 
@@ -398,7 +445,7 @@ class ReplayBuffer:
         self._check_class(training_container)
         if len(training_container) == 0:
             return None
-        batch = to_redisbuf(training_container, self.env)
+        batch = self._convert(training_container)
         try:
             result = self._buffer.add(batch)
         except SchemaError as exc:
@@ -460,6 +507,112 @@ class ReplayBuffer:
         return remote.timing_log() if remote is not None else "no timing recorded"
 
 
+class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
+    """torchgfn's ``NormBasedDiversePrioritizedReplayBuffer``: prioritized capacity, and
+    once full a batch's items enter only if their terminating state (conditions
+    appended) is farther than ``cutoff_distance`` (p-norm ``p_norm_distance``) from every
+    higher-ranked item of the batch and every stored item; the test runs in Redis,
+    atomically with the insert (:class:`redisbuf.diverse.NormBasedDiversePrioritizedReplayBuffer`).
+
+    Takes torchgfn's arguments (``env, capacity, cutoff_distance, p_norm_distance,
+    remote_manager_rank, ...``) plus ``url=``, ``name=``, ``seed=`` and
+    ``prioritized_sampling=``. ``remote_manager_rank`` is refused, as torchgfn 2.4.1's
+    diverse ``add`` never sends to a manager. Transitions must all be terminating, and a
+    StatesContainer must hold terminating states only: each item needs one state to
+    compare."""
+
+    def __init__(
+        self,
+        env: Any,
+        capacity: int = 1000,
+        cutoff_distance: float = 0.0,
+        p_norm_distance: float = 1.0,
+        remote_manager_rank: int | None = None,
+        remote_buffer_freq: int = 1,
+        communication_backend: str = "mpi",
+        timing: bool = False,
+        async_score: bool = False,
+        async_comm: bool = False,
+        lazy_sort: bool = False,
+        baseline_filtering: bool = False,
+        scoring_only: bool = False,
+        baseline_refresh_after: int = 10,
+        *,
+        url: Any = None,
+        name: str | None = None,
+        seed: int | None = None,
+        prioritized_sampling: bool = False,
+    ) -> None:
+        if remote_manager_rank is not None:
+            raise ValueError(
+                "remote_manager_rank is not supported by the diverse buffer: torchgfn "
+                "2.4.1's diverse add never sends to its manager; use a ReplayBuffer for that"
+            )
+        self.cutoff_distance = cutoff_distance
+        self.p_norm_distance = p_norm_distance
+        super().__init__(
+            env, capacity, True, prioritized_sampling, None, remote_buffer_freq,
+            communication_backend, timing, async_score, async_comm, lazy_sort,
+            baseline_filtering, scoring_only, baseline_refresh_after,
+            url=url, name=name, seed=seed,
+        )
+
+    def _open(self, url: Any, options: dict[str, Any]) -> _CoreBuffer:
+        from .diverse import NormBasedDiversePrioritizedReplayBuffer as _CoreDiverse
+
+        return _CoreDiverse(
+            url,
+            self.name,
+            capacity=self.capacity,
+            cutoff_distance=self.cutoff_distance,
+            p_norm_distance=self.p_norm_distance,
+            prioritized_sampling=self.prioritized_sampling,
+            **options,
+        )
+
+    def _convert(self, container: Any) -> Any:
+        if isinstance(container, StatesContainer) and not bool(container.is_terminating.all()):
+            raise ValueError(
+                "a diverse buffer compares terminating states: this StatesContainer holds "
+                f"{int((~container.is_terminating).sum())} non-terminating states"
+            )
+        return to_redisbuf(container, self.env, states_kind="states")
+
+
+class TerminatingStateBuffer(ReplayBuffer):
+    """torchgfn's ``TerminatingStateBuffer``: ``add`` takes Trajectories, Transitions or
+    a StatesContainer and keeps their terminating states with log-rewards (and
+    conditions); ``sample`` returns a StatesContainer whose states are all terminating.
+    Takes torchgfn's ``(env, capacity, **kwargs)`` with :class:`ReplayBuffer`'s keywords.
+    """
+
+    def __init__(self, env: Any, capacity: int = 1000, **kwargs: Any) -> None:
+        super().__init__(env, capacity, **kwargs)
+
+    def _open(self, url: Any, options: dict[str, Any]) -> _CoreBuffer:
+        from .terminating import TerminatingStateBuffer as _CoreTerminating
+
+        return _CoreTerminating(
+            url,
+            self.name,
+            capacity=self.capacity,
+            prioritized_capacity=self.prioritized_capacity,
+            prioritized_sampling=self.prioritized_sampling,
+            **options,
+        )
+
+    def _check_class(self, container: Any) -> None:
+        _kind_of(container)  # any container class: all become terminating states
+
+    def _convert(self, container: Any) -> Any:
+        return to_redisbuf(container, self.env, states_kind="states")
+
+    def add(self, training_container: Any) -> dict[str, float] | None:
+        score = super().add(training_container)
+        self._container_class = StatesContainer
+        return score
+
+
 # -- ReplayBufferManager --------------------------------------------------------------
 
 
@@ -496,6 +649,9 @@ class ReplayBufferManager(_CoreManager):
     manager copies the items named in a message into its own. The scoring function gets
     torchgfn containers built for ``env``. ``remote_manager_rank`` (forwarding to a
     higher manager) works over MPI: what this manager stores it sends on.
+    ``diverse_replay_buffer=True`` makes the manager's buffer a
+    :class:`redisbuf.diverse.NormBasedDiversePrioritizedReplayBuffer` (default cutoff
+    0, p = 1, as torchgfn's), for Trajectories and terminating Transitions.
     """
 
     def __init__(
@@ -530,21 +686,31 @@ class ReplayBufferManager(_CoreManager):
         # a new manager starts empty, as torchgfn's: drop what an earlier run left
         # (items, and the schema its containers fixed)
         _CoreBuffer(client, name, capacity=capacity, prioritized_capacity=True).drop()
-        buffer = _CoreBuffer(
-            client,
-            name,
-            capacity=capacity,
-            prioritized_capacity=True,
-            remote_manager_rank=remote_manager_rank,
-            communication_backend=communication_backend,
-        )
+        if diverse_replay_buffer:
+            if remote_manager_rank is not None:
+                raise ValueError(
+                    "remote_manager_rank with diverse_replay_buffer: the diverse buffer "
+                    "never sends to a manager (torchgfn's manager ignores it there)"
+                )
+            from .diverse import NormBasedDiversePrioritizedReplayBuffer as _CoreDiverse
+
+            buffer: _CoreBuffer = _CoreDiverse(client, name, capacity=capacity)
+        else:
+            buffer = _CoreBuffer(
+                client,
+                name,
+                capacity=capacity,
+                prioritized_capacity=True,
+                remote_manager_rank=remote_manager_rank,
+                communication_backend=communication_backend,
+            )
         self.remote_manager_rank = remote_manager_rank
         super().__init__(
             buffer,
             rank,
             num_training_ranks,
             scoring_function=_scorer(scoring_function or self.default_scoring_function, env),
-            diverse_replay_buffer=diverse_replay_buffer,
+            diverse_replay_buffer=False,  # the buffer above is the diverse one
             capacity=capacity,
             store_locally=store_locally,
             baseline_strategy=baseline_strategy,
@@ -554,6 +720,7 @@ class ReplayBufferManager(_CoreManager):
             timing=timing,
             **options,
         )
+        self.diverse_replay_buffer = diverse_replay_buffer
 
     @property
     def replay_buffer(self) -> _CoreBuffer:
@@ -572,8 +739,9 @@ class ReplayBufferManager(_CoreManager):
     @staticmethod
     def get_metadata(manager_rank: int, backend: Any = "mpi", timeout: float | None = 30.0) -> dict:
         """Ask the manager for its metadata over ``backend`` (``"mpi"``, ``"redis"``,
-        or a transport); ``"redis"`` uses this process's drop-in worker transport, or
-        opens one to :data:`DEFAULT_MANAGER_NAME` at ``$REDISBUF_URL``."""
+        or a transport); ``"redis"`` uses the worker transport of this process's latest
+        drop-in buffer with a remote manager, or opens one to
+        :data:`DEFAULT_MANAGER_NAME` at ``$REDISBUF_URL``."""
         return _CoreManager.get_metadata(manager_rank, _worker_transport(backend), timeout)
 
     @staticmethod
@@ -582,6 +750,4 @@ class ReplayBufferManager(_CoreManager):
         transport for it."""
         transport = _worker_transport(backend)
         _CoreManager.send_termination_signal(manager_rank, transport)
-        for key, value in list(_WORKER_TRANSPORTS.items()):
-            if value is transport:
-                del _WORKER_TRANSPORTS[key]
+        _forget_transport(transport)

@@ -355,3 +355,117 @@ def test_private_buffer_is_dropped_on_close(fake_client, buffer_name, envs):
     named.close()
     assert not fake_client.exists(f"rb:{{{buffer.name}}}:meta")
     assert len(named) == 4
+
+
+# -- the diverse and terminating-state buffers, against torchgfn's own -------------------
+
+
+def _rows(container) -> list[tuple]:
+    """(terminating state, conditions, log-reward) of every item, sorted."""
+    states = container.terminating_states
+    conditions = states.conditions
+    rows = []
+    for i in range(len(states)):
+        cond = () if conditions is None else tuple(conditions[i].tolist())
+        rows.append((tuple(states.tensor[i].tolist()), cond,
+                     round(float(container.log_rewards[i]), 5)))
+    return sorted(rows)
+
+
+def _distinct_rewards(batch, seed):
+    generator = torch.Generator().manual_seed(seed)
+    batch._log_rewards = torch.randn(len(batch), generator=generator)
+    return batch
+
+
+@pytest.mark.parametrize("cutoff, p", [(0.0, 1.0), (1.5, 1.0), (2.0, 2.0), (-1.0, 1.0)])
+def test_diverse_buffer_matches_torchgfn(fake_client, buffer_name, envs, cutoff, p):
+    from gfn.containers import NormBasedDiversePrioritizedReplayBuffer as Theirs
+
+    from redisbuf.torchgfn import NormBasedDiversePrioritizedReplayBuffer
+
+    env = envs["hypergrid"]
+    ours = NormBasedDiversePrioritizedReplayBuffer(env, 12, cutoff, p, url=fake_client,
+                                                   name=buffer_name)
+    theirs = Theirs(env, 12, cutoff, p)
+    for seed in range(6):
+        batch = _distinct_rewards(trajectories(env, 10, seed=seed), seed)
+        ours.add(batch)
+        theirs.add(batch)
+        assert _rows(ours.training_container) == _rows(theirs.training_container), seed
+    # copies of stored items with higher log-rewards: rejected as duplicates of stored
+    # states, unless the check is skipped (cutoff < 0)
+    before = _rows(ours.training_container)
+    copies = ours.training_container
+    copies._log_rewards = copies.log_rewards + 100.0
+    ours.add(copies)
+    theirs.add(copies)
+    after = _rows(ours.training_container)
+    assert after == _rows(theirs.training_container)
+    assert (after == before) == (cutoff >= 0)
+
+
+def test_diverse_buffer_same_state_under_two_conditions(fake_client, buffer_name, envs):
+    from gfn.containers import NormBasedDiversePrioritizedReplayBuffer as Theirs
+
+    from redisbuf.torchgfn import NormBasedDiversePrioritizedReplayBuffer
+
+    env = envs["conditional_hypergrid"]
+    ours = NormBasedDiversePrioritizedReplayBuffer(env, 6, 0.0, url=fake_client,
+                                                   name=buffer_name)
+    theirs = Theirs(env, 6, 0.0)
+    first = _distinct_rewards(trajectories(env, 6, seed=1), 1)
+    for buffer in (ours, theirs):
+        buffer.add(first)  # fills the buffer
+    # the same states under other conditions, with higher log-rewards
+    again = Trajectories(
+        env,
+        states=env.states_from_tensor(first.states.tensor, 1.0 - first.states.conditions),
+        actions=first.actions,
+        terminating_idx=first.terminating_idx,
+        log_rewards=first.log_rewards + 10.0,
+    )
+    assert not torch.equal(again.states.conditions, first.states.conditions)
+    for buffer in (ours, theirs):
+        buffer.add(again)
+    assert _rows(ours.training_container) == _rows(theirs.training_container)
+    kept = _rows(ours.training_container)
+    assert {row[1] for row in kept} == {row[1] for row in _rows(again)}  # all new ones
+
+
+def test_diverse_buffer_refuses_a_manager_and_non_terminating_states(fake_client, buffer_name,
+                                                                     envs):
+    from redisbuf.torchgfn import NormBasedDiversePrioritizedReplayBuffer
+
+    env = envs["hypergrid"]
+    with pytest.raises(ValueError, match="never sends"):
+        NormBasedDiversePrioritizedReplayBuffer(env, 10, remote_manager_rank=0,
+                                                url=fake_client, name=buffer_name)
+    buffer = NormBasedDiversePrioritizedReplayBuffer(env, 10, url=fake_client, name=buffer_name)
+    with pytest.raises(ValueError, match="non-terminating"):
+        buffer.add(make("states", env, 6))
+    assert len(buffer) == 0
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_terminating_state_buffer_matches_torchgfn(fake_client, buffer_name, envs, kind):
+    from gfn.containers import TerminatingStateBuffer as Theirs
+
+    from redisbuf.torchgfn import TerminatingStateBuffer
+
+    env = envs["hypergrid"]
+    ours = TerminatingStateBuffer(env, 30, url=fake_client, name=buffer_name)
+    theirs = Theirs(env, 30)
+    for seed in range(3):
+        batch = make(kind, env, 16, seed=seed)
+        ours.add(batch)
+        if kind == "trajectories":  # torchgfn 2.4.1 pairs all log-rewards with the
+            theirs.add(batch)       # terminating states: only trajectories line up
+    if kind == "trajectories":
+        assert torch.equal(ours.training_container.states.tensor,
+                           theirs.training_container.states.tensor)
+        assert torch.equal(ours.training_container.log_rewards,
+                           theirs.training_container.log_rewards)
+    drawn = ours.sample(5)
+    assert isinstance(drawn, StatesContainer) and bool(drawn.is_terminating.all())
+    assert len(ours) == 30
