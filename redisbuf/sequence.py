@@ -43,7 +43,7 @@ from .keys import PREFIX, validate_name
 # ALF's StepType values
 FIRST, MID, LAST = 0, 1, 2
 _DISCOUNTED_RETURN = "discounted_return"
-_PRIORITIZED_TRIES = 4  # tree draws sent per missing window and call
+_TRIES = 4  # candidate draws per window and call before rejection gives up
 _ROUNDS = 50  # draws before giving up on filling a batch (prioritized rejections, races)
 
 
@@ -424,7 +424,7 @@ class SequenceBuffer:
         wanted = batch_size
         recent_ratio = self.recent_data_ratio
         for _ in range(_ROUNDS):
-            draws = wanted * (_PRIORITIZED_TRIES if self.prioritized_sampling else 1)
+            draws = wanted * (_TRIES + 1)
             packed = _packed_uniforms(self.rng, draws)
             args = [
                 L,
@@ -436,7 +436,7 @@ class SequenceBuffer:
                 self.num_earliest_frames_ignored,
                 int(self.prioritized_sampling),
                 packed,
-                _PRIORITIZED_TRIES,
+                _TRIES,
             ]
             reply = self._run("seq_sample", self._keys, args)
             k = int(reply[0]) + int(reply[1])
