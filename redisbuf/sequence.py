@@ -37,7 +37,7 @@ import torch
 
 from . import codec, scripts
 from .connection import as_client
-from .errors import EmptyBufferError, InvalidBatchError, SchemaError
+from .errors import DecodeError, EmptyBufferError, InvalidBatchError
 from .keys import PREFIX, validate_name
 
 # ALF's StepType values
@@ -362,7 +362,7 @@ class SequenceBuffer:
             columns: dict[str, Any] = {}
         else:
             if any(blob is None for blob in blobs):
-                raise SchemaError("a step read atomically is missing (buffer changed layout?)")
+                raise DecodeError("a step read in one atomic call is missing")
             columns = codec.decode_same_layout(blobs) or {}  # type: ignore[arg-type]
             if not columns:
                 items = [codec.unpackb(blob) for blob in blobs]  # type: ignore[arg-type]
@@ -372,6 +372,11 @@ class SequenceBuffer:
             item_shape = tuple(spec["shape"])
             if count == 0:
                 array = np.zeros((*shape, *item_shape), dtype=_numpy_dtype(spec["dtype"]))
+            elif spec["dtype"] == "bfloat16" and not item_shape:
+                # a per-step bfloat16 number travels as a float64 msgpack number
+                values = torch.from_numpy(np.asarray(columns[key], dtype=np.float32))
+                out[key] = values.to(torch.bfloat16).reshape(shape)
+                continue
             else:
                 array = np.array(columns[key], dtype=_numpy_dtype(spec["dtype"]))
                 array = array.reshape((*shape, *item_shape))

@@ -462,3 +462,22 @@ def test_window_evicted_between_draw_and_read_is_drawn_again(client, buffer_name
     gone = int(removed[0].split(":")[1])
     assert all(not p <= gone < p + 3 for p in info.positions.tolist())
     assert data["pos"].tolist() == [list(range(p, p + 3)) for p in info.positions.tolist()]
+
+
+def test_torch_fields_keep_dtype_and_library(client, buffer_name):
+    import torch
+
+    buf = SequenceBuffer(client, buffer_name, 2, 4)
+    for t in range(3):
+        buf.add_batch(
+            {
+                "h": torch.full((2,), t, dtype=torch.bfloat16),
+                "x": torch.full((2, 3), t, dtype=torch.bfloat16),
+                "n": torch.tensor([t, t], dtype=torch.int32),
+            }
+        )
+    data, _ = buf.gather_all()
+    assert data["h"].dtype == torch.bfloat16 and data["h"].shape == (2, 3)
+    assert data["x"].dtype == torch.bfloat16 and data["x"].shape == (2, 3, 3)
+    assert data["n"].dtype == torch.int32 and data["n"][1].tolist() == [0, 1, 2]
+    assert data["h"][0].float().tolist() == [0.0, 1.0, 2.0]
