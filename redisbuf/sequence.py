@@ -572,10 +572,11 @@ class SequenceBuffer:
         hold the same number T of steps), with ``positions`` = each env's oldest step."""
         return self._read(["gather"])
 
-    def dequeue(self, n: int, env_ids: Any = None) -> tuple[dict[str, Any], BatchInfo]:
+    def dequeue(self, n: int = 1, env_ids: Any = None) -> dict[str, Any]:
         """Remove and return the oldest ``n`` steps of each environment in ``env_ids``
-        (all when None), shaped ``[len(env_ids), n, ...]``. Raises
-        :class:`EmptyBufferError`, removing nothing, when one holds fewer than ``n``."""
+        (all when None), shaped ``[len(env_ids), n, ...]`` (ALF returns no BatchInfo
+        here either). Raises :class:`EmptyBufferError`, removing nothing, when one holds
+        fewer than ``n``."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
         ids = (
@@ -583,7 +584,7 @@ class SequenceBuffer:
             if env_ids is None
             else _as_int_array(env_ids, "env_ids")
         )
-        return self._read(["dequeue", n, *ids.tolist()])
+        return self._read(["dequeue", n, *ids.tolist()])[0]
 
     # -- inspection --------------------------------------------------------------------
 
