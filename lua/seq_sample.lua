@@ -176,29 +176,34 @@ local function valid_start(e, p)
 end
 
 local tree_total = 0
+-- Windows by first-step priority, invalid ones rejected: rounds of 1.5 descents per
+-- missing window (each round one HMGET per tree level), n * tries descents at most.
 local function draw_prioritized(n)
   local root = redis.call('HGET', K.tree, 0)
   tree_total = root and chunk_sum(root) or 0
   if tree_total <= 0 then return false end
-  local targets = {}
-  for i = 1, n * tries do
-    local u = next_uniform()
-    if u == nil then return fail('RB_INVALID', 'too few packed uniforms') end
-    targets[i] = u * tree_total
-  end
-  local slots, masses = tree_descend(K.tree, C.depth, targets)
-  local accepted = 0
-  for i = 1, #slots do
-    if accepted == n then break end
-    local e = math.floor(slots[i] / C.max_length)
-    local index = slots[i] % C.max_length
-    if e < C.num_envs and masses[i] > 0 then
-      local p = starts[e] + (index - starts[e]) % C.max_length
-      if p < nexts[e] and valid_start(e, p) then
-        accepted = accepted + 1
-        envs[#envs + 1] = e
-        positions[#positions + 1] = p
-        priorities[#priorities + 1] = fmt(masses[i])
+  local accepted, budget = 0, n * tries
+  while accepted < n and budget > 0 do
+    local targets = {}
+    for i = 1, math.min(budget, math.ceil((n - accepted) * 1.5)) do
+      local u = next_uniform()
+      if u == nil then return short end
+      targets[i] = u * tree_total
+    end
+    budget = budget - #targets
+    local slots, masses = tree_descend(K.tree, C.depth, targets)
+    for i = 1, #slots do
+      if accepted == n then break end
+      local e = math.floor(slots[i] / C.max_length)
+      local index = slots[i] % C.max_length
+      if e < C.num_envs and masses[i] > 0 then
+        local p = starts[e] + (index - starts[e]) % C.max_length
+        if p < nexts[e] and valid_start(e, p) then
+          accepted = accepted + 1
+          envs[#envs + 1] = e
+          positions[#positions + 1] = p
+          priorities[#priorities + 1] = fmt(masses[i])
+        end
       end
     end
   end
