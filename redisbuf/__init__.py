@@ -18,7 +18,8 @@ from .errors import (
     ServerUnavailableError,
 )
 from .keys import BufferKeys
-from .samplers import PrioritizedSampler, UniformSampler
+from .samplers import PERSampler, PrioritizedSampler, UniformSampler
+from .selectors import FifoSampler, LifoSampler, MaxHeapSampler, MinHeapSampler
 from .sequence import BatchInfo, SequenceBuffer
 from .terminating import TerminatingStateBuffer
 
@@ -33,9 +34,14 @@ __all__ = [
     "DecodeError",
     "DiverseAddResult",
     "EmptyBufferError",
+    "FifoSampler",
     "InvalidBatchError",
     "NormBasedDiversePrioritizedReplayBuffer",
     "ItemTooLargeError",
+    "LifoSampler",
+    "MaxHeapSampler",
+    "MinHeapSampler",
+    "PERSampler",
     "PrioritizedSampler",
     "ProtocolError",
     "RedisBufError",
