@@ -13,8 +13,8 @@
 -- A window (e, p) is valid when steps p..p+L-1 are all stored, p >= oldest stored
 -- position + num_earliest_frames_ignored and (unless crossing is allowed) all lie in one
 -- episode. Recent windows also start among the last recent_data_steps possible starts of
--- their environment (ALF). Uniform parts draw among all valid windows, without
--- replacement when asked and possible; the prioritized part draws window starts in
+-- their environment (ALF). Uniform parts draw uniformly among all valid windows (see
+-- draw_uniform), without replacement when asked and possible; the prioritized part draws window starts in
 -- proportion to their priority and rejects invalid ones (exact conditional sampling),
 -- returning fewer windows when the tries run out.
 -- Returns {k_recent, k_normal, size, tree_total, env_1..env_k, pos_1..pos_k,
