@@ -567,10 +567,13 @@ class SequenceBuffer:
         self._with_returns(data, reply[at + b * count :], (b, count))
         return data, BatchInfo(envs, starts, np.ones(b, dtype=np.float32))
 
-    def gather_all(self) -> tuple[dict[str, Any], BatchInfo]:
+    def gather_all(self, ignore_earliest_frames: bool = False) -> tuple[dict[str, Any], BatchInfo]:
         """Every stored step, shaped ``[num_environments, T, ...]`` (all environments must
-        hold the same number T of steps), with ``positions`` = each env's oldest step."""
-        return self._read(["gather"])
+        hold the same number of steps), with ``positions`` = each env's first returned
+        step; ``ignore_earliest_frames`` leaves out the oldest
+        ``num_earliest_frames_ignored`` steps of each environment (ALF)."""
+        skip = self.num_earliest_frames_ignored if ignore_earliest_frames else 0
+        return self._read(["gather", skip])
 
     def dequeue(self, n: int = 1, env_ids: Any = None) -> dict[str, Any]:
         """Remove and return the oldest ``n`` steps of each environment in ``env_ids``

@@ -278,6 +278,9 @@ def test_gather_all_dequeue_and_nested_fields(client, buffer_name):
     assert data["o"]["x"].shape == (2, 3, 2) and data["o"]["x"].dtype == np.int16
     assert info.positions.tolist() == [2, 2]
     assert buf.get_field("o.x", [1], [4]).tolist() == [[4, 4]]
+    skipping = SequenceBuffer(client, buffer_name, 2, 3, num_earliest_frames_ignored=2)
+    data, info = skipping.gather_all(ignore_earliest_frames=True)
+    assert data["pos"].tolist() == [[4], [4]] and info.positions.tolist() == [4, 4]
     data = buf.dequeue(2, [1])
     assert data["pos"].tolist() == [[2, 3]]
     with pytest.raises(InvalidBatchError):
