@@ -111,10 +111,10 @@ OPS = st.lists(
     ignored=st.integers(0, 2),
     prioritized=st.booleans(),
 )
-def test_matches_reference_model(fake_client, ops, max_length, cross, ignored, prioritized):
-    fake_client.flushall()
+def test_matches_reference_model(client, ops, max_length, cross, ignored, prioritized):
+    client.flushall()
     buf = SequenceBuffer(
-        fake_client,
+        client,
         "model",
         3,
         max_length,
@@ -163,10 +163,10 @@ def test_matches_reference_model(fake_client, ops, max_length, cross, ignored, p
             n, e = op[1], op[2]
             model = models[e]
             if model.next - model.start < n:
-                before = snapshot(fake_client, "model")
+                before = snapshot(client, "model")
                 with pytest.raises(EmptyBufferError):
                     buf.dequeue(n, [e])
-                assert snapshot(fake_client, "model") == before
+                assert snapshot(client, "model") == before
                 continue
             data = buf.dequeue(n, [e])
             assert data["pos"].tolist() == [list(range(model.start, model.start + n))]
@@ -316,14 +316,14 @@ def reference_returns(rewards, ends, gamma, clip, default):
     gamma=st.floats(0.0, 1.0),
     clip=st.one_of(st.none(), st.tuples(st.floats(-2, 0), st.floats(0, 2))),
 )
-def test_discounted_returns_match_numpy(fake_client, seed, gamma, clip):
-    fake_client.flushall()
+def test_discounted_returns_match_numpy(client, seed, gamma, clip):
+    client.flushall()
     rng = np.random.default_rng(seed)
     steps = 40
     rewards = rng.normal(0, 2, size=(steps, 2)).astype(np.float32)
     ends = rng.random((steps, 2)) < 0.15
     buf = SequenceBuffer(
-        fake_client,
+        client,
         "ret",
         2,
         steps,
