@@ -214,12 +214,24 @@ def fill(buf: SequenceBuffer, steps: int, num_envs: int, episode: int = 0, rng=N
         buf.add_batch(make_batch(envs, np.full(num_envs, t), done))
 
 
-@pytest.mark.parametrize("length", [3, 5, 1])
-def test_uniform_draws_are_uniform_over_valid_windows(client, buffer_name, length):
-    """L=3: rejection sampling suffices; L=5: it runs out (one valid start per episode)
-    and the exact enumeration draws; L=1: every stored step."""
+@pytest.mark.parametrize(
+    "length, replacement, batch, calls",
+    [
+        (3, True, 50, 40),
+        (5, True, 50, 40),
+        (1, True, 50, 40),
+        (3, False, 4, 250),
+        (5, False, 2, 500),
+    ],
+)
+def test_uniform_draws_are_uniform_over_valid_windows(
+    client, buffer_name, length, replacement, batch, calls
+):
+    """L=3: rejection sampling suffices; L=5: it often runs out (one valid start per
+    episode) and the exact enumeration draws; L=1: every stored step. Without
+    replacement, each batch holds distinct windows."""
     buf = SequenceBuffer(
-        client, buffer_name, 2, 10, done_field="done", with_replacement=True, seed=3
+        client, buffer_name, 2, 10, done_field="done", with_replacement=replacement, seed=3
     )
     fill(buf, 14, 2, episode=5)
     models = [EnvModel(start=4) for _ in range(2)]
@@ -228,12 +240,15 @@ def test_uniform_draws_are_uniform_over_valid_windows(client, buffer_name, lengt
         m.ends = [(t + e) % 5 == 4 for t in range(14)]
     valid = [(e, p) for e in range(2) for p in models[e].valid_starts(length, False)]
     counts: Counter = Counter()
-    for _ in range(40):
-        data, info = buf.get_batch(50, length)
+    for _ in range(calls):
+        data, info = buf.get_batch(batch, length)
         check_window_data(data, info, models, length, False)
-        counts.update(zip(info.env_ids.tolist(), info.positions.tolist(), strict=True))
+        pairs = list(zip(info.env_ids.tolist(), info.positions.tolist(), strict=True))
+        if not replacement:
+            assert len(set(pairs)) == batch
+        counts.update(pairs)
     assert set(counts) == set(valid)
-    expected = 2000 / len(valid)
+    expected = batch * calls / len(valid)
     chi2 = sum((counts[w] - expected) ** 2 / expected for w in valid)
     # df = len(valid) - 1 <= 19; 45 is beyond the 0.999 quantile of df 19 (43.8)
     assert chi2 < 45, counts
