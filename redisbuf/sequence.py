@@ -523,8 +523,8 @@ class SequenceBuffer:
         p, _, last = self._episodes(pos, env_ids)
         return last - p
 
-    def get_field(self, field: str, env_ids: Any, positions: Any) -> Any:
-        """Field ``field`` ('.'-separated path, or ``discounted_return``) of stored steps,
+    def get_field(self, field_name: str, env_ids: Any, positions: Any) -> Any:
+        """Field ``field_name`` ('.'-separated path, or ``discounted_return``) of stored steps,
         shaped like the broadcast of ``env_ids`` and ``positions``."""
         ids = _as_int_array(np.ravel(env_ids), "env_ids")
         pos = _as_int_array(np.ravel(positions), "positions")
@@ -536,7 +536,7 @@ class SequenceBuffer:
             )
         )
         names = [f"{e}:{p}" for e, p in zip(ids.tolist(), pos.tolist(), strict=True)]
-        if field == _DISCOUNTED_RETURN and self.record_episodic_return:
+        if field_name == _DISCOUNTED_RETURN and self.record_episodic_return:
             blobs, raw = self._read_steps(names)
             self._missing(blobs, names)
             values = [self.default_return if r is None else float(r) for r in raw]
@@ -544,12 +544,12 @@ class SequenceBuffer:
         blobs = self.client.hmget(self._keys[1], names) if names else []
         self._missing(blobs, names)
         schema = self._stored_schema()
-        if field not in schema:
-            raise KeyError(f"no field {field!r}; fields: {sorted(schema)}")
+        if field_name not in schema:
+            raise KeyError(f"no field {field_name!r}; fields: {sorted(schema)}")
         data = self._decode(blobs, (len(names),))
-        for part in field.split("."):
+        for part in field_name.split("."):
             data = data[part]
-        return data.reshape((*shape, *tuple(schema[field]["shape"])))
+        return data.reshape((*shape, *tuple(schema[field_name]["shape"])))
 
     @staticmethod
     def _missing(blobs: list[Any], names: list[str]) -> None:
