@@ -3,17 +3,19 @@
 -- @include tree
 -- @include seq
 -- KEYS[1] meta  KEYS[2..8] steps, envs, episodes, begins, rewards, returns, tree
--- ARGV[1] mode: "gather" (every stored step of every environment; all must hold the
--- same number) or "dequeue" (the oldest ARGV[2] steps of each env in ARGV[3..], removed)
--- ARGV[2] n (dequeue)  ARGV[3..] env ids (dequeue)
+-- ARGV[1] mode: "gather" (every stored step of every environment but the oldest ARGV[2];
+-- all must hold the same number) or "dequeue" (the oldest ARGV[2] steps of each env in
+-- ARGV[3..], removed)
+-- ARGV[2] steps skipped (gather) or n (dequeue)  ARGV[3..] env ids (dequeue)
 -- Returns {count, number of envs, env_1.., first_position_1.., blobs (env-major)..., returns... if
 -- recorded}. Errors: RB_NOBUF, RB_EMPTY (an env holds fewer than n steps; nothing
 -- removed), RB_INVALID (unequal sizes for gather, bad env id).
 local K = seq_keys(KEYS)
 local C = seq_conf(K)
 if not C then return fail('RB_NOBUF', 'sequence buffer meta ' .. K.meta .. ' does not exist') end
-local envs, states, count = {}, {}, 0
+local envs, states, count, skip = {}, {}, 0, 0
 if ARGV[1] == 'gather' then
+  skip = tonumber(ARGV[2])
   for e = 0, C.num_envs - 1 do
     envs[#envs + 1] = e
     states[e] = env_state(K, e)
@@ -23,6 +25,8 @@ if ARGV[1] == 'gather' then
         .. count .. ', env ' .. e .. ': ' .. size .. ')')
     end
   end
+  skip = math.min(skip, count)
+  count = count - skip
 else
   count = tonumber(ARGV[2])
   for i = 3, #ARGV do
@@ -40,10 +44,10 @@ else
 end
 local out = {count, #envs}
 for _, e in ipairs(envs) do out[#out + 1] = e end
-for _, e in ipairs(envs) do out[#out + 1] = states[e].start end
+for _, e in ipairs(envs) do out[#out + 1] = states[e].start + skip end
 local fields = {}
 for _, e in ipairs(envs) do
-  for j = 0, count - 1 do fields[#fields + 1] = step_field(e, states[e].start + j) end
+  for j = skip, skip + count - 1 do fields[#fields + 1] = step_field(e, states[e].start + j) end
 end
 local blobs = hmget_chunked(K.steps, fields)
 for i = 1, #fields do out[#out + 1] = blobs[i] end

@@ -7,14 +7,14 @@
 -- ARGV[4] recent_data_steps  ARGV[5] "1" = windows may cross episode boundaries
 -- ARGV[6] "1" = with replacement  ARGV[7] num_earliest_frames_ignored
 -- ARGV[8] "1" = prioritized draws for the non-recent part
--- ARGV[9] packed uniforms (see uniform_at): one per uniform draw, or, for the prioritized
--- part, ARGV[10] tries per missing window
--- ARGV[10] prioritized tries per window
+-- ARGV[9] packed uniforms (see uniform_at): batch size * (ARGV[10] + 1) of them suffice
+-- ARGV[10] tries: candidate draws per window before a part gives up (prioritized) or
+-- switches to exact enumeration (uniform, inside episodes)
 -- A window (e, p) is valid when steps p..p+L-1 are all stored, p >= oldest stored
 -- position + num_earliest_frames_ignored and (unless crossing is allowed) all lie in one
 -- episode. Recent windows also start among the last recent_data_steps possible starts of
--- their environment (ALF). Uniform parts draw among all valid windows, without
--- replacement when asked and possible; the prioritized part draws window starts in
+-- their environment (ALF). Uniform parts draw uniformly among all valid windows (see
+-- draw_uniform), without replacement when asked and possible; the prioritized part draws window starts in
 -- proportion to their priority and rejects invalid ones (exact conditional sampling),
 -- returning fewer windows when the tries run out.
 -- Returns {k_recent, k_normal, size, tree_total, env_1..env_k, pos_1..pos_k,
@@ -60,29 +60,47 @@ if ratio > 0 then
 end
 local n_normal = batch - n_recent
 
--- Candidate ranges of window starts: {env, lo, count} for the given recency.
-local function candidates(recent)
+-- Candidate ranges of window starts: {env, lo, cumulative count}, and their total. By
+-- environment, every constraint but the episode one (`by_episode` = false), or by
+-- episode, exactly the valid windows (`by_episode` = true, O(number of episodes)).
+local function candidates(recent, by_episode)
   local out, total = {}, 0
   local function push(e, lo, last)
     lo = math.max(lo, starts[e] + ignored)
     if recent then lo = math.max(lo, nexts[e] - L + 1 - recent_steps) end
     local count = last - L + 2 - lo
     if count > 0 then
-      out[#out + 1] = {e, lo, total + count}
       total = total + count
+      out[#out + 1] = {e, lo, total}
     end
   end
-  if cross then
-    for e = 0, C.num_envs - 1 do push(e, starts[e], nexts[e] - 1) end
-  else
+  if by_episode then
     local entries = redis.call('ZRANGEBYSCORE', K.episodes, L, '+inf', 'WITHSCORES')
     for i = 1, #entries, 2 do
       local e, begin = parse_member(entries[i])
       local lo = math.max(begin, starts[e])
       push(e, lo, lo + tonumber(entries[i + 1]) - 1)
     end
+  else
+    for e = 0, C.num_envs - 1 do push(e, starts[e], nexts[e] - 1) end
   end
   return out, total
+end
+
+-- The window start of rank `rank` among the candidate ranges.
+local function locate(ranges, rank)
+  local a, b = 1, #ranges
+  while a < b do
+    local m = math.floor((a + b) / 2)
+    if ranges[m][3] > rank then b = m else a = m + 1 end
+  end
+  local before = a > 1 and ranges[a - 1][3] or 0
+  return ranges[a][1], ranges[a][2] + rank - before
+end
+
+local function in_one_episode(e, p)
+  local _, last = episode_of(K, e, p, {start = starts[e]})
+  return p + L - 1 <= last
 end
 
 local envs, positions, priorities = {}, {}, {}
@@ -92,16 +110,16 @@ local function next_uniform()
   if 6 * cursor > #packed then return nil end
   return uniform_at(packed, cursor)
 end
+local short = fail('RB_INVALID', 'too few packed uniforms')
 
-local function draw_uniform(n, recent)
-  if n <= 0 then return true end
-  local ranges, total = candidates(recent)
-  if total == 0 then return false end
+-- Exact draws over ranges that hold only valid windows: sparse Fisher-Yates over ranks
+-- without replacement, independent ranks with it.
+local function draw_exact(n, ranges, total)
   local without = (not replace) and n <= total
   local swapped = {}
   for i = 1, n do
     local u = next_uniform()
-    if u == nil then return fail('RB_INVALID', 'too few packed uniforms') end
+    if u == nil then return short end
     local rank
     if without then
       local j = (i - 1) + math.floor(u * (total - i + 1))
@@ -110,52 +128,82 @@ local function draw_uniform(n, recent)
     else
       rank = math.floor(u * total)
     end
-    -- the first range whose cumulative count exceeds rank
-    local a, b = 1, #ranges
-    while a < b do
-      local m = math.floor((a + b) / 2)
-      if ranges[m][3] > rank then b = m else a = m + 1 end
-    end
-    local range = ranges[a]
-    local before = a > 1 and ranges[a - 1][3] or 0
-    envs[#envs + 1] = range[1]
-    positions[#positions + 1] = range[2] + rank - before
+    local e, p = locate(ranges, rank)
+    envs[#envs + 1] = e
+    positions[#positions + 1] = p
     priorities[#priorities + 1] = '1'
   end
   return true
 end
 
+-- Uniform draws over valid windows. Within episodes, first by rejection: candidates
+-- uniform over the per-environment ranges, kept when inside one episode (and new,
+-- without replacement); by symmetry the kept windows are uniform whether or not the
+-- budget of n * tries candidates suffices. When it does not (short episodes), the draws
+-- are discarded and made exactly over the episode list.
+local function draw_uniform(n, recent)
+  if n <= 0 then return true end
+  local ranges, total = candidates(recent, false)
+  if total == 0 then return false end
+  if cross then return draw_exact(n, ranges, total) end
+  local kept, seen, first = 0, {}, #envs
+  for _ = 1, n * tries do
+    if kept == n then break end
+    local u = next_uniform()
+    if u == nil then return short end
+    local e, p = locate(ranges, math.floor(u * total))
+    local key = e .. ':' .. p
+    if (replace or not seen[key]) and in_one_episode(e, p) then
+      seen[key] = true
+      kept = kept + 1
+      envs[#envs + 1] = e
+      positions[#positions + 1] = p
+      priorities[#priorities + 1] = '1'
+    end
+  end
+  if kept == n then return true end
+  for i = #envs, first + 1, -1 do
+    envs[i], positions[i], priorities[i] = nil, nil, nil
+  end
+  ranges, total = candidates(recent, true)
+  if total == 0 then return false end
+  return draw_exact(n, ranges, total)
+end
+
 local function valid_start(e, p)
   if p < starts[e] + ignored or p + L - 1 > nexts[e] - 1 then return false end
-  if cross then return true end
-  local _, last = episode_of(K, e, p, {start = starts[e]})
-  return p + L - 1 <= last
+  return cross or in_one_episode(e, p)
 end
 
 local tree_total = 0
+-- Windows by first-step priority, invalid ones rejected: rounds of 1.5 descents per
+-- missing window (each round one HMGET per tree level), n * tries descents at most.
 local function draw_prioritized(n)
   local root = redis.call('HGET', K.tree, 0)
   tree_total = root and chunk_sum(root) or 0
   if tree_total <= 0 then return false end
-  local targets = {}
-  for i = 1, n * tries do
-    local u = next_uniform()
-    if u == nil then return fail('RB_INVALID', 'too few packed uniforms') end
-    targets[i] = u * tree_total
-  end
-  local slots, masses = tree_descend(K.tree, C.depth, targets)
-  local accepted = 0
-  for i = 1, #slots do
-    if accepted == n then break end
-    local e = math.floor(slots[i] / C.max_length)
-    local index = slots[i] % C.max_length
-    if e < C.num_envs and masses[i] > 0 then
-      local p = starts[e] + (index - starts[e]) % C.max_length
-      if p < nexts[e] and valid_start(e, p) then
-        accepted = accepted + 1
-        envs[#envs + 1] = e
-        positions[#positions + 1] = p
-        priorities[#priorities + 1] = fmt(masses[i])
+  local accepted, budget = 0, n * tries
+  while accepted < n and budget > 0 do
+    local targets = {}
+    for i = 1, math.min(budget, math.ceil((n - accepted) * 1.5)) do
+      local u = next_uniform()
+      if u == nil then return short end
+      targets[i] = u * tree_total
+    end
+    budget = budget - #targets
+    local slots, masses = tree_descend(K.tree, C.depth, targets)
+    for i = 1, #slots do
+      if accepted == n then break end
+      local e = math.floor(slots[i] / C.max_length)
+      local index = slots[i] % C.max_length
+      if e < C.num_envs and masses[i] > 0 then
+        local p = starts[e] + (index - starts[e]) % C.max_length
+        if p < nexts[e] and valid_start(e, p) then
+          accepted = accepted + 1
+          envs[#envs + 1] = e
+          positions[#positions + 1] = p
+          priorities[#priorities + 1] = fmt(masses[i])
+        end
       end
     end
   end

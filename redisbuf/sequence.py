@@ -37,13 +37,13 @@ import torch
 
 from . import codec, scripts
 from .connection import as_client
-from .errors import EmptyBufferError, InvalidBatchError, SchemaError
+from .errors import DecodeError, EmptyBufferError, InvalidBatchError
 from .keys import PREFIX, validate_name
 
 # ALF's StepType values
 FIRST, MID, LAST = 0, 1, 2
 _DISCOUNTED_RETURN = "discounted_return"
-_PRIORITIZED_TRIES = 4  # tree draws sent per missing window and call
+_TRIES = 4  # candidate draws per window and call before rejection gives up
 _ROUNDS = 50  # draws before giving up on filling a batch (prioritized rejections, races)
 
 
@@ -362,7 +362,7 @@ class SequenceBuffer:
             columns: dict[str, Any] = {}
         else:
             if any(blob is None for blob in blobs):
-                raise SchemaError("a step read atomically is missing (buffer changed layout?)")
+                raise DecodeError("a step read in one atomic call is missing")
             columns = codec.decode_same_layout(blobs) or {}  # type: ignore[arg-type]
             if not columns:
                 items = [codec.unpackb(blob) for blob in blobs]  # type: ignore[arg-type]
@@ -372,6 +372,11 @@ class SequenceBuffer:
             item_shape = tuple(spec["shape"])
             if count == 0:
                 array = np.zeros((*shape, *item_shape), dtype=_numpy_dtype(spec["dtype"]))
+            elif spec["dtype"] == "bfloat16" and not item_shape:
+                # a per-step bfloat16 number travels as a float64 msgpack number
+                values = torch.from_numpy(np.asarray(columns[key], dtype=np.float32))
+                out[key] = values.to(torch.bfloat16).reshape(shape)
+                continue
             else:
                 array = np.array(columns[key], dtype=_numpy_dtype(spec["dtype"]))
                 array = array.reshape((*shape, *item_shape))
@@ -424,7 +429,7 @@ class SequenceBuffer:
         wanted = batch_size
         recent_ratio = self.recent_data_ratio
         for _ in range(_ROUNDS):
-            draws = wanted * (_PRIORITIZED_TRIES if self.prioritized_sampling else 1)
+            draws = wanted * (_TRIES + 1)
             packed = _packed_uniforms(self.rng, draws)
             args = [
                 L,
@@ -436,7 +441,7 @@ class SequenceBuffer:
                 self.num_earliest_frames_ignored,
                 int(self.prioritized_sampling),
                 packed,
-                _PRIORITIZED_TRIES,
+                _TRIES,
             ]
             reply = self._run("seq_sample", self._keys, args)
             k = int(reply[0]) + int(reply[1])
@@ -518,8 +523,8 @@ class SequenceBuffer:
         p, _, last = self._episodes(pos, env_ids)
         return last - p
 
-    def get_field(self, field: str, env_ids: Any, positions: Any) -> Any:
-        """Field ``field`` ('.'-separated path, or ``discounted_return``) of stored steps,
+    def get_field(self, field_name: str, env_ids: Any, positions: Any) -> Any:
+        """Field ``field_name`` ('.'-separated path, or ``discounted_return``) of stored steps,
         shaped like the broadcast of ``env_ids`` and ``positions``."""
         ids = _as_int_array(np.ravel(env_ids), "env_ids")
         pos = _as_int_array(np.ravel(positions), "positions")
@@ -531,7 +536,7 @@ class SequenceBuffer:
             )
         )
         names = [f"{e}:{p}" for e, p in zip(ids.tolist(), pos.tolist(), strict=True)]
-        if field == _DISCOUNTED_RETURN and self.record_episodic_return:
+        if field_name == _DISCOUNTED_RETURN and self.record_episodic_return:
             blobs, raw = self._read_steps(names)
             self._missing(blobs, names)
             values = [self.default_return if r is None else float(r) for r in raw]
@@ -539,12 +544,12 @@ class SequenceBuffer:
         blobs = self.client.hmget(self._keys[1], names) if names else []
         self._missing(blobs, names)
         schema = self._stored_schema()
-        if field not in schema:
-            raise KeyError(f"no field {field!r}; fields: {sorted(schema)}")
+        if field_name not in schema:
+            raise KeyError(f"no field {field_name!r}; fields: {sorted(schema)}")
         data = self._decode(blobs, (len(names),))
-        for part in field.split("."):
+        for part in field_name.split("."):
             data = data[part]
-        return data.reshape((*shape, *tuple(schema[field]["shape"])))
+        return data.reshape((*shape, *tuple(schema[field_name]["shape"])))
 
     @staticmethod
     def _missing(blobs: list[Any], names: list[str]) -> None:
@@ -562,15 +567,19 @@ class SequenceBuffer:
         self._with_returns(data, reply[at + b * count :], (b, count))
         return data, BatchInfo(envs, starts, np.ones(b, dtype=np.float32))
 
-    def gather_all(self) -> tuple[dict[str, Any], BatchInfo]:
+    def gather_all(self, ignore_earliest_frames: bool = False) -> tuple[dict[str, Any], BatchInfo]:
         """Every stored step, shaped ``[num_environments, T, ...]`` (all environments must
-        hold the same number T of steps), with ``positions`` = each env's oldest step."""
-        return self._read(["gather"])
+        hold the same number of steps), with ``positions`` = each env's first returned
+        step; ``ignore_earliest_frames`` leaves out the oldest
+        ``num_earliest_frames_ignored`` steps of each environment (ALF)."""
+        skip = self.num_earliest_frames_ignored if ignore_earliest_frames else 0
+        return self._read(["gather", skip])
 
-    def dequeue(self, n: int, env_ids: Any = None) -> tuple[dict[str, Any], BatchInfo]:
+    def dequeue(self, n: int = 1, env_ids: Any = None) -> dict[str, Any]:
         """Remove and return the oldest ``n`` steps of each environment in ``env_ids``
-        (all when None), shaped ``[len(env_ids), n, ...]``. Raises
-        :class:`EmptyBufferError`, removing nothing, when one holds fewer than ``n``."""
+        (all when None), shaped ``[len(env_ids), n, ...]`` (ALF returns no BatchInfo
+        here either). Raises :class:`EmptyBufferError`, removing nothing, when one holds
+        fewer than ``n``."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
         ids = (
@@ -578,7 +587,7 @@ class SequenceBuffer:
             if env_ids is None
             else _as_int_array(env_ids, "env_ids")
         )
-        return self._read(["dequeue", n, *ids.tolist()])
+        return self._read(["dequeue", n, *ids.tolist()])[0]
 
     # -- inspection --------------------------------------------------------------------
 

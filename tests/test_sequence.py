@@ -111,10 +111,10 @@ OPS = st.lists(
     ignored=st.integers(0, 2),
     prioritized=st.booleans(),
 )
-def test_matches_reference_model(fake_client, ops, max_length, cross, ignored, prioritized):
-    fake_client.flushall()
+def test_matches_reference_model(client, ops, max_length, cross, ignored, prioritized):
+    client.flushall()
     buf = SequenceBuffer(
-        fake_client,
+        client,
         "model",
         3,
         max_length,
@@ -163,14 +163,13 @@ def test_matches_reference_model(fake_client, ops, max_length, cross, ignored, p
             n, e = op[1], op[2]
             model = models[e]
             if model.next - model.start < n:
-                before = snapshot(fake_client, "model")
+                before = snapshot(client, "model")
                 with pytest.raises(EmptyBufferError):
                     buf.dequeue(n, [e])
-                assert snapshot(fake_client, "model") == before
+                assert snapshot(client, "model") == before
                 continue
-            data, info = buf.dequeue(n, [e])
+            data = buf.dequeue(n, [e])
             assert data["pos"].tolist() == [list(range(model.start, model.start + n))]
-            assert info.positions.tolist() == [model.start]
             model.start += n
         else:
             e = op[1]
@@ -215,26 +214,44 @@ def fill(buf: SequenceBuffer, steps: int, num_envs: int, episode: int = 0, rng=N
         buf.add_batch(make_batch(envs, np.full(num_envs, t), done))
 
 
-def test_uniform_draws_are_uniform_over_valid_windows(client, buffer_name):
+@pytest.mark.parametrize(
+    "length, replacement, batch, calls",
+    [
+        (3, True, 50, 40),
+        (5, True, 50, 40),
+        (1, True, 50, 40),
+        (3, False, 4, 250),
+        (5, False, 2, 500),
+    ],
+)
+def test_uniform_draws_are_uniform_over_valid_windows(
+    client, buffer_name, length, replacement, batch, calls
+):
+    """L=3: rejection sampling suffices; L=5: it often runs out (one valid start per
+    episode) and the exact enumeration draws; L=1: every stored step. Without
+    replacement, each batch holds distinct windows."""
     buf = SequenceBuffer(
-        client, buffer_name, 2, 10, done_field="done", with_replacement=True, seed=3
+        client, buffer_name, 2, 10, done_field="done", with_replacement=replacement, seed=3
     )
     fill(buf, 14, 2, episode=5)
     models = [EnvModel(start=4) for _ in range(2)]
     for e, m in enumerate(models):
         m.begins = [t == 0 or (t - 1 + e) % 5 == 4 for t in range(14)]
         m.ends = [(t + e) % 5 == 4 for t in range(14)]
-    valid = [(e, p) for e in range(2) for p in models[e].valid_starts(3, False)]
+    valid = [(e, p) for e in range(2) for p in models[e].valid_starts(length, False)]
     counts: Counter = Counter()
-    for _ in range(40):
-        data, info = buf.get_batch(50, 3)
-        check_window_data(data, info, models, 3, False)
-        counts.update(zip(info.env_ids.tolist(), info.positions.tolist(), strict=True))
+    for _ in range(calls):
+        data, info = buf.get_batch(batch, length)
+        check_window_data(data, info, models, length, False)
+        pairs = list(zip(info.env_ids.tolist(), info.positions.tolist(), strict=True))
+        if not replacement:
+            assert len(set(pairs)) == batch
+        counts.update(pairs)
     assert set(counts) == set(valid)
-    expected = 2000 / len(valid)
+    expected = batch * calls / len(valid)
     chi2 = sum((counts[w] - expected) ** 2 / expected for w in valid)
-    # df = len(valid) - 1 (5 here); 25 is far beyond its 0.999 quantile (20.5)
-    assert chi2 < 25, counts
+    # df = len(valid) - 1 <= 19; 45 is beyond the 0.999 quantile of df 19 (43.8)
+    assert chi2 < 45, counts
 
 
 def test_without_replacement_windows_are_distinct(client, buffer_name):
@@ -276,7 +293,10 @@ def test_gather_all_dequeue_and_nested_fields(client, buffer_name):
     assert data["o"]["x"].shape == (2, 3, 2) and data["o"]["x"].dtype == np.int16
     assert info.positions.tolist() == [2, 2]
     assert buf.get_field("o.x", [1], [4]).tolist() == [[4, 4]]
-    data, _ = buf.dequeue(2, [1])
+    skipping = SequenceBuffer(client, buffer_name, 2, 3, num_earliest_frames_ignored=2)
+    data, info = skipping.gather_all(ignore_earliest_frames=True)
+    assert data["pos"].tolist() == [[4], [4]] and info.positions.tolist() == [4, 4]
+    data = buf.dequeue(2, [1])
     assert data["pos"].tolist() == [[2, 3]]
     with pytest.raises(InvalidBatchError):
         buf.gather_all()  # env 0 holds 3 steps, env 1 holds 1
@@ -311,14 +331,14 @@ def reference_returns(rewards, ends, gamma, clip, default):
     gamma=st.floats(0.0, 1.0),
     clip=st.one_of(st.none(), st.tuples(st.floats(-2, 0), st.floats(0, 2))),
 )
-def test_discounted_returns_match_numpy(fake_client, seed, gamma, clip):
-    fake_client.flushall()
+def test_discounted_returns_match_numpy(client, seed, gamma, clip):
+    client.flushall()
     rng = np.random.default_rng(seed)
     steps = 40
     rewards = rng.normal(0, 2, size=(steps, 2)).astype(np.float32)
     ends = rng.random((steps, 2)) < 0.15
     buf = SequenceBuffer(
-        fake_client,
+        client,
         "ret",
         2,
         steps,
@@ -459,3 +479,22 @@ def test_window_evicted_between_draw_and_read_is_drawn_again(client, buffer_name
     gone = int(removed[0].split(":")[1])
     assert all(not p <= gone < p + 3 for p in info.positions.tolist())
     assert data["pos"].tolist() == [list(range(p, p + 3)) for p in info.positions.tolist()]
+
+
+def test_torch_fields_keep_dtype_and_library(client, buffer_name):
+    import torch
+
+    buf = SequenceBuffer(client, buffer_name, 2, 4)
+    for t in range(3):
+        buf.add_batch(
+            {
+                "h": torch.full((2,), t, dtype=torch.bfloat16),
+                "x": torch.full((2, 3), t, dtype=torch.bfloat16),
+                "n": torch.tensor([t, t], dtype=torch.int32),
+            }
+        )
+    data, _ = buf.gather_all()
+    assert data["h"].dtype == torch.bfloat16 and data["h"].shape == (2, 3)
+    assert data["x"].dtype == torch.bfloat16 and data["x"].shape == (2, 3, 3)
+    assert data["n"].dtype == torch.int32 and data["n"][1].tolist() == [0, 1, 2]
+    assert data["h"][0].float().tolist() == [0.0, 1.0, 2.0]
