@@ -77,5 +77,5 @@ for i = 1, n do
   table.insert(entry, 1, id)
   out[i + 1] = entry
 end
-redis.call('HINCRBY', meta, 'sampled', n)
+if not RB_NO_WRITES then redis.call('HINCRBY', meta, 'sampled', n) end  -- read-only variant: no counter
 return out

@@ -299,3 +299,21 @@ def test_many_processes_push_and_sample_whole_episodes(redis_server, buffer_name
     assert stats["episodes"] == 20 and stats["pushed"] - stats["evicted"] == 20
     total = sum(int(ep["length"][0]) for ep in buffer.sample(20))
     assert stats["steps"] == total == client.hlen(EpisodeKeys(buffer_name).steps)
+
+
+@pytest.mark.redis_server
+def test_sampling_works_on_a_server_that_refuses_writes(buffer_name):
+    from redisbuf.server import EmbeddedServer
+
+    with EmbeddedServer() as server:  # private: its configuration changes
+        client = redis.Redis.from_url(server.url)
+        buffer = EpisodeBuffer(client, buffer_name, capacity_episodes=4, seed=0)
+        buffer.push(episode(0, 5))
+        client.config_set("maxmemory", 1)  # every write is refused from now on (noeviction)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            buffer.push(episode(1, 5))
+        assert buffer.sample(1)[0]["t"].tolist() == [0, 1, 2, 3, 4]
+        assert buffer.sample_windows(3, 2).data["t"].shape == (3, 2)
+        assert EpisodeBuffer(client, buffer_name, capacity_episodes=4).count() == 1
+        client.config_set("maxmemory", 0)
+        assert buffer.stats()["sampled"] == 0  # read-only draws are not counted
