@@ -4,11 +4,13 @@ from .buffer import AddResult, ReplayBuffer, SampleInfo
 from .connection import connect
 from .containers import States, Trajectories, Transitions
 from .diverse import DiverseAddResult, NormBasedDiversePrioritizedReplayBuffer
+from .episodes import EpisodeBuffer, EpisodeSample, Windows
 from .errors import (
     ConfigMismatchError,
     ControlTimeoutError,
     DecodeError,
     EmptyBufferError,
+    FetchTimeoutError,
     InvalidBatchError,
     ItemTooLargeError,
     ProtocolError,
@@ -17,6 +19,7 @@ from .errors import (
     SchemaError,
     ServerUnavailableError,
 )
+from .fragments import Chunk, FragmentBuffer
 from .keys import BufferKeys
 from .samplers import PrioritizedSampler, UniformSampler
 from .terminating import TerminatingStateBuffer
@@ -25,6 +28,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AddResult",
+    "Chunk",
+    "EpisodeBuffer",
+    "EpisodeSample",
+    "FetchTimeoutError",
+    "FragmentBuffer",
+    "Windows",
     "BufferKeys",
     "ConfigMismatchError",
     "ControlTimeoutError",
