@@ -1,5 +1,5 @@
 -- Inserting a batch with eviction, pasted in place of "-- @include insert" (needs common,
--- tree and items): the body of add.lua, shared by every script that adds items (add,
+-- tree, items and history): the body of add.lua, shared by every script that adds items (add,
 -- add_diverse), so they store, evict and keep the tree alike.
 
 -- Nil, or an error reply naming the first priority (text) that is NaN or not a number.
@@ -46,7 +46,7 @@ local function insert_batch(K, conf, schema_json, options, blobs, priorities, ve
   local first = last - n + 1
   local new_ids = {}
   for i = 1, n do new_ids[i] = id_str(first + i - 1) end
-  store_items(K, new_ids, blobs, priorities, first, vecs)
+  store_items(K, new_ids, blobs, priorities, first, vecs, options)
   redis.call('HINCRBY', meta, 'inserted', n)
 
   local victims = {}
@@ -61,5 +61,6 @@ local function insert_batch(K, conf, schema_json, options, blobs, priorities, ve
   if conf[4] == '1' then
     tree_update(K, capacity, victims, new_ids, priorities)
   end
+  record_history(meta)
   return {first, n, #victims}
 end

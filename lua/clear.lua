@@ -9,5 +9,5 @@ end
 local removed = redis.call('ZCARD', KEYS[4])
 for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
 redis.call('HSET', KEYS[1], 'inserted', 0, 'evicted', 0, 'sampled', 0, 'tree_next_slot', 0)
-redis.call('HDEL', KEYS[1], 'tree_ref')
+redis.call('HDEL', KEYS[1], 'tree_ref', 'per_sum', 'per_comp', 'per_nonzero')
 return removed

@@ -21,13 +21,16 @@ from .errors import (
 )
 from .fragments import Chunk, FragmentBuffer
 from .keys import BufferKeys
-from .samplers import PrioritizedSampler, UniformSampler
+from .samplers import PERSampler, PrioritizedSampler, UniformSampler
+from .selectors import FifoSampler, LifoSampler, MaxHeapSampler, MinHeapSampler
+from .sequence import BatchInfo, SequenceBuffer
 from .terminating import TerminatingStateBuffer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AddResult",
+    "BatchInfo",
     "Chunk",
     "EpisodeBuffer",
     "EpisodeSample",
@@ -40,9 +43,14 @@ __all__ = [
     "DecodeError",
     "DiverseAddResult",
     "EmptyBufferError",
+    "FifoSampler",
     "InvalidBatchError",
     "NormBasedDiversePrioritizedReplayBuffer",
     "ItemTooLargeError",
+    "LifoSampler",
+    "MaxHeapSampler",
+    "MinHeapSampler",
+    "PERSampler",
     "PrioritizedSampler",
     "ProtocolError",
     "RedisBufError",
@@ -50,6 +58,7 @@ __all__ = [
     "SampleInfo",
     "SamplingError",
     "SchemaError",
+    "SequenceBuffer",
     "ServerUnavailableError",
     "States",
     "TerminatingStateBuffer",
