@@ -281,10 +281,8 @@ class EpisodeBuffer:
         drawn independently and uniformly over all such windows (an episode of ``T``
         steps holds ``T - length + 1``). Raises :class:`EmptyBufferError` when no stored
         episode has ``length`` steps."""
-        n = _count(n, "n")
-        length = _count(length, "length")
-        if length < 1:
-            raise ValueError("window length must be >= 1")
+        n = _count(n, "n", 1)
+        length = _count(length, "length", 1)
         uniforms = packed_uniforms(self.rng, n * (WINDOW_TRIES + 1))
         reply = self._run("episode_windows", [n, length, WINDOW_TRIES, uniforms])
         schema, reply = reply[0].decode(), reply[1:]
@@ -325,7 +323,7 @@ class EpisodeBuffer:
         self.client.delete(*self.keys.all_keys())
 
 
-def _count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+def _count(value: Any, name: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)

@@ -80,6 +80,10 @@ def test_windows_lie_inside_one_episode(client, buffer_name):
         np.testing.assert_array_equal(windows.data["t"][i], np.arange(off, off + 3))
     with pytest.raises(EmptyBufferError, match="no stored episode has 10 steps"):
         buffer.sample_windows(1, 10)
+    for n, length in ((0, 3), (2, 0), (-1, 2), (1.5, 2)):
+        with pytest.raises(ValueError, match="must be an integer >= 1"):
+            buffer.sample_windows(n, length)
+    assert buffer.sample(0) == []
 
 
 @pytest.mark.parametrize("tries", [0, 1, 16])
