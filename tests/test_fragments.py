@@ -388,3 +388,25 @@ def test_many_actors_and_learners_share_one_buffer(redis_server, buffer_name):
     assert refs == {f: holders.count(f) for f in holders}
     assert sorted(client.hkeys(keys.frags)) == sorted(set(holders))
     assert len(buffer) <= 16
+
+
+def test_one_stored_chunk_wakes_every_waiting_fetch(client, buffer_name):
+    # MineStudio sets the event of every request the new chunk satisfies, not just one
+    buffer = FragmentBuffer(client, buffer_name, 4, 1, 0, 10, seed=0)
+    buffer.update_model_version("s", 0)
+    got: list = []
+
+    def learner(seed):
+        chunks = FragmentBuffer(client, buffer_name, seed=seed).fetch(1, timeout=10)
+        got.append([c.chunk_id for c in chunks])
+
+    threads = [threading.Thread(target=learner, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    assert got == []
+    buffer.add_fragment(b"only", 0, "s", "a")
+    for thread in threads:
+        thread.join(10)
+    assert got == [[1], [1], [1]]
+    assert buffer.stats()["fetched"] == 3
