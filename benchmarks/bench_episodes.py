@@ -8,7 +8,8 @@ Without --url an embedded server is started. The buffer holds about 10^6 steps (
 Each round times ``sample_windows(64, 32)`` (choose windows in Lua, read 2,048 blobs
 atomically, decode into [64, 32, ...] arrays) and ``sample(8)`` (whole episodes, decoded),
 and, back to back, one HMGET of the same step fields chosen beforehand (no choice, no
-decode). Printed: medians of rows per second and of the per-round ratio.
+decode). Printed: medians of steps per second, of the per-round ratio, and of the
+server's time per redisbuf call (its scripts and HMGETs, from INFO commandstats).
 """
 
 from __future__ import annotations
@@ -75,16 +76,25 @@ def main() -> None:
             ("sample(8)", lambda: buf.sample_episodes(8), episode_fields,
              lambda s: sum(len(ep["t"]) for ep in s.episodes)),
         )
-        print(f"{'call':<24}{'redisbuf steps/s':>18}{'raw steps/s':>14}{'ratio':>8}")
+        print(
+            f"{'call':<24}{'redisbuf steps/s':>18}{'raw steps/s':>14}{'ratio':>8}"
+            f"{'server ms/call':>16}"
+        )
         for label, call, fields_of, rows_of in calls:
-            ours, raw, ratios = [], [], []
+            ours, raw, ratios, server_ms = [], [], [], []
             for _ in range(args.rounds):
+                client.config_resetstat()
                 t0 = time.perf_counter()
                 total = 0
                 for _ in range(args.repeat):
                     result = call()
                     total += rows_of(result)
                 a = total / (time.perf_counter() - t0)
+                stats = client.info("commandstats")
+                server_us = sum(
+                    stats.get(f"cmdstat_{cmd}", {}).get("usec", 0) for cmd in ("evalsha", "hmget")
+                )
+                server_ms.append(server_us / 1e3 / args.repeat)
                 fields = fields_of(result)  # the last call's steps, read raw
                 t0 = time.perf_counter()
                 for _ in range(args.repeat):
@@ -95,7 +105,7 @@ def main() -> None:
                 ratios.append(a / b)
             print(
                 f"{label:<24}{statistics.median(ours):>18,.0f}{statistics.median(raw):>14,.0f}"
-                f"{statistics.median(ratios):>8.2f}"
+                f"{statistics.median(ratios):>8.2f}{statistics.median(server_ms):>16.2f}"
             )
     finally:
         client.delete(*EpisodeKeys(name).all_keys())

@@ -6,8 +6,11 @@
 -- ARGV[3] n uniforms in [0, 1), packed 6 bytes each (see uniform_at)
 -- Without replacement every n-subset of the stored episodes is equally likely (sparse
 -- Fisher-Yates over insertion ranks); with replacement each draw is independent.
+-- ARGV[4] "1" = also return the blobs (atomic), "0" = only where the episodes are (a step
+-- position is never reused and an episode's steps go in one script, so a later HMGET of
+-- an episode's positions finds all its steps or none)
 -- Returns {schema text, entry_1..entry_n}, one entry per draw: {episode id, position of
--- its first step, blob_1..blob_T}.
+-- its first step, number of steps, blob_1..blob_T if asked}.
 -- Errors: RB_EMPTY (no episode, or fewer than n without replacement), RB_INVALID.
 local meta, index, lens, steps = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local n = tonumber(ARGV[1])
@@ -34,9 +37,12 @@ for i = 1, n do
   end
   local id = id_str(first + rank)
   local start = tonumber(redis.call('ZSCORE', index, id))
-  local entry = read_steps(steps, start, tonumber(redis.call('HGET', lens, id)))
-  table.insert(entry, 1, start)
-  table.insert(entry, 1, id)
+  local length = tonumber(redis.call('HGET', lens, id))
+  local entry = {id, start, length}
+  if ARGV[4] == '1' then
+    local blobs = read_steps(steps, start, length)
+    for k = 1, length do entry[3 + k] = blobs[k] end
+  end
   out[i + 1] = entry
 end
 if not RB_NO_WRITES then redis.call('HINCRBY', meta, 'sampled', n) end  -- read-only variant: no counter

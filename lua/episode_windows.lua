@@ -8,8 +8,11 @@
 -- A try draws a uniform live position and keeps it if a window starting there fits in
 -- its episode (uniform over windows given acceptance); after `tries` misses one exact
 -- draw over every episode's window count is made, so every window is equally likely.
--- Returns {schema text, entry_1..entry_n}, one entry per window: {episode id, offset of its first step in the episode,
--- blob_1..blob_length}.
+-- ARGV[5] "1" = also return the blobs (atomic), "0" = only where the windows are (a step
+-- position is never reused and an episode's steps go in one script, so a later HMGET of
+-- a window's positions finds all its steps or none)
+-- Returns {schema text, entry_1..entry_n}, one entry per window: {episode id, offset of
+-- its first step in the episode, position of that step, blob_1..blob_length if asked}.
 -- Errors: RB_EMPTY (no stored episode has `length` steps), RB_INVALID.
 local meta, index, lens, steps = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local n, length, tries = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -72,9 +75,11 @@ for i = 1, n do
       return fail('RB_EMPTY', 'no stored episode has ' .. length .. ' steps')
     end
   end
-  local entry = read_steps(steps, start + offset, length)
-  table.insert(entry, 1, offset)
-  table.insert(entry, 1, id)
+  local entry = {id, offset, start + offset}
+  if ARGV[5] == '1' then
+    local blobs = read_steps(steps, start + offset, length)
+    for k = 1, length do entry[3 + k] = blobs[k] end
+  end
   out[i + 1] = entry
 end
 if not RB_NO_WRITES then redis.call('HINCRBY', meta, 'sampled', n) end  -- read-only variant: no counter

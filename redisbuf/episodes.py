@@ -39,6 +39,8 @@ from .samplers import packed_uniforms
 FORMAT_VERSION = 1
 # Rejection draws per window before the exact (scan every episode) fallback.
 WINDOW_TRIES = 16
+# Draw-then-HMGET rounds before sample_windows reads the remaining windows inside Lua.
+_FETCH_ATTEMPTS = 3
 _STEPS_FORM = "steps"
 
 
@@ -261,14 +263,29 @@ class EpisodeBuffer:
         with their ids. Raises :class:`EmptyBufferError` when the buffer is empty, or holds
         fewer than ``n`` episodes and ``replace`` is false."""
         n = _count(n, "n")
-        reply = self._run(
-            "episode_sample", [n, "1" if replace else "0", packed_uniforms(self.rng, n)]
-        )
-        schema, reply = reply[0].decode(), reply[1:]
+        for attempt in range(_FETCH_ATTEMPTS + 1):
+            # as in sample_windows; an episode evicted before the HMGET makes the whole
+            # draw start again (redrawing only it could repeat an episode)
+            inline = attempt == _FETCH_ATTEMPTS
+            reply = self._run(
+                "episode_sample",
+                [n, "1" if replace else "0", packed_uniforms(self.rng, n),
+                 "1" if inline else "0"],
+            )
+            schema, entries = reply[0].decode(), reply[1:]
+            if inline:
+                steps = [entry[3:] for entry in entries]
+                break
+            fields = [int(e[1]) + j for e in entries for j in range(int(e[2]))]
+            got = self.client.hmget(self.keys.steps, fields) if fields else []
+            if all(blob is not None for blob in got):
+                bounds = np.cumsum([0] + [int(e[2]) for e in entries])
+                steps = [got[bounds[i] : bounds[i + 1]] for i in range(len(entries))]
+                break
         return EpisodeSample(
-            episodes=[self._decode(schema, entry[2:]) for entry in reply],
-            ids=np.array([int(entry[0]) for entry in reply], dtype=np.int64),
-            starts=np.array([int(entry[1]) for entry in reply], dtype=np.int64),
+            episodes=[self._decode(schema, blobs) for blobs in steps],
+            ids=np.array([int(entry[0]) for entry in entries], dtype=np.int64),
+            starts=np.array([int(entry[1]) for entry in entries], dtype=np.int64),
         )
 
     def sample(self, n: int, replace: bool = False) -> list[Any]:
@@ -283,16 +300,45 @@ class EpisodeBuffer:
         episode has ``length`` steps."""
         n = _count(n, "n", 1)
         length = _count(length, "length", 1)
-        uniforms = packed_uniforms(self.rng, n * (WINDOW_TRIES + 1))
-        reply = self._run("episode_windows", [n, length, WINDOW_TRIES, uniforms])
-        schema, reply = reply[0].decode(), reply[1:]
-        ids = np.array([int(entry[0]) for entry in reply], dtype=np.int64)
-        offsets = np.array([int(entry[1]) for entry in reply], dtype=np.int64)
+        ids = np.zeros(n, dtype=np.int64)
+        offsets = np.zeros(n, dtype=np.int64)
+        blobs: list[Any] = [None] * (n * length)
+        todo = list(range(n))
+        for attempt in range(_FETCH_ATTEMPTS + 1):
+            # draw where the windows are, then read them with a native HMGET (far cheaper
+            # for the server than returning blobs from Lua); a window evicted in between
+            # reads as None and is drawn again; the last attempt reads inside Lua
+            inline = attempt == _FETCH_ATTEMPTS
+            k = len(todo)
+            reply = self._run(
+                "episode_windows",
+                [k, length, WINDOW_TRIES, packed_uniforms(self.rng, k * (WINDOW_TRIES + 1)),
+                 "1" if inline else "0"],
+            )
+            schema, entries = reply[0].decode(), reply[1:]
+            if inline:
+                got = [blob for entry in entries for blob in entry[3:]]
+            else:
+                fields = [int(e[2]) + j for e in entries for j in range(length)]
+                got = self.client.hmget(self.keys.steps, fields)
+            missing = []
+            for slot, (i, entry) in enumerate(zip(todo, entries, strict=True)):
+                part = got[slot * length : (slot + 1) * length]
+                if any(blob is None for blob in part):
+                    missing.append(i)
+                    continue
+                ids[i], offsets[i] = int(entry[0]), int(entry[1])
+                blobs[i * length : (i + 1) * length] = part
+            todo = missing
+            if not todo:
+                break
         if schema == _STEPS_FORM:
-            data: Any = [[codec.unpackb(blob) for blob in entry[2:]] for entry in reply]
+            data: Any = [
+                [codec.unpackb(blob) for blob in blobs[i * length : (i + 1) * length]]
+                for i in range(n)
+            ]
         else:
-            fields = json.loads(schema.removeprefix("columns:"))
-            flat = self._decode_columns(fields, [blob for entry in reply for blob in entry[2:]])
+            flat = self._decode_columns(json.loads(schema.removeprefix("columns:")), blobs)
             data = {key: value.reshape(n, length, *value.shape[1:]) for key, value in flat.items()}
         return Windows(data, ids, offsets)
 

@@ -105,6 +105,60 @@ def test_windows_are_uniform_over_all_windows(fake_client, buffer_name, monkeypa
     assert chi2 < 27.9  # chi-square, 9 degrees of freedom, p = 0.001
 
 
+@pytest.mark.parametrize("evictions", [1, 3, 10])
+def test_a_window_evicted_before_its_read_is_drawn_again(client, buffer_name, monkeypatch,
+                                                         evictions):
+    # windows are drawn in Lua and read by a native HMGET; here every read but the last
+    # `evictions` ones finds its episode evicted (capacity 1) by another writer
+    buffer = EpisodeBuffer(client, buffer_name, capacity_episodes=1, seed=0)
+    writer = EpisodeBuffer(client, buffer_name, capacity_episodes=1)
+    buffer.push(episode(1, 6))
+    reads = []
+    real_hmget = client.hmget
+
+    def hmget(*args, **kwargs):
+        if len(reads) < evictions:
+            writer.push(episode(len(reads) + 2, 6))
+        reads.append(args)
+        return real_hmget(*args, **kwargs)
+
+    monkeypatch.setattr(client, "hmget", hmget)
+    w = buffer.sample_windows(4, 3)
+    last = min(evictions, 3) + 1  # after 3 failed reads the script reads inside Lua
+    assert w.episode_ids.tolist() == [last] * 4
+    np.testing.assert_array_equal(w.data["tag"], last)  # tags equal ids here
+    for t, off in zip(w.data["t"], w.offsets, strict=True):
+        np.testing.assert_array_equal(t, np.arange(off, off + 3))
+    assert len(reads) == min(evictions + 1, 3)
+
+
+@pytest.mark.parametrize("evictions", [1, 3, 10])
+def test_an_episode_evicted_before_its_read_is_drawn_again(client, buffer_name, monkeypatch,
+                                                           evictions):
+    buffer = EpisodeBuffer(client, buffer_name, capacity_episodes=2, seed=0)
+    writer = EpisodeBuffer(client, buffer_name, capacity_episodes=2)
+    buffer.push(episode(1, 4))
+    buffer.push(episode(2, 5))
+    reads = []
+    real_hmget = client.hmget
+
+    def hmget(*args, **kwargs):
+        if len(reads) < evictions:  # evict both stored episodes
+            writer.push(episode(2 * len(reads) + 3, 3))
+            writer.push(episode(2 * len(reads) + 4, 2))
+        reads.append(args)
+        return real_hmget(*args, **kwargs)
+
+    monkeypatch.setattr(client, "hmget", hmget)
+    drawn = buffer.sample_episodes(2)
+    newest = 2 * min(evictions, 3) + 2  # after 3 failed reads the script reads inside Lua
+    assert sorted(drawn.ids.tolist()) == [newest - 1, newest]
+    for eid, ep in zip(drawn.ids.tolist(), drawn.episodes, strict=True):
+        np.testing.assert_array_equal(ep["tag"], eid)
+        np.testing.assert_array_equal(ep["t"], np.arange({newest - 1: 3, newest: 2}[eid]))
+    assert len(reads) == min(evictions + 1, 3)
+
+
 def test_episodes_as_lists_of_steps_and_torch_fields(client, buffer_name):
     steps = EpisodeBuffer(client, buffer_name, capacity_episodes=2, seed=0)
     steps.push([{"a": 1, "s": "x"}, {"a": 2, "s": "y"}, {"a": 3, "s": "z"}])
