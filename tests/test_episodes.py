@@ -8,7 +8,6 @@ import multiprocessing
 import time
 from collections import Counter, deque
 
-import fakeredis
 import numpy as np
 import pytest
 import redis
@@ -229,10 +228,11 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(capacity=st.integers(1, 5), ops=operations, seed=st.integers(0, 2**16))
-def test_matches_an_in_memory_model(capacity, ops, seed):
-    client = fakeredis.FakeRedis()
+def test_matches_an_in_memory_model(client, capacity, ops, seed):
+    client.delete(*EpisodeKeys("model").all_keys())  # one buffer per example
     buffer = EpisodeBuffer(client, "model", capacity_episodes=capacity, seed=seed)
     model: deque[tuple[int, int]] = deque()  # (episode id, length), oldest first
     next_id = 1

@@ -10,7 +10,6 @@ import threading
 import time
 from collections import defaultdict
 
-import fakeredis
 import numpy as np
 import pytest
 import redis
@@ -137,7 +136,8 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(
     max_chunks=st.integers(1, 4),
     per_chunk=st.integers(1, 3),
@@ -146,8 +146,8 @@ operations = st.lists(
     ops=operations,
     seed=st.integers(0, 2**16),
 )
-def test_matches_minestudio(max_chunks, per_chunk, max_staleness, max_reuse, ops, seed):
-    client = fakeredis.FakeRedis()
+def test_matches_minestudio(client, max_chunks, per_chunk, max_staleness, max_reuse, ops, seed):
+    client.delete(*FragmentKeys("model").all_keys())  # one buffer per example
     buffer = FragmentBuffer(client, "model", max_chunks, per_chunk, max_staleness, max_reuse,
                             seed=seed)
     model = Model(max_chunks, per_chunk, max_staleness, max_reuse)
