@@ -130,7 +130,7 @@ class Chunk:
     fragments: list[Any]
 
 
-def _nonnegative_int(value: Any, name: str, minimum: int = 0) -> int:
+def _int_at_least(value: Any, name: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
@@ -171,16 +171,16 @@ class FragmentBuffer:
                          strict=True))
         given = {k: v for k, v in asked.items() if v is not None}
         for key, value in given.items():
-            _nonnegative_int(value, key, 0 if key == "max_staleness" else 1)
-        self.client = as_client(redis_or_url)
-        self.keys = FragmentKeys(name)
-        self.name = name
-        self.rng = np.random.default_rng(seed)
+            _int_at_least(value, key, 0 if key == "max_staleness" else 1)
         if given and len(given) != len(_CONFIG):
             raise ValueError(
                 f"give all of {', '.join(_CONFIG)} to create a fragment buffer, or none to "
                 f"open one; missing: {sorted(set(_CONFIG) - set(given))}"
             )
+        self.client = as_client(redis_or_url)
+        self.keys = FragmentKeys(name)
+        self.name = name
+        self.rng = np.random.default_rng(seed)
         if given:
             reply = self._run(
                 "fragment_init",
@@ -292,7 +292,7 @@ class FragmentBuffer:
         ``timeout`` seconds (``None``: no limit) without enough chunks raises
         :class:`FetchTimeoutError`.
         """
-        n_chunks = _nonnegative_int(n_chunks, "n_chunks", 1)
+        n_chunks = _int_at_least(n_chunks, "n_chunks", 1)
         if n_chunks > self.max_chunks:
             raise ValueError(f"n_chunks={n_chunks} exceeds max_chunks={self.max_chunks}")
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
