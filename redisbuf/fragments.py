@@ -25,8 +25,9 @@ key                                type    content
 =================================  ======  ==============================================
 
 A fragment's bytes are deleted in the same script that drops its last reference. Fetches
-wait on the pub/sub channel ``rb:{name}:fragments:signal``, which ``fragment_add``
-publishes to whenever it stores a chunk.
+wait on the pub/sub channel ``rb:{name}:fragments:changed`` (the meta key with ``meta``
+replaced by ``changed``), which ``fragment_add`` publishes to whenever it stores a chunk:
+a message reaches every waiting process (a token popped with BLPOP would wake one).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ from .keys import PREFIX, validate_name
 from .samplers import packed_uniforms
 
 FORMAT_VERSION = 1
+# A wait re-checks at least this often: a message is lost only if the subscriber's
+# connection drops, and this bounds how long such a loss can delay a fetch.
+_RECHECK = 2.0
 _CONFIG = ("max_chunks", "fragments_per_chunk", "max_staleness", "max_reuse")
 
 
@@ -82,9 +86,9 @@ class FragmentKeys:
         return self._key("refs")
 
     @property
-    def signal(self) -> str:
+    def changed(self) -> str:
         """Pub/sub channel (not a key) told when a chunk is stored."""
-        return self._key("signal")
+        return self._key("changed")
 
     def all_keys(self) -> list[str]:
         """In the order every fragment script takes them (see lua/_fragments.lua)."""
@@ -237,7 +241,7 @@ class FragmentBuffer:
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidBatchError(f"the fragment cannot be encoded: {exc}") from exc
         reply = self._run(
-            "fragment_add", [blob, version, session_id, stream_id, self.keys.signal]
+            "fragment_add", [blob, version, session_id, stream_id, self.keys.changed]
         )
         return AddedFragment(
             fragment_id=int(reply[0]),
@@ -288,20 +292,23 @@ class FragmentBuffer:
 
         Each fetched chunk counts one use; a chunk reaching ``max_reuse`` uses is dropped
         (its fragments were read in the same atomic step). Stale chunks are dropped first.
-        The wait sleeps on a pub/sub channel told by every stored chunk (no polling);
+        The wait sleeps on a pub/sub channel told by every stored chunk (no polling; a
+        re-check every 2 s covers a message lost to a dropped connection);
         ``timeout`` seconds (``None``: no limit) without enough chunks raises
         :class:`FetchTimeoutError`.
         """
         n_chunks = _int_at_least(n_chunks, "n_chunks", 1)
         if n_chunks > self.max_chunks:
             raise ValueError(f"n_chunks={n_chunks} exceeds max_chunks={self.max_chunks}")
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
         chunks = self._try_fetch(n_chunks)
         if chunks is not None:
             return chunks
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        pubsub = self.client.pubsub()
         try:
-            pubsub.subscribe(self.keys.signal)
+            pubsub.subscribe(self.keys.changed)
             while True:
                 # subscribed before this check: a chunk stored after it is always heard
                 chunks = self._try_fetch(n_chunks)
@@ -313,10 +320,7 @@ class FragmentBuffer:
                         f"fragment buffer {self.name!r}: fewer than {n_chunks} chunks "
                         f"after {timeout} s"
                     )
-                # a bounded wait per call keeps the socket timeout from firing
-                pubsub.get_message(timeout=min(left, 10.0))
-                while pubsub.get_message(timeout=0) is not None:
-                    pass
+                _wait_for_message(pubsub, min(left, _RECHECK))
         finally:
             pubsub.close()
 
@@ -377,6 +381,20 @@ class FragmentBuffer:
     def drop(self) -> None:
         """Delete every key of this buffer, configuration included."""
         self.client.delete(*self.keys.all_keys())
+
+
+def _wait_for_message(pubsub: Any, timeout: float) -> None:
+    """Block up to ``timeout`` seconds for a published message, then drain the queue (one
+    re-check covers them all). Subscribe confirmations do not end the wait."""
+    deadline = time.monotonic() + timeout
+    while True:
+        message = pubsub.get_message(timeout=max(deadline - time.monotonic(), 0.0))
+        if message is None:
+            return
+        if message.get("type") == "message":
+            break
+    while pubsub.get_message(timeout=0.0) is not None:
+        pass
 
 
 def _version(value: Any) -> int:

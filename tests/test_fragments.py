@@ -278,6 +278,8 @@ def test_configuration_is_checked(client, buffer_name):
         FragmentBuffer(client, buffer_name + "y", 3, 2, 1, 0)
     with pytest.raises(ValueError, match="n_chunks"):
         opened.fetch(0)
+    with pytest.raises(ValueError, match="timeout must be >= 0"):
+        opened.fetch(1, timeout=-1)
 
 
 @pytest.mark.redis_server
