@@ -4,12 +4,14 @@ from .buffer import AddResult, ReplayBuffer, SampleInfo
 from .connection import connect
 from .containers import States, Trajectories, Transitions
 from .diverse import DiverseAddResult, NormBasedDiversePrioritizedReplayBuffer
+from .episodes import EpisodeBuffer, EpisodeSample, Windows
 from .errors import (
     ConfigMismatchError,
     ControlTimeoutError,
     DecodeError,
     DurabilityError,
     EmptyBufferError,
+    FetchTimeoutError,
     InvalidBatchError,
     ItemTooLargeError,
     ProtocolError,
@@ -19,6 +21,7 @@ from .errors import (
     ServerConfigError,
     ServerUnavailableError,
 )
+from .fragments import Chunk, FragmentBuffer
 from .keys import BufferKeys
 from .samplers import PERSampler, PrioritizedSampler, UniformSampler
 from .selectors import FifoSampler, LifoSampler, MaxHeapSampler, MinHeapSampler
@@ -30,6 +33,12 @@ __version__ = "0.1.0"
 __all__ = [
     "AddResult",
     "BatchInfo",
+    "Chunk",
+    "EpisodeBuffer",
+    "EpisodeSample",
+    "FetchTimeoutError",
+    "FragmentBuffer",
+    "Windows",
     "BufferKeys",
     "ConfigMismatchError",
     "ControlTimeoutError",

@@ -59,3 +59,7 @@ class ProtocolError(RedisBufError):
 
 class ControlTimeoutError(ProtocolError, TimeoutError):
     """A control-plane peer did not answer within the timeout."""
+
+
+class FetchTimeoutError(RedisBufError, TimeoutError):
+    """A waiting read (``FragmentBuffer.fetch``) found too little data within its timeout."""
