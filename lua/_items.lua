@@ -16,6 +16,7 @@ local function store_items(K, ids, blobs, priorities, first)
   call_chunked('HSET', K.items, item_pairs)
   call_chunked('ZADD', K.prio, prio_pairs)
   call_chunked('ZADD', K.order, order_pairs)
+  notify_changed(K.meta)  -- wake blocked samplers (redisbuf/waiting.py)
 end
 
 -- Delete items from every per-item structure except the sum tree (see tree_update).
