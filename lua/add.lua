@@ -10,8 +10,9 @@
 -- ARGV[4..] blob_1, log_reward_1, ..., blob_n, log_reward_n  (log-rewards as text, "-inf" ok)
 -- Evicts (count - capacity) items: the oldest ("fifo"), or the lowest log-reward with the
 -- oldest first among equals ("reward"). New items may be evicted at once under "reward".
--- Returns {first_id, n, evicted}. Errors: RB_NOBUF, RB_SCHEMA, RB_INVALID (a NaN, +inf or
--- non-numeric priority; nothing is written).
+-- Returns {first_id, n, evicted}, or {0, 0, 0, reason} when admit_batch (lua/_items.lua)
+-- refuses a batch that is stale or from another session. Errors: RB_NOBUF, RB_SCHEMA,
+-- RB_INVALID (a NaN, +inf or non-numeric priority; nothing is written).
 local K = buffer_keys(KEYS)
 local meta, prio, order = K.meta, K.prio, K.order
 local conf = redis.call('HMGET', meta, 'capacity', 'eviction', 'schema', 'tree')
@@ -30,11 +31,14 @@ for i = 1, n do
       .. '; priorities must be numbers below +inf')
   end
 end
+if conf[3] and conf[3] ~= ARGV[1] then
+  return fail('RB_SCHEMA', conf[3])
+end
+local refused = admit_batch(K, n, options)
+if refused then return {0, 0, 0, refused} end
 if not conf[3] then
   local kind = cjson.decode(ARGV[1])['kind']
   redis.call('HSET', meta, 'schema', ARGV[1], 'kind', kind)
-elseif conf[3] ~= ARGV[1] then
-  return fail('RB_SCHEMA', conf[3])
 end
 
 local last = redis.call('HINCRBY', meta, 'last_id', n)
@@ -45,7 +49,7 @@ for i = 1, n do
   blobs[i] = ARGV[2 + 2 * i]
   priorities[i] = ARGV[3 + 2 * i]
 end
-store_items(K, new_ids, blobs, priorities, first)
+store_items(K, new_ids, blobs, priorities, first, options)
 redis.call('HINCRBY', meta, 'inserted', n)
 
 local victims = {}

@@ -65,7 +65,6 @@ local leaf0 = first_leaf(depth)
 local slots = {}
 for i = 1, n do slots[i] = nodes[i] - leaf0 end
 local ids = hmget_chunked(tree_ids, slots)
-record_draws(K, ids)
 local out = {fmt(total)}
 for i = 1, n do out[1 + i] = ids[i] end
 for i = 1, n do out[1 + n + i] = fmt(weights[i]) end
@@ -73,4 +72,5 @@ if ARGV[2] == '1' then
   local blobs = hmget_chunked(items, ids)
   for i = 1, n do out[1 + 2 * n + i] = blobs[i] end
 end
+record_draws(K, ids)  -- after the blobs: it may remove used-up items
 return out

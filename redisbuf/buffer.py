@@ -16,7 +16,7 @@ import msgpack
 import numpy as np
 import redis
 
-from . import codec, scripts
+from . import codec, lifetime, scripts
 from .connection import as_client
 from .containers import KINDS, ContainerKind, describe_schema_difference, kind_of, schema_to_json
 from .errors import (
@@ -26,10 +26,12 @@ from .errors import (
     InvalidBatchError,
     ItemTooLargeError,
     SchemaError,
+    WaitTimeoutError,
 )
 from .keys import BufferKeys, format_id
 from .remote import RemoteScorer
 from .samplers import Draw, PrioritizedSampler, Sampler, UniformSampler
+from .waiting import wait_for
 
 FORMAT_VERSION = 1
 FILE_MAGIC = "redisbuf"
@@ -46,6 +48,7 @@ class AddResult:
     ids: np.ndarray
     evicted: int
     score: dict[str, float] | None = None
+    rejected: str | None = None  # "stale" or "session": the batch was refused, not stored
 
 
 @dataclass
@@ -88,6 +91,10 @@ class ReplayBuffer:
         seed: seeds this process's sampling random numbers.
         sampler: a custom :class:`~redisbuf.samplers.Sampler` (overrides
             ``prioritized_sampling``).
+        max_use: remove an item once it has been sampled this many times (see
+            :mod:`redisbuf.lifetime`); fixed at creation, ``None`` adopts the stored one.
+        max_staleness: refuse and remove items whose model version is more than this
+            behind the current one (see :meth:`update_model_version`); fixed at creation.
         remote_manager_rank: rank of a :class:`~redisbuf.manager.ReplayBufferManager`
             that scores what this worker adds; the other remote arguments
             (``remote_buffer_freq``, ``async_score``, ``baseline_filtering``,
@@ -117,6 +124,8 @@ class ReplayBuffer:
         scoring_only: bool = False,
         communication_backend: Any = "mpi",
         timing: bool = False,
+        max_use: int | None = None,
+        max_staleness: int | None = None,
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
@@ -143,6 +152,10 @@ class ReplayBuffer:
                 f"buffer {name!r} holds {stored_kind}, not {kind} (container kind mismatch)"
             )
         self.kind = kind or stored_kind
+        self.max_use, self.max_staleness = lifetime.configure(self, max_use, max_staleness)
+        # an item's last use removes it inside the drawing script: fetch blobs there too
+        self.fetch_inline = self.max_use is not None
+        self._rates = lifetime.RateMeter()
         if sampler is None:
             sampler = PrioritizedSampler() if prioritized_sampling else UniformSampler()
         self.sampler = sampler
@@ -266,8 +279,14 @@ class ReplayBuffer:
                 )
         return blobs, log_rewards, schema
 
-    def add(self, batch: Any) -> AddResult:
+    def add(
+        self, batch: Any, *, model_version: int | None = None, session_id: str | None = None
+    ) -> AddResult:
         """Insert every item of ``batch`` in one atomic step, then evict beyond capacity.
+
+        ``model_version`` is recorded per item; a batch more than ``max_staleness`` behind
+        the current version, or whose ``session_id`` is not the current session, is
+        refused and counted (``rejected`` of the result says why; nothing is stored).
 
         Eviction removes the oldest items (FIFO), or with ``prioritized_capacity`` the
         lowest log-reward ones (oldest first among equal log-rewards; new items included).
@@ -278,8 +297,9 @@ class ReplayBuffer:
         this batch (None when nothing was sent), or with ``async_score`` the previous
         send's (None on the first); see :mod:`redisbuf.remote`.
         """
+        options = lifetime.add_options(model_version, session_id)
         blobs, log_rewards, schema = self.encode(batch)
-        result = self._insert(blobs, log_rewards, schema)
+        result = self._insert(blobs, log_rewards, schema, options)
         if self.remote is not None:
             result.score = self.remote.after_add(batch, result.ids, log_rewards, schema)
         return result
@@ -290,16 +310,20 @@ class ReplayBuffer:
         return None if self.remote is None else self.remote.drain_pending_score(timeout_sec)
 
     def _insert(
-        self, blobs: list[bytes], priorities: np.ndarray, schema: dict[str, Any]
+        self,
+        blobs: list[bytes],
+        priorities: np.ndarray,
+        schema: dict[str, Any],
+        options: dict[str, Any] | None = None,
     ) -> AddResult:
         schema_json = schema_to_json(schema)
         self._check_schema(schema, schema_json)
-        args: list[Any] = [schema_json, len(blobs), ""]
+        args: list[Any] = [schema_json, len(blobs), json.dumps(options) if options else ""]
         for blob, priority in zip(blobs, priorities.tolist(), strict=True):
             args.append(blob)
             args.append(_priority_text(priority))
         try:
-            first, count, evicted = self._run("add", self.keys.all_keys(), args)
+            reply = self._run("add", self.keys.all_keys(), args)
         except SchemaError:
             self._forget_schema()  # another process fixed the schema first: report against it
             stored = self._stored_schema() or {}
@@ -307,6 +331,9 @@ class ReplayBuffer:
                 f"batch does not fit buffer {self.name!r}: "
                 f"{describe_schema_difference(stored, schema)}"
             ) from None
+        first, count, evicted = reply[:3]
+        if len(reply) > 3:
+            return AddResult(np.arange(0, dtype=np.int64), 0, rejected=reply[3].decode())
         if self._schema is None:
             self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
         return AddResult(np.arange(first, first + count, dtype=np.int64), int(evicted))
@@ -361,9 +388,44 @@ class ReplayBuffer:
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise DecodeError(f"stored items do not match the buffer schema: {exc}") from exc
 
-    def _draw(self, n: int, replacement: bool | None) -> Draw:
+    def _draw(
+        self,
+        n: int,
+        replacement: bool | None,
+        block: bool = False,
+        timeout: float | None = 30.0,
+        min_size: int | None = None,
+    ) -> Draw:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
             raise ValueError(f"n must be a positive integer, got {n!r}")
+        if min_size is not None and (
+            isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer))
+            or min_size < 1
+        ):
+            raise ValueError(f"min_size must be a positive integer or None, got {min_size!r}")
+        if not block:
+            return self._draw_now(int(n), replacement)
+        need = int(n) if min_size is None else int(min_size)
+
+        def attempt() -> Draw | None:
+            if len(self) < need:
+                return None
+            try:
+                return self._draw_now(int(n), replacement)
+            except EmptyBufferError:
+                return None  # e.g. every item has log-reward -inf: wait for a drawable one
+
+        return wait_for(
+            self.client,
+            self.keys.meta,
+            attempt,
+            timeout,
+            lambda: f"buffer {self.name!r}: sample({n}) waited {timeout} s for {need} "
+            f"drawable items; it holds {len(self)}",
+            error=WaitTimeoutError,
+        )
+
+    def _draw_now(self, n: int, replacement: bool | None) -> Draw:
         sampler = self.sampler
         if replacement is not None and isinstance(sampler, UniformSampler):
             sampler = UniformSampler(replacement)
@@ -372,20 +434,41 @@ class ReplayBuffer:
         except EmptyBufferError as exc:
             raise EmptyBufferError(f"buffer {self.name!r}: {exc}") from None
 
-    def sample(self, n: int, replacement: bool | None = None) -> Any:
+    def sample(
+        self,
+        n: int,
+        replacement: bool | None = None,
+        *,
+        block: bool = False,
+        timeout: float | None = 30.0,
+        min_size: int | None = None,
+    ) -> Any:
         """Draw ``n`` items and return them as one batch of the buffer's kind.
+
+        With ``block=True`` it first waits until the buffer holds ``min_size`` items
+        (default ``n``) and a draw succeeds, waking when any process adds; after
+        ``timeout`` seconds (``None``: no limit) it raises :class:`WaitTimeoutError`
+        (a ``TimeoutError``) naming the buffer.
 
         Uniform sampling is without replacement unless ``replacement=True`` or ``n``
         exceeds the length; prioritized sampling (``prioritized_sampling=True``) is with
         replacement, proportional to ``exp(log_reward)``. Raises
         :class:`EmptyBufferError` ("buffer is empty") when there is nothing to draw.
         """
-        draw = self._draw(n, replacement)
+        draw = self._draw(n, replacement, block, timeout, min_size)
         return self.decode(draw.blobs, draw.ids, draw.schema_json)
 
-    def sample_with_info(self, n: int, replacement: bool | None = None) -> SampleInfo:
+    def sample_with_info(
+        self,
+        n: int,
+        replacement: bool | None = None,
+        *,
+        block: bool = False,
+        timeout: float | None = 30.0,
+        min_size: int | None = None,
+    ) -> SampleInfo:
         """Like :meth:`sample`, also returning item ids and draw probabilities."""
-        draw = self._draw(n, replacement)
+        draw = self._draw(n, replacement, block, timeout, min_size)
         return SampleInfo(
             self.decode(draw.blobs, draw.ids, draw.schema_json),
             np.array(draw.ids, dtype=np.int64),
@@ -421,7 +504,11 @@ class ReplayBuffer:
         return [(int(member), float(score)) for member, score in rows]
 
     def stats(self) -> dict[str, Any]:
-        """Counters, length, capacity and configuration, plus Redis memory of the keys."""
+        """Counters, length, capacity and configuration, plus Redis memory of the keys;
+        data lifetime (:func:`redisbuf.lifetime.lifetime_stats`: mean use count of present
+        and removed items, mean staleness of sampled items, refused adds), priority
+        min / mean / max, and insert / sample rates (items per second since this
+        process's previous ``stats()``, or since creation on the first)."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(self.keys.meta)
         pipe.zcard(self.keys.order)
@@ -439,7 +526,17 @@ class ReplayBuffer:
             "eviction": meta.get("eviction"),
             "prioritized_sampling_ready": meta.get("tree") == "1",
             "memory_bytes": self.memory_usage(),
+            **lifetime.lifetime_stats(meta, int(length)),
+            **lifetime.priority_stats(self.client, self, meta),
+            **self._rates.rates(meta),
         }
+
+    def update_model_version(self, session_id: str, model_version: int) -> int:
+        """Make ``model_version`` of ``session_id`` current, for every process (MineStudio's
+        argument order). A new session removes every item; with ``max_staleness``, items
+        whose version is below ``model_version - max_staleness`` are removed. Later adds
+        are checked against these. Returns the number of items removed."""
+        return lifetime.update_model_version(self, session_id, model_version)
 
     def memory_usage(self) -> int | None:
         """Bytes Redis reports for this buffer's keys (None if the server cannot say)."""

@@ -87,17 +87,19 @@ def wait_for(
     timeout: float | None,
     describe: Callable[[], str],
     error: type[WaitTimeoutError] = WaitTimeoutError,
-    recheck: float = DEFAULT_RECHECK,
+    recheck: float | None = None,
 ) -> T:
     """Return the first non-None ``check()``, calling it again after each change of the
-    buffer (and at least every ``recheck`` seconds). ``timeout=None`` waits forever;
-    otherwise after ``timeout`` seconds raise ``error(describe())``. The first check
-    runs before subscribing, so a call that need not wait costs no subscription."""
+    buffer (and at least every ``recheck`` seconds, default ``DEFAULT_RECHECK``).
+    ``timeout=None`` waits forever; otherwise after ``timeout`` seconds raise
+    ``error(describe())``. The first check runs before subscribing, so a call that need
+    not wait costs no subscription."""
     if timeout is not None and timeout < 0:
         raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
     result = check()
     if result is not None:
         return result
+    recheck = DEFAULT_RECHECK if recheck is None else recheck
     deadline = None if timeout is None else time.monotonic() + timeout
     with ChangeSubscription(client, meta_key) as subscription:
         while True:
