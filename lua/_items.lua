@@ -34,9 +34,10 @@ local function admit_batch(K, n, options)
   return nil
 end
 
--- Store new items: ids (strings), blobs and priorities (text) in batch order. options is
+-- Store new items: ids (strings), blobs and priorities (text) in batch order, and when
+-- vecs is not nil each item's state vector (text, see lua/add_diverse.lua). options is
 -- the add's options table (or nil): model_version is recorded per item.
-local function store_items(K, ids, blobs, priorities, first, options)
+local function store_items(K, ids, blobs, priorities, first, vecs, options)
   local item_pairs, prio_pairs, order_pairs = {}, {}, {}
   for i = 1, #ids do
     item_pairs[2 * i - 1] = ids[i]
@@ -65,6 +66,14 @@ local function store_items(K, ids, blobs, priorities, first, options)
     end
     call_chunked('ZADD', K.versions, version_pairs)
   end
+  if vecs then
+    local vec_pairs = {}
+    for i = 1, #ids do
+      vec_pairs[2 * i - 1] = ids[i]
+      vec_pairs[2 * i] = vecs[i]
+    end
+    call_chunked('HSET', K.vecs, vec_pairs)
+  end
   notify_changed(K.meta)  -- wake blocked samplers (redisbuf/waiting.py)
 end
 
@@ -86,6 +95,7 @@ local function delete_items(K, ids)
   call_chunked('HDEL', K.items, ids)
   call_chunked('ZREM', K.prio, ids)
   call_chunked('ZREM', K.order, ids)
+  call_chunked('HDEL', K.vecs, ids)
 end
 
 -- Delete items everywhere, the sum tree included (when prioritized sampling is on).
@@ -101,8 +111,12 @@ end
 -- script calls this once with everything it returns, AFTER reading their blobs: an item
 -- drawn for the max_use-th time is removed here (DI-engine's max_use), whichever process
 -- draws it. Each draw adds one use (an item drawn twice in a batch counts two), and the
--- staleness (current version - item's version) of each versioned draw is summed.
+-- staleness (current version - item's version) of each versioned draw is summed. It
+-- writes nothing in the read-only variant (RB_NO_WRITES, see redisbuf/scripts.py: a full
+-- server or a replica still samples, without max_use), nor once the buffer is dropped (a
+-- counter must not recreate its meta).
 local function record_draws(K, ids)
+  if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
   redis.call('HINCRBY', K.meta, 'sampled', #ids)
   if #ids == 0 then return end
   local conf = redis.call('HMGET', K.meta, 'max_use', 'cur_version')
@@ -142,4 +156,20 @@ local function record_draws(K, ids)
     remove_items(K, used_up)
     redis.call('HINCRBY', K.meta, 'retired', #used_up)
   end
+end
+
+-- Take back draws that were not returned (their items vanished before the blobs were
+-- read); the same guards as record_draws.
+local function unrecord_draws(K, ids)
+  if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
+  redis.call('HINCRBY', K.meta, 'sampled', -#ids)
+  -- the uses of items still present (a removed item's uses are already in removed_uses)
+  local taken = 0
+  for i = 1, #ids do
+    if redis.call('HEXISTS', K.items, ids[i]) == 1 then
+      if redis.call('HINCRBY', K.uses, ids[i], -1) <= 0 then redis.call('HDEL', K.uses, ids[i]) end
+      taken = taken + 1
+    end
+  end
+  if taken > 0 then redis.call('HINCRBY', K.meta, 'present_uses', -taken) end
 end

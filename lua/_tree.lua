@@ -7,14 +7,16 @@
 -- exp(log_reward - ref) over the items below it; `ref` (meta field tree_ref) keeps exp() in
 -- range: the tree is rebuilt around the current maximum when that drifts more than REBASE
 -- nats from ref. Sixteen children per chunk keep a 10^6-item tree at 5 levels and ~70k
--- fields: each level costs one HMGET for all draws of a call.
+-- fields: each level costs one HMGET for all draws of a call. Items of log-reward +inf
+-- have mass 0 here: a softmax over them is undefined, so sampling scripts refuse to draw
+-- while any is present (see infinite_count) and the tree only has to stay consistent.
 local REBASE = 300
 local FANOUT = 16
 local WIDTH = 24
 local EMPTY_CHUNK = string.rep(string.format('%24d', 0), FANOUT)
 
 local function leaf_weight(log_reward, ref)
-  if log_reward == -math.huge then return 0 end
+  if log_reward == -math.huge or log_reward == math.huge then return 0 end
   return math.exp(log_reward - ref)
 end
 
@@ -107,7 +109,7 @@ local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, fr
   local ref = 0
   for i = #entries, 2, -2 do
     local score = to_number(entries[i])
-    if score > -math.huge then ref = score break end
+    if score > -math.huge and score < math.huge then ref = score break end
   end
   local count = #entries / 2
   local id_pairs, slot_pairs = {}, {}
@@ -149,9 +151,15 @@ local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, fr
     'tree_next_slot', count)
 end
 
+-- The number of items of priority +inf (O(log n)).
+local function infinite_count(prio_key)
+  return redis.call('ZCOUNT', prio_key, '+inf', '+inf')
+end
+
 -- The largest finite priority, or nil when there is none.
 local function max_finite_priority(prio_key)
-  local top = redis.call('ZREVRANGE', prio_key, 0, 0, 'WITHSCORES')
+  local skip = infinite_count(prio_key)
+  local top = redis.call('ZREVRANGE', prio_key, skip, skip, 'WITHSCORES')
   if #top == 0 then return nil end
   local value = to_number(top[2])
   if value == -math.huge then return nil end

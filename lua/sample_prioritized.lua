@@ -1,74 +1,145 @@
--- Draw items with probability proportional to exp(log_reward) (softmax), with replacement.
+-- Draw items with probability proportional to exp(log_reward) (softmax), with or without
+-- replacement.
 -- @include common
 -- @include tree
 -- @include items
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order (see
 -- buffer_keys in _common.lua)
--- ARGV[1] n  ARGV[2] "1" = also return blobs
--- ARGV[3] n uniforms in [0, 1), packed 6 bytes each (see uniform_at)
--- Each draw walks the sum tree from the root: O(log capacity) per draw, all draws of one
--- call advancing together so each tree level costs one HMGET of the distinct chunks.
--- Returns {total, id_1..id_n, weight_1..weight_n} where weight_i / total is the
--- probability of drawing item i, and, if asked, {blob_1..blob_n} after them.
--- Errors: RB_NOTREE, RB_EMPTY, RB_INVALID.
+-- ARGV[1] n  ARGV[2] "1" = with replacement, "0" = without (with replacement anyway when
+-- n exceeds the number of items, as torch.multinomial(..., replacement=n > len) in torchgfn)
+-- ARGV[3] "1" = also return blobs
+-- ARGV[4] n uniforms in [0, 1), packed 6 bytes each (see uniform_at)
+-- With replacement each draw walks the sum tree from the root: O(log capacity) per draw,
+-- all draws advancing together so each tree level costs one HMGET of the distinct chunks.
+-- Without replacement the draws are successive: each walks the tree, then its leaf's mass
+-- is removed from a script-local copy of the chunks on its path (recomputed as exact sums,
+-- so a drawn item has mass 0 and is never drawn again); nothing is written back, and the
+-- order of the ids is the order of the draws. O(n log capacity).
+-- Returns {total, id_1..id_n, p_1..p_n} where p_i is the probability with which draw i
+-- picked its item (given the earlier draws, without replacement), and, if asked,
+-- {blob_1..blob_n} after them.
+-- Errors: RB_NOTREE, RB_EMPTY, RB_INVALID, RB_UNDEFINED (an item of log-reward +inf, or
+-- fewer items of nonzero probability than draws without replacement).
 local K = buffer_keys(KEYS)
 local meta, items, tree, tree_ids = K.meta, K.items, K.tree, K.tree_ids
 local conf = redis.call('HMGET', meta, 'tree', 'tree_depth')
 if conf[1] ~= '1' then return fail('RB_NOTREE', 'prioritized sampling is not enabled') end
 local depth = tonumber(conf[2])
 local n = tonumber(ARGV[1])
-if #ARGV[3] ~= 6 * n then return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms') end
+if #ARGV[4] ~= 6 * n then return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms') end
 local root = redis.call('HGET', tree, 0)
 local total = root and chunk_sum(root) or 0
+local infinite = infinite_count(K.prio)
+if infinite > 0 then
+  return fail('RB_UNDEFINED', infinite .. ' item(s) have log-reward +inf: the softmax of '
+    .. 'log-rewards is undefined; sample uniformly or remove them')
+end
 if total <= 0 then
   return fail('RB_EMPTY', 'buffer is empty (no item with a finite log-reward)')
 end
-local nodes, targets, weights = {}, {}, {}
-for i = 1, n do
-  nodes[i] = 0
-  targets[i] = uniform_at(ARGV[3], i) * total
-end
-for _ = 1, depth do
-  -- draws share nodes near the root: fetch each distinct chunk once
-  local chunk_of, distinct = {}, {}
-  for i = 1, n do
-    if chunk_of[nodes[i]] == nil then
-      chunk_of[nodes[i]] = #distinct + 1
-      distinct[#distinct + 1] = nodes[i]
+local replace = ARGV[2] == '1' or n > redis.call('ZCARD', K.order)
+
+-- The child of a chunk (a table k -> mass, k = 0..15) that `target` falls in:
+-- returns k, its mass and the target left inside it.
+local function descend(masses, target)
+  local last_k, last_mass = nil, 0
+  for k = 0, FANOUT - 1 do
+    local mass = masses[k]
+    if mass > 0 then
+      if target < mass then return k, mass, target end
+      target = target - mass
+      last_k, last_mass = k, mass
     end
   end
-  local chunks = hmget_chunked(tree, distinct)
+  -- rounding pushed the target past the last child with mass
+  return last_k, last_mass, last_mass * 0.5
+end
+
+local function parse_chunk(chunk)
+  local masses = {}
+  for k = 0, FANOUT - 1 do masses[k] = chunk and chunk_entry(chunk, k) or 0 end
+  return masses
+end
+
+local function masses_sum(masses)
+  local sum = 0
+  for k = 0, FANOUT - 1 do sum = sum + masses[k] end
+  return sum
+end
+
+local nodes, probabilities = {}, {}
+if replace then
+  local targets = {}
   for i = 1, n do
-    local chunk = chunks[chunk_of[nodes[i]]] or EMPTY_CHUNK
-    local target, chosen, mass = targets[i], nil, 0
-    local last_k, last_mass = nil, 0
-    for k = 0, FANOUT - 1 do
-      mass = chunk_entry(chunk, k)
-      if mass > 0 then
-        if target < mass then
-          chosen = k
-          break
-        end
-        target = target - mass
-        last_k, last_mass = k, mass
+    nodes[i] = 0
+    targets[i] = uniform_at(ARGV[4], i) * total
+  end
+  local weights = {}
+  for _ = 1, depth do
+    -- draws share nodes near the root: fetch each distinct chunk once
+    local chunk_of, distinct = {}, {}
+    for i = 1, n do
+      if chunk_of[nodes[i]] == nil then
+        chunk_of[nodes[i]] = #distinct + 1
+        distinct[#distinct + 1] = nodes[i]
       end
     end
-    if chosen == nil then  -- rounding pushed the target past the last child with mass
-      chosen, mass, target = last_k, last_mass, last_mass * 0.5
+    local chunks = hmget_chunked(tree, distinct)
+    local parsed = {}
+    for i = 1, n do
+      local index = chunk_of[nodes[i]]
+      parsed[index] = parsed[index] or parse_chunk(chunks[index])
+      local chosen, mass, target = descend(parsed[index], targets[i])
+      nodes[i] = FANOUT * nodes[i] + 1 + chosen
+      targets[i] = target
+      weights[i] = mass
     end
-    nodes[i] = FANOUT * nodes[i] + 1 + chosen
-    targets[i] = target
-    weights[i] = mass
+  end
+  for i = 1, n do probabilities[i] = weights[i] / total end
+else
+  local copy = {}  -- node -> its chunk's masses, as changed by this call's draws
+  local function chunk_masses(node)
+    if copy[node] == nil then copy[node] = parse_chunk(redis.call('HGET', tree, node)) end
+    return copy[node]
+  end
+  local remaining = total
+  for i = 1, n do
+    if remaining <= 0 then
+      return fail('RB_UNDEFINED', 'only ' .. (i - 1) .. ' item(s) have nonzero probability, '
+        .. 'fewer than the ' .. n .. ' draws asked without replacement; draw fewer or '
+        .. 'pass replacement=True')
+    end
+    local node, target, mass, path = 0, uniform_at(ARGV[4], i) * remaining, 0, {}
+    for level = 1, depth do
+      local chosen
+      path[level] = node
+      chosen, mass, target = descend(chunk_masses(node), target)
+      node = FANOUT * node + 1 + chosen
+    end
+    nodes[i] = node
+    probabilities[i] = mass / remaining
+    -- remove the drawn mass: zero the leaf, then each ancestor's entry becomes the exact
+    -- sum of its chunk (as tree_set_nodes writes it), so emptied subtrees hold exactly 0
+    local child = node
+    for level = depth, 1, -1 do
+      local parent = path[level]
+      local masses = copy[parent]
+      local k = (child - 1) % FANOUT
+      if level == depth then masses[k] = 0 else masses[k] = masses_sum(copy[child]) end
+      child = parent
+    end
+    remaining = masses_sum(copy[0])
   end
 end
+
 local leaf0 = first_leaf(depth)
 local slots = {}
 for i = 1, n do slots[i] = nodes[i] - leaf0 end
 local ids = hmget_chunked(tree_ids, slots)
 local out = {fmt(total)}
 for i = 1, n do out[1 + i] = ids[i] end
-for i = 1, n do out[1 + n + i] = fmt(weights[i]) end
-if ARGV[2] == '1' then
+for i = 1, n do out[1 + n + i] = fmt(probabilities[i]) end
+if ARGV[3] == '1' then
   local blobs = hmget_chunked(items, ids)
   for i = 1, n do out[1 + 2 * n + i] = blobs[i] end
 end

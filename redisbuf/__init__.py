@@ -3,6 +3,7 @@
 from .buffer import AddResult, ReplayBuffer, SampleInfo
 from .connection import connect
 from .containers import States, Trajectories, Transitions
+from .diverse import DiverseAddResult, NormBasedDiversePrioritizedReplayBuffer
 from .errors import (
     ConfigMismatchError,
     ControlTimeoutError,
@@ -12,11 +13,13 @@ from .errors import (
     ItemTooLargeError,
     ProtocolError,
     RedisBufError,
+    SamplingError,
     SchemaError,
     ServerUnavailableError,
 )
 from .keys import BufferKeys
 from .samplers import PrioritizedSampler, UniformSampler
+from .terminating import TerminatingStateBuffer
 
 __version__ = "0.1.0"
 
@@ -26,17 +29,21 @@ __all__ = [
     "ConfigMismatchError",
     "ControlTimeoutError",
     "DecodeError",
+    "DiverseAddResult",
     "EmptyBufferError",
     "InvalidBatchError",
+    "NormBasedDiversePrioritizedReplayBuffer",
     "ItemTooLargeError",
     "PrioritizedSampler",
     "ProtocolError",
     "RedisBufError",
     "ReplayBuffer",
     "SampleInfo",
+    "SamplingError",
     "SchemaError",
     "ServerUnavailableError",
     "States",
+    "TerminatingStateBuffer",
     "Trajectories",
     "Transitions",
     "UniformSampler",

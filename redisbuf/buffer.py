@@ -83,8 +83,9 @@ class ReplayBuffer:
             raises :class:`ConfigMismatchError`; ``None`` adopts the stored one.
         prioritized_capacity: when full, evict the lowest log-reward first (oldest first
             among equals) instead of the oldest. Fixed at creation, like ``capacity``.
-        prioritized_sampling: ``sample`` draws with replacement, item ``i`` with
-            probability ``softmax(log_rewards)_i``; otherwise uniformly without replacement.
+        prioritized_sampling: ``sample`` draws item ``i`` with probability
+            ``softmax(log_rewards)_i`` (without replacement when ``n <= len``, as
+            torchgfn); otherwise uniformly. See :meth:`sample`.
         kind: expected container kind (``trajectories``, ``transitions``, ``states``,
             ``dict``); by default the first ``add`` fixes it.
         max_item_bytes: largest encoded item accepted by ``add``.
@@ -290,7 +291,9 @@ class ReplayBuffer:
 
         Eviction removes the oldest items (FIFO), or with ``prioritized_capacity`` the
         lowest log-reward ones (oldest first among equal log-rewards; new items included).
-        A batch that is rejected (wrong kind or schema, NaN or +inf log-rewards, an item
+        Log-rewards may be -inf or +inf (+inf items are evicted last; prioritized sampling
+        refuses to draw while one is present, as the softmax is undefined).
+        A batch that is rejected (wrong kind or schema, NaN log-rewards, an item
         over ``max_item_bytes``) raises and leaves the buffer unchanged.
 
         With a remote manager, ``.score`` of the result is the manager's score dict for
@@ -316,14 +319,25 @@ class ReplayBuffer:
         schema: dict[str, Any],
         options: dict[str, Any] | None = None,
     ) -> AddResult:
-        schema_json = schema_to_json(schema)
-        self._check_schema(schema, schema_json)
-        args: list[Any] = [schema_json, len(blobs), json.dumps(options) if options else ""]
+        args: list[Any] = ["", len(blobs), json.dumps(options) if options else ""]
         for blob, priority in zip(blobs, priorities.tolist(), strict=True):
             args.append(blob)
             args.append(_priority_text(priority))
+        reply = self._insert_with(schema, "add", args)
+        refused = _refusal(reply)
+        if refused is not None:
+            return AddResult(np.arange(0, dtype=np.int64), 0, rejected=refused)
+        first, count, evicted = reply
+        return AddResult(np.arange(first, first + count, dtype=np.int64), int(evicted))
+
+    def _insert_with(self, schema: dict[str, Any], script: str, args: list[Any]) -> Any:
+        """Run an inserting script (ARGV[1] = the schema, filled in here) after checking
+        ``schema`` against the buffer's, and cache the schema it fixes. Returns its reply."""
+        schema_json = schema_to_json(schema)
+        self._check_schema(schema, schema_json)
+        args[0] = schema_json
         try:
-            reply = self._run("add", self.keys.all_keys(), args)
+            reply = self._run(script, self.keys.all_keys(), args)
         except SchemaError:
             self._forget_schema()  # another process fixed the schema first: report against it
             stored = self._stored_schema() or {}
@@ -331,12 +345,9 @@ class ReplayBuffer:
                 f"batch does not fit buffer {self.name!r}: "
                 f"{describe_schema_difference(stored, schema)}"
             ) from None
-        first, count, evicted = reply[:3]
-        if len(reply) > 3:
-            return AddResult(np.arange(0, dtype=np.int64), 0, rejected=reply[3].decode())
-        if self._schema is None:
+        if self._schema is None and _refusal(reply) is None:
             self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
-        return AddResult(np.arange(first, first + count, dtype=np.int64), int(evicted))
+        return reply
 
     # -- reading ------------------------------------------------------------------------
 
@@ -361,32 +372,46 @@ class ReplayBuffer:
     def _decode(
         self, kind: ContainerKind, schema: dict[str, Any], blobs: list[bytes], ids: list[int] | None
     ) -> Any:
+        """Every way a batch can fail to decode ends here as a DecodeError naming the
+        buffer, its items key and the first offending id (found by decoding the items
+        one by one, which costs nothing on the success path)."""
+        try:
+            return self._join(kind, schema, blobs, ids)
+        except Exception as exc:  # noqa: BLE001 - any failure of stored data is a DecodeError
+            culprit, detail = (0, exc) if len(blobs) == 1 else (None, exc)
+            for position in range(len(blobs) if culprit is None else 0):
+                try:
+                    self._join(kind, schema, blobs[position : position + 1], None)
+                except Exception as single:  # noqa: BLE001
+                    culprit, detail = position, single
+                    break
+            if culprit is None:  # each item decodes alone; together they do not fit
+                where = f"ids {(ids or [])[:10]}"
+            else:
+                where = f"id {ids[culprit]}" if ids else f"position {culprit}"
+            raise DecodeError(
+                f"buffer {self.name!r}, key {self.keys.items}, {where}: "
+                f"{type(detail).__name__}: {detail}"
+            ) from exc
+
+    def _join(
+        self, kind: ContainerKind, schema: dict[str, Any], blobs: list[bytes], ids: list[int] | None
+    ) -> Any:
         names = set(schema["fields"])
         fields: dict[str, Any] | None = codec.decode_same_layout(blobs)
         if fields is None or set(fields) != names:
             fields = codec.decode_ragged(blobs)
         if fields is None or set(fields) != names:
             items = []
-            for position, blob in enumerate(blobs):
-                where = f"id {ids[position]}" if ids else f"position {position}"
+            for blob in blobs:
                 if blob is None:
-                    raise DecodeError(f"{self.keys.items} {where}: no such item")
-                try:
-                    item = codec.unpackb_raw(blob)
-                except DecodeError as exc:
-                    raise DecodeError(f"{self.keys.items} {where}: {exc}") from exc
+                    raise DecodeError("no such item")
+                item = codec.unpackb_raw(blob)
                 if not isinstance(item, dict) or set(item) != names:
-                    raise DecodeError(
-                        f"{self.keys.items} {where}: fields do not match the buffer schema"
-                    )
+                    raise DecodeError("fields do not match the buffer schema")
                 items.append(item)
             fields = {name: [item[name] for item in items] for name in names}
-        try:
-            return kind.join(fields, len(blobs), schema)
-        except DecodeError as exc:
-            raise DecodeError(f"items of {self.keys.items} do not fit the schema: {exc}") from exc
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise DecodeError(f"stored items do not match the buffer schema: {exc}") from exc
+        return kind.join(fields, len(blobs), schema)
 
     def _draw(
         self,
@@ -429,6 +454,8 @@ class ReplayBuffer:
         sampler = self.sampler
         if replacement is not None and isinstance(sampler, UniformSampler):
             sampler = UniformSampler(replacement)
+        elif replacement is not None and isinstance(sampler, PrioritizedSampler):
+            sampler = PrioritizedSampler(replacement)
         try:
             return sampler.draw(self, int(n), self.rng)
         except EmptyBufferError as exc:
@@ -450,10 +477,14 @@ class ReplayBuffer:
         ``timeout`` seconds (``None``: no limit) it raises :class:`WaitTimeoutError`
         (a ``TimeoutError``) naming the buffer.
 
-        Uniform sampling is without replacement unless ``replacement=True`` or ``n``
-        exceeds the length; prioritized sampling (``prioritized_sampling=True``) is with
-        replacement, proportional to ``exp(log_reward)``. Raises
-        :class:`EmptyBufferError` ("buffer is empty") when there is nothing to draw.
+        Sampling is without replacement unless ``replacement=True`` or ``n`` exceeds the
+        length (torchgfn's rule). Uniform: every n-subset equally likely. Prioritized
+        (``prioritized_sampling=True``): proportional to ``exp(log_reward)``, without
+        replacement as successive draws among the items not drawn yet (torch.multinomial's
+        distribution). Raises :class:`EmptyBufferError` ("buffer is empty") when there is
+        nothing to draw, :class:`SamplingError` when prioritized sampling is undefined
+        (a +inf log-reward; more draws without replacement than items of nonzero
+        probability).
         """
         draw = self._draw(n, replacement, block, timeout, min_size)
         return self.decode(draw.blobs, draw.ids, draw.schema_json)
@@ -667,15 +698,15 @@ class ReplayBuffer:
 
     def _check_records(self, records: list[tuple[Any, ...]], schema: dict[str, Any]) -> None:
         """Refuse saved records that ``add`` would refuse: ids that are not integers,
-        priorities that are not numbers or are NaN or +inf, blobs that do not decode to
+        priorities that are not numbers or are NaN, blobs that do not decode to
         items of ``schema``."""
         for item_id, priority, blob in records:
             if isinstance(item_id, bool) or not isinstance(item_id, int):
                 raise DecodeError(f"saved record has id {item_id!r}, not an integer")
             if isinstance(priority, bool) or not isinstance(priority, (int, float)):
                 raise DecodeError(f"saved record {item_id} has priority {priority!r}, not a number")
-            if math.isnan(priority) or priority == math.inf:
-                raise DecodeError(f"saved record {item_id} has priority {priority}: NaN or +inf")
+            if math.isnan(priority):
+                raise DecodeError(f"saved record {item_id} has priority NaN")
             if not isinstance(blob, bytes):
                 raise DecodeError(f"saved record {item_id} has no blob")
         kind = KINDS.get(schema.get("kind"))
@@ -731,6 +762,14 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _refusal(reply: Any) -> str | None:
+    """Why an inserting script refused a batch ("stale", "session"; see admit_batch in
+    lua/_items.lua), or None when it stored it."""
+    if isinstance(reply, list) and len(reply) == 4 and reply[0] == 0:
+        return reply[3].decode() if isinstance(reply[3], bytes) else str(reply[3])
+    return None
 
 
 def _decode_meta(raw: dict[Any, Any]) -> dict[str, str]:

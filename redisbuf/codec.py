@@ -11,6 +11,7 @@ Decoded arrays are read-only views of the blob.
 
 from __future__ import annotations
 
+import math
 import struct
 import warnings
 from typing import Any, NamedTuple
@@ -447,6 +448,8 @@ def _blob_layout(blob: bytes) -> tuple[list[_Segment], list[tuple[int, int]]] | 
             np_dtype, torch_dtype = _DTYPES[dtype_code]
             if np_dtype is None:
                 np_dtype = _TORCH_RAW[torch_dtype]
+            if math.prod(shape) * np_dtype.itemsize != length - offset:
+                return None  # shape and payload disagree: the per-blob parse names the item
             fixed.append((key_start, header_at + offset))
             segments.append(
                 _Segment(

@@ -200,9 +200,6 @@ def _log_rewards(value: Array | None, n: int, name: str = "log_rewards") -> np.n
     if np.isnan(arr).any():
         bad = np.flatnonzero(np.isnan(arr))[:5].tolist()
         raise InvalidBatchError(f"{name} contains NaN (items {bad})")
-    if np.isposinf(arr).any():
-        bad = np.flatnonzero(np.isposinf(arr))[:5].tolist()
-        raise InvalidBatchError(f"{name} contains +inf (items {bad}); use finite values")
     return arr
 
 
@@ -276,8 +273,10 @@ class Transitions:
 
     @property
     def terminating_states(self) -> Array:
+        """``states`` of the terminating transitions (those whose next state is the sink),
+        as torchgfn's ``Transitions.terminating_states``."""
         mask = self.is_terminating
-        return self.next_states[mask if isinstance(mask, torch.Tensor) else np.asarray(mask)]
+        return self.states[mask if isinstance(mask, torch.Tensor) else np.asarray(mask)]
 
 
 @dataclass

@@ -23,8 +23,14 @@ class ItemTooLargeError(InvalidBatchError):
     """One encoded item is larger than the buffer's ``max_item_bytes``."""
 
 
-class EmptyBufferError(RedisBufError, LookupError):
-    """Sampling was asked of a buffer that holds no item that can be drawn."""
+class EmptyBufferError(RedisBufError, LookupError, ValueError):
+    """Sampling was asked of a buffer that holds no item that can be drawn. Also a
+    ValueError, which is what torchgfn's buffers raise (and its users catch) there."""
+
+
+class SamplingError(RedisBufError, ValueError):
+    """The asked-for draw is undefined: a softmax over log-rewards that include +inf, or
+    more draws without replacement than items of nonzero probability."""
 
 
 class DecodeError(RedisBufError, ValueError):

@@ -32,12 +32,13 @@ from dataclasses import dataclass
 
 PREFIX = "rb"
 ID_WIDTH = 12
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+# fullmatch: "$" alone would also accept a name ending in a newline
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 
 
 def validate_name(name: str) -> str:
     """Return ``name`` if it is a valid buffer name, else raise ValueError."""
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ValueError(
             f"invalid buffer name {name!r}: use 1-200 characters from A-Z a-z 0-9 _ . -"
         )

@@ -73,7 +73,7 @@ def _draw_then_fetch(
         *fetched, schema_json = pipe.execute()
         blobs = reply[offset : offset + n] if inline else fetched[0]
         if not inline and any(blob is None for blob in blobs):
-            buffer.client.hincrby(buffer.keys.meta, "sampled", -n)  # not a real draw
+            buffer._run("undo_draws", keys, members)  # not a real draw
             continue
         return Draw([int(m) for m in members], blobs, probabilities, schema_json)
     raise AssertionError("unreachable")
@@ -109,11 +109,21 @@ class UniformSampler:
 
 
 class PrioritizedSampler:
-    """With replacement; item ``i`` is drawn with probability
-    ``exp(log_reward_i) / sum_j exp(log_reward_j)`` (softmax of log-rewards; items with
-    log-reward -inf are never drawn). O(log capacity) per draw via a sum tree in Redis."""
+    """Item ``i`` is drawn with probability ``exp(log_reward_i) / sum_j exp(log_reward_j)``
+    (softmax of log-rewards; items with log-reward -inf are never drawn), through a sum
+    tree in Redis, O(log capacity) per draw.
+
+    Without replacement (the default, unless ``n`` exceeds the length) the draws are
+    successive, each over the items not drawn yet, as torchgfn's
+    ``torch.multinomial(softmax(log_rewards), n, replacement=n > len)``; asking for more
+    draws than items of nonzero probability raises :class:`SamplingError`, as does any
+    item of log-reward +inf (the softmax is undefined).
+    """
 
     name = "prioritized"
+
+    def __init__(self, replacement: bool = False) -> None:
+        self.replacement = replacement
 
     def prepare(self, buffer: ReplayBuffer) -> None:
         keys = buffer.keys
@@ -128,16 +138,15 @@ class PrioritizedSampler:
         uniforms = packed_uniforms(rng, n)
 
         def parse(reply: list[Any], n: int) -> tuple[list[bytes], np.ndarray, int]:
-            total = float(reply[0])
-            weights = np.array([float(w) for w in reply[n + 1 : 2 * n + 1]])
-            return reply[1 : n + 1], weights / total, 2 * n + 1
+            probabilities = np.array([float(p) for p in reply[n + 1 : 2 * n + 1]])
+            return reply[1 : n + 1], probabilities, 2 * n + 1
 
         def attempt() -> Draw:
             return _draw_then_fetch(
                 buffer,
                 "sample_prioritized",
                 keys.all_keys(),
-                [n],
+                [n, int(self.replacement)],
                 n,
                 uniforms,
                 parse,

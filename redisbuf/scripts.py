@@ -48,25 +48,62 @@ _ERROR_CODES: dict[str, type[Exception]] = {
     "RB_NOTREE": errors.ConfigMismatchError,
     "RB_CONFIG": errors.ConfigMismatchError,
     "RB_INVALID": errors.InvalidBatchError,
+    "RB_UNDEFINED": errors.SamplingError,
 }
 _ERROR_PATTERN = re.compile(r"\b(RB_[A-Z]+) ?(.*)", re.DOTALL)
 
 
-class Script:
-    """One Lua operation: its expanded source, its SHA1, and a call that survives NOSCRIPT."""
+# Every script starts with this flag; the read-only variant sets it (see Script).
+_FLAG = "local RB_NO_WRITES = {}\n"
+# Errors a server gives scripts that may write when it refuses every write.
+_REFUSED_WRITES = (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError)
 
-    def __init__(self, name: str, source: str) -> None:
+
+class Script:
+    """One Lua operation: its expanded source, its SHA1, and a call that survives NOSCRIPT.
+
+    Each script also has a read-only variant, derived here rather than kept as a copy:
+    the same source under a ``#!lua flags=no-writes`` shebang with ``RB_NO_WRITES`` set,
+    which makes ``record_draws`` skip its counter writes. When a server refuses writes
+    (``maxmemory`` reached under ``noeviction``: OOM; a read-only replica: READONLY),
+    a call is retried once with the variant: a script whose only writes are that
+    bookkeeping (sampling) keeps working, any other raises the server's refusal.
+    """
+
+    def __init__(self, name: str, source: str, read_only: bool = False) -> None:
         self.name = name
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
+        body = _FLAG.format("true" if read_only else "false") + source
+        self.source = f"#!lua flags=no-writes\n{body}" if read_only else body
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        self._expanded = source
+        self._read_only: Script | None = self if read_only else None
+
+    @property
+    def read_only(self) -> Script:
+        """The no-writes variant of this script."""
+        if self._read_only is None:
+            self._read_only = Script(self.name, self._expanded, read_only=True)
+        return self._read_only
+
+    def _eval(self, client: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            client.script_load(self.source)
+            return client.evalsha(self.sha, len(keys), *keys, *args)
 
     def __call__(self, client: Any, keys: list[str], args: list[Any]) -> Any:
         try:
+            return self._eval(client, keys, args)
+        except _REFUSED_WRITES as refused:
+            if self.read_only is self:
+                raise
             try:
-                return client.evalsha(self.sha, len(keys), *keys, *args)
-            except redis.exceptions.NoScriptError:
-                client.script_load(self.source)
-                return client.evalsha(self.sha, len(keys), *keys, *args)
+                return self.read_only._eval(client, keys, args)
+            except redis.exceptions.ResponseError as exc:
+                if _ERROR_PATTERN.search(str(exc)):
+                    raise translate(exc) from exc
+                raise refused from None  # the script writes more than bookkeeping
         except redis.exceptions.ResponseError as exc:
             raise translate(exc) from exc
 

@@ -86,7 +86,6 @@ def _unchanged(client, buffer, before):
         ({"obs": np.zeros((1, 2), np.float32)}, InvalidBatchError, ["log_rewards"]),
         ({**_good([1.0]), "extra": np.zeros(1)}, SchemaError, ["extra"]),
         (_good([1.0, 2.0], [0.0, np.nan]), InvalidBatchError, ["NaN", "[1]"]),
-        (_good([1.0, 2.0], [np.inf, 0.0]), InvalidBatchError, ["+inf", "[0]"]),
         (_good([1.0, 2.0], [0.0]), InvalidBatchError, ["log_rewards", "1", "2"]),
         ({"obs": np.zeros((3, 2), np.float32), "log_rewards": np.zeros(2)}, InvalidBatchError,
          ["disagree", "obs", "log_rewards"]),
@@ -105,7 +104,7 @@ def _unchanged(client, buffer, before):
     ],
     ids=[
         "wrong-kind", "wrong-dtype", "wrong-trailing-shape", "wrong-library",
-        "missing-log-rewards", "extra-field", "nan", "plus-inf", "short-log-rewards",
+        "missing-log-rewards", "extra-field", "nan", "short-log-rewards",
         "mismatched-lengths", "empty", "scalar-field", "unsupported-dtype", "object-dtype",
         "non-string-key", "not-a-batch", "too-large",
     ],
@@ -227,7 +226,9 @@ def test_bad_options_are_refused(client, buffer_name, kwargs, word):
 
 
 @pytest.mark.parametrize(
-    "name", ["", "has space", "brace{x}", "colon:x", "x" * 201, "ünï", "a/b", None, 5]
+    "name",
+    ["", "has space", "brace{x}", "colon:x", "x" * 201, "ünï", "a/b", None, 5]
+    + ["a\n", "x" * 200 + "\n"],  # "$" matches before a final newline: fullmatch does not
 )
 def test_invalid_buffer_names_are_refused(client, name):
     before = client.dbsize()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from redisbuf import ReplayBuffer
-from redisbuf.errors import RedisBufError
+from redisbuf.errors import RedisBufError, SamplingError
 
 
 # Was a bug: lua/clear.lua HSETs counters into a meta hash that drop() deleted, leaving a meta
@@ -44,17 +44,20 @@ def test_load_state_dict_with_a_nan_priority_leaves_the_buffer_as_it_was(client,
     assert buffer.get([1, 2, 3])["v"].tolist() == [0.0, 1.0, 2.0]
 
 
-# Was a bug: _restore accepts a +inf priority (add rejects it); the loaded buffer then holds 3
-# items but prioritized sampling raises "buffer is empty" (the sum tree is poisoned).
-def test_load_state_dict_rejects_a_plus_inf_priority(client, buffer_name):
+# Was a bug: _restore accepted a +inf priority that add refused, and the sum tree was poisoned
+# ("buffer is empty"). +inf is now a valid log-reward: restored like add stores it, and
+# prioritized sampling refuses it by name while uniform sampling and the tree are unharmed.
+def test_load_state_dict_keeps_a_plus_inf_priority(client, buffer_name):
     buffer = ReplayBuffer(client, buffer_name, capacity=5, prioritized_sampling=True, seed=0)
     buffer.add({"v": np.arange(3.0), "log_rewards": np.array([0.0, 1.0, 2.0])})
     state = buffer.state_dict()
     state["priorities"][0] = math.inf
-    with pytest.raises(RedisBufError):
-        buffer.load_state_dict(state)
-    assert buffer.top(1)[0][1] == 2.0
-    assert len(buffer.sample(4)["v"]) == 4
+    buffer.load_state_dict(state)
+    assert buffer.top(1)[0][1] == math.inf
+    with pytest.raises(SamplingError, match=r"\+inf"):
+        buffer.sample(2)
+    uniform = ReplayBuffer(client, buffer_name, capacity=5, seed=0)
+    assert sorted(uniform.sample(3)["v"].tolist()) == [0.0, 1.0, 2.0]
 
 
 # Was a bug: ReplayBuffer caches the schema forever; after another process drops and recreates

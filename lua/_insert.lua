@@ -1,0 +1,68 @@
+-- Inserting a batch with eviction, pasted in place of "-- @include insert" (needs common,
+-- tree and items): the body of add.lua, shared by every script that adds items (add,
+-- add_diverse), so they store, evict and keep the tree alike.
+
+-- Nil, or an error reply naming the first priority (text) that is NaN or not a number.
+local function check_priorities(priorities)
+  for i = 1, #priorities do
+    local priority = to_number(priorities[i])
+    if priority == nil or priority ~= priority then
+      return fail('RB_INVALID', 'item ' .. (i - 1) .. ' has priority ' .. tostring(priorities[i])
+        .. '; priorities must be numbers (not NaN)')
+    end
+  end
+  return nil
+end
+
+-- The buffer's configuration {capacity, eviction, schema, tree}, or nil and an error reply.
+local function buffer_config(K)
+  local conf = redis.call('HMGET', K.meta, 'capacity', 'eviction', 'schema', 'tree')
+  if not conf[1] then
+    return nil, fail('RB_NOBUF', 'buffer meta ' .. K.meta .. ' does not exist')
+  end
+  return conf, nil
+end
+
+-- Nil, or an error reply when the stored schema differs from schema_json (none stored: ok).
+local function check_schema(conf, schema_json)
+  if conf[3] and conf[3] ~= schema_json then return fail('RB_SCHEMA', conf[3]) end
+  return nil
+end
+
+-- Insert blobs with their priorities (text; checked by the caller) and, when vecs is not
+-- nil, their state vectors; then evict (count - capacity) items: the oldest ("fifo"), or
+-- the lowest log-reward with the oldest first among equals ("reward"; new items may go at
+-- once). The first batch fixes the schema. `options` is the decoded per-batch options
+-- object. Returns {first_id, n, evicted}, or {0, 0, 0, reason} when admit_batch (in
+-- _items.lua) refuses a batch that is stale or from another session.
+local function insert_batch(K, conf, schema_json, options, blobs, priorities, vecs)
+  local meta = K.meta
+  local capacity = tonumber(conf[1])
+  local n = #blobs
+  local refused = admit_batch(K, n, options)  -- stale or another session: counted, not stored
+  if refused then return {0, 0, 0, refused} end
+  if not conf[3] then
+    local kind = cjson.decode(schema_json)['kind']
+    redis.call('HSET', meta, 'schema', schema_json, 'kind', kind)
+  end
+  local last = redis.call('HINCRBY', meta, 'last_id', n)
+  local first = last - n + 1
+  local new_ids = {}
+  for i = 1, n do new_ids[i] = id_str(first + i - 1) end
+  store_items(K, new_ids, blobs, priorities, first, vecs, options)
+  redis.call('HINCRBY', meta, 'inserted', n)
+
+  local victims = {}
+  local excess = redis.call('ZCARD', K.order) - capacity
+  if excess > 0 then
+    local source = K.order
+    if conf[2] == 'reward' then source = K.prio end
+    victims = redis.call('ZRANGE', source, 0, excess - 1)
+    delete_items(K, victims)
+    redis.call('HINCRBY', meta, 'evicted', #victims)
+  end
+  if conf[4] == '1' then
+    tree_update(K, capacity, victims, new_ids, priorities)
+  end
+  return {first, n, #victims}
+end

@@ -1,0 +1,139 @@
+"""Prioritized sampling without replacement (torchgfn's default when n <= len): the
+distribution of drawn sequences matches torch.multinomial(softmax, n, replacement=False),
+checked by chi-square on a small buffer, on fakeredis and on a real server."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from test_bad_input import snapshot
+from test_sampling import assert_tree_consistent, chi2, chi2_limit, priorities, softmax
+
+from redisbuf import BufferKeys, PrioritizedSampler, ReplayBuffer, SamplingError
+
+REWARDS = [0.0, 1.0, -0.5, 1.6, 0.3, -math.inf]  # ids 1..6; id 6 is never drawn
+
+
+def _items(rewards, start: int = 0) -> dict:
+    rewards = np.asarray(rewards, dtype=np.float64)
+    return {"v": np.arange(start, start + len(rewards)), "log_rewards": rewards}
+
+
+def _sequence_probabilities(p: dict[int, float], n: int) -> dict[tuple[int, ...], float]:
+    """Probability of each ordered sequence of n distinct ids under successive draws."""
+    support = [i for i, q in p.items() if q > 0]
+    out = {}
+    for sequence in itertools.permutations(support, n):
+        probability, left = 1.0, 1.0
+        for i in sequence:
+            probability *= p[i] / left
+            left -= p[i]
+        out[sequence] = probability
+    return out
+
+
+def _without_stats(probs: dict[tuple[int, ...], float], counts: dict, trials: int) -> float:
+    keys = sorted(probs)
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    assert sum(counts.values()) == observed.sum(), "drew a sequence of probability 0"
+    return chi2(observed, np.array([probs[k] for k in keys]) * trials)
+
+
+def _prioritized(client, name: str, seed: int) -> ReplayBuffer:
+    buffer = ReplayBuffer(client, name, capacity=10, prioritized_sampling=True, seed=seed)
+    buffer.add(_items(REWARDS))
+    return buffer
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_drawn_sequences_follow_torch_multinomial(client, buffer_name, n):
+    buffer = _prioritized(client, buffer_name, seed=11 + n)
+    p = softmax(priorities(client, buffer_name))
+    probs = _sequence_probabilities(p, n)
+    trials = 3000
+    ours: dict[tuple[int, ...], int] = {}
+    for _ in range(trials):
+        info = buffer.sample_with_info(n)
+        sequence = tuple(info.ids.tolist())
+        ours[sequence] = ours.get(sequence, 0) + 1
+        # each draw's probability is conditional on the draws before it
+        left = 1.0
+        for item_id, probability in zip(sequence, info.probabilities.tolist(), strict=True):
+            assert probability == pytest.approx(p[item_id] / left, rel=1e-9)
+            left -= p[item_id]
+    # torch's draws, from the same softmax (ids are positions + 1)
+    generator = torch.Generator().manual_seed(n)
+    weights = torch.softmax(torch.tensor(REWARDS, dtype=torch.float64), 0)
+    theirs: dict[tuple[int, ...], int] = {}
+    for _ in range(trials):
+        drawn = torch.multinomial(weights, n, replacement=False, generator=generator)
+        sequence = tuple((drawn + 1).tolist())
+        theirs[sequence] = theirs.get(sequence, 0) + 1
+    df = len(probs) - 1
+    # both against the exact law of successive draws...
+    assert _without_stats(probs, ours, trials) < chi2_limit(df)
+    assert _without_stats(probs, theirs, trials) < chi2_limit(df)
+    # ...and against each other (two-sample chi-square over sequences either one drew)
+    keys = sorted(set(ours) | set(theirs))
+    a = np.array([ours.get(k, 0) for k in keys], dtype=float)
+    b = np.array([theirs.get(k, 0) for k in keys], dtype=float)
+    assert float(((a - b) ** 2 / (a + b)).sum()) < chi2_limit(len(keys) - 1)
+    # the unordered subsets agree too
+    subsets = {}
+    for sequence, probability in probs.items():
+        key = tuple(sorted(sequence))
+        subsets[key] = subsets.get(key, 0.0) + probability
+    ours_subsets: dict[tuple[int, ...], int] = {}
+    for sequence, count in ours.items():
+        key = tuple(sorted(sequence))
+        ours_subsets[key] = ours_subsets.get(key, 0) + count
+    assert _without_stats(subsets, ours_subsets, trials) < chi2_limit(len(subsets) - 1)
+
+
+def test_without_replacement_is_the_default_and_writes_nothing_back(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=1000, prioritized_sampling=True, seed=4)
+    rng = np.random.default_rng(0)
+    buffer.add(_items(rng.normal(scale=3.0, size=900)))
+    keys = BufferKeys(buffer_name)
+    before = snapshot(client, buffer_name)
+    ids = buffer.sample_with_info(600).ids.tolist()
+    assert len(set(ids)) == 600
+    after = snapshot(client, buffer_name)
+    # only the meta's "sampled" counter moved: the tree was changed in the script only
+    assert {k: v for k, v in after.items() if k != keys.meta} == {
+        k: v for k, v in before.items() if k != keys.meta
+    }
+    assert_tree_consistent(client, buffer_name)
+    assert buffer.stats()["sampled"] == 600
+    # every item of nonzero probability: a permutation of them
+    assert sorted(buffer.sample_with_info(900).ids.tolist()) == list(range(1, 901))
+
+
+def test_replacement_true_or_n_over_length_draws_with_replacement(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=10, prioritized_sampling=True, seed=5)
+    buffer.add(_items([10.0, 0.0, 0.0, 0.0]))
+    assert len(buffer.sample_with_info(50).ids) == 50  # n > len: torchgfn's replacement=True
+    repeats = [len(set(buffer.sample_with_info(3, replacement=True).ids.tolist())) < 3
+               for _ in range(20)]
+    assert all(repeats)  # id 1 holds 99.99% of the mass
+    firsts = [buffer.sample_with_info(3).ids.tolist() for _ in range(20)]
+    assert all(len(set(ids)) == 3 for ids in firsts)
+    assert sum(ids[0] == 1 for ids in firsts) >= 19
+    with_sampler = ReplayBuffer(client, buffer_name, capacity=10, seed=5,
+                                sampler=PrioritizedSampler(replacement=True))
+    assert all(len(set(with_sampler.sample_with_info(4).ids.tolist())) < 4 for _ in range(5))
+
+
+def test_more_draws_than_items_of_nonzero_probability_is_refused(client, buffer_name):
+    buffer = _prioritized(client, buffer_name, seed=6)  # 5 of its 6 items can be drawn
+    before = snapshot(client, buffer_name)
+    with pytest.raises(SamplingError, match="only 5 item.*6 draws.*replacement=True") as info:
+        buffer.sample(6)
+    assert isinstance(info.value, ValueError)
+    assert snapshot(client, buffer_name) == before
+    assert len(buffer.sample(6, replacement=True)["v"]) == 6
+    assert sorted(buffer.sample(5)["v"].tolist()) == [0, 1, 2, 3, 4]
