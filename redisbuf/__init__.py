@@ -12,12 +12,15 @@ from .errors import (
     InvalidBatchError,
     ItemTooLargeError,
     ProtocolError,
+    RateLimitTimeoutError,
     RedisBufError,
     SamplingError,
     SchemaError,
     ServerUnavailableError,
+    WaitTimeoutError,
 )
 from .keys import BufferKeys
+from .limiters import MinSize, RateLimiter, SampleToInsertRatio
 from .samplers import PrioritizedSampler, UniformSampler
 from .terminating import TerminatingStateBuffer
 
@@ -35,10 +38,14 @@ __all__ = [
     "NormBasedDiversePrioritizedReplayBuffer",
     "ItemTooLargeError",
     "PrioritizedSampler",
+    "MinSize",
     "ProtocolError",
+    "RateLimitTimeoutError",
+    "RateLimiter",
     "RedisBufError",
     "ReplayBuffer",
     "SampleInfo",
+    "SampleToInsertRatio",
     "SamplingError",
     "SchemaError",
     "ServerUnavailableError",
@@ -47,5 +54,6 @@ __all__ = [
     "Trajectories",
     "Transitions",
     "UniformSampler",
+    "WaitTimeoutError",
     "connect",
 ]

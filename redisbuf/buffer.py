@@ -16,7 +16,7 @@ import msgpack
 import numpy as np
 import redis
 
-from . import codec, lifetime, scripts
+from . import codec, lifetime, limiters, scripts
 from .connection import as_client
 from .containers import KINDS, ContainerKind, describe_schema_difference, kind_of, schema_to_json
 from .errors import (
@@ -25,6 +25,7 @@ from .errors import (
     EmptyBufferError,
     InvalidBatchError,
     ItemTooLargeError,
+    RateLimitTimeoutError,
     SchemaError,
     WaitTimeoutError,
 )
@@ -96,6 +97,9 @@ class ReplayBuffer:
             :mod:`redisbuf.lifetime`); fixed at creation, ``None`` adopts the stored one.
         max_staleness: refuse and remove items whose model version is more than this
             behind the current one (see :meth:`update_model_version`); fixed at creation.
+        rate_limiter: a :mod:`redisbuf.limiters` limiter (``SampleToInsertRatio``,
+            ``MinSize``) enforced for every process; fixed at creation, ``None`` adopts
+            the stored one.
         remote_manager_rank: rank of a :class:`~redisbuf.manager.ReplayBufferManager`
             that scores what this worker adds; the other remote arguments
             (``remote_buffer_freq``, ``async_score``, ``baseline_filtering``,
@@ -127,6 +131,7 @@ class ReplayBuffer:
         timing: bool = False,
         max_use: int | None = None,
         max_staleness: int | None = None,
+        rate_limiter: limiters.RateLimiter | None = None,
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
@@ -157,6 +162,7 @@ class ReplayBuffer:
         # an item's last use removes it inside the drawing script: fetch blobs there too
         self.fetch_inline = self.max_use is not None
         self._rates = lifetime.RateMeter()
+        self.rate_limiter = limiters.configure(self, rate_limiter)
         if sampler is None:
             sampler = PrioritizedSampler() if prioritized_sampling else UniformSampler()
         self.sampler = sampler
@@ -302,7 +308,17 @@ class ReplayBuffer:
         """
         options = lifetime.add_options(model_version, session_id)
         blobs, log_rewards, schema = self.encode(batch)
-        result = self._insert(blobs, log_rewards, schema, options)
+        limiter = self.rate_limiter
+        if limiter is not None:
+            limiters.acquire(self, limiter, "insert", len(blobs))
+        try:
+            result = self._insert(blobs, log_rewards, schema, options)
+        except BaseException:
+            if limiter is not None:
+                limiters.release(self, "insert", len(blobs))
+            raise
+        if limiter is not None and result.rejected is not None:
+            limiters.release(self, "insert", len(blobs))
         if self.remote is not None:
             result.score = self.remote.after_add(batch, result.ids, log_rewards, schema)
         return result
@@ -428,27 +444,52 @@ class ReplayBuffer:
             or min_size < 1
         ):
             raise ValueError(f"min_size must be a positive integer or None, got {min_size!r}")
+        n = int(n)
+        limiter = self.rate_limiter
         if not block:
-            return self._draw_now(int(n), replacement)
-        need = int(n) if min_size is None else int(min_size)
+            if limiter is not None:
+                limiters.acquire(self, limiter, "sample", n)
+            return self._draw_admitted(n, replacement)
+        need = n if min_size is None else int(min_size)
+        held_by_limiter = []
 
         def attempt() -> Draw | None:
+            held_by_limiter.clear()
             if len(self) < need:
                 return None
+            if limiter is not None and not limiters.try_acquire(self, "sample", n):
+                held_by_limiter.append(True)
+                return None
             try:
-                return self._draw_now(int(n), replacement)
+                return self._draw_admitted(n, replacement)
             except EmptyBufferError:
                 return None  # e.g. every item has log-reward -inf: wait for a drawable one
 
-        return wait_for(
-            self.client,
-            self.keys.meta,
-            attempt,
-            timeout,
-            lambda: f"buffer {self.name!r}: sample({n}) waited {timeout} s for {need} "
-            f"drawable items; it holds {len(self)}",
-            error=WaitTimeoutError,
-        )
+        try:
+            return wait_for(
+                self.client,
+                self.keys.meta,
+                attempt,
+                timeout,
+                lambda: f"buffer {self.name!r}: sample({n}) waited {timeout} s for {need} "
+                f"drawable items; it holds {len(self)}",
+                error=WaitTimeoutError,
+            )
+        except WaitTimeoutError as exc:
+            if held_by_limiter:
+                raise RateLimitTimeoutError(
+                    f"{exc}; the rate limiter held the sample back (waiting for inserts)"
+                ) from None
+            raise
+
+    def _draw_admitted(self, n: int, replacement: bool | None) -> Draw:
+        """Draw, taking back the rate limiter's count when nothing is drawn."""
+        try:
+            return self._draw_now(n, replacement)
+        except BaseException:
+            if self.rate_limiter is not None:
+                limiters.release(self, "sample", n)
+            raise
 
     def _draw_now(self, n: int, replacement: bool | None) -> Draw:
         sampler = self.sampler
