@@ -1,5 +1,5 @@
 -- Inserting a batch with eviction, pasted in place of "-- @include insert" (needs common,
--- tree and items): the body of add.lua, shared by every script that adds items (add,
+-- tree, items and history): the body of add.lua, shared by every script that adds items (add,
 -- add_diverse), so they store, evict and keep the tree alike.
 
 -- Nil, or an error reply naming the first priority (text) that is NaN or not a number.
@@ -64,5 +64,6 @@ local function insert_batch(K, conf, schema_json, options, blobs, priorities, ve
   if conf[4] == '1' then
     tree_update(K, capacity, victims, new_ids, priorities)
   end
+  record_history(meta)
   return {first, n, #victims}
 end

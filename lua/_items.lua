@@ -34,10 +34,84 @@ local function admit_batch(K, n, options)
   return nil
 end
 
--- Store new items: ids (strings), blobs and priorities (text) in batch order, and when
--- vecs is not nil each item's state vector (text, see lua/add_diverse.lua). options is
--- the add's options table (or nil): model_version is recorded per item.
+-- Prioritized experience replay (PER) keeps, besides the per zset, meta per_sum (with
+-- per_comp, its Neumaier compensation, so long update sequences do not drift) and
+-- per_nonzero, the number of non-zero priorities: the mean non-zero priority in O(1).
+local function per_enabled(K)
+  return redis.call('HGET', K.meta, 'tree_mass') == 'per'
+end
+
+local function per_account(K, removed, added)
+  if #removed == 0 and #added == 0 then return end
+  local conf = redis.call('HMGET', K.meta, 'per_sum', 'per_comp', 'per_nonzero')
+  local sum, comp, nonzero = tonumber(conf[1]) or 0, tonumber(conf[2]) or 0, tonumber(conf[3]) or 0
+  local function push(x)
+    local t = sum + x
+    if math.abs(sum) >= math.abs(x) then comp = comp + ((sum - t) + x)
+    else comp = comp + ((x - t) + sum) end
+    sum = t
+  end
+  for _, p in ipairs(removed) do
+    if p ~= 0 then nonzero = nonzero - 1 push(-p) end
+  end
+  for _, p in ipairs(added) do
+    if p ~= 0 then nonzero = nonzero + 1 push(p) end
+  end
+  if nonzero <= 0 then sum, comp, nonzero = 0, 0, 0 end
+  redis.call('HSET', K.meta, 'per_sum', fmt(sum), 'per_comp', fmt(comp), 'per_nonzero', nonzero)
+end
+
+-- The PER priorities (numbers) of ids; false for ids without one.
+local function per_scores(K, ids)
+  local out = {}
+  for i = 1, #ids do
+    local score = redis.call('ZSCORE', K.per, ids[i])
+    out[i] = score and tonumber(score)
+  end
+  return out
+end
+
+-- A PER priority given as text: a finite number >= 0, or nil.
+local function per_parse(text)
+  local value = tonumber(text)
+  if value == nil or value ~= value or value < 0 or value == math.huge then return nil end
+  return value
+end
+
+-- The PER priorities of n new items: options.per_priorities (text) when given, else
+-- max(per_initial, highest priority present). Raises RB_INVALID before anything is written.
+local function per_new_priorities(K, n, options)
+  local given = options and options.per_priorities
+  local out = {}
+  if given then
+    if #given ~= n then error('RB_INVALID ' .. #given .. ' priorities for ' .. n .. ' items') end
+    for i = 1, n do
+      out[i] = per_parse(given[i])
+      if out[i] == nil then
+        error('RB_INVALID item ' .. (i - 1) .. ' has PER priority ' .. tostring(given[i])
+          .. '; priorities must be finite and >= 0')
+      end
+    end
+    return out
+  end
+  local value = tonumber(redis.call('HGET', K.meta, 'per_initial')) or 1
+  local top = redis.call('ZREVRANGE', K.per, 0, 0, 'WITHSCORES')
+  if #top > 0 and tonumber(top[2]) > value then value = tonumber(top[2]) end
+  for i = 1, n do out[i] = value end
+  return out
+end
+
+-- Store new items: ids (strings), blobs and priorities (text) in batch order, when vecs
+-- is not nil each item's state vector (text, see lua/add_diverse.lua), and when PER is on
+-- their PER priorities (options.per_priorities, else per_new_priorities).
 local function store_items(K, ids, blobs, priorities, first, vecs, options)
+  local per = per_enabled(K)
+  local per_values
+  if per then
+    per_values = per_new_priorities(K, #ids, options)
+  elseif options and options.per_priorities then
+    error('RB_CONFIG priorities= needs prioritized experience replay (PERSampler) on ' .. K.meta)
+  end
   local item_pairs, prio_pairs, order_pairs = {}, {}, {}
   for i = 1, #ids do
     item_pairs[2 * i - 1] = ids[i]
@@ -66,6 +140,15 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
     end
     call_chunked('ZADD', K.versions, version_pairs)
   end
+  if per then
+    local per_pairs = {}
+    for i = 1, #ids do
+      per_pairs[2 * i - 1] = fmt(per_values[i])
+      per_pairs[2 * i] = ids[i]
+    end
+    call_chunked('ZADD', K.per, per_pairs)
+    per_account(K, {}, per_values)
+  end
   if vecs then
     local vec_pairs = {}
     for i = 1, #ids do
@@ -92,6 +175,14 @@ local function delete_items(K, ids)
   call_chunked('HDEL', K.uses, ids)
   call_chunked('HDEL', K.times, ids)
   call_chunked('ZREM', K.versions, ids)
+  if per_enabled(K) then
+    local old, present = per_scores(K, ids), {}
+    for i = 1, #ids do
+      if old[i] then present[#present + 1] = old[i] end
+    end
+    per_account(K, present, {})
+    call_chunked('ZREM', K.per, ids)
+  end
   call_chunked('HDEL', K.items, ids)
   call_chunked('ZREM', K.prio, ids)
   call_chunked('ZREM', K.order, ids)
@@ -105,6 +196,34 @@ local function remove_items(K, ids)
   if redis.call('HGET', K.meta, 'tree') == '1' then
     tree_update(K, tonumber(redis.call('HGET', K.meta, 'capacity')), ids, {}, {})
   end
+end
+
+-- Set the PER priorities of ids present (priorities as numbers; a later duplicate wins),
+-- skipping ids no longer stored. Returns how many distinct ids were updated.
+local function set_priorities(K, ids, priorities)
+  local latest, order = {}, {}
+  for i = 1, #ids do
+    if latest[ids[i]] == nil then order[#order + 1] = ids[i] end
+    latest[ids[i]] = priorities[i]
+  end
+  local old = per_scores(K, order)
+  local kept, values, removed, pairs_ = {}, {}, {}, {}
+  for i = 1, #order do
+    if old[i] then
+      kept[#kept + 1] = order[i]
+      values[#values + 1] = latest[order[i]]
+      removed[#removed + 1] = old[i]
+      pairs_[#pairs_ + 1] = fmt(latest[order[i]])
+      pairs_[#pairs_ + 1] = order[i]
+    end
+  end
+  if #kept == 0 then return 0 end
+  call_chunked('ZADD', K.per, pairs_)
+  per_account(K, removed, values)
+  if redis.call('HGET', K.meta, 'tree') == '1' then
+    tree_reweight(K, tonumber(redis.call('HGET', K.meta, 'capacity')), kept, values)
+  end
+  return #kept
 end
 
 -- Bookkeeping for items a sampling script has chosen (ids may repeat): every sampling

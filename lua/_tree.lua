@@ -20,6 +20,24 @@ local function leaf_weight(log_reward, ref)
   return math.exp(log_reward - ref)
 end
 
+local function identity(x) return x end
+
+-- Leaf masses follow one rule per buffer, chosen by the meta field tree_mass: absent means
+-- exp(log_reward) from the prio zset (softmax); "per" means (priority + eps)^alpha from the
+-- per zset (prioritized experience replay, meta per_alpha / per_eps). Both are kept as
+-- exp(log_mass - ref), so they share ref and rebasing. Returns the log-mass function of a
+-- source score and whether the rule is "per".
+local function tree_mass_rule(meta_key)
+  local conf = redis.call('HMGET', meta_key, 'tree_mass', 'per_alpha', 'per_eps')
+  if conf[1] ~= 'per' then return identity, false end
+  local alpha, eps = tonumber(conf[2]), tonumber(conf[3])
+  return function(p)
+    local base = p + eps
+    if base <= 0 then return -math.huge end
+    return alpha * math.log(base)
+  end, true
+end
+
 local function tree_depth(capacity)
   local depth, leaves = 1, FANOUT
   while leaves < capacity do
@@ -106,10 +124,15 @@ local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, fr
   redis.call('DEL', tree_key, ids_key, slots_key, free_key)
   local depth = tree_depth(capacity)
   local entries = redis.call('ZRANGE', prio_key, 0, -1, 'WITHSCORES')
+  local log_mass = tree_mass_rule(meta_key)
   local ref = 0
   for i = #entries, 2, -2 do
-    local score = to_number(entries[i])
-    if score > -math.huge and score < math.huge then ref = score break end
+    local raw = to_number(entries[i])
+    if raw > -math.huge and raw < math.huge then
+      local score = log_mass(raw)
+      if score > -math.huge then ref = score end
+      break
+    end
   end
   local count = #entries / 2
   local id_pairs, slot_pairs = {}, {}
@@ -117,7 +140,7 @@ local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, fr
   local masses = {}
   for i = 1, count do
     local slot = i - 1
-    masses[slot] = leaf_weight(to_number(entries[2 * i]), ref)
+    masses[slot] = leaf_weight(log_mass(to_number(entries[2 * i])), ref)
     id_pairs[#id_pairs + 1] = slot
     id_pairs[#id_pairs + 1] = entries[2 * i - 1]
     slot_pairs[#slot_pairs + 1] = entries[2 * i - 1]
@@ -169,6 +192,8 @@ end
 local function tree_needs_rebase(meta_key, prio_key)
   local top = max_finite_priority(prio_key)
   if top == nil then return false end
+  top = tree_mass_rule(meta_key)(top)
+  if top == -math.huge then return false end
   local ref = tonumber(redis.call('HGET', meta_key, 'tree_ref'))
   return ref == nil or math.abs(top - ref) > REBASE
 end
@@ -177,9 +202,16 @@ end
 -- as text), after the other per-item structures were changed: free the removed items'
 -- slots, give added ones a slot (freed slots first) and their mass, all in one pass up the
 -- tree. Rebuilds instead when the largest priority drifted past REBASE from tree_ref.
+-- Under the PER rule the masses come from the per zset, whatever added_priorities says.
 local function tree_update(K, capacity, removed, added, added_priorities)
-  if tree_needs_rebase(K.meta, K.prio) then
-    tree_rebuild(K.meta, K.prio, K.tree, K.tree_ids, K.tree_slots, K.tree_free, capacity)
+  local log_mass, per = tree_mass_rule(K.meta)
+  local source = per and K.per or K.prio
+  if per then
+    added_priorities = {}
+    for i = 1, #added do added_priorities[i] = redis.call('ZSCORE', K.per, added[i]) or '-inf' end
+  end
+  if tree_needs_rebase(K.meta, source) then
+    tree_rebuild(K.meta, source, K.tree, K.tree_ids, K.tree_slots, K.tree_free, capacity)
     return
   end
   local leaf0 = first_leaf(tonumber(redis.call('HGET', K.meta, 'tree_depth')))
@@ -211,10 +243,85 @@ local function tree_update(K, capacity, removed, added, added_priorities)
       id_pairs[#id_pairs + 1] = id
       slot_pairs[#slot_pairs + 1] = id
       slot_pairs[#slot_pairs + 1] = slot
-      leaves[#leaves + 1] = {leaf0 + tonumber(slot), leaf_weight(to_number(added_priorities[i]), ref)}
+      leaves[#leaves + 1] = {leaf0 + tonumber(slot),
+        leaf_weight(log_mass(to_number(added_priorities[i])), ref)}
     end
   end
   call_chunked('HSET', K.tree_ids, id_pairs)
   call_chunked('HSET', K.tree_slots, slot_pairs)
   tree_set_nodes(K.tree, leaves)
+end
+
+-- Set new masses of items already in the tree (their source zset was just written): ids
+-- and their new scores (numbers). Rebuilds instead when the maximum drifted past REBASE.
+local function tree_reweight(K, capacity, ids, scores)
+  local log_mass, per = tree_mass_rule(K.meta)
+  local source = per and K.per or K.prio
+  if tree_needs_rebase(K.meta, source) then
+    tree_rebuild(K.meta, source, K.tree, K.tree_ids, K.tree_slots, K.tree_free, capacity)
+    return
+  end
+  local leaf0 = first_leaf(tonumber(redis.call('HGET', K.meta, 'tree_depth')))
+  local ref = tonumber(redis.call('HGET', K.meta, 'tree_ref'))
+  local slots = hmget_chunked(K.tree_slots, ids)
+  local leaves = {}
+  for i = 1, #ids do
+    if slots[i] then
+      leaves[#leaves + 1] = {leaf0 + tonumber(slots[i]), leaf_weight(log_mass(scores[i]), ref)}
+    end
+  end
+  tree_set_nodes(K.tree, leaves)
+end
+
+-- The mass of one leaf under the buffer's rule, for a score of its source zset.
+local function tree_leaf_mass(meta_key, score)
+  local ref = tonumber(redis.call('HGET', meta_key, 'tree_ref')) or 0
+  return leaf_weight(tree_mass_rule(meta_key)(score), ref)
+end
+
+-- Walk n draws down the tree together (uniforms packed as for uniform_at, total = the root's
+-- mass): each level costs one HMGET of the distinct chunks. Returns the leaf slots drawn and
+-- each leaf's mass (a draw's probability is its mass / total).
+local function tree_walk(tree_key, depth, packed, n, total)
+  local nodes, targets, masses = {}, {}, {}
+  for i = 1, n do
+    nodes[i] = 0
+    targets[i] = uniform_at(packed, i) * total
+  end
+  for _ = 1, depth do
+    local chunk_of, distinct = {}, {}
+    for i = 1, n do
+      if chunk_of[nodes[i]] == nil then
+        chunk_of[nodes[i]] = #distinct + 1
+        distinct[#distinct + 1] = nodes[i]
+      end
+    end
+    local chunks = hmget_chunked(tree_key, distinct)
+    for i = 1, n do
+      local chunk = chunks[chunk_of[nodes[i]]] or EMPTY_CHUNK
+      local target, chosen, mass = targets[i], nil, 0
+      local last_k, last_mass = nil, 0
+      for k = 0, FANOUT - 1 do
+        mass = chunk_entry(chunk, k)
+        if mass > 0 then
+          if target < mass then
+            chosen = k
+            break
+          end
+          target = target - mass
+          last_k, last_mass = k, mass
+        end
+      end
+      if chosen == nil then  -- rounding pushed the target past the last child with mass
+        chosen, mass, target = last_k, last_mass, last_mass * 0.5
+      end
+      nodes[i] = FANOUT * nodes[i] + 1 + chosen
+      targets[i] = target
+      masses[i] = mass
+    end
+  end
+  local leaf0 = first_leaf(depth)
+  local slots = {}
+  for i = 1, n do slots[i] = nodes[i] - leaf0 end
+  return slots, masses
 end

@@ -3,6 +3,7 @@
 -- @include common
 -- @include tree
 -- @include items
+-- @include history
 -- @include insert
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order (see
 -- buffer_keys in _common.lua)

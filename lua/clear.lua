@@ -13,5 +13,5 @@ redis.call('HSET', KEYS[1], 'inserted', 0, 'evicted', 0, 'sampled', 0, 'tree_nex
 redis.call('HDEL', KEYS[1], 'present_uses', 'removed_uses', 'removed_items', 'retired',
   'stale_removed', 'rejected_stale', 'rejected_session', 'staleness_sum', 'staleness_count',
   'rl_inserts', 'rl_samples')  -- and the rate limiter's (lua/rate_limit.lua)
-redis.call('HDEL', KEYS[1], 'tree_ref')
+redis.call('HDEL', KEYS[1], 'tree_ref', 'per_sum', 'per_comp', 'per_nonzero')
 return removed

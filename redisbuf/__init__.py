@@ -21,22 +21,30 @@ from .errors import (
 )
 from .keys import BufferKeys
 from .limiters import MinSize, RateLimiter, SampleToInsertRatio
-from .samplers import PrioritizedSampler, UniformSampler
+from .samplers import PERSampler, PrioritizedSampler, UniformSampler
+from .selectors import FifoSampler, LifoSampler, MaxHeapSampler, MinHeapSampler
+from .sequence import BatchInfo, SequenceBuffer
 from .terminating import TerminatingStateBuffer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AddResult",
+    "BatchInfo",
     "BufferKeys",
     "ConfigMismatchError",
     "ControlTimeoutError",
     "DecodeError",
     "DiverseAddResult",
     "EmptyBufferError",
+    "FifoSampler",
     "InvalidBatchError",
     "NormBasedDiversePrioritizedReplayBuffer",
     "ItemTooLargeError",
+    "LifoSampler",
+    "MaxHeapSampler",
+    "MinHeapSampler",
+    "PERSampler",
     "PrioritizedSampler",
     "MinSize",
     "ProtocolError",
@@ -48,6 +56,7 @@ __all__ = [
     "SampleToInsertRatio",
     "SamplingError",
     "SchemaError",
+    "SequenceBuffer",
     "ServerUnavailableError",
     "States",
     "TerminatingStateBuffer",

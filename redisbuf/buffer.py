@@ -33,6 +33,7 @@ from .keys import BufferKeys, format_id
 from .remote import RemoteScorer
 from .samplers import Draw, PrioritizedSampler, Sampler, UniformSampler
 from .waiting import wait_for
+from .windows import WindowSampler, joined, recent_batch_size
 
 FORMAT_VERSION = 1
 FILE_MAGIC = "redisbuf"
@@ -55,11 +56,17 @@ class AddResult:
 @dataclass
 class SampleInfo:
     """A sampled batch with the ids of its items and, for prioritized sampling, the
-    probability with which each draw picked its item."""
+    probability with which each draw picked its item. With :class:`PERSampler`,
+    ``weights`` are the importance-sampling weights ``(N * P(i))^-beta / max_j
+    (N * P(j))^-beta`` (N the length, the max over the whole buffer, as DI-engine) and
+    ``importance_weights`` are ALF's ``priority_i / mean non-zero priority`` (1 when every
+    priority is zero)."""
 
     batch: Any
     ids: np.ndarray
     probabilities: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    importance_weights: np.ndarray | None = None
 
 
 @dataclass
@@ -100,6 +107,10 @@ class ReplayBuffer:
         rate_limiter: a :mod:`redisbuf.limiters` limiter (``SampleToInsertRatio``,
             ``MinSize``) enforced for every process; fixed at creation, ``None`` adopts
             the stored one.
+        recent_data_ratio, recent_data_steps: ALF's recent data: ``ceil(n *
+            recent_data_ratio)`` draws of every ``sample(n)`` come uniformly from the
+            newest ``recent_data_steps`` items, the rest from the sampler. This
+            process's setting, not the buffer's.
         remote_manager_rank: rank of a :class:`~redisbuf.manager.ReplayBufferManager`
             that scores what this worker adds; the other remote arguments
             (``remote_buffer_freq``, ``async_score``, ``baseline_filtering``,
@@ -121,6 +132,8 @@ class ReplayBuffer:
         max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
         seed: int | None = None,
         sampler: Sampler | None = None,
+        recent_data_ratio: float = 0.0,
+        recent_data_steps: int = 1,
         remote_manager_rank: int | None = None,
         remote_buffer_freq: int = 1,
         async_score: bool = False,
@@ -141,6 +154,16 @@ class ReplayBuffer:
             raise ValueError(f"unknown container kind {kind!r}; choose from {sorted(KINDS)}")
         if max_item_bytes <= 0:
             raise ValueError(f"max_item_bytes must be positive, got {max_item_bytes}")
+        if not 0.0 <= recent_data_ratio <= 1.0:
+            raise ValueError(f"recent_data_ratio must be in [0, 1], got {recent_data_ratio!r}")
+        if isinstance(recent_data_steps, bool) or not isinstance(recent_data_steps, int) or (
+            recent_data_steps < 1
+        ):
+            raise ValueError(
+                f"recent_data_steps must be a positive integer, got {recent_data_steps!r}"
+            )
+        self.recent_data_ratio = float(recent_data_ratio)
+        self.recent_data_steps = recent_data_steps
         self.client = as_client(redis_or_url)
         self.keys = BufferKeys(name)
         self.name = name
@@ -287,7 +310,12 @@ class ReplayBuffer:
         return blobs, log_rewards, schema
 
     def add(
-        self, batch: Any, *, model_version: int | None = None, session_id: str | None = None
+        self,
+        batch: Any,
+        priorities: Any = None,
+        *,
+        model_version: int | None = None,
+        session_id: str | None = None,
     ) -> AddResult:
         """Insert every item of ``batch`` in one atomic step, then evict beyond capacity.
 
@@ -302,12 +330,22 @@ class ReplayBuffer:
         A batch that is rejected (wrong kind or schema, NaN log-rewards, an item
         over ``max_item_bytes``) raises and leaves the buffer unchanged.
 
+        ``priorities`` (one finite number >= 0 per item) sets the items' PER priorities
+        on a buffer using :class:`PERSampler`; without it they get
+        ``max(initial_priority, highest priority present)``.
+
         With a remote manager, ``.score`` of the result is the manager's score dict for
         this batch (None when nothing was sent), or with ``async_score`` the previous
         send's (None on the first); see :mod:`redisbuf.remote`.
         """
         options = lifetime.add_options(model_version, session_id)
         blobs, log_rewards, schema = self.encode(batch)
+        if priorities is not None:
+            options["per_priorities"] = _per_priority_texts(priorities, len(blobs))
+            if self.client.hget(self.keys.meta, "tree_mass") != b"per":
+                raise ConfigMismatchError(
+                    f"buffer {self.name!r} has no PER priorities: priorities= needs PERSampler"
+                )
         limiter = self.rate_limiter
         if limiter is not None:
             limiters.acquire(self, limiter, "insert", len(blobs))
@@ -433,6 +471,7 @@ class ReplayBuffer:
         self,
         n: int,
         replacement: bool | None,
+        sample_range: slice | None = None,
         block: bool = False,
         timeout: float | None = 30.0,
         min_size: int | None = None,
@@ -449,7 +488,7 @@ class ReplayBuffer:
         if not block:
             if limiter is not None:
                 limiters.acquire(self, limiter, "sample", n)
-            return self._draw_admitted(n, replacement)
+            return self._draw_admitted(n, replacement, sample_range)
         need = n if min_size is None else int(min_size)
         held_by_limiter = []
 
@@ -461,7 +500,7 @@ class ReplayBuffer:
                 held_by_limiter.append(True)
                 return None
             try:
-                return self._draw_admitted(n, replacement)
+                return self._draw_admitted(n, replacement, sample_range)
             except EmptyBufferError:
                 return None  # e.g. every item has log-reward -inf: wait for a drawable one
 
@@ -482,23 +521,31 @@ class ReplayBuffer:
                 ) from None
             raise
 
-    def _draw_admitted(self, n: int, replacement: bool | None) -> Draw:
+    def _draw_admitted(self, n: int, replacement: bool | None, sample_range: slice | None) -> Draw:
         """Draw, taking back the rate limiter's count when nothing is drawn."""
         try:
-            return self._draw_now(n, replacement)
+            return self._draw_now(n, replacement, sample_range)
         except BaseException:
             if self.rate_limiter is not None:
                 limiters.release(self, "sample", n)
             raise
 
-    def _draw_now(self, n: int, replacement: bool | None) -> Draw:
-        sampler = self.sampler
+    def _draw_now(self, n: int, replacement: bool | None, sample_range: slice | None) -> Draw:
+        sampler: Sampler = self.sampler
         if replacement is not None and isinstance(sampler, UniformSampler):
             sampler = UniformSampler(replacement)
         elif replacement is not None and isinstance(sampler, PrioritizedSampler):
             sampler = PrioritizedSampler(replacement)
         try:
-            return sampler.draw(self, int(n), self.rng)
+            if sample_range is not None:
+                return WindowSampler(sample_range, bool(replacement)).draw(self, n, self.rng)
+            recent = recent_batch_size(n, self.recent_data_ratio)
+            if recent == 0:
+                return sampler.draw(self, n, self.rng)
+            window = WindowSampler(slice(-self.recent_data_steps, None), bool(replacement))
+            recent_draw = window.draw(self, recent, self.rng)
+            rest = sampler.draw(self, n - recent, self.rng) if n > recent else None
+            return joined(recent_draw, rest)
         except EmptyBufferError as exc:
             raise EmptyBufferError(f"buffer {self.name!r}: {exc}") from None
 
@@ -506,6 +553,7 @@ class ReplayBuffer:
         self,
         n: int,
         replacement: bool | None = None,
+        sample_range: slice | None = None,
         *,
         block: bool = False,
         timeout: float | None = 30.0,
@@ -525,27 +573,49 @@ class ReplayBuffer:
         distribution). Raises :class:`EmptyBufferError` ("buffer is empty") when there is
         nothing to draw, :class:`SamplingError` when prioritized sampling is undefined
         (a +inf log-reward; more draws without replacement than items of nonzero
-        probability).
+        probability). ``sample_range`` (a slice over insertion order, e.g.
+        ``slice(-10_000, None)`` for the newest 10 000; DI-engine's ``sample_range``) draws
+        uniformly among those items instead, whatever the sampler.
         """
-        draw = self._draw(n, replacement, block, timeout, min_size)
+        draw = self._draw(n, replacement, sample_range, block, timeout, min_size)
         return self.decode(draw.blobs, draw.ids, draw.schema_json)
 
     def sample_with_info(
         self,
         n: int,
         replacement: bool | None = None,
+        sample_range: slice | None = None,
         *,
         block: bool = False,
         timeout: float | None = 30.0,
         min_size: int | None = None,
     ) -> SampleInfo:
-        """Like :meth:`sample`, also returning item ids and draw probabilities."""
-        draw = self._draw(n, replacement, block, timeout, min_size)
+        """Like :meth:`sample`, also returning item ids and draw probabilities (None for
+        ``sample_range`` and for batches with recent data)."""
+        draw = self._draw(n, replacement, sample_range, block, timeout, min_size)
         return SampleInfo(
             self.decode(draw.blobs, draw.ids, draw.schema_json),
             np.array(draw.ids, dtype=np.int64),
             draw.probabilities,
+            draw.weights,
+            draw.importance_weights,
         )
+
+    def update_priority(self, ids: Any, priorities: Any) -> int:
+        """Set the PER priorities of items ``ids`` (:class:`PERSampler`), atomically for
+        the whole call and O(log capacity) per id. Ids no longer stored (evicted) are
+        skipped; for a repeated id the last priority wins. Returns how many distinct ids
+        were updated. A priority that is NaN, negative or not finite raises
+        :class:`InvalidBatchError` and changes nothing."""
+        id_list = [int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1)]
+        texts = _per_priority_texts(priorities, len(id_list))
+        args: list[Any] = []
+        for item_id, text in zip(id_list, texts, strict=True):
+            args.append(format_id(item_id))
+            args.append(text)
+        if not args:
+            return 0
+        return int(self._run("update_priority", self.keys.all_keys(), args))
 
     def get(self, ids: list[int] | np.ndarray) -> Any:
         """The items with these ids, as one batch (KeyError names any id not present)."""
@@ -811,6 +881,22 @@ def _refusal(reply: Any) -> str | None:
     if isinstance(reply, list) and len(reply) == 4 and reply[0] == 0:
         return reply[3].decode() if isinstance(reply[3], bytes) else str(reply[3])
     return None
+
+
+def _per_priority_texts(priorities: Any, n: int) -> list[str]:
+    """PER priorities as exact text, after checking there are ``n`` finite numbers >= 0."""
+    try:
+        values = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise InvalidBatchError(f"priorities must be numbers: {exc}") from None
+    if len(values) != n:
+        raise InvalidBatchError(f"{len(values)} priorities for {n} items")
+    bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
+    if len(bad):
+        raise InvalidBatchError(
+            f"priority {bad[0]} is {values[bad[0]]!r}; priorities must be finite and >= 0"
+        )
+    return [repr(float(v)) for v in values]
 
 
 def _decode_meta(raw: dict[Any, Any]) -> dict[str, str]:

@@ -52,8 +52,23 @@ _TORCH_CODE = {t: code for code, (_, t) in _DTYPES.items() if t is not None}
 _TORCH_RAW = {torch.bfloat16: np.dtype("<u2")}
 _HEADER = struct.Struct("<BB")
 
-# torch.frombuffer warns on read-only buffers; our decoded tensors are read-only views by design.
-warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+_frombuffer_warned = False
+
+
+def _torch_frombuffer(data: bytes, dtype: torch.dtype, count: int, offset: int) -> torch.Tensor:
+    """``torch.frombuffer`` without its warning about read-only buffers: our decoded
+    tensors are read-only views by design. torch warns once per process, so only the
+    first call needs the (scoped: no process-wide filter) suppression."""
+    global _frombuffer_warned
+    if _frombuffer_warned:
+        return torch.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="The given buffer is not writable", category=UserWarning
+        )
+        tensor = torch.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    _frombuffer_warned = True
+    return tensor
 
 
 def dtype_name(array: np.ndarray | torch.Tensor) -> str:
@@ -143,7 +158,7 @@ def _decode_torch(data: bytes) -> torch.Tensor:
     count = _checked_count(code, shape, data, offset)
     if count == 0:
         return torch.empty(shape, dtype=torch_dtype)
-    return torch.frombuffer(data, dtype=torch_dtype, count=count, offset=offset).reshape(shape)
+    return _torch_frombuffer(data, torch_dtype, count, offset).reshape(shape)
 
 
 def _ext_hook(code: int, data: bytes) -> Any:

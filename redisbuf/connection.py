@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -15,8 +14,9 @@ from redis.connection import (
 )
 
 from .errors import ServerUnavailableError
+from .server import URL_ENV, default_url
 
-URL_ENV = "REDISBUF_URL"
+__all__ = ["URL_ENV", "RespPacker", "as_client", "connect", "default_url", "redacted"]
 
 
 class RespPacker:
@@ -81,14 +81,13 @@ def redacted(url: str) -> str:
 def connect(
     url: str | None = None, *, connect_timeout: float = 5.0, socket_timeout: float | None = 60.0
 ) -> redis.Redis:
-    """A Redis client for ``url`` (or ``$REDISBUF_URL``), checked with PING.
+    """A Redis client for ``url`` (or ``$REDISBUF_URL``, else the private server of
+    :func:`redisbuf.server.default_url`), checked with PING.
 
     Raises :class:`ServerUnavailableError` naming the URL when the server cannot be
     reached within ``connect_timeout`` seconds.
     """
-    url = url or os.environ.get(URL_ENV)
-    if not url:
-        raise ServerUnavailableError(f"no Redis URL given and ${URL_ENV} is not set")
+    url = url or default_url()
     try:
         # probe with the short timeout: a port that accepts and never answers must not
         # hold us for the long socket timeout

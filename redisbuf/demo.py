@@ -14,11 +14,14 @@ foreground, e.g. one container of ``docker-compose.yml``).
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue as queue_module
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from multiprocessing.connection import wait
 from typing import Any
 
 import numpy as np
@@ -189,6 +192,7 @@ def worker_main(
     """
     # Ctrl-C in a terminal reaches the whole process group: let the parent stop us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent()
     try:
         cfg = DemoConfig(**config)
         messages.put(("start", index, time.time()))
@@ -197,6 +201,23 @@ def worker_main(
     except BaseException as exc:  # report everything, then exit non-zero
         messages.put(("error", index, f"{type(exc).__name__}: {exc}"))
         raise SystemExit(1) from None
+
+
+def exit_with_parent() -> None:
+    """Exit this (multiprocessing) child at once when its parent dies, even by SIGKILL.
+
+    A daemon thread waits on the parent's sentinel (a pipe that reaches EOF when the
+    parent is gone); nothing else would stop a worker blocked on Redis or looping forever.
+    """
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="redisbuf-parent-watch", daemon=True).start()
 
 
 def reset_buffer(client: Any, name: str) -> bool:
@@ -333,6 +354,7 @@ __all__ = [
     "DemoResult",
     "ProgressCallback",
     "WorkFunction",
+    "exit_with_parent",
     "reset_buffer",
     "run_demo",
     "run_worker",

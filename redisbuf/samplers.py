@@ -6,6 +6,7 @@ A sampler is one part with one job; adding a sampling mode means adding one clas
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,6 +27,8 @@ class Draw:
     blobs: list[bytes]
     probabilities: np.ndarray | None = None
     schema_json: bytes | None = None  # the meta's schema, read in the same round trip
+    weights: np.ndarray | None = None  # PER importance-sampling weights (DI-engine's IS)
+    importance_weights: np.ndarray | None = None  # ALF's priority / mean non-zero priority
 
 
 class Sampler(Protocol):
@@ -161,4 +164,81 @@ class PrioritizedSampler:
             return attempt()
 
 
-__all__ = ["Draw", "PrioritizedSampler", "Sampler", "UniformSampler"]
+def _nonnegative(name: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+class PERSampler:
+    """Prioritized experience replay (Schaul et al.; ALF, DI-engine, Reverb): with
+    replacement, item ``i`` is drawn with probability ``(p_i + eps)^alpha / sum_j
+    (p_j + eps)^alpha``, O(log capacity) per draw via the buffer's sum tree.
+
+    ``p_i`` is the item's PER priority (the ``per`` sorted set), set by
+    :meth:`ReplayBuffer.update_priority` or ``add(..., priorities=...)``; a new item
+    otherwise gets ``max(initial_priority, highest priority present)``. ``alpha``,
+    ``eps`` and ``initial_priority`` are stored with the buffer: every process must use
+    the same. ``beta`` (the exponent of the importance weights) is this object's own and
+    may be changed between calls (annealing).
+    """
+
+    name = "per"
+
+    def __init__(
+        self,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        initial_priority: float = 1.0,
+        eps: float = 1e-6,
+    ) -> None:
+        self.alpha = _nonnegative("alpha", alpha)
+        self.beta = _nonnegative("beta", beta)
+        self.initial_priority = _nonnegative("initial_priority", initial_priority)
+        self.eps = _nonnegative("eps", eps)
+
+    def prepare(self, buffer: ReplayBuffer) -> None:
+        buffer._run(
+            "enable_per",
+            buffer.keys.all_keys(),
+            [repr(self.alpha), repr(self.eps), repr(self.initial_priority)],
+        )
+
+    def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
+        uniforms = packed_uniforms(rng, n)
+        info: dict[str, Any] = {}
+
+        def parse(reply: list[Any], n: int) -> tuple[list[bytes], np.ndarray, int]:
+            total, min_mass = float(reply[0]), float(reply[1])
+            info["length"] = int(reply[2])
+            info["mean"] = float(reply[3]) / int(reply[4]) if int(reply[4]) > 0 else 0.0
+            head = 5
+            info["masses"] = np.array([float(m) for m in reply[head + n : head + 2 * n]])
+            info["priorities"] = np.array([float(p) for p in reply[head + 2 * n : head + 3 * n]])
+            info["min_mass"] = min_mass
+            return reply[head : head + n], info["masses"] / total, head + 3 * n
+
+        def attempt() -> Draw:
+            return _draw_then_fetch(
+                buffer, "sample_per", buffer.keys.all_keys(), [n], n, uniforms, parse
+            )
+
+        try:
+            draw = attempt()
+        except ConfigMismatchError as exc:
+            if getattr(exc, "code", None) != "RB_NOTREE":
+                raise
+            self.prepare(buffer)  # the buffer was dropped and made again: turn PER back on
+            draw = attempt()
+        # (N P(i))^-beta / max_j (N P(j))^-beta = (min_mass / mass_i)^beta: N and the total
+        # cancel, and the largest weight belongs to the lowest priority present.
+        draw.weights = (info["min_mass"] / info["masses"]) ** self.beta
+        mean = info["mean"]
+        draw.importance_weights = (
+            info["priorities"] / mean if mean > 0 else np.ones(n, dtype=np.float64)
+        )
+        return draw
+
+
+__all__ = ["Draw", "PERSampler", "PrioritizedSampler", "Sampler", "UniformSampler"]

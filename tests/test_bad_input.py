@@ -367,5 +367,6 @@ def test_non_redis_server_is_reported_as_unavailable():
 
 def test_missing_url_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("REDISBUF_URL", raising=False)
+    monkeypatch.setenv("REDISBUF_EMBEDDED", "0")  # else a private server starts
     with pytest.raises(ServerUnavailableError, match="REDISBUF_URL"):
         redisbuf.connect()

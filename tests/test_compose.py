@@ -147,7 +147,7 @@ def test_services_call_real_subcommands(compose):
     manager = _parse(services["manager"]["command"])
     worker = _parse(services["worker"]["command"])
     assert manager.command == "manager" and callable(manager.func)
-    assert worker.command == "worker" and worker.func is cli._worker
+    assert worker.command == "worker" and worker.func is cli.worker.run
     assert worker.manager and worker.batches > 0  # finite: each worker ends with EXIT
     assert manager.name == worker.name == "demo"
     # the manager stops after one EXIT per worker: --workers must equal the replicas

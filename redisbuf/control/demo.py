@@ -45,8 +45,10 @@ def hypergrid_score(batch: Any, sender_rank: int = -1) -> dict[str, float]:
 
 def _manager_main(url: str, name: str, workers: int, capacity: int, events: Any) -> None:
     from ..connection import connect
+    from ..demo import exit_with_parent
     from ..manager import ReplayBufferManager
 
+    exit_with_parent()
     try:
         manager = ReplayBufferManager(
             connect(url), 0, workers, scoring_function=hypergrid_score, capacity=capacity,
@@ -65,13 +67,17 @@ def _manager_main(url: str, name: str, workers: int, capacity: int, events: Any)
         raise
 
 
-def _worker_main(url: str, name: str, index: int, batches: int, events: Any) -> None:
+def _worker_main(
+    url: str, name: str, index: int, batches: int, events: Any, batch_size: int = _BATCH
+) -> None:
     from ..buffer import ReplayBuffer
     from ..connection import connect
     from ..control.redis import RedisWorkerTransport
+    from ..demo import exit_with_parent
     from ..envs import HyperGrid
     from ..manager import ReplayBufferManager
 
+    exit_with_parent()
     try:
         client = connect(url)
         transport = RedisWorkerTransport(
@@ -86,7 +92,7 @@ def _worker_main(url: str, name: str, index: int, batches: int, events: Any) -> 
         remote = buffer.remote
         assert remote is not None
         for _ in range(batches):
-            score = buffer.add(env.sample_trajectories(_BATCH, rng)).score
+            score = buffer.add(env.sample_trajectories(batch_size, rng)).score
             events.put(("score", (index, transport.rank, score, remote.baseline_kept,
                                   remote.baseline_total)))
         ReplayBufferManager.send_termination_signal(0, buffer)
@@ -120,29 +126,44 @@ def _table(name: str, rows: dict[int, dict[str, Any]], buffer_line: str) -> Tabl
     return table
 
 
-def run(url: str, name: str, workers: int, batches: int, console: Console) -> dict:
+def run(
+    url: str,
+    name: str,
+    workers: int,
+    batches: int,
+    console: Console,
+    *,
+    capacity: int | None = None,
+    batch_size: int = _BATCH,
+) -> dict:
     """Run the demo to the end and return a summary: ``workers``, ``batches``,
     ``round_trips`` (scores received), ``elapsed_s``, ``round_trips_per_s`` and the
     manager's final ``length``, ``capacity``, ``baseline_log_reward``,
-    ``baseline_source``. Raises :class:`ManagerDemoError` if a process fails."""
+    ``baseline_source``. ``capacity`` defaults to a quarter of what the workers add (at
+    least four batches). Raises :class:`ManagerDemoError` if a process fails."""
     from ..connection import connect
     from ..control.redis import ControlKeys
     from ..keys import BufferKeys
 
-    if workers < 1 or batches < 1:
-        raise ValueError("workers and batches must be >= 1")
+    if workers < 1 or batches < 1 or batch_size < 1:
+        raise ValueError("workers, batches and batch_size must be >= 1")
+    if capacity is not None and capacity < 1:
+        raise ValueError("capacity must be >= 1")
     client = connect(url)
     if client.get(ControlKeys(name).manager) is not None:
         raise ManagerDemoError(f"a manager is already running for buffer {name!r}")
     client.delete(*BufferKeys(name).all_keys())  # a fresh buffer for each demo run
-    capacity = max(4 * _BATCH, workers * batches * _BATCH // 4)
+    if capacity is None:
+        capacity = max(4 * batch_size, workers * batches * batch_size // 4)
     context = mp.get_context("spawn")
     events = MessageQueue(context)
     processes = [context.Process(
         target=_manager_main, args=(url, name, workers, capacity, events), daemon=True
     )]
     processes += [
-        context.Process(target=_worker_main, args=(url, name, i, batches, events), daemon=True)
+        context.Process(
+            target=_worker_main, args=(url, name, i, batches, events, batch_size), daemon=True
+        )
         for i in range(workers)
     ]
     rows: dict[int, dict[str, Any]] = {i: {} for i in range(workers)}

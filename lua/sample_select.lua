@@ -1,0 +1,59 @@
+-- Select items in a fixed order instead of at random (Reverb's Fifo, Lifo, MaxHeap and
+-- MinHeap selectors).
+-- @include common
+-- @include tree
+-- @include items
+-- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
+-- ARGV[1] n  ARGV[2] order: "fifo" | "lifo" | "max" | "min"
+-- ARGV[3] heap score: "log_reward" (prio zset) | "priority" (per zset, PER priorities)
+-- ARGV[4] "1" = also return blobs  ARGV[5] unused (the samplers' uniforms slot)
+-- Returns the first n ids of the order, {id_1..id_n}, and, if asked, {blob_1..blob_n}
+-- after them: fifo = oldest first, lifo = newest first, max / min = highest / lowest score
+-- first with the oldest first among equal scores. When n exceeds the length the order
+-- repeats. O(log len + n). Errors: RB_EMPTY, RB_CONFIG (no PER priorities).
+local K = buffer_keys(KEYS)
+local n, mode = tonumber(ARGV[1]), ARGV[2]
+local source = K.order
+if mode == 'max' or mode == 'min' then
+  source = K.prio
+  if ARGV[3] == 'priority' then
+    if redis.call('HGET', K.meta, 'tree_mass') ~= 'per' then
+      return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' has no PER priorities (use PERSampler)')
+    end
+    source = K.per
+  end
+end
+local len = redis.call('ZCARD', K.order)
+if len == 0 then return fail('RB_EMPTY', 'buffer is empty') end
+local m = math.min(n, len)
+local seq
+if mode == 'fifo' or mode == 'min' then
+  seq = redis.call('ZRANGE', source, 0, m - 1)
+elseif mode == 'lifo' then
+  seq = redis.call('ZREVRANGE', source, 0, m - 1)
+else
+  -- ZREVRANGE puts the newest first among equal scores: regroup each score oldest first
+  local top = redis.call('ZREVRANGE', source, 0, m - 1, 'WITHSCORES')
+  local scores, counts = {}, {}
+  for i = 2, #top, 2 do
+    if scores[#scores] ~= top[i] then
+      scores[#scores + 1] = top[i]
+      counts[#scores] = 0
+    end
+    counts[#scores] = counts[#scores] + 1
+  end
+  seq = {}
+  for g = 1, #scores do
+    local group = redis.call('ZRANGEBYSCORE', source, scores[g], scores[g], 'LIMIT', 0, counts[g])
+    for _, id in ipairs(group) do seq[#seq + 1] = id end
+  end
+end
+local ids = {}
+for i = 1, n do ids[i] = seq[(i - 1) % m + 1] end
+local blobs
+if ARGV[4] == '1' then blobs = hmget_chunked(K.items, ids) end
+record_draws(K, ids)  -- after reading the blobs: it may remove used-up items
+if blobs then
+  for i = 1, n do ids[n + i] = blobs[i] end
+end
+return ids

@@ -1,0 +1,63 @@
+-- Read (and, for dequeue, remove) the oldest steps of environments, atomically.
+-- @include common
+-- @include tree
+-- @include seq
+-- KEYS[1] meta  KEYS[2..8] steps, envs, episodes, begins, rewards, returns, tree
+-- ARGV[1] mode: "gather" (every stored step of every environment; all must hold the
+-- same number) or "dequeue" (the oldest ARGV[2] steps of each env in ARGV[3..], removed)
+-- ARGV[2] n (dequeue)  ARGV[3..] env ids (dequeue)
+-- Returns {count, number of envs, env_1.., first_position_1.., blobs (env-major)..., returns... if
+-- recorded}. Errors: RB_NOBUF, RB_EMPTY (an env holds fewer than n steps; nothing
+-- removed), RB_INVALID (unequal sizes for gather, bad env id).
+local K = seq_keys(KEYS)
+local C = seq_conf(K)
+if not C then return fail('RB_NOBUF', 'sequence buffer meta ' .. K.meta .. ' does not exist') end
+local envs, states, count = {}, {}, 0
+if ARGV[1] == 'gather' then
+  for e = 0, C.num_envs - 1 do
+    envs[#envs + 1] = e
+    states[e] = env_state(K, e)
+    local size = states[e].next - states[e].start
+    if e == 0 then count = size elseif size ~= count then
+      return fail('RB_INVALID', 'environments hold different numbers of steps (env 0: '
+        .. count .. ', env ' .. e .. ': ' .. size .. ')')
+    end
+  end
+else
+  count = tonumber(ARGV[2])
+  for i = 3, #ARGV do
+    local e = tonumber(ARGV[i])
+    if e == nil or e < 0 or e >= C.num_envs or states[e] then
+      return fail('RB_INVALID', 'env id ' .. tostring(ARGV[i]) .. ' is out of range or repeated')
+    end
+    envs[#envs + 1] = e
+    states[e] = env_state(K, e)
+    local size = states[e].next - states[e].start
+    if size < count then
+      return fail('RB_EMPTY', 'env ' .. e .. ' holds ' .. size .. ' steps, fewer than ' .. count)
+    end
+  end
+end
+local out = {count, #envs}
+for _, e in ipairs(envs) do out[#out + 1] = e end
+for _, e in ipairs(envs) do out[#out + 1] = states[e].start end
+local fields = {}
+for _, e in ipairs(envs) do
+  for j = 0, count - 1 do fields[#fields + 1] = step_field(e, states[e].start + j) end
+end
+local blobs = hmget_chunked(K.steps, fields)
+for i = 1, #fields do out[#out + 1] = blobs[i] end
+if C.returns then
+  local returns = hmget_chunked(K.returns, fields)
+  for i = 1, #fields do out[#out + 1] = returns[i] or fmt(C.default_return) end
+end
+if ARGV[1] == 'dequeue' then
+  local leaves = C.prioritized and {} or nil
+  for _, e in ipairs(envs) do
+    local S = states[e]
+    for _ = 1, count do evict_oldest(K, C, e, S, leaves) end
+    save_env_state(K, e, S)
+  end
+  if leaves and #leaves > 0 then tree_set_nodes(K.tree, leaves) end
+end
+return out

@@ -1,0 +1,187 @@
+-- Draw windows of consecutive stored steps.
+-- @include common
+-- @include tree
+-- @include seq
+-- KEYS[1] meta  KEYS[2..8] steps, envs, episodes, begins, rewards, returns, tree
+-- ARGV[1] L, the window length  ARGV[2] batch size  ARGV[3] recent_data_ratio (text)
+-- ARGV[4] recent_data_steps  ARGV[5] "1" = windows may cross episode boundaries
+-- ARGV[6] "1" = with replacement  ARGV[7] num_earliest_frames_ignored
+-- ARGV[8] "1" = prioritized draws for the non-recent part
+-- ARGV[9] packed uniforms (see uniform_at): one per uniform draw, or, for the prioritized
+-- part, ARGV[10] tries per missing window
+-- ARGV[10] prioritized tries per window
+-- A window (e, p) is valid when steps p..p+L-1 are all stored, p >= oldest stored
+-- position + num_earliest_frames_ignored and (unless crossing is allowed) all lie in one
+-- episode. Recent windows also start among the last recent_data_steps possible starts of
+-- their environment (ALF). Uniform parts draw among all valid windows, without
+-- replacement when asked and possible; the prioritized part draws window starts in
+-- proportion to their priority and rejects invalid ones (exact conditional sampling),
+-- returning fewer windows when the tries run out.
+-- Returns {k_recent, k_normal, size, tree_total, env_1..env_k, pos_1..pos_k,
+-- priority_1..priority_k}. The caller reads the steps with HMGET afterwards: a field
+-- "e:p" only ever names step p of env e (positions are never reused) and a window's
+-- episode membership never changes, so that read finds the drawn window or, if it was
+-- evicted meanwhile, a missing step.
+-- Errors: RB_NOBUF, RB_EMPTY (no valid window), RB_INVALID.
+local K = seq_keys(KEYS)
+local C = seq_conf(K)
+if not C then return fail('RB_NOBUF', 'sequence buffer meta ' .. K.meta .. ' does not exist') end
+local L = tonumber(ARGV[1])
+local batch = tonumber(ARGV[2])
+local ratio = tonumber(ARGV[3])
+local recent_steps = tonumber(ARGV[4])
+local cross = ARGV[5] == '1'
+local replace = ARGV[6] == '1'
+local ignored = tonumber(ARGV[7])
+local prioritized = ARGV[8] == '1'
+local packed = ARGV[9]
+local tries = tonumber(ARGV[10])
+local size = tonumber(redis.call('HGET', K.meta, 'size')) or 0
+
+local starts, nexts = {}, {}
+do
+  local fields = {}
+  for e = 0, C.num_envs - 1 do
+    fields[#fields + 1] = 'start:' .. e
+    fields[#fields + 1] = 'next:' .. e
+  end
+  local raw = hmget_chunked(K.envs, fields)
+  for e = 0, C.num_envs - 1 do
+    starts[e] = tonumber(raw[2 * e + 1]) or 0
+    nexts[e] = tonumber(raw[2 * e + 2]) or 0
+  end
+end
+
+-- ALF draws a recent part only when ordinary draws would rarely reach recent data
+local n_recent = 0
+if ratio > 0 then
+  local average = size / C.num_envs - (L - 1 + ignored)
+  if average * ratio > recent_steps then n_recent = math.ceil(batch * ratio) end
+end
+local n_normal = batch - n_recent
+
+-- Candidate ranges of window starts: {env, lo, count} for the given recency.
+local function candidates(recent)
+  local out, total = {}, 0
+  local function push(e, lo, last)
+    lo = math.max(lo, starts[e] + ignored)
+    if recent then lo = math.max(lo, nexts[e] - L + 1 - recent_steps) end
+    local count = last - L + 2 - lo
+    if count > 0 then
+      out[#out + 1] = {e, lo, total + count}
+      total = total + count
+    end
+  end
+  if cross then
+    for e = 0, C.num_envs - 1 do push(e, starts[e], nexts[e] - 1) end
+  else
+    local entries = redis.call('ZRANGEBYSCORE', K.episodes, L, '+inf', 'WITHSCORES')
+    for i = 1, #entries, 2 do
+      local e, begin = parse_member(entries[i])
+      local lo = math.max(begin, starts[e])
+      push(e, lo, lo + tonumber(entries[i + 1]) - 1)
+    end
+  end
+  return out, total
+end
+
+local envs, positions, priorities = {}, {}, {}
+local cursor = 0  -- uniforms used so far
+local function next_uniform()
+  cursor = cursor + 1
+  if 6 * cursor > #packed then return nil end
+  return uniform_at(packed, cursor)
+end
+
+local function draw_uniform(n, recent)
+  if n <= 0 then return true end
+  local ranges, total = candidates(recent)
+  if total == 0 then return false end
+  local without = (not replace) and n <= total
+  local swapped = {}
+  for i = 1, n do
+    local u = next_uniform()
+    if u == nil then return fail('RB_INVALID', 'too few packed uniforms') end
+    local rank
+    if without then
+      local j = (i - 1) + math.floor(u * (total - i + 1))
+      rank = swapped[j] or j
+      swapped[j] = swapped[i - 1] or (i - 1)
+    else
+      rank = math.floor(u * total)
+    end
+    -- the first range whose cumulative count exceeds rank
+    local a, b = 1, #ranges
+    while a < b do
+      local m = math.floor((a + b) / 2)
+      if ranges[m][3] > rank then b = m else a = m + 1 end
+    end
+    local range = ranges[a]
+    local before = a > 1 and ranges[a - 1][3] or 0
+    envs[#envs + 1] = range[1]
+    positions[#positions + 1] = range[2] + rank - before
+    priorities[#priorities + 1] = '1'
+  end
+  return true
+end
+
+local function valid_start(e, p)
+  if p < starts[e] + ignored or p + L - 1 > nexts[e] - 1 then return false end
+  if cross then return true end
+  local _, last = episode_of(K, e, p, {start = starts[e]})
+  return p + L - 1 <= last
+end
+
+local tree_total = 0
+local function draw_prioritized(n)
+  local root = redis.call('HGET', K.tree, 0)
+  tree_total = root and chunk_sum(root) or 0
+  if tree_total <= 0 then return false end
+  local targets = {}
+  for i = 1, n * tries do
+    local u = next_uniform()
+    if u == nil then return fail('RB_INVALID', 'too few packed uniforms') end
+    targets[i] = u * tree_total
+  end
+  local slots, masses = tree_descend(K.tree, C.depth, targets)
+  local accepted = 0
+  for i = 1, #slots do
+    if accepted == n then break end
+    local e = math.floor(slots[i] / C.max_length)
+    local index = slots[i] % C.max_length
+    if e < C.num_envs and masses[i] > 0 then
+      local p = starts[e] + (index - starts[e]) % C.max_length
+      if p < nexts[e] and valid_start(e, p) then
+        accepted = accepted + 1
+        envs[#envs + 1] = e
+        positions[#positions + 1] = p
+        priorities[#priorities + 1] = fmt(masses[i])
+      end
+    end
+  end
+  return true
+end
+
+local ok = draw_uniform(n_recent, true)
+if type(ok) == 'table' then return ok end
+if not ok then
+  -- no recent window: draw the whole batch the ordinary way
+  n_recent, n_normal = 0, batch
+end
+if prioritized then
+  ok = draw_prioritized(n_normal)
+else
+  ok = draw_uniform(n_normal, false)
+end
+if type(ok) == 'table' then return ok end
+if not ok then
+  return fail('RB_EMPTY', 'no stored window of ' .. L .. ' steps'
+    .. (cross and '' or ' inside one episode'))
+end
+
+local k = #envs
+local out = {n_recent, k - n_recent, size, fmt(tree_total)}
+for w = 1, k do out[#out + 1] = envs[w] end
+for w = 1, k do out[#out + 1] = positions[w] end
+for w = 1, k do out[#out + 1] = priorities[w] end
+return out

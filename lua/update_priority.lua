@@ -1,0 +1,27 @@
+-- Set PER priorities of stored items, atomically for the whole call.
+-- @include common
+-- @include tree
+-- @include items
+-- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
+-- ARGV[1..] id_1, priority_1, ..., id_n, priority_n  (ids 12-digit, priorities as text)
+-- Ids no longer stored (evicted, removed) are skipped; for a repeated id the last priority
+-- wins. O(log capacity) per id: each tree level costs one HMGET and one HSET.
+-- Returns the number of distinct ids updated.
+-- Errors: RB_NOBUF, RB_CONFIG (PER is not on), RB_INVALID (a priority that is NaN,
+-- negative or not finite; nothing is written).
+local K = buffer_keys(KEYS)
+local conf = redis.call('HMGET', K.meta, 'capacity', 'tree_mass')
+if not conf[1] then return fail('RB_NOBUF', 'buffer meta ' .. K.meta .. ' does not exist') end
+if conf[2] ~= 'per' then
+  return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' has no PER priorities (use PERSampler)')
+end
+local ids, values = {}, {}
+for i = 1, #ARGV / 2 do
+  ids[i] = ARGV[2 * i - 1]
+  values[i] = per_parse(ARGV[2 * i])
+  if values[i] == nil then
+    return fail('RB_INVALID', 'priority ' .. (i - 1) .. ' is ' .. tostring(ARGV[2 * i])
+      .. '; priorities must be finite and >= 0')
+  end
+end
+return set_priorities(K, ids, values)

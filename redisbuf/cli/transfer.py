@@ -1,0 +1,212 @@
+"""``redisbuf export NAME FILE`` and ``redisbuf import FILE NAME``: move a buffer between
+servers through the save format of :meth:`ReplayBuffer.save` / :meth:`ReplayBuffer.load`.
+
+``import`` checks the file's header (format marker, version) before touching anything,
+creates a missing target with the saved capacity and eviction policy, and leaves the
+target as it was when the load is refused (newer format, a schema that does not fit, too
+many items, a corrupt file): a target it created is removed again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..connection import redacted
+from ..keys import BufferKeys
+from ._common import (
+    CommandError,
+    add_json_argument,
+    add_url_argument,
+    confirm,
+    connect_args,
+    emit,
+    error_console,
+    open_buffer,
+    safe,
+)
+
+if TYPE_CHECKING:
+    from ..buffer import ReplayBuffer
+
+
+def register(subparsers: Any) -> None:
+    export = subparsers.add_parser(
+        "export",
+        help="write a buffer to a file (the save format), with a progress bar",
+        description="Write the buffer NAME to FILE in the save format of ReplayBuffer.save "
+        "(header, one record per item oldest first, trailer).",
+    )
+    export.add_argument("name", help="buffer name")
+    export.add_argument("file", help="file to write (replaced when complete)")
+    add_url_argument(export)
+    add_json_argument(export)
+    export.set_defaults(func=run_export)
+
+    load = subparsers.add_parser(
+        "import",
+        help="load a file written by export / ReplayBuffer.save into a buffer",
+        description="Load FILE into the buffer NAME, creating it with the saved capacity "
+        "and eviction policy if missing. A newer format, a schema that does not fit the "
+        "target or a corrupt file is refused and the target is left unchanged. Replacing "
+        "the items of a non-empty buffer asks first (or --yes).",
+    )
+    load.add_argument("file", help="file written by `redisbuf export` or ReplayBuffer.save")
+    load.add_argument("name", help="buffer name")
+    add_url_argument(load)
+    load.add_argument("--yes", action="store_true", help="replace a non-empty buffer's items")
+    add_json_argument(load)
+    load.set_defaults(func=run_import)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("items"),
+        TimeElapsedColumn(),
+        console=error_console(),  # stdout stays for --json
+        transient=False,
+    )
+
+
+@contextlib.contextmanager
+def _counting(buffer: ReplayBuffer, method: str, advance: Callable[[Any], None]) -> Iterator[None]:
+    """Call ``advance`` from the buffer's own ``method`` (per record written, per chunk
+    inserted) while the block runs; the save format stays the buffer's business."""
+    original = getattr(buffer, method, None)
+    if original is None:  # a refactored buffer: no progress, same result
+        yield
+        return
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        if method == "_records":
+            return (advance(record) or record for record in result)
+        advance(args)
+        return result
+
+    setattr(buffer, method, wrapped)
+    try:
+        yield
+    finally:
+        delattr(buffer, method)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    client, url = connect_args(args, "redisbuf export")
+    path = Path(args.file)
+    if path.is_dir():
+        raise CommandError(f"{path} is a directory; give a file name")
+    if not path.parent.exists():
+        raise CommandError(f"directory {path.parent} does not exist")
+    try:
+        buffer = open_buffer(client, args.name, url)
+        with _progress() as progress:
+            task = progress.add_task(f"exporting {safe(args.name)}", total=len(buffer))
+            with _counting(buffer, "_records", lambda _r: progress.advance(task)):
+                count = buffer.save(path)
+    finally:
+        client.close()
+    document = {
+        "url": redacted(url), "name": args.name, "file": str(path), "items": count,
+        "bytes": path.stat().st_size,
+    }
+    return emit(
+        args, document,
+        lambda out: out.print(
+            f"Exported {count} items of buffer {safe(args.name)} to {safe(path)} "
+            f"({document['bytes']} bytes)."
+        ),
+    )
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The checked header of a save file (raises DecodeError / CommandError)."""
+    from ..buffer import _check_header
+    from ..errors import DecodeError
+
+    if not path.is_file():
+        raise CommandError(f"no file {path}")
+    with open(path, "rb") as handle:
+        unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=64 * 2**20)
+        try:
+            header = next(unpacker)
+        except StopIteration:
+            raise DecodeError(f"{path}: empty file") from None
+        except Exception as exc:
+            raise DecodeError(f"{path}: not a redisbuf file ({exc})") from exc
+    _check_header(header)
+    try:
+        int(header["capacity"]), str(header["eviction"])
+    except (KeyError, TypeError, ValueError):
+        raise DecodeError(f"{path}: header has no valid capacity / eviction") from None
+    return header
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from ..buffer import ReplayBuffer
+
+    path = Path(args.file)
+    header = read_header(path)  # a newer format is refused before we connect
+    client, url = connect_args(args, "redisbuf import")
+    created = False
+    try:
+        keys = BufferKeys(args.name)
+        if client.exists(keys.meta):
+            buffer = open_buffer(client, args.name, url)
+            if len(buffer):
+                confirm(
+                    f"Replace the {len(buffer)} items of buffer {args.name!r} at "
+                    f"{redacted(url)} with those of {path}?",
+                    yes=args.yes,
+                    refusal=f"buffer {args.name!r} holds {len(buffer)} items that import "
+                    "would replace",
+                )
+        else:
+            buffer = ReplayBuffer(
+                client, args.name, capacity=int(header["capacity"]),
+                prioritized_capacity=header["eviction"] == "reward",
+            )
+            created = True
+        try:
+            with _progress() as progress:
+                task = progress.add_task(f"importing {safe(args.name)}", total=None)
+                total = {"n": 0}
+
+                def advance(call_args: Any) -> None:
+                    blobs = call_args[0] if call_args else []
+                    total["n"] += len(blobs)
+                    progress.update(task, completed=total["n"])
+
+                with _counting(buffer, "_insert", advance):
+                    count = buffer.load(path)
+                progress.update(task, total=count, completed=count)
+        except BaseException:
+            if created:
+                client.delete(*keys.all_keys())
+            raise
+        length = len(buffer)
+    finally:
+        client.close()
+    document = {
+        "url": redacted(url), "name": args.name, "file": str(path), "items": count,
+        "length": length, "created": created,
+    }
+    return emit(
+        args, document,
+        lambda out: out.print(
+            f"Imported {count} items from {safe(path)} into "
+            f"{'new ' if created else ''}buffer {safe(args.name)}."
+        ),
+    )
+
+
+__all__ = ["read_header", "register", "run_export", "run_import"]

@@ -1,0 +1,334 @@
+"""Read-only views of buffers for operators: snapshots, rate history, log-reward
+histograms, and a Prometheus collector.
+
+Everything here only reads (it works on a replica or a full server). The rate history is
+the capped time series that ``add`` keeps in the meta hash (``lua/_history.lua``); sample
+rates between two snapshots come from the difference of the ``sampled`` counter.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+
+from .keys import PREFIX, BufferKeys
+
+HIST_STEP = 10  # seconds per history bucket; the same as lua/_history.lua
+HIST_SLOTS = 360
+
+
+@dataclass
+class Snapshot:
+    """What a buffer looks like at one moment (``at``: this machine's clock)."""
+
+    name: str
+    at: float
+    capacity: int
+    length: int
+    kind: str | None
+    eviction: str | None
+    inserted: int
+    evicted: int
+    sampled: int
+    memory_bytes: int | None
+    last_insert: float | None
+    baseline: float | None
+    manager_running: bool
+    workers_alive: int
+    history: list[HistoryPoint] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["history"] = [asdict(point) for point in self.history]
+        return data
+
+
+@dataclass
+class HistoryPoint:
+    """The buffer's counters at the end of one history bucket starting at ``t``."""
+
+    t: float
+    inserted: int
+    evicted: int
+    sampled: int
+
+
+@dataclass
+class Rate:
+    """Items per second between two moments."""
+
+    t: float
+    inserted: float
+    evicted: float
+    sampled: float
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _float(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def parse_history(meta: dict[str, str]) -> list[HistoryPoint]:
+    """The history buckets of a decoded meta hash, oldest first (malformed ones skipped;
+    slots older than the ring's span are dropped)."""
+    points = []
+    for key, value in meta.items():
+        if not key.startswith("hist:"):
+            continue
+        parts = value.split()
+        if len(parts) != 4:
+            continue
+        try:
+            bucket, inserted, evicted, sampled = (int(p) for p in parts)
+        except ValueError:
+            continue
+        points.append(HistoryPoint(float(bucket * HIST_STEP), inserted, evicted, sampled))
+    points.sort(key=lambda p: p.t)
+    if points:
+        newest = points[-1].t
+        points = [p for p in points if p.t > newest - HIST_SLOTS * HIST_STEP]
+    return points
+
+
+def _delta(new: int, old: int) -> int:
+    # counters restart at 0 on clear(): count what was done since then
+    return new - old if new >= old else new
+
+
+def history_rates(points: Sequence[HistoryPoint]) -> list[Rate]:
+    """Rates between consecutive history buckets (at the later bucket's time)."""
+    rates = []
+    for old, new in zip(points, points[1:], strict=False):
+        span = new.t - old.t
+        if span <= 0:
+            continue
+        rates.append(
+            Rate(
+                new.t,
+                _delta(new.inserted, old.inserted) / span,
+                _delta(new.evicted, old.evicted) / span,
+                _delta(new.sampled, old.sampled) / span,
+            )
+        )
+    return rates
+
+
+def rate_between(old: Snapshot, new: Snapshot) -> Rate:
+    """Rates between two snapshots of one buffer (sampling included: the difference of
+    the ``sampled`` counter as this reader saw it)."""
+    span = max(new.at - old.at, 1e-9)
+    return Rate(
+        new.at,
+        _delta(new.inserted, old.inserted) / span,
+        _delta(new.evicted, old.evicted) / span,
+        _delta(new.sampled, old.sampled) / span,
+    )
+
+
+def buffer_names(client: redis.Redis) -> list[str]:
+    """Every buffer in this Redis database (SCAN over the meta keys, never KEYS), sorted."""
+    prefix, suffix = f"{PREFIX}:{{", "}:meta"
+    names = set()
+    for key in client.scan_iter(match=f"{PREFIX}:{{*}}:meta", count=1000):
+        text = _text(key)
+        if text.startswith(prefix) and text.endswith(suffix):
+            names.add(text[len(prefix) : -len(suffix)])
+    return sorted(names)
+
+
+def _memory(client: redis.Redis, keys: Iterable[str]) -> int | None:
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.memory_usage(key, samples=0)
+    try:
+        return sum(int(used or 0) for used in pipe.execute())
+    except redis.exceptions.ResponseError:
+        return None
+
+
+def snapshot(client: redis.Redis, name: str, *, memory: bool = True) -> Snapshot | None:
+    """The buffer ``name`` now, or None if it does not exist (or has no configuration)."""
+    from .control.redis import ControlKeys
+
+    keys, ctl = BufferKeys(name), ControlKeys(name)
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(keys.meta)
+    pipe.zcard(keys.order)
+    pipe.exists(ctl.manager)
+    pipe.smembers(ctl.workers)
+    raw, length, manager, workers = pipe.execute()
+    at = time.time()
+    meta = {_text(k): _text(v) for k, v in raw.items()}
+    if "capacity" not in meta:
+        return None
+    alive = 0
+    if workers:
+        pipe = client.pipeline(transaction=False)
+        ranks = sorted(workers)
+        for rank in ranks:
+            pipe.exists(ctl.heartbeat(_int(rank)))
+        alive = sum(1 for found in pipe.execute() if found)
+    return Snapshot(
+        name=name,
+        at=at,
+        capacity=_int(meta.get("capacity")),
+        length=int(length),
+        kind=meta.get("kind"),
+        eviction=meta.get("eviction"),
+        inserted=_int(meta.get("inserted")),
+        evicted=_int(meta.get("evicted")),
+        sampled=_int(meta.get("sampled")),
+        memory_bytes=_memory(client, keys.all_keys()) if memory else None,
+        last_insert=_float(meta.get("last_insert")),
+        baseline=_float(meta.get("baseline_ema")),
+        manager_running=bool(manager),
+        workers_alive=alive,
+        history=parse_history(meta),
+    )
+
+
+@dataclass
+class Histogram:
+    """Counts of finite log-rewards in ``len(counts)`` equal bins from ``edges[0]`` to
+    ``edges[-1]``, plus the number of ``-inf`` ones."""
+
+    edges: list[float]
+    counts: list[int]
+    minus_inf: int
+
+
+def log_reward_histogram(client: redis.Redis, name: str, bins: int = 20) -> Histogram:
+    """Exact histogram of the buffer's log-rewards: ZCOUNT per bin (O(bins log n))."""
+    prio = BufferKeys(name).prio
+    pipe = client.pipeline(transaction=False)
+    pipe.zcount(prio, "-inf", "-inf")
+    pipe.zrangebyscore(prio, "(-inf", "+inf", start=0, num=1, withscores=True)
+    pipe.zrevrangebyscore(prio, "+inf", "(-inf", start=0, num=1, withscores=True)
+    minus_inf, low, high = pipe.execute()
+    if not low:
+        return Histogram([], [], int(minus_inf))
+    lo, hi = float(low[0][1]), float(high[0][1])
+    if hi <= lo:
+        hi = lo + 1.0
+    edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)]
+    pipe = client.pipeline(transaction=False)
+    for i in range(bins):
+        upper = repr(edges[i + 1]) if i < bins - 1 else "+inf"
+        pipe.zcount(prio, repr(edges[i]) if i else "(-inf", f"({upper}" if i < bins - 1 else upper)
+    return Histogram(edges, [int(c) for c in pipe.execute()], int(minus_inf))
+
+
+def uses_summary(client: redis.Redis, name: str, sample: int = 1000) -> dict[str, float] | None:
+    """Mean and max times sampled over up to ``sample`` random items, when the buffer
+    keeps per-item use counts (``rb:{name}:uses``); else None."""
+    key = BufferKeys(name).uses
+    try:
+        pairs = client.hrandfield(key, sample, withvalues=True)
+    except redis.exceptions.ResponseError:
+        return None
+    if not pairs:
+        return None
+    values = [_int(v) for v in pairs[1::2]]
+    return {"items": len(values), "mean": sum(values) / len(values), "max": max(values)}
+
+
+def versions_summary(client: redis.Redis, name: str) -> dict[str, float] | None:
+    """Oldest and newest model version of the items, when the buffer keeps them."""
+    key = BufferKeys(name).versions
+    pipe = client.pipeline(transaction=False)
+    pipe.zrange(key, 0, 0, withscores=True)
+    pipe.zrange(key, -1, -1, withscores=True)
+    oldest, newest = pipe.execute()
+    if not oldest:
+        return None
+    return {"oldest": float(oldest[0][1]), "newest": float(newest[0][1])}
+
+
+# -- Prometheus ----------------------------------------------------------------------
+
+
+class BufferCollector:
+    """A prometheus_client collector reading the buffers at each scrape.
+
+    ``names`` empty means every buffer in the database. Metrics (label ``buffer``):
+    gauges ``redisbuf_length``, ``redisbuf_capacity``, ``redisbuf_memory_bytes``,
+    ``redisbuf_baseline_log_reward``; counters ``redisbuf_inserted_total``,
+    ``redisbuf_evicted_total``, ``redisbuf_sampled_total``; and ``redisbuf_up`` (1 when
+    Redis answered this scrape).
+    """
+
+    def __init__(self, client: redis.Redis, names: Sequence[str] = ()) -> None:
+        self.client = client
+        self.names = list(names)
+
+    def describe(self) -> list[Any]:
+        return []  # the buffers change between scrapes: no fixed description
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        up = GaugeMetricFamily("redisbuf_up", "1 if Redis answered this scrape, else 0")
+        try:
+            names = self.names or buffer_names(self.client)
+            snaps = [s for s in (snapshot(self.client, n) for n in names) if s is not None]
+        except redis.exceptions.RedisError:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        gauges = {
+            "length": ("items in the buffer", lambda s: s.length),
+            "capacity": ("the buffer's capacity", lambda s: s.capacity),
+            "memory_bytes": ("bytes Redis uses for the buffer's keys", lambda s: s.memory_bytes),
+            "baseline_log_reward": (
+                "the manager's EMA baseline log-reward", lambda s: s.baseline
+            ),
+        }
+        for metric, (doc, read) in gauges.items():
+            family = GaugeMetricFamily(f"redisbuf_{metric}", doc, labels=["buffer"])
+            for snap in snaps:
+                value = read(snap)
+                if value is not None:
+                    family.add_metric([snap.name], float(value))
+            yield family
+        counters = {
+            "inserted": ("items added since creation or the last clear", "inserted"),
+            "evicted": ("items evicted since creation or the last clear", "evicted"),
+            "sampled": ("items drawn by sample since creation or the last clear", "sampled"),
+        }
+        for metric, (doc, attr) in counters.items():
+            family = CounterMetricFamily(f"redisbuf_{metric}", doc, labels=["buffer"])
+            for snap in snaps:
+                family.add_metric([snap.name], float(getattr(snap, attr)))
+            yield family
+
+
+def serve(client: redis.Redis, names: Sequence[str], port: int, addr: str = "0.0.0.0") -> Any:
+    """Serve the metrics of ``names`` (all buffers when empty) over HTTP at ``/metrics``;
+    returns the HTTP server (``server_port`` is the port, useful with ``port=0``)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BufferCollector(client, names))
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    return server

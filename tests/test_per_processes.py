@@ -1,0 +1,99 @@
+"""update_priority from several OS processes at once on a real server, while another
+process adds (and so evicts): every call is atomic, evicted ids are skipped, and the
+priorities, their sum and the sum tree stay consistent."""
+
+from __future__ import annotations
+
+import multiprocessing
+import traceback
+import uuid
+
+import numpy as np
+import pytest
+
+from redisbuf import BufferKeys, PERSampler, ReplayBuffer
+from redisbuf.ipc import MessageQueue
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.redis_server]
+
+UPDATERS = 4
+CAPACITY = 100
+ROUNDS = 60
+
+
+def _updater(url: str, name: str, index: int, start, results) -> None:
+    try:
+        buffer = ReplayBuffer(url, name, capacity=CAPACITY, sampler=PERSampler(), seed=index)
+        rng = np.random.default_rng(index)
+        start.wait(timeout=60)
+        updated = 0
+        for round_ in range(ROUNDS):
+            last = int(buffer.client.hget(buffer.keys.meta, "last_id"))
+            ids = rng.choice(np.arange(1, last + 1), size=20, replace=False)
+            # every value names its writer: (index, round) -> 1000 * index + round + 1
+            updated += buffer.update_priority(ids, np.full(20, 1000.0 * index + round_ + 1))
+            info = buffer.sample_with_info(8)
+            assert np.isfinite(info.weights).all() and (info.weights <= 1.0 + 1e-12).all()
+        results.put({"worker": index, "updated": updated})
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put({"worker": index, "error": traceback.format_exc()})
+
+
+def _adder(url: str, name: str, start, results) -> None:
+    try:
+        buffer = ReplayBuffer(url, name, capacity=CAPACITY, sampler=PERSampler())
+        start.wait(timeout=60)
+        for round_ in range(ROUNDS):
+            buffer.add({"x": np.full((5, 1), round_, dtype=np.float32)})
+        results.put({"worker": "adder"})
+    except BaseException:  # noqa: BLE001
+        results.put({"worker": "adder", "error": traceback.format_exc()})
+
+
+def test_concurrent_update_priority_stays_consistent(redis_server):
+    import redis
+
+    name = f"per-mp-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(redis_server.url)
+    buffer = ReplayBuffer(client, name, capacity=CAPACITY, sampler=PERSampler(initial_priority=1))
+    buffer.add({"x": np.zeros((CAPACITY, 1), dtype=np.float32)})
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(UPDATERS + 1)
+    results = MessageQueue(ctx)
+    procs = [
+        ctx.Process(target=_updater, args=(redis_server.url, name, i, start, results))
+        for i in range(UPDATERS)
+    ]
+    procs.append(ctx.Process(target=_adder, args=(redis_server.url, name, start, results)))
+    for proc in procs:
+        proc.start()
+    reports = [results.get(timeout=180) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+    errors = [r["error"] for r in reports if "error" in r]
+    assert not errors, errors[0]
+    keys = BufferKeys(name)
+    per = {int(m): s for m, s in client.zrange(keys.per, 0, -1, withscores=True)}
+    present = {int(m) for m in client.zrange(keys.order, 0, -1)}
+    assert set(per) == present and len(present) == CAPACITY
+    written = {1000.0 * i + r + 1 for i in range(UPDATERS) for r in range(ROUNDS)}
+    # a new item starts at the highest priority present, itself a written value
+    assert set(per.values()) <= written | {1.0}
+    assert 0 < sum(r.get("updated", 0) for r in reports) <= UPDATERS * ROUNDS * 20
+    meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
+    assert int(meta["per_nonzero"]) == CAPACITY
+    assert float(meta["per_sum"]) + float(meta["per_comp"]) == pytest.approx(sum(per.values()))
+    # tree leaves: (p + eps)^alpha up to one common scale
+    depth = int(meta["tree_depth"])
+    first = sum(16**i for i in range(depth))
+    masses = {}
+    for member, slot in client.hgetall(keys.tree_slots).items():
+        node = first + int(slot)
+        chunk = client.hget(keys.tree, (node - 1) // 16).decode()
+        k = (node - 1) % 16
+        masses[int(member)] = float(chunk[24 * k : 24 * (k + 1)])
+    assert set(masses) == present
+    ratio = {i: masses[i] / (per[i] + 1e-6) ** 0.6 for i in present}
+    scale = next(iter(ratio.values()))
+    assert all(r == pytest.approx(scale, rel=1e-9) for r in ratio.values())
