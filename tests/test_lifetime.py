@@ -320,3 +320,38 @@ def test_max_use_holds_across_processes(redis_server, real_client, buffer_name) 
     assert total == Counter({i: MAX_USE for i in range(1, ITEMS + 1)})
     assert len(buf) == 0 and buf.stats()["used_up"] == ITEMS
     assert buf.stats()["mean_use_removed"] == MAX_USE
+
+
+@pytest.mark.parametrize("mode", ["per", "fifo", "lifo", "window", "recent"])
+def test_max_use_holds_for_every_sampling_mode(client, buffer_name, mode) -> None:
+    from redisbuf import FifoSampler, LifoSampler, PERSampler
+
+    kwargs: dict = {"per": {"sampler": PERSampler()}, "fifo": {"sampler": FifoSampler()},
+                    "lifo": {"sampler": LifoSampler()},
+                    "recent": {"recent_data_ratio": 0.5, "recent_data_steps": 3}}.get(mode, {})
+    buf = ReplayBuffer(client, buffer_name, capacity=20, max_use=2, seed=3, **kwargs)
+    buf.add(_batch(6))
+    returned = Counter()
+    while len(buf):
+        if mode == "window":
+            info = buf.sample_with_info(1, sample_range=slice(-4, None))
+        else:
+            info = buf.sample_with_info(1)
+        returned.update(info.ids.tolist())
+        # every draw returns its item's blob, even the one that used it up
+        assert info.batch["x"][0, 0] == info.ids[0] - 1
+    assert returned == Counter({i: 2 for i in range(1, 7)})
+    assert buf.stats()["used_up"] == 6
+
+
+def test_priority_stats(client, buffer_name) -> None:
+    from redisbuf import PERSampler
+
+    per = ReplayBuffer(client, buffer_name, capacity=20, sampler=PERSampler())
+    per.add(_batch(3), priorities=[1.0, 2.0, 6.0])
+    stats = per.stats()
+    assert (stats["priority_min"], stats["priority_mean"], stats["priority_max"]) == (1, 3, 6)
+    plain = ReplayBuffer(client, f"{buffer_name}-plain", capacity=20)
+    plain.add({"x": np.zeros((3, 1)), "log_rewards": np.array([-1.0, 0.5, 2.0])})
+    stats = plain.stats()
+    assert (stats["priority_min"], stats["priority_mean"], stats["priority_max"]) == (-1, None, 2)
