@@ -60,10 +60,9 @@ class ChangeSubscription:
         self.close()
 
     def close(self) -> None:
-        try:
-            self._pubsub.unsubscribe()
-        finally:
-            self._pubsub.close()
+        # closing the connection ends the subscription; no UNSUBSCRIBE round trip that
+        # could fail on a broken connection and hide the exception being handled
+        self._pubsub.close()
 
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds for a change; True if one was announced.
