@@ -669,7 +669,7 @@ class ReplayBuffer:
             "prioritized_sampling_ready": meta.get("tree") == "1",
             "memory_bytes": self.memory_usage(),
             **lifetime.lifetime_stats(meta, int(length)),
-            **lifetime.priority_stats(self.client, self, meta),
+            **lifetime.priority_stats(self, meta),
             **self._rates.rates(meta),
         }
 

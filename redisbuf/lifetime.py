@@ -47,9 +47,9 @@ def check_session(session_id: Any) -> str:
     return session_id
 
 
-def configure(buffer: ReplayBuffer, max_use: int | None, max_staleness: int | None) -> tuple[
-    int | None, int | None
-]:
+def configure(
+    buffer: ReplayBuffer, max_use: int | None, max_staleness: int | None
+) -> tuple[int | None, int | None]:
     """Store the settings on a new buffer, or check them against an existing one's
     (None adopts what is stored). Returns the stored ``(max_use, max_staleness)``."""
     max_use = check_setting("max_use", max_use, 1)
@@ -60,8 +60,8 @@ def configure(buffer: ReplayBuffer, max_use: int | None, max_staleness: int | No
         ["" if max_use is None else max_use, "" if max_staleness is None else max_staleness],
     )
     stored = tuple(int(v) if v not in (b"", "") else None for v in reply)
-    for name, asked, have in zip(("max_use", "max_staleness"), (max_use, max_staleness), stored,
-                                 strict=True):
+    asked_for = (max_use, max_staleness)
+    for name, asked, have in zip(("max_use", "max_staleness"), asked_for, stored, strict=True):
         if asked is not None and asked != have:
             raise ConfigMismatchError(
                 f"buffer {buffer.name!r} exists with {name}={have}, not {asked} ({name} "
@@ -138,12 +138,12 @@ def lifetime_stats(meta: dict[str, str], length: int) -> dict[str, Any]:
     }
 
 
-def priority_stats(client: Any, buffer: ReplayBuffer, meta: dict[str, str]) -> dict[str, Any]:
+def priority_stats(buffer: ReplayBuffer, meta: dict[str, str]) -> dict[str, Any]:
     """Priority min / mean / max: of PER priorities when the buffer keeps them (the mean
     from the running sum PER maintains), else min / max of the log-rewards (no mean: it
     would need a scan)."""
     keys = buffer.keys
-    pipe = client.pipeline(transaction=False)
+    pipe = buffer.client.pipeline(transaction=False)
     pipe.zcard(keys.per)
     pipe.zrange(keys.per, 0, 0, withscores=True)
     pipe.zrange(keys.per, -1, -1, withscores=True)
@@ -164,4 +164,7 @@ def priority_stats(client: Any, buffer: ReplayBuffer, meta: dict[str, str]) -> d
     }
 
 
-__all__ = ["RateMeter", "configure", "lifetime_stats", "update_model_version"]
+__all__ = [
+    "RateMeter", "add_options", "configure", "lifetime_stats", "priority_stats",
+    "update_model_version",
+]
