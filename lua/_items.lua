@@ -234,6 +234,15 @@ end
 -- writes nothing in the read-only variant (RB_NO_WRITES, see redisbuf/scripts.py: a full
 -- server or a replica still samples, without max_use), nor once the buffer is dropped (a
 -- counter must not recreate its meta).
+local function zmscore_chunked(key, members)
+  local out = {}
+  for i = 1, #members, CHUNK do
+    local part = redis.call('ZMSCORE', key, unpack(members, i, math.min(i + CHUNK - 1, #members)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
+end
+
 local function record_draws(K, ids)
   if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
   redis.call('HINCRBY', K.meta, 'sampled', #ids)
@@ -250,20 +259,24 @@ local function record_draws(K, ids)
       counts[id] = counts[id] + 1
     end
   end
-  local used_up, total = {}, 0
-  for _, id in ipairs(distinct) do
+  -- one HMGET and one HSET rather than an HINCRBY per item: a third of the server time
+  local before, used_up, total, use_pairs = hmget_chunked(K.uses, distinct), {}, 0, {}
+  for j, id in ipairs(distinct) do
     total = total + counts[id]
-    local uses = redis.call('HINCRBY', K.uses, id, counts[id])
+    local uses = (tonumber(before[j]) or 0) + counts[id]
+    use_pairs[2 * j - 1] = id
+    use_pairs[2 * j] = uses
     if max_use and uses >= max_use then used_up[#used_up + 1] = id end
   end
+  call_chunked('HSET', K.uses, use_pairs)
   redis.call('HINCRBY', K.meta, 'present_uses', total)
   if conf[2] then
     local current, sum, count = tonumber(conf[2]), 0, 0
-    for i = 1, #ids do
-      local version = ids[i] and redis.call('ZSCORE', K.versions, ids[i])
-      if version then
-        sum = sum + (current - tonumber(version))
-        count = count + 1
+    local versions = zmscore_chunked(K.versions, distinct)
+    for j, id in ipairs(distinct) do
+      if versions[j] then
+        sum = sum + counts[id] * (current - tonumber(versions[j]))
+        count = count + counts[id]
       end
     end
     if count > 0 then
