@@ -355,3 +355,18 @@ def test_priority_stats(client, buffer_name) -> None:
     plain.add({"x": np.zeros((3, 1)), "log_rewards": np.array([-1.0, 0.5, 2.0])})
     stats = plain.stats()
     assert (stats["priority_min"], stats["priority_mean"], stats["priority_max"]) == (-1, None, 2)
+
+
+def test_undone_draws_give_their_uses_back(client, buffer_name) -> None:
+    """A draw the sampler discards (an item vanished before its blob was read) is taken
+    back by undo_draws: its use no longer counts for the items still present."""
+    buf = ReplayBuffer(client, buffer_name, capacity=10, seed=0)
+    buf.add(_batch(3))
+    buf.sample_with_info(3)
+    buf.sample_with_info(3)
+    members = [b"000000000001", b"000000000002", b"000000000002"]
+    buf._run("undo_draws", buf.keys.all_keys(), members)
+    uses = {int(k): int(v) for k, v in client.hgetall(buf.keys.uses).items()}
+    assert uses == {1: 1, 3: 2}  # id 2 went from 2 uses to none
+    stats = buf.stats()
+    assert stats["sampled"] == 3 and stats["mean_use_present"] == pytest.approx(1.0)
