@@ -73,22 +73,25 @@ def SampleToInsertRatio(  # noqa: N802 - Reverb's name for a limiter constructor
 ) -> RateLimiter:
     """Keep ``samples / inserts`` near ``samples_per_insert`` once ``min_size_to_sample``
     items are in. ``error_buffer`` (a number, or ``(min_diff, max_diff)``) is the slack
-    around ``samples_per_insert * min_size_to_sample``; as in Reverb, a number must be at
-    least ``max(1, samples_per_insert)`` so neither side can be locked out."""
+    around ``samples_per_insert * min_size_to_sample``; as in Reverb, ``max_diff -
+    min_diff`` must be at least ``2 * max(1, samples_per_insert)`` so neither side can be
+    locked out."""
     if isinstance(error_buffer, tuple):
         min_diff, max_diff = error_buffer
     else:
         if isinstance(error_buffer, bool) or not isinstance(error_buffer, (int, float)):
             raise ValueError(f"error_buffer must be a number or a pair, got {error_buffer!r}")
-        if not error_buffer >= max(1.0, float(samples_per_insert)):
-            raise ValueError(
-                f"error_buffer {error_buffer} is below max(1, samples_per_insert="
-                f"{samples_per_insert}): inserts or samples could never be admitted"
-            )
         offset = float(samples_per_insert) * min_size_to_sample
         min_diff, max_diff = offset - error_buffer, offset + error_buffer
-    return RateLimiter(float(samples_per_insert), min_size_to_sample, float(min_diff),
-                       float(max_diff), timeout)
+    limiter = RateLimiter(float(samples_per_insert), min_size_to_sample, float(min_diff),
+                          float(max_diff), timeout)
+    if not max_diff - min_diff >= 2 * max(1.0, limiter.samples_per_insert):
+        raise ValueError(
+            f"error_buffer {error_buffer!r} leaves max_diff - min_diff = {max_diff - min_diff:g}"
+            f", below 2 * max(1, samples_per_insert) = "
+            f"{2 * max(1.0, limiter.samples_per_insert):g}: a side could be locked out"
+        )
+    return limiter
 
 
 def MinSize(n: int, timeout: float | None = DEFAULT_TIMEOUT) -> RateLimiter:  # noqa: N802

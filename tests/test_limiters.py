@@ -166,6 +166,7 @@ def test_the_limiter_is_fixed_at_creation(client, buffer_name) -> None:
      (lambda: SampleToInsertRatio(2.0, 1, 1.5), "error_buffer"),
      (lambda: SampleToInsertRatio(1.0, 0, 2.0), "min_size_to_sample"),
      (lambda: SampleToInsertRatio(1.0, 1, (3.0, 1.0)), "min_diff"),
+     (lambda: SampleToInsertRatio(3.0, 1, (0.0, 5.0)), "locked out"),
      (lambda: MinSize(1, timeout=-1), "timeout"),
      (lambda: RateLimiter(1.0, 1, math.nan, 1.0), "min_diff")],
 )
