@@ -33,12 +33,15 @@ end
 -- nil, their state vectors; then evict (count - capacity) items: the oldest ("fifo"), or
 -- the lowest log-reward with the oldest first among equals ("reward"; new items may go at
 -- once). The first batch fixes the schema. `options` is the decoded per-batch options
--- object. Returns {first_id, n, evicted}.
+-- object. Returns {first_id, n, evicted}, or {0, 0, 0, reason} when admit_batch (in
+-- _items.lua) refuses a batch that is stale or from another session.
 local function insert_batch(K, conf, schema_json, options, blobs, priorities, vecs)
   local meta = K.meta
   local capacity = tonumber(conf[1])
   local n = #blobs
   per_batch_priorities(K, n, options)  -- raises on bad PER priorities, before any write
+  local refused = admit_batch(K, n, options)  -- stale or another session: counted, not stored
+  if refused then return {0, 0, 0, refused} end
   if not conf[3] then
     local kind = cjson.decode(schema_json)['kind']
     redis.call('HSET', meta, 'schema', schema_json, 'kind', kind)

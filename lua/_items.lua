@@ -2,6 +2,38 @@
 -- and tree). Every per-item structure is written here and nowhere else, so a new one (a
 -- use count, a version) is kept consistent by adding it to these functions only.
 
+-- Data lifetime (redisbuf/lifetime.py). Per item: uses (times sampled, absent = 0),
+-- times (insertion time, unix seconds), versions (model version, only for items added
+-- with one). Meta: max_use, max_staleness, cur_session, cur_version (configuration and
+-- current state) and the counters below, so stats() needs no scan:
+--   present_uses / removed_uses / removed_items: uses of items present / removed, items
+--   removed (evicted, used up, stale); retired: items removed by max_use;
+--   stale_removed, rejected_stale, rejected_session; staleness_sum / staleness_count:
+--   staleness of sampled items that carry a version.
+
+-- Why a batch may not be stored (MineStudio's rule): "session" when options.session_id
+-- differs from the current session, "stale" when the current version minus
+-- options.model_version exceeds max_staleness; nil when it may. A refused batch is
+-- counted (rejected_session / rejected_stale) and nothing else is written. The first
+-- batch with a session id while none is current makes that session current.
+local function admit_batch(K, n, options)
+  if not options then return nil end
+  local session, version = options.session_id, options.model_version
+  if session == nil and version == nil then return nil end
+  local conf = redis.call('HMGET', K.meta, 'cur_session', 'cur_version', 'max_staleness')
+  if session ~= nil and conf[1] and conf[1] ~= session then
+    redis.call('HINCRBY', K.meta, 'rejected_session', n)
+    return 'session'
+  end
+  if version ~= nil and conf[2] and conf[3]
+      and tonumber(conf[2]) - version > tonumber(conf[3]) then
+    redis.call('HINCRBY', K.meta, 'rejected_stale', n)
+    return 'stale'
+  end
+  if session ~= nil and not conf[1] then redis.call('HSET', K.meta, 'cur_session', session) end
+  return nil
+end
+
 -- Prioritized experience replay (PER) keeps, besides the per zset, meta per_sum (with
 -- per_comp, its Neumaier compensation, so long update sequences do not drift) and
 -- per_nonzero, the number of non-zero priorities: the mean non-zero priority in O(1).
@@ -96,6 +128,22 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
   call_chunked('HSET', K.items, item_pairs)
   call_chunked('ZADD', K.prio, prio_pairs)
   call_chunked('ZADD', K.order, order_pairs)
+  local now = redis.call('TIME')
+  local stamp = now[1] .. '.' .. string.format('%06d', now[2])
+  local time_pairs = {}
+  for i = 1, #ids do
+    time_pairs[2 * i - 1] = ids[i]
+    time_pairs[2 * i] = stamp
+  end
+  call_chunked('HSET', K.times, time_pairs)
+  if options and options.model_version ~= nil then
+    local version_pairs = {}
+    for i = 1, #ids do
+      version_pairs[2 * i - 1] = options.model_version
+      version_pairs[2 * i] = ids[i]
+    end
+    call_chunked('ZADD', K.versions, version_pairs)
+  end
   if per_values then
     local per_pairs = {}
     for i = 1, #ids do
@@ -113,11 +161,24 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
     end
     call_chunked('HSET', K.vecs, vec_pairs)
   end
+  notify_changed(K.meta)  -- wake blocked samplers (redisbuf/waiting.py)
 end
 
 -- Delete items from every per-item structure except the sum tree (see tree_update).
 local function delete_items(K, ids)
   if #ids == 0 then return end
+  local uses, used = hmget_chunked(K.uses, ids), 0
+  for i = 1, #uses do
+    if uses[i] then used = used + tonumber(uses[i]) end
+  end
+  redis.call('HINCRBY', K.meta, 'removed_items', #ids)
+  if used > 0 then
+    redis.call('HINCRBY', K.meta, 'removed_uses', used)
+    redis.call('HINCRBY', K.meta, 'present_uses', -used)
+  end
+  call_chunked('HDEL', K.uses, ids)
+  call_chunked('HDEL', K.times, ids)
+  call_chunked('ZREM', K.versions, ids)
   if per_enabled(K) then
     local old, present = per_scores(K, ids), {}
     for i = 1, #ids do
@@ -170,12 +231,67 @@ local function set_priorities(K, ids, priorities)
 end
 
 -- Bookkeeping for items a sampling script has chosen (ids may repeat): every sampling
--- script calls this once with everything it returns. It writes nothing in the read-only
--- variant (RB_NO_WRITES, see redisbuf/scripts.py: a full server or a replica still
--- samples), nor once the buffer is dropped (a counter must not recreate its meta).
+-- script calls this once with everything it returns, AFTER reading their blobs: an item
+-- drawn for the max_use-th time is removed here (DI-engine's max_use), whichever process
+-- draws it. Each draw adds one use (an item drawn twice in a batch counts two), and the
+-- staleness (current version - item's version) of each versioned draw is summed. It
+-- writes nothing in the read-only variant (RB_NO_WRITES, see redisbuf/scripts.py: a full
+-- server or a replica still samples, without max_use), nor once the buffer is dropped (a
+-- counter must not recreate its meta).
+local function zmscore_chunked(key, members)
+  local out = {}
+  for i = 1, #members, CHUNK do
+    local part = redis.call('ZMSCORE', key, unpack(members, i, math.min(i + CHUNK - 1, #members)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
+end
+
 local function record_draws(K, ids)
   if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
   redis.call('HINCRBY', K.meta, 'sampled', #ids)
+  if #ids == 0 then return end
+  local conf = redis.call('HMGET', K.meta, 'max_use', 'cur_version')
+  local max_use, counts, distinct = tonumber(conf[1]), {}, {}
+  for i = 1, #ids do
+    local id = ids[i]
+    if id then
+      if counts[id] == nil then
+        counts[id] = 0
+        distinct[#distinct + 1] = id
+      end
+      counts[id] = counts[id] + 1
+    end
+  end
+  -- one HMGET and one HSET rather than an HINCRBY per item: a third of the server time
+  local before, used_up, total, use_pairs = hmget_chunked(K.uses, distinct), {}, 0, {}
+  for j, id in ipairs(distinct) do
+    total = total + counts[id]
+    local uses = (tonumber(before[j]) or 0) + counts[id]
+    use_pairs[2 * j - 1] = id
+    use_pairs[2 * j] = uses
+    if max_use and uses >= max_use then used_up[#used_up + 1] = id end
+  end
+  call_chunked('HSET', K.uses, use_pairs)
+  redis.call('HINCRBY', K.meta, 'present_uses', total)
+  if conf[2] then
+    local current, sum, count = tonumber(conf[2]), 0, 0
+    local versions = zmscore_chunked(K.versions, distinct)
+    for j, id in ipairs(distinct) do
+      if versions[j] then
+        sum = sum + counts[id] * (current - tonumber(versions[j]))
+        count = count + counts[id]
+      end
+    end
+    if count > 0 then
+      redis.call('HINCRBYFLOAT', K.meta, 'staleness_sum', sum)
+      redis.call('HINCRBY', K.meta, 'staleness_count', count)
+    end
+  end
+  if #used_up > 0 then
+    remove_items(K, used_up)
+    redis.call('HINCRBY', K.meta, 'retired', #used_up)
+  end
 end
 
 -- Take back draws that were not returned (their items vanished before the blobs were
@@ -183,4 +299,13 @@ end
 local function unrecord_draws(K, ids)
   if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
   redis.call('HINCRBY', K.meta, 'sampled', -#ids)
+  -- the uses of items still present (a removed item's uses are already in removed_uses)
+  local taken = 0
+  for i = 1, #ids do
+    if redis.call('HEXISTS', K.items, ids[i]) == 1 then
+      if redis.call('HINCRBY', K.uses, ids[i], -1) <= 0 then redis.call('HDEL', K.uses, ids[i]) end
+      taken = taken + 1
+    end
+  end
+  if taken > 0 then redis.call('HINCRBY', K.meta, 'present_uses', -taken) end
 end

@@ -34,7 +34,6 @@ else
 end
 local min_mass = tree_leaf_mass(K.meta, tonumber(lowest[2]))
 local priorities = per_scores(K, ids)
-record_draws(K, ids)
 local sum = (tonumber(conf[5]) or 0) + (tonumber(conf[6]) or 0)
 local out = {fmt(total), fmt(min_mass), redis.call('ZCARD', K.order), fmt(sum), conf[7] or '0'}
 for i = 1, n do out[5 + i] = ids[i] end
@@ -44,4 +43,5 @@ if ARGV[2] == '1' then
   local blobs = hmget_chunked(K.items, ids)
   for i = 1, n do out[5 + 3 * n + i] = blobs[i] end
 end
+record_draws(K, ids)  -- after reading the blobs: it may remove used-up items
 return out

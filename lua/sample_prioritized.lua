@@ -109,7 +109,6 @@ else
 end
 
 local ids = hmget_chunked(tree_ids, slots)
-record_draws(K, ids)
 local out = {fmt(total)}
 for i = 1, n do out[1 + i] = ids[i] end
 for i = 1, n do out[1 + n + i] = fmt(probabilities[i]) end
@@ -117,4 +116,5 @@ if ARGV[3] == '1' then
   local blobs = hmget_chunked(items, ids)
   for i = 1, n do out[1 + 2 * n + i] = blobs[i] end
 end
+record_draws(K, ids)  -- after the blobs: it may remove used-up items
 return out

@@ -50,9 +50,10 @@ else
 end
 local ids = {}
 for i = 1, n do ids[i] = seq[(i - 1) % m + 1] end
-record_draws(K, ids)
-if ARGV[4] == '1' then
-  local blobs = hmget_chunked(K.items, ids)
+local blobs
+if ARGV[4] == '1' then blobs = hmget_chunked(K.items, ids) end
+record_draws(K, ids)  -- after reading the blobs: it may remove used-up items
+if blobs then
   for i = 1, n do ids[n + i] = blobs[i] end
 end
 return ids

@@ -41,9 +41,10 @@ for i = 1, n do
     ids[i] = redis.call('ZRANGE', order, rank, rank)[1]
   end
 end
-record_draws(K, ids)
-if ARGV[3] == '1' then
-  local blobs = hmget_chunked(items, ids)
+local blobs
+if ARGV[3] == '1' then blobs = hmget_chunked(items, ids) end
+record_draws(K, ids)  -- after reading the blobs: it may remove used-up items
+if blobs then
   for i = 1, n do ids[n + i] = blobs[i] end
 end
 return ids

@@ -65,9 +65,10 @@ for i = 1, n do
     ids[i] = redis.call('ZRANGE', K.order, rank, rank)[1]
   end
 end
-record_draws(K, ids)
-if ARGV[6] == '1' then
-  local blobs = hmget_chunked(K.items, ids)
+local blobs
+if ARGV[6] == '1' then blobs = hmget_chunked(K.items, ids) end
+record_draws(K, ids)  -- after reading the blobs: it may remove used-up items
+if blobs then
   for i = 1, n do ids[n + i] = blobs[i] end
 end
 return ids

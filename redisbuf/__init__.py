@@ -15,14 +15,17 @@ from .errors import (
     InvalidBatchError,
     ItemTooLargeError,
     ProtocolError,
+    RateLimitTimeoutError,
     RedisBufError,
     SamplingError,
     SchemaError,
     ServerConfigError,
     ServerUnavailableError,
+    WaitTimeoutError,
 )
 from .fragments import Chunk, FragmentBuffer
 from .keys import BufferKeys
+from .limiters import MinSize, RateLimiter, SampleToInsertRatio
 from .samplers import PERSampler, PrioritizedSampler, UniformSampler
 from .selectors import FifoSampler, LifoSampler, MaxHeapSampler, MinHeapSampler
 from .sequence import BatchInfo, SequenceBuffer
@@ -55,10 +58,14 @@ __all__ = [
     "MinHeapSampler",
     "PERSampler",
     "PrioritizedSampler",
+    "MinSize",
     "ProtocolError",
+    "RateLimitTimeoutError",
+    "RateLimiter",
     "RedisBufError",
     "ReplayBuffer",
     "SampleInfo",
+    "SampleToInsertRatio",
     "SamplingError",
     "SchemaError",
     "SequenceBuffer",
@@ -69,5 +76,6 @@ __all__ = [
     "Trajectories",
     "Transitions",
     "UniformSampler",
+    "WaitTimeoutError",
     "connect",
 ]

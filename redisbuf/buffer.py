@@ -19,7 +19,7 @@ import msgpack
 import numpy as np
 import redis
 
-from . import codec, scripts
+from . import codec, lifetime, limiters, scripts
 from .connection import (
     as_client,
     check_durability,
@@ -36,12 +36,15 @@ from .errors import (
     EmptyBufferError,
     InvalidBatchError,
     ItemTooLargeError,
+    RateLimitTimeoutError,
     SchemaError,
     ServerUnavailableError,
+    WaitTimeoutError,
 )
 from .keys import BufferKeys, StagingKeys, format_id
 from .remote import RemoteScorer
 from .samplers import Draw, PrioritizedSampler, Sampler, UniformSampler
+from .waiting import wait_for
 from .windows import WindowSampler, joined, recent_batch_size
 
 FORMAT_VERSION = 1
@@ -64,6 +67,7 @@ class AddResult:
     ids: np.ndarray
     evicted: int
     score: dict[str, float] | None = None
+    rejected: str | None = None  # "stale" or "session": the batch was refused, not stored
 
 
 @dataclass
@@ -113,6 +117,13 @@ class ReplayBuffer:
         seed: seeds this process's sampling random numbers.
         sampler: a custom :class:`~redisbuf.samplers.Sampler` (overrides
             ``prioritized_sampling``).
+        max_use: remove an item once it has been sampled this many times (see
+            :mod:`redisbuf.lifetime`); fixed at creation, ``None`` adopts the stored one.
+        max_staleness: refuse and remove items whose model version is more than this
+            behind the current one (see :meth:`update_model_version`); fixed at creation.
+        rate_limiter: a :mod:`redisbuf.limiters` limiter (``SampleToInsertRatio``,
+            ``MinSize``) enforced for every process; fixed at creation, ``None`` adopts
+            the stored one.
         recent_data_ratio, recent_data_steps: ALF's recent data: ``ceil(n *
             recent_data_ratio)`` draws of every ``sample(n)`` come uniformly from the
             newest ``recent_data_steps`` items, the rest from the sampler. This
@@ -166,6 +177,9 @@ class ReplayBuffer:
         strict: bool = False,
         durability: str | None = None,
         durability_timeout: float = 10.0,
+        max_use: int | None = None,
+        max_staleness: int | None = None,
+        rate_limiter: limiters.RateLimiter | None = None,
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
@@ -206,6 +220,11 @@ class ReplayBuffer:
                 f"buffer {name!r} holds {stored_kind}, not {kind} (container kind mismatch)"
             )
         self.kind = kind or stored_kind
+        self.max_use, self.max_staleness = lifetime.configure(self, max_use, max_staleness)
+        # an item's last use removes it inside the drawing script: fetch blobs there too
+        self.fetch_inline = self.max_use is not None
+        self._rates = lifetime.RateMeter()
+        self.rate_limiter = limiters.configure(self, rate_limiter)
         if sampler is None:
             sampler = PrioritizedSampler() if prioritized_sampling else UniformSampler()
         self.sampler = sampler
@@ -348,8 +367,19 @@ class ReplayBuffer:
                 )
         return blobs, log_rewards, schema
 
-    def add(self, batch: Any, priorities: Any = None) -> AddResult:
+    def add(
+        self,
+        batch: Any,
+        priorities: Any = None,
+        *,
+        model_version: int | None = None,
+        session_id: str | None = None,
+    ) -> AddResult:
         """Insert every item of ``batch`` in one atomic step, then evict beyond capacity.
+
+        ``model_version`` is recorded per item; a batch more than ``max_staleness`` behind
+        the current version, or whose ``session_id`` is not the current session, is
+        refused and counted (``rejected`` of the result says why; nothing is stored).
 
         Eviction removes the oldest items (FIFO), or with ``prioritized_capacity`` the
         lowest log-reward ones (oldest first among equal log-rewards; new items included).
@@ -366,15 +396,25 @@ class ReplayBuffer:
         this batch (None when nothing was sent), or with ``async_score`` the previous
         send's (None on the first); see :mod:`redisbuf.remote`.
         """
+        options = lifetime.add_options(model_version, session_id)
         blobs, log_rewards, schema = self.encode(batch)
-        options: dict[str, Any] = {}
         if priorities is not None:
             options["per_priorities"] = _per_priority_texts(priorities, len(blobs))
             if self.client.hget(self.keys.meta, "tree_mass") != b"per":
                 raise ConfigMismatchError(
                     f"buffer {self.name!r} has no PER priorities: priorities= needs PERSampler"
                 )
-        result = self._insert(blobs, log_rewards, schema, options)
+        limiter = self.rate_limiter
+        if limiter is not None:
+            limiters.acquire(self, limiter, "insert", len(blobs))
+        try:
+            result = self._insert(blobs, log_rewards, schema, options)
+        except BaseException:
+            if limiter is not None:
+                limiters.release(self, "insert", len(blobs))
+            raise
+        if limiter is not None and result.rejected is not None:
+            limiters.release(self, "insert", len(blobs))
         if self.remote is not None:
             result.score = self.remote.after_add(batch, result.ids, log_rewards, schema)
         return result
@@ -395,7 +435,11 @@ class ReplayBuffer:
         for blob, priority in zip(blobs, priorities.tolist(), strict=True):
             args.append(blob)
             args.append(_priority_text(priority))
-        first, count, evicted = self._insert_with(schema, "add", args)
+        reply = self._insert_with(schema, "add", args)
+        refused = _refusal(reply)
+        if refused is not None:
+            return AddResult(np.arange(0, dtype=np.int64), 0, rejected=refused)
+        first, count, evicted = reply
         return AddResult(np.arange(first, first + count, dtype=np.int64), int(evicted))
 
     def _insert_with(self, schema: dict[str, Any], script: str, args: list[Any]) -> Any:
@@ -423,7 +467,7 @@ class ReplayBuffer:
                 f"batch does not fit buffer {self.name!r}: "
                 f"{describe_schema_difference(stored, schema)}"
             ) from None
-        if self._schema is None:
+        if self._schema is None and _refusal(reply) is None:
             self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
         return reply
 
@@ -492,11 +536,69 @@ class ReplayBuffer:
         return kind.join(fields, len(blobs), schema)
 
     def _draw(
-        self, n: int, replacement: bool | None, sample_range: slice | None = None
+        self,
+        n: int,
+        replacement: bool | None,
+        sample_range: slice | None = None,
+        block: bool = False,
+        timeout: float | None = 30.0,
+        min_size: int | None = None,
     ) -> Draw:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
             raise ValueError(f"n must be a positive integer, got {n!r}")
+        if min_size is not None and (
+            isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer))
+            or min_size < 1
+        ):
+            raise ValueError(f"min_size must be a positive integer or None, got {min_size!r}")
         n = int(n)
+        limiter = self.rate_limiter
+        if not block:
+            if limiter is not None:
+                limiters.acquire(self, limiter, "sample", n)
+            return self._draw_admitted(n, replacement, sample_range)
+        need = n if min_size is None else int(min_size)
+        held_by_limiter = []
+
+        def attempt() -> Draw | None:
+            held_by_limiter.clear()
+            if len(self) < need:
+                return None
+            if limiter is not None and not limiters.try_acquire(self, "sample", n):
+                held_by_limiter.append(True)
+                return None
+            try:
+                return self._draw_admitted(n, replacement, sample_range)
+            except EmptyBufferError:
+                return None  # e.g. every item has log-reward -inf: wait for a drawable one
+
+        try:
+            return wait_for(
+                self.client,
+                self.keys.meta,
+                attempt,
+                timeout,
+                lambda: f"buffer {self.name!r}: sample({n}) waited {timeout} s for {need} "
+                f"drawable items; it holds {len(self)}",
+                error=WaitTimeoutError,
+            )
+        except WaitTimeoutError as exc:
+            if held_by_limiter:
+                raise RateLimitTimeoutError(
+                    f"{exc}; the rate limiter held the sample back (waiting for inserts)"
+                ) from None
+            raise
+
+    def _draw_admitted(self, n: int, replacement: bool | None, sample_range: slice | None) -> Draw:
+        """Draw, taking back the rate limiter's count when nothing is drawn."""
+        try:
+            return self._draw_now(n, replacement, sample_range)
+        except BaseException:
+            if self.rate_limiter is not None:
+                limiters.release(self, "sample", n)
+            raise
+
+    def _draw_now(self, n: int, replacement: bool | None, sample_range: slice | None) -> Draw:
         sampler: Sampler = self.sampler
         if replacement is not None and isinstance(sampler, UniformSampler):
             sampler = UniformSampler(replacement)
@@ -516,9 +618,21 @@ class ReplayBuffer:
             raise EmptyBufferError(f"buffer {self.name!r}: {exc}") from None
 
     def sample(
-        self, n: int, replacement: bool | None = None, sample_range: slice | None = None
+        self,
+        n: int,
+        replacement: bool | None = None,
+        sample_range: slice | None = None,
+        *,
+        block: bool = False,
+        timeout: float | None = 30.0,
+        min_size: int | None = None,
     ) -> Any:
         """Draw ``n`` items and return them as one batch of the buffer's kind.
+
+        With ``block=True`` it first waits until the buffer holds ``min_size`` items
+        (default ``n``) and a draw succeeds, waking when any process adds; after
+        ``timeout`` seconds (``None``: no limit) it raises :class:`WaitTimeoutError`
+        (a ``TimeoutError``) naming the buffer.
 
         Sampling is without replacement unless ``replacement=True`` or ``n`` exceeds the
         length (torchgfn's rule). Uniform: every n-subset equally likely. Prioritized
@@ -531,15 +645,22 @@ class ReplayBuffer:
         ``slice(-10_000, None)`` for the newest 10 000; DI-engine's ``sample_range``) draws
         uniformly among those items instead, whatever the sampler.
         """
-        draw = self._draw(n, replacement, sample_range)
+        draw = self._draw(n, replacement, sample_range, block, timeout, min_size)
         return self.decode(draw.blobs, draw.ids, draw.schema_json)
 
     def sample_with_info(
-        self, n: int, replacement: bool | None = None, sample_range: slice | None = None
+        self,
+        n: int,
+        replacement: bool | None = None,
+        sample_range: slice | None = None,
+        *,
+        block: bool = False,
+        timeout: float | None = 30.0,
+        min_size: int | None = None,
     ) -> SampleInfo:
         """Like :meth:`sample`, also returning item ids and draw probabilities (None for
         ``sample_range`` and for batches with recent data)."""
-        draw = self._draw(n, replacement, sample_range)
+        draw = self._draw(n, replacement, sample_range, block, timeout, min_size)
         return SampleInfo(
             self.decode(draw.blobs, draw.ids, draw.schema_json),
             np.array(draw.ids, dtype=np.int64),
@@ -605,7 +726,11 @@ class ReplayBuffer:
         return [(int(member), float(score)) for member, score in rows]
 
     def stats(self) -> dict[str, Any]:
-        """Counters, length, capacity and configuration, plus Redis memory of the keys."""
+        """Counters, length, capacity and configuration, plus Redis memory of the keys;
+        data lifetime (:func:`redisbuf.lifetime.lifetime_stats`: mean use count of present
+        and removed items, mean staleness of sampled items, refused adds), priority
+        min / mean / max, and insert / sample rates (items per second since this
+        process's previous ``stats()``, or since creation on the first)."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(self.keys.meta)
         pipe.zcard(self.keys.order)
@@ -623,7 +748,17 @@ class ReplayBuffer:
             "eviction": meta.get("eviction"),
             "prioritized_sampling_ready": meta.get("tree") == "1",
             "memory_bytes": self.memory_usage(),
+            **lifetime.lifetime_stats(meta, int(length)),
+            **lifetime.priority_stats(self, meta),
+            **self._rates.rates(meta),
         }
+
+    def update_model_version(self, session_id: str, model_version: int) -> int:
+        """Make ``model_version`` of ``session_id`` current, for every process (MineStudio's
+        argument order). A new session removes every item; with ``max_staleness``, items
+        whose version is below ``model_version - max_staleness`` are removed. Later adds
+        are checked against these. Returns the number of items removed."""
+        return lifetime.update_model_version(self, session_id, model_version)
 
     def memory_usage(self) -> int | None:
         """Bytes Redis reports for this buffer's keys (None if the server cannot say)."""
@@ -866,6 +1001,12 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+def _refusal(reply: Any) -> str | None:
+    """Why an inserting script refused a batch ("stale", "session"; see admit_batch in
+    lua/_items.lua), or None when it stored it."""
+    if isinstance(reply, list) and len(reply) == 4 and reply[0] == 0:
+        return reply[3].decode() if isinstance(reply[3], bytes) else str(reply[3])
+    return None
 
 
 def _per_priority_texts(priorities: Any, n: int) -> list[str]:

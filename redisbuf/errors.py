@@ -61,5 +61,14 @@ class ControlTimeoutError(ProtocolError, TimeoutError):
     """A control-plane peer did not answer within the timeout."""
 
 
-class FetchTimeoutError(RedisBufError, TimeoutError):
+class WaitTimeoutError(RedisBufError, TimeoutError):
+    """A blocking call waited its whole timeout for a buffer (the message names it)."""
+
+
+class RateLimitTimeoutError(WaitTimeoutError):
+    """A rate limiter held an insert or a sample back for its whole timeout (the message
+    says which side waited, for what)."""
+
+
+class FetchTimeoutError(WaitTimeoutError):
     """A waiting read (``FragmentBuffer.fetch``) found too little data within its timeout."""

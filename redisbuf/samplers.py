@@ -63,7 +63,9 @@ def _draw_then_fetch(
     uniforms: bytes,
     parse: Callable[[list[Any], int], tuple[list[bytes], np.ndarray | None, int]],
 ) -> Draw:
-    for attempt in range(_FETCH_ATTEMPTS + 1):
+    # fetch_inline: the script may remove what it draws (max_use), so only it can read them
+    first = _FETCH_ATTEMPTS if getattr(buffer, "fetch_inline", False) else 0
+    for attempt in range(first, _FETCH_ATTEMPTS + 1):
         inline = attempt == _FETCH_ATTEMPTS
         reply = buffer._run(script, keys, [*head, int(inline), uniforms])
         members, probabilities, offset = parse(reply, n)

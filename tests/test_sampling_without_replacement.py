@@ -119,10 +119,13 @@ def test_without_replacement_is_the_default_and_writes_nothing_back(client, buff
     ids = buffer.sample_with_info(600).ids.tolist()
     assert len(set(ids)) == 600
     after = snapshot(client, buffer_name)
-    # only the meta's "sampled" counter moved: the tree was changed in the script only
-    assert {k: v for k, v in after.items() if k != keys.meta} == {
-        k: v for k, v in before.items() if k != keys.meta
+    # only the counters moved (meta, and the per-item use counts of lua/_items.lua's
+    # record_draws): the tree was changed in the script only
+    counters = (keys.meta, keys.uses)
+    assert {k: v for k, v in after.items() if k not in counters} == {
+        k: v for k, v in before.items() if k not in counters
     }
+    assert client.hlen(keys.uses) == 600
     assert_tree_consistent(client, buffer_name)
     assert buffer.stats()["sampled"] == 600
     # every item of nonzero probability: a permutation of them
