@@ -45,11 +45,9 @@ from .connection import as_client
 from .errors import ConfigMismatchError, FetchTimeoutError, InvalidBatchError
 from .keys import PREFIX, validate_name
 from .samplers import packed_uniforms
+from .waiting import wait_for
 
 FORMAT_VERSION = 1
-# A wait re-checks at least this often: a message is lost only if the subscriber's
-# connection drops, and this bounds how long such a loss can delay a fetch.
-_RECHECK = 2.0
 _CONFIG = ("max_chunks", "fragments_per_chunk", "max_staleness", "max_reuse")
 
 
@@ -300,29 +298,15 @@ class FragmentBuffer:
         n_chunks = _int_at_least(n_chunks, "n_chunks", 1)
         if n_chunks > self.max_chunks:
             raise ValueError(f"n_chunks={n_chunks} exceeds max_chunks={self.max_chunks}")
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        chunks = self._try_fetch(n_chunks)
-        if chunks is not None:
-            return chunks
-        pubsub = self.client.pubsub()
-        try:
-            pubsub.subscribe(self.keys.changed)
-            while True:
-                # subscribed before this check: a chunk stored after it is always heard
-                chunks = self._try_fetch(n_chunks)
-                if chunks is not None:
-                    return chunks
-                left = math.inf if deadline is None else deadline - time.monotonic()
-                if left <= 0:
-                    raise FetchTimeoutError(
-                        f"fragment buffer {self.name!r}: fewer than {n_chunks} chunks "
-                        f"after {timeout} s"
-                    )
-                _wait_for_message(pubsub, min(left, _RECHECK))
-        finally:
-            pubsub.close()
+        return wait_for(
+            self.client,
+            self.keys.meta,  # its change channel is keys.changed, told by fragment_add
+            lambda: self._try_fetch(n_chunks),
+            timeout,
+            lambda: f"fragment buffer {self.name!r}: fewer than {n_chunks} chunks "
+            f"after {timeout} s",
+            error=FetchTimeoutError,
+        )
 
     def stats(self, reset: bool = False) -> dict[str, Any]:
         """MineStudio's metrics and the buffer's counters.
@@ -381,20 +365,6 @@ class FragmentBuffer:
     def drop(self) -> None:
         """Delete every key of this buffer, configuration included."""
         self.client.delete(*self.keys.all_keys())
-
-
-def _wait_for_message(pubsub: Any, timeout: float) -> None:
-    """Block up to ``timeout`` seconds for a published message, then drain the queue (one
-    re-check covers them all). Subscribe confirmations do not end the wait."""
-    deadline = time.monotonic() + timeout
-    while True:
-        message = pubsub.get_message(timeout=max(deadline - time.monotonic(), 0.0))
-        if message is None:
-            return
-        if message.get("type") == "message":
-            break
-    while pubsub.get_message(timeout=0.0) is not None:
-        pass
 
 
 def _version(value: Any) -> int:
