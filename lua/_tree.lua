@@ -279,15 +279,12 @@ local function tree_leaf_mass(meta_key, score)
   return leaf_weight(tree_mass_rule(meta_key)(score), ref)
 end
 
--- Walk n draws down the tree together (uniforms packed as for uniform_at, total = the root's
--- mass): each level costs one HMGET of the distinct chunks. Returns the leaf slots drawn and
--- each leaf's mass (a draw's probability is its mass / total).
-local function tree_walk(tree_key, depth, packed, n, total)
-  local nodes, targets, masses = {}, {}, {}
-  for i = 1, n do
-    nodes[i] = 0
-    targets[i] = uniform_at(packed, i) * total
-  end
+-- Descend the tree for targets in [0, root mass) together: each level costs one HMGET of
+-- the distinct chunks. Returns the leaf slots reached and each leaf's mass.
+local function tree_descend(tree_key, depth, targets)
+  local n = #targets
+  local nodes, masses = {}, {}
+  for i = 1, n do nodes[i] = 0 end
   for _ = 1, depth do
     local chunk_of, distinct = {}, {}
     for i = 1, n do
@@ -313,7 +310,7 @@ local function tree_walk(tree_key, depth, packed, n, total)
         end
       end
       if chosen == nil then  -- rounding pushed the target past the last child with mass
-        chosen, mass, target = last_k, last_mass, last_mass * 0.5
+        chosen, mass, target = last_k or 0, last_mass, last_mass * 0.5
       end
       nodes[i] = FANOUT * nodes[i] + 1 + chosen
       targets[i] = target
@@ -324,4 +321,12 @@ local function tree_walk(tree_key, depth, packed, n, total)
   local slots = {}
   for i = 1, n do slots[i] = nodes[i] - leaf0 end
   return slots, masses
+end
+
+-- Walk n draws down the tree (uniforms packed as for uniform_at, total = the root's mass).
+-- Returns the leaf slots drawn and each leaf's mass (a draw's probability is mass / total).
+local function tree_walk(tree_key, depth, packed, n, total)
+  local targets = {}
+  for i = 1, n do targets[i] = uniform_at(packed, i) * total end
+  return tree_descend(tree_key, depth, targets)
 end
