@@ -169,7 +169,7 @@ def confirm(question: str, *, yes: bool, refusal: str) -> None:
         return
     if not sys.stdin.isatty():
         raise CommandError(f"{refusal}; pass --yes to do it without asking")
-    error_console().print(f"{safe(question)} [y/N] ", end="")
+    error_console().print(safe(f"{question} [y/N] "), end="")
     try:
         answer = input()
     except EOFError:
