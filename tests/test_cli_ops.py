@@ -24,10 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from redisbuf import BufferKeys, ReplayBuffer
 from redisbuf.metrics import HIST_STEP, history_rates, parse_history
-from redisbuf.server import EmbeddedServer
+from redisbuf.server import EmbeddedServer, free_port
 
 pytestmark = pytest.mark.redis_server
 TIMEOUT = 120
+DEBIAN_SERVER = "/usr/bin/redis-server"
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -182,6 +183,55 @@ def test_password_urls_work_and_the_password_is_never_printed():
         line = one_error(cli("list", "--url", bad))
         assert secret not in line
         line = one_error(cli("inspect", "nope", "--url", good), "locked")
+        assert secret not in line
+        client.close()
+
+
+
+def _self_signed_certificate(directory) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 (its own CA) and its key, made with openssl."""
+    cert, key = str(directory / "server.crt"), str(directory / "server.key")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", key, "-out", cert, "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    return cert, key
+
+
+@pytest.mark.skipif(not os.path.exists(DEBIAN_SERVER), reason="needs Debian's redis-server "
+                    "(built with TLS; .ci/setup installs it as root)")
+def test_tls_and_password_urls_work_in_every_command(tmp_path):
+    """rediss:// with a password: the same commands work and the password is never printed;
+    a URL without the CA is refused with one clear line."""
+    secret = "Tls-pa55_y"
+    cert, key = _self_signed_certificate(tmp_path)
+    tls_port = free_port()
+    tls_args = ["--tls-port", str(tls_port), "--tls-cert-file", cert, "--tls-key-file", key,
+                "--tls-ca-cert-file", cert, "--tls-auth-clients", "no",
+                "--requirepass", secret]
+    with EmbeddedServer(binary=DEBIAN_SERVER, extra_args=tls_args):
+        good = f"rediss://default:{secret}@127.0.0.1:{tls_port}/0?ssl_ca_certs={cert}"
+        client = redis.Redis.from_url(good)
+        assert client.connection_pool.connection_class is redis.SSLConnection
+        fill(client, "sealed", 5)
+        for args in (["list", "--json"], ["inspect", "sealed", "--json"],
+                     ["watch", "sealed", "--json", "--count", "1"]):
+            done = cli(*args, "--url", good)
+            assert done.returncode == 0, done.stderr
+            assert secret not in done.stdout + done.stderr
+            assert json.loads(done.stdout)["url"].startswith("rediss://")
+        exported = tmp_path / "sealed.rbuf"
+        done = cli("export", "sealed", str(exported), url=good)  # via $REDISBUF_URL
+        assert done.returncode == 0 and secret not in done.stdout + done.stderr
+        done = cli("import", str(exported), "copy", "--json", url=good)
+        assert done.returncode == 0, done.stderr
+        assert len(ReplayBuffer.open(client, "copy")) == 5
+        done = cli("drop", "copy", "--yes", url=good)
+        assert done.returncode == 0 and not client.exists("rb:{copy}:meta")
+        untrusted = f"rediss://default:{secret}@127.0.0.1:{tls_port}/0"
+        line = one_error(cli("list", "--url", untrusted))
         assert secret not in line
         client.close()
 
