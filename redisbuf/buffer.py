@@ -931,6 +931,16 @@ class ReplayBuffer:
             with _gc_paused():
                 self._decode(kind, schema, [r[2] for r in chunk], [r[0] for r in chunk])
 
+    def _restore_args(
+        self, blobs: list[bytes], priorities: np.ndarray, schema_json: str
+    ) -> tuple[str, list[Any]]:
+        """The inserting script and its ARGV that store saved records as they are (a
+        buffer class that keeps more per item derives it here from the records)."""
+        args: list[Any] = [schema_json, len(blobs), ""]
+        for blob, priority in zip(blobs, priorities.tolist(), strict=True):
+            args += [blob, _priority_text(priority)]
+        return "add", args
+
     def _restore(self, header: dict[str, Any], records: Any) -> None:
         records = list(records)
         schema_json = header.get("schema")
@@ -957,11 +967,12 @@ class ReplayBuffer:
             self._run("restore_stage", [self.keys.meta, staging.meta], [len(records)])
             for start in range(0, len(records), _READ_CHUNK):
                 chunk = records[start : start + _READ_CHUNK]
-                args: list[Any] = [schema_json, len(chunk), ""]
-                for _id, priority, blob in chunk:
-                    args.append(blob)
-                    args.append(_priority_text(priority))
-                self._run_once("add", staging, staging.all_keys(), args)
+                script, args = self._restore_args(
+                    [blob for _id, _priority, blob in chunk],
+                    np.array([priority for _id, priority, _blob in chunk], dtype=np.float64),
+                    schema_json,
+                )
+                self._run_once(script, staging, staging.all_keys(), args)
             self._run_once(
                 "restore",
                 self.keys,

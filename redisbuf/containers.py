@@ -493,12 +493,15 @@ def describe_schema_difference(stored: dict[str, Any], given: dict[str, Any]) ->
             parts.append(f"field {name!r} not in buffer schema")
         elif s_fields[name] != g_fields[name]:
             s, g = s_fields[name], g_fields[name]
+            if not (isinstance(s, dict) and isinstance(g, dict)):  # e.g. a corrupt file
+                parts.append(f"field {name!r}: {s!r} expected, got {g!r}")
+                continue
             diffs = [
-                f"{key} {s[key]!r} expected, got {g[key]!r}"
+                f"{key} {s.get(key)!r} expected, got {g.get(key)!r}"
                 for key in ("dtype", "shape", "lib")
                 if s.get(key) != g.get(key)
             ]
-            parts.append(f"field {name!r}: " + ", ".join(diffs))
+            parts.append(f"field {name!r}: " + (", ".join(diffs) or "differs"))
     if stored.get("pad") != given.get("pad"):
         parts.append(f"padding values {stored.get('pad')} expected, got {given.get('pad')}")
     return "; ".join(parts) or "schemas differ"

@@ -8,6 +8,7 @@ same atomic step, so the rule holds whichever process adds.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,16 +103,17 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
         self.cutoff_distance = float(cutoff_distance)
         self.p_norm_distance = float(p_norm_distance)
 
-    def _insert(
-        self, blobs: list[bytes], priorities: np.ndarray, schema: dict[str, Any]
-    ) -> AddResult:
-        """Insert stored records as they are (``load`` / ``load_state_dict``), their vectors
-        recomputed from the decoded items. A restore never exceeds the capacity, so
-        add_diverse takes its not-full path and inserts every record."""
+    def _restore_args(
+        self, blobs: list[bytes], priorities: np.ndarray, schema_json: str
+    ) -> tuple[str, list[Any]]:
+        """Saved records go in as they are, their vectors recomputed from the decoded
+        items. A restore never exceeds the capacity, so add_diverse takes its not-full
+        path (cutoff -1: no distance test) and inserts every record."""
+        schema = json.loads(schema_json)
         batch = self._decode(KINDS[schema["kind"]], schema, blobs, None)
-        reply = self._insert_with(schema, "add_diverse", self._args(blobs, priorities, batch, -1.0))
-        first, count, evicted = (int(x) for x in reply[:3])
-        return AddResult(np.arange(first, first + count, dtype=np.int64), evicted)
+        args = self._args(blobs, priorities, batch, -1.0)
+        args[0] = schema_json
+        return "add_diverse", args
 
     def _args(
         self, blobs: list[bytes], log_rewards: np.ndarray, batch: Any, cutoff: float
