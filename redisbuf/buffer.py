@@ -54,8 +54,11 @@ _READ_CHUNK = 1000
 #: Seconds a buffer remembers an add's batch id, so that a retried add is not inserted
 #: twice (see Script.__call__): far longer than any retry takes.
 BATCH_MEMORY = 600.0
-# Scripts that may run twice with the same effect (samplers retry by name: "sample*").
-_REPEATABLE_SCRIPTS = frozenset({"init", "enable_tree"})
+# Scripts that may run twice with the same effect (set-if-absent, then compare; samplers
+# retry by name, "sample*", unless max_use makes a draw count): retried like reads.
+_REPEATABLE_SCRIPTS = frozenset(
+    {"init", "enable_tree", "enable_per", "lifetime_config", "limiter_config"}
+)
 
 
 @dataclass
@@ -267,7 +270,9 @@ class ReplayBuffer:
 
     def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         run = scripts.load(script)
-        if script.startswith("sample") or script in _REPEATABLE_SCRIPTS:
+        # a draw counts uses under max_use (and may remove items): a repeat is not harmless
+        repeatable_draw = script.startswith("sample") and getattr(self, "max_use", None) is None
+        if repeatable_draw or script in _REPEATABLE_SCRIPTS:
             return retrying(lambda: run(self.client, keys, args), name=self.client)
         return run(self.client, keys, args)
 

@@ -5,34 +5,48 @@ with the drop-in must reproduce exactly."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 pytest.importorskip("gfn")
 
-import torch  # noqa: E402
-from gfn.containers import ReplayBuffer as TorchgfnBuffer  # noqa: E402
-
-from redisbuf.examples.torchgfn_hypergrid import train  # noqa: E402
-
 ITERATIONS = 300
 VALIDATION = 10_000
 
+# Each run gets a fresh interpreter: torchgfn's HyperGrid(store_all_states=True) forks a
+# multiprocessing.Pool, and a fork from the suite's process (which holds other tests'
+# threads and their locks) can leave a child deadlocked.
+_RUN = """
+import json, sys
+import torch
+from gfn.containers import ReplayBuffer as TorchgfnBuffer
+from redisbuf.examples.torchgfn_hypergrid import train
+torch.set_num_threads(1)  # torch's intra-op threads only fight each other here
+kwargs = json.loads(sys.argv[1])
+if kwargs.pop("torchgfn", False):
+    kwargs["buffer_class"] = TorchgfnBuffer
+print(json.dumps(train(**kwargs)))
+"""
 
-@pytest.fixture
-def one_thread():
-    # torch's intra-op threads only fight each other on these small tensors
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+
+def train(**kwargs) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN, json.dumps(kwargs)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 @pytest.mark.redis_server
 @pytest.mark.timeout(600)
-def test_drop_in_trains_like_torchgfn(redis_server, one_thread):
+def test_drop_in_trains_like_torchgfn(redis_server):
     theirs = [
         train(seed=seed, n_iterations=ITERATIONS, n_validation_samples=VALIDATION,
-              buffer_class=TorchgfnBuffer)["l1_dist"]
+              torchgfn=True)["l1_dist"]
         for seed in range(4)
     ]
     ours = [
@@ -50,7 +64,7 @@ def test_drop_in_trains_like_torchgfn(redis_server, one_thread):
 
 @pytest.mark.redis_server
 @pytest.mark.timeout(300)
-def test_seeded_drop_in_run_reproduces(redis_server, one_thread):
+def test_seeded_drop_in_run_reproduces(redis_server):
     runs = [
         train(seed=7, n_iterations=40, n_validation_samples=500, url=redis_server.url)
         for _ in range(2)
