@@ -25,13 +25,23 @@ local function call_chunked(cmd, key, list, step)
   end
 end
 
-local function hmget_chunked(key, fields)
+-- The replies of a multi-member read (HMGET, ZMSCORE) of every member, in order, CHUNK
+-- members a call (Lua's unpack has a stack limit).
+local function read_chunked(cmd, key, members)
   local out = {}
-  for i = 1, #fields, CHUNK do
-    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+  for i = 1, #members, CHUNK do
+    local part = redis.call(cmd, key, unpack(members, i, math.min(i + CHUNK - 1, #members)))
     for j = 1, #part do out[#out + 1] = part[j] end
   end
   return out
+end
+
+local function hmget_chunked(key, fields)
+  return read_chunked('HMGET', key, fields)
+end
+
+local function zmscore_chunked(key, members)
+  return read_chunked('ZMSCORE', key, members)
 end
 
 local function fail(code, message)

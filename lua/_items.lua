@@ -61,14 +61,11 @@ local function per_account(K, removed, added)
   redis.call('HSET', K.meta, 'per_sum', fmt(sum), 'per_comp', fmt(comp), 'per_nonzero', nonzero)
 end
 
--- The PER priorities (numbers) of ids; false for ids without one. One ZMSCORE per
--- CHUNK ids: a redis.call per id costs more than the lookups.
+-- The PER priorities (numbers) of ids; false for ids without one (one ZMSCORE per CHUNK
+-- ids: a redis.call per id costs more than the lookups).
 local function per_scores(K, ids)
-  local out = {}
-  for i = 1, #ids, CHUNK do
-    local part = redis.call('ZMSCORE', K.per, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
-    for j = 1, #part do out[i + j - 1] = part[j] and tonumber(part[j]) end
-  end
+  local out = zmscore_chunked(K.per, ids)
+  for i = 1, #out do out[i] = out[i] and tonumber(out[i]) end
   return out
 end
 
@@ -238,15 +235,6 @@ end
 -- writes nothing in the read-only variant (RB_NO_WRITES, see redisbuf/scripts.py: a full
 -- server or a replica still samples, without max_use), nor once the buffer is dropped (a
 -- counter must not recreate its meta).
-local function zmscore_chunked(key, members)
-  local out = {}
-  for i = 1, #members, CHUNK do
-    local part = redis.call('ZMSCORE', key, unpack(members, i, math.min(i + CHUNK - 1, #members)))
-    for j = 1, #part do out[#out + 1] = part[j] end
-  end
-  return out
-end
-
 local function record_draws(K, ids)
   if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
   redis.call('HINCRBY', K.meta, 'sampled', #ids)
