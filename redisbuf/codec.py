@@ -14,42 +14,57 @@ from __future__ import annotations
 import math
 import struct
 import warnings
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
 import numpy as np
-import torch
 
+from . import _torch
 from .errors import DecodeError
+
+if TYPE_CHECKING:
+    import torch
 
 EXT_NUMPY = 1
 EXT_TORCH = 2
 MAX_NDIM = 32
 
-# code -> (numpy dtype, torch dtype); bfloat16 has no numpy dtype and is torch-only.
-_DTYPES: dict[int, tuple[np.dtype | None, torch.dtype | None]] = {
-    1: (np.dtype("bool"), torch.bool),
-    2: (np.dtype("<i1"), torch.int8),
-    3: (np.dtype("<i2"), torch.int16),
-    4: (np.dtype("<i4"), torch.int32),
-    5: (np.dtype("<i8"), torch.int64),
-    6: (np.dtype("u1"), torch.uint8),
-    7: (np.dtype("<f2"), torch.float16),
-    8: (None, torch.bfloat16),
-    9: (np.dtype("<f4"), torch.float32),
-    10: (np.dtype("<f8"), torch.float64),
-    11: (np.dtype("<u2"), getattr(torch, "uint16", None)),
-    12: (np.dtype("<u4"), getattr(torch, "uint32", None)),
-    13: (np.dtype("<u8"), getattr(torch, "uint64", None)),
+# code -> (numpy dtype, name of the torch dtype); bfloat16 has no numpy dtype and is
+# torch-only. Names, not torch dtypes, so that importing the codec does not import torch.
+_DTYPES: dict[int, tuple[np.dtype | None, str]] = {
+    1: (np.dtype("bool"), "bool"),
+    2: (np.dtype("<i1"), "int8"),
+    3: (np.dtype("<i2"), "int16"),
+    4: (np.dtype("<i4"), "int32"),
+    5: (np.dtype("<i8"), "int64"),
+    6: (np.dtype("u1"), "uint8"),
+    7: (np.dtype("<f2"), "float16"),
+    8: (None, "bfloat16"),
+    9: (np.dtype("<f4"), "float32"),
+    10: (np.dtype("<f8"), "float64"),
+    11: (np.dtype("<u2"), "uint16"),  # torch >= 2.3
+    12: (np.dtype("<u4"), "uint32"),
+    13: (np.dtype("<u8"), "uint64"),
 }
 _NUMPY_CODE = {
     np_dtype.newbyteorder("<"): code
     for code, (np_dtype, _) in _DTYPES.items()
     if np_dtype is not None
 }
-_TORCH_CODE = {t: code for code, (_, t) in _DTYPES.items() if t is not None}
 # bytes-level numpy dtype used to move torch data in and out (bfloat16 as raw 2-byte words)
-_TORCH_RAW = {torch.bfloat16: np.dtype("<u2")}
+_TORCH_RAW = {"bfloat16": np.dtype("<u2")}
+_torch_codes: dict[Any, int] = {}  # torch dtype -> code, filled once torch is in use
+
+
+def _torch_dtype(code: int) -> torch.dtype | None:
+    """The torch dtype of ``code``; None if this torch version lacks it. Imports torch."""
+    return getattr(_torch.load(), _DTYPES[code][1], None)
+
+
+def _torch_code(dtype: torch.dtype) -> int | None:
+    if not _torch_codes:
+        _torch_codes.update({_torch_dtype(c): c for c in _DTYPES if _torch_dtype(c) is not None})
+    return _torch_codes.get(dtype)
 _HEADER = struct.Struct("<BB")
 
 _frombuffer_warned = False
@@ -60,6 +75,7 @@ def _torch_frombuffer(data: bytes, dtype: torch.dtype, count: int, offset: int) 
     tensors are read-only views by design. torch warns once per process, so only the
     first call needs the (scoped: no process-wide filter) suppression."""
     global _frombuffer_warned
+    torch = _torch.load()
     if _frombuffer_warned:
         return torch.frombuffer(data, dtype=dtype, count=count, offset=offset)
     with warnings.catch_warnings():
@@ -73,7 +89,7 @@ def _torch_frombuffer(data: bytes, dtype: torch.dtype, count: int, offset: int) 
 
 def dtype_name(array: np.ndarray | torch.Tensor) -> str:
     """A short, library-neutral name of an array's dtype (``float32``, ``bfloat16``...)."""
-    if isinstance(array, torch.Tensor):
+    if _torch.is_tensor(array):
         return str(array.dtype).removeprefix("torch.")
     return np.dtype(array.dtype).name
 
@@ -88,7 +104,10 @@ def _numpy_code(dtype: np.dtype) -> int:
 
 
 def supported_dtypes() -> list[str]:
-    return [str(t).removeprefix("torch.") for _, t in _DTYPES.values() if t is not None]
+    """Names of the dtypes arrays may have (those of this torch version, if torch is loaded:
+    a tensor's dtype can only be checked against a loaded torch)."""
+    torch = _torch.loaded()
+    return [name for _, name in _DTYPES.values() if torch is None or hasattr(torch, name)]
 
 
 def _pack_array(code: int, shape: tuple[int, ...], raw: bytes | memoryview) -> bytes:
@@ -105,7 +124,7 @@ def encode_array(array: np.ndarray | torch.Tensor) -> msgpack.ExtType:
 
 
 def _default(obj: Any) -> Any:
-    if isinstance(obj, (np.ndarray, torch.Tensor)):
+    if isinstance(obj, np.ndarray) or _torch.is_tensor(obj):
         return encode_array(obj)
     if isinstance(obj, np.generic):
         return obj.item()
@@ -132,7 +151,7 @@ def _checked_count(code: int, shape: tuple[int, ...], data: bytes, offset: int) 
     for dim in shape:
         count *= dim
     np_dtype, torch_dtype = _DTYPES[code]
-    itemsize = np_dtype.itemsize if np_dtype is not None else torch_dtype.itemsize
+    itemsize = (np_dtype if np_dtype is not None else _TORCH_RAW[torch_dtype]).itemsize
     if count * itemsize != len(data) - offset:
         raise DecodeError(
             f"array of shape {shape} needs {count * itemsize} bytes, "
@@ -152,12 +171,12 @@ def _decode_numpy(data: bytes) -> np.ndarray:
 
 def _decode_torch(data: bytes) -> torch.Tensor:
     code, shape, offset = _parse_header(data)
-    torch_dtype = _DTYPES[code][1]
+    torch_dtype = _torch_dtype(code)
     if torch_dtype is None:
         raise DecodeError(f"dtype code {code} is not supported by this torch version")
     count = _checked_count(code, shape, data, offset)
     if count == 0:
-        return torch.empty(shape, dtype=torch_dtype)
+        return _torch.load().empty(shape, dtype=torch_dtype)
     return _torch_frombuffer(data, torch_dtype, count, offset).reshape(shape)
 
 
@@ -199,19 +218,21 @@ def raw_numpy(array: np.ndarray | torch.Tensor) -> tuple[np.ndarray, int, int]:
 
     torch tensors come back as numpy views where possible (bfloat16 as raw uint16 words).
     """
-    if isinstance(array, torch.Tensor):
-        try:
-            code = _TORCH_CODE[array.dtype]
-        except KeyError:
+    if _torch.is_tensor(array):
+        code = _torch_code(array.dtype)
+        if code is None:
             raise TypeError(
                 f"unsupported torch dtype {array.dtype}; supported: {supported_dtypes()}"
-            ) from None
+            )
         t = array.detach()
         if t.device.type != "cpu":
             t = t.cpu()
         t = t.contiguous()
-        raw_dtype = _TORCH_RAW.get(t.dtype)
-        data = t.view(torch.int16).numpy().view(raw_dtype) if raw_dtype is not None else t.numpy()
+        raw_dtype = _TORCH_RAW.get(_DTYPES[code][1])
+        if raw_dtype is not None:
+            data = t.view(_torch.load().int16).numpy().view(raw_dtype)
+        else:
+            data = t.numpy()
         return data, code, EXT_TORCH
     code = _numpy_code(array.dtype)
     if array.dtype.byteorder == ">":
@@ -246,9 +267,9 @@ class Column:
         self.packed_key = msgpack.packb(key)
         self.scalar = array.ndim == 1
         if self.scalar:
-            if isinstance(array, torch.Tensor) and array.dtype == torch.bfloat16:
-                array = array.float()
-            if isinstance(array, torch.Tensor):
+            if _torch.is_tensor(array):
+                if array.dtype == _torch.load().bfloat16:
+                    array = array.float()
                 array = array.detach().cpu().numpy()
             self.values = _fixed_width_numbers(np.asarray(array))
             return
@@ -388,6 +409,7 @@ def to_library(array: np.ndarray, lib: str, dtype: str) -> np.ndarray | torch.Te
     """Hand a (writable) numpy array to the library named in the schema."""
     if lib != "torch":
         return array
+    torch = _torch.load()
     tensor = torch.from_numpy(array)
     if dtype == "bfloat16":
         tensor = tensor.view(torch.bfloat16)

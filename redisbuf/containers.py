@@ -24,16 +24,19 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import numpy as np
-import torch
 
-from . import codec
+from . import _torch, codec
 from .codec import dtype_name
 from .errors import DecodeError, InvalidBatchError, SchemaError
 
-Array = np.ndarray | torch.Tensor
+if TYPE_CHECKING:
+    import torch
+
+# torch only loads where a tensor is given or asked for (see redisbuf._torch)
+Array: TypeAlias = "np.ndarray | torch.Tensor"
 
 # Field roles: how a field maps onto one item.
 ROW = "row"  # array[b] is item b's value
@@ -41,11 +44,11 @@ STEPS = "steps"  # time-major: array[:L, b] (or [:L+1, b] for states) is item b'
 
 
 def _lib(array: Array) -> str:
-    return "torch" if isinstance(array, torch.Tensor) else "numpy"
+    return "torch" if _torch.is_tensor(array) else "numpy"
 
 
 def _as_array(value: Any, name: str) -> Array:
-    if isinstance(value, (np.ndarray, torch.Tensor)):
+    if isinstance(value, np.ndarray) or _torch.is_tensor(value):
         return value
     try:
         return np.asarray(value)
@@ -54,9 +57,9 @@ def _as_array(value: Any, name: str) -> Array:
 
 
 def _to_numpy(array: Array) -> np.ndarray:
-    if isinstance(array, torch.Tensor):
+    if _torch.is_tensor(array):
         t = array.detach().cpu()
-        if t.dtype == torch.bfloat16:
+        if t.dtype == _torch.load().bfloat16:
             t = t.float()
         return t.numpy()
     return array
@@ -75,6 +78,7 @@ def _alloc(spec: dict[str, Any], shape: tuple[int, ...], fill: float) -> tuple[n
     """
     dtype = _raw_dtype(spec["dtype"])
     if spec["dtype"] == "bfloat16":
+        torch = _torch.load()
         fill = int(torch.tensor([fill], dtype=torch.bfloat16).view(torch.int16).item()) & 0xFFFF
     array = np.full(shape, fill, dtype=dtype)
     return array, codec.to_library(array, spec["lib"], spec["dtype"])
@@ -95,6 +99,7 @@ def _stack_rows(values: FieldValues, spec: dict[str, Any]) -> Array:
             raise DecodeError(f"stored items of shape {values.shape[1:]}, schema says {shape}")
         if not shape:  # numbers: a value conversion, not a reinterpretation of bytes
             if spec["lib"] == "torch":
+                torch = _torch.load()
                 return torch.from_numpy(values).to(getattr(torch, spec["dtype"]))
             return values.astype(np.dtype(spec["dtype"]))
         if values.dtype != dtype:
@@ -108,6 +113,7 @@ def _stack_rows(values: FieldValues, spec: dict[str, Any]) -> Array:
         return codec.to_library(flat, spec["lib"], spec["dtype"])
     if not shape:
         if spec["lib"] == "torch":
+            torch = _torch.load()
             return torch.tensor(values, dtype=getattr(torch, spec["dtype"]))
         return np.array(values, dtype=dtype)
     if not values:
@@ -168,7 +174,7 @@ def _column(name: str, array: Array, lengths: np.ndarray | None = None) -> codec
 
 def _batch_major(array: Array) -> Array:
     """(T, B, ...) -> (B, T, ...), contiguous: item b's steps become one run of bytes."""
-    if isinstance(array, torch.Tensor):
+    if _torch.is_tensor(array):
         return array.detach().cpu().transpose(0, 1).contiguous()
     return np.ascontiguousarray(np.swapaxes(array, 0, 1))
 
@@ -276,7 +282,7 @@ class Transitions:
         """``states`` of the terminating transitions (those whose next state is the sink),
         as torchgfn's ``Transitions.terminating_states``."""
         mask = self.is_terminating
-        return self.states[mask if isinstance(mask, torch.Tensor) else np.asarray(mask)]
+        return self.states[mask if _torch.is_tensor(mask) else np.asarray(mask)]
 
 
 @dataclass
@@ -309,7 +315,8 @@ class Trajectories:
     def terminating_states(self) -> Array:
         """The last state before the sink: ``states[L-1, b]`` for each trajectory."""
         idx = self.terminating_idx
-        if isinstance(self.states, torch.Tensor):
+        if _torch.is_tensor(self.states):
+            torch = _torch.load()
             rows = torch.as_tensor(idx, dtype=torch.long) - 1
             return self.states[rows, torch.arange(len(self))]
         return self.states[np.asarray(idx) - 1, np.arange(len(self))]
@@ -438,10 +445,8 @@ class TrajectoriesKind(ContainerKind):
         out = Trajectories(
             states=padded("states", 1, pads.get("states", 0.0)),
             actions=padded("actions", 0, pads.get("actions", -1.0)),
-            terminating_idx=(
-                torch.tensor(lengths, dtype=torch.int64)
-                if spec["states"]["lib"] == "torch"
-                else np.array(lengths, dtype=np.int64)
+            terminating_idx=codec.to_library(
+                np.array(lengths, dtype=np.int64), spec["states"]["lib"], "int64"
             ),
             states_pad_value=pads.get("states", 0.0),
             actions_pad_value=pads.get("actions", -1.0),

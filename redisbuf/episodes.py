@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
-from . import codec, scripts
+from . import _torch, codec, scripts
 from .connection import as_client
 from .errors import ConfigMismatchError, InvalidBatchError
 from .keys import PREFIX, validate_name
@@ -102,7 +101,7 @@ class Windows:
 
 
 def _is_array(value: Any) -> bool:
-    return isinstance(value, (np.ndarray, torch.Tensor))
+    return isinstance(value, np.ndarray) or _torch.is_tensor(value)
 
 
 class EpisodeBuffer:
@@ -198,7 +197,7 @@ class EpisodeBuffer:
                     raise InvalidBatchError(
                         f"episode field {key!r} has {value.shape[0]} steps, others {length}"
                     )
-                lib = "torch" if isinstance(value, torch.Tensor) else "numpy"
+                lib = "torch" if _torch.is_tensor(value) else "numpy"
                 try:
                     columns.append(codec.Column(key, value))
                 except TypeError as exc:
@@ -234,6 +233,7 @@ class EpisodeBuffer:
                 if dtype == "bfloat16" and array.dtype == np.uint16:
                     out[key] = codec.to_library(np.array(array), lib, dtype)
                 else:
+                    torch = _torch.load()
                     out[key] = torch.as_tensor(np.array(array)).to(getattr(torch, dtype))
             else:
                 out[key] = np.array(array, dtype=np.dtype(dtype))

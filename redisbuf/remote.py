@@ -24,8 +24,8 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
+from . import _torch
 from .control.protocol import (
     DATA_TAG,
     OP_DATA,
@@ -64,14 +64,14 @@ def make_transport(buffer: ReplayBuffer, backend: Any) -> Transport:
 def _concat(parts: list[Any]) -> Any:
     if len(parts) == 1:
         return parts[0]
-    if isinstance(parts[0], torch.Tensor):
-        return torch.cat(parts)
+    if _torch.is_tensor(parts[0]):
+        return _torch.load().cat(parts)
     return np.concatenate(parts)
 
 
 def _select(array: Any, mask: np.ndarray) -> Any:
-    if isinstance(array, torch.Tensor):
-        return array[torch.from_numpy(mask)]
+    if _torch.is_tensor(array):
+        return array[_torch.load().from_numpy(mask)]
     return array[mask]
 
 

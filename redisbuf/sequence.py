@@ -33,9 +33,8 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
 
-from . import codec, scripts
+from . import _torch, codec, scripts
 from .connection import as_client
 from .errors import DecodeError, EmptyBufferError, InvalidBatchError
 from .keys import PREFIX, validate_name
@@ -105,7 +104,7 @@ def _flatten(batch: Any, prefix: str = "") -> dict[str, Any]:
         ):
             out.update(_flatten(value, path + "."))
         else:
-            if not isinstance(value, (np.ndarray, torch.Tensor)):
+            if not (isinstance(value, np.ndarray) or _torch.is_tensor(value)):
                 value = np.asarray(value)
             out[path] = value
     return out
@@ -123,7 +122,7 @@ def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def _as_int_array(values: Any, name: str) -> np.ndarray:
-    array = np.asarray(values.cpu() if isinstance(values, torch.Tensor) else values)
+    array = np.asarray(values.cpu() if _torch.is_tensor(values) else values)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise InvalidBatchError(f"{name} must be a 1-D array of integers, got {array!r:.80}")
     return array.astype(np.int64)
@@ -308,7 +307,7 @@ class SequenceBuffer:
             key: {
                 "dtype": codec.dtype_name(value),
                 "shape": list(value.shape[1:]),
-                "lib": "torch" if isinstance(value, torch.Tensor) else "numpy",
+                "lib": "torch" if _torch.is_tensor(value) else "numpy",
             }
             for key, value in sorted(flat.items())
         }
@@ -339,7 +338,7 @@ class SequenceBuffer:
         if name not in flat:
             raise InvalidBatchError(f"the batch has no field {name!r} (fields: {sorted(flat)})")
         value = flat[name]
-        value = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+        value = value.detach().cpu().numpy() if _torch.is_tensor(value) else value
         if value.ndim != 1:
             raise InvalidBatchError(f"field {name!r} must hold one number per step")
         return np.asarray(value)
@@ -374,6 +373,7 @@ class SequenceBuffer:
                 array = np.zeros((*shape, *item_shape), dtype=_numpy_dtype(spec["dtype"]))
             elif spec["dtype"] == "bfloat16" and not item_shape:
                 # a per-step bfloat16 number travels as a float64 msgpack number
+                torch = _torch.load()
                 values = torch.from_numpy(np.asarray(columns[key], dtype=np.float32))
                 out[key] = values.to(torch.bfloat16).reshape(shape)
                 continue
@@ -490,7 +490,7 @@ class SequenceBuffer:
         ids = _as_int_array(env_ids, "env_ids")
         pos = _as_int_array(positions, "positions")
         prio = np.asarray(
-            priorities.detach().cpu() if isinstance(priorities, torch.Tensor) else priorities,
+            priorities.detach().cpu() if _torch.is_tensor(priorities) else priorities,
             dtype=np.float64,
         ).reshape(-1)
         if not len(ids) == len(pos) == len(prio):

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
+from . import _torch
 from .buffer import AddResult, ReplayBuffer
 from .containers import Array, States, Trajectories, Transitions
 from .errors import InvalidBatchError, SchemaError
@@ -17,7 +17,8 @@ from .errors import InvalidBatchError, SchemaError
 def _rows(array: Array | None, mask: Array) -> Array | None:
     if array is None:
         return None
-    if isinstance(array, torch.Tensor):
+    if _torch.is_tensor(array):
+        torch = _torch.load()
         return array[torch.as_tensor(mask, dtype=torch.bool, device=array.device)]
     return np.asarray(array)[np.asarray(mask, dtype=bool)]
 
@@ -30,7 +31,7 @@ def terminating_states_of(batch: Any) -> States:
         return batch
     if isinstance(batch, Trajectories):
         lengths = np.asarray(
-            batch.terminating_idx.cpu() if isinstance(batch.terminating_idx, torch.Tensor)
+            batch.terminating_idx.cpu() if _torch.is_tensor(batch.terminating_idx)
             else batch.terminating_idx
         ).reshape(-1)
         if len(lengths) and lengths.min() < 1:

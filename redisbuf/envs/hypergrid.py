@@ -11,8 +11,8 @@ or terminates (action ``ndim``). The reward of the terminal cell ``x`` is::
 from __future__ import annotations
 
 import numpy as np
-import torch
 
+from .. import _torch
 from ..containers import Trajectories
 
 
@@ -74,6 +74,7 @@ class HyperGrid:
             lengths[exits] = t + 1
             alive &= ~exits
         terminal = states[lengths - 1, np.arange(n)]
+        torch = _torch.load()  # the trajectories are tensors, as torchgfn's
         return Trajectories(
             states=torch.from_numpy(states),
             actions=torch.from_numpy(actions),

@@ -1,0 +1,323 @@
+"""Run every benchmark script, print one table and write it into README.md with a PNG.
+
+Usage: python benchmarks/run_all.py [--quick] [--only NAME ...] [--skip NAME ...]
+                                    [--timeout S] [--no-readme]
+
+Runs each ``benchmarks/bench_*.py`` (found by name, so new scripts join without an edit
+here) in its own process, one after another, passing ``--quick`` to those that accept
+it. Each script records its headline figures with ``_report.record`` (see
+``benchmarks/_report.py``) into a JSON-lines file named by ``$REDISBUF_BENCH_REPORT``; a
+script that records nothing only shows its own output. Then it prints one table (figure,
+value, baseline, ratio, target, met?), notes the date, the machine and its load average
+before and after, replaces the block between ``<!-- benchmarks:begin -->`` and
+``<!-- benchmarks:end -->`` in README.md, and draws ``benchmarks/throughput.png``:
+throughput against processes and against buffer size, from the rows that carry an
+``axis``. Never run in CI: it takes minutes and its figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from _report import ENV, parse_target
+
+HERE = Path(__file__).resolve().parent
+README = HERE.parent / "README.md"
+PNG = HERE / "throughput.png"
+BEGIN = "<!-- benchmarks:begin -->"
+END = "<!-- benchmarks:end -->"
+
+
+def discover(bench_dir: Path, only: Sequence[str] = (), skip: Sequence[str] = ()) -> list[Path]:
+    """The ``bench_*.py`` scripts of ``bench_dir`` in name order; ``only`` / ``skip`` take
+    names with or without the ``bench_`` prefix and ``.py`` suffix. ValueError names an
+    ``only`` entry that matches no script."""
+    scripts = sorted(bench_dir.glob("bench_*.py"))
+
+    def short(name: str) -> str:
+        return name.removesuffix(".py").removeprefix("bench_")
+
+    names = {short(p.name): p for p in scripts}
+    unknown = [name for name in only if short(name) not in names]
+    if unknown:
+        raise ValueError(f"no benchmark named {unknown}; have {sorted(names)}")
+    wanted = {short(n) for n in only} or set(names)
+    dropped = {short(n) for n in skip}
+    return [p for n, p in names.items() if n in wanted and n not in dropped]
+
+
+def script_args(script: Path, quick: bool) -> list[str]:
+    """``--quick`` for a script whose source defines that option, else nothing."""
+    return ["--quick"] if quick and '"--quick"' in script.read_text() else []
+
+
+def run_script(script: Path, args: list[str], report: Path, timeout: float) -> dict[str, Any]:
+    """Run one script (its output goes to ours); returns its name, exit code and seconds.
+    On timeout its whole process group (servers, mpiexec ranks) is killed."""
+    env = dict(os.environ, **{ENV: str(report)})
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *args], env=env, start_new_session=True
+    )
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        code = None
+    finally:
+        if proc.poll() is None:  # Ctrl-C here: take the script's processes down with us
+            os.killpg(proc.pid, signal.SIGKILL)
+    return {"script": script.stem, "code": code, "seconds": time.monotonic() - start}
+
+
+def load_rows(report: Path) -> list[dict[str, Any]]:
+    """The rows ``_report.record`` appended to ``report`` (none if it does not exist)."""
+    if not report.exists():
+        return []
+    return [json.loads(line) for line in report.read_text().splitlines() if line.strip()]
+
+
+def assemble(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with ``ratio`` filled in (value / baseline unless recorded) and ``met``:
+    True / False against the target, None without a target or the number it applies to."""
+    out = []
+    for row in rows:
+        row = dict(row)
+        if row.get("ratio") is None and row.get("baseline"):
+            row["ratio"] = row["value"] / row["baseline"]
+        row["met"] = None
+        if row.get("target"):
+            op, bound = parse_target(row["target"])
+            of = row.get("target_of") or ("ratio" if row.get("ratio") is not None else "value")
+            subject = row.get(of)
+            if subject is not None and math.isfinite(subject):
+                row["met"] = {
+                    ">=": subject >= bound,
+                    "<=": subject <= bound,
+                    ">": subject > bound,
+                    "<": subject < bound,
+                }[op]
+            row["target_text"] = f"{op} {bound:g}" + ("x" if of == "ratio" else f" {row['unit']}")
+        out.append(row)
+    return out
+
+
+def fmt(value: float | None) -> str:
+    """A number with 3 significant digits (thousands separated), or empty for None."""
+    if value is None:
+        return ""
+    if value != 0 and abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+MET = {True: "yes", False: "no", None: ""}
+COLUMNS = ("script", "figure", "value", "baseline", "ratio", "target", "met?")
+
+
+def cells(row: dict[str, Any]) -> list[str]:
+    """A row's table cells, in the order of :data:`COLUMNS`."""
+    baseline = ""
+    if row.get("baseline") is not None:
+        baseline = f"{fmt(row['baseline'])} {row['unit']}"
+        if row.get("baseline_name"):
+            baseline += f" ({row['baseline_name']})"
+    ratio = fmt(row.get("ratio"))
+    if ratio and row.get("spread"):
+        ratio += f" ({row['spread']})"
+    return [
+        row["script"].removeprefix("bench_"),
+        row["figure"],
+        f"{fmt(row['value'])} {row['unit']}",
+        baseline,
+        ratio,
+        row.get("target_text", ""),
+        MET[row["met"]],
+    ]
+
+
+def machine() -> dict[str, Any]:
+    """What ran the benchmarks: CPU model, cores, memory, OS, Python."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = ""
+    try:
+        kib = int(Path("/proc/meminfo").read_text().split()[1])
+        memory = f", {kib / 2**20:.0f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return {
+        "cpu": f"{cpu}, {os.cpu_count()} cores{memory}",
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+    }
+
+
+def outcome(run: dict[str, Any]) -> str:
+    return "timed out" if run["code"] is None else f"exit {run['code']}"
+
+
+def load_average() -> str:
+    return " / ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+    """The README block (without its markers): when, where, what ran, the table, the PNG."""
+    lines = [
+        f"Generated by `python benchmarks/run_all.py{' --quick' if meta['quick'] else ''}` "
+        f"on {meta['date']}: {meta['machine']['cpu']}; {meta['machine']['os']}, "
+        f"Python {meta['machine']['python']}. Load average (1 / 5 / 15 min) "
+        f"{meta['load_before']} before, {meta['load_after']} after.",
+        "",
+    ]
+    failed = [r for r in runs if r["code"] != 0]
+    ran = ", ".join(f"`{r['script']}` ({r['seconds']:.0f} s)" for r in runs if r["code"] == 0)
+    if ran:
+        lines += [f"Ran: {ran}.", ""]
+    if failed:
+        lines += [
+            "Failed (rows recorded before the failure are kept): "
+            + ", ".join(f"`{r['script']}` ({outcome(r)})" for r in failed)
+            + ".",
+            "",
+        ]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows:
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells(row)) + " |")
+    if not rows:
+        lines.append("| " + " | ".join(["(no rows recorded)"] + [""] * (len(COLUMNS) - 1)) + " |")
+    if meta.get("png"):
+        lines += ["", f"![throughput against processes and buffer size]({meta['png']})"]
+    return "\n".join(lines)
+
+
+def rewrite_block(text: str, block: str) -> str:
+    """``text`` with everything between the markers replaced by ``block``; ValueError if
+    the markers are missing, repeated or out of order (nothing is guessed)."""
+    if text.count(BEGIN) != 1 or text.count(END) != 1:
+        raise ValueError(f"README needs exactly one {BEGIN} and one {END} line")
+    head, rest = text.split(BEGIN)
+    if END not in rest:
+        raise ValueError(f"{END} comes before {BEGIN}")
+    _old, tail = rest.split(END)
+    return f"{head}{BEGIN}\n{block.strip()}\n{END}{tail}"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+    """Draw throughput against processes and against items into ``path``; False (no file
+    written) if no row carries an axis."""
+    curves: dict[str, dict[tuple[str, str], list[tuple[float, float]]]] = {}
+    for row in rows:
+        if row.get("axis"):
+            key = (row.get("series") or row["figure"], row["unit"])
+            curves.setdefault(row["axis"], {}).setdefault(key, []).append((row["x"], row["value"]))
+    if not curves:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    axes_names = [a for a in ("processes", "items") if a in curves]
+    fig, axes = plt.subplots(1, len(axes_names), figsize=(6 * len(axes_names), 4.2), squeeze=False)
+    for ax, name in zip(axes[0], axes_names, strict=True):
+        for (series, unit), points in sorted(curves[name].items()):
+            points.sort()
+            ax.plot(*zip(*points, strict=True), marker="o", label=f"{series} ({unit})")
+        ax.set_xlabel("processes" if name == "processes" else "items in the buffer")
+        ax.set_ylabel("throughput")
+        ax.set_yscale("log")
+        if name == "items":
+            ax.set_xscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="redisbuf benchmarks (ratios against baselines of the same run)")
+    for column in COLUMNS:
+        table.add_column(column, justify="right" if column in ("value", "ratio") else "left")
+    for row in rows:
+        style = {True: "green", False: "red", None: None}[row["met"]]
+        table.add_row(*cells(row), style=style)
+    Console().print(table)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="pass --quick where accepted")
+    parser.add_argument("--only", nargs="+", default=[], help="run only these (e.g. per)")
+    parser.add_argument("--skip", nargs="+", default=[], help="do not run these")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per script")
+    parser.add_argument("--no-readme", action="store_true", help="print only; write nothing")
+    parser.add_argument("--bench-dir", type=Path, default=HERE, help=argparse.SUPPRESS)
+    parser.add_argument("--readme", type=Path, default=README, help=argparse.SUPPRESS)
+    parser.add_argument("--png", type=Path, default=PNG, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        scripts = discover(args.bench_dir, args.only, args.skip)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not args.no_readme:  # fail before minutes of benchmarks, not after
+        rewrite_block(args.readme.read_text(), "")
+    meta: dict[str, Any] = {
+        "quick": args.quick,
+        "machine": machine(),
+        "load_before": load_average(),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="redisbuf-bench-") as tmp:
+        report = Path(tmp) / "rows.jsonl"
+        for script in scripts:
+            extra = script_args(script, args.quick)
+            print(f"\n=== {script.name} {' '.join(extra)}", flush=True)
+            runs.append(run_script(script, extra, report, args.timeout))
+            print(f"=== {script.name}: {outcome(runs[-1])}, {runs[-1]['seconds']:.0f} s")
+        rows = assemble(load_rows(report))
+    meta["load_after"] = load_average()
+    print_table(rows)
+    for run in runs:
+        if run["code"] != 0:
+            print(f"{run['script']}: {outcome(run)}")
+    if args.no_readme:
+        return 0 if all(r["code"] == 0 for r in runs) else 1
+    if plot(rows, args.png):
+        meta["png"] = os.path.relpath(args.png, args.readme.parent)
+    text = rewrite_block(args.readme.read_text(), markdown(rows, meta, runs))
+    args.readme.write_text(text)
+    print(f"wrote {args.readme}" + (f" and {args.png}" if meta.get("png") else ""))
+    return 0 if all(r["code"] == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
