@@ -19,12 +19,12 @@ def is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-def loaded() -> ModuleType | None:
+def imported() -> ModuleType | None:
     """The torch module if this process has imported it, else None."""
     return sys.modules.get("torch")
 
 
-def load() -> ModuleType:
+def require() -> ModuleType:
     """The torch module, imported now if no one has yet (for code that makes tensors)."""
     import torch  # a dict lookup once imported
 

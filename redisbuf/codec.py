@@ -58,7 +58,7 @@ _torch_codes: dict[Any, int] = {}  # torch dtype -> code, filled once torch is i
 
 def _torch_dtype(code: int) -> torch.dtype | None:
     """The torch dtype of ``code``; None if this torch version lacks it. Imports torch."""
-    return getattr(_torch.load(), _DTYPES[code][1], None)
+    return getattr(_torch.require(), _DTYPES[code][1], None)
 
 
 def _torch_code(dtype: torch.dtype) -> int | None:
@@ -75,7 +75,7 @@ def _torch_frombuffer(data: bytes, dtype: torch.dtype, count: int, offset: int) 
     tensors are read-only views by design. torch warns once per process, so only the
     first call needs the (scoped: no process-wide filter) suppression."""
     global _frombuffer_warned
-    torch = _torch.load()
+    torch = _torch.require()
     if _frombuffer_warned:
         return torch.frombuffer(data, dtype=dtype, count=count, offset=offset)
     with warnings.catch_warnings():
@@ -106,7 +106,7 @@ def _numpy_code(dtype: np.dtype) -> int:
 def supported_dtypes() -> list[str]:
     """Names of the dtypes arrays may have (those of this torch version, if torch is loaded:
     a tensor's dtype can only be checked against a loaded torch)."""
-    torch = _torch.loaded()
+    torch = _torch.imported()
     return [name for _, name in _DTYPES.values() if torch is None or hasattr(torch, name)]
 
 
@@ -176,7 +176,7 @@ def _decode_torch(data: bytes) -> torch.Tensor:
         raise DecodeError(f"dtype code {code} is not supported by this torch version")
     count = _checked_count(code, shape, data, offset)
     if count == 0:
-        return _torch.load().empty(shape, dtype=torch_dtype)
+        return _torch.require().empty(shape, dtype=torch_dtype)
     return _torch_frombuffer(data, torch_dtype, count, offset).reshape(shape)
 
 
@@ -230,7 +230,7 @@ def raw_numpy(array: np.ndarray | torch.Tensor) -> tuple[np.ndarray, int, int]:
         t = t.contiguous()
         raw_dtype = _TORCH_RAW.get(_DTYPES[code][1])
         if raw_dtype is not None:
-            data = t.view(_torch.load().int16).numpy().view(raw_dtype)
+            data = t.view(_torch.require().int16).numpy().view(raw_dtype)
         else:
             data = t.numpy()
         return data, code, EXT_TORCH
@@ -268,7 +268,7 @@ class Column:
         self.scalar = array.ndim == 1
         if self.scalar:
             if _torch.is_tensor(array):
-                if array.dtype == _torch.load().bfloat16:
+                if array.dtype == _torch.require().bfloat16:
                     array = array.float()
                 array = array.detach().cpu().numpy()
             self.values = _fixed_width_numbers(np.asarray(array))
@@ -409,7 +409,7 @@ def to_library(array: np.ndarray, lib: str, dtype: str) -> np.ndarray | torch.Te
     """Hand a (writable) numpy array to the library named in the schema."""
     if lib != "torch":
         return array
-    torch = _torch.load()
+    torch = _torch.require()
     tensor = torch.from_numpy(array)
     if dtype == "bfloat16":
         tensor = tensor.view(torch.bfloat16)

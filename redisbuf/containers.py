@@ -59,7 +59,7 @@ def _as_array(value: Any, name: str) -> Array:
 def _to_numpy(array: Array) -> np.ndarray:
     if _torch.is_tensor(array):
         t = array.detach().cpu()
-        if t.dtype == _torch.load().bfloat16:
+        if t.dtype == _torch.require().bfloat16:
             t = t.float()
         return t.numpy()
     return array
@@ -78,7 +78,7 @@ def _alloc(spec: dict[str, Any], shape: tuple[int, ...], fill: float) -> tuple[n
     """
     dtype = _raw_dtype(spec["dtype"])
     if spec["dtype"] == "bfloat16":
-        torch = _torch.load()
+        torch = _torch.require()
         fill = int(torch.tensor([fill], dtype=torch.bfloat16).view(torch.int16).item()) & 0xFFFF
     array = np.full(shape, fill, dtype=dtype)
     return array, codec.to_library(array, spec["lib"], spec["dtype"])
@@ -99,7 +99,7 @@ def _stack_rows(values: FieldValues, spec: dict[str, Any]) -> Array:
             raise DecodeError(f"stored items of shape {values.shape[1:]}, schema says {shape}")
         if not shape:  # numbers: a value conversion, not a reinterpretation of bytes
             if spec["lib"] == "torch":
-                torch = _torch.load()
+                torch = _torch.require()
                 return torch.from_numpy(values).to(getattr(torch, spec["dtype"]))
             return values.astype(np.dtype(spec["dtype"]))
         if values.dtype != dtype:
@@ -113,7 +113,7 @@ def _stack_rows(values: FieldValues, spec: dict[str, Any]) -> Array:
         return codec.to_library(flat, spec["lib"], spec["dtype"])
     if not shape:
         if spec["lib"] == "torch":
-            torch = _torch.load()
+            torch = _torch.require()
             return torch.tensor(values, dtype=getattr(torch, spec["dtype"]))
         return np.array(values, dtype=dtype)
     if not values:
@@ -316,7 +316,7 @@ class Trajectories:
         """The last state before the sink: ``states[L-1, b]`` for each trajectory."""
         idx = self.terminating_idx
         if _torch.is_tensor(self.states):
-            torch = _torch.load()
+            torch = _torch.require()
             rows = torch.as_tensor(idx, dtype=torch.long) - 1
             return self.states[rows, torch.arange(len(self))]
         return self.states[np.asarray(idx) - 1, np.arange(len(self))]

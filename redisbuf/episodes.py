@@ -233,7 +233,7 @@ class EpisodeBuffer:
                 if dtype == "bfloat16" and array.dtype == np.uint16:
                     out[key] = codec.to_library(np.array(array), lib, dtype)
                 else:
-                    torch = _torch.load()
+                    torch = _torch.require()
                     out[key] = torch.as_tensor(np.array(array)).to(getattr(torch, dtype))
             else:
                 out[key] = np.array(array, dtype=np.dtype(dtype))

@@ -65,13 +65,13 @@ def _concat(parts: list[Any]) -> Any:
     if len(parts) == 1:
         return parts[0]
     if _torch.is_tensor(parts[0]):
-        return _torch.load().cat(parts)
+        return _torch.require().cat(parts)
     return np.concatenate(parts)
 
 
 def _select(array: Any, mask: np.ndarray) -> Any:
     if _torch.is_tensor(array):
-        return array[_torch.load().from_numpy(mask)]
+        return array[_torch.require().from_numpy(mask)]
     return array[mask]
 
 

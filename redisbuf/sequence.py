@@ -373,7 +373,7 @@ class SequenceBuffer:
                 array = np.zeros((*shape, *item_shape), dtype=_numpy_dtype(spec["dtype"]))
             elif spec["dtype"] == "bfloat16" and not item_shape:
                 # a per-step bfloat16 number travels as a float64 msgpack number
-                torch = _torch.load()
+                torch = _torch.require()
                 values = torch.from_numpy(np.asarray(columns[key], dtype=np.float32))
                 out[key] = values.to(torch.bfloat16).reshape(shape)
                 continue

@@ -18,7 +18,7 @@ def _rows(array: Array | None, mask: Array) -> Array | None:
     if array is None:
         return None
     if _torch.is_tensor(array):
-        torch = _torch.load()
+        torch = _torch.require()
         return array[torch.as_tensor(mask, dtype=torch.bool, device=array.device)]
     return np.asarray(array)[np.asarray(mask, dtype=bool)]
 

@@ -1,5 +1,7 @@
 """Importing redisbuf changes no process-wide state: no warnings filter is installed, and
-decoding torch tensors still emits no warning (the suppression is scoped)."""
+decoding torch tensors still emits no warning (the suppression is scoped). torch (1-2 s to
+import) is loaded only when a tensor is given or decoded: not by ``import redisbuf``, not
+by any ``redisbuf ... --help``, not by storing and sampling numpy data."""
 
 from __future__ import annotations
 
@@ -31,3 +33,87 @@ def test_import_installs_no_warnings_filter_and_decoding_stays_quiet():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def _run(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_import_and_every_help_leave_torch_unimported():
+    out = _run(
+        """
+        import contextlib, io, sys
+        import redisbuf
+        assert "torch" not in sys.modules, "import redisbuf imported torch"
+        from redisbuf.cli import build_parser, main
+        commands = [[]] + [[name] for name in build_parser()._subparsers._group_actions[0].choices]
+        for command in commands:
+            with contextlib.redirect_stdout(io.StringIO()) as text:
+                try:
+                    main([*command, "--help"])
+                except SystemExit as exc:
+                    assert exc.code == 0, (command, exc.code)
+            assert "usage:" in text.getvalue(), command
+            assert "torch" not in sys.modules, f"redisbuf {command} --help imported torch"
+        print(len(commands))
+        """
+    )
+    assert int(out) > 5  # the bare command and each subcommand
+
+
+def test_numpy_add_and_sample_work_without_torch():
+    out = _run(
+        """
+        import sys
+        import fakeredis, numpy as np
+        from redisbuf import ReplayBuffer, States, Trajectories
+        client = fakeredis.FakeRedis()
+        plain = ReplayBuffer(client, "plain", capacity=100)
+        plain.add({"obs": np.arange(20.0).reshape(10, 2), "log_rewards": np.zeros(10)})
+        batch = plain.sample(4)
+        assert isinstance(batch["obs"], np.ndarray) and batch["obs"].shape == (4, 2)
+        trajectories = ReplayBuffer(client, "traj", capacity=100, prioritized_sampling=True)
+        trajectories.add(Trajectories(
+            states=np.zeros((4, 3, 2), dtype=np.int64),
+            actions=np.zeros((3, 3), dtype=np.int64),
+            terminating_idx=np.array([1, 2, 3]),
+            log_rewards=np.array([0.0, 1.0, 2.0]),
+        ))
+        sample = trajectories.sample(2)
+        assert isinstance(sample, Trajectories) and isinstance(sample.states, np.ndarray)
+        assert isinstance(sample.terminating_idx, np.ndarray)
+        states = ReplayBuffer(client, "states", capacity=10)
+        states.add(States(states=np.ones((3, 2), dtype=np.float32)))
+        assert states.sample(3).states.tolist() == [[1.0, 1.0]] * 3
+        assert "torch" not in sys.modules, "numpy data imported torch"
+        print("ok")
+        """
+    )
+    assert out == "ok"
+
+
+def test_torch_is_imported_when_a_stored_tensor_is_decoded():
+    import torch
+
+    from redisbuf import codec
+
+    blob = codec.packb({"x": torch.arange(3, dtype=torch.bfloat16)})
+    out = _run(
+        """
+        import sys
+        from redisbuf import codec
+        item = codec.unpackb(bytes.fromhex(sys.argv[1]))
+        import torch
+        assert isinstance(item["x"], torch.Tensor) and item["x"].dtype == torch.bfloat16
+        print(item["x"].tolist())
+        """,
+        blob.hex(),
+    )
+    assert out == "[0.0, 1.0, 2.0]"

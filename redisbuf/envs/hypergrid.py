@@ -74,7 +74,7 @@ class HyperGrid:
             lengths[exits] = t + 1
             alive &= ~exits
         terminal = states[lengths - 1, np.arange(n)]
-        torch = _torch.load()  # the trajectories are tensors, as torchgfn's
+        torch = _torch.require()  # the trajectories are tensors, as torchgfn's
         return Trajectories(
             states=torch.from_numpy(states),
             actions=torch.from_numpy(actions),
