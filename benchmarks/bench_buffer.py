@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import redis
 import torch
+from _report import record
 from rich.console import Console
 from rich.table import Table
 
@@ -193,6 +194,7 @@ def main() -> None:
             table.add_column(column, justify="right" if column != "operation" else "left")
         for label, ours, raw, ratio in rows:
             table.add_row(label, f"{ours:,.0f}", f"{raw:,.0f}", f"{ratio:.2f}", ">= 0.80")
+            record(label.strip(), ours, "items/s", baseline=raw, ratio=ratio, target=">= 0.8")
         console.print(table)
         big = 10**5 if args.quick else 10**6
         prio = bench_prioritized(url, [10**4, big], max(3, args.rounds // 2))
@@ -206,6 +208,13 @@ def main() -> None:
         console.print(table)
         ratio = prio[1][1] / prio[0][1]
         server_ratio = prio[1][2] / prio[0][2]
+        for size, ms, _, ms_with, _ in prio:
+            for label, call_ms in (("", ms), (", replacement", ms_with)):
+                series = f"prioritized sample({BATCH}{label})"
+                record(f"{series}, {size:,} items", BATCH / call_ms * 1e3, "items/s",
+                       series=series, axis="items", x=size)
+        record(f"prioritized sample({BATCH}) cost, {big:,} / 10^4 items", ratio, "x",
+               target="<= 2")
         console.print(
             f"cost at {big:,} / cost at 10,000: {ratio:.2f} (server time {server_ratio:.2f}); "
             "target <= 3.00"

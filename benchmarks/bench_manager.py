@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _report import record
 
 HERE = Path(__file__).resolve()
 WARMUP = 5
@@ -250,6 +251,12 @@ def main() -> None:
                 if "redis" in modes else nan
             print(f"{workers:>7} {pickled:>11.0f} {over_mpi:>13.0f} {over_mpi / pickled:>6.2f} "
                   f"{over_redis:>15.0f} {over_redis / pickled:>6.2f}", flush=True)
+            for series, rate in (("pickle over MPI", pickled), ("redisbuf, MPI control",
+                                 over_mpi), ("redisbuf, Redis control", over_redis)):
+                record(f"manager {series}, {workers} workers", rate, "round trips/s",
+                       series=f"manager: {series}", axis="processes", x=workers)
+            record(f"manager MPI control vs Redis control, {workers} workers", over_mpi,
+                   "round trips/s", baseline=over_redis, baseline_name="Redis", target=">= 1")
     finally:
         if server is not None:
             server.stop()

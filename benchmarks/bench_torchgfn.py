@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _report import record
+
 HERE = Path(__file__).resolve()
 WARMUP = 3
 CAPACITY = 10_000
@@ -122,6 +124,8 @@ def bench_overhead(url: str, rounds: int) -> None:
         iteration = _tb_iteration_ms(env, batch, max(5, rounds // 4))
         print(f"{batch:>6} {t:>9.2f} {r:>9.2f} {r - t:>7.2f} {iteration:>13.1f} "
               f"{(r - t) / iteration:>17.1%}", flush=True)
+        record(f"drop-in add + sample, batch {batch}", r, "ms", baseline=t,
+               baseline_name="torchgfn's")
 
 
 # -- 2. the manager path (children under mpiexec) ------------------------------------------
@@ -221,6 +225,8 @@ def bench_manager(url: str, rounds: int, repeats: int) -> None:
                     rates[mode].append(run_manager(mode, trainers, url, n, batch))
             t, r = statistics.median(rates["torchgfn"]), statistics.median(rates["redisbuf"])
             print(f"{batch:>6} {trainers:>8} {t:>16.1f} {r:>15.1f} {r / t:>6.2f}", flush=True)
+            record(f"drop-in manager, batch {batch}, {trainers} trainers", r, "round trips/s",
+                   baseline=t, baseline_name="torchgfn gloo", target=">= 5")
 
 
 def main() -> None:
