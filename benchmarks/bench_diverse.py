@@ -27,6 +27,7 @@ import time
 import uuid
 
 import numpy as np
+from _report import record
 
 from redisbuf import NormBasedDiversePrioritizedReplayBuffer, ReplayBuffer, States, connect
 from redisbuf.server import EmbeddedServer
@@ -98,6 +99,9 @@ def main() -> None:
                 ratio = statistics.median(
                     d / p for d, p in zip(times[label], times["plain"], strict=True))
                 cells.append(f"{statistics.median(times[label]):>22.2f} {ratio:>6.1f}")
+                record(f"diverse add, {label}, B={batch}", statistics.median(times[label]),
+                       "ms", baseline=statistics.median(times["plain"]),
+                       baseline_name="plain add", ratio=ratio)
             print(f"{batch:>4} {statistics.median(times['plain']):>13.2f} " + " ".join(cells))
             for buffer in buffers.values():
                 buffer.drop()

@@ -19,6 +19,7 @@ import statistics
 import time
 
 import numpy as np
+from _report import record
 
 from redisbuf import EpisodeBuffer, connect
 from redisbuf.episodes import EpisodeKeys
@@ -107,6 +108,9 @@ def main() -> None:
                 f"{label:<24}{statistics.median(ours):>18,.0f}{statistics.median(raw):>14,.0f}"
                 f"{statistics.median(ratios):>8.2f}{statistics.median(server_ms):>16.2f}"
             )
+            record(label, statistics.median(ours), "steps/s", baseline=statistics.median(raw),
+                   baseline_name="HMGET", ratio=statistics.median(ratios),
+                   spread=f"{min(ratios):.2f}-{max(ratios):.2f}")
     finally:
         client.delete(*EpisodeKeys(name).all_keys())
         if server is not None:

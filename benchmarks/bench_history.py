@@ -7,10 +7,12 @@ small items on a real server, the add script as it is against the same script wi
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import numpy as np
 import redis
+from _report import record
 
 from redisbuf import ReplayBuffer, scripts
 from redisbuf.server import EmbeddedServer
@@ -39,12 +41,18 @@ def main(rounds: int = 3, adds: int = 2000) -> None:
             finally:
                 scripts.load = original_load
 
+        pairs = []
         for i in range(rounds):
             with_history, without = run(f"h{i}", full), run(f"n{i}", bare)
             print(
                 f"round {i}: with history {with_history:.0f} us, without {without:.0f} us, "
                 f"ratio {with_history / without:.3f}"
             )
+            pairs.append((with_history, without, with_history / without))
+        ours, bare_us, ratios = zip(*pairs, strict=True)
+        record("add(16 small items) with the rate history", statistics.median(ours), "us",
+               baseline=statistics.median(bare_us), baseline_name="without it",
+               ratio=statistics.median(ratios), spread=f"{min(ratios):.3f}-{max(ratios):.3f}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import statistics
 import time
 
 import numpy as np
+from _report import record
 from rich.console import Console
 from rich.table import Table
 
@@ -120,6 +121,9 @@ def main() -> None:
                 f"{statistics.median(ratios):.2f}",
                 f"{statistics.median(server_ms):.2f}",
             )
+            record(f"get_batch({BATCH}, {LENGTH}), {label}", statistics.median(ours),
+                   "windows/s", baseline=statistics.median(raw), baseline_name="HMGET",
+                   ratio=statistics.median(ratios), spread=f"{min(ratios):.2f}-{max(ratios):.2f}")
         console.print(table)
     finally:
         client.delete(*SequenceKeys(name).all_keys())
