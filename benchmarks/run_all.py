@@ -67,7 +67,9 @@ def script_args(script: Path, quick: bool) -> list[str]:
 def run_script(script: Path, args: list[str], report: Path, timeout: float) -> dict[str, Any]:
     """Run one script (its output goes to ours); returns its name, exit code and seconds.
     On timeout its whole process group (servers, mpiexec ranks) is killed."""
-    env = dict(os.environ, **{ENV: str(report)})
+    # _report importable from scripts outside this folder too (the tests run such ones)
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, **{ENV: str(report), "PYTHONPATH": path})
     start = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, str(script), *args], env=env, start_new_session=True
@@ -96,8 +98,8 @@ def assemble(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     True / False against the target, None without a target or the number it applies to."""
     out = []
     for row in rows:
-        row = dict(row)
-        if row.get("ratio") is None and row.get("baseline"):
+        row = dict(row, ratio=row.get("ratio"))
+        if row["ratio"] is None and row.get("baseline"):
             row["ratio"] = row["value"] / row["baseline"]
         row["met"] = None
         if row.get("target"):
@@ -111,7 +113,8 @@ def assemble(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     ">": subject > bound,
                     "<": subject < bound,
                 }[op]
-            row["target_text"] = f"{op} {bound:g}" + ("x" if of == "ratio" else f" {row['unit']}")
+            unit = "x" if of == "ratio" or row["unit"] == "x" else f" {row['unit']}"
+            row["target_text"] = f"{op} {bound:g}{unit}"
         out.append(row)
     return out
 
