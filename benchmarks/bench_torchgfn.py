@@ -225,7 +225,7 @@ def bench_manager(url: str, rounds: int, repeats: int) -> None:
                     rates[mode].append(run_manager(mode, trainers, url, n, batch))
             t, r = statistics.median(rates["torchgfn"]), statistics.median(rates["redisbuf"])
             print(f"{batch:>6} {trainers:>8} {t:>16.1f} {r:>15.1f} {r / t:>6.2f}", flush=True)
-            record(f"drop-in manager, batch {batch}, {trainers} trainers", r, "round trips/s",
+            record(f"drop-in manager, batch {batch}, trainers: {trainers}", r, "round trips/s",
                    baseline=t, baseline_name="torchgfn gloo", target=">= 5")
 
 

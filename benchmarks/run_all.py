@@ -128,6 +128,10 @@ def fmt(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+def with_unit(value: float, unit: str) -> str:
+    return f"{fmt(value)}{unit}" if unit == "x" else f"{fmt(value)} {unit}"
+
+
 MET = {True: "yes", False: "no", None: ""}
 COLUMNS = ("script", "figure", "value", "baseline", "ratio", "target", "met?")
 
@@ -136,7 +140,7 @@ def cells(row: dict[str, Any]) -> list[str]:
     """A row's table cells, in the order of :data:`COLUMNS`."""
     baseline = ""
     if row.get("baseline") is not None:
-        baseline = f"{fmt(row['baseline'])} {row['unit']}"
+        baseline = with_unit(row["baseline"], row["unit"])
         if row.get("baseline_name"):
             baseline += f" ({row['baseline_name']})"
     ratio = fmt(row.get("ratio"))
@@ -145,7 +149,7 @@ def cells(row: dict[str, Any]) -> list[str]:
     return [
         row["script"].removeprefix("bench_"),
         row["figure"],
-        f"{fmt(row['value'])} {row['unit']}",
+        with_unit(row["value"], row["unit"]),
         baseline,
         ratio,
         row.get("target_text", ""),
@@ -270,7 +274,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         style = {True: "green", False: "red", None: None}[row["met"]]
         table.add_row(*cells(row), style=style)
-    Console().print(table)
+    # a wide table even in a log file (rich assumes 80 columns when not on a terminal)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
