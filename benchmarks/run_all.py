@@ -252,10 +252,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
             points.sort()
             ax.plot(*zip(*points, strict=True), marker="o", label=f"{series} ({unit})")
         ax.set_xlabel("processes" if name == "processes" else "items in the buffer")
-        ax.set_ylabel("throughput")
+        ax.set_ylabel("per second (log scale)")
         ax.set_yscale("log")
         if name == "items":
             ax.set_xscale("log")
+            ax.set_title("throughput against buffer size")
+        else:
+            ax.set_xticks(sorted({x for points in curves[name].values() for x, _ in points}))
+            ax.set_title("throughput against processes")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
