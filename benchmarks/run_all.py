@@ -219,15 +219,18 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], runs: list[dict[s
 
 
 def rewrite_block(text: str, block: str) -> str:
-    """``text`` with everything between the markers replaced by ``block``; ValueError if
-    the markers are missing, repeated or out of order (nothing is guessed)."""
-    if text.count(BEGIN) != 1 or text.count(END) != 1:
-        raise ValueError(f"README needs exactly one {BEGIN} and one {END} line")
-    head, rest = text.split(BEGIN)
-    if END not in rest:
+    """``text`` with the lines between the marker lines (each marker alone on its line)
+    replaced by ``block``; ValueError if a marker line is missing, repeated or out of
+    order (nothing is guessed)."""
+    lines = text.splitlines(keepends=True)
+    begins = [i for i, line in enumerate(lines) if line.strip() == BEGIN]
+    ends = [i for i, line in enumerate(lines) if line.strip() == END]
+    if len(begins) != 1 or len(ends) != 1:
+        raise ValueError(f"README needs exactly one {BEGIN} line and one {END} line")
+    if ends[0] < begins[0]:
         raise ValueError(f"{END} comes before {BEGIN}")
-    _old, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{block.strip()}\n{END}{tail}"
+    body = block.strip() + "\n" if block.strip() else ""
+    return "".join(lines[: begins[0] + 1]) + body + "".join(lines[ends[0] :])
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> bool:
@@ -300,7 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if not args.no_readme:  # fail before minutes of benchmarks, not after
-        rewrite_block(args.readme.read_text(), "")
+        try:
+            rewrite_block(args.readme.read_text(), "")
+        except (OSError, ValueError) as exc:
+            parser.error(f"{args.readme}: {exc}")
     meta: dict[str, Any] = {
         "quick": args.quick,
         "machine": machine(),

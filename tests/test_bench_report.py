@@ -82,13 +82,17 @@ def test_rewrite_block_replaces_only_between_the_markers(bench):
     new = run_all.rewrite_block(text, "| new | table |\n")
     assert new == f"# title\n\nintro\n{run_all.BEGIN}\n| new | table |\n{run_all.END}\n\n## next\n"
     assert run_all.rewrite_block(new, "| new | table |") == new  # idempotent
+    # markers quoted inside a line (as the README's own description does) are not markers
+    quoted = f"rewrites `{run_all.BEGIN}` to `{run_all.END}`\n"
+    assert run_all.rewrite_block(quoted + text, "x") == quoted + run_all.rewrite_block(text, "x")
 
 
 @pytest.mark.parametrize(
     "text",
     ["no markers", "<!-- benchmarks:begin -->\nonly the start",
      "<!-- benchmarks:end -->\n<!-- benchmarks:begin -->",
-     "<!-- benchmarks:begin -->\n<!-- benchmarks:end -->\n<!-- benchmarks:begin -->"],
+     "<!-- benchmarks:begin -->\n<!-- benchmarks:end -->\n<!-- benchmarks:begin -->",
+     "<!-- benchmarks:begin --> and <!-- benchmarks:end --> on one line"],
 )
 def test_rewrite_block_refuses_missing_or_misordered_markers(bench, text):
     _, run_all = bench
