@@ -253,9 +253,9 @@ def main() -> None:
                   f"{over_redis:>15.0f} {over_redis / pickled:>6.2f}", flush=True)
             for series, rate in (("pickle over MPI", pickled), ("redisbuf, MPI control",
                                  over_mpi), ("redisbuf, Redis control", over_redis)):
-                record(f"manager {series}, {workers} workers", rate, "round trips/s",
+                record(f"manager {series}, workers: {workers}", rate, "round trips/s",
                        series=f"manager: {series}", axis="processes", x=workers)
-            record(f"manager MPI control vs Redis control, {workers} workers", over_mpi,
+            record(f"manager MPI control vs Redis control, workers: {workers}", over_mpi,
                    "round trips/s", baseline=over_redis, baseline_name="Redis", target=">= 1")
     finally:
         if server is not None:
