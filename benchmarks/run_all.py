@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -210,6 +211,10 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], runs: list[dict[s
             + ".",
             "",
         ]
+    lines = [  # the prose wrapped like the rest of the README; table rows stay whole
+        textwrap.fill(line, 90, break_on_hyphens=False, break_long_words=False)
+        for line in lines
+    ]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells(row)) + " |")
