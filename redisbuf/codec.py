@@ -65,6 +65,8 @@ def _torch_code(dtype: torch.dtype) -> int | None:
     if not _torch_codes:
         _torch_codes.update({_torch_dtype(c): c for c in _DTYPES if _torch_dtype(c) is not None})
     return _torch_codes.get(dtype)
+
+
 _HEADER = struct.Struct("<BB")
 
 _frombuffer_warned = False
