@@ -10,12 +10,21 @@
 -- the buffer at capacity, answers from the finite priorities in prio: the smallest, or
 -- the q-quantile interpolated linearly between order statistics (torch.quantile's
 -- default). Otherwise (or when prio holds no finite value) it answers the EMA.
--- O(log n): -inf members sort first, so finite order statistics are ranks past ZCOUNT.
+-- Non-finite log-rewards never enter a baseline: -inf and +inf members of prio are
+-- skipped (an all-+inf or all--inf buffer answers the EMA), and the caller passes only a
+-- finite batch minimum.
+-- O(log n): -inf members sort first and +inf last, so the finite order statistics are
+-- the ranks between the two ZCOUNTs.
 -- Returns {source, value}: source "buffer" | "ema" | "none" (value "" for "none").
+-- Errors: RB_NOBUF (the buffer was dropped: the EMA must not recreate its meta).
 local meta, prio, order = KEYS[1], KEYS[2], KEYS[3]
 local strategy, q, alpha = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
-local ema = tonumber(redis.call('HGET', meta, 'baseline_ema') or '')
+local conf = redis.call('HMGET', meta, 'capacity', 'baseline_ema')
+if not conf[1] then
+  return fail('RB_NOBUF', 'buffer meta ' .. meta .. ' does not exist')
+end
+local ema = tonumber(conf[2] or '')
 if ARGV[5] ~= '' then
   local batch_min = tonumber(ARGV[5])
   if ema == nil then
@@ -32,10 +41,10 @@ local function at_rank(r)
 end
 
 if ARGV[4] == '1' and (strategy == 'min' or strategy == 'percentile') then
-  local capacity = tonumber(redis.call('HGET', meta, 'capacity') or '0')
+  local capacity = tonumber(conf[1]) or 0
   if capacity > 0 and redis.call('ZCARD', order) >= capacity then
     local skipped = redis.call('ZCOUNT', prio, '-inf', '-inf')
-    local finite = redis.call('ZCARD', prio) - skipped
+    local finite = redis.call('ZCARD', prio) - skipped - redis.call('ZCOUNT', prio, '+inf', '+inf')
     if finite > 0 then
       if strategy == 'min' then
         return {'buffer', fmt(at_rank(skipped))}
