@@ -26,7 +26,7 @@ from redis.cluster import RedisCluster
 
 from . import scripts
 from .buffer import ReplayBuffer
-from .containers import States
+from .containers import States, describe_schema_difference
 from .control.protocol import (
     ANY_SOURCE,
     DATA_TAG,
@@ -44,7 +44,7 @@ from .control.protocol import (
     get_transport,
     request,
 )
-from .errors import ConfigMismatchError, ControlTimeoutError, ProtocolError
+from .errors import ConfigMismatchError, ControlTimeoutError, ProtocolError, SchemaError
 from .keys import format_id
 
 log = logging.getLogger(__name__)
@@ -374,9 +374,19 @@ class ReplayBufferManager:
         for item_id, text in zip(ids, _priority_texts(log_rewards), strict=True):
             args.append(format_id(item_id))
             args.append(text)
-        where, value, positions, blobs = self._score_script(
-            self.buffer.client, [*keys.all_keys(), source.keys.meta, source.keys.items], args
-        )
+        try:
+            where, value, positions, blobs = self._score_script(
+                self.buffer.client, [*keys.all_keys(), source.keys.meta, source.keys.items], args
+            )
+        except SchemaError:
+            self.buffer._forget_schema()
+            source._forget_schema()
+            raise SchemaError(
+                f"items of buffer {source.name!r} do not fit buffer {self.buffer.name!r}: "
+                + describe_schema_difference(
+                    self.buffer._stored_schema() or {}, source._stored_schema() or {}
+                )
+            ) from None
         self.missing_items += len(ids) - len(positions)
         batch = source.decode(blobs, [ids[p] for p in positions])
         return batch, self._set_baseline(where, value)
