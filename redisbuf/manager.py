@@ -2,9 +2,10 @@
 
 Workers write their batches straight into the shared buffer in Redis (the data plane)
 and send the manager a small control message naming the new items (see
-:mod:`redisbuf.control.protocol`). The manager reads those items, calls the scoring
-function, adds a baseline log-reward computed in Redis by ``lua/baseline.lua`` and
-replies with the score dict. It stops once every training rank has sent EXIT.
+:mod:`redisbuf.control.protocol`). The manager reads those items, copies them into its
+own buffer when they live in another one, and computes a baseline log-reward, all in one
+Lua call (``lua/manager_score.lua``); it then calls the scoring function on the decoded
+items and replies with the score dict. It stops once every training rank has sent EXIT.
 
 ``store_locally``: with True the manager's buffer is the store that baselines read:
 ``min`` / ``percentile`` answer from it once it is full, and items a worker wrote to
