@@ -7,7 +7,7 @@ Compared in the same run:
   keeps it in memory (FIFO), updates an EMA baseline and ``comm.send`` s the score dict.
 * ``redisbuf-mpi``: ``ReplayBuffer.add`` with a remote manager over MPI: the batch goes into
   the shared Redis buffer (one Lua call), a small msgpack message names the new ids, the
-  manager reads them back from Redis, scores them, computes the baseline in Lua, replies.
+  manager reads them back and computes the baseline in one Lua call, scores them, replies.
 * ``redisbuf-redis``: the same, with the control messages through Redis lists instead of
   MPI (processes that mpiexec did not start).
 

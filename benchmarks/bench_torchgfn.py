@@ -9,7 +9,8 @@
    gloo, the batch pickled to the manager) against the drop-in manager (the batch written
    to Redis, ids over MPI). Target: the drop-in at least 5x torchgfn's.
 
-    python benchmarks/bench_torchgfn.py [--rounds 30] [--skip-manager]
+    python benchmarks/bench_torchgfn.py [--rounds 30] [--repeats 3] [--skip-manager]
+        [--skip-overhead] [--batches 64,512] [--trainers 1,2]
 
 Every process uses one torch thread. Medians over alternating rounds; on a shared machine
 compare the ratios, not the absolute figures.
@@ -211,13 +212,14 @@ def run_manager(mode: str, trainers: int, url: str, rounds: int, batch: int) -> 
     return sum(r["rounds"] for r in records) / max(r["elapsed"] for r in records)
 
 
-def bench_manager(url: str, rounds: int, repeats: int) -> None:
+def bench_manager(url: str, rounds: int, repeats: int, batches: list[int],
+                  trainer_counts: list[int]) -> None:
     print("2. manager path: add + score round trips per second (HyperGrid 16x16, "
           f"capacity {CAPACITY}, medians of {repeats})")
     print(f"{'batch':>6} {'trainers':>8} {'torchgfn (gloo)':>16} {'redisbuf (MPI)':>15} "
           f"{'ratio':>6}")
-    for batch in (64, 512):
-        for trainers in (1, 2):
+    for batch in batches:
+        for trainers in trainer_counts:
             n = rounds if batch == 64 else max(5, rounds // 4)
             rates: dict[str, list[float]] = {"torchgfn": [], "redisbuf": []}
             for _ in range(repeats):
@@ -238,6 +240,8 @@ def main() -> None:
     parser.add_argument("--url", default=os.environ.get("REDISBUF_URL"))
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--batches", default="64,512", help="manager path batch sizes")
+    parser.add_argument("--trainers", default="1,2", help="manager path trainer counts")
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-manager", action="store_true")
     args = parser.parse_args()
@@ -255,7 +259,9 @@ def main() -> None:
         if not args.skip_overhead:
             bench_overhead(url, args.rounds)
         if not args.skip_manager:
-            bench_manager(url, args.rounds, args.repeats)
+            bench_manager(url, args.rounds, args.repeats,
+                          [int(b) for b in args.batches.split(",")],
+                          [int(t) for t in args.trainers.split(",")])
     finally:
         if server is not None:
             server.stop()

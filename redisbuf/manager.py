@@ -2,9 +2,10 @@
 
 Workers write their batches straight into the shared buffer in Redis (the data plane)
 and send the manager a small control message naming the new items (see
-:mod:`redisbuf.control.protocol`). The manager reads those items, calls the scoring
-function, adds a baseline log-reward computed in Redis by ``lua/baseline.lua`` and
-replies with the score dict. It stops once every training rank has sent EXIT.
+:mod:`redisbuf.control.protocol`). The manager reads those items, copies them into its
+own buffer when they live in another one, and computes a baseline log-reward, all in one
+Lua call (``lua/manager_score.lua``); it then calls the scoring function on the decoded
+items and replies with the score dict. It stops once every training rank has sent EXIT.
 
 ``store_locally``: with True the manager's buffer is the store that baselines read:
 ``min`` / ``percentile`` answer from it once it is full, and items a worker wrote to
@@ -22,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from redis.cluster import RedisCluster
 
 from . import scripts
 from .buffer import ReplayBuffer
-from .containers import States
+from .containers import States, describe_schema_difference
 from .control.protocol import (
     ANY_SOURCE,
     DATA_TAG,
@@ -43,7 +45,7 @@ from .control.protocol import (
     get_transport,
     request,
 )
-from .errors import ConfigMismatchError, ControlTimeoutError, ProtocolError
+from .errors import ConfigMismatchError, ControlTimeoutError, ProtocolError, SchemaError
 from .keys import format_id
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,17 @@ class _RankStats:
     recv: list[float] = field(default_factory=list)
     score: list[float] = field(default_factory=list)
     send: list[float] = field(default_factory=list)
+
+
+def _is_cluster(client: Any) -> bool:
+    """Whether ``client`` (or the client a redisbuf wrapper holds) talks to a Redis
+    Cluster, where one script cannot touch keys of two buffers."""
+    return isinstance(getattr(client, "unwrapped", client), RedisCluster)
+
+
+def _priority_texts(log_rewards: np.ndarray) -> list[str]:
+    # repr keeps every bit; Lua reads "inf" / "-inf" (to_number in _common.lua)
+    return [repr(value) for value in log_rewards.tolist()]
 
 
 def _mean_max(values: list[float]) -> tuple[float, float]:
@@ -171,6 +184,7 @@ class ReplayBufferManager:
         self._comm_stats: dict[int, _RankStats] = {}
         self._others: dict[str, ReplayBuffer] = {}
         self._baseline_script = scripts.load("baseline")
+        self._score_script = scripts.load("manager_score")
         self.buffer.client.hdel(self.buffer.keys.meta, "baseline_ema")
 
     # -- construction -------------------------------------------------------------------
@@ -304,12 +318,17 @@ class ReplayBufferManager:
         inline = message.get("inline")
         if inline is not None:
             batch: Any = States(states=inline["states"], log_rewards=inline.get("log_rewards"))
+            baseline = self.update_baseline(log_rewards)
         else:
             ids = [int(i) for i in message.get("ids") or []]
-            batch = self._load(message.get("buffer") or self.buffer.name, ids)
+            source = self._source(message.get("buffer") or self.buffer.name)
+            if self._one_call(source, ids, log_rewards):
+                batch, baseline = self._load_and_baseline(source, ids, log_rewards)
+            else:
+                batch = self._load(source, ids)
+                baseline = self.update_baseline(log_rewards)
         raw = self.scoring_function(batch, sender_rank=sender)
         score = {str(key): float(value) for key, value in dict(raw).items()}
-        baseline = self.update_baseline(log_rewards)
         if baseline is not None:
             score["baseline_log_reward"] = baseline
         return score
@@ -322,38 +341,95 @@ class ReplayBufferManager:
             source = self._others[name] = ReplayBuffer.open(self.buffer.client, name)
         return source
 
-    def _load(self, name: str, ids: list[int]) -> Any:
-        """The items ``ids`` of buffer ``name`` as one batch. Items evicted since the
-        worker wrote them are left out (and counted in ``missing_items``)."""
-        source = self._source(name)
+    def _copies(self, source: ReplayBuffer) -> bool:
+        return source is not self.buffer and self.store_locally
+
+    def _one_call(self, source: ReplayBuffer, ids: list[int], log_rewards: np.ndarray) -> bool:
+        """Whether ``lua/manager_score.lua`` can serve this request alone: it reads, copies
+        and computes the baseline in one script, which is only the same as
+        :meth:`_load` + :meth:`update_baseline` when a copy is a plain add (no rate
+        limiter, durability wait, diversity test or forwarding manager on this buffer)
+        and both buffers' keys may meet in one script (not across Redis Cluster slots)."""
+        if len(log_rewards) != len(ids):
+            return False  # a malformed message: the general path reports it
+        if not self._copies(source):
+            return True
+        buffer = self.buffer
+        return (
+            type(buffer).add is ReplayBuffer.add
+            and buffer.rate_limiter is None
+            and buffer.durability is None
+            and buffer.remote is None
+            and not _is_cluster(buffer.client)
+        )
+
+    def _load_and_baseline(
+        self, source: ReplayBuffer, ids: list[int], log_rewards: np.ndarray
+    ) -> tuple[Any, float | None]:
+        """:meth:`_load` and :meth:`update_baseline` in one Lua call (see
+        ``lua/manager_score.lua``): the items found, copied when they live in another
+        buffer, and the baseline computed after the copy."""
+        keys = self.buffer.keys
+        args: list[Any] = [*self._baseline_args(log_rewards), "1" if self._copies(source) else "0",
+                           len(ids)]
+        for item_id, text in zip(ids, _priority_texts(log_rewards), strict=True):
+            args.append(format_id(item_id))
+            args.append(text)
+        try:
+            where, value, positions, blobs = self._score_script(
+                self.buffer.client, [*keys.all_keys(), source.keys.meta, source.keys.items], args
+            )
+        except SchemaError:
+            self.buffer._forget_schema()
+            source._forget_schema()
+            raise SchemaError(
+                f"items of buffer {source.name!r} do not fit buffer {self.buffer.name!r}: "
+                + describe_schema_difference(
+                    self.buffer._stored_schema() or {}, source._stored_schema() or {}
+                )
+            ) from None
+        self.missing_items += len(ids) - len(positions)
+        batch = source.decode(blobs, [ids[p] for p in positions])
+        return batch, self._set_baseline(where, value)
+
+    def _load(self, source: ReplayBuffer, ids: list[int]) -> Any:
+        """The items ``ids`` of buffer ``source`` as one batch, copied into this
+        manager's buffer when ``source`` is another one and ``store_locally``. Items
+        evicted since the worker wrote them are left out (and counted in
+        ``missing_items``)."""
         blobs = source.client.hmget(source.keys.items, [format_id(i) for i in ids]) if ids else []
         present = [i for i, blob in enumerate(blobs) if blob is not None]
         self.missing_items += len(ids) - len(present)
         batch = source.decode([blobs[i] for i in present], [ids[i] for i in present])
-        if source is not self.buffer and self.store_locally and present:
+        if self._copies(source) and present:
             self.buffer.add(batch)
         return batch
+
+    def _baseline_args(self, log_rewards: np.ndarray) -> list[str]:
+        finite = log_rewards[np.isfinite(log_rewards)]
+        return [
+            self.baseline_strategy,
+            repr(self.baseline_percentile),
+            repr(self.baseline_ema_alpha),
+            "1" if self.store_locally else "0",
+            repr(float(finite.min())) if finite.size else "",
+        ]
+
+    def _set_baseline(self, source: bytes, value: bytes) -> float | None:
+        self.last_baseline_source = source.decode()
+        self.last_baseline = None if self.last_baseline_source == "none" else float(value)
+        return self.last_baseline
 
     def update_baseline(self, log_rewards: np.ndarray) -> float | None:
         """Fold the batch's finite minimum into the EMA and return the baseline of
         ``baseline_strategy`` (``None`` while there is none), in one Lua call."""
-        finite = log_rewards[np.isfinite(log_rewards)]
-        batch_min = repr(float(finite.min())) if finite.size else ""
         keys = self.buffer.keys
         source, value = self._baseline_script(
             self.buffer.client,
             [keys.meta, keys.prio, keys.order],
-            [
-                self.baseline_strategy,
-                repr(self.baseline_percentile),
-                repr(self.baseline_ema_alpha),
-                "1" if self.store_locally else "0",
-                batch_min,
-            ],
+            self._baseline_args(np.asarray(log_rewards, dtype=np.float64)),
         )
-        self.last_baseline_source = source.decode()
-        self.last_baseline = None if self.last_baseline_source == "none" else float(value)
-        return self.last_baseline
+        return self._set_baseline(source, value)
 
     # -- metadata -------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from redisbuf import ReplayBuffer
-from redisbuf.errors import ControlTimeoutError
+from redisbuf.errors import ConfigMismatchError, ControlTimeoutError
 from redisbuf.manager import ReplayBufferManager
 
 
@@ -165,9 +165,48 @@ def test_baseline_reads_two_order_statistics_by_rank(real_client, buffer_name):
     stats = real_client.info("commandstats")
     called = {name.removeprefix("cmdstat_") for name in stats}
     # O(log n) commands only: no ZRANGE over everything, no ZRANGEBYSCORE / ZSCAN
-    assert called <= {"evalsha", "eval", "script|load", "hget", "hset", "zcard", "zcount",
+    assert called <= {"evalsha", "eval", "script|load", "hmget", "hset", "zcard", "zcount",
                       "zrange", "config|resetstat"}
     assert stats["cmdstat_zrange"]["calls"] == 2  # the two order statistics around q
+
+
+@pytest.mark.parametrize("strategy", ["min", "percentile"])
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_plus_inf_log_rewards_never_enter_a_baseline(client, buffer_name, strategy, prioritized):
+    # +inf items are kept (first, under reward eviction) but a baseline from them would
+    # filter out everything: the order statistics are taken over the finite values only
+    buffer = ReplayBuffer(client, buffer_name, capacity=8, prioritized_capacity=prioritized)
+    data = np.array([np.inf, 1.0, -np.inf, 4.0, np.inf, 2.0, 3.0, np.inf])
+    _fill(buffer, data)
+    manager = _manager(buffer, baseline_strategy=strategy, baseline_percentile=0.5)
+    got = manager.update_baseline(np.array([np.inf, 9.0]))
+    finite = data[np.isfinite(data)]
+    want = finite.min() if strategy == "min" else _torch_quantile(finite, 0.5)
+    assert manager.last_baseline_source == "buffer"
+    assert got == pytest.approx(want, rel=1e-12)
+    # the batch's +inf is not its minimum either: the EMA took 9.0
+    assert float(client.hget(buffer.keys.meta, "baseline_ema")) == 9.0
+
+
+@pytest.mark.parametrize("strategy", ["min", "percentile"])
+def test_full_buffer_of_only_infinite_log_rewards_answers_the_ema(client, buffer_name, strategy):
+    buffer = ReplayBuffer(client, buffer_name, capacity=4)
+    _fill(buffer, np.array([np.inf, -np.inf, np.inf, np.inf]))
+    manager = _manager(buffer, baseline_strategy=strategy)
+    assert manager.update_baseline(np.array([np.inf, -np.inf])) is None
+    assert manager.last_baseline_source == "none"
+    assert manager.update_baseline(np.array([-2.0, np.inf])) == -2.0
+    assert manager.last_baseline_source == "ema"
+
+
+def test_baseline_of_a_dropped_buffer_raises_and_writes_nothing(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=4)
+    manager = _manager(buffer, baseline_strategy="ema")
+    meta = buffer.keys.meta
+    buffer.drop()
+    with pytest.raises(ConfigMismatchError, match="does not exist"):
+        manager.update_baseline(np.array([1.0]))
+    assert client.exists(meta) == 0  # the EMA did not recreate a meta hash
 
 
 def test_unknown_strategy_and_bad_parameters_raise(fake_client, buffer_name):

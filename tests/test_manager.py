@@ -337,3 +337,69 @@ def test_unsupported_and_misconfigured_managers_raise(fake_client, buffer_name):
     with pytest.raises(ValueError, match="communication_backend"):
         ReplayBuffer(fake_client, buffer_name + "w", capacity=4, remote_manager_rank=0,
                      communication_backend="gloo")
+
+
+def _copy_run(client: Any, name: str, one_call: bool, monkeypatch: Any) -> dict[str, Any]:
+    """A private worker buffer (capacity 5) feeding a manager buffer (capacity 6, reward
+    eviction) with percentile baselines; returns what each side ended with."""
+    hub, recorder = Hub(), Recorder()
+    manager = _manager(hub, client, name=f"{name}-m", capacity=6, scoring_function=recorder,
+                       baseline_strategy="percentile", baseline_percentile=0.3)
+    if not one_call:
+        monkeypatch.setattr(manager, "_one_call", lambda *args: False)
+    worker = _worker(client, f"{name}-w", hub.worker(2), capacity=5)
+    rng = np.random.default_rng(7)
+    scores = []
+    for step in range(6):
+        values = rng.normal(0.0, 2.0, int(rng.integers(1, 8))).tolist()
+        if step == 2:
+            values[0] = math.inf
+        scores.append(worker.add(_batch(values, offset=10.0 * step)).score)
+    stored = manager.buffer.client.zrange(manager.buffer.keys.prio, 0, -1, withscores=True)
+    return {
+        "scores": scores,
+        "scored_x": [np.asarray(batch["x"]).tolist() for batch, _ in recorder.calls],
+        "stored": [score for _, score in stored],
+        "x": sorted(np.asarray(manager.buffer.sample(len(manager.buffer))["x"]).tolist())
+        if len(manager.buffer) else [],
+        "missing": manager.missing_items,
+        "ema": manager.buffer.client.hget(manager.buffer.keys.meta, "baseline_ema"),
+        "stats": {k: v for k, v in manager.buffer.stats().items()
+                  if k in ("length", "inserted", "evicted", "last_id")},
+    }
+
+
+def test_one_call_copy_and_baseline_match_the_step_by_step_path(client, buffer_name, monkeypatch):
+    # lua/manager_score.lua must do what HMGET + decode + add + baseline.lua did
+    fast = _copy_run(client, f"{buffer_name}-a", True, monkeypatch)
+    slow = _copy_run(client, f"{buffer_name}-b", False, monkeypatch)
+    assert fast == slow
+    assert fast["missing"] > 0  # batches over the worker's capacity were part of the run
+    assert fast["stats"]["evicted"] > 0 and math.inf in fast["stored"]
+
+
+def test_a_request_costs_the_manager_one_server_call(real_client, buffer_name):
+    hub = Hub()
+    manager = _manager(hub, real_client, name=f"{buffer_name}-m", capacity=100)
+    worker = _worker(real_client, f"{buffer_name}-w", hub.worker(1), capacity=100)
+    worker.add(_batch([1.0]))  # the first add fixes the schemas and opens the source
+    real_client.config_resetstat()
+    assert worker.add(_batch([1.0, 2.0, 3.0])).score["baseline_log_reward"] == 1.0
+    stats = real_client.info("commandstats")
+    # the worker's add and the manager's read + copy + baseline: one script call each
+    assert stats["cmdstat_evalsha"]["calls"] == 2
+    assert len(manager.buffer) == 4
+
+
+def test_a_copy_that_does_not_fit_the_manager_buffer_writes_nothing(client, buffer_name):
+    hub = Hub()
+    manager = _manager(hub, client, name=f"{buffer_name}-m", capacity=100)
+    manager.buffer.add({"y": np.zeros(2, dtype=np.int64), "log_rewards": np.zeros(2)})
+    counters = ("length", "inserted", "evicted", "last_id")
+    before = {k: manager.buffer.stats()[k] for k in counters}
+    ema_before = client.hget(manager.buffer.keys.meta, "baseline_ema")
+    worker = _worker(client, f"{buffer_name}-w", hub.worker(1), capacity=100)
+    with pytest.raises(ProtocolError, match="do not fit buffer"):
+        worker.add(_batch([1.0, 2.0]))
+    assert {k: manager.buffer.stats()[k] for k in counters} == before
+    assert client.hget(manager.buffer.keys.meta, "baseline_ema") == ema_before
