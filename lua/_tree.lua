@@ -72,15 +72,24 @@ local function entry_text(value)
   return string.format('%24.17g', value)
 end
 
+-- A node whose mass falls below CANCEL times its old mass is re-summed from its chunk
+-- rather than updated by its children's change: a subtree that empties holds exactly 0,
+-- and a subtraction never leaves more than a 1e-13 relative error in a node.
+local CANCEL = 1e-3
+
 -- Set node masses (list of {node, value}; a later entry for the same node wins, as when an
--- evicted item's slot is reused in the same call) and recompute every ancestor, one level
--- at a time: each level costs one HMGET and one HSET however many nodes changed.
+-- evicted item's slot is reused in the same call) and update every ancestor, one level at
+-- a time: each level costs one HMGET and one HSET however many nodes changed. An
+-- ancestor's entry moves by the sum of its children's changes (reading one entry, not
+-- sixteen), unless that cancels most of it (see CANCEL).
 local function tree_set_nodes(tree_key, updates)
   local pending, order = {}, {}
   for _, update in ipairs(updates) do
     if pending[update[1]] == nil then order[#order + 1] = update[1] end
     pending[update[1]] = update[2]
   end
+  local absolute = true  -- pending holds new masses (leaves), then changes of mass (above)
+  local written = {}     -- node -> its chunk as written by the level below
   while #order > 0 and order[1] ~= 0 do
     -- group the changed nodes by the chunk (parent) holding their masses
     local parents, parent_list = {}, {}
@@ -94,27 +103,48 @@ local function tree_set_nodes(tree_key, updates)
     end
     local chunks = hmget_chunked(tree_key, parent_list)
     local set_pairs, del_fields = {}, {}
-    local next_pending, next_order = {}, {}
+    local next_pending, next_written = {}, {}
     for i, parent in ipairs(parent_list) do
       local chunk = chunks[i] or EMPTY_CHUNK
-      for _, node in ipairs(parents[parent]) do
-        local k = (node - 1) % FANOUT
-        chunk = string.sub(chunk, 1, k * WIDTH) .. entry_text(pending[node])
-          .. string.sub(chunk, (k + 1) * WIDTH + 1)
+      local children = parents[parent]
+      local parts
+      if #children > 2 then  -- many changes: split once, join once
+        parts = {}
+        for k = 0, FANOUT - 1 do parts[k + 1] = string.sub(chunk, k * WIDTH + 1, (k + 1) * WIDTH) end
       end
-      local total = chunk_sum(chunk)
-      if total > 0 then
+      local change = 0
+      for _, node in ipairs(children) do
+        local k = (node - 1) % FANOUT
+        local old
+        if parts then old = tonumber(parts[k + 1]) or 0 else old = chunk_entry(chunk, k) end
+        local new
+        if absolute then
+          new = pending[node]
+        else
+          new = old + pending[node]
+          if new < old * CANCEL then new = chunk_sum(written[node]) end
+        end
+        change = change + (new - old)
+        if parts then
+          parts[k + 1] = entry_text(new)
+        else
+          chunk = string.sub(chunk, 1, k * WIDTH) .. entry_text(new)
+            .. string.sub(chunk, (k + 1) * WIDTH + 1)
+        end
+      end
+      if parts then chunk = table.concat(parts) end
+      if chunk ~= EMPTY_CHUNK then
         set_pairs[#set_pairs + 1] = parent
         set_pairs[#set_pairs + 1] = chunk
       else
         del_fields[#del_fields + 1] = parent
       end
-      next_pending[parent] = total
-      next_order[#next_order + 1] = parent
+      next_pending[parent] = change
+      next_written[parent] = chunk
     end
     call_chunked('HSET', tree_key, set_pairs)
     call_chunked('HDEL', tree_key, del_fields)
-    pending, order = next_pending, next_order
+    pending, order, written, absolute = next_pending, parent_list, next_written, false
   end
 end
 
@@ -201,14 +231,16 @@ end
 -- Keep the tree in step with items just removed (ids) and added (ids and their priorities
 -- as text), after the other per-item structures were changed: free the removed items'
 -- slots, give added ones a slot (freed slots first) and their mass, all in one pass up the
--- tree. Rebuilds instead when the largest priority drifted past REBASE from tree_ref.
--- Under the PER rule the masses come from the per zset, whatever added_priorities says.
+-- tree (a removed item's zero mass and an added item's mass on a reused slot are one
+-- change: tree_set_nodes keeps the later). Rebuilds instead when the largest priority
+-- drifted past REBASE from tree_ref. Under the PER rule the masses come from the per
+-- zset, whatever added_priorities says.
 local function tree_update(K, capacity, removed, added, added_priorities)
   local log_mass, per = tree_mass_rule(K.meta)
   local source = per and K.per or K.prio
   if per then
-    added_priorities = {}
-    for i = 1, #added do added_priorities[i] = redis.call('ZSCORE', K.per, added[i]) or '-inf' end
+    added_priorities = zmscore_chunked(K.per, added)
+    for i = 1, #added do added_priorities[i] = added_priorities[i] or '-inf' end
   end
   if tree_needs_rebase(K.meta, source) then
     tree_rebuild(K.meta, source, K.tree, K.tree_ids, K.tree_slots, K.tree_free, capacity)
@@ -218,12 +250,25 @@ local function tree_update(K, capacity, removed, added, added_priorities)
   local ref = tonumber(redis.call('HGET', K.meta, 'tree_ref'))
   local leaves, gone = {}, {}
   for _, id in ipairs(removed) do gone[id] = true end
+  local kept = {}  -- positions in `added` of the items still present
+  for i = 1, #added do
+    if not gone[added[i]] then kept[#kept + 1] = i end
+  end
+  -- slots for the kept items: the removed items' slots first (reused in place, so their
+  -- tree:ids fields are overwritten rather than deleted and the free list is not
+  -- touched), then the free list (one LPOP with a count), then new slots past
+  -- tree_next_slot (one HINCRBY)
+  local new_slots = {}
   if #removed > 0 then
     local slots = hmget_chunked(K.tree_slots, removed)
     local freed = {}
     for _, slot in ipairs(slots) do
       if slot then
-        freed[#freed + 1] = slot
+        if #new_slots < #kept then
+          new_slots[#new_slots + 1] = slot
+        else
+          freed[#freed + 1] = slot
+        end
         leaves[#leaves + 1] = {leaf0 + tonumber(slot), 0}
       end
     end
@@ -231,21 +276,25 @@ local function tree_update(K, capacity, removed, added, added_priorities)
     call_chunked('HDEL', K.tree_ids, freed)
     call_chunked('RPUSH', K.tree_free, freed)
   end
+  local short = #kept - #new_slots
+  if short > 0 then
+    local popped = redis.call('LPOP', K.tree_free, short) or {}
+    for _, slot in ipairs(popped) do new_slots[#new_slots + 1] = slot end
+    short = #kept - #new_slots
+  end
+  if short > 0 then
+    local next_slot = redis.call('HINCRBY', K.meta, 'tree_next_slot', short) - short
+    for j = 1, short do new_slots[#new_slots + 1] = next_slot + j - 1 end
+  end
   local id_pairs, slot_pairs = {}, {}
-  for i = 1, #added do
-    local id = added[i]
-    if not gone[id] then
-      local slot = redis.call('LPOP', K.tree_free)
-      if not slot then
-        slot = redis.call('HINCRBY', K.meta, 'tree_next_slot', 1) - 1
-      end
-      id_pairs[#id_pairs + 1] = slot
-      id_pairs[#id_pairs + 1] = id
-      slot_pairs[#slot_pairs + 1] = id
-      slot_pairs[#slot_pairs + 1] = slot
-      leaves[#leaves + 1] = {leaf0 + tonumber(slot),
-        leaf_weight(log_mass(to_number(added_priorities[i])), ref)}
-    end
+  for j, i in ipairs(kept) do
+    local id, slot = added[i], new_slots[j]
+    id_pairs[#id_pairs + 1] = slot
+    id_pairs[#id_pairs + 1] = id
+    slot_pairs[#slot_pairs + 1] = id
+    slot_pairs[#slot_pairs + 1] = slot
+    leaves[#leaves + 1] = {leaf0 + tonumber(slot),
+      leaf_weight(log_mass(to_number(added_priorities[i])), ref)}
   end
   call_chunked('HSET', K.tree_ids, id_pairs)
   call_chunked('HSET', K.tree_slots, slot_pairs)
@@ -279,39 +328,59 @@ local function tree_leaf_mass(meta_key, score)
   return leaf_weight(tree_mass_rule(meta_key)(score), ref)
 end
 
+-- The child of a chunk that `target` falls in, reading masses through entry(k) (k = 0..15):
+-- returns k, its mass and the target left inside it.
+local function chunk_child(entry, chunk, target)
+  local last_k, last_mass = nil, 0
+  for k = 0, FANOUT - 1 do
+    local mass = entry(chunk, k)
+    if mass > 0 then
+      if target < mass then return k, mass, target end
+      target = target - mass
+      last_k, last_mass = k, mass
+    end
+  end
+  -- rounding pushed the target past the last child with mass
+  return last_k or 0, last_mass, last_mass * 0.5
+end
+
+local function parsed_entry(masses, k) return masses[k] end
+
 -- Descend the tree for targets in [0, root mass) together: each level costs one HMGET of
--- the distinct chunks. Returns the leaf slots reached and each leaf's mass.
+-- the distinct chunks. A chunk that several draws pass through is parsed once; one that a
+-- single draw or two pass through is read entry by entry, only as far as the draw goes.
+-- Returns the leaf slots reached and each leaf's mass.
 local function tree_descend(tree_key, depth, targets)
   local n = #targets
   local nodes, masses = {}, {}
   for i = 1, n do nodes[i] = 0 end
   for _ = 1, depth do
-    local chunk_of, distinct = {}, {}
+    local chunk_of, distinct, visits = {}, {}, {}
     for i = 1, n do
-      if chunk_of[nodes[i]] == nil then
-        chunk_of[nodes[i]] = #distinct + 1
-        distinct[#distinct + 1] = nodes[i]
+      local j = chunk_of[nodes[i]]
+      if j == nil then
+        j = #distinct + 1
+        chunk_of[nodes[i]] = j
+        distinct[j] = nodes[i]
+        visits[j] = 0
       end
+      visits[j] = visits[j] + 1
     end
     local chunks = hmget_chunked(tree_key, distinct)
+    local readers = {}
+    for j = 1, #distinct do
+      local chunk = chunks[j] or EMPTY_CHUNK
+      if visits[j] > 2 then
+        local parsed = {}
+        for k = 0, FANOUT - 1 do parsed[k] = chunk_entry(chunk, k) end
+        chunks[j], readers[j] = parsed, parsed_entry
+      else
+        chunks[j], readers[j] = chunk, chunk_entry
+      end
+    end
     for i = 1, n do
-      local chunk = chunks[chunk_of[nodes[i]]] or EMPTY_CHUNK
-      local target, chosen, mass = targets[i], nil, 0
-      local last_k, last_mass = nil, 0
-      for k = 0, FANOUT - 1 do
-        mass = chunk_entry(chunk, k)
-        if mass > 0 then
-          if target < mass then
-            chosen = k
-            break
-          end
-          target = target - mass
-          last_k, last_mass = k, mass
-        end
-      end
-      if chosen == nil then  -- rounding pushed the target past the last child with mass
-        chosen, mass, target = last_k or 0, last_mass, last_mass * 0.5
-      end
+      local j = chunk_of[nodes[i]]
+      local chosen, mass, target = chunk_child(readers[j], chunks[j], targets[i])
       nodes[i] = FANOUT * nodes[i] + 1 + chosen
       targets[i] = target
       masses[i] = mass
