@@ -11,6 +11,10 @@
 -- have mass 0 here: a softmax over them is undefined, so sampling scripts refuse to draw
 -- while any is present (see infinite_count) and the tree only has to stay consistent.
 local REBASE = 300
+-- meta tree_layout: the layout of the tree keys described here. A tree written by an
+-- earlier version (one hash field per slot in tree:ids and tree:slots) has none and is
+-- rebuilt by the next script that writes the tree.
+local TREE_LAYOUT = '2'
 local FANOUT = 16
 local WIDTH = 24
 local EMPTY_CHUNK = string.rep(string.format('%24d', 0), FANOUT)
@@ -148,6 +152,117 @@ local function tree_set_nodes(tree_key, updates)
   end
 end
 
+-- tree:ids and tree:slots map leaf slots to item ids and back, each as small text buckets:
+-- field b of tree:ids holds the ids of slots 16b..16b+15 (12 characters each), field b of
+-- tree:slots the slots of ids 16b..16b+15 (SLOT_WIDTH characters each), blanks where there
+-- is none. One hash entry per 16 items costs a fraction of one entry per item, and
+-- consecutive ids (a batch, a FIFO eviction) share buckets: one lookup per 16 evicted
+-- items rather than one cache miss each in a hash of millions of fields.
+local BUCKET = 16
+local ID_WIDTH = 12
+local SLOT_WIDTH = 10
+local BLANK_IDS = string.rep(' ', BUCKET * ID_WIDTH)
+local BLANK_SLOTS = string.rep(' ', BUCKET * SLOT_WIDTH)
+
+local function slot_text(slot)
+  return string.format('%10d', tonumber(slot))
+end
+
+-- Group members (integers) by bucket: the distinct buckets in first-seen order and, for
+-- each member, the position of its bucket in that list.
+local function bucket_group(members)
+  local index, fields, where = {}, {}, {}
+  for i = 1, #members do
+    local b = math.floor(members[i] / BUCKET)
+    if index[b] == nil then
+      fields[#fields + 1] = b
+      index[b] = #fields
+    end
+    where[i] = index[b]
+  end
+  return fields, where
+end
+
+-- The entries of members (integers) in a bucket map of entry width `width`: their text,
+-- or false where blank.
+local function bucket_read(key, width, members)
+  local fields, where = bucket_group(members)
+  local got = hmget_chunked(key, fields)
+  local out = {}
+  for i = 1, #members do
+    local bucket, value = got[where[i]], false
+    if bucket then
+      local k = members[i] % BUCKET
+      local text = string.sub(bucket, k * width + 1, (k + 1) * width)
+      if string.byte(text, width) ~= 32 then value = text end
+    end
+    out[i] = value
+  end
+  return out
+end
+
+-- Write entries of a bucket map: texts[i] (exactly `width` characters) or false (blank)
+-- for members[i]; a later entry for the same member wins. A bucket left all blank is
+-- deleted. `blank` is an all-blank bucket of this width.
+local function bucket_write(key, width, blank, members, texts)
+  if #members == 0 then return end
+  local fields, where = bucket_group(members)
+  local got = hmget_chunked(key, fields)
+  local parts = {}
+  for j = 1, #fields do
+    local bucket, split = got[j] or blank, {}
+    for k = 0, BUCKET - 1 do split[k + 1] = string.sub(bucket, k * width + 1, (k + 1) * width) end
+    parts[j] = split
+  end
+  local empty = string.rep(' ', width)
+  for i = 1, #members do
+    parts[where[i]][members[i] % BUCKET + 1] = texts[i] or empty
+  end
+  local set_pairs, del_fields = {}, {}
+  for j = 1, #fields do
+    local bucket = table.concat(parts[j])
+    if bucket == blank then
+      del_fields[#del_fields + 1] = fields[j]
+    else
+      set_pairs[#set_pairs + 1] = fields[j]
+      set_pairs[#set_pairs + 1] = bucket
+    end
+  end
+  call_chunked('HSET', key, set_pairs)
+  call_chunked('HDEL', key, del_fields)
+end
+
+-- The slots (numbers) of item ids (12-digit text); false for ids without one.
+local function tree_slots_of(slots_key, ids)
+  local members = {}
+  for i = 1, #ids do members[i] = tonumber(ids[i]) end
+  local out = bucket_read(slots_key, SLOT_WIDTH, members)
+  for i = 1, #out do out[i] = out[i] and tonumber(out[i]) end
+  return out
+end
+
+-- The item ids (12-digit text) in leaf slots (numbers); false for a free slot.
+local function tree_ids_of(ids_key, slots)
+  return bucket_read(ids_key, ID_WIDTH, slots)
+end
+
+-- Record slot -> id (ids[i], or false to free the slot) in tree:ids.
+local function tree_set_ids(ids_key, slots, ids)
+  local members = {}
+  for i = 1, #slots do members[i] = tonumber(slots[i]) end
+  bucket_write(ids_key, ID_WIDTH, BLANK_IDS, members, ids)
+end
+
+-- Record id -> slot (slots[i], a number, or false: no slot) in tree:slots.
+local function tree_set_slots(slots_key, ids, slots)
+  local members, texts = {}, {}
+  for i = 1, #ids do
+    members[i] = tonumber(ids[i])
+    texts[i] = slots[i] and slot_text(slots[i])
+  end
+  bucket_write(slots_key, SLOT_WIDTH, BLANK_SLOTS, members, texts)
+end
+
 -- Build the tree from scratch from the priority zset: slots 0..n-1 in priority order,
 -- ref = the largest finite priority. O(n); runs on enable and on rebase only.
 local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, free_key, capacity)
@@ -165,19 +280,30 @@ local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, fr
     end
   end
   local count = #entries / 2
-  local id_pairs, slot_pairs = {}, {}
   -- masses of the current level's nodes, by offset from the level's first node
   local masses = {}
+  local id_parts, slot_parts = {}, {}  -- bucket -> {k -> text}
   for i = 1, count do
-    local slot = i - 1
+    local slot, id = i - 1, entries[2 * i - 1]
     masses[slot] = leaf_weight(log_mass(to_number(entries[2 * i])), ref)
-    id_pairs[#id_pairs + 1] = slot
-    id_pairs[#id_pairs + 1] = entries[2 * i - 1]
-    slot_pairs[#slot_pairs + 1] = entries[2 * i - 1]
-    slot_pairs[#slot_pairs + 1] = slot
+    local b = math.floor(slot / BUCKET)
+    if id_parts[b] == nil then id_parts[b] = {} end
+    id_parts[b][slot % BUCKET] = id
+    local number = tonumber(id)
+    b = math.floor(number / BUCKET)
+    if slot_parts[b] == nil then slot_parts[b] = {} end
+    slot_parts[b][number % BUCKET] = slot_text(slot)
   end
-  call_chunked('HSET', ids_key, id_pairs)
-  call_chunked('HSET', slots_key, slot_pairs)
+  for _, map in ipairs({{ids_key, id_parts, ID_WIDTH}, {slots_key, slot_parts, SLOT_WIDTH}}) do
+    local bucket_pairs, empty = {}, string.rep(' ', map[3])
+    for b, texts in pairs(map[2]) do
+      local parts = {}
+      for k = 0, BUCKET - 1 do parts[k + 1] = texts[k] or empty end
+      bucket_pairs[#bucket_pairs + 1] = b
+      bucket_pairs[#bucket_pairs + 1] = table.concat(parts)
+    end
+    call_chunked('HSET', map[1], bucket_pairs)
+  end
   local chunk_pairs = {}
   local width = count  -- nodes of this level that may be non-zero
   for level = depth, 1, -1 do
@@ -201,7 +327,7 @@ local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, fr
   end
   call_chunked('HSET', tree_key, chunk_pairs)
   redis.call('HSET', meta_key, 'tree', 1, 'tree_depth', depth, 'tree_ref', fmt(ref),
-    'tree_next_slot', count)
+    'tree_next_slot', count, 'tree_layout', TREE_LAYOUT)
 end
 
 -- The number of items of priority +inf (O(log n)).
@@ -219,7 +345,10 @@ local function max_finite_priority(prio_key)
   return value
 end
 
+-- Whether the tree must be rebuilt: its maximum drifted past REBASE, or it has an earlier
+-- layout (see TREE_LAYOUT).
 local function tree_needs_rebase(meta_key, prio_key)
+  if redis.call('HGET', meta_key, 'tree_layout') ~= TREE_LAYOUT then return true end
   local top = max_finite_priority(prio_key)
   if top == nil then return false end
   top = tree_mass_rule(meta_key)(top)
@@ -254,50 +383,50 @@ local function tree_update(K, capacity, removed, added, added_priorities)
   for i = 1, #added do
     if not gone[added[i]] then kept[#kept + 1] = i end
   end
-  -- slots for the kept items: the removed items' slots first (reused in place, so their
-  -- tree:ids fields are overwritten rather than deleted and the free list is not
-  -- touched), then the free list (one LPOP with a count), then new slots past
-  -- tree_next_slot (one HINCRBY)
-  local new_slots = {}
+  -- slots for the kept items: the removed items' slots first (reused in place, so the
+  -- free list is not touched), then the free list (one LPOP with a count), then new
+  -- slots past tree_next_slot (one HINCRBY)
+  local new_slots, slot_ids, slot_list = {}, {}, {}
+  local slot_id_members, slot_id_values = {}, {}
   if #removed > 0 then
-    local slots = hmget_chunked(K.tree_slots, removed)
+    local slots = tree_slots_of(K.tree_slots, removed)
     local freed = {}
-    for _, slot in ipairs(slots) do
+    for i, slot in ipairs(slots) do
       if slot then
         if #new_slots < #kept then
           new_slots[#new_slots + 1] = slot
         else
           freed[#freed + 1] = slot
+          slot_list[#slot_list + 1] = slot
+          slot_ids[#slot_list] = false
         end
-        leaves[#leaves + 1] = {leaf0 + tonumber(slot), 0}
+        leaves[#leaves + 1] = {leaf0 + slot, 0}
+        slot_id_members[#slot_id_members + 1] = removed[i]
+        slot_id_values[#slot_id_members] = false
       end
     end
-    call_chunked('HDEL', K.tree_slots, removed)
-    call_chunked('HDEL', K.tree_ids, freed)
     call_chunked('RPUSH', K.tree_free, freed)
   end
   local short = #kept - #new_slots
   if short > 0 then
     local popped = redis.call('LPOP', K.tree_free, short) or {}
-    for _, slot in ipairs(popped) do new_slots[#new_slots + 1] = slot end
+    for _, slot in ipairs(popped) do new_slots[#new_slots + 1] = tonumber(slot) end
     short = #kept - #new_slots
   end
   if short > 0 then
     local next_slot = redis.call('HINCRBY', K.meta, 'tree_next_slot', short) - short
     for j = 1, short do new_slots[#new_slots + 1] = next_slot + j - 1 end
   end
-  local id_pairs, slot_pairs = {}, {}
   for j, i in ipairs(kept) do
     local id, slot = added[i], new_slots[j]
-    id_pairs[#id_pairs + 1] = slot
-    id_pairs[#id_pairs + 1] = id
-    slot_pairs[#slot_pairs + 1] = id
-    slot_pairs[#slot_pairs + 1] = slot
-    leaves[#leaves + 1] = {leaf0 + tonumber(slot),
-      leaf_weight(log_mass(to_number(added_priorities[i])), ref)}
+    slot_list[#slot_list + 1] = slot
+    slot_ids[#slot_list] = id
+    slot_id_members[#slot_id_members + 1] = id
+    slot_id_values[#slot_id_members] = slot
+    leaves[#leaves + 1] = {leaf0 + slot, leaf_weight(log_mass(to_number(added_priorities[i])), ref)}
   end
-  call_chunked('HSET', K.tree_ids, id_pairs)
-  call_chunked('HSET', K.tree_slots, slot_pairs)
+  tree_set_ids(K.tree_ids, slot_list, slot_ids)
+  tree_set_slots(K.tree_slots, slot_id_members, slot_id_values)
   tree_set_nodes(K.tree, leaves)
 end
 
@@ -312,14 +441,22 @@ local function tree_reweight(K, capacity, ids, scores)
   end
   local leaf0 = first_leaf(tonumber(redis.call('HGET', K.meta, 'tree_depth')))
   local ref = tonumber(redis.call('HGET', K.meta, 'tree_ref'))
-  local slots = hmget_chunked(K.tree_slots, ids)
+  local slots = tree_slots_of(K.tree_slots, ids)
   local leaves = {}
   for i = 1, #ids do
     if slots[i] then
-      leaves[#leaves + 1] = {leaf0 + tonumber(slots[i]), leaf_weight(log_mass(scores[i]), ref)}
+      leaves[#leaves + 1] = {leaf0 + slots[i], leaf_weight(log_mass(scores[i]), ref)}
     end
   end
   tree_set_nodes(K.tree, leaves)
+end
+
+-- Nil, or an error reply when the tree has an earlier layout (a sampling script cannot
+-- rebuild it: the read-only variant must not write).
+local function tree_layout_error(meta_key)
+  if redis.call('HGET', meta_key, 'tree_layout') == TREE_LAYOUT then return nil end
+  return fail('RB_NOTREE', 'the sum tree of ' .. meta_key .. ' has an earlier layout: it is '
+    .. 'rebuilt by the next add or update_priority, or by reopening the buffer')
 end
 
 -- The mass of one leaf under the buffer's rule, for a score of its source zset.

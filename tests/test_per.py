@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tree_helpers import tree_maps
 
 from redisbuf import (
     BufferKeys,
@@ -47,8 +48,8 @@ def leaf_masses(client, name: str) -> dict[int, float]:
     depth = int(client.hget(keys.meta, "tree_depth"))
     first = sum(FANOUT**i for i in range(depth))
     out = {}
-    for member, slot in client.hgetall(keys.tree_slots).items():
-        node = first + int(slot)
+    for member, slot in tree_maps(client, name)[1].items():
+        node = first + slot
         parent, k = (node - 1) // FANOUT, (node - 1) % FANOUT
         chunk = (client.hget(keys.tree, parent) or b"").decode()
         out[int(member)] = float(chunk[k * WIDTH : (k + 1) * WIDTH]) if chunk else 0.0
