@@ -263,7 +263,7 @@ local function tree_set_slots(slots_key, ids, slots)
   bucket_write(slots_key, SLOT_WIDTH, BLANK_SLOTS, members, texts)
 end
 
--- Build the tree from scratch from the priority zset: slots 0..n-1 in priority order,
+-- Build the tree from scratch from the priority zset: slots 0..n-1 in id order,
 -- ref = the largest finite priority. O(n); runs on enable and on rebase only.
 local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, free_key, capacity)
   redis.call('DEL', tree_key, ids_key, slots_key, free_key)
@@ -280,11 +280,32 @@ local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, fr
     end
   end
   local count = #entries / 2
+  -- slots in id order, so that items added together (and evicted together under FIFO)
+  -- share leaf chunks and buckets: a counting pass over the id range when it is dense,
+  -- a sort otherwise
+  local by_id, low, high = {}, math.huge, -math.huge
+  for i = 1, count do
+    local id = tonumber(entries[2 * i - 1])
+    by_id[id] = i
+    if id < low then low = id end
+    if id > high then high = id end
+  end
+  local in_order = {}
+  if count > 0 and high - low < 4 * count + 1024 then
+    for id = low, high do
+      if by_id[id] then in_order[#in_order + 1] = by_id[id] end
+    end
+  else
+    for i = 1, count do in_order[i] = i end
+    table.sort(in_order, function(a, b) return entries[2 * a - 1] < entries[2 * b - 1] end)
+  end
+  by_id = nil
   -- masses of the current level's nodes, by offset from the level's first node
   local masses = {}
   local id_parts, slot_parts = {}, {}  -- bucket -> {k -> text}
-  for i = 1, count do
-    local slot, id = i - 1, entries[2 * i - 1]
+  for slot = 0, count - 1 do
+    local i = in_order[slot + 1]
+    local id = entries[2 * i - 1]
     masses[slot] = leaf_weight(log_mass(to_number(entries[2 * i])), ref)
     local b = math.floor(slot / BUCKET)
     if id_parts[b] == nil then id_parts[b] = {} end
