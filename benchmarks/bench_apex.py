@@ -14,8 +14,9 @@ transitions/s on their machine; those are the targets printed).
 
 Printed: inserts/s and sampled items/s of the concurrent phase with each process's median
 call time, the server's CPU time over it, then each operation's server time per call
-measured alone (commandstats of 20 calls, nothing else running), and the server memory
-per item.
+measured alone (20 calls, nothing else running; wall-clock time inside the server from
+commandstats and the server's CPU time, which a loaded machine does not inflate), and the
+server memory per item.
 """
 
 from __future__ import annotations
@@ -113,31 +114,43 @@ def concurrent(url: str, items: int, seconds: float, writers: int) -> dict[str, 
         proc.start()
     client = connect(url)
     time.sleep(3.0)  # let every process import and open the buffer
-    cpu_before = client.info("cpu")
+    cpu_before = server_cpu(client)
     stop_at.value = time.time() + seconds
     begin = time.time()
     start.set()
     reports = [out.get(timeout=seconds + 120) for _ in procs]
     elapsed = time.time() - begin
-    cpu_after = client.info("cpu")
+    cpu_after = server_cpu(client)
     for proc in procs:
         proc.join()
-    server_cpu = sum(cpu_after[k] - cpu_before[k] for k in ("used_cpu_sys", "used_cpu_user"))
+    used = cpu_after - cpu_before
     inserted = sum(r[1] for r in reports if r[0] == "writer")
     learner_report = next(r for r in reports if r[0] == "learner")
     add_calls = [c for r in reports if r[0] == "writer" for c in r[2]]
+
+    def median_ms(calls: list[float]) -> float:
+        return statistics.median(calls) * 1e3 if calls else float("nan")
+
     return {
         "inserts": inserted / elapsed,
         "samples": learner_report[1] / elapsed,
-        "add_ms": statistics.median(add_calls) * 1e3 if add_calls else float("nan"),
-        "sample_ms": statistics.median(learner_report[2]) * 1e3,
-        "update_ms": statistics.median(learner_report[3]) * 1e3,
-        "server_cpu": server_cpu / elapsed,
+        "add_ms": median_ms(add_calls),
+        "sample_ms": median_ms(learner_report[2]),
+        "update_ms": median_ms(learner_report[3]),
+        "server_cpu": used / elapsed,
     }
 
 
-def solo_server_ms(url: str, items: int) -> dict[str, float]:
-    """Server time per script call of each operation alone (commandstats, 20 calls)."""
+def server_cpu(client: Any) -> float:
+    """Seconds of CPU the server has used (user + system)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def solo_server_ms(url: str, items: int) -> dict[str, tuple[float, float]]:
+    """Per script call of each operation alone (20 calls): (server ms from commandstats,
+    server CPU ms). Commandstats time is wall-clock inside the server, so on a loaded
+    machine it includes time the server waited for a core; CPU time does not."""
     client = connect(url)
     buffer = open_buffer(url, items, 5)
     rng = np.random.default_rng(5)
@@ -158,10 +171,12 @@ def solo_server_ms(url: str, items: int) -> dict[str, float]:
     ):
         fn()
         client.config_resetstat()
+        cpu = server_cpu(client)
         for _ in range(20):
             fn()
+        cpu = (server_cpu(client) - cpu) / 20 * 1e3
         stats = client.info("commandstats").get("cmdstat_evalsha", {})
-        out[label] = stats.get("usec_per_call", float("nan")) / 1e3
+        out[label] = (stats.get("usec_per_call", float("nan")) / 1e3, cpu)
     return out
 
 
@@ -198,8 +213,13 @@ def main() -> None:
         table.add_row("sample(512) median call, ms", f"{run['sample_ms']:.1f}", "")
         table.add_row("update_priority(512) median call, ms", f"{run['update_ms']:.1f}", "")
         table.add_row("server CPU, s per s", f"{run['server_cpu']:.2f}", "")
-        for label, ms in solo_server_ms(url, items).items():
-            table.add_row(f"{label} server ms per call, alone", f"{ms:.2f}", "")
+        table.add_row(
+            "server CPU per inserted + sampled item, us",
+            f"{run['server_cpu'] / (run['inserts'] + run['samples']) * 1e6:.1f}",
+            "",
+        )
+        for label, (ms, cpu) in solo_server_ms(url, items).items():
+            table.add_row(f"{label} alone: server ms / server CPU ms", f"{ms:.1f} / {cpu:.1f}", "")
         console.print(table)
         console.print(f"load average after: {_load()}")
         connect(url).delete(*BufferKeys(NAME).all_keys())
