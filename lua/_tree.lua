@@ -78,7 +78,7 @@ end
 
 -- A node whose mass falls below CANCEL times its old mass is re-summed from its chunk
 -- rather than updated by its children's change: a subtree that empties holds exactly 0,
--- and a subtraction never leaves more than a 1e-13 relative error in a node.
+-- and one update adds at most about 1e-13 relative rounding error to a node.
 local CANCEL = 1e-3
 
 -- Set node masses (list of {node, value}; a later entry for the same node wins, as when an
@@ -114,7 +114,9 @@ local function tree_set_nodes(tree_key, updates)
       local parts
       if #children > 2 then  -- many changes: split once, join once
         parts = {}
-        for k = 0, FANOUT - 1 do parts[k + 1] = string.sub(chunk, k * WIDTH + 1, (k + 1) * WIDTH) end
+        for k = 0, FANOUT - 1 do
+          parts[k + 1] = string.sub(chunk, k * WIDTH + 1, (k + 1) * WIDTH)
+        end
       end
       local change = 0
       for _, node in ipairs(children) do

@@ -14,8 +14,7 @@ if redis.call('HGET', meta, 'tree_mass') == 'per' then
   return fail('RB_CONFIG', 'buffer ' .. meta .. ' uses prioritized experience replay (PERSampler):'
     .. ' its sum tree holds PER priorities, not log-rewards')
 end
-if conf[1] == '1' and ARGV[1] ~= '1' and redis.call('HGET', meta, 'tree_layout') == TREE_LAYOUT then
-  return 0
-end
+local current = redis.call('HGET', meta, 'tree_layout') == TREE_LAYOUT  -- else rebuild it
+if conf[1] == '1' and ARGV[1] ~= '1' and current then return 0 end
 tree_rebuild(meta, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], tonumber(conf[2]))
 return 1

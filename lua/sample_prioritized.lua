@@ -19,7 +19,8 @@
 -- picked its item (given the earlier draws, without replacement), and, if asked,
 -- {blob_1..blob_n} after them.
 -- Errors: RB_NOTREE (not on, or an earlier layout), RB_EMPTY, RB_INVALID, RB_UNDEFINED (an
--- item of log-reward +inf, or fewer items of nonzero probability than draws without replacement).
+-- item of log-reward +inf, or fewer items of nonzero probability than draws without
+-- replacement).
 local K = buffer_keys(KEYS)
 local meta, items, tree, tree_ids = K.meta, K.items, K.tree, K.tree_ids
 local conf = redis.call('HMGET', meta, 'tree', 'tree_depth')
