@@ -11,6 +11,10 @@
 -- have mass 0 here: a softmax over them is undefined, so sampling scripts refuse to draw
 -- while any is present (see infinite_count) and the tree only has to stay consistent.
 local REBASE = 300
+-- meta tree_layout: the layout of the tree keys described here. A tree written by an
+-- earlier version (one hash field per slot in tree:ids and tree:slots) has none and is
+-- rebuilt by the next script that writes the tree.
+local TREE_LAYOUT = '2'
 local FANOUT = 16
 local WIDTH = 24
 local EMPTY_CHUNK = string.rep(string.format('%24d', 0), FANOUT)
@@ -72,15 +76,24 @@ local function entry_text(value)
   return string.format('%24.17g', value)
 end
 
+-- A node whose mass falls below CANCEL times its old mass is re-summed from its chunk
+-- rather than updated by its children's change: a subtree that empties holds exactly 0,
+-- and one update adds at most about 1e-13 relative rounding error to a node.
+local CANCEL = 1e-3
+
 -- Set node masses (list of {node, value}; a later entry for the same node wins, as when an
--- evicted item's slot is reused in the same call) and recompute every ancestor, one level
--- at a time: each level costs one HMGET and one HSET however many nodes changed.
+-- evicted item's slot is reused in the same call) and update every ancestor, one level at
+-- a time: each level costs one HMGET and one HSET however many nodes changed. An
+-- ancestor's entry moves by the sum of its children's changes (reading one entry, not
+-- sixteen), unless that cancels most of it (see CANCEL).
 local function tree_set_nodes(tree_key, updates)
   local pending, order = {}, {}
   for _, update in ipairs(updates) do
     if pending[update[1]] == nil then order[#order + 1] = update[1] end
     pending[update[1]] = update[2]
   end
+  local absolute = true  -- pending holds new masses (leaves), then changes of mass (above)
+  local written = {}     -- node -> its chunk as written by the level below
   while #order > 0 and order[1] ~= 0 do
     -- group the changed nodes by the chunk (parent) holding their masses
     local parents, parent_list = {}, {}
@@ -94,31 +107,165 @@ local function tree_set_nodes(tree_key, updates)
     end
     local chunks = hmget_chunked(tree_key, parent_list)
     local set_pairs, del_fields = {}, {}
-    local next_pending, next_order = {}, {}
+    local next_pending, next_written = {}, {}
     for i, parent in ipairs(parent_list) do
       local chunk = chunks[i] or EMPTY_CHUNK
-      for _, node in ipairs(parents[parent]) do
-        local k = (node - 1) % FANOUT
-        chunk = string.sub(chunk, 1, k * WIDTH) .. entry_text(pending[node])
-          .. string.sub(chunk, (k + 1) * WIDTH + 1)
+      local children = parents[parent]
+      local parts
+      if #children > 2 then  -- many changes: split once, join once
+        parts = {}
+        for k = 0, FANOUT - 1 do
+          parts[k + 1] = string.sub(chunk, k * WIDTH + 1, (k + 1) * WIDTH)
+        end
       end
-      local total = chunk_sum(chunk)
-      if total > 0 then
+      local change = 0
+      for _, node in ipairs(children) do
+        local k = (node - 1) % FANOUT
+        local old
+        if parts then old = tonumber(parts[k + 1]) or 0 else old = chunk_entry(chunk, k) end
+        local new
+        if absolute then
+          new = pending[node]
+        else
+          new = old + pending[node]
+          if new < old * CANCEL then new = chunk_sum(written[node]) end
+        end
+        change = change + (new - old)
+        if parts then
+          parts[k + 1] = entry_text(new)
+        else
+          chunk = string.sub(chunk, 1, k * WIDTH) .. entry_text(new)
+            .. string.sub(chunk, (k + 1) * WIDTH + 1)
+        end
+      end
+      if parts then chunk = table.concat(parts) end
+      if chunk ~= EMPTY_CHUNK then
         set_pairs[#set_pairs + 1] = parent
         set_pairs[#set_pairs + 1] = chunk
       else
         del_fields[#del_fields + 1] = parent
       end
-      next_pending[parent] = total
-      next_order[#next_order + 1] = parent
+      next_pending[parent] = change
+      next_written[parent] = chunk
     end
     call_chunked('HSET', tree_key, set_pairs)
     call_chunked('HDEL', tree_key, del_fields)
-    pending, order = next_pending, next_order
+    pending, order, written, absolute = next_pending, parent_list, next_written, false
   end
 end
 
--- Build the tree from scratch from the priority zset: slots 0..n-1 in priority order,
+-- tree:ids and tree:slots map leaf slots to item ids and back, each as small text buckets:
+-- field b of tree:ids holds the ids of slots 16b..16b+15 (12 characters each), field b of
+-- tree:slots the slots of ids 16b..16b+15 (SLOT_WIDTH characters each), blanks where there
+-- is none. One hash entry per 16 items costs a fraction of one entry per item, and
+-- consecutive ids (a batch, a FIFO eviction) share buckets: one lookup per 16 evicted
+-- items rather than one cache miss each in a hash of millions of fields.
+local BUCKET = 16
+local ID_WIDTH = 12
+local SLOT_WIDTH = 10
+local BLANK_IDS = string.rep(' ', BUCKET * ID_WIDTH)
+local BLANK_SLOTS = string.rep(' ', BUCKET * SLOT_WIDTH)
+
+local function slot_text(slot)
+  return string.format('%10d', tonumber(slot))
+end
+
+-- Group members (integers) by bucket: the distinct buckets in first-seen order and, for
+-- each member, the position of its bucket in that list.
+local function bucket_group(members)
+  local index, fields, where = {}, {}, {}
+  for i = 1, #members do
+    local b = math.floor(members[i] / BUCKET)
+    if index[b] == nil then
+      fields[#fields + 1] = b
+      index[b] = #fields
+    end
+    where[i] = index[b]
+  end
+  return fields, where
+end
+
+-- The entries of members (integers) in a bucket map of entry width `width`: their text,
+-- or false where blank.
+local function bucket_read(key, width, members)
+  local fields, where = bucket_group(members)
+  local got = hmget_chunked(key, fields)
+  local out = {}
+  for i = 1, #members do
+    local bucket, value = got[where[i]], false
+    if bucket then
+      local k = members[i] % BUCKET
+      local text = string.sub(bucket, k * width + 1, (k + 1) * width)
+      if string.byte(text, width) ~= 32 then value = text end
+    end
+    out[i] = value
+  end
+  return out
+end
+
+-- Write entries of a bucket map: texts[i] (exactly `width` characters) or false (blank)
+-- for members[i]; a later entry for the same member wins. A bucket left all blank is
+-- deleted. `blank` is an all-blank bucket of this width.
+local function bucket_write(key, width, blank, members, texts)
+  if #members == 0 then return end
+  local fields, where = bucket_group(members)
+  local got = hmget_chunked(key, fields)
+  local parts = {}
+  for j = 1, #fields do
+    local bucket, split = got[j] or blank, {}
+    for k = 0, BUCKET - 1 do split[k + 1] = string.sub(bucket, k * width + 1, (k + 1) * width) end
+    parts[j] = split
+  end
+  local empty = string.rep(' ', width)
+  for i = 1, #members do
+    parts[where[i]][members[i] % BUCKET + 1] = texts[i] or empty
+  end
+  local set_pairs, del_fields = {}, {}
+  for j = 1, #fields do
+    local bucket = table.concat(parts[j])
+    if bucket == blank then
+      del_fields[#del_fields + 1] = fields[j]
+    else
+      set_pairs[#set_pairs + 1] = fields[j]
+      set_pairs[#set_pairs + 1] = bucket
+    end
+  end
+  call_chunked('HSET', key, set_pairs)
+  call_chunked('HDEL', key, del_fields)
+end
+
+-- The slots (numbers) of item ids (12-digit text); false for ids without one.
+local function tree_slots_of(slots_key, ids)
+  local members = {}
+  for i = 1, #ids do members[i] = tonumber(ids[i]) end
+  local out = bucket_read(slots_key, SLOT_WIDTH, members)
+  for i = 1, #out do out[i] = out[i] and tonumber(out[i]) end
+  return out
+end
+
+-- The item ids (12-digit text) in leaf slots (numbers); false for a free slot.
+local function tree_ids_of(ids_key, slots)
+  return bucket_read(ids_key, ID_WIDTH, slots)
+end
+
+-- Record slot -> id (ids[i], or false to free the slot) in tree:ids.
+local function tree_set_ids(ids_key, slots, ids)
+  local members = {}
+  for i = 1, #slots do members[i] = tonumber(slots[i]) end
+  bucket_write(ids_key, ID_WIDTH, BLANK_IDS, members, ids)
+end
+
+-- Record id -> slot (slots[i], a number, or false: no slot) in tree:slots.
+local function tree_set_slots(slots_key, ids, slots)
+  local members, texts = {}, {}
+  for i = 1, #ids do
+    members[i] = tonumber(ids[i])
+    texts[i] = slots[i] and slot_text(slots[i])
+  end
+  bucket_write(slots_key, SLOT_WIDTH, BLANK_SLOTS, members, texts)
+end
+
+-- Build the tree from scratch from the priority zset: slots 0..n-1 in id order,
 -- ref = the largest finite priority. O(n); runs on enable and on rebase only.
 local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, free_key, capacity)
   redis.call('DEL', tree_key, ids_key, slots_key, free_key)
@@ -135,19 +282,51 @@ local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, fr
     end
   end
   local count = #entries / 2
-  local id_pairs, slot_pairs = {}, {}
+  -- slots in id order, so that items added together (and evicted together under FIFO)
+  -- share leaf chunks and buckets: a counting pass over the id range when it is dense,
+  -- a sort otherwise
+  local by_id, low, high = {}, math.huge, -math.huge
+  for i = 1, count do
+    local id = tonumber(entries[2 * i - 1])
+    by_id[id] = i
+    if id < low then low = id end
+    if id > high then high = id end
+  end
+  local in_order = {}
+  if count > 0 and high - low < 4 * count + 1024 then
+    for id = low, high do
+      if by_id[id] then in_order[#in_order + 1] = by_id[id] end
+    end
+  else
+    for i = 1, count do in_order[i] = i end
+    table.sort(in_order, function(a, b) return entries[2 * a - 1] < entries[2 * b - 1] end)
+  end
+  by_id = nil
   -- masses of the current level's nodes, by offset from the level's first node
   local masses = {}
-  for i = 1, count do
-    local slot = i - 1
+  local id_parts, slot_parts = {}, {}  -- bucket -> {k -> text}
+  for slot = 0, count - 1 do
+    local i = in_order[slot + 1]
+    local id = entries[2 * i - 1]
     masses[slot] = leaf_weight(log_mass(to_number(entries[2 * i])), ref)
-    id_pairs[#id_pairs + 1] = slot
-    id_pairs[#id_pairs + 1] = entries[2 * i - 1]
-    slot_pairs[#slot_pairs + 1] = entries[2 * i - 1]
-    slot_pairs[#slot_pairs + 1] = slot
+    local b = math.floor(slot / BUCKET)
+    if id_parts[b] == nil then id_parts[b] = {} end
+    id_parts[b][slot % BUCKET] = id
+    local number = tonumber(id)
+    b = math.floor(number / BUCKET)
+    if slot_parts[b] == nil then slot_parts[b] = {} end
+    slot_parts[b][number % BUCKET] = slot_text(slot)
   end
-  call_chunked('HSET', ids_key, id_pairs)
-  call_chunked('HSET', slots_key, slot_pairs)
+  for _, map in ipairs({{ids_key, id_parts, ID_WIDTH}, {slots_key, slot_parts, SLOT_WIDTH}}) do
+    local bucket_pairs, empty = {}, string.rep(' ', map[3])
+    for b, texts in pairs(map[2]) do
+      local parts = {}
+      for k = 0, BUCKET - 1 do parts[k + 1] = texts[k] or empty end
+      bucket_pairs[#bucket_pairs + 1] = b
+      bucket_pairs[#bucket_pairs + 1] = table.concat(parts)
+    end
+    call_chunked('HSET', map[1], bucket_pairs)
+  end
   local chunk_pairs = {}
   local width = count  -- nodes of this level that may be non-zero
   for level = depth, 1, -1 do
@@ -171,7 +350,7 @@ local function tree_rebuild(meta_key, prio_key, tree_key, ids_key, slots_key, fr
   end
   call_chunked('HSET', tree_key, chunk_pairs)
   redis.call('HSET', meta_key, 'tree', 1, 'tree_depth', depth, 'tree_ref', fmt(ref),
-    'tree_next_slot', count)
+    'tree_next_slot', count, 'tree_layout', TREE_LAYOUT)
 end
 
 -- The number of items of priority +inf (O(log n)).
@@ -189,7 +368,10 @@ local function max_finite_priority(prio_key)
   return value
 end
 
+-- Whether the tree must be rebuilt: its maximum drifted past REBASE, or it has an earlier
+-- layout (see TREE_LAYOUT).
 local function tree_needs_rebase(meta_key, prio_key)
+  if redis.call('HGET', meta_key, 'tree_layout') ~= TREE_LAYOUT then return true end
   local top = max_finite_priority(prio_key)
   if top == nil then return false end
   top = tree_mass_rule(meta_key)(top)
@@ -201,14 +383,16 @@ end
 -- Keep the tree in step with items just removed (ids) and added (ids and their priorities
 -- as text), after the other per-item structures were changed: free the removed items'
 -- slots, give added ones a slot (freed slots first) and their mass, all in one pass up the
--- tree. Rebuilds instead when the largest priority drifted past REBASE from tree_ref.
--- Under the PER rule the masses come from the per zset, whatever added_priorities says.
+-- tree (a removed item's zero mass and an added item's mass on a reused slot are one
+-- change: tree_set_nodes keeps the later). Rebuilds instead when the largest priority
+-- drifted past REBASE from tree_ref. Under the PER rule the masses come from the per
+-- zset, whatever added_priorities says.
 local function tree_update(K, capacity, removed, added, added_priorities)
   local log_mass, per = tree_mass_rule(K.meta)
   local source = per and K.per or K.prio
   if per then
-    added_priorities = {}
-    for i = 1, #added do added_priorities[i] = redis.call('ZSCORE', K.per, added[i]) or '-inf' end
+    added_priorities = zmscore_chunked(K.per, added)
+    for i = 1, #added do added_priorities[i] = added_priorities[i] or '-inf' end
   end
   if tree_needs_rebase(K.meta, source) then
     tree_rebuild(K.meta, source, K.tree, K.tree_ids, K.tree_slots, K.tree_free, capacity)
@@ -218,37 +402,54 @@ local function tree_update(K, capacity, removed, added, added_priorities)
   local ref = tonumber(redis.call('HGET', K.meta, 'tree_ref'))
   local leaves, gone = {}, {}
   for _, id in ipairs(removed) do gone[id] = true end
+  local kept = {}  -- positions in `added` of the items still present
+  for i = 1, #added do
+    if not gone[added[i]] then kept[#kept + 1] = i end
+  end
+  -- slots for the kept items: the removed items' slots first (reused in place, so the
+  -- free list is not touched), then the free list (one LPOP with a count), then new
+  -- slots past tree_next_slot (one HINCRBY)
+  local new_slots, slot_ids, slot_list = {}, {}, {}
+  local slot_id_members, slot_id_values = {}, {}
   if #removed > 0 then
-    local slots = hmget_chunked(K.tree_slots, removed)
+    local slots = tree_slots_of(K.tree_slots, removed)
     local freed = {}
-    for _, slot in ipairs(slots) do
+    for i, slot in ipairs(slots) do
       if slot then
-        freed[#freed + 1] = slot
-        leaves[#leaves + 1] = {leaf0 + tonumber(slot), 0}
+        if #new_slots < #kept then
+          new_slots[#new_slots + 1] = slot
+        else
+          freed[#freed + 1] = slot
+          slot_list[#slot_list + 1] = slot
+          slot_ids[#slot_list] = false
+        end
+        leaves[#leaves + 1] = {leaf0 + slot, 0}
+        slot_id_members[#slot_id_members + 1] = removed[i]
+        slot_id_values[#slot_id_members] = false
       end
     end
-    call_chunked('HDEL', K.tree_slots, removed)
-    call_chunked('HDEL', K.tree_ids, freed)
     call_chunked('RPUSH', K.tree_free, freed)
   end
-  local id_pairs, slot_pairs = {}, {}
-  for i = 1, #added do
-    local id = added[i]
-    if not gone[id] then
-      local slot = redis.call('LPOP', K.tree_free)
-      if not slot then
-        slot = redis.call('HINCRBY', K.meta, 'tree_next_slot', 1) - 1
-      end
-      id_pairs[#id_pairs + 1] = slot
-      id_pairs[#id_pairs + 1] = id
-      slot_pairs[#slot_pairs + 1] = id
-      slot_pairs[#slot_pairs + 1] = slot
-      leaves[#leaves + 1] = {leaf0 + tonumber(slot),
-        leaf_weight(log_mass(to_number(added_priorities[i])), ref)}
-    end
+  local short = #kept - #new_slots
+  if short > 0 then
+    local popped = redis.call('LPOP', K.tree_free, short) or {}
+    for _, slot in ipairs(popped) do new_slots[#new_slots + 1] = tonumber(slot) end
+    short = #kept - #new_slots
   end
-  call_chunked('HSET', K.tree_ids, id_pairs)
-  call_chunked('HSET', K.tree_slots, slot_pairs)
+  if short > 0 then
+    local next_slot = redis.call('HINCRBY', K.meta, 'tree_next_slot', short) - short
+    for j = 1, short do new_slots[#new_slots + 1] = next_slot + j - 1 end
+  end
+  for j, i in ipairs(kept) do
+    local id, slot = added[i], new_slots[j]
+    slot_list[#slot_list + 1] = slot
+    slot_ids[#slot_list] = id
+    slot_id_members[#slot_id_members + 1] = id
+    slot_id_values[#slot_id_members] = slot
+    leaves[#leaves + 1] = {leaf0 + slot, leaf_weight(log_mass(to_number(added_priorities[i])), ref)}
+  end
+  tree_set_ids(K.tree_ids, slot_list, slot_ids)
+  tree_set_slots(K.tree_slots, slot_id_members, slot_id_values)
   tree_set_nodes(K.tree, leaves)
 end
 
@@ -263,14 +464,22 @@ local function tree_reweight(K, capacity, ids, scores)
   end
   local leaf0 = first_leaf(tonumber(redis.call('HGET', K.meta, 'tree_depth')))
   local ref = tonumber(redis.call('HGET', K.meta, 'tree_ref'))
-  local slots = hmget_chunked(K.tree_slots, ids)
+  local slots = tree_slots_of(K.tree_slots, ids)
   local leaves = {}
   for i = 1, #ids do
     if slots[i] then
-      leaves[#leaves + 1] = {leaf0 + tonumber(slots[i]), leaf_weight(log_mass(scores[i]), ref)}
+      leaves[#leaves + 1] = {leaf0 + slots[i], leaf_weight(log_mass(scores[i]), ref)}
     end
   end
   tree_set_nodes(K.tree, leaves)
+end
+
+-- Nil, or an error reply when the tree has an earlier layout (a sampling script cannot
+-- rebuild it: the read-only variant must not write).
+local function tree_layout_error(meta_key)
+  if redis.call('HGET', meta_key, 'tree_layout') == TREE_LAYOUT then return nil end
+  return fail('RB_NOTREE', 'the sum tree of ' .. meta_key .. ' has an earlier layout: it is '
+    .. 'rebuilt by the next add or update_priority, or by reopening the buffer')
 end
 
 -- The mass of one leaf under the buffer's rule, for a score of its source zset.
@@ -279,39 +488,59 @@ local function tree_leaf_mass(meta_key, score)
   return leaf_weight(tree_mass_rule(meta_key)(score), ref)
 end
 
+-- The child of a chunk that `target` falls in, reading masses through entry(k) (k = 0..15):
+-- returns k, its mass and the target left inside it.
+local function chunk_child(entry, chunk, target)
+  local last_k, last_mass = nil, 0
+  for k = 0, FANOUT - 1 do
+    local mass = entry(chunk, k)
+    if mass > 0 then
+      if target < mass then return k, mass, target end
+      target = target - mass
+      last_k, last_mass = k, mass
+    end
+  end
+  -- rounding pushed the target past the last child with mass
+  return last_k or 0, last_mass, last_mass * 0.5
+end
+
+local function parsed_entry(masses, k) return masses[k] end
+
 -- Descend the tree for targets in [0, root mass) together: each level costs one HMGET of
--- the distinct chunks. Returns the leaf slots reached and each leaf's mass.
+-- the distinct chunks. A chunk that several draws pass through is parsed once; one that a
+-- single draw or two pass through is read entry by entry, only as far as the draw goes.
+-- Returns the leaf slots reached and each leaf's mass.
 local function tree_descend(tree_key, depth, targets)
   local n = #targets
   local nodes, masses = {}, {}
   for i = 1, n do nodes[i] = 0 end
   for _ = 1, depth do
-    local chunk_of, distinct = {}, {}
+    local chunk_of, distinct, visits = {}, {}, {}
     for i = 1, n do
-      if chunk_of[nodes[i]] == nil then
-        chunk_of[nodes[i]] = #distinct + 1
-        distinct[#distinct + 1] = nodes[i]
+      local j = chunk_of[nodes[i]]
+      if j == nil then
+        j = #distinct + 1
+        chunk_of[nodes[i]] = j
+        distinct[j] = nodes[i]
+        visits[j] = 0
       end
+      visits[j] = visits[j] + 1
     end
     local chunks = hmget_chunked(tree_key, distinct)
+    local readers = {}
+    for j = 1, #distinct do
+      local chunk = chunks[j] or EMPTY_CHUNK
+      if visits[j] > 2 then
+        local parsed = {}
+        for k = 0, FANOUT - 1 do parsed[k] = chunk_entry(chunk, k) end
+        chunks[j], readers[j] = parsed, parsed_entry
+      else
+        chunks[j], readers[j] = chunk, chunk_entry
+      end
+    end
     for i = 1, n do
-      local chunk = chunks[chunk_of[nodes[i]]] or EMPTY_CHUNK
-      local target, chosen, mass = targets[i], nil, 0
-      local last_k, last_mass = nil, 0
-      for k = 0, FANOUT - 1 do
-        mass = chunk_entry(chunk, k)
-        if mass > 0 then
-          if target < mass then
-            chosen = k
-            break
-          end
-          target = target - mass
-          last_k, last_mass = k, mass
-        end
-      end
-      if chosen == nil then  -- rounding pushed the target past the last child with mass
-        chosen, mass, target = last_k or 0, last_mass, last_mass * 0.5
-      end
+      local j = chunk_of[nodes[i]]
+      local chosen, mass, target = chunk_child(readers[j], chunks[j], targets[i])
       nodes[i] = FANOUT * nodes[i] + 1 + chosen
       targets[i] = target
       masses[i] = mass

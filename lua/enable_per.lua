@@ -21,6 +21,9 @@ if conf[3] == 'per' then
       .. ', eps=' .. conf[5] .. ', initial_priority=' .. conf[6] .. ', not alpha=' .. ARGV[1]
       .. ', eps=' .. ARGV[2] .. ', initial_priority=' .. ARGV[3] .. ' (PER settings mismatch)')
   end
+  if redis.call('HGET', K.meta, 'tree_layout') ~= TREE_LAYOUT then  -- an earlier version's tree
+    tree_rebuild(K.meta, K.per, K.tree, K.tree_ids, K.tree_slots, K.tree_free, tonumber(conf[1]))
+  end
   return 0
 end
 if conf[2] == '1' then

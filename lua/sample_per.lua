@@ -10,13 +10,16 @@
 -- id_1..id_n, mass_1..mass_n, priority_1..priority_n} and, if asked, {blob_1..blob_n}
 -- after them: mass_i / total is draw i's probability, min_mass the mass of the lowest
 -- priority with a non-zero mass, sum / nonzero the mean non-zero priority.
--- Errors: RB_NOTREE (PER is not on), RB_EMPTY, RB_INVALID.
+-- Errors: RB_NOTREE (PER is not on, or its tree has an earlier layout), RB_EMPTY,
+-- RB_INVALID.
 local K = buffer_keys(KEYS)
 local conf = redis.call('HMGET', K.meta, 'tree', 'tree_depth', 'tree_mass', 'per_eps',
   'per_sum', 'per_comp', 'per_nonzero')
 if conf[1] ~= '1' or conf[3] ~= 'per' then
   return fail('RB_NOTREE', 'prioritized experience replay is not enabled')
 end
+local layout_err = tree_layout_error(K.meta)
+if layout_err then return layout_err end
 local n = tonumber(ARGV[1])
 if #ARGV[3] ~= 6 * n then return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms') end
 local root = redis.call('HGET', K.tree, 0)
@@ -25,7 +28,7 @@ if total <= 0 then
   return fail('RB_EMPTY', 'buffer is empty (no item with a non-zero PER mass)')
 end
 local slots, masses = tree_walk(K.tree, tonumber(conf[2]), ARGV[3], n, total)
-local ids = hmget_chunked(K.tree_ids, slots)
+local ids = tree_ids_of(K.tree_ids, slots)
 local lowest
 if tonumber(conf[4]) > 0 then
   lowest = redis.call('ZRANGE', K.per, 0, 0, 'WITHSCORES')

@@ -18,12 +18,15 @@
 -- Returns {total, id_1..id_n, p_1..p_n} where p_i is the probability with which draw i
 -- picked its item (given the earlier draws, without replacement), and, if asked,
 -- {blob_1..blob_n} after them.
--- Errors: RB_NOTREE, RB_EMPTY, RB_INVALID, RB_UNDEFINED (an item of log-reward +inf, or
--- fewer items of nonzero probability than draws without replacement).
+-- Errors: RB_NOTREE (not on, or an earlier layout), RB_EMPTY, RB_INVALID, RB_UNDEFINED (an
+-- item of log-reward +inf, or fewer items of nonzero probability than draws without
+-- replacement).
 local K = buffer_keys(KEYS)
 local meta, items, tree, tree_ids = K.meta, K.items, K.tree, K.tree_ids
 local conf = redis.call('HMGET', meta, 'tree', 'tree_depth')
 if conf[1] ~= '1' then return fail('RB_NOTREE', 'prioritized sampling is not enabled') end
+local layout_err = tree_layout_error(meta)
+if layout_err then return layout_err end
 local depth = tonumber(conf[2])
 local n = tonumber(ARGV[1])
 if #ARGV[4] ~= 6 * n then return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms') end
@@ -108,7 +111,7 @@ else
   end
 end
 
-local ids = hmget_chunked(tree_ids, slots)
+local ids = tree_ids_of(tree_ids, slots)
 local out = {fmt(total)}
 for i = 1, n do out[1 + i] = ids[i] end
 for i = 1, n do out[1 + n + i] = fmt(probabilities[i]) end

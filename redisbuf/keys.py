@@ -11,9 +11,9 @@ key                        type    content
 ``rb:{name}:prio``         zset    item id -> log-reward (priority)
 ``rb:{name}:order``        zset    item id -> id (insertion order)
 ``rb:{name}:tree``         hash    sum-tree node v -> 16 masses of its children 16v+1..16v+16
-``rb:{name}:tree:ids``     hash    sum-tree leaf slot -> item id
-``rb:{name}:tree:slots``   hash    item id -> sum-tree leaf slot
-``rb:{name}:tree:free``    list    leaf slots freed by eviction, reused first
+``rb:{name}:tree:ids``     hash    bucket b -> item ids of leaf slots 16b..16b+15
+``rb:{name}:tree:slots``   hash    bucket b -> leaf slots of item ids 16b..16b+15
+``rb:{name}:tree:free``    list    leaf slots freed by removals, reused first
 ``rb:{name}:per``          zset    item id -> PER priority (prioritized experience replay)
 ``rb:{name}:uses``         hash    item id -> times sampled
 ``rb:{name}:versions``     zset    item id -> model version it was produced with
@@ -153,8 +153,8 @@ class BufferKeys:
             self.prio: "zset: item id -> log-reward",
             self.order: "zset: item id -> insertion order",
             self.tree: "hash: sum-tree node -> masses of its 16 children (prioritized sampling)",
-            self.tree_ids: "hash: sum-tree leaf slot -> item id",
-            self.tree_slots: "hash: item id -> sum-tree leaf slot",
+            self.tree_ids: "hash: bucket b -> item ids of sum-tree leaf slots 16b..16b+15",
+            self.tree_slots: "hash: bucket b -> sum-tree leaf slots of item ids 16b..16b+15",
             self.tree_free: "list: free sum-tree leaf slots",
             self.per: "zset: item id -> PER priority",
             self.uses: "hash: item id -> times sampled",

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tree_helpers import tree_maps
 
 from redisbuf import (
     BufferKeys,
@@ -47,8 +48,8 @@ def leaf_masses(client, name: str) -> dict[int, float]:
     depth = int(client.hget(keys.meta, "tree_depth"))
     first = sum(FANOUT**i for i in range(depth))
     out = {}
-    for member, slot in client.hgetall(keys.tree_slots).items():
-        node = first + int(slot)
+    for member, slot in tree_maps(client, name)[1].items():
+        node = first + slot
         parent, k = (node - 1) // FANOUT, (node - 1) % FANOUT
         chunk = (client.hget(keys.tree, parent) or b"").decode()
         out[int(member)] = float(chunk[k * WIDTH : (k + 1) * WIDTH]) if chunk else 0.0
@@ -363,3 +364,76 @@ def test_the_add_script_refuses_bad_per_priorities_before_writing(client, buffer
     with pytest.raises(ConfigMismatchError, match="PERSampler"):
         plain._run("add", BufferKeys(plain.name).all_keys(), args)
     assert snapshot(client, plain.name) == before
+
+
+def _draw_counts(buffer, ids, draws: int) -> np.ndarray:
+    counts = dict.fromkeys((int(i) for i in ids), 0)
+    for _ in range(draws // 1000):
+        for item_id in buffer.sample_with_info(1000).ids.tolist():
+            counts[item_id] += 1
+    return np.array([counts[int(i)] for i in ids], dtype=float)
+
+
+def test_draws_follow_priorities_after_evictions_reuse_slots(client, buffer_name):
+    """Evicted items' slots are handed to the items of the same add, the rest to the free
+    list for later adds: after many such adds and an update the draws still follow the
+    PER distribution over exactly the items present, and the slot maps agree."""
+    alpha, eps = 0.8, 0.01
+    buffer = ReplayBuffer(
+        client,
+        buffer_name,
+        capacity=40,
+        prioritized_capacity=True,  # new items may go at once: slots go to the free list
+        sampler=PERSampler(alpha=alpha, eps=eps),
+        seed=11,
+    )
+    rng = np.random.default_rng(5)
+    for _ in range(9):
+        n = int(rng.integers(5, 25))
+        buffer.add(batch(np.arange(n), rng.normal(size=n)), priorities=rng.uniform(0, 5, n))
+    per = per_scores(client, buffer_name)
+    ids = np.array(sorted(per))
+    buffer.update_priority(ids[::2], rng.uniform(0, 5, len(ids[::2])))
+    per = per_scores(client, buffer_name)
+    slot_to_id, id_to_slot = tree_maps(client, buffer_name)
+    assert set(id_to_slot) == set(per) and {v: k for k, v in slot_to_id.items()} == id_to_slot
+    mass = np.array([(per[int(i)] + eps) ** alpha for i in ids])
+    p = mass / mass.sum()
+    draws = 30000
+    observed = _draw_counts(buffer, ids, draws)
+    chi2 = float(((observed - p * draws) ** 2 / (p * draws)).sum())
+    assert chi2 < chi2_limit(len(ids) - 1), (observed, p * draws)
+
+
+def _to_earlier_layout(client, name: str) -> None:
+    """Rewrite the slot maps as an earlier version stored them (one field per slot / id)
+    and drop the layout mark."""
+    keys = BufferKeys(name)
+    slot_to_id, id_to_slot = tree_maps(client, name)
+    client.delete(keys.tree_ids, keys.tree_slots)
+    client.hset(keys.tree_ids, mapping={s: b"%012d" % i for s, i in slot_to_id.items()})
+    client.hset(keys.tree_slots, mapping={b"%012d" % i: s for i, s in id_to_slot.items()})
+    client.hdel(keys.meta, "tree_layout")
+
+
+@pytest.mark.parametrize("first", ["sample", "add", "update_priority"])
+def test_a_tree_of_the_earlier_layout_is_rebuilt(client, buffer_name, first):
+    buffer = ReplayBuffer(client, buffer_name, capacity=30, sampler=PERSampler(eps=0.1), seed=4)
+    ids = buffer.add(batch(np.arange(12))).ids
+    buffer.update_priority(ids, np.arange(12) % 4)
+    _to_earlier_layout(client, buffer_name)
+    if first == "sample":  # refused by the script, rebuilt by the sampler's retry
+        buffer.sample(5)
+    elif first == "add":
+        ids = np.concatenate([ids, buffer.add(batch(np.arange(3)), priorities=[5, 0, 1]).ids])
+    else:
+        buffer.update_priority(ids[:2], [3.0, 3.0])
+    assert client.hget(BufferKeys(buffer_name).meta, "tree_layout") == b"2"
+    per = per_scores(client, buffer_name)
+    slot_to_id, id_to_slot = tree_maps(client, buffer_name)
+    assert set(id_to_slot) == set(per) == {int(i) for i in ids}
+    assert {v: k for k, v in slot_to_id.items()} == id_to_slot
+    masses = leaf_masses(client, buffer_name)
+    ratio = {i: masses[i] / (per[i] + 0.1) ** 0.6 for i in per}
+    scale = next(iter(ratio.values()))
+    assert all(r == pytest.approx(scale, rel=1e-9) for r in ratio.values())

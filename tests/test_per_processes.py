@@ -10,6 +10,7 @@ import uuid
 
 import numpy as np
 import pytest
+from tree_helpers import tree_maps
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer
 from redisbuf.ipc import MessageQueue
@@ -88,8 +89,8 @@ def test_concurrent_update_priority_stays_consistent(redis_server):
     depth = int(meta["tree_depth"])
     first = sum(16**i for i in range(depth))
     masses = {}
-    for member, slot in client.hgetall(keys.tree_slots).items():
-        node = first + int(slot)
+    for member, slot in tree_maps(client, name)[1].items():
+        node = first + slot
         chunk = client.hget(keys.tree, (node - 1) // 16).decode()
         k = (node - 1) % 16
         masses[int(member)] = float(chunk[24 * k : 24 * (k + 1)])

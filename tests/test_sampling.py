@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from tree_helpers import tree_maps
 
 from redisbuf import BufferKeys, EmptyBufferError, ReplayBuffer
 
@@ -133,8 +134,7 @@ def assert_tree_consistent(client, name: str) -> None:
     meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
     assert meta.get("tree") == "1"
     masses, first_leaf, leaves = _tree_masses(client, name, meta)
-    slot_to_id = {int(k): int(v) for k, v in client.hgetall(keys.tree_ids).items()}
-    id_to_slot = {int(k): int(v) for k, v in client.hgetall(keys.tree_slots).items()}
+    slot_to_id, id_to_slot = tree_maps(client, name)
     free = [int(x) for x in client.lrange(keys.tree_free, 0, -1)]
     prio = priorities(client, name)
     items = {int(k) for k in client.hkeys(keys.items)}
