@@ -447,20 +447,25 @@ class ReplayBuffer:
         options_json = json.dumps(options) if options else ""
         batch_id = uuid.uuid4().hex  # a retry after a lost reply gets the first reply back
         memory = [self.keys.batches, self.keys.batch_times]
-        reserve = scripts.load("add_reserve")
+        reserve, commit = scripts.load("add_reserve"), scripts.load("add_commit").remembering
         try:
-            reply = retrying(
+            # SCRIPT EXISTS in the same round trip: the commit script must be on the server
+            # before its transaction, whose HSET would run even if its EVALSHA failed
+            reply, loaded = retrying(
                 lambda: reserve(
                     self.client,
                     self.keys.all_keys(),
                     [schema_json, len(blobs), options_json, *texts],
                     batch=(f"{batch_id}:reserve", memory, BATCH_MEMORY),
+                    then=("SCRIPT", "EXISTS", commit.sha),
                 ),
                 name=self.client,
             )
             refused = _refusal(reply)
             if refused is not None:
                 return AddResult(np.arange(0, dtype=np.int64), 0, rejected=refused)
+            if isinstance(loaded, Exception) or not loaded[0]:
+                self.client.script_load(commit.source)
             first = int(reply[0])
             reply = self._commit(first, blobs, texts, schema_json, options_json, batch_id)
         except SchemaError:
@@ -487,8 +492,11 @@ class ReplayBuffer:
         """MULTI, HSET of the blobs under their reserved ids, EVALSHA ``add_commit``, EXEC
         (then the durability wait, on the same connection). Returns the script's reply.
 
-        A NOSCRIPT inside EXEC (the HSET ran, the script did not) loads the script and
-        sends the whole transaction again: the HSET rewrites the same fields. After a lost
+        The script is loaded before (see ``_insert``); a NOSCRIPT inside EXEC all the same
+        (the server restarted or flushed its scripts in between: the HSET ran, the script
+        did not) loads it and sends the whole transaction again, the HSET rewriting the
+        same fields; until then readers could see those blobs in the items hash, but no
+        item of them (ids are drawn from the other keys). After a lost
         connection the batch memory says whether the EXEC ran, so a retry neither stores
         the batch twice nor writes blobs back that eviction has removed since."""
         script = scripts.load("add_commit").remembering
