@@ -6,9 +6,11 @@ Without --url an embedded server is started. Every figure is the median over rou
 each round measures redisbuf and its baseline back to back, so the printed ratios hold
 on a noisy shared machine even when the absolute numbers move.
 
-* add: ``ReplayBuffer.add`` of 256 trajectories of ~4 KiB (encode + one Lua call with
-  eviction at capacity) vs a redis-py pipeline writing the same pre-encoded blobs with
-  HSET + 2 ZADD per item (no encoding, no eviction).
+* add: ``ReplayBuffer.add`` of 256 trajectories of ~4 KiB (encode, a Lua call that
+  reserves ids, then one MULTI/EXEC of a native HSET of the blobs and a Lua call that
+  stores the rest and evicts at capacity) vs a redis-py pipeline writing the same
+  pre-encoded blobs with HSET + 2 ZADD per item (no encoding, no eviction): items/s, and
+  the server's time per batch (CPU of the server process, and INFO commandstats).
 * sample: ``ReplayBuffer.sample(256)`` (choose ids in Lua, fetch, decode into a padded
   batch) vs one HMGET of 256 random known ids of the same blobs (no choice, no decode);
   also the draw alone (ids in Lua + HMGET, blobs left undecoded) against the same HMGET.
@@ -58,6 +60,36 @@ def rate(fn: Callable[[], Any], items: int, repeat: int) -> float:
     return items * repeat / (time.perf_counter() - start)
 
 
+# (label, ours CPU ms, ours command ms, raw CPU ms, raw command ms, CPU ratio,
+#  command ratio) of add, per batch; filled by bench_add_and_sample
+SERVER_ROWS: list[tuple[str, float, float, float, float, float, float]] = []
+
+
+def label_of(variable: bool) -> str:
+    return "variable-length" if variable else "fixed-length"
+
+
+def server_time(client: redis.Redis, fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    """(server CPU ms, commandstats ms) per call of ``fn``, over ``repeat`` calls: the CPU
+    time (user + sys) of the server process includes reading and parsing the requests,
+    the commandstats time only the commands (scripts included) but also any time the
+    server was descheduled while running one."""
+
+    def totals() -> tuple[float, float]:
+        cpu = client.info("cpu")
+        stats = client.info("commandstats")
+        return (
+            float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+            sum(float(v["usec"]) for v in stats.values()) / 1e6,
+        )
+
+    before = totals()
+    for _ in range(repeat):
+        fn()
+    after = totals()
+    return tuple((a - b) / repeat * 1e3 for a, b in zip(after, before, strict=True))  # type: ignore[return-value]
+
+
 def paired(
     ours: Callable[[], float], raw: Callable[[], float], rounds: int
 ) -> tuple[float, float, float]:
@@ -75,7 +107,7 @@ def paired(
 
 
 def bench_add_and_sample(
-    url: str, rounds: int, repeat: int, variable: bool
+    url: str, rounds: int, repeat: int, variable: bool, add_only: bool = False
 ) -> list[tuple[str, float, float, float]]:
     rng = np.random.default_rng(0)
     client = connect(url)
@@ -105,6 +137,28 @@ def bench_add_and_sample(
         lambda: rate(raw_add, BATCH, repeat),
         rounds,
     )
+    # server time per batch, alternating as above: CPU of the server process, and the
+    # commands' own time from INFO commandstats
+    times: dict[str, list[tuple[float, float]]] = {"ours": [], "raw": []}
+    for index in range(rounds):
+        pair = (("ours", lambda: buffer.add(batch)), ("raw", raw_add))
+        for kind, fn in pair if index % 2 == 0 else pair[::-1]:
+            times[kind].append(server_time(raw_client, fn, repeat))
+    server = [
+        tuple(statistics.median(t[i] for t in times[kind]) for i in (0, 1))
+        for kind in ("ours", "raw")
+    ]
+    cpu_ratio = statistics.median(
+        a[0] / b[0] for a, b in zip(times["ours"], times["raw"], strict=True)
+    )
+    command_ratio = statistics.median(
+        a[1] / b[1] for a, b in zip(times["ours"], times["raw"], strict=True)
+    )
+    SERVER_ROWS.append((label_of(variable), *server[0], *server[1], cpu_ratio, command_ratio))
+    if add_only:
+        buffer.drop()
+        client.delete("raw:items", "raw:prio", "raw:order")
+        return [(f"add, {label_of(variable)} (items/s)", *add)]
     known = [b"%012d" % i for i in range(1, counter[0] + 1)]
 
     def raw_sample() -> None:
@@ -124,7 +178,7 @@ def bench_add_and_sample(
     )
     buffer.drop()
     client.delete("raw:items", "raw:prio", "raw:order")
-    label = "variable-length" if variable else "fixed-length"
+    label = label_of(variable)
     return [
         (f"add, {label} (items/s)", *add),
         (f"sample uniform, {label} (items/s)", *sample),
@@ -180,20 +234,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=10, help="calls per timed run")
     parser.add_argument("--quick", action="store_true", help="10^5 instead of 10^6 items")
+    parser.add_argument("--add-only", action="store_true",
+                        help="only the add figures (throughput and server time)")
     args = parser.parse_args()
     console = Console()
     server = None if args.url else EmbeddedServer().start()
     url = args.url or server.url
     try:
         console.print(f"[bold]redisbuf benchmarks[/] on {url}, {args.rounds} rounds, batch {BATCH}")
-        rows = bench_add_and_sample(url, args.rounds, args.repeat, variable=False)
-        rows += bench_add_and_sample(url, args.rounds, args.repeat, variable=True)
+        rows = bench_add_and_sample(url, args.rounds, args.repeat, False, args.add_only)
+        rows += bench_add_and_sample(url, args.rounds, args.repeat, True, args.add_only)
         table = Table(title="redisbuf vs raw redis-py on the same bytes (medians)")
         for column in ("operation", "redisbuf", "raw redis-py", "ratio", "target"):
             table.add_column(column, justify="right" if column != "operation" else "left")
         for label, ours, raw, ratio in rows:
             table.add_row(label, f"{ours:,.0f}", f"{raw:,.0f}", f"{ratio:.2f}", ">= 0.80")
         console.print(table)
+        table = Table(title=f"add server time per batch of {BATCH} (ms, medians)")
+        for column in ("items", "redisbuf CPU", "redisbuf commands", "raw CPU",
+                       "raw commands", "ratio CPU", "ratio commands", "target"):
+            table.add_column(column, justify="right" if column != "items" else "left")
+        for label, *values in SERVER_ROWS:
+            table.add_row(label, *(f"{v:.2f}" for v in values), "<= 1.50")
+        console.print(table)
+        if args.add_only:
+            return
         big = 10**5 if args.quick else 10**6
         prio = bench_prioritized(url, [10**4, big], max(3, args.rounds // 2))
         table = Table(title=f"prioritized sample({BATCH}) cost vs buffer size")
