@@ -10,7 +10,7 @@ on a noisy shared machine even when the absolute numbers move.
   reserves ids, then one MULTI/EXEC of a native HSET of the blobs and a Lua call that
   stores the rest and evicts at capacity) vs a redis-py pipeline writing the same
   pre-encoded blobs with HSET + 2 ZADD per item (no encoding, no eviction): items/s, and
-  the server's time per batch (CPU of the server process, and INFO commandstats).
+  the server's CPU time per batch (user + sys of the server process).
 * sample: ``ReplayBuffer.sample(256)`` (choose ids in Lua, fetch, decode into a padded
   batch) vs one HMGET of 256 random known ids of the same blobs (no choice, no decode);
   also the draw alone (ids in Lua + HMGET, blobs left undecoded) against the same HMGET.
@@ -60,34 +60,29 @@ def rate(fn: Callable[[], Any], items: int, repeat: int) -> float:
     return items * repeat / (time.perf_counter() - start)
 
 
-# (label, ours CPU ms, ours command ms, raw CPU ms, raw command ms, CPU ratio,
-#  command ratio) of add, per batch; filled by bench_add_and_sample
-SERVER_ROWS: list[tuple[str, float, float, float, float, float, float]] = []
+# (label, ours CPU ms, raw CPU ms, median of the per-round ratios) of add, per batch;
+# filled by bench_add_and_sample
+SERVER_ROWS: list[tuple[str, float, float, float]] = []
 
 
 def label_of(variable: bool) -> str:
     return "variable-length" if variable else "fixed-length"
 
 
-def server_time(client: redis.Redis, fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
-    """(server CPU ms, commandstats ms) per call of ``fn``, over ``repeat`` calls: the CPU
-    time (user + sys) of the server process includes reading and parsing the requests,
-    the commandstats time only the commands (scripts included) but also any time the
-    server was descheduled while running one."""
+def server_time(client: redis.Redis, fn: Callable[[], Any], repeat: int) -> float:
+    """Server CPU ms (user + sys of the server process, INFO cpu) per call of ``fn``, over
+    ``repeat`` calls: it includes reading and parsing the requests, and unlike INFO
+    commandstats it neither counts the commands inside a script or a MULTI/EXEC twice nor
+    the time the server was descheduled while running one."""
 
-    def totals() -> tuple[float, float]:
+    def total() -> float:
         cpu = client.info("cpu")
-        stats = client.info("commandstats")
-        return (
-            float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
-            sum(float(v["usec"]) for v in stats.values()) / 1e6,
-        )
+        return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
-    before = totals()
+    before = total()
     for _ in range(repeat):
         fn()
-    after = totals()
-    return tuple((a - b) / repeat * 1e3 for a, b in zip(after, before, strict=True))  # type: ignore[return-value]
+    return (total() - before) / repeat * 1e3
 
 
 def paired(
@@ -137,24 +132,17 @@ def bench_add_and_sample(
         lambda: rate(raw_add, BATCH, repeat),
         rounds,
     )
-    # server time per batch, alternating as above: CPU of the server process, and the
-    # commands' own time from INFO commandstats
-    times: dict[str, list[tuple[float, float]]] = {"ours": [], "raw": []}
+    # server CPU time per batch, alternating as above
+    times: dict[str, list[float]] = {"ours": [], "raw": []}
     for index in range(rounds):
         pair = (("ours", lambda: buffer.add(batch)), ("raw", raw_add))
         for kind, fn in pair if index % 2 == 0 else pair[::-1]:
             times[kind].append(server_time(raw_client, fn, repeat))
-    server = [
-        tuple(statistics.median(t[i] for t in times[kind]) for i in (0, 1))
-        for kind in ("ours", "raw")
-    ]
     cpu_ratio = statistics.median(
-        a[0] / b[0] for a, b in zip(times["ours"], times["raw"], strict=True)
+        a / b for a, b in zip(times["ours"], times["raw"], strict=True)
     )
-    command_ratio = statistics.median(
-        a[1] / b[1] for a, b in zip(times["ours"], times["raw"], strict=True)
-    )
-    SERVER_ROWS.append((label_of(variable), *server[0], *server[1], cpu_ratio, command_ratio))
+    SERVER_ROWS.append((label_of(variable), statistics.median(times["ours"]),
+                        statistics.median(times["raw"]), cpu_ratio))
     if add_only:
         buffer.drop()
         client.delete("raw:items", "raw:prio", "raw:order")
@@ -250,12 +238,11 @@ def main() -> None:
         for label, ours, raw, ratio in rows:
             table.add_row(label, f"{ours:,.0f}", f"{raw:,.0f}", f"{ratio:.2f}", ">= 0.80")
         console.print(table)
-        table = Table(title=f"add server time per batch of {BATCH} (ms, medians)")
-        for column in ("items", "redisbuf CPU", "redisbuf commands", "raw CPU",
-                       "raw commands", "ratio CPU", "ratio commands", "target"):
+        table = Table(title=f"add: server CPU ms per batch of {BATCH} (medians)")
+        for column in ("items", "redisbuf", "raw redis-py", "ratio", "target"):
             table.add_column(column, justify="right" if column != "items" else "left")
-        for label, *values in SERVER_ROWS:
-            table.add_row(label, *(f"{v:.2f}" for v in values), "<= 1.50")
+        for label, ours, raw, ratio in SERVER_ROWS:
+            table.add_row(label, f"{ours:.2f}", f"{raw:.2f}", f"{ratio:.2f}", "<= 1.50")
         console.print(table)
         if args.add_only:
             return
