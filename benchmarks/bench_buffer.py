@@ -6,9 +6,11 @@ Without --url an embedded server is started. Every figure is the median over rou
 each round measures redisbuf and its baseline back to back, so the printed ratios hold
 on a noisy shared machine even when the absolute numbers move.
 
-* add: ``ReplayBuffer.add`` of 256 trajectories of ~4 KiB (encode + one Lua call with
-  eviction at capacity) vs a redis-py pipeline writing the same pre-encoded blobs with
-  HSET + 2 ZADD per item (no encoding, no eviction).
+* add: ``ReplayBuffer.add`` of 256 trajectories of ~4 KiB (encode, a Lua call that
+  reserves ids, then one MULTI/EXEC of a native HSET of the blobs and a Lua call that
+  stores the rest and evicts at capacity) vs a redis-py pipeline writing the same
+  pre-encoded blobs with HSET + 2 ZADD per item (no encoding, no eviction): items/s, and
+  the server's CPU time per batch (user + sys of the server process).
 * sample: ``ReplayBuffer.sample(256)`` (choose ids in Lua, fetch, decode into a padded
   batch) vs one HMGET of 256 random known ids of the same blobs (no choice, no decode);
   also the draw alone (ids in Lua + HMGET, blobs left undecoded) against the same HMGET.
@@ -59,6 +61,31 @@ def rate(fn: Callable[[], Any], items: int, repeat: int) -> float:
     return items * repeat / (time.perf_counter() - start)
 
 
+# (label, ours CPU ms, raw CPU ms, median of the per-round ratios) of add, per batch;
+# filled by bench_add_and_sample
+SERVER_ROWS: list[tuple[str, float, float, float]] = []
+
+
+def label_of(variable: bool) -> str:
+    return "variable-length" if variable else "fixed-length"
+
+
+def server_time(client: redis.Redis, fn: Callable[[], Any], repeat: int) -> float:
+    """Server CPU ms (user + sys of the server process, INFO cpu) per call of ``fn``, over
+    ``repeat`` calls: it includes reading and parsing the requests, and unlike INFO
+    commandstats it neither counts the commands inside a script or a MULTI/EXEC twice nor
+    the time the server was descheduled while running one."""
+
+    def total() -> float:
+        cpu = client.info("cpu")
+        return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+    before = total()
+    for _ in range(repeat):
+        fn()
+    return (total() - before) / repeat * 1e3
+
+
 def paired(
     ours: Callable[[], float], raw: Callable[[], float], rounds: int
 ) -> tuple[float, float, float]:
@@ -76,7 +103,7 @@ def paired(
 
 
 def bench_add_and_sample(
-    url: str, rounds: int, repeat: int, variable: bool
+    url: str, rounds: int, repeat: int, variable: bool, add_only: bool = False
 ) -> list[tuple[str, float, float, float]]:
     rng = np.random.default_rng(0)
     client = connect(url)
@@ -106,6 +133,21 @@ def bench_add_and_sample(
         lambda: rate(raw_add, BATCH, repeat),
         rounds,
     )
+    # server CPU time per batch, alternating as above
+    times: dict[str, list[float]] = {"ours": [], "raw": []}
+    for index in range(rounds):
+        pair = (("ours", lambda: buffer.add(batch)), ("raw", raw_add))
+        for kind, fn in pair if index % 2 == 0 else pair[::-1]:
+            times[kind].append(server_time(raw_client, fn, repeat))
+    cpu_ratio = statistics.median(
+        a / b for a, b in zip(times["ours"], times["raw"], strict=True)
+    )
+    SERVER_ROWS.append((label_of(variable), statistics.median(times["ours"]),
+                        statistics.median(times["raw"]), cpu_ratio))
+    if add_only:
+        buffer.drop()
+        client.delete("raw:items", "raw:prio", "raw:order")
+        return [(f"add, {label_of(variable)} (items/s)", *add)]
     known = [b"%012d" % i for i in range(1, counter[0] + 1)]
 
     def raw_sample() -> None:
@@ -125,7 +167,7 @@ def bench_add_and_sample(
     )
     buffer.drop()
     client.delete("raw:items", "raw:prio", "raw:order")
-    label = "variable-length" if variable else "fixed-length"
+    label = label_of(variable)
     return [
         (f"add, {label} (items/s)", *add),
         (f"sample uniform, {label} (items/s)", *sample),
@@ -181,14 +223,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=10, help="calls per timed run")
     parser.add_argument("--quick", action="store_true", help="10^5 instead of 10^6 items")
+    parser.add_argument("--add-only", action="store_true",
+                        help="only the add figures (throughput and server time)")
     args = parser.parse_args()
     console = Console()
     server = None if args.url else EmbeddedServer().start()
     url = args.url or server.url
     try:
         console.print(f"[bold]redisbuf benchmarks[/] on {url}, {args.rounds} rounds, batch {BATCH}")
-        rows = bench_add_and_sample(url, args.rounds, args.repeat, variable=False)
-        rows += bench_add_and_sample(url, args.rounds, args.repeat, variable=True)
+        rows = bench_add_and_sample(url, args.rounds, args.repeat, False, args.add_only)
+        rows += bench_add_and_sample(url, args.rounds, args.repeat, True, args.add_only)
         table = Table(title="redisbuf vs raw redis-py on the same bytes (medians)")
         for column in ("operation", "redisbuf", "raw redis-py", "ratio", "target"):
             table.add_column(column, justify="right" if column != "operation" else "left")
@@ -196,6 +240,14 @@ def main() -> None:
             table.add_row(label, f"{ours:,.0f}", f"{raw:,.0f}", f"{ratio:.2f}", ">= 0.80")
             record(label.strip(), ours, "items/s", baseline=raw, ratio=ratio, target=">= 0.8")
         console.print(table)
+        table = Table(title=f"add: server CPU ms per batch of {BATCH} (medians)")
+        for column in ("items", "redisbuf", "raw redis-py", "ratio", "target"):
+            table.add_column(column, justify="right" if column != "items" else "left")
+        for label, ours, raw, ratio in SERVER_ROWS:
+            table.add_row(label, f"{ours:.2f}", f"{raw:.2f}", f"{ratio:.2f}", "<= 1.50")
+        console.print(table)
+        if args.add_only:
+            return
         big = 10**5 if args.quick else 10**6
         prio = bench_prioritized(url, [10**4, big], max(3, args.rounds // 2))
         table = Table(title=f"prioritized sample({BATCH}) cost vs buffer size")

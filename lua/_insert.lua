@@ -29,28 +29,30 @@ local function check_schema(conf, schema_json)
   return nil
 end
 
--- Insert blobs with their priorities (text; checked by the caller) and, when vecs is not
--- nil, their state vectors; then evict (count - capacity) items: the oldest ("fifo"), or
--- the lowest log-reward with the oldest first among equals ("reward"; new items may go at
--- once). The first batch fixes the schema. `options` is the decoded per-batch options
--- object. Returns {first_id, n, evicted}, or {0, 0, 0, reason} when admit_batch (in
--- _items.lua) refuses a batch that is stale or from another session.
-local function insert_batch(K, conf, schema_json, options, blobs, priorities, vecs)
-  local meta = K.meta
-  local capacity = tonumber(conf[1])
-  local n = #blobs
+-- Reserve n ids for a batch (HINCRBY last_id), after its PER priorities (if any) have
+-- been checked and admit_batch has admitted it. Returns first_id, or nil and the reason
+-- admit_batch refused it (then only its counter is written).
+local function reserve_ids(K, n, options)
   per_batch_priorities(K, n, options)  -- raises on bad PER priorities, before any write
   local refused = admit_batch(K, n, options)  -- stale or another session: counted, not stored
-  if refused then return {0, 0, 0, refused} end
+  if refused then return nil, refused end
+  return redis.call('HINCRBY', K.meta, 'last_id', n) - n + 1, nil
+end
+
+-- Store the items with ids `ids` (first_id .. first_id + n - 1, reserved by reserve_ids),
+-- then evict (count - capacity) items: the oldest ("fifo": lowest ids), or the lowest
+-- log-reward with the oldest first among equals ("reward"; new items may go at once).
+-- blobs nil: their blobs are in the items hash already (add_commit.lua). The first batch
+-- fixes the schema. Returns {first_id, n, evicted}.
+local function commit_batch(K, conf, schema_json, options, ids, first, blobs, priorities, vecs)
+  local meta = K.meta
+  local capacity = tonumber(conf[1])
+  local n = #ids
   if not conf[3] then
     local kind = cjson.decode(schema_json)['kind']
     redis.call('HSET', meta, 'schema', schema_json, 'kind', kind)
   end
-  local last = redis.call('HINCRBY', meta, 'last_id', n)
-  local first = last - n + 1
-  local new_ids = {}
-  for i = 1, n do new_ids[i] = id_str(first + i - 1) end
-  store_items(K, new_ids, blobs, priorities, first, vecs, options)
+  store_items(K, ids, blobs, priorities, first, vecs, options)
   redis.call('HINCRBY', meta, 'inserted', n)
 
   local victims = {}
@@ -63,8 +65,41 @@ local function insert_batch(K, conf, schema_json, options, blobs, priorities, ve
     redis.call('HINCRBY', meta, 'evicted', #victims)
   end
   if conf[4] == '1' then
-    tree_update(K, capacity, victims, new_ids, priorities)
+    tree_update(K, capacity, victims, ids, priorities)
   end
   record_history(meta)
   return {first, n, #victims}
+end
+
+-- The ids (strings) first .. first + n - 1.
+local function id_range(first, n)
+  local ids = {}
+  for i = 1, n do ids[i] = id_str(first + i - 1) end
+  return ids
+end
+
+-- Insert blobs with their priorities (text; checked by the caller) and, when vecs is not
+-- nil, their state vectors, in one script (reserve_ids, then commit_batch). `options` is
+-- the decoded per-batch options object. Returns {first_id, n, evicted}, or
+-- {0, 0, 0, reason} when admit_batch (in _items.lua) refuses a batch that is stale or
+-- from another session.
+local function insert_batch(K, conf, schema_json, options, blobs, priorities, vecs)
+  local first, refused = reserve_ids(K, #blobs, options)
+  if refused then return {0, 0, 0, refused} end
+  return commit_batch(K, conf, schema_json, options, id_range(first, #blobs), first, blobs,
+    priorities, vecs)
+end
+
+-- Delete blobs of the items hash that no item owns (not in the order zset), except those
+-- of `own` (ids of the batch being committed): O(length), for add_commit.lua's rare case.
+local function drop_orphans(K, own)
+  local mine = {}
+  for _, id in ipairs(own) do mine[id] = true end
+  local fields = redis.call('HKEYS', K.items)
+  local scores = zmscore_chunked(K.order, fields)
+  local orphans = {}
+  for i = 1, #fields do
+    if not scores[i] and not mine[fields[i]] then orphans[#orphans + 1] = fields[i] end
+  end
+  call_chunked('HDEL', K.items, orphans)
 end

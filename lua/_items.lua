@@ -108,21 +108,29 @@ local function per_batch_priorities(K, n, options)
   return out
 end
 
--- Store new items: ids (strings), blobs and priorities (text) in batch order, when vecs
--- is not nil each item's state vector (text, see lua/add_diverse.lua), and when PER is on
--- their PER priorities (options.per_priorities, else per_new_priorities).
+-- Store new items: ids (strings; first .. first + #ids - 1), blobs and priorities (text)
+-- in batch order, when vecs is not nil each item's state vector (text, see
+-- lua/add_diverse.lua), and when PER is on their PER priorities (options.per_priorities,
+-- else per_new_priorities). blobs nil: the blobs are in the items hash already, written by
+-- a native HSET in the caller's transaction (lua/add_commit.lua), which spares carrying
+-- them through Lua.
 local function store_items(K, ids, blobs, priorities, first, vecs, options)
   local per_values = per_batch_priorities(K, #ids, options)
-  local item_pairs, prio_pairs, order_pairs = {}, {}, {}
+  local prio_pairs, order_pairs = {}, {}
   for i = 1, #ids do
-    item_pairs[2 * i - 1] = ids[i]
-    item_pairs[2 * i] = blobs[i]
     prio_pairs[2 * i - 1] = priorities[i]
     prio_pairs[2 * i] = ids[i]
     order_pairs[2 * i - 1] = first + i - 1
     order_pairs[2 * i] = ids[i]
   end
-  call_chunked('HSET', K.items, item_pairs)
+  if blobs then
+    local item_pairs = {}
+    for i = 1, #ids do
+      item_pairs[2 * i - 1] = ids[i]
+      item_pairs[2 * i] = blobs[i]
+    end
+    call_chunked('HSET', K.items, item_pairs)
+  end
   call_chunked('ZADD', K.prio, prio_pairs)
   call_chunked('ZADD', K.order, order_pairs)
   local now = redis.call('TIME')

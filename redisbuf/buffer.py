@@ -436,16 +436,115 @@ class ReplayBuffer:
         schema: dict[str, Any],
         options: dict[str, Any] | None = None,
     ) -> AddResult:
-        args: list[Any] = ["", len(blobs), json.dumps(options) if options else ""]
-        for blob, priority in zip(blobs, priorities.tolist(), strict=True):
-            args.append(blob)
-            args.append(_priority_text(priority))
-        reply = self._insert_with(schema, "add", args)
-        refused = _refusal(reply)
-        if refused is not None:
-            return AddResult(np.arange(0, dtype=np.int64), 0, rejected=refused)
-        first, count, evicted = reply
-        return AddResult(np.arange(first, first + count, dtype=np.int64), int(evicted))
+        """Store a batch in two calls: ``add_reserve`` checks it and reserves its ids, then
+        one MULTI/EXEC writes the blobs with a native HSET and runs ``add_commit`` for the
+        rest (priorities, order, eviction, trees). The blobs never pass through Lua, which
+        took most of the server's time; readers see the whole batch or none of it, and a
+        writer that dies before EXEC leaves nothing but a gap in the ids."""
+        schema_json = schema_to_json(schema)
+        self._check_schema(schema, schema_json)
+        texts = [_priority_text(priority) for priority in priorities.tolist()]
+        options_json = json.dumps(options) if options else ""
+        batch_id = uuid.uuid4().hex  # a retry after a lost reply gets the first reply back
+        memory = [self.keys.batches, self.keys.batch_times]
+        reserve, commit = scripts.load("add_reserve"), scripts.load("add_commit").remembering
+        try:
+            # SCRIPT EXISTS in the same round trip: the commit script must be on the server
+            # before its transaction, whose HSET would run even if its EVALSHA failed
+            reply, loaded = retrying(
+                lambda: reserve(
+                    self.client,
+                    self.keys.all_keys(),
+                    [schema_json, len(blobs), options_json, *texts],
+                    batch=(f"{batch_id}:reserve", memory, BATCH_MEMORY),
+                    then=("SCRIPT", "EXISTS", commit.sha),
+                ),
+                name=self.client,
+            )
+            refused = _refusal(reply)
+            if refused is not None:
+                return AddResult(np.arange(0, dtype=np.int64), 0, rejected=refused)
+            if isinstance(loaded, Exception) or not loaded[0]:
+                self.client.script_load(commit.source)
+            first = int(reply[0])
+            reply = self._commit(first, blobs, texts, schema_json, options_json, batch_id)
+        except SchemaError:
+            self._forget_schema()  # another process fixed the schema first: report against it
+            stored = self._stored_schema() or {}
+            raise SchemaError(
+                f"batch does not fit buffer {self.name!r}: "
+                f"{describe_schema_difference(stored, schema)}"
+            ) from None
+        if self._schema is None:
+            self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
+        first, count, evicted = (int(value) for value in reply)
+        return AddResult(np.arange(first, first + count, dtype=np.int64), evicted)
+
+    def _commit(
+        self,
+        first: int,
+        blobs: list[bytes],
+        texts: list[str],
+        schema_json: str,
+        options_json: str,
+        batch_id: str,
+    ) -> list[Any]:
+        """MULTI, HSET of the blobs under their reserved ids, EVALSHA ``add_commit``, EXEC
+        (then the durability wait, on the same connection). Returns the script's reply.
+
+        The script is loaded before (see ``_insert``); a NOSCRIPT inside EXEC all the same
+        (the server restarted or flushed its scripts in between: the HSET ran, the script
+        did not) loads it and sends the whole transaction again, the HSET rewriting the
+        same fields; until then readers could see those blobs in the items hash, but no
+        item of them (ids are drawn from the other keys). After a lost
+        connection the batch memory says whether the EXEC ran, so a retry neither stores
+        the batch twice nor writes blobs back that eviction has removed since."""
+        script = scripts.load("add_commit").remembering
+        keys = [*self.keys.all_keys(), self.keys.batches, self.keys.batch_times]
+        args = [schema_json, first, len(blobs), options_json, *texts, batch_id,
+                int(BATCH_MEMORY * 1000)]
+        fields: list[Any] = []
+        for index, blob in enumerate(blobs):
+            fields.append(format_id(first + index))
+            fields.append(blob)
+        wait = durability_wait(self.durability, self.durability_timeout)
+        sent = [False]
+
+        def attempt() -> list[Any]:
+            if sent[0]:  # lost the reply: did the transaction run?
+                seen = self.client.hget(self.keys.batches, batch_id)
+                if seen is not None:
+                    if wait is not None:
+                        confirmation = self.client.execute_command(*wait)
+                        check_durability(self.durability, confirmation, self.client)
+                    return list(json.loads(seen))
+            for load in (False, True):
+                if load:
+                    self.client.script_load(script.source)
+                pipe = self.client.pipeline(transaction=False)
+                pipe.execute_command("MULTI")
+                pipe.execute_command("HSET", self.keys.items, *fields)
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                pipe.execute_command("EXEC")
+                if wait is not None:
+                    pipe.execute_command(*wait)
+                sent[0] = True
+                replies = pipe.execute(raise_on_error=False)
+                executed = replies[3]
+                if isinstance(executed, Exception):  # EXECABORT: a queued command refused
+                    refused = [r for r in replies[:3] if isinstance(r, Exception)]
+                    raise (refused or [executed])[0]
+                reply = executed[1]
+                if isinstance(reply, redis.exceptions.NoScriptError) and not load:
+                    continue
+                if isinstance(reply, redis.exceptions.ResponseError):
+                    raise scripts.translate(reply)
+                if wait is not None:
+                    check_durability(self.durability, replies[4], self.client)
+                return list(reply)
+            raise AssertionError("unreachable")
+
+        return retrying(attempt, name=self.client)
 
     def _insert_with(self, schema: dict[str, Any], script: str, args: list[Any]) -> Any:
         """Run an inserting script (ARGV[1] = the schema, filled in here) after checking

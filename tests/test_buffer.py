@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import redis
 
 from redisbuf import (
     AddResult,
@@ -128,12 +129,21 @@ def test_open_of_a_missing_buffer_is_refused(client, buffer_name):
 # -- add ------------------------------------------------------------------------------
 
 
-def test_add_is_one_script_call(client, buffer_name):
+def test_add_is_a_reserving_script_then_one_transaction(client, buffer_name, monkeypatch):
     buffer = ReplayBuffer(client, buffer_name, capacity=5)
-    buffer.add(_batch([0.0], [0.0]))  # fixes the schema and loads the script
+    buffer.add(_batch([0.0], [0.0]))  # fixes the schema and loads the scripts
     log = CommandLog(client)
+    trips: list[list[str]] = []
+    original = redis.client.Pipeline.execute
+
+    def recording(pipe, *args, **kwargs):
+        trips.append([str(command[0]).upper() for command, _ in pipe.command_stack])
+        return original(pipe, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", recording)
     result = buffer.add(_batch(np.arange(8), np.zeros(8)))
-    assert log.names == ["EVALSHA"]
+    assert log.names == []  # two round trips, each one pipeline:
+    assert trips == [["EVALSHA", "SCRIPT"], ["MULTI", "HSET", "EVALSHA", "EXEC"]]
     assert isinstance(result, AddResult)
     assert result.ids.dtype == np.int64
     assert result.ids.tolist() == list(range(2, 10))

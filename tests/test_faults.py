@@ -655,7 +655,7 @@ def test_close_releases_the_connections_of_a_buffer_opened_by_url(own_server, bu
 
 ACL_RULE = (
     "~rb:* resetchannels &rb:* -@all +@read +@write +@scripting +@connection +@pubsub +info "
-    "+memory|usage +time"
+    "+memory|usage +time +multi +exec"
 )
 
 

@@ -150,7 +150,9 @@ def _endless_writer(url: str, name: str, index: int, done) -> None:
         done.value = batch
         n = 50
         tags = np.array([[index, batch, item] for item in range(n)], dtype=np.int64)
-        buffer.add({"tag": tags, "log_rewards": np.random.default_rng(batch).normal(size=n)})
+        pad = np.ones((n, 1024), np.float32)  # 200 KiB batches: kills land mid-transfer
+        buffer.add({"tag": tags, "pad": pad,
+                    "log_rewards": np.random.default_rng(batch).normal(size=n)})
         buffer.sample(8)
         batch += 1
 
@@ -182,6 +184,7 @@ def test_writers_killed_at_random_moments_leave_whole_batches_and_true_counters(
         tags = buffer.get(ids)["tag"].tolist()
         stats = buffer.stats()
         assert stats["inserted"] - stats["evicted"] == stats["length"] == len(ids) <= 400
+        assert buffer.client.hlen(buffer.keys.items) == len(ids)  # no orphan blob
         assert stats["inserted"] % 50 == 0  # only whole batches were ever inserted
         by_batch: dict[tuple[int, int], list[int]] = {}
         for writer, batch, item in tags:

@@ -91,7 +91,7 @@ def test_noscript_recovery(client, buffer_name):
     buffer = ReplayBuffer(client, buffer_name, capacity=4, prioritized_sampling=True, seed=0)
     buffer.add({"x": np.arange(3), "log_rewards": np.zeros(3)})
     client.script_flush()
-    assert client.script_exists(scripts.load("add").sha) == [False]
+    assert client.script_exists(scripts.load("add_commit").remembering.sha) == [False]
     result = buffer.add({"x": np.arange(3), "log_rewards": np.zeros(3)})
     assert result.ids.tolist() == [4, 5, 6] and result.evicted == 2
     client.script_flush()
