@@ -490,13 +490,64 @@ def _numbers(data: np.ndarray, segment: _Segment) -> np.ndarray:
     return data.view(segment.dtype).reshape(-1).astype(segment.dtype.newbyteorder("="))
 
 
-def decode_same_layout(blobs: list[bytes]) -> dict[str, np.ndarray] | None:
+class Scratch:
+    """A reusable byte area that blobs are copied into for decoding. A sample's blobs
+    joined into a new 1 MiB bytes object every call cost more than the copy itself: the
+    allocator hands the memory back to the system after each call and takes ~250 page
+    faults to get it again. Not shared between threads (see :func:`take_scratch`)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def join(self, blobs: list[bytes], total: int) -> np.ndarray:
+        """The blobs one after another, ``total`` bytes: a read-only uint8 view of this
+        area, valid until its next ``join``."""
+        if len(self.data) < total:
+            self.data = bytearray(max(total, 2 * len(self.data)))
+        try:
+            area = memoryview(self.data)
+            pos = 0
+            for blob in blobs:
+                end = pos + len(blob)
+                area[pos:end] = blob
+                pos = end
+        finally:
+            area.release()  # a bytearray with a live view could not grow
+        table = np.frombuffer(self.data, dtype=np.uint8, count=total)
+        table.flags.writeable = False
+        return table
+
+
+# Areas not in use. list.pop / append are atomic, so threads never share one.
+_scratch_pool: list[Scratch] = []
+
+
+def take_scratch() -> Scratch:
+    """A scratch area for this caller alone; hand it back with :func:`give_back`."""
+    try:
+        return _scratch_pool.pop()
+    except IndexError:
+        return Scratch()
+
+
+def give_back(area: Scratch) -> None:
+    if len(_scratch_pool) < 4:
+        _scratch_pool.append(area)
+
+
+def decode_same_layout(
+    blobs: list[bytes], scratch: Scratch | None = None
+) -> dict[str, np.ndarray] | None:
     """Decode blobs that share one layout (same keys, dtypes, shapes, number formats)
     without a per-blob parse: field -> array of shape (n, *item_shape).
 
-    The arrays are read-only views into one joined copy of the blobs. Fixed-shape items
-    (dict batches, transitions, states, trajectories of one length) take this path;
-    for others it returns None and :func:`unpackb_raw` decodes the blobs one by one.
+    Array fields are read-only views into one joined copy of the blobs: a new bytes
+    object, or ``scratch`` (then valid only until its next use: copy them out first).
+    Numbers are new arrays. Fixed-shape items (dict batches, transitions, states,
+    trajectories of one length) take this path; for others it returns None and
+    :func:`unpackb_raw` decodes the blobs one by one.
     """
     if not blobs:
         return None
@@ -508,7 +559,10 @@ def decode_same_layout(blobs: list[bytes]) -> dict[str, np.ndarray] | None:
     if layout is None:
         return None
     segments, fixed = layout
-    table = np.frombuffer(b"".join(blobs), dtype=np.uint8).reshape(len(blobs), size)
+    if scratch is not None:
+        table = scratch.join(blobs, size * len(blobs)).reshape(len(blobs), size)
+    else:
+        table = np.frombuffer(b"".join(blobs), dtype=np.uint8).reshape(len(blobs), size)
     for start, end in fixed:
         block = table[:, start:end]
         if not (block == block[0]).all():
@@ -533,12 +587,15 @@ class Ragged(NamedTuple):
     rows: np.ndarray
 
 
-def decode_ragged(blobs: list[bytes]) -> dict[str, np.ndarray | Ragged] | None:
+def decode_ragged(
+    blobs: list[bytes], scratch: Scratch | None = None
+) -> dict[str, np.ndarray | Ragged] | None:
     """Decode blobs with the same keys, dtypes and trailing shapes but arrays of varying
     first dimension (variable-length trajectories), reading every header with a few
     vectorised numpy operations per field instead of a msgpack parse per blob.
 
-    Numbers come back as arrays of shape (n,), arrays as :class:`Ragged`. Returns None
+    Numbers come back as arrays of shape (n,), arrays as :class:`Ragged` (new arrays
+    either way; ``scratch`` only holds the joined blobs while decoding). Returns None
     when the blobs do not fit the first blob's structure.
     """
     if not blobs or any(blob is None for blob in blobs):
@@ -552,9 +609,11 @@ def decode_ragged(blobs: list[bytes]) -> dict[str, np.ndarray | Ragged] | None:
     lengths = np.fromiter(map(len, blobs), dtype=np.int64, count=n)
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    joined = b"".join(blobs)
-    table = np.frombuffer(joined, dtype=np.uint8)
-    view = memoryview(joined)
+    if scratch is not None:
+        table = scratch.join(blobs, int(ends[-1]))
+    else:
+        table = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+    view = memoryview(table)
 
     def gather(at: np.ndarray, width: int) -> np.ndarray | None:
         index = at[:, None] + np.arange(width)
