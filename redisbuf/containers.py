@@ -124,15 +124,26 @@ def _rows(array: np.ndarray, lead: int) -> np.ndarray:
     element (numpy copies a 64-byte row as one element several times faster than as 16
     floats); ``array`` itself when they are not C-contiguous or there are none."""
     trailing = array.shape[lead:]
+    if not trailing or array.size == 0 or array.dtype.hasobject:
+        return array
     size = array.dtype.itemsize
     for dim, stride in zip(reversed(trailing), reversed(array.strides[lead:]), strict=True):
         if dim != 1 and stride != size:
             return array
         size *= dim
-    if not trailing or size == 0 or array.dtype.hasobject:
-        return array
     flat = array.reshape(*array.shape[:lead], -1)  # a view: the rows are contiguous
     return flat.view(np.dtype((np.void, size)))[..., 0]
+
+
+def _row_views(
+    dst: np.ndarray, src: np.ndarray, src_lead: int = 2
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_rows`` of both arrays of a copy (``dst`` time-major: two leading dimensions),
+    or both arrays as they are when one has no such view."""
+    dst_rows, src_rows = _rows(dst, 2), _rows(src, src_lead)
+    if dst_rows.dtype != src_rows.dtype:
+        return dst, src
+    return dst_rows, src_rows
 
 
 def _padded_steps(values: FieldValues, spec: dict[str, Any], horizon: int, fill: float) -> Array:
@@ -146,10 +157,12 @@ def _padded_steps(values: FieldValues, spec: dict[str, Any], horizon: int, fill:
             raise DecodeError(f"stored items of shape {values.shape[1:]} do not fit {trailing}")
         if values.shape[1] == horizon:  # nothing to pad: one transposing copy
             time_major = np.empty((horizon, n, *trailing), dtype=values.dtype)
-            _rows(time_major, 2)[...] = _rows(values, 2).swapaxes(0, 1)
+            dst, src = _row_views(time_major, values)
+            dst[...] = src.swapaxes(0, 1)
             return codec.to_library(time_major, spec["lib"], spec["dtype"])
         view, out = _alloc(spec, (horizon, n, *trailing), fill)
-        _rows(view, 2)[: values.shape[1]] = _rows(values, 2).swapaxes(0, 1)
+        dst, src = _row_views(view, values)
+        dst[: values.shape[1]] = src.swapaxes(0, 1)
         return out
     if isinstance(values, codec.Ragged):
         if values.flat.shape[1:] != trailing or values.flat.dtype != dtype:
@@ -169,7 +182,11 @@ def _padded_steps(values: FieldValues, spec: dict[str, Any], horizon: int, fill:
     starts = np.cumsum(rows) - rows
     step_of_row = np.arange(len(flat)) - np.repeat(starts, rows)
     # one scatter of whole rows, by flat position in the (horizon, n) grid
-    _rows(view, 2).reshape(-1)[step_of_row * n + item_of_row] = _rows(flat, 1)
+    dst, src = _row_views(view, flat, 1)
+    if dst is view:
+        view[step_of_row, item_of_row] = flat
+    else:
+        dst.reshape(-1)[step_of_row * n + item_of_row] = src
     return out
 
 
