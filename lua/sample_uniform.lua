@@ -7,10 +7,11 @@
 -- ARGV[1] n  ARGV[2] "1" = with replacement, "0" = without  ARGV[3] "1" = also return blobs
 -- ARGV[4] n uniforms in [0, 1), packed 6 bytes each (see uniform_at)
 -- ARGV[5], ARGV[6] (optional, guess mode): the first id and the length the caller assumed,
--- ARGV[7..6+n] the ids it computed from those uniforms for that range, with the algorithm
--- below (UniformSampler in redisbuf/samplers.py): the script draws nothing and records
--- those ids as drawn if the buffer holds exactly the ids first .. first + length - 1, the
--- only case where its own draw gives the same ids; otherwise it records nothing.
+-- ARGV[7] the n ids it computed from its uniforms for that range with the algorithm below
+-- (UniformSampler in redisbuf/samplers.py), 12 characters each (id_str), concatenated;
+-- ARGV[4] is then not used. The script draws nothing and records those ids as drawn if
+-- the buffer holds exactly the ids first .. first + length - 1, the only case where its
+-- own draw gives the same ids; otherwise it records nothing.
 -- Without replacement (and n <= len) every n-subset is equally likely (sparse
 -- Fisher-Yates over insertion ranks); with replacement (or n > len) each draw is
 -- independent and uniform. Randomness comes from the caller, so results are reproducible.
@@ -23,7 +24,11 @@
 local K = buffer_keys(KEYS)
 local items, order = K.items, K.order
 local n = tonumber(ARGV[1])
-if #ARGV[4] ~= 6 * n then return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms') end
+local guess = ARGV[5] ~= nil
+if guess and #ARGV[7] ~= 12 * n then return fail('RB_INVALID', 'expected ' .. n .. ' ids') end
+if not guess and #ARGV[4] ~= 6 * n then
+  return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms')
+end
 local len = redis.call('ZCARD', order)
 if len == 0 then return fail('RB_EMPTY', 'buffer is empty') end
 local replace = ARGV[2] == '1' or n > len
@@ -31,12 +36,12 @@ local replace = ARGV[2] == '1' or n > len
 local first = tonumber(redis.call('ZRANGE', order, 0, 0)[1])
 local last = tonumber(redis.call('ZRANGE', order, -1, -1)[1])
 local contiguous = last - first + 1 == len
-if ARGV[5] then
+if guess then
   if not (contiguous and tonumber(ARGV[5]) == first and tonumber(ARGV[6]) == len) then
     return {len, contiguous and first or -1, 0}
   end
-  local guessed = {}
-  for i = 1, n do guessed[i] = ARGV[6 + i] end
+  local guessed, packed = {}, ARGV[7]
+  for i = 1, n do guessed[i] = string.sub(packed, 12 * i - 11, 12 * i) end
   record_draws(K, guessed)
   return {len, first, 1}
 end

@@ -94,6 +94,11 @@ def _draw_then_fetch(
     raise AssertionError("unreachable")
 
 
+# Ids go to the guess-mode script 12 digits each (lua/_common.lua's id_str); from 10^12
+# on they are wider, and the script draws them itself.
+_ID_LIMIT = 10**12
+
+
 class _IdRange:
     """What the last uniform draw saw of a buffer: ``length`` items with ids ``first ..
     first + length - 1`` (``first`` None when there are holes), and how the last guesses
@@ -172,9 +177,9 @@ class UniformSampler:
             seen.skip -= 1
             guessing = False
         for _ in range(_FETCH_ATTEMPTS if guessing else 0):
-            if seen.first is None:
+            if seen.first is None or seen.first + seen.length > _ID_LIMIT:
                 break
-            draw = self._guess(buffer, n, words, uniforms, seen, note)
+            draw = self._guess(buffer, n, words, seen, note)
             if draw is not None:
                 seen.misses = 0
                 return draw
@@ -191,7 +196,6 @@ class UniformSampler:
         buffer: ReplayBuffer,
         n: int,
         words: np.ndarray,
-        uniforms: bytes,
         seen: _IdRange,
         note: Callable[[list[Any]], None],
     ) -> Draw | None:
@@ -205,7 +209,7 @@ class UniformSampler:
         members = [b"%012d" % i for i in ids]
         script = scripts.load("sample_uniform")
         all_keys = keys.all_keys()
-        args = [n, int(self.replacement), 0, uniforms, first, length, *members]
+        args = [n, int(self.replacement), 0, b"", first, length, b"".join(members)]
 
         def send() -> list[Any]:
             pipe = buffer.client.pipeline(transaction=False)
