@@ -645,33 +645,19 @@ def decode_ragged(
             at = value_at + (segment.start - segment.tag_at) + segment.size
             continue
         ndim = len(segment.shape)
-        frame = gather(value_at, 5)  # tag, then up to 4 length bytes
-        if frame is None or ndim == 0:
+        if ndim == 0:
             return None
-        tags = frame[:, 0]
-        width = np.select([tags == 0xC7, tags == 0xC8, tags == 0xC9], [1, 2, 4], 0)
-        if not width.all():
-            return None
-        big_endian = frame[:, 1:].astype(np.int64)
-        length = np.select(
-            [width == 1, width == 2],
-            [big_endian[:, 0], big_endian[:, 0] * 256 + big_endian[:, 1]],
-            ((big_endian[:, 0] * 256 + big_endian[:, 1]) * 256 + big_endian[:, 2]) * 256
-            + big_endian[:, 3],
-        )
-        header_at = value_at + 2 + width
-        codes = gather(header_at - 1, 3)  # ext code, dtype code, ndim
-        dims = gather(header_at + 2, 8 * ndim)
-        if codes is None or dims is None:
-            return None
-        if not (codes == template[segment.header_at - 1 : segment.header_at + 2]).all():
-            return None
-        dims = np.ascontiguousarray(dims).view("<u8").reshape(n, ndim).astype(np.int64)
         trailing = segment.shape[1:]
-        if (dims < 0).any() or not (dims[:, 1:] == np.array(trailing, dtype=np.int64)).all():
+        found = _same_frame_headers(gather, template, segment, value_at, n)
+        if found is None:
+            found = _any_frame_headers(gather, template, segment, value_at, n)
+            if found is None:
+                return None
+        length, header_at, first_dims = found
+        if (first_dims < 0).any():
             return None
         row_bytes = segment.dtype.itemsize * int(np.prod(trailing, dtype=np.int64))
-        sizes = dims[:, 0] * row_bytes
+        sizes = first_dims * row_bytes
         data_at = header_at + 2 + 8 * ndim
         if not (sizes == length - 2 - 8 * ndim).all() or (data_at + sizes > ends).any():
             return None
@@ -679,8 +665,68 @@ def decode_ragged(
             [view[o : o + s] for o, s in zip(data_at.tolist(), sizes.tolist(), strict=True)]
         )
         array = np.frombuffer(flat, dtype=segment.dtype).reshape(-1, *trailing)
-        columns[segment.key] = Ragged(array, dims[:, 0])
+        columns[segment.key] = Ragged(array, first_dims)
         at = data_at + sizes
     if not (at == ends).all():
         return None
     return columns
+
+
+_Headers = tuple[np.ndarray, np.ndarray, np.ndarray]  # ext length, header offset, first dim
+
+
+def _same_frame_headers(
+    gather: Any, template: np.ndarray, segment: _Segment, value_at: np.ndarray, n: int
+) -> _Headers | None:
+    """The common case of :func:`decode_ragged`: every item's ext frame of this field has
+    the template's width, so its whole frame and header (tag, length, ext code, dtype
+    code, ndim, dims) is one span that must equal the template's except for the length
+    and the first dimension. Reads it with one gather; None when that does not hold."""
+    width = segment.header_at - segment.tag_at - 2
+    ndim = len(segment.shape or ())
+    span = 4 + width + 8 * ndim
+    head = gather(value_at, span)
+    if head is None:
+        return None
+    varying = np.zeros(span, dtype=bool)
+    varying[1 : 1 + width] = True  # the ext length
+    varying[4 + width : 12 + width] = True  # the first dimension
+    expected = template[segment.tag_at : segment.tag_at + span]
+    if not (head[:, ~varying] == expected[~varying]).all():
+        return None
+    length = np.ascontiguousarray(head[:, 1 : 1 + width]).view(f">u{width}")[:, 0]
+    first = np.ascontiguousarray(head[:, 4 + width : 12 + width]).view("<u8")[:, 0]
+    return length.astype(np.int64), value_at + 2 + width, first.astype(np.int64)
+
+
+def _any_frame_headers(
+    gather: Any, template: np.ndarray, segment: _Segment, value_at: np.ndarray, n: int
+) -> _Headers | None:
+    """Like :func:`_same_frame_headers` for frames of mixed widths (ext 8, 16 or 32)."""
+    ndim = len(segment.shape or ())
+    frame = gather(value_at, 5)  # tag, then up to 4 length bytes
+    if frame is None:
+        return None
+    tags = frame[:, 0]
+    width = np.select([tags == 0xC7, tags == 0xC8, tags == 0xC9], [1, 2, 4], 0)
+    if not width.all():
+        return None
+    big_endian = frame[:, 1:].astype(np.int64)
+    length = np.select(
+        [width == 1, width == 2],
+        [big_endian[:, 0], big_endian[:, 0] * 256 + big_endian[:, 1]],
+        ((big_endian[:, 0] * 256 + big_endian[:, 1]) * 256 + big_endian[:, 2]) * 256
+        + big_endian[:, 3],
+    )
+    header_at = value_at + 2 + width
+    codes = gather(header_at - 1, 3)  # ext code, dtype code, ndim
+    dims = gather(header_at + 2, 8 * ndim)
+    if codes is None or dims is None:
+        return None
+    if not (codes == template[segment.header_at - 1 : segment.header_at + 2]).all():
+        return None
+    dims = np.ascontiguousarray(dims).view("<u8").reshape(n, ndim).astype(np.int64)
+    trailing = np.array(segment.shape[1:], dtype=np.int64)  # type: ignore[index]
+    if not (dims[:, 1:] == trailing).all():
+        return None
+    return length, header_at, dims[:, 0]
