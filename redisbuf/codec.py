@@ -496,10 +496,20 @@ class Scratch:
     allocator hands the memory back to the system after each call and takes ~250 page
     faults to get it again. Not shared between threads (see :func:`take_scratch`)."""
 
-    __slots__ = ("data",)
+    __slots__ = ("data", "parts")
 
     def __init__(self) -> None:
         self.data = bytearray()
+        self.parts: list[np.ndarray] = []  # decode_ragged's per-field rows
+
+    def part(self, index: int, size: int) -> np.ndarray:
+        """The ``index``-th extra area, at least ``size`` bytes (a writable uint8 array),
+        valid until its next use."""
+        while len(self.parts) <= index:
+            self.parts.append(np.empty(0, dtype=np.uint8))
+        if len(self.parts[index]) < size:
+            self.parts[index] = np.empty(max(size, 2 * len(self.parts[index])), dtype=np.uint8)
+        return self.parts[index][:size]
 
     def join(self, blobs: list[bytes], total: int) -> np.ndarray:
         """The blobs one after another, ``total`` bytes: a read-only uint8 view of this
@@ -581,7 +591,7 @@ def decode_same_layout(
 
 class Ragged(NamedTuple):
     """One array field of many items whose first dimensions differ: the items' rows
-    concatenated (a new, writable array) and the number of rows of each item."""
+    concatenated and the number of rows of each item."""
 
     flat: np.ndarray
     rows: np.ndarray
@@ -594,9 +604,10 @@ def decode_ragged(
     first dimension (variable-length trajectories), reading every header with a few
     vectorised numpy operations per field instead of a msgpack parse per blob.
 
-    Numbers come back as arrays of shape (n,), arrays as :class:`Ragged` (new arrays
-    either way; ``scratch`` only holds the joined blobs while decoding). Returns None
-    when the blobs do not fit the first blob's structure.
+    Numbers come back as new arrays of shape (n,), arrays as :class:`Ragged`: with
+    ``scratch``, their rows lie in it (valid only until its next use: copy them out
+    first), else in new arrays. Returns None when the blobs do not fit the first blob's
+    structure.
     """
     if not blobs or any(blob is None for blob in blobs):
         return None
@@ -661,10 +672,21 @@ def decode_ragged(
         data_at = header_at + 2 + 8 * ndim
         if not (sizes == length - 2 - 8 * ndim).all() or (data_at + sizes > ends).any():
             return None
-        flat = bytearray().join(
-            [view[o : o + s] for o, s in zip(data_at.tolist(), sizes.tolist(), strict=True)]
-        )
-        array = np.frombuffer(flat, dtype=segment.dtype).reshape(-1, *trailing)
+        if scratch is not None:
+            # the rows go into a scratch area (no new memory): one copy per item
+            area = scratch.part(len(columns), int(sizes.sum()))
+            target = memoryview(area)
+            pos = 0
+            for start, size in zip(data_at.tolist(), sizes.tolist(), strict=True):
+                target[pos : pos + size] = view[start : start + size]
+                pos += size
+            target.release()
+            array = area.view(segment.dtype).reshape(-1, *trailing)
+        else:
+            flat = bytearray().join(
+                [view[o : o + s] for o, s in zip(data_at.tolist(), sizes.tolist(), strict=True)]
+            )
+            array = np.frombuffer(flat, dtype=segment.dtype).reshape(-1, *trailing)
         columns[segment.key] = Ragged(array, first_dims)
         at = data_at + sizes
     if not (at == ends).all():

@@ -104,7 +104,8 @@ def _stack_rows(values: FieldValues, spec: dict[str, Any]) -> Array:
     if isinstance(values, codec.Ragged):
         if not shape or (values.rows != shape[0]).any() or values.flat.dtype != dtype:
             raise DecodeError(f"stored items do not have the schema's shape {shape}")
-        flat = values.flat.reshape(len(values.rows), *shape)
+        # a copy: the rows may lie in decode's scratch area
+        flat = np.array(values.flat.reshape(len(values.rows), *shape))
         return codec.to_library(flat, spec["lib"], spec["dtype"])
     if not shape:
         if spec["lib"] == "torch":

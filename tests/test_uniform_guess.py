@@ -292,10 +292,12 @@ def test_decode_of_each_layout_matches_the_msgpack_reference(
     buffer.drop()
 
 
-def test_a_result_never_shares_memory_with_the_scratch_area(fake_client):
+@pytest.mark.parametrize("varied", [False, True], ids=["fixed", "variable"])
+def test_a_result_never_shares_memory_with_the_scratch_area(fake_client, varied):
     buffer = ReplayBuffer(fake_client, "scratch", capacity=100)
     rng = np.random.default_rng(0)
-    buffer.add(_trajectories(rng, np.full(40, 9), 9))
+    lengths = rng.integers(1, 10, 40) if varied else np.full(40, 9)
+    buffer.add(_trajectories(rng, lengths, 9))
     first = buffer.get(list(range(1, 41)))
     kept = {f: np.array(getattr(first, f), copy=True) for f in ("states", "actions")}
     for _ in range(3):  # decodes reuse the area: the first result must not change
