@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import redis
 
 from . import scripts
 from .connection import retrying
@@ -207,21 +208,29 @@ class UniformSampler:
         replace = self.replacement or n > length
         ids = (_uniform_ranks(words, length, replace) + first).tolist()
         members = [b"%012d" % i for i in ids]
-        script = scripts.load("sample_uniform")
         all_keys = keys.all_keys()
         args = [n, int(self.replacement), 0, b"", first, length, b"".join(members)]
 
-        def send() -> list[Any]:
+        def send(script: scripts.Script) -> list[Any]:
             pipe = buffer.client.pipeline(transaction=False)
             pipe.evalsha(script.sha, len(all_keys), *all_keys, *args)
             pipe.hmget(keys.items, members)
             pipe.hget(keys.meta, "schema")
             return pipe.execute(raise_on_error=False)
 
-        reply, blobs, schema_json = retrying(send, name=buffer.client)
+        script = scripts.load("sample_uniform")
+        reply, blobs, schema_json = retrying(lambda: send(script), name=buffer.client)
+        if isinstance(reply, scripts._REFUSED_WRITES):
+            # a full server or a replica: the read-only variant, which records nothing,
+            # as the plain path does (tried anew each draw: the server may recover)
+            script = script.read_only
+            reply, blobs, schema_json = retrying(lambda: send(script), name=buffer.client)
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            buffer.client.script_load(script.source)
+            reply, blobs, schema_json = retrying(lambda: send(script), name=buffer.client)
         if isinstance(reply, Exception):
-            # NOSCRIPT, a refused write, an empty buffer: the plain path runs the script
-            # again and handles each
+            # NOSCRIPT, an empty buffer, any other error: the plain path runs the script
+            # again and handles each (and loads it)
             seen.first = None
             return None
         note(reply)

@@ -12,11 +12,13 @@ import traceback
 
 import numpy as np
 import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redisbuf import ReplayBuffer, Trajectories, codec, samplers
 from redisbuf.keys import format_id
+from redisbuf.server import EmbeddedServer
 
 SETTINGS = settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -179,6 +181,38 @@ def test_max_use_draws_stay_in_the_script(client, buffer_name, monkeypatch):
         assert (info.batch["v"] + 1).tolist() == info.ids.tolist()
     assert paths.guessed == 0 and paths.plain == 3
     assert buffer.stats()["sampled"] == 12
+
+
+def test_a_flushed_script_is_loaded_again_by_the_guess(client, buffer_name, monkeypatch):
+    buffer = ReplayBuffer(client, buffer_name, capacity=10, seed=1)
+    buffer.add(_items(0, 10))
+    buffer.sample(2)
+    client.script_flush()  # e.g. a restarted server
+    paths = _Paths(monkeypatch)
+    info = buffer.sample_with_info(5)
+    assert (info.batch["v"] + 1).tolist() == info.ids.tolist()
+    assert paths.guessed == 1 and paths.plain == 0
+    assert buffer.stats()["sampled"] == 7
+
+
+@pytest.mark.redis_server
+def test_guessed_draws_on_a_server_refusing_writes_record_nothing(buffer_name, monkeypatch):
+    with EmbeddedServer() as server:  # its own: the test changes its configuration
+        client = redis.Redis.from_url(server.url)
+        buffer = ReplayBuffer(client, buffer_name, capacity=64, seed=2)
+        buffer.add(_items(0, 16))
+        buffer.sample(2)  # learns the range
+        client.config_set("maxmemory", 1)  # every write is refused (noeviction)
+        paths = _Paths(monkeypatch)
+        for _ in range(5):
+            info = buffer.sample_with_info(8)
+            assert (info.batch["v"] + 1).tolist() == info.ids.tolist()
+        assert paths.guessed == 5 and paths.plain == 0
+        client.config_set("maxmemory", 0)
+        assert buffer.stats()["sampled"] == 2  # read-only draws are not counted
+        buffer.sample(3)
+        assert buffer.stats()["sampled"] == 5  # and counted again once writes are allowed
+        client.close()
 
 
 # -- racing other processes (real server) --------------------------------------------
