@@ -6,16 +6,29 @@
 -- buffer_keys in _common.lua)
 -- ARGV[1] n  ARGV[2] "1" = with replacement, "0" = without  ARGV[3] "1" = also return blobs
 -- ARGV[4] n uniforms in [0, 1), packed 6 bytes each (see uniform_at)
+-- ARGV[5], ARGV[6] (optional, guess mode): the first id and the length the caller assumed,
+-- ARGV[7] the n ids it computed from its uniforms for that range with the algorithm below
+-- (UniformSampler in redisbuf/samplers.py), 12 characters each (id_str), concatenated;
+-- ARGV[4] is then not used. The script draws nothing and records those ids as drawn if
+-- the buffer holds exactly the ids first .. first + length - 1, the only case where its
+-- own draw gives the same ids; otherwise it records nothing.
 -- Without replacement (and n <= len) every n-subset is equally likely (sparse
 -- Fisher-Yates over insertion ranks); with replacement (or n > len) each draw is
 -- independent and uniform. Randomness comes from the caller, so results are reproducible.
--- Returns {id_1..id_n} and, if asked, {blob_1..blob_n} after them (fetching blobs here is
--- atomic but costs the server far more than a separate HMGET).
+-- Returns {len, first, id_1..id_n} and, if asked, {blob_1..blob_n} after them (fetching
+-- blobs here is atomic but costs the server far more than a separate HMGET); in guess mode
+-- {len, first, 1 if the ids were recorded else 0}. len is the number of items present,
+-- first the lowest id when the ids present are exactly first .. first + len - 1 (no
+-- holes), else -1.
 -- Errors: RB_EMPTY.
 local K = buffer_keys(KEYS)
 local items, order = K.items, K.order
 local n = tonumber(ARGV[1])
-if #ARGV[4] ~= 6 * n then return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms') end
+local guess = ARGV[5] ~= nil
+if guess and #ARGV[7] ~= 12 * n then return fail('RB_INVALID', 'expected ' .. n .. ' ids') end
+if not guess and #ARGV[4] ~= 6 * n then
+  return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms')
+end
 local len = redis.call('ZCARD', order)
 if len == 0 then return fail('RB_EMPTY', 'buffer is empty') end
 local replace = ARGV[2] == '1' or n > len
@@ -23,6 +36,15 @@ local replace = ARGV[2] == '1' or n > len
 local first = tonumber(redis.call('ZRANGE', order, 0, 0)[1])
 local last = tonumber(redis.call('ZRANGE', order, -1, -1)[1])
 local contiguous = last - first + 1 == len
+if guess then
+  if not (contiguous and tonumber(ARGV[5]) == first and tonumber(ARGV[6]) == len) then
+    return {len, contiguous and first or -1, 0}
+  end
+  local guessed, packed = {}, ARGV[7]
+  for i = 1, n do guessed[i] = string.sub(packed, 12 * i - 11, 12 * i) end
+  record_draws(K, guessed)
+  return {len, first, 1}
+end
 local ids = {}
 local swapped = {}
 for i = 1, n do
@@ -44,7 +66,9 @@ end
 local blobs
 if ARGV[3] == '1' then blobs = hmget_chunked(items, ids) end
 record_draws(K, ids)  -- after reading the blobs: it may remove used-up items
+local out = {len, contiguous and first or -1}
+for i = 1, n do out[2 + i] = ids[i] end
 if blobs then
-  for i = 1, n do ids[n + i] = blobs[i] end
+  for i = 1, n do out[2 + n + i] = blobs[i] end
 end
-return ids
+return out

@@ -153,6 +153,9 @@ class ReplayBuffer:
             :class:`~redisbuf.errors.DurabilityError` (the batch is in the buffer).
     """
 
+    # UniformSampler's record of the ids the last draw saw (samplers._IdRange)
+    _uniform_ids: Any = None
+
     def __init__(
         self,
         redis_or_url: Any = None,
@@ -623,10 +626,21 @@ class ReplayBuffer:
     def _join(
         self, kind: ContainerKind, schema: dict[str, Any], blobs: list[bytes], ids: list[int] | None
     ) -> Any:
+        scratch = codec.take_scratch()
+        try:
+            return self._join_with(kind, schema, blobs, scratch)
+        finally:
+            codec.give_back(scratch)
+
+    def _join_with(
+        self, kind: ContainerKind, schema: dict[str, Any], blobs: list[bytes],
+        scratch: codec.Scratch,
+    ) -> Any:
         names = set(schema["fields"])
-        fields: dict[str, Any] | None = codec.decode_same_layout(blobs)
+        # array fields may be views of scratch: the container's join copies them out
+        fields: dict[str, Any] | None = codec.decode_same_layout(blobs, scratch)
         if fields is None or set(fields) != names:
-            fields = codec.decode_ragged(blobs)
+            fields = codec.decode_ragged(blobs, scratch)
         if fields is None or set(fields) != names:
             items = []
             for blob in blobs:

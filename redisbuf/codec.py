@@ -514,13 +514,74 @@ def _numbers(data: np.ndarray, segment: _Segment) -> np.ndarray:
     return data.view(segment.dtype).reshape(-1).astype(segment.dtype.newbyteorder("="))
 
 
-def decode_same_layout(blobs: list[bytes]) -> dict[str, np.ndarray] | None:
+class Scratch:
+    """A reusable byte area that blobs are copied into for decoding. A sample's blobs
+    joined into a new 1 MiB bytes object every call cost more than the copy itself: the
+    allocator hands the memory back to the system after each call and takes ~250 page
+    faults to get it again. Not shared between threads (see :func:`take_scratch`)."""
+
+    __slots__ = ("data", "parts")
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.parts: list[np.ndarray] = []  # decode_ragged's per-field rows
+
+    def part(self, index: int, size: int) -> np.ndarray:
+        """The ``index``-th extra area, at least ``size`` bytes (a writable uint8 array),
+        valid until its next use."""
+        while len(self.parts) <= index:
+            self.parts.append(np.empty(0, dtype=np.uint8))
+        if len(self.parts[index]) < size:
+            self.parts[index] = np.empty(max(size, 2 * len(self.parts[index])), dtype=np.uint8)
+        return self.parts[index][:size]
+
+    def join(self, blobs: list[bytes], total: int) -> np.ndarray:
+        """The blobs one after another, ``total`` bytes: a read-only uint8 view of this
+        area, valid until its next ``join``."""
+        if len(self.data) < total:
+            self.data = bytearray(max(total, 2 * len(self.data)))
+        try:
+            area = memoryview(self.data)
+            pos = 0
+            for blob in blobs:
+                end = pos + len(blob)
+                area[pos:end] = blob
+                pos = end
+        finally:
+            area.release()  # a bytearray with a live view could not grow
+        table = np.frombuffer(self.data, dtype=np.uint8, count=total)
+        table.flags.writeable = False
+        return table
+
+
+# Areas not in use. list.pop / append are atomic, so threads never share one.
+_scratch_pool: list[Scratch] = []
+
+
+def take_scratch() -> Scratch:
+    """A scratch area for this caller alone; hand it back with :func:`give_back`."""
+    try:
+        return _scratch_pool.pop()
+    except IndexError:
+        return Scratch()
+
+
+def give_back(area: Scratch) -> None:
+    if len(_scratch_pool) < 4:
+        _scratch_pool.append(area)
+
+
+def decode_same_layout(
+    blobs: list[bytes], scratch: Scratch | None = None
+) -> dict[str, np.ndarray] | None:
     """Decode blobs that share one layout (same keys, dtypes, shapes, number formats)
     without a per-blob parse: field -> array of shape (n, *item_shape).
 
-    The arrays are read-only views into one joined copy of the blobs. Fixed-shape items
-    (dict batches, transitions, states, trajectories of one length) take this path;
-    for others it returns None and :func:`unpackb_raw` decodes the blobs one by one.
+    Array fields are read-only views into one joined copy of the blobs: a new bytes
+    object, or ``scratch`` (then valid only until its next use: copy them out first).
+    Numbers are new arrays. Fixed-shape items (dict batches, transitions, states,
+    trajectories of one length) take this path; for others it returns None and
+    :func:`unpackb_raw` decodes the blobs one by one.
     """
     if not blobs:
         return None
@@ -532,7 +593,10 @@ def decode_same_layout(blobs: list[bytes]) -> dict[str, np.ndarray] | None:
     if layout is None:
         return None
     segments, fixed = layout
-    table = np.frombuffer(b"".join(blobs), dtype=np.uint8).reshape(len(blobs), size)
+    if scratch is not None:
+        table = scratch.join(blobs, size * len(blobs)).reshape(len(blobs), size)
+    else:
+        table = np.frombuffer(b"".join(blobs), dtype=np.uint8).reshape(len(blobs), size)
     for start, end in fixed:
         block = table[:, start:end]
         if not (block == block[0]).all():
@@ -551,19 +615,23 @@ def decode_same_layout(blobs: list[bytes]) -> dict[str, np.ndarray] | None:
 
 class Ragged(NamedTuple):
     """One array field of many items whose first dimensions differ: the items' rows
-    concatenated (a new, writable array) and the number of rows of each item."""
+    concatenated and the number of rows of each item."""
 
     flat: np.ndarray
     rows: np.ndarray
 
 
-def decode_ragged(blobs: list[bytes]) -> dict[str, np.ndarray | Ragged] | None:
+def decode_ragged(
+    blobs: list[bytes], scratch: Scratch | None = None
+) -> dict[str, np.ndarray | Ragged] | None:
     """Decode blobs with the same keys, dtypes and trailing shapes but arrays of varying
     first dimension (variable-length trajectories), reading every header with a few
     vectorised numpy operations per field instead of a msgpack parse per blob.
 
-    Numbers come back as arrays of shape (n,), arrays as :class:`Ragged`. Returns None
-    when the blobs do not fit the first blob's structure.
+    Numbers come back as new arrays of shape (n,), arrays as :class:`Ragged`: with
+    ``scratch``, their rows lie in it (valid only until its next use: copy them out
+    first), else in new arrays. Returns None when the blobs do not fit the first blob's
+    structure.
     """
     if not blobs or any(blob is None for blob in blobs):
         return None
@@ -576,9 +644,11 @@ def decode_ragged(blobs: list[bytes]) -> dict[str, np.ndarray | Ragged] | None:
     lengths = np.fromiter(map(len, blobs), dtype=np.int64, count=n)
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    joined = b"".join(blobs)
-    table = np.frombuffer(joined, dtype=np.uint8)
-    view = memoryview(joined)
+    if scratch is not None:
+        table = scratch.join(blobs, int(ends[-1]))
+    else:
+        table = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+    view = memoryview(table)
 
     def gather(at: np.ndarray, width: int) -> np.ndarray | None:
         index = at[:, None] + np.arange(width)
@@ -610,42 +680,99 @@ def decode_ragged(blobs: list[bytes]) -> dict[str, np.ndarray | Ragged] | None:
             at = value_at + (segment.start - segment.tag_at) + segment.size
             continue
         ndim = len(segment.shape)
-        frame = gather(value_at, 5)  # tag, then up to 4 length bytes
-        if frame is None or ndim == 0:
+        if ndim == 0:
             return None
-        tags = frame[:, 0]
-        width = np.select([tags == 0xC7, tags == 0xC8, tags == 0xC9], [1, 2, 4], 0)
-        if not width.all():
-            return None
-        big_endian = frame[:, 1:].astype(np.int64)
-        length = np.select(
-            [width == 1, width == 2],
-            [big_endian[:, 0], big_endian[:, 0] * 256 + big_endian[:, 1]],
-            ((big_endian[:, 0] * 256 + big_endian[:, 1]) * 256 + big_endian[:, 2]) * 256
-            + big_endian[:, 3],
-        )
-        header_at = value_at + 2 + width
-        codes = gather(header_at - 1, 3)  # ext code, dtype code, ndim
-        dims = gather(header_at + 2, 8 * ndim)
-        if codes is None or dims is None:
-            return None
-        if not (codes == template[segment.header_at - 1 : segment.header_at + 2]).all():
-            return None
-        dims = np.ascontiguousarray(dims).view("<u8").reshape(n, ndim).astype(np.int64)
         trailing = segment.shape[1:]
-        if (dims < 0).any() or not (dims[:, 1:] == np.array(trailing, dtype=np.int64)).all():
+        found = _same_frame_headers(gather, template, segment, value_at, n)
+        if found is None:
+            found = _any_frame_headers(gather, template, segment, value_at, n)
+            if found is None:
+                return None
+        length, header_at, first_dims = found
+        if (first_dims < 0).any():
             return None
         row_bytes = segment.dtype.itemsize * int(np.prod(trailing, dtype=np.int64))
-        sizes = dims[:, 0] * row_bytes
+        sizes = first_dims * row_bytes
         data_at = header_at + 2 + 8 * ndim
         if not (sizes == length - 2 - 8 * ndim).all() or (data_at + sizes > ends).any():
             return None
-        flat = bytearray().join(
-            [view[o : o + s] for o, s in zip(data_at.tolist(), sizes.tolist(), strict=True)]
-        )
-        array = np.frombuffer(flat, dtype=segment.dtype).reshape(-1, *trailing)
-        columns[segment.key] = Ragged(array, dims[:, 0])
+        if scratch is not None:
+            # the rows go into a scratch area (no new memory): one copy per item
+            area = scratch.part(len(columns), int(sizes.sum()))
+            target = memoryview(area)
+            pos = 0
+            for start, size in zip(data_at.tolist(), sizes.tolist(), strict=True):
+                target[pos : pos + size] = view[start : start + size]
+                pos += size
+            target.release()
+            array = area.view(segment.dtype).reshape(-1, *trailing)
+        else:
+            flat = bytearray().join(
+                [view[o : o + s] for o, s in zip(data_at.tolist(), sizes.tolist(), strict=True)]
+            )
+            array = np.frombuffer(flat, dtype=segment.dtype).reshape(-1, *trailing)
+        columns[segment.key] = Ragged(array, first_dims)
         at = data_at + sizes
     if not (at == ends).all():
         return None
     return columns
+
+
+_Headers = tuple[np.ndarray, np.ndarray, np.ndarray]  # ext length, header offset, first dim
+
+
+def _same_frame_headers(
+    gather: Any, template: np.ndarray, segment: _Segment, value_at: np.ndarray, n: int
+) -> _Headers | None:
+    """The common case of :func:`decode_ragged`: every item's ext frame of this field has
+    the template's width, so its whole frame and header (tag, length, ext code, dtype
+    code, ndim, dims) is one span that must equal the template's except for the length
+    and the first dimension. Reads it with one gather; None when that does not hold."""
+    width = segment.header_at - segment.tag_at - 2
+    ndim = len(segment.shape or ())
+    span = 4 + width + 8 * ndim
+    head = gather(value_at, span)
+    if head is None:
+        return None
+    varying = np.zeros(span, dtype=bool)
+    varying[1 : 1 + width] = True  # the ext length
+    varying[4 + width : 12 + width] = True  # the first dimension
+    expected = template[segment.tag_at : segment.tag_at + span]
+    if not (head[:, ~varying] == expected[~varying]).all():
+        return None
+    length = np.ascontiguousarray(head[:, 1 : 1 + width]).view(f">u{width}")[:, 0]
+    first = np.ascontiguousarray(head[:, 4 + width : 12 + width]).view("<u8")[:, 0]
+    return length.astype(np.int64), value_at + 2 + width, first.astype(np.int64)
+
+
+def _any_frame_headers(
+    gather: Any, template: np.ndarray, segment: _Segment, value_at: np.ndarray, n: int
+) -> _Headers | None:
+    """Like :func:`_same_frame_headers` for frames of mixed widths (ext 8, 16 or 32)."""
+    ndim = len(segment.shape or ())
+    frame = gather(value_at, 5)  # tag, then up to 4 length bytes
+    if frame is None:
+        return None
+    tags = frame[:, 0]
+    width = np.select([tags == 0xC7, tags == 0xC8, tags == 0xC9], [1, 2, 4], 0)
+    if not width.all():
+        return None
+    big_endian = frame[:, 1:].astype(np.int64)
+    length = np.select(
+        [width == 1, width == 2],
+        [big_endian[:, 0], big_endian[:, 0] * 256 + big_endian[:, 1]],
+        ((big_endian[:, 0] * 256 + big_endian[:, 1]) * 256 + big_endian[:, 2]) * 256
+        + big_endian[:, 3],
+    )
+    header_at = value_at + 2 + width
+    codes = gather(header_at - 1, 3)  # ext code, dtype code, ndim
+    dims = gather(header_at + 2, 8 * ndim)
+    if codes is None or dims is None:
+        return None
+    if not (codes == template[segment.header_at - 1 : segment.header_at + 2]).all():
+        return None
+    dims = np.ascontiguousarray(dims).view("<u8").reshape(n, ndim).astype(np.int64)
+    trailing = np.array(segment.shape[1:], dtype=np.int64)  # type: ignore[index]
+    if not (dims[:, 1:] == trailing).all():
+        return None
+    return length, header_at, dims[:, 0]

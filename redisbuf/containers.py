@@ -98,9 +98,9 @@ def _stack_rows(values: FieldValues, spec: dict[str, Any]) -> Array:
         if values.shape[1:] != shape:
             raise DecodeError(f"stored items of shape {values.shape[1:]}, schema says {shape}")
         if not shape:  # numbers: a value conversion, not a reinterpretation of bytes
-            if spec["lib"] == "torch":
+            if spec["lib"] == "torch":  # a copy: values may be a view of decode's scratch
                 torch = _torch.require()
-                return torch.from_numpy(values).to(getattr(torch, spec["dtype"]))
+                return torch.from_numpy(np.array(values)).to(getattr(torch, spec["dtype"]))
             return values.astype(np.dtype(spec["dtype"]))
         if values.dtype != dtype:
             raise DecodeError(f"stored items of dtype {values.dtype}, schema says {dtype}")
@@ -109,7 +109,8 @@ def _stack_rows(values: FieldValues, spec: dict[str, Any]) -> Array:
     if isinstance(values, codec.Ragged):
         if not shape or (values.rows != shape[0]).any() or values.flat.dtype != dtype:
             raise DecodeError(f"stored items do not have the schema's shape {shape}")
-        flat = values.flat.reshape(len(values.rows), *shape)
+        # a copy: the rows may lie in decode's scratch area
+        flat = np.array(values.flat.reshape(len(values.rows), *shape))
         return codec.to_library(flat, spec["lib"], spec["dtype"])
     if not shape:
         if spec["lib"] == "torch":
@@ -125,6 +126,33 @@ def _stack_rows(values: FieldValues, spec: dict[str, Any]) -> Array:
     return codec.to_library(flat, spec["lib"], spec["dtype"])
 
 
+def _rows(array: np.ndarray, lead: int) -> np.ndarray:
+    """A view of ``array`` with the dimensions after the first ``lead`` as one opaque
+    element (numpy copies a 64-byte row as one element several times faster than as 16
+    floats); ``array`` itself when they are not C-contiguous or there are none."""
+    trailing = array.shape[lead:]
+    if not trailing or array.size == 0 or array.dtype.hasobject:
+        return array
+    size = array.dtype.itemsize
+    for dim, stride in zip(reversed(trailing), reversed(array.strides[lead:]), strict=True):
+        if dim != 1 and stride != size:
+            return array
+        size *= dim
+    flat = array.reshape(*array.shape[:lead], -1)  # a view: the rows are contiguous
+    return flat.view(np.dtype((np.void, size)))[..., 0]
+
+
+def _row_views(
+    dst: np.ndarray, src: np.ndarray, src_lead: int = 2
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_rows`` of both arrays of a copy (``dst`` time-major: two leading dimensions),
+    or both arrays as they are when one has no such view."""
+    dst_rows, src_rows = _rows(dst, 2), _rows(src, src_lead)
+    if dst_rows.dtype != src_rows.dtype:
+        return dst, src
+    return dst_rows, src_rows
+
+
 def _padded_steps(values: FieldValues, spec: dict[str, Any], horizon: int, fill: float) -> Array:
     """Time-major (horizon, B, *trailing) array of variable-length items, padded with
     ``fill``: one concatenation and one scatter, whatever the number of items."""
@@ -135,10 +163,13 @@ def _padded_steps(values: FieldValues, spec: dict[str, Any], horizon: int, fill:
         if values.shape[2:] != trailing or values.dtype != dtype or values.shape[1] > horizon:
             raise DecodeError(f"stored items of shape {values.shape[1:]} do not fit {trailing}")
         if values.shape[1] == horizon:  # nothing to pad: one transposing copy
-            time_major = np.array(values.swapaxes(0, 1), order="C")
+            time_major = np.empty((horizon, n, *trailing), dtype=values.dtype)
+            dst, src = _row_views(time_major, values)
+            dst[...] = src.swapaxes(0, 1)
             return codec.to_library(time_major, spec["lib"], spec["dtype"])
         view, out = _alloc(spec, (horizon, n, *trailing), fill)
-        view[: values.shape[1]] = values.swapaxes(0, 1)
+        dst, src = _row_views(view, values)
+        dst[: values.shape[1]] = src.swapaxes(0, 1)
         return out
     if isinstance(values, codec.Ragged):
         if values.flat.shape[1:] != trailing or values.flat.dtype != dtype:
@@ -157,7 +188,12 @@ def _padded_steps(values: FieldValues, spec: dict[str, Any], horizon: int, fill:
     item_of_row = np.repeat(np.arange(n), rows)
     starts = np.cumsum(rows) - rows
     step_of_row = np.arange(len(flat)) - np.repeat(starts, rows)
-    view[step_of_row, item_of_row] = flat
+    # one scatter of whole rows, by flat position in the (horizon, n) grid
+    dst, src = _row_views(view, flat, 1)
+    if dst is view:
+        view[step_of_row, item_of_row] = flat
+    else:
+        dst.reshape(-1)[step_of_row * n + item_of_row] = src
     return out
 
 

@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import redis
 
+from . import scripts
+from .connection import retrying
 from .errors import ConfigMismatchError
 
 if TYPE_CHECKING:
@@ -47,11 +50,21 @@ class Sampler(Protocol):
 _FETCH_ATTEMPTS = 3
 
 
+def _uniform_words(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` random 48-bit integers; word / 2**48 is a uniform in [0, 1)."""
+    return rng.integers(0, 2**48, n, dtype=np.uint64)
+
+
+def _pack_words(words: np.ndarray) -> bytes:
+    """48-bit words as 6 little-endian bytes each (read by ``uniform_at`` in
+    lua/_common.lua)."""
+    return words.astype("<u8").view(np.uint8).reshape(len(words), 8)[:, :6].tobytes()
+
+
 def packed_uniforms(rng: np.random.Generator, n: int) -> bytes:
     """``n`` uniforms in [0, 1) as 48-bit little-endian integers (read by ``uniform_at``
     in lua/_common.lua)."""
-    words = rng.integers(0, 2**48, n, dtype=np.uint64).astype("<u8")
-    return words.view(np.uint8).reshape(n, 8)[:, :6].tobytes()
+    return _pack_words(_uniform_words(rng, n))
 
 
 def _draw_then_fetch(
@@ -82,9 +95,56 @@ def _draw_then_fetch(
     raise AssertionError("unreachable")
 
 
+# Ids go to the guess-mode script 12 digits each (lua/_common.lua's id_str); from 10^12
+# on they are wider, and the script draws them itself.
+_ID_LIMIT = 10**12
+
+
+class _IdRange:
+    """What the last uniform draw saw of a buffer: ``length`` items with ids ``first ..
+    first + length - 1`` (``first`` None when there are holes), and how the last guesses
+    based on it fared."""
+
+    __slots__ = ("first", "length", "misses", "skip")
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.length = 0
+        self.misses = 0  # guesses in a row that missed (another process changed the range)
+        self.skip = 0  # draws left to make without guessing (backing off after misses)
+
+
+def _uniform_ranks(words: np.ndarray, length: int, replace: bool) -> np.ndarray:
+    """The insertion ranks lua/sample_uniform.lua draws for these uniforms from ``length``
+    items: the same float arithmetic, so the same ranks."""
+    n = len(words)
+    u = words.astype(np.float64) / 2.0**48
+    if replace:
+        return np.floor(u * length).astype(np.int64)
+    steps = np.arange(n)
+    js = (steps + np.floor(u * (length - steps)).astype(np.int64)).tolist()
+    # sparse Fisher-Yates: swapped[k] is what rank position k holds after earlier swaps
+    swapped: dict[int, int] = {}
+    ranks = []
+    for i, j in enumerate(js):
+        ranks.append(swapped.get(j, j))
+        swapped[j] = swapped.get(i, i)
+    return np.array(ranks, dtype=np.int64)
+
+
 class UniformSampler:
     """Uniform over the items present. Without replacement every n-subset is equally
-    likely; with replacement (or when n exceeds the length) draws are independent."""
+    likely; with replacement (or when n exceeds the length) draws are independent.
+
+    lua/sample_uniform.lua draws the ids from uniforms this process sends and records
+    the draw. When the last draw showed the ids present to be one contiguous range (FIFO
+    eviction, no removals), this process computes the ids those uniforms give for that
+    range itself, with the script's arithmetic, and sends the script (which then only
+    checks that the range is unchanged and records the draw) and the HMGET of those ids
+    in one pipeline: one round trip, no drawing on the server. If the range moved
+    meanwhile, the script records nothing and the draw is made again for the range it
+    reports, so the ids are always those the script's own draw would give.
+    """
 
     name = "uniform"
 
@@ -96,19 +156,92 @@ class UniformSampler:
 
     def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
         keys = buffer.keys
+        # kept on the buffer: a sampler made per call (replacement=...) shares it
+        seen: _IdRange | None = getattr(buffer, "_uniform_ids", None)
+        if seen is None:
+            seen = buffer._uniform_ids = _IdRange()
+        words = _uniform_words(rng, n)
+        uniforms = _pack_words(words)
+        head = [n, int(self.replacement)]
+
+        def note(reply: list[Any]) -> None:
+            seen.length = int(reply[0])
+            seen.first = int(reply[1]) if int(reply[1]) >= 0 else None
 
         def parse(reply: list[Any], n: int) -> tuple[list[bytes], None, int]:
-            return reply[:n], None, n
+            note(reply)
+            return reply[2 : 2 + n], None, 2 + n
 
+        # max_use: the script may remove what it draws, so it must read the blobs itself
+        guessing = not getattr(buffer, "fetch_inline", False)
+        if guessing and seen.skip > 0:
+            seen.skip -= 1
+            guessing = False
+        for _ in range(_FETCH_ATTEMPTS if guessing else 0):
+            if seen.first is None or seen.first + seen.length > _ID_LIMIT:
+                break
+            draw = self._guess(buffer, n, words, seen, note)
+            if draw is not None:
+                seen.misses = 0
+                return draw
+        else:
+            if guessing:  # the range kept moving: other processes add often, guess less
+                seen.misses += 1
+                seen.skip = min(2**seen.misses, 64) - 1
         return _draw_then_fetch(
-            buffer,
-            "sample_uniform",
-            keys.all_keys(),
-            [n, int(self.replacement)],
-            n,
-            packed_uniforms(rng, n),
-            parse,
+            buffer, "sample_uniform", keys.all_keys(), head, n, uniforms, parse
         )
+
+    def _guess(
+        self,
+        buffer: ReplayBuffer,
+        n: int,
+        words: np.ndarray,
+        seen: _IdRange,
+        note: Callable[[list[Any]], None],
+    ) -> Draw | None:
+        """One pipeline: the script in guess mode, HMGET of the guessed ids, the schema.
+        None when the guess was not recorded (or an item went missing before the HMGET,
+        and the draw was taken back); ``seen`` then holds what the script saw."""
+        keys = buffer.keys
+        first, length = seen.first, seen.length
+        replace = self.replacement or n > length
+        ids = (_uniform_ranks(words, length, replace) + first).tolist()
+        members = [b"%012d" % i for i in ids]
+        all_keys = keys.all_keys()
+        args = [n, int(self.replacement), 0, b"", first, length, b"".join(members)]
+
+        def send(script: scripts.Script) -> list[Any]:
+            pipe = buffer.client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(all_keys), *all_keys, *args)
+            pipe.hmget(keys.items, members)
+            pipe.hget(keys.meta, "schema")
+            return pipe.execute(raise_on_error=False)
+
+        script = scripts.load("sample_uniform")
+        reply, blobs, schema_json = retrying(lambda: send(script), name=buffer.client)
+        if isinstance(reply, scripts._REFUSED_WRITES):
+            # a full server or a replica: the read-only variant, which records nothing,
+            # as the plain path does (tried anew each draw: the server may recover)
+            script = script.read_only
+            reply, blobs, schema_json = retrying(lambda: send(script), name=buffer.client)
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            buffer.client.script_load(script.source)
+            reply, blobs, schema_json = retrying(lambda: send(script), name=buffer.client)
+        if isinstance(reply, Exception):
+            # NOSCRIPT, an empty buffer, any other error: the plain path runs the script
+            # again and handles each (and loads it)
+            seen.first = None
+            return None
+        note(reply)
+        if not int(reply[2]):
+            return None
+        if isinstance(blobs, Exception) or any(blob is None for blob in blobs):
+            buffer._run("undo_draws", all_keys, members)  # not a real draw
+            if isinstance(blobs, Exception):
+                raise blobs
+            return None
+        return Draw(ids, blobs, None, schema_json)
 
 
 class PrioritizedSampler:

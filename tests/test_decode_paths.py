@@ -21,8 +21,8 @@ SETTINGS = settings(
 
 
 def _per_blob_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(codec, "decode_same_layout", lambda blobs: None)
-    monkeypatch.setattr(codec, "decode_ragged", lambda blobs: None)
+    monkeypatch.setattr(codec, "decode_same_layout", lambda blobs, scratch=None: None)
+    monkeypatch.setattr(codec, "decode_ragged", lambda blobs, scratch=None: None)
 
 
 def _equal(a, b) -> bool:
