@@ -8,6 +8,7 @@ import warnings
 from typing import Any
 
 import redis
+import redis.cluster
 from redis.connection import (
     HIREDIS_AVAILABLE,
     Encoder,
@@ -18,7 +19,16 @@ from redis.connection import (
 from .errors import DurabilityError, ServerConfigError, ServerUnavailableError
 from .server import URL_ENV, default_url
 
-__all__ = ["URL_ENV", "RespPacker", "as_client", "connect", "default_url", "redacted"]
+__all__ = [
+    "CLUSTER_SCHEMES",
+    "URL_ENV",
+    "RespPacker",
+    "as_client",
+    "connect",
+    "default_url",
+    "is_cluster",
+    "redacted",
+]
 
 
 class RespPacker:
@@ -112,17 +122,81 @@ def scrub(text: str, url: str) -> str:
     return text
 
 
+#: URL schemes that ask for a Redis Cluster client (``rediss+cluster`` with TLS).
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+class PackingConnection(redis.connection.Connection):
+    """A connection that packs commands with :class:`RespPacker` (for cluster clients,
+    which build their connections themselves and do not pass ``command_packer`` on)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("command_packer", RespPacker())
+        super().__init__(*args, **kwargs)
+
+
+class PackingSSLConnection(redis.connection.SSLConnection):
+    """:class:`PackingConnection` over TLS."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("command_packer", RespPacker())
+        super().__init__(*args, **kwargs)
+
+
+def _cluster_url(url: str) -> tuple[str, bool]:
+    """(``url`` with a ``redis+cluster`` / ``rediss+cluster`` scheme turned into the plain
+    one, whether it had such a scheme)."""
+    scheme, sep, rest = url.partition("://")
+    plain = CLUSTER_SCHEMES.get(scheme.lower()) if sep else None
+    return (f"{plain}://{rest}", True) if plain else (url, False)
+
+
+def _cluster_enabled(probe: redis.Redis) -> bool:
+    """Whether the server ``probe`` talks to is a Redis Cluster node (INFO cluster); False
+    when it does not say (an ACL without INFO, fakeredis, an old server)."""
+    try:
+        return str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
+    except redis.exceptions.ResponseError:
+        return False
+
+
+def _cluster_client(
+    url: str, connect_timeout: float, socket_timeout: float | None
+) -> redis.cluster.RedisCluster:
+    """A RedisCluster client for the cluster that the node at ``url`` belongs to."""
+    db = redis.connection.parse_url(url).get("db", 0)
+    if db not in (0, None):
+        raise ValueError(f"Redis Cluster has only database 0, the URL names database {db}")
+    tls = url.lower().startswith("rediss://")
+    return redis.cluster.RedisCluster.from_url(
+        url,
+        socket_connect_timeout=connect_timeout,
+        socket_timeout=socket_timeout,
+        decode_responses=False,
+        retry_on_timeout=False,
+        connection_class=PackingSSLConnection if tls else PackingConnection,
+    )
+
+
 def connect(
     url: str | None = None, *, connect_timeout: float = 5.0, socket_timeout: float | None = 60.0
-) -> redis.Redis:
+) -> Any:
     """A Redis client for ``url`` (or ``$REDISBUF_URL``, else the private server of
     :func:`redisbuf.server.default_url`), checked with PING.
+
+    A URL with the scheme ``redis+cluster://`` (``rediss+cluster://`` with TLS) names one
+    node of a Redis Cluster; a plain ``redis://`` URL whose server reports
+    ``cluster_enabled:1`` (INFO cluster) is taken as one too. Either gives a
+    ``redis.cluster.RedisCluster`` client, which discovers the other nodes and sends each
+    command to the master of its keys' slot.
 
     Raises :class:`ServerUnavailableError` naming the URL when the server cannot be
     reached within ``connect_timeout`` seconds.
     """
     url = url or default_url()
+    given = url
     try:
+        url, cluster = _cluster_url(url)
         # probe with the short timeout: a port that accepts and never answers must not
         # hold us for the long socket timeout
         for delay in (*RETRY_DELAYS, None):
@@ -131,6 +205,7 @@ def connect(
                     url, socket_connect_timeout=connect_timeout, socket_timeout=connect_timeout
                 ) as probe:
                     probe.ping()
+                    cluster = cluster or _cluster_enabled(probe)
                 break
             except redis.exceptions.ConnectionError as exc:
                 # a server that answered, then dropped the connection, may answer the
@@ -138,31 +213,41 @@ def connect(
                 if delay is None or "closed" not in str(exc) and "reset" not in str(exc):
                     raise
                 time.sleep(delay)
-        client = redis.Redis.from_url(
-            url,
-            socket_connect_timeout=connect_timeout,
-            socket_timeout=socket_timeout,
-            decode_responses=False,
-            retry_on_timeout=False,
-            command_packer=RespPacker(),
-        )
-        client.redisbuf_url = redacted(url)  # type: ignore[attr-defined]  # for messages
+        client: Any
+        if cluster:
+            client = _cluster_client(url, connect_timeout, socket_timeout)
+        else:
+            client = redis.Redis.from_url(
+                url,
+                socket_connect_timeout=connect_timeout,
+                socket_timeout=socket_timeout,
+                decode_responses=False,
+                retry_on_timeout=False,
+                command_packer=RespPacker(),
+            )
+        client.redisbuf_url = redacted(given)  # for messages
     except (ValueError, TypeError) as exc:  # TypeError: an unknown query option
         hint = " (percent-encode # / ? @ in a password)" if _secrets(url) else ""
         raise ServerUnavailableError(
-            f"invalid Redis URL {redacted(url)}: {scrub(str(exc), url)}{hint}"
+            f"invalid Redis URL {redacted(given)}: {scrub(str(exc), given)}{hint}"
         ) from None
     except redis.exceptions.InvalidResponse as exc:
         # e.g. an HTTP server on the port: redis-py says 'Protocol error, got "H"'
         raise ServerUnavailableError(
-            f"the server at {redacted(url)} does not speak the Redis protocol (is it a "
-            f"Redis server? its first reply was not RESP: {scrub(str(exc), url)})"
+            f"the server at {redacted(given)} does not speak the Redis protocol (is it a "
+            f"Redis server? its first reply was not RESP: {scrub(str(exc), given)})"
         ) from None
     except (redis.exceptions.RedisError, OSError) as exc:
         raise ServerUnavailableError(
-            f"cannot reach Redis at {redacted(url)}: {scrub(str(exc), url)}"
+            f"cannot reach Redis at {redacted(given)}: {scrub(str(exc), given)}"
         ) from None
     return client
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` (possibly :class:`Guarded`) is a Redis Cluster client."""
+    client = getattr(client, "unwrapped", client)
+    return isinstance(client, redis.cluster.RedisCluster)
 
 
 def as_client(redis_or_url: Any) -> redis.Redis:
@@ -170,6 +255,8 @@ def as_client(redis_or_url: Any) -> redis.Redis:
     if redis_or_url is None or isinstance(redis_or_url, str):
         return connect(redis_or_url)
     kwargs = getattr(getattr(redis_or_url, "connection_pool", None), "connection_kwargs", {})
+    if is_cluster(redis_or_url):
+        kwargs = redis_or_url.nodes_manager.connection_kwargs
     if kwargs.get("decode_responses"):
         raise ValueError("redisbuf needs a Redis client created with decode_responses=False")
     return redis_or_url
