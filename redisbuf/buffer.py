@@ -39,6 +39,7 @@ from .errors import (
     RateLimitTimeoutError,
     SchemaError,
     ServerUnavailableError,
+    ShardedBufferError,
     WaitTimeoutError,
 )
 from .keys import BufferKeys, StagingKeys, format_id
@@ -151,7 +152,20 @@ class ReplayBuffer:
             (:class:`~redisbuf.errors.ServerConfigError` where unsupported); an add not
             confirmed within ``durability_timeout`` seconds raises
             :class:`~redisbuf.errors.DurabilityError` (the batch is in the buffer).
+        shards: with ``N > 1``, the constructor returns a
+            :class:`~redisbuf.sharded.ShardedReplayBuffer`: one logical buffer of the
+            global ``capacity`` over ``N`` shards (on a Redis Cluster, on different
+            masters); fixed at creation.
     """
+
+    def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> Any:
+        if shards == 1 and not isinstance(shards, bool):
+            return super().__new__(cls)
+        if cls is not ReplayBuffer:
+            raise ValueError(f"shards= is supported by ReplayBuffer, not {cls.__name__}")
+        from .sharded import ShardedReplayBuffer
+
+        return ShardedReplayBuffer(*args, shards=shards, **kwargs)
 
     def __init__(
         self,
@@ -183,6 +197,7 @@ class ReplayBuffer:
         max_use: int | None = None,
         max_staleness: int | None = None,
         rate_limiter: limiters.RateLimiter | None = None,
+        shards: int = 1,
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
@@ -256,6 +271,12 @@ class ReplayBuffer:
         """
         client = guarded(as_client(redis_or_url))
         meta = _decode_meta(client.hgetall(BufferKeys(name).meta))
+        if not meta and client.exists(BufferKeys(name).shards):
+            raise ShardedBufferError(
+                f"buffer {name!r} is sharded: open it with ReplayBuffer(..., shards=N) or "
+                "ShardedReplayBuffer.open; ReplayBuffer.open, save / load and the command "
+                "line work on its shards (buffers of their own), not on the whole"
+            )
         if not meta:
             raise ConfigMismatchError(f"no buffer named {name!r} exists in this Redis")
         return cls(
