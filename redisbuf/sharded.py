@@ -48,6 +48,7 @@ import numpy as np
 import redis
 import redis.crc
 
+from . import scripts
 from .buffer import AddResult, ReplayBuffer, SampleInfo
 from .connection import LOST, as_client, guarded, is_cluster
 from .containers import kind_of, schema_to_json
@@ -323,21 +324,52 @@ class ShardedReplayBuffer:
     def __len__(self) -> int:
         return int(sum(self._sizes()))
 
+    def _per_shard(self, command: Any) -> list[Any]:
+        """``command(pipe, shard)`` for every shard in one pipeline (a cluster client
+        sends each master its part at once) and the replies in shard order. When a
+        server is lost, the shards are asked one by one, so that the error names the
+        shard that failed."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.shards:
+            command(pipe, shard)
+        try:
+            return list(pipe.execute(raise_on_error=False))
+        except _SHARD_LOST:
+            replies = []
+            for k, shard in enumerate(self.shards):
+                with self._on_shard(k):
+                    alone = self.client.pipeline(transaction=False)
+                    command(alone, shard)
+                    replies += alone.execute(raise_on_error=False)
+            return replies
+
     def _sizes(self) -> np.ndarray:
-        sizes = np.zeros(self.count, dtype=np.int64)
-        for k, shard in enumerate(self.shards):
-            with self._on_shard(k):
-                sizes[k] = len(shard)
-        return sizes
+        replies = self._per_shard(lambda pipe, shard: pipe.zcard(shard.keys.order))
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return np.array([int(r) for r in replies], dtype=np.int64)
 
     def _masses(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(sizes, drawable counts, log masses) of the shards, for prioritized draws."""
+        script = scripts.load("shard_mass")
+
+        def command(pipe: Any, shard: ReplayBuffer) -> None:
+            keys = shard.keys.all_keys()
+            pipe.evalsha(script.sha, len(keys), *keys)
+
+        replies = self._per_shard(command)
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            self.client.script_load(script.source)  # every master (cluster: primaries)
+            replies = self._per_shard(command)
         sizes = np.zeros(self.count, dtype=np.int64)
         drawable = np.zeros(self.count, dtype=np.int64)
         log_mass = np.full(self.count, -math.inf)
-        for k, shard in enumerate(self.shards):
-            with self._on_shard(k):
-                reply = shard._run("shard_mass", shard.keys.all_keys(), [])
+        for k, reply in enumerate(replies):
+            if isinstance(reply, redis.exceptions.ResponseError):
+                raise scripts.translate(reply)
+            if isinstance(reply, Exception):
+                raise reply
             length, finite, infinite, mass = reply
             if int(infinite) > 0:
                 raise SamplingError(
