@@ -160,13 +160,18 @@ def _cluster_enabled(probe: redis.Redis) -> bool:
         return False
 
 
+def _cluster_db(url: str) -> None:
+    """Refuse a cluster URL naming a database other than 0 (a cluster has only that)."""
+    db = redis.connection.parse_url(url).get("db", 0)
+    if db not in (0, None):
+        raise ValueError(f"Redis Cluster has only database 0, the URL names database {db}")
+
+
 def _cluster_client(
     url: str, connect_timeout: float, socket_timeout: float | None
 ) -> redis.cluster.RedisCluster:
     """A RedisCluster client for the cluster that the node at ``url`` belongs to."""
-    db = redis.connection.parse_url(url).get("db", 0)
-    if db not in (0, None):
-        raise ValueError(f"Redis Cluster has only database 0, the URL names database {db}")
+    _cluster_db(url)
     tls = url.lower().startswith("rediss://")
     return redis.cluster.RedisCluster.from_url(
         url,
@@ -197,6 +202,8 @@ def connect(
     given = url
     try:
         url, cluster = _cluster_url(url)
+        if cluster:
+            _cluster_db(url)
         # probe with the short timeout: a port that accepts and never answers must not
         # hold us for the long socket timeout
         for delay in (*RETRY_DELAYS, None):
@@ -236,6 +243,15 @@ def connect(
         raise ServerUnavailableError(
             f"the server at {redacted(given)} does not speak the Redis protocol (is it a "
             f"Redis server? its first reply was not RESP: {scrub(str(exc), given)})"
+        ) from None
+    except redis.exceptions.ResponseError as exc:
+        if "cluster mode" not in str(exc):
+            raise ServerUnavailableError(
+                f"cannot reach Redis at {redacted(given)}: {scrub(str(exc), given)}"
+            ) from None
+        raise ServerUnavailableError(
+            f"the server at {redacted(given)} is a Redis Cluster node, and a cluster has "
+            f"only database 0: drop the database from the URL ({scrub(str(exc), given)})"
         ) from None
     except (redis.exceptions.RedisError, OSError) as exc:
         raise ServerUnavailableError(

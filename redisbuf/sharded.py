@@ -356,7 +356,7 @@ class ShardedReplayBuffer:
 
         def command(pipe: Any, shard: ReplayBuffer) -> None:
             keys = shard.keys.all_keys()
-            pipe.evalsha(script.sha, len(keys), *keys)
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys)
 
         replies = self._per_shard(command)
         if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):

@@ -149,7 +149,7 @@ def test_clear_and_drop_cover_every_shard(fake_client, buffer_name):
 
 
 def test_uniform_draws_make_every_subset_equally_likely(fake_client, buffer_name):
-    check_uniform_subsets(filled(fake_client, buffer_name, prioritized=False), 450)
+    check_uniform_subsets(filled(fake_client, buffer_name, prioritized=False), 300)
 
 
 def test_uniform_draws_with_replacement_are_independent(fake_client, buffer_name):
@@ -163,11 +163,11 @@ def test_uniform_draws_with_replacement_are_independent(fake_client, buffer_name
 def test_prioritized_draws_without_replacement_are_successive_softmax_draws(
     fake_client, buffer_name
 ):
-    check_prioritized_pairs(filled(fake_client, buffer_name, prioritized=True), 400)
+    check_prioritized_pairs(filled(fake_client, buffer_name, prioritized=True), 300)
 
 
 def test_prioritized_draws_with_replacement_follow_the_softmax(fake_client, buffer_name):
-    check_prioritized_with_replacement(filled(fake_client, buffer_name, prioritized=True), 250)
+    check_prioritized_with_replacement(filled(fake_client, buffer_name, prioritized=True), 150)
 
 
 def test_prioritized_sampling_refuses_undefined_draws(fake_client, buffer_name):

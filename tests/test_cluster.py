@@ -1,0 +1,191 @@
+"""Redis Cluster, on a real 3-master cluster on loopback (fixtures in conftest.py):
+cluster URLs, buffers of different names on different masters, every buffer's keys in
+one slot and its scripts touching only declared keys, a sharded buffer spread over the
+masters with the unsharded sampling distribution, and a stopped master."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import redis
+import redis.cluster
+import redis.crc
+from cluster_helpers import (
+    check_prioritized_pairs,
+    check_prioritized_with_replacement,
+    check_uniform_subsets,
+    filled,
+)
+
+from redisbuf import ReplayBuffer
+from redisbuf.cluster import LocalCluster
+from redisbuf.connection import connect, is_cluster
+from redisbuf.episodes import EpisodeKeys
+from redisbuf.errors import ServerUnavailableError, ShardUnavailableError
+from redisbuf.fragments import FragmentKeys
+from redisbuf.keys import BufferKeys, StagingKeys
+from redisbuf.samplers import PERSampler
+from redisbuf.scripts import lua_dir
+from redisbuf.sequence import SequenceKeys
+
+pytestmark = pytest.mark.redis_server
+
+
+def batch(values, log_rewards=None):
+    values = np.asarray(values)
+    rewards = np.zeros(len(values)) if log_rewards is None else np.asarray(log_rewards)
+    return {"v": values, "log_rewards": rewards}
+
+
+def node_port(client, key: str) -> int:
+    return int(client.get_node_from_key(key).port)
+
+
+# -- URLs ----------------------------------------------------------------------------
+
+
+def test_a_url_to_any_node_gives_a_cluster_client(redis_cluster, cluster_client):
+    for url in [*redis_cluster.urls, redis_cluster.urls[1].replace("redis://", "redis+cluster://")]:
+        client = connect(url)
+        assert is_cluster(client)
+        with ReplayBuffer(url, "via-url", capacity=50) as buffer:  # no MovedError
+            buffer.add(batch(np.arange(5)))
+            assert sorted(buffer.sample(5)["v"].tolist()) == [0, 1, 2, 3, 4]
+        ReplayBuffer.open(client, "via-url").drop()
+        client.close()
+
+
+def test_a_cluster_url_with_a_database_is_refused(redis_cluster):
+    url = redis_cluster.urls[0].replace("redis://", "redis+cluster://") + "/2"
+    with pytest.raises(ServerUnavailableError, match="only database 0, the URL names database 2"):
+        connect(url)
+    with pytest.raises(ServerUnavailableError, match="is a Redis Cluster node.*only database 0"):
+        connect(redis_cluster.urls[0] + "/1")
+
+
+# -- one buffer per slot ---------------------------------------------------------------
+
+
+def test_every_key_of_a_buffer_shares_one_slot():
+    for keys in (
+        BufferKeys("b").all_keys() + [BufferKeys("b").shards],
+        StagingKeys("b", "t").all_keys(),
+        EpisodeKeys("b").all_keys(),
+        SequenceKeys("b").all_keys(),
+        FragmentKeys("b").all_keys(),
+    ):
+        assert {redis.crc.key_slot(k.encode()) for k in keys} == {redis.crc.key_slot(b"b")}
+
+
+_CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'\s*,\s*([^,)]*)")
+
+
+def test_lua_scripts_touch_only_keys_they_are_given():
+    """Every command's key is a variable (taken from KEYS), never a name put together
+    in Lua: Redis Cluster routes a script by its declared KEYS only. The one built
+    string is the PUBLISH channel (a channel, not a key)."""
+    checked = 0
+    for path in sorted(lua_dir().glob("*.lua")):
+        for command, first in _CALL.findall(path.read_text()):
+            if command.upper() in ("PUBLISH", "TIME"):
+                continue
+            assert ".." not in first and "'" not in first and '"' not in first, (
+                f"{path.name}: {command} {first}"
+            )
+            checked += 1
+    assert checked > 100
+
+
+def test_buffers_with_different_names_spread_over_the_masters(redis_cluster, cluster_client):
+    names = [f"buf-{i}" for i in range(6)]  # their tags hash into all three slot ranges
+    ports = set()
+    for name in names:
+        buffer = ReplayBuffer(cluster_client, name, capacity=20, prioritized_sampling=True)
+        ports.add(node_port(cluster_client, buffer.keys.meta))
+        buffer.add(batch(np.arange(10), np.arange(10.0)))
+        assert len(buffer.sample(4)["v"]) == 4
+    assert ports == set(redis_cluster.ports)
+
+
+def test_every_script_path_runs_on_a_cluster_slot(cluster_client, tmp_path):
+    """A broad pass over the buffer's scripts on a cluster: a script that touched a key
+    outside its slot would fail there (CROSSSLOT / non-local key)."""
+    buffer = ReplayBuffer(cluster_client, "scripts", capacity=8, prioritized_sampling=True)
+    for start in range(0, 20, 4):
+        buffer.add(batch(np.arange(start, start + 4), np.arange(4.0)))
+    assert len(buffer) == 8
+    buffer.sample(3)
+    buffer.sample(3, replacement=True)
+    buffer.sample(2, sample_range=slice(-4, None))
+    assert buffer.top(1)[0][1] == 3.0 and buffer.stats()["length"] == 8
+    assert buffer.save(tmp_path / "s.rb") == 8
+    buffer.clear()
+    assert buffer.load(tmp_path / "s.rb") == 8 and len(buffer) == 8
+    per = ReplayBuffer(cluster_client, "per", capacity=8, sampler=PERSampler())
+    ids = per.add(batch(np.arange(4)), priorities=[1.0, 2.0, 3.0, 4.0]).ids
+    assert per.update_priority(ids, [4.0, 3.0, 2.0, 1.0]) == 4
+    assert per.sample_with_info(3).weights is not None
+    used = ReplayBuffer(cluster_client, "used", capacity=8, max_use=1)
+    used.add(batch(np.arange(3)))
+    used.sample(3)
+    assert len(used) == 0
+    for each in (buffer, per, used):
+        each.drop()
+
+
+# -- one buffer over several masters ----------------------------------------------------
+
+
+def test_a_sharded_buffer_puts_its_shards_on_different_masters(redis_cluster, cluster_client):
+    buffer = ReplayBuffer(cluster_client, "spread", capacity=30, shards=3)
+    ports = [node_port(cluster_client, shard.keys.meta) for shard in buffer.shards]
+    assert sorted(ports) == sorted(redis_cluster.ports)
+    for shard in buffer.shards:
+        assert len({cluster_client.keyslot(key) for key in shard.keys.all_keys()}) == 1
+    for start in range(0, 12, 2):
+        buffer.add(batch([start, start + 1]))
+    assert [len(shard) for shard in buffer.shards] == [4, 4, 4]
+    assert buffer.stats()["length"] == 12
+    assert sorted(buffer.sample(12)["v"].tolist()) == list(range(12))
+
+
+def test_sharded_uniform_draws_on_the_cluster(cluster_client):
+    check_uniform_subsets(filled(cluster_client, "uniform", prioritized=False), 300)
+
+
+def test_sharded_prioritized_draws_on_the_cluster(cluster_client):
+    buffer = filled(cluster_client, "prioritized", prioritized=True)
+    check_prioritized_pairs(buffer, 300)
+    check_prioritized_with_replacement(buffer, 150)
+
+
+def test_a_stopped_master_fails_only_its_shard():
+    with LocalCluster(masters=3) as cluster:
+        client = redis.cluster.RedisCluster.from_url(cluster.urls[0])
+        buffer = ReplayBuffer(client, "faults", capacity=60, shards=3, seed=3)
+        ids, values = {}, {}
+        for b in range(3):
+            added = np.arange(10 * b, 10 * b + 5)
+            result = buffer.add(batch(added))
+            ids[int(result.ids[0]) % 3], values[int(result.ids[0]) % 3] = result.ids, added
+        buffer.sample(6)  # scripts loaded everywhere before the failure
+        cluster.stop_master(cluster.ports.index(node_port(client, buffer.shards[1].keys.meta)))
+
+        for call in (lambda: buffer.sample(2), lambda: len(buffer), lambda: buffer.get(ids[1])):
+            with pytest.raises(ShardUnavailableError, match=r"shard 1 of 3 \('faults\.shard1"):
+                call()
+        # nothing lost elsewhere: shards 0 and 2 read and write
+        for k in (0, 2):
+            np.testing.assert_array_equal(buffer.get(ids[k])["v"], values[k])
+        landed, refused = [], []
+        for _ in range(3):
+            try:
+                landed.append(int(buffer.add(batch([100, 101])).ids[0]) % 3)
+            except ShardUnavailableError as exc:
+                refused.append(exc.shard)
+        assert sorted(landed) == [0, 2] and refused == [1]
+        assert [len(buffer.shards[k]) for k in (0, 2)] == [7, 7]
+        assert sorted(buffer.shards[0].sample(7)["v"].tolist())[-2:] == [100, 101]
+        client.close()
