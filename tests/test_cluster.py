@@ -189,3 +189,22 @@ def test_a_stopped_master_fails_only_its_shard():
         assert [len(buffer.shards[k]) for k in (0, 2)] == [7, 7]
         assert sorted(buffer.shards[0].sample(7)["v"].tolist())[-2:] == [100, 101]
         client.close()
+
+
+def test_the_command_line_refuses_a_sharded_name_and_reads_its_shards(
+    redis_cluster, cluster_client, capsys
+):
+    from redisbuf.cli import main
+
+    buffer = ReplayBuffer(cluster_client, "cli", capacity=30, shards=3)
+    buffer.add(batch([1, 2]))
+    url = redis_cluster.urls[0]
+    for command in (["inspect", "cli"], ["export", "cli", "/dev/null"]):
+        assert main([*command, "--url", url]) != 0
+        assert "is sharded" in capsys.readouterr().err
+    shard = next(s for s in buffer.shards if len(s))
+    assert main(["inspect", shard.name, "--url", url, "--json"]) == 0
+    assert '"length": 2' in capsys.readouterr().out
+    assert main(["list", "--url", url]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in buffer.shard_names)
