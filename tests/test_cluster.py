@@ -29,6 +29,7 @@ from redisbuf.keys import BufferKeys, StagingKeys
 from redisbuf.samplers import PERSampler
 from redisbuf.scripts import lua_dir
 from redisbuf.sequence import SequenceKeys
+from redisbuf.sharded import ShardedReplayBuffer
 
 pytestmark = pytest.mark.redis_server
 
@@ -208,3 +209,33 @@ def test_the_command_line_refuses_a_sharded_name_and_reads_its_shards(
     assert main(["list", "--url", url]) == 0
     listed = capsys.readouterr().out
     assert all(name in listed for name in buffer.shard_names)
+
+
+def _add_from_process(url: str, values: list[int]) -> None:
+    buffer = ReplayBuffer(url, "multi", capacity=300, shards=3)
+    for value in values:
+        buffer.add(batch([value, value + 1000]))
+    buffer.close()
+
+
+@pytest.mark.multiprocess
+def test_processes_adding_to_one_sharded_buffer(redis_cluster, cluster_client):
+    import multiprocessing
+
+    ReplayBuffer(cluster_client, "multi", capacity=300, shards=3)
+    context = multiprocessing.get_context("fork")
+    processes = [
+        context.Process(
+            target=_add_from_process, args=(redis_cluster.urls[p], list(range(20 * p, 20 * p + 20)))
+        )
+        for p in range(3)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    buffer = ShardedReplayBuffer.open(cluster_client, "multi")
+    assert len(buffer) == 120 and all(len(shard) > 0 for shard in buffer.shards)
+    values = sorted(buffer.sample(120)["v"].tolist())
+    assert values == sorted([v for p in range(60) for v in (p, p + 1000)])
