@@ -26,7 +26,7 @@ shards sit on different masters, and each shard's scripts stay atomic on its one
   replay the global successive draw over them: each step picks a shard with probability
   its remaining mass over the total remaining mass and takes that shard's next item,
   which is exactly torch.multinomial's distribution, at the cost of reading up to ``N``
-  times ``n`` items.
+  times ``n`` items. The shards are asked at once, one thread each.
 * A shard whose server is lost raises :class:`~redisbuf.errors.ShardUnavailableError`
   naming the buffer, the shard and its node; the other shards keep working for
   operations that address only them (``add`` to them, ``get`` of their ids, their own
@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -190,6 +192,10 @@ class ShardedReplayBuffer:
                 )
         self._next = int(self.rng.integers(shards))
         self._schema_json: str | None = None
+        #: draw from the shards at once, one thread each (see _draws)
+        self.parallel = True
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
 
     # -- layout -------------------------------------------------------------------------
 
@@ -405,16 +411,26 @@ class ShardedReplayBuffer:
         order = self.rng.permutation(len(ids))  # a shard's draws are not a block
         return [ids[i] for i in order], [blobs[i] for i in order], None, source
 
+    def _draws(self, wanted: dict[int, tuple[int, bool]]) -> dict[int, Draw]:
+        """Shard ``k``'s draw of ``wanted[k] = (n, replacement)`` for each ``k``, the
+        shards asked at once (one thread each: their round trips overlap)."""
+        if len(wanted) == 1 or not self.parallel:
+            return {k: self._shard_draw(k, n, r) for k, (n, r) in wanted.items()}
+        if self._pool is None or self._pool_pid != os.getpid():  # none survives a fork
+            self._pool = ThreadPoolExecutor(self.count, thread_name_prefix="redisbuf-shard")
+            self._pool_pid = os.getpid()
+        futures = {k: self._pool.submit(self._shard_draw, k, n, r) for k, (n, r) in wanted.items()}
+        return {k: future.result() for k, future in futures.items()}
+
     def _gather(self, counts: np.ndarray, replace: bool) -> tuple[list[int], list[bytes], Any]:
         ids: list[int] = []
         blobs: list[bytes] = []
         source = None
-        for k, count in enumerate(counts.tolist()):
-            if count:
-                draw = self._shard_draw(k, count, replace)
-                ids += [i * self.count + k for i in draw.ids]
-                blobs += list(draw.blobs)
-                source = source or (k, draw.schema_json)
+        draws = self._draws({k: (c, replace) for k, c in enumerate(counts.tolist()) if c})
+        for k, draw in draws.items():
+            ids += [i * self.count + k for i in draw.ids]
+            blobs += list(draw.blobs)
+            source = source or (k, draw.schema_json)
         return ids, blobs, source
 
     def _draw_prioritized(
@@ -432,13 +448,12 @@ class ShardedReplayBuffer:
             counts = self.rng.multinomial(n, share)
             ids, blobs, source = [], [], None
             probabilities: list[float] = []
-            for k, count in enumerate(counts.tolist()):
-                if count:
-                    draw = self._shard_draw(k, count, True)
-                    ids += [i * self.count + k for i in draw.ids]
-                    blobs += list(draw.blobs)
-                    probabilities += (np.asarray(draw.probabilities) * share[k]).tolist()
-                    source = source or (k, draw.schema_json)
+            draws = self._draws({k: (c, True) for k, c in enumerate(counts.tolist()) if c})
+            for k, draw in draws.items():
+                ids += [i * self.count + k for i in draw.ids]
+                blobs += list(draw.blobs)
+                probabilities += (np.asarray(draw.probabilities) * share[k]).tolist()
+                source = source or (k, draw.schema_json)
             order = self.rng.permutation(len(ids))
             return (
                 [ids[i] for i in order],
@@ -452,10 +467,13 @@ class ShardedReplayBuffer:
                 f"{int(drawable.sum())} items have nonzero probability"
             )
         # every shard's own successive draw, then the global successive draw over them
-        sequences: dict[int, Draw] = {}
-        for k in range(self.count):
-            if mass[k] > 0 and drawable[k] > 0:
-                sequences[k] = self._shard_draw(k, min(n, int(drawable[k])), False)
+        sequences = self._draws(
+            {
+                k: (min(n, int(drawable[k])), False)
+                for k in range(self.count)
+                if mass[k] > 0 and drawable[k] > 0
+            }
+        )
         remaining = mass.copy()
         taken = dict.fromkeys(sequences, 0)
         ids, blobs, out = [], [], []
@@ -561,7 +579,11 @@ class ShardedReplayBuffer:
         self._schema_json = None
 
     def close(self) -> None:
-        """Release the connections of a client this buffer made from a URL."""
+        """Release the connections of a client this buffer made from a URL (and the
+        threads that draw from the shards)."""
+        if self._pool is not None and self._pool_pid == os.getpid():
+            self._pool.shutdown(wait=False)
+            self._pool = None
         if self._owns_client:
             self.client.close()
 
