@@ -623,10 +623,4 @@ class ShardedReplayBuffer:
         raise self._unsupported("load_state_dict")
 
 
-def sharded_layout(client: Any, name: str) -> dict[str, Any] | None:
-    """The stored layout of sharded buffer ``name`` (see the module docstring), or None."""
-    raw = client.hget(BufferKeys(name).shards, "layout")
-    return None if raw is None else dict(json.loads(raw))
-
-
-__all__ = ["ShardedReplayBuffer", "shard_names", "sharded_layout"]
+__all__ = ["ShardedReplayBuffer", "shard_names"]
