@@ -125,22 +125,31 @@ def main() -> None:
         f"phase, {args.rounds} rounds, {os.cpu_count()} cores, load average {load:.1f}"
     )
     print(
-        f"{'shards':>6} {'phase':>6} {'items/s median (min-max)':>28} {'vs 1 shard':>10} "
-        f"{'CPU s / 10^4 items per master':>36} {'busiest':>8}"
+        f"{'shards':>6} {'phase':>6} {'items/s median (min-max)':>26} "
+        f"{'vs 1 shard, paired':>20} {'CPU s / 10^4 items, each master':>32} {'busiest':>8} "
+        f"{'ceiling':>8}"
     )
     for phase in ("add", "sample"):
-        base = statistics.median(r[0] for r in results[(1, phase)])
+        base = results[(1, phase)]
+        base_busiest = np.median([max(r[1]) for r in base])
         for shards in (1, 3):
             runs = results[(shards, phase)]
             rates = [r[0] for r in runs]
+            ratios = [r[0] / b[0] for r, b in zip(runs, base, strict=True)]
             per_master = np.median(np.array([r[1] for r in runs]), axis=0)
-            busiest = per_master.max() / per_master.sum()
+            busiest = np.median([max(r[1]) for r in runs])
             print(
-                f"{shards:>6} {phase:>6} {statistics.median(rates):>12,.0f} "
+                f"{shards:>6} {phase:>6} {statistics.median(rates):>11,.0f} "
                 f"({min(rates):,.0f}-{max(rates):,.0f}) "
-                f"{statistics.median(rates) / base:>9.2f}x "
-                f"{' / '.join(f'{c:.2f}' for c in per_master):>36} {busiest:>7.0%}"
+                f"{statistics.median(ratios):>8.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) "
+                f"{' / '.join(f'{c:.3f}' for c in per_master):>32} "
+                f"{per_master.max() / per_master.sum():>7.0%} {base_busiest / busiest:>7.1f}x"
             )
+    print(
+        "busiest: the busiest master's share of the cluster's server CPU time; ceiling: the "
+        "1-shard busiest master's CPU time per item over this row's, i.e. how much more "
+        "throughput the masters can serve before one of them saturates its core"
+    )
 
 
 if __name__ == "__main__":
