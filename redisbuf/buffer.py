@@ -28,6 +28,7 @@ from .connection import (
     durability_wait,
     guarded,
     retrying,
+    slot_client,
 )
 from .containers import KINDS, ContainerKind, describe_schema_difference, kind_of, schema_to_json
 from .errors import (
@@ -218,7 +219,8 @@ class ReplayBuffer:
         self.recent_data_ratio = float(recent_data_ratio)
         self.recent_data_steps = recent_data_steps
         self._owns_client = redis_or_url is None or isinstance(redis_or_url, str)
-        self.client = guarded(as_client(redis_or_url))
+        # on a cluster, the client of the master of the buffer's slot (see SlotClient)
+        self.client = guarded(slot_client(as_client(redis_or_url), BufferKeys(name).meta))
         check_eviction_policy(self.client, strict)
         self.durability, self.durability_timeout = durability, float(durability_timeout)
         check_durability_support(self.client, durability)

@@ -278,6 +278,81 @@ def as_client(redis_or_url: Any) -> redis.Redis:
     return redis_or_url
 
 
+class SlotClient:
+    """The client of the master that serves one slot of a Redis Cluster, for everything
+    a buffer does there (all of a buffer's keys share one slot).
+
+    Through it a buffer's pipelines, MULTI/EXEC and SCRIPT commands go to that master as
+    on a single server (a cluster client refuses MULTI and keyless commands in
+    pipelines, and routes each pipelined command on its own). When the slot has moved
+    (a MOVED reply: resharding, a failover) the cluster's slot map is read again and the
+    call, which did not run, is sent once more to the master now serving the slot. When
+    the master is lost, the slot map is read again for the calls that follow and the
+    error stands (the call may have run). A pipeline is bound to the master of the
+    moment it is made."""
+
+    def __init__(self, cluster: Any, key: str) -> None:
+        self.cluster = cluster
+        self.key = key
+        self.redisbuf_url = getattr(cluster, "redisbuf_url", None)
+        self._bind()
+
+    def _bind(self) -> None:
+        self.node = self.cluster.get_node_from_key(self.key)
+        self._client = self.cluster.get_redis_connection(self.node)
+
+    def _rebind(self) -> bool:
+        """Read the slot map again; whether the slot is now served by another node."""
+        before = self.node.name
+        try:
+            self.cluster.nodes_manager.initialize()
+            self._bind()
+        except (redis.exceptions.RedisError, OSError):
+            return False
+        return self.node.name != before
+
+    @property
+    def connection_pool(self) -> Any:
+        return self._client.connection_pool
+
+    def __getattr__(self, attribute: str) -> Any:
+        value = getattr(self._client, attribute)
+        if not callable(value) or attribute == "pipeline":
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return value(*args, **kwargs)
+            except redis.exceptions.MovedError:
+                # refused unexecuted: safe to send again where the slot is now
+                if not self._rebind():
+                    raise
+                return getattr(self._client, attribute)(*args, **kwargs)
+            except LOST:
+                # the call may have run before the master was lost: only later calls
+                # (and the caller's own retries of what is safe to repeat) go to the
+                # master now serving the slot
+                self._rebind()
+                raise
+
+        return call
+
+    def close(self) -> None:
+        """Close the cluster client (its node clients with it)."""
+        self.cluster.close()
+
+    def __repr__(self) -> str:
+        return f"SlotClient({self.key!r} at {self.node.name})"
+
+
+def slot_client(client: Any, key: str) -> Any:
+    """For a cluster client, a :class:`SlotClient` for the slot of ``key``; any other
+    client as it is."""
+    if not is_cluster(client):
+        return client
+    return SlotClient(getattr(client, "unwrapped", client), key)
+
+
 # What a lost server looks like to redis-py: refused, reset, or silent past the timeout.
 LOST = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
