@@ -293,8 +293,7 @@ class SlotClient:
 
     def __init__(self, cluster: Any, key: str) -> None:
         self.cluster = cluster
-        self.key = key
-        self.redisbuf_url = getattr(cluster, "redisbuf_url", None)
+        self.key = key  # messages name the node (server_name), not the URL given
         self._bind()
 
     def _bind(self) -> None:

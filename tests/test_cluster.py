@@ -239,3 +239,40 @@ def test_processes_adding_to_one_sharded_buffer(redis_cluster, cluster_client):
     assert len(buffer) == 120 and all(len(shard) > 0 for shard in buffer.shards)
     values = sorted(buffer.sample(120)["v"].tolist())
     assert values == sorted([v for p in range(60) for v in (p, p + 1000)])
+
+
+def _give_slot(redis_cluster, slot: int, port: int) -> None:
+    """Hand the (empty) ``slot`` to the master on ``port``, telling every master."""
+    nodes = [redis.Redis(port=p) for p in redis_cluster.ports]
+    target = nodes[redis_cluster.ports.index(port)].execute_command("CLUSTER MYID")
+    for node in sorted(nodes, key=lambda n: n.connection_pool.connection_kwargs["port"] != port):
+        node.execute_command("CLUSTER SETSLOT", slot, "NODE", target)
+        node.close()
+
+
+def test_a_buffer_client_follows_its_slot_and_runs_transactions(redis_cluster, cluster_client):
+    """A buffer's client on a cluster is its slot master's own (MULTI/EXEC and a
+    keyless command in a pipeline work); when the slot moves, a MOVED call is sent
+    again to the new master."""
+    from redisbuf.connection import SlotClient
+
+    buffer = ReplayBuffer(cluster_client, "follow", capacity=10)
+    client = buffer.client.unwrapped
+    assert isinstance(client, SlotClient)
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(buffer.keys.meta, "probe", 1)
+    pipe.execute_command("SCRIPT", "EXISTS", "0" * 40)
+    assert pipe.execute() == [1, [0]]
+    slot = cluster_client.keyslot(buffer.keys.meta)
+    owner = client.node.port
+    other = next(p for p in redis_cluster.ports if p != owner)
+    buffer.drop()  # SETSLOT NODE needs the slot empty
+    try:
+        _give_slot(redis_cluster, slot, other)
+        assert client.hset(buffer.keys.meta, "probe", 2) == 1  # MOVED, then sent again
+        assert client.node.port == other
+        assert cluster_client.hget(buffer.keys.meta, "probe") == b"2"
+    finally:
+        cluster_client.delete(buffer.keys.meta)
+        _give_slot(redis_cluster, slot, owner)
+        cluster_client.nodes_manager.initialize()
