@@ -15,8 +15,10 @@ For each phase it also reads every server's CPU time (INFO cpu, user + sys) befo
 after, and prints the CPU seconds each master spent per 10^4 items and the share of the
 busiest one: on 1 shard one master does all of the server work, on 3 shards each does
 about a third, so the server-side ceiling (one core per master) is ~3x higher even when
-the machine has too few cores for the wall-clock throughput to show it. Every figure is
-the median over rounds with the min-max spread; 1 and 3 shards alternate within a round.
+the machine has too few cores for the wall-clock throughput to show it ("ceiling": the
+1-shard busiest master's CPU time per item over the 3-shard one's). Every figure is the
+median over rounds with the min-max spread; 1 and 3 shards alternate within a round,
+and the ratios to 1 shard are paired by round.
 """
 
 from __future__ import annotations
