@@ -276,3 +276,23 @@ def test_a_buffer_client_follows_its_slot_and_runs_transactions(redis_cluster, c
         cluster_client.delete(buffer.keys.meta)
         _give_slot(redis_cluster, slot, owner)
         cluster_client.nodes_manager.initialize()
+
+
+def test_the_other_buffer_kinds_work_on_a_cluster(cluster_client):
+    """Episode, sequence and fragment buffers keep their keys in one slot too; their
+    scripts run on a cluster client."""
+    from redisbuf import EpisodeBuffer, FragmentBuffer, SequenceBuffer
+
+    episodes = EpisodeBuffer(cluster_client, "episodes", capacity_episodes=3, seed=0)
+    for length in (2, 3):
+        episodes.push({"t": np.arange(length, dtype=np.int64)})
+    assert len(episodes) == 2 and len(episodes.sample(2)) == 2
+    sequences = SequenceBuffer(cluster_client, "sequences", 2, 8, seed=0)
+    for t in range(4):
+        sequences.add_batch({"obs": np.array([t, 10 + t], dtype=np.float32)}, env_ids=[0, 1])
+    data, _info = sequences.get_batch(2, 2)
+    assert data["obs"].shape == (2, 2)
+    fragments = FragmentBuffer(cluster_client, "fragments", 2, 1, 1, 1, seed=0)
+    fragments.update_model_version("s", 0)
+    fragments.add_fragment({"obs": np.zeros(3, dtype=np.int16)}, 0, "s", "a")
+    assert len(fragments.fetch(1, timeout=0)) == 1
