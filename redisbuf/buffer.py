@@ -159,15 +159,6 @@ class ReplayBuffer:
             masters); fixed at creation.
     """
 
-    def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> Any:
-        if shards == 1 and not isinstance(shards, bool):
-            return super().__new__(cls)
-        if cls is not ReplayBuffer:
-            raise ValueError(f"shards= is supported by ReplayBuffer, not {cls.__name__}")
-        from .sharded import ShardedReplayBuffer
-
-        return ShardedReplayBuffer(*args, shards=shards, **kwargs)
-
     def __init__(
         self,
         redis_or_url: Any = None,
@@ -264,6 +255,16 @@ class ReplayBuffer:
                 self, remote_manager_rank, remote_buffer_freq, async_score, baseline_filtering,
                 baseline_refresh_after, scoring_only, communication_backend, timing,
             )
+
+    # shards=N (> 1) makes the constructor return a ShardedReplayBuffer instead
+    def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> Any:
+        if shards == 1 and not isinstance(shards, bool):
+            return super().__new__(cls)
+        if cls is not ReplayBuffer:
+            raise ValueError(f"shards= is supported by ReplayBuffer, not {cls.__name__}")
+        from .sharded import ShardedReplayBuffer
+
+        return ShardedReplayBuffer(*args, shards=shards, **kwargs)
 
     @classmethod
     def open(cls, redis_or_url: Any, name: str, **kwargs: Any) -> ReplayBuffer:
