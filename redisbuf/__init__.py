@@ -21,6 +21,8 @@ from .errors import (
     SchemaError,
     ServerConfigError,
     ServerUnavailableError,
+    ShardedBufferError,
+    ShardUnavailableError,
     WaitTimeoutError,
 )
 from .fragments import Chunk, FragmentBuffer
@@ -29,6 +31,7 @@ from .limiters import MinSize, RateLimiter, SampleToInsertRatio
 from .samplers import PERSampler, PrioritizedSampler, UniformSampler
 from .selectors import FifoSampler, LifoSampler, MaxHeapSampler, MinHeapSampler
 from .sequence import BatchInfo, SequenceBuffer
+from .sharded import ShardedReplayBuffer
 from .terminating import TerminatingStateBuffer
 
 __version__ = "0.1.0"
@@ -71,6 +74,9 @@ __all__ = [
     "SequenceBuffer",
     "ServerConfigError",
     "ServerUnavailableError",
+    "ShardedBufferError",
+    "ShardedReplayBuffer",
+    "ShardUnavailableError",
     "States",
     "TerminatingStateBuffer",
     "Trajectories",

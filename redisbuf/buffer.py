@@ -28,6 +28,7 @@ from .connection import (
     durability_wait,
     guarded,
     retrying,
+    slot_client,
 )
 from .containers import KINDS, ContainerKind, describe_schema_difference, kind_of, schema_to_json
 from .errors import (
@@ -39,6 +40,7 @@ from .errors import (
     RateLimitTimeoutError,
     SchemaError,
     ServerUnavailableError,
+    ShardedBufferError,
     WaitTimeoutError,
 )
 from .keys import BufferKeys, StagingKeys, format_id
@@ -151,6 +153,10 @@ class ReplayBuffer:
             (:class:`~redisbuf.errors.ServerConfigError` where unsupported); an add not
             confirmed within ``durability_timeout`` seconds raises
             :class:`~redisbuf.errors.DurabilityError` (the batch is in the buffer).
+        shards: with ``N > 1``, the constructor returns a
+            :class:`~redisbuf.sharded.ShardedReplayBuffer`: one logical buffer of the
+            global ``capacity`` over ``N`` shards (on a Redis Cluster, on different
+            masters); fixed at creation.
     """
 
     # UniformSampler's record of the ids the last draw saw (samplers._IdRange)
@@ -186,6 +192,7 @@ class ReplayBuffer:
         max_use: int | None = None,
         max_staleness: int | None = None,
         rate_limiter: limiters.RateLimiter | None = None,
+        shards: int = 1,
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
@@ -206,7 +213,8 @@ class ReplayBuffer:
         self.recent_data_ratio = float(recent_data_ratio)
         self.recent_data_steps = recent_data_steps
         self._owns_client = redis_or_url is None or isinstance(redis_or_url, str)
-        self.client = guarded(as_client(redis_or_url))
+        # on a cluster, the client of the master of the buffer's slot (see SlotClient)
+        self.client = guarded(slot_client(as_client(redis_or_url), BufferKeys(name).meta))
         check_eviction_policy(self.client, strict)
         self.durability, self.durability_timeout = durability, float(durability_timeout)
         check_durability_support(self.client, durability)
@@ -251,6 +259,16 @@ class ReplayBuffer:
                 baseline_refresh_after, scoring_only, communication_backend, timing,
             )
 
+    # shards=N (> 1) makes the constructor return a ShardedReplayBuffer instead
+    def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> Any:
+        if shards == 1 and not isinstance(shards, bool):
+            return super().__new__(cls)
+        if cls is not ReplayBuffer:
+            raise ValueError(f"shards= is supported by ReplayBuffer, not {cls.__name__}")
+        from .sharded import ShardedReplayBuffer
+
+        return ShardedReplayBuffer(*args, shards=shards, **kwargs)
+
     @classmethod
     def open(cls, redis_or_url: Any, name: str, **kwargs: Any) -> ReplayBuffer:
         """Open an existing buffer with its stored configuration.
@@ -259,6 +277,12 @@ class ReplayBuffer:
         """
         client = guarded(as_client(redis_or_url))
         meta = _decode_meta(client.hgetall(BufferKeys(name).meta))
+        if not meta and client.exists(BufferKeys(name).shards):
+            raise ShardedBufferError(
+                f"buffer {name!r} is sharded: open it with ReplayBuffer(..., shards=N) or "
+                "ShardedReplayBuffer.open; ReplayBuffer.open, save / load and the command "
+                "line work on its shards (buffers of their own), not on the whole"
+            )
         if not meta:
             raise ConfigMismatchError(f"no buffer named {name!r} exists in this Redis")
         return cls(

@@ -8,6 +8,7 @@ import warnings
 from typing import Any
 
 import redis
+import redis.cluster
 from redis.connection import (
     HIREDIS_AVAILABLE,
     Encoder,
@@ -18,7 +19,16 @@ from redis.connection import (
 from .errors import DurabilityError, ServerConfigError, ServerUnavailableError
 from .server import URL_ENV, default_url
 
-__all__ = ["URL_ENV", "RespPacker", "as_client", "connect", "default_url", "redacted"]
+__all__ = [
+    "CLUSTER_SCHEMES",
+    "URL_ENV",
+    "RespPacker",
+    "as_client",
+    "connect",
+    "default_url",
+    "is_cluster",
+    "redacted",
+]
 
 
 class RespPacker:
@@ -112,17 +122,88 @@ def scrub(text: str, url: str) -> str:
     return text
 
 
+#: URL schemes that ask for a Redis Cluster client (``rediss+cluster`` with TLS).
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+class PackingConnection(redis.connection.Connection):
+    """A connection that packs commands with :class:`RespPacker` (for cluster clients,
+    which build their connections themselves and do not pass ``command_packer`` on)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("command_packer", RespPacker())
+        super().__init__(*args, **kwargs)
+
+
+class PackingSSLConnection(redis.connection.SSLConnection):
+    """:class:`PackingConnection` over TLS."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("command_packer", RespPacker())
+        super().__init__(*args, **kwargs)
+
+
+def _cluster_url(url: str) -> tuple[str, bool]:
+    """(``url`` with a ``redis+cluster`` / ``rediss+cluster`` scheme turned into the plain
+    one, whether it had such a scheme)."""
+    scheme, sep, rest = url.partition("://")
+    plain = CLUSTER_SCHEMES.get(scheme.lower()) if sep else None
+    return (f"{plain}://{rest}", True) if plain else (url, False)
+
+
+def _cluster_enabled(probe: redis.Redis) -> bool:
+    """Whether the server ``probe`` talks to is a Redis Cluster node (INFO cluster); False
+    when it does not say (an ACL without INFO, fakeredis, an old server)."""
+    try:
+        return str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
+    except redis.exceptions.ResponseError:
+        return False
+
+
+def _cluster_db(url: str) -> None:
+    """Refuse a cluster URL naming a database other than 0 (a cluster has only that)."""
+    db = redis.connection.parse_url(url).get("db", 0)
+    if db not in (0, None):
+        raise ValueError(f"Redis Cluster has only database 0, the URL names database {db}")
+
+
+def _cluster_client(
+    url: str, connect_timeout: float, socket_timeout: float | None
+) -> redis.cluster.RedisCluster:
+    """A RedisCluster client for the cluster that the node at ``url`` belongs to."""
+    _cluster_db(url)
+    tls = url.lower().startswith("rediss://")
+    return redis.cluster.RedisCluster.from_url(
+        url,
+        socket_connect_timeout=connect_timeout,
+        socket_timeout=socket_timeout,
+        decode_responses=False,
+        retry_on_timeout=False,
+        connection_class=PackingSSLConnection if tls else PackingConnection,
+    )
+
+
 def connect(
     url: str | None = None, *, connect_timeout: float = 5.0, socket_timeout: float | None = 60.0
-) -> redis.Redis:
+) -> Any:
     """A Redis client for ``url`` (or ``$REDISBUF_URL``, else the private server of
     :func:`redisbuf.server.default_url`), checked with PING.
+
+    A URL with the scheme ``redis+cluster://`` (``rediss+cluster://`` with TLS) names one
+    node of a Redis Cluster; a plain ``redis://`` URL whose server reports
+    ``cluster_enabled:1`` (INFO cluster) is taken as one too. Either gives a
+    ``redis.cluster.RedisCluster`` client, which discovers the other nodes and sends each
+    command to the master of its keys' slot.
 
     Raises :class:`ServerUnavailableError` naming the URL when the server cannot be
     reached within ``connect_timeout`` seconds.
     """
     url = url or default_url()
+    given = url
     try:
+        url, cluster = _cluster_url(url)
+        if cluster:
+            _cluster_db(url)
         # probe with the short timeout: a port that accepts and never answers must not
         # hold us for the long socket timeout
         for delay in (*RETRY_DELAYS, None):
@@ -131,6 +212,7 @@ def connect(
                     url, socket_connect_timeout=connect_timeout, socket_timeout=connect_timeout
                 ) as probe:
                     probe.ping()
+                    cluster = cluster or _cluster_enabled(probe)
                 break
             except redis.exceptions.ConnectionError as exc:
                 # a server that answered, then dropped the connection, may answer the
@@ -138,31 +220,50 @@ def connect(
                 if delay is None or "closed" not in str(exc) and "reset" not in str(exc):
                     raise
                 time.sleep(delay)
-        client = redis.Redis.from_url(
-            url,
-            socket_connect_timeout=connect_timeout,
-            socket_timeout=socket_timeout,
-            decode_responses=False,
-            retry_on_timeout=False,
-            command_packer=RespPacker(),
-        )
-        client.redisbuf_url = redacted(url)  # type: ignore[attr-defined]  # for messages
+        client: Any
+        if cluster:
+            client = _cluster_client(url, connect_timeout, socket_timeout)
+        else:
+            client = redis.Redis.from_url(
+                url,
+                socket_connect_timeout=connect_timeout,
+                socket_timeout=socket_timeout,
+                decode_responses=False,
+                retry_on_timeout=False,
+                command_packer=RespPacker(),
+            )
+        client.redisbuf_url = redacted(given)  # for messages
     except (ValueError, TypeError) as exc:  # TypeError: an unknown query option
         hint = " (percent-encode # / ? @ in a password)" if _secrets(url) else ""
         raise ServerUnavailableError(
-            f"invalid Redis URL {redacted(url)}: {scrub(str(exc), url)}{hint}"
+            f"invalid Redis URL {redacted(given)}: {scrub(str(exc), given)}{hint}"
         ) from None
     except redis.exceptions.InvalidResponse as exc:
         # e.g. an HTTP server on the port: redis-py says 'Protocol error, got "H"'
         raise ServerUnavailableError(
-            f"the server at {redacted(url)} does not speak the Redis protocol (is it a "
-            f"Redis server? its first reply was not RESP: {scrub(str(exc), url)})"
+            f"the server at {redacted(given)} does not speak the Redis protocol (is it a "
+            f"Redis server? its first reply was not RESP: {scrub(str(exc), given)})"
+        ) from None
+    except redis.exceptions.ResponseError as exc:
+        if "cluster mode" not in str(exc):
+            raise ServerUnavailableError(
+                f"cannot reach Redis at {redacted(given)}: {scrub(str(exc), given)}"
+            ) from None
+        raise ServerUnavailableError(
+            f"the server at {redacted(given)} is a Redis Cluster node, and a cluster has "
+            f"only database 0: drop the database from the URL ({scrub(str(exc), given)})"
         ) from None
     except (redis.exceptions.RedisError, OSError) as exc:
         raise ServerUnavailableError(
-            f"cannot reach Redis at {redacted(url)}: {scrub(str(exc), url)}"
+            f"cannot reach Redis at {redacted(given)}: {scrub(str(exc), given)}"
         ) from None
     return client
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` (possibly :class:`Guarded`) is a Redis Cluster client."""
+    client = getattr(client, "unwrapped", client)
+    return isinstance(client, redis.cluster.RedisCluster)
 
 
 def as_client(redis_or_url: Any) -> redis.Redis:
@@ -170,9 +271,85 @@ def as_client(redis_or_url: Any) -> redis.Redis:
     if redis_or_url is None or isinstance(redis_or_url, str):
         return connect(redis_or_url)
     kwargs = getattr(getattr(redis_or_url, "connection_pool", None), "connection_kwargs", {})
+    if is_cluster(redis_or_url):
+        kwargs = redis_or_url.nodes_manager.connection_kwargs
     if kwargs.get("decode_responses"):
         raise ValueError("redisbuf needs a Redis client created with decode_responses=False")
     return redis_or_url
+
+
+class SlotClient:
+    """The client of the master that serves one slot of a Redis Cluster, for everything
+    a buffer does there (all of a buffer's keys share one slot).
+
+    Through it a buffer's pipelines, MULTI/EXEC and SCRIPT commands go to that master as
+    on a single server (a cluster client refuses MULTI and keyless commands in
+    pipelines, and routes each pipelined command on its own). When the slot has moved
+    (a MOVED reply: resharding, a failover) the cluster's slot map is read again and the
+    call, which did not run, is sent once more to the master now serving the slot. When
+    the master is lost, the slot map is read again for the calls that follow and the
+    error stands (the call may have run). A pipeline is bound to the master of the
+    moment it is made."""
+
+    def __init__(self, cluster: Any, key: str) -> None:
+        self.cluster = cluster
+        self.key = key  # messages name the node (server_name), not the URL given
+        self._bind()
+
+    def _bind(self) -> None:
+        self.node = self.cluster.get_node_from_key(self.key)
+        self._client = self.cluster.get_redis_connection(self.node)
+
+    def _rebind(self) -> bool:
+        """Read the slot map again; whether the slot is now served by another node."""
+        before = self.node.name
+        try:
+            self.cluster.nodes_manager.initialize()
+            self._bind()
+        except (redis.exceptions.RedisError, OSError):
+            return False
+        return self.node.name != before
+
+    @property
+    def connection_pool(self) -> Any:
+        return self._client.connection_pool
+
+    def __getattr__(self, attribute: str) -> Any:
+        value = getattr(self._client, attribute)
+        if not callable(value) or attribute == "pipeline":
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return value(*args, **kwargs)
+            except redis.exceptions.MovedError:
+                # refused unexecuted: safe to send again where the slot is now
+                if not self._rebind():
+                    raise
+                return getattr(self._client, attribute)(*args, **kwargs)
+            except LOST:
+                # the call may have run before the master was lost: only later calls
+                # (and the caller's own retries of what is safe to repeat) go to the
+                # master now serving the slot
+                self._rebind()
+                raise
+
+        return call
+
+    def close(self) -> None:
+        """Close the cluster client (its node clients with it)."""
+        self.cluster.close()
+
+    def __repr__(self) -> str:
+        return f"SlotClient({self.key!r} at {self.node.name})"
+
+
+def slot_client(client: Any, key: str) -> Any:
+    """For a cluster client, a :class:`SlotClient` for the slot of ``key``; any other
+    client as it is."""
+    if not is_cluster(client):
+        return client
+    return SlotClient(getattr(client, "unwrapped", client), key)
 
 
 # What a lost server looks like to redis-py: refused, reset, or silent past the timeout.

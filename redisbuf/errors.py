@@ -72,3 +72,18 @@ class RateLimitTimeoutError(WaitTimeoutError):
 
 class FetchTimeoutError(WaitTimeoutError):
     """A waiting read (``FragmentBuffer.fetch``) found too little data within its timeout."""
+
+
+class ShardUnavailableError(ServerUnavailableError):
+    """One shard of a sharded buffer cannot be reached (its Redis Cluster master is down,
+    or the connection to it was lost). ``shard`` is its index; the message names the
+    buffer, the shard and its node. The other shards are untouched."""
+
+    def __init__(self, message: str, shard: int) -> None:
+        super().__init__(message)
+        self.shard = shard
+
+
+class ShardedBufferError(RedisBufError, ValueError):
+    """An operation that does not support sharded buffers (``save``, ``load``, opening
+    with :meth:`ReplayBuffer.open`, the command line) was asked of one."""

@@ -21,6 +21,7 @@ key                        type    content
 ``rb:{name}:vecs``         hash    item id -> compact state vector (diversity checks)
 ``rb:{name}:batches``      hash    batch id of a recent add -> its reply (see scripts.py)
 ``rb:{name}:batchtime``    zset    batch id -> time it was added (ms), to forget it
+``rb:{name}:shards``       hash    a sharded buffer's layout (see redisbuf/sharded.py)
 =========================  ======  =====================================================
 
 Item ids are positive integers written as 12-digit zero-padded decimals, so that
@@ -122,6 +123,12 @@ class BufferKeys:
     @property
     def batch_times(self) -> str:
         return self._key("batchtime")
+
+    @property
+    def shards(self) -> str:
+        """A sharded buffer's layout (shard names, capacity, schema); its shards are
+        buffers of their own, and no buffer ``name`` exists beside them."""
+        return self._key("shards")
 
     def data_keys(self) -> list[str]:
         """Keys holding items and sampling structures (everything but meta)."""

@@ -13,7 +13,9 @@ from collections.abc import Iterator
 import fakeredis
 import pytest
 import redis
+import redis.cluster
 
+from redisbuf.cluster import LocalCluster
 from redisbuf.server import BIN_ENV, EmbeddedServer, bundled_server_binary
 
 # Every real server of the suite (child processes included) is the bundled valkey 8 unless
@@ -54,3 +56,21 @@ def client(request: pytest.FixtureRequest) -> redis.Redis:
 @pytest.fixture
 def buffer_name() -> str:
     return f"test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A 3-master Redis Cluster on loopback (bundled valkey, slots assigned through
+    redis-py), shared by the session's cluster tests; tests that stop a master start
+    their own with :class:`LocalCluster`."""
+    with LocalCluster(masters=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster_client(redis_cluster: LocalCluster) -> Iterator[redis.cluster.RedisCluster]:
+    """A RedisCluster client of ``redis_cluster``, every master flushed first."""
+    client = redis.cluster.RedisCluster.from_url(redis_cluster.urls[0])
+    client.flushall()
+    yield client
+    client.close()

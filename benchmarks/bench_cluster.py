@@ -1,0 +1,158 @@
+"""One buffer on 1 shard vs 3 shards of a 3-master Redis Cluster, measured in one run.
+
+Usage: python benchmarks/bench_cluster.py [--rounds 3] [--seconds 3] [--writers 4]
+
+Starts a 3-master cluster on loopback (redisbuf.cluster.LocalCluster, the bundled
+valkey unless $REDISBUF_SERVER_BIN names another server). Each round, for 1 shard and then
+3 shards (a fresh buffer of the same global capacity each time):
+
+* add: ``--writers`` processes add batches of 64 dict items of ~4 KiB (a float32 array of
+  1024) for ``--seconds``; aggregate items/s;
+* sample: as many processes draw ``sample(64)`` (uniform, without replacement) from the
+  filled buffer for ``--seconds``; aggregate items/s.
+
+For each phase it also reads every server's CPU time (INFO cpu, user + sys) before and
+after, and prints the CPU seconds each master spent per 10^4 items and the share of the
+busiest one: on 1 shard one master does all of the server work, on 3 shards each does
+about a third, so the server-side ceiling (one core per master) is ~3x higher even when
+the machine has too few cores for the wall-clock throughput to show it ("ceiling": the
+1-shard busiest master's CPU time per item over the 3-shard one's). Every figure is the
+median over rounds with the min-max spread; 1 and 3 shards alternate within a round,
+and the ratios to 1 shard are paired by round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import redis
+
+from redisbuf import ReplayBuffer
+from redisbuf.cluster import LocalCluster
+from redisbuf.connection import connect
+
+BATCH = 64
+WIDTH = 1024  # float32: 4 KiB of payload per item
+CAPACITY = 12_000
+
+
+def _items(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {
+        "x": rng.standard_normal((BATCH, WIDTH), dtype=np.float32),
+        "log_rewards": rng.standard_normal(BATCH),
+    }
+
+
+def _worker(
+    url: str, name: str, shards: int, phase: str, seconds: float, barrier: Any, out: Any
+) -> None:
+    rng = np.random.default_rng(os.getpid())
+    buffer = ReplayBuffer(connect(url), name, capacity=CAPACITY, shards=shards, seed=os.getpid())
+    batches = [_items(rng) for _ in range(4)]
+    barrier.wait()
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        if phase == "add":
+            buffer.add(batches[count % 4])
+        else:
+            buffer.sample(BATCH)
+        count += 1
+    out.put(count * BATCH / (time.perf_counter() - start))
+
+
+def _cpu(ports: list[int]) -> list[float]:
+    seconds = []
+    for port in ports:
+        with redis.Redis(port=port) as node:
+            info = node.info("cpu")
+            seconds.append(float(info["used_cpu_user"]) + float(info["used_cpu_sys"]))
+    return seconds
+
+
+def run_phase(
+    cluster: LocalCluster, name: str, shards: int, phase: str, writers: int, seconds: float
+) -> tuple[float, list[float]]:
+    """(aggregate items/s, CPU seconds of each master per 10^4 items) of one phase."""
+    context = mp.get_context("fork")  # spawn re-imports numpy and redisbuf per process
+    barrier, out = context.Barrier(writers + 1), context.Queue()
+    processes = [
+        context.Process(
+            target=_worker,
+            args=(cluster.urls[0], name, shards, phase, seconds, barrier, out),
+        )
+        for _ in range(writers)
+    ]
+    for process in processes:
+        process.start()
+    barrier.wait()
+    before = _cpu(cluster.ports)
+    rates = [out.get(timeout=120) for _ in processes]
+    after = _cpu(cluster.ports)
+    for process in processes:
+        process.join()
+    total = sum(rates)
+    items = total * seconds
+    return total, [(a - b) / items * 1e4 for a, b in zip(after, before, strict=True)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--writers", type=int, default=4)
+    args = parser.parse_args()
+    results: dict[tuple[int, str], list[tuple[float, list[float]]]] = {}
+    with LocalCluster(masters=3) as cluster:
+        client = connect(cluster.urls[0])
+        for round_index in range(args.rounds):
+            for shards in (1, 3):
+                name = f"bench-{shards}-{round_index}"
+                ReplayBuffer(client, name, capacity=CAPACITY, shards=shards)
+                for phase in ("add", "sample"):
+                    result = run_phase(cluster, name, shards, phase, args.writers, args.seconds)
+                    results.setdefault((shards, phase), []).append(result)
+                ReplayBuffer(client, name, capacity=CAPACITY, shards=shards).drop()
+        client.close()
+    load = os.getloadavg()[0]
+    print(
+        f"{args.writers} processes, batches of {BATCH} x 4 KiB, {args.seconds:.0f} s per "
+        f"phase, {args.rounds} rounds, {os.cpu_count()} cores, load average {load:.1f}"
+    )
+    print(
+        f"{'shards':>6} {'phase':>6} {'items/s median (min-max)':>26} "
+        f"{'vs 1 shard, paired':>20} {'CPU s / 10^4 items, each master':>32} {'busiest':>8} "
+        f"{'ceiling':>8}"
+    )
+    for phase in ("add", "sample"):
+        base = results[(1, phase)]
+        base_busiest = np.median([max(r[1]) for r in base])
+        for shards in (1, 3):
+            runs = results[(shards, phase)]
+            rates = [r[0] for r in runs]
+            ratios = [r[0] / b[0] for r, b in zip(runs, base, strict=True)]
+            per_master = np.median(np.array([r[1] for r in runs]), axis=0)
+            busiest = np.median([max(r[1]) for r in runs])
+            print(
+                f"{shards:>6} {phase:>6} {statistics.median(rates):>11,.0f} "
+                f"({min(rates):,.0f}-{max(rates):,.0f}) "
+                f"{statistics.median(ratios):>8.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) "
+                f"{' / '.join(f'{c:.3f}' for c in per_master):>32} "
+                f"{per_master.max() / per_master.sum():>7.0%} {base_busiest / busiest:>7.1f}x"
+            )
+    print(
+        "busiest: the busiest master's share of the cluster's server CPU time; ceiling: the "
+        "1-shard busiest master's CPU time per item over this row's, i.e. how much more "
+        "throughput the masters can serve before one of them saturates its core"
+    )
+
+
+if __name__ == "__main__":
+    main()

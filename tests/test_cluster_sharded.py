@@ -1,0 +1,183 @@
+"""ShardedReplayBuffer on fakeredis: layout, aggregation, refusals, and draws that
+reproduce the unsharded distribution (chi-square). The same checks run on a real
+3-master cluster in test_cluster.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import redis.crc
+from cluster_helpers import (
+    ITEMS,
+    check_prioritized_pairs,
+    check_prioritized_with_replacement,
+    check_uniform_subsets,
+    chi2_limit,
+    filled,
+)
+
+from redisbuf import ReplayBuffer
+from redisbuf.errors import (
+    ConfigMismatchError,
+    EmptyBufferError,
+    SamplingError,
+    SchemaError,
+    ShardedBufferError,
+)
+from redisbuf.keys import BufferKeys
+from redisbuf.sharded import ShardedReplayBuffer
+
+
+def items(values, log_rewards=None):
+    values = np.asarray(values)
+    rewards = np.zeros(len(values)) if log_rewards is None else np.asarray(log_rewards)
+    return {"v": values, "log_rewards": rewards}
+
+
+def test_shards_get_their_own_hash_tags_in_separate_slot_ranges(fake_client, buffer_name):
+    buffer = ReplayBuffer(fake_client, buffer_name, capacity=100, shards=4)
+    assert isinstance(buffer, ShardedReplayBuffer)
+    assert len(set(buffer.shard_names)) == 4
+    for k, shard in enumerate(buffer.shards):
+        assert shard.name == buffer.shard_names[k] and shard.name.startswith(buffer_name)
+        slots = {redis.crc.key_slot(key.encode()) for key in shard.keys.all_keys()}
+        assert len(slots) == 1  # one slot per shard: its scripts stay atomic there
+        assert k * 16384 // 4 <= slots.pop() < (k + 1) * 16384 // 4
+    assert [shard.capacity for shard in buffer.shards] == [25, 25, 25, 25]
+
+
+def test_capacity_is_split_and_each_shard_evicts_its_oldest(fake_client, buffer_name):
+    buffer = ReplayBuffer(fake_client, buffer_name, capacity=10, shards=3, seed=1)
+    assert [shard.capacity for shard in buffer.shards] == [4, 3, 3]
+    for start in range(0, 60, 5):
+        buffer.add(items(np.arange(start, start + 5)))
+    assert len(buffer) == 10
+    kept = sorted(buffer.get([i for s in buffer.shards for i in _global_ids(buffer, s)])["v"])
+    # every shard got 4 batches of 5 and kept its newest items
+    assert kept[-1] == 59 and min(kept) >= 40
+    stats = buffer.stats()
+    assert (stats["capacity"], stats["length"], stats["inserted"]) == (10, 10, 60)
+    assert stats["evicted"] == 50 and len(stats["shards"]) == 3
+
+
+def _global_ids(buffer, shard):
+    k = buffer.shards.index(shard)
+    members = shard.client.zrange(shard.keys.order, 0, -1)
+    return [int(m) * buffer.count + k for m in members]
+
+
+def test_adds_take_the_shards_in_turn_with_global_ids(fake_client, buffer_name):
+    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, seed=2)
+    results = [buffer.add(items([10 * b, 10 * b + 1], [b, b])) for b in range(6)]
+    targets = [int(r.ids[0]) % 3 for r in results]
+    assert sorted(targets[:3]) == [0, 1, 2] and targets[3:] == targets[:3]
+    assert [len(s) for s in buffer.shards] == [4, 4, 4]
+    assert len(buffer) == 12
+    ids = np.concatenate([r.ids for r in results])
+    assert len(set(ids.tolist())) == 12
+    np.testing.assert_array_equal(
+        buffer.get(ids[::-1])["v"], [v for b in reversed(range(6)) for v in (10 * b + 1, 10 * b)]
+    )
+    top = buffer.top(3)
+    assert [score for _id, score in top] == [5.0, 5.0, 4.0]
+    assert {i for i, _score in top[:2]} == set(results[5].ids.tolist())
+    with pytest.raises(KeyError, match="ids not in buffer"):
+        buffer.get([int(ids.max()) + 3])
+
+
+def test_top_merges_the_shards(fake_client, buffer_name):
+    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, seed=4)
+    for b in range(3):
+        buffer.add(items([b, b + 10], [b, b + 10]))
+    top = buffer.top(4)
+    assert [score for _id, score in top] == [12.0, 11.0, 10.0, 2.0]
+    assert buffer.get([i for i, _score in top])["v"].tolist() == [12, 11, 10, 2]
+
+
+def test_reopening_checks_the_layout(fake_client, buffer_name):
+    ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
+    with pytest.raises(ConfigMismatchError, match="shards 3, not 2"):
+        ReplayBuffer(fake_client, buffer_name, capacity=30, shards=2)
+    with pytest.raises(ConfigMismatchError, match="capacity 30, not 40"):
+        ReplayBuffer(fake_client, buffer_name, capacity=40, shards=3)
+    again = ShardedReplayBuffer.open(fake_client, buffer_name)
+    assert (again.count, again.capacity) == (3, 30)
+    with pytest.raises(ShardedBufferError, match="is sharded"):
+        ReplayBuffer.open(fake_client, buffer_name)
+    ReplayBuffer(fake_client, "plain", capacity=5)
+    with pytest.raises(ConfigMismatchError, match="exists unsharded"):
+        ReplayBuffer(fake_client, "plain", capacity=5, shards=2)
+
+
+def test_refusals_name_the_problem(fake_client, buffer_name, tmp_path):
+    with pytest.raises(ValueError, match="does not support max_use"):
+        ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, max_use=2)
+    with pytest.raises(ValueError, match="shards must be a positive integer"):
+        ReplayBuffer(fake_client, buffer_name, capacity=30, shards=0)
+    with pytest.raises(ValueError, match="capacity must be an integer >= shards"):
+        ReplayBuffer(fake_client, buffer_name, capacity=2, shards=3)
+    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
+    with pytest.raises(EmptyBufferError, match="empty"):
+        buffer.sample(1)
+    for call in (lambda: buffer.save(tmp_path / "x"), lambda: buffer.load(tmp_path / "x"),
+                 buffer.state_dict):
+        with pytest.raises(ShardedBufferError, match="is sharded .3 shards.: .* not supported"):
+            call()
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_batch_of_another_schema_is_refused_whatever_shard_it_would_go_to(
+    fake_client, buffer_name
+):
+    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
+    buffer.add(items([1, 2]))
+    other = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
+    for _ in range(3):  # every shard in turn, two of them still empty
+        with pytest.raises(SchemaError, match="does not fit sharded buffer"):
+            other.add({"w": np.arange(2.0), "log_rewards": np.zeros(2)})
+    assert len(other) == 2 and [len(s) for s in other.shards].count(0) == 2
+
+
+def test_clear_and_drop_cover_every_shard(fake_client, buffer_name):
+    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
+    for b in range(3):
+        buffer.add(items([b]))
+    assert buffer.clear() == 3 and len(buffer) == 0
+    buffer.drop()
+    assert fake_client.keys("*") == []
+    assert not fake_client.exists(BufferKeys(buffer_name).shards)
+
+
+def test_uniform_draws_make_every_subset_equally_likely(fake_client, buffer_name):
+    check_uniform_subsets(filled(fake_client, buffer_name, prioritized=False), 300)
+
+
+def test_uniform_draws_with_replacement_are_independent(fake_client, buffer_name):
+    buffer = filled(fake_client, buffer_name, prioritized=False)
+    counts = np.zeros(ITEMS)
+    for _ in range(150):
+        np.add.at(counts, buffer.sample(8)["v"], 1)  # 8 > len: with replacement
+    assert ((counts - 200) ** 2 / 200).sum() < chi2_limit(ITEMS - 1)
+
+
+def test_prioritized_draws_without_replacement_are_successive_softmax_draws(
+    fake_client, buffer_name
+):
+    check_prioritized_pairs(filled(fake_client, buffer_name, prioritized=True), 300)
+
+
+def test_prioritized_draws_with_replacement_follow_the_softmax(fake_client, buffer_name):
+    check_prioritized_with_replacement(filled(fake_client, buffer_name, prioritized=True), 150)
+
+
+def test_prioritized_sampling_refuses_undefined_draws(fake_client, buffer_name):
+    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3,
+                          prioritized_sampling=True)
+    buffer.add(items([1, 2], [0.0, -np.inf]))
+    buffer.add(items([3], [-np.inf]))
+    with pytest.raises(SamplingError, match="only 1 items have nonzero probability"):
+        buffer.sample(2)
+    assert buffer.sample(1)["v"].tolist() == [1]
+    buffer.add(items([4], [np.inf]))
+    with pytest.raises(SamplingError, match="log-reward \\+inf"):
+        buffer.sample(1)
