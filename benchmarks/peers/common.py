@@ -124,9 +124,8 @@ def run_processes(
 ) -> list[dict[str, float]]:
     """Start one spawned process per ``(factory, args)``; each ``factory(*args)`` does its
     set-up and returns ``work(deadline)``, which runs until ``time.time() >=
-    deadline.value`` and
-    returns its counts (see :func:`loop_until`). All start their timed part together (a barrier); results come
-    back in the order given."""
+    deadline.value`` and returns its counts (see :func:`loop_until`). All start their
+    timed part together (a barrier); results come back in the order given."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(len(workers) + 1)
     stop_at = ctx.Value("d", 0.0)

@@ -3,12 +3,13 @@
 The server runs in its own process (``reverb.Server``, one table: Fifo remover, Uniform or
 Prioritized(0.6) sampler, MinSize(1) rate limiter); every client talks to it over gRPC on
 loopback. Writes: the StructuredWriter (one item per step, ``flush()`` after every 256)
-and the legacy writer (``Client.writer(16, chunk_length=16)``, items of 1 step, ``create_item`` with the
-item's priority, ``flush()`` after every 256): both are timed on the add figures and the
-faster is reported; fills and the writer processes use the StructuredWriter (the faster
-of the two here at both sizes). Reads: ``TrajectoryDataset(...).batch(n)`` and ``Client.sample(table,
-n, emit_timesteps=False)``, both timed, the faster reported. Priority updates:
-``Client.mutate_priorities`` with keys taken from sampled items.
+and the legacy writer (``Client.writer(16, chunk_length=16)``, items of 1 step,
+``create_item`` with the item's priority, ``flush()`` after every 256): both are timed on
+the add figures and the faster is reported; fills and the writer processes use the
+StructuredWriter (the faster of the two here at both sizes). Reads:
+``TrajectoryDataset(...).batch(n)`` and ``Client.sample(table, n, emit_timesteps=False)``,
+both timed, the faster reported; sampler processes use TrajectoryDataset. Priority
+updates: ``Client.mutate_priorities`` with keys taken from sampled items.
 """
 
 from __future__ import annotations
