@@ -17,7 +17,7 @@ A peer whose environment cannot be built is left out of the run and the table sa
 Each peer runs in its own process (``peer_*.py``), the order rotating from one repetition
 to the next; the load average is recorded around each. Every figure is the median over
 repetitions (the spread is kept in the JSON). The run prints one table (figure, each
-peer, ratio to Reverb) and writes ``peers-<time>.json`` and ``.png`` and the peers' logs
+peer, ratio to Reverb) and writes ``peers-<time>.json``, ``.png``, ``.md`` and the peers' logs
 to ``--out`` (default ``benchmarks/peers/results``, ignored by git). Never run in CI.
 """
 
@@ -199,6 +199,27 @@ def print_table(console: Console, summary: dict[str, Any], peers: list[str],
     )
 
 
+def markdown(summary: dict[str, Any], peers: list[str]) -> str:
+    """The table as Markdown (for the README): value (ratio to Reverb) per peer."""
+    lines = ["| figure | unit | " + " | ".join(peers) + " |",
+             "|---|---|" + "---|" * len(peers)]
+    for figure, (label, unit) in FIGURES.items():
+        row = summary.get(figure)
+        if row is None:
+            continue
+        cells = []
+        for peer in peers:
+            entry = row.get(peer)
+            if entry is None:
+                cells.append("-")
+            elif entry["median"] is None:
+                cells.append("error")
+            else:
+                cells.append(fmt(entry["median"], figure) + ratio_cells(entry, row.get("Reverb")))
+        lines.append(f"| {label} | {unit} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(summary: dict[str, Any], peers: list[str], path: Path, title: str) -> None:
     import matplotlib
 
@@ -242,7 +263,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--peer-timeout", type=float, default=3600.0)
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=max(Console().width, 200))
     peers = args.peers.split(",") if args.peers else list(PEERS)
     unknown = set(peers) - set(PEERS)
     if unknown:
@@ -317,7 +338,9 @@ def main() -> None:
     json_path.write_text(json.dumps(result, indent=1))
     png_path = args.out / f"peers-{stamp}.png"
     plot(summary, active, png_path, title)
-    console.print(f"wrote {json_path} and {png_path}")
+    md_path = args.out / f"peers-{stamp}.md"
+    md_path.write_text(f"{title}\n\n{markdown(summary, active)}")
+    console.print(f"wrote {json_path}, {png_path} and {md_path}")
 
 
 if __name__ == "__main__":
