@@ -306,7 +306,16 @@ def main() -> None:
             if "error" in report:
                 console.print(f"[red]{peer}: {report['error']}[/red]")
         runs.append(run)
+        # written after every repetition, so an interrupted run keeps what it measured
+        write_outputs(console, args.out, stamp, cfg, runs, orders, active, skipped,
+                      final=rep == args.repeat - 1)
 
+
+def write_outputs(
+    console: Console, out: Path, stamp: str, cfg: dict[str, Any], runs: list[dict[str, Any]],
+    orders: list[list[str]], active: list[str], skipped: dict[str, str], final: bool,
+) -> None:
+    """JSON, PNG and Markdown of the repetitions so far; the table too when ``final``."""
     summary = summarize(runs, active)
     loads = [r[p]["load_before"][0] for r in runs for p in r] + [
         r[p]["load_after"][0] for r in runs for p in r
@@ -314,18 +323,15 @@ def main() -> None:
     load_text = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "?"
     title = (
         f"redisbuf and its peers, {stamp}, {platform.node() or 'this machine'} "
-        f"({os.cpu_count()} CPUs), load average {load_text}, median of {args.repeat} "
+        f"({os.cpu_count()} CPUs), load average {load_text}, median of {len(runs)} "
         f"run(s), Ape-X size {cfg['apex_size']:,}"
     )
-    print_table(console, summary, active, title)
-    for peer, why in skipped.items():
-        console.print(f"{peer}: not run ({why})")
     result = {
         "date": stamp,
         "machine": {"node": platform.node(), "cpus": os.cpu_count(),
                     "platform": platform.platform(), "python": platform.python_version()},
         "config": cfg,
-        "repeat": args.repeat,
+        "repeat": len(runs),
         "orders": orders,
         "load_range": load_text,
         "skipped": skipped,
@@ -334,14 +340,17 @@ def main() -> None:
         "summary": summary,
         "runs": runs,
     }
-    json_path = args.out / f"peers-{stamp}.json"
+    json_path = out / f"peers-{stamp}.json"
     json_path.write_text(json.dumps(result, indent=1))
-    png_path = args.out / f"peers-{stamp}.png"
+    png_path = out / f"peers-{stamp}.png"
     plot(summary, active, png_path, title)
-    md_path = args.out / f"peers-{stamp}.md"
+    md_path = out / f"peers-{stamp}.md"
     md_path.write_text(f"{title}\n\n{markdown(summary, active)}")
-    console.print(f"wrote {json_path}, {png_path} and {md_path}")
-
+    if final:
+        print_table(console, summary, active, title)
+        for peer, why in skipped.items():
+            console.print(f"{peer}: not run ({why})")
+        console.print(f"wrote {json_path}, {png_path} and {md_path}")
 
 if __name__ == "__main__":
     main()
