@@ -127,7 +127,7 @@ def run_peer(
 
 def fmt(value: float, figure: str) -> str:
     if figure in LOWER_IS_BETTER:
-        return f"{value:,.1f}"
+        return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
     for div, suffix in ((1e6, "M"), (1e3, "k")):
         if value >= div:
             return f"{value / div:.3g}{suffix}"
