@@ -163,6 +163,8 @@ def summarize(runs: list[dict[str, dict[str, Any]]], peers: list[str]) -> dict[s
 def ratio_cells(entry: dict[str, Any], ref: dict[str, Any] | None) -> str:
     if entry["median"] is None or not ref or not ref.get("median"):
         return ""
+    if entry is ref:
+        return " (1.00x)"
     ratio = entry["median"] / ref["median"]
     if len(entry["runs"]) > 1 and len(ref["runs"]) == len(entry["runs"]):
         per_run = [a / b for a, b in zip(entry["runs"], ref["runs"], strict=True)]
