@@ -1,6 +1,7 @@
 """Throughput of add and sample next to raw redis-py on the same bytes, measured in one run.
 
-Usage: python benchmarks/bench_buffer.py [--url URL] [--rounds 7] [--quick] [--add-only | --no-prioritized]
+Usage: python benchmarks/bench_buffer.py [--url URL] [--rounds 7] [--quick]
+                                         [--add-only | --no-prioritized]
 
 Without --url an embedded server is started. Every figure is the median over rounds, and
 each round measures redisbuf and its baseline back to back, so the printed ratios hold
