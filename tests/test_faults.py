@@ -713,7 +713,11 @@ _MUTATIONS = st.tuples(
     crafted=st.one_of(
         st.none(),
         st.recursive(
-            st.none() | st.booleans() | st.integers() | st.text(max_size=5) | st.binary(max_size=8),
+            st.none()
+            | st.booleans()
+            | st.integers(-(2**63), 2**64 - 1)  # what msgpack can encode
+            | st.text(max_size=5)
+            | st.binary(max_size=8),
             lambda inner: (
                 st.lists(inner, max_size=3)
                 | st.dictionaries(st.text(max_size=3), inner, max_size=3)
