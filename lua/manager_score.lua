@@ -7,8 +7,8 @@
 -- @include history
 -- @include insert
 -- @include baseline
--- KEYS[1..] the manager buffer's keys, in BufferKeys.all_keys() order (see buffer_keys
--- in _common.lua), then the source buffer's meta and its items hash (the last two keys;
+-- KEYS[1] .. KEYS[#KEYS - 2] the manager buffer's keys, in BufferKeys.all_keys() order
+-- (see buffer_keys in _common.lua), then the source buffer's meta and its items hash (the last two keys;
 -- the manager's own meta and items when the worker wrote to the manager's buffer)
 -- ARGV[1] strategy  ARGV[2] q  ARGV[3] alpha  ARGV[4] store_locally ("1" / "0")
 -- ARGV[5] the batch's smallest finite log-reward, or ""  (as baseline.lua)

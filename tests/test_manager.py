@@ -386,8 +386,10 @@ def test_a_request_costs_the_manager_one_server_call(real_client, buffer_name):
     real_client.config_resetstat()
     assert worker.add(_batch([1.0, 2.0, 3.0])).score["baseline_log_reward"] == 1.0
     stats = real_client.info("commandstats")
-    # the worker's add and the manager's read + copy + baseline: one script call each
-    assert stats["cmdstat_evalsha"]["calls"] == 2
+    # the worker's add (a reserve call, then the commit inside MULTI/EXEC) and one call
+    # for the manager's read + copy + baseline
+    assert stats["cmdstat_evalsha"]["calls"] == 3
+    assert stats["cmdstat_exec"]["calls"] == 1
     assert len(manager.buffer) == 4
 
 
