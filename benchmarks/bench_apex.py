@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _report import record
 from rich.console import Console
 from rich.table import Table
 
@@ -201,7 +202,10 @@ def main() -> None:
     parser.add_argument("--items", type=float, default=2e6)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="2x10^5 items, 8 s")
     args = parser.parse_args()
+    if args.quick:
+        args.items, args.seconds = 2e5, 8.0
     items = int(args.items)
     console = Console()
     server = None if args.url else EmbeddedServer().start()
@@ -239,6 +243,14 @@ def main() -> None:
             table.add_row(f"{label} alone: server ms / CPU ms", f"{ms:.1f} / {cpu:.1f}", target)
         console.print(table)
         console.print(f"load average after: {_load()}")
+        record(f"Ape-X inserts/s, {items:,} PER items", run["inserts"], "items/s",
+               target=f">= {TARGET_INSERTS}", series="Ape-X inserts", axis="items", x=items)
+        record(f"Ape-X sampled items/s, {items:,} PER items", run["samples"], "items/s",
+               target=f">= {TARGET_SAMPLES}", series="Ape-X samples", axis="items", x=items)
+        record(f"Ape-X server memory per item, {items:,} items", memory / items, "B")
+        for label, (ms, _cpu) in solo.items():
+            if label.endswith("maintenance"):
+                record(f"Ape-X {label}, server ms", ms, "ms", target="<= 5")
         connect(url).delete(*BufferKeys(NAME).all_keys())
     finally:
         if server is not None:

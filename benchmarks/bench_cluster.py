@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import redis
+from _report import record
 
 from redisbuf import ReplayBuffer
 from redisbuf.cluster import LocalCluster
@@ -108,7 +109,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--writers", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="1 round of 2 s")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = 1, 2.0
     results: dict[tuple[int, str], list[tuple[float, list[float]]]] = {}
     with LocalCluster(masters=3) as cluster:
         client = connect(cluster.urls[0])
@@ -147,6 +151,14 @@ def main() -> None:
                 f"{' / '.join(f'{c:.3f}' for c in per_master):>32} "
                 f"{per_master.max() / per_master.sum():>7.0%} {base_busiest / busiest:>7.1f}x"
             )
+            if shards > 1:
+                record(f"cluster {phase}, {shards} shards vs 1 ({args.writers} processes)",
+                       statistics.median(rates), "items/s",
+                       baseline=statistics.median(r[0] for r in base), baseline_name="1 shard",
+                       ratio=statistics.median(ratios),
+                       spread=f"{min(ratios):.2f}-{max(ratios):.2f}")
+                record(f"cluster {phase}, busiest master's CPU ceiling, {shards} shards vs 1",
+                       base_busiest / busiest, "x")
     print(
         "busiest: the busiest master's share of the cluster's server CPU time; ceiling: the "
         "1-shard busiest master's CPU time per item over this row's, i.e. how much more "

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _report import record
 from rich.console import Console
 from rich.table import Table
 
@@ -111,7 +112,10 @@ def main() -> None:
     parser.add_argument("--url", help="Redis URL (default: start an embedded server)")
     parser.add_argument("--items", type=int, default=200_000, help="200-byte transitions")
     parser.add_argument("--large", type=int, default=20_000, help="4 KiB trajectories")
+    parser.add_argument("--quick", action="store_true", help="5x10^4 and 5x10^3 items")
     args = parser.parse_args()
+    if args.quick:
+        args.items, args.large = 50_000, 5_000
     console = Console()
     server = None if args.url else EmbeddedServer().start()
     url = args.url or server.url
@@ -131,6 +135,12 @@ def main() -> None:
                     f"{per_item - blob:.0f}",
                     f"{per_item / raw:.3f}",
                 )
+                if layout != rows[0][0]:
+                    record(f"memory, {label} items, {layout}: beyond the blob",
+                           per_item - blob, "B", target="<= 250" if label == "200 B" else None)
+                    if label == "4 KiB":
+                        record(f"memory, 4 KiB items, {layout} vs raw", per_item, "B",
+                               baseline=raw, baseline_name=rows[0][0], target="<= 1.02")
         console.print(table)
         console.print("targets: 200 B items <= 250 B beyond the blob; 4 KiB items <= 1.02x raw")
     finally:

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import redis
+from _report import record
 from rich.console import Console
 from rich.table import Table
 
@@ -145,7 +146,10 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--quick", action="store_true", help="1 round of 2 s")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = 1, 2.0
     console = Console()
     server = None if args.url else EmbeddedServer().start()
     url = args.url or server.url
@@ -188,6 +192,16 @@ def main() -> None:
                 f"CPU per batch {statistics.median(cpu_ratios):.2f} "
                 f"({min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}), target <= 1.50"
             )
+            spread = f"{min(rate_ratios):.2f}-{max(rate_ratios):.2f}"
+            ours = statistics.median(rate for rate, _ in rows["redisbuf"])
+            theirs = statistics.median(rate for rate, _ in rows[base])
+            record(f"add, {args.writers} writer processes vs {base} pipelines", ours, "items/s",
+                   baseline=theirs, baseline_name=base, ratio=statistics.median(rate_ratios),
+                   spread=spread, target=">= 0.8", series="add, redisbuf", axis="processes",
+                   x=args.writers)
+            record(f"add server CPU per batch, {args.writers} writers vs {base}",
+                   statistics.median(cpu_ratios), "x", target="<= 1.5",
+                   spread=f"{min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}")
     finally:
         client = redis.Redis.from_url(url)
         client.delete(*BufferKeys(NAME).all_keys(), *BufferKeys(f"{NAME}-encoder").all_keys(),
