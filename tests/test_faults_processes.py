@@ -4,8 +4,10 @@ four writers add (a lossy proxy on loopback), and writers killed mid-run."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import random
+import signal
 import socket
 import threading
 import time
@@ -196,6 +198,15 @@ def test_writers_killed_at_random_moments_leave_whole_batches_and_true_counters(
         assert buffer.sample(16)["tag"].shape == (16, 3)  # the sum tree is usable
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (a killed child of init is reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 @pytest.mark.parametrize("durability", [None, "aof"])
 def test_a_killed_server_with_appendonly_keeps_every_acknowledged_add(tmp_path, durability):
     aof = ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(tmp_path)]
@@ -209,8 +220,15 @@ def test_a_killed_server_with_appendonly_keeps_every_acknowledged_add(tmp_path, 
             tags = np.array([[batch, item] for item in range(5)], dtype=np.int64)
             acked.append(buffer.add({"tag": tags}).ids.tolist())
     finally:
-        server.process.kill()  # SIGKILL: no shutdown, no final fsync or rewrite
-        server.process.wait(timeout=10)
+        # SIGKILL the server itself (server.process is its watchdog): no shutdown, no final
+        # fsync or rewrite
+        server_pid = server.pid
+        assert server_pid is not None and server_pid > 0
+        os.kill(server_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(server_pid), "the killed server is still running"
         server.stop()
     with EmbeddedServer(extra_args=aof) as again:
         restored = ReplayBuffer(again.url, name, capacity=None)
