@@ -12,6 +12,7 @@ import uuid
 import numpy as np
 import pytest
 import redis
+from test_bad_input import snapshot
 
 from redisbuf import BufferKeys, ReplayBuffer, SchemaError, scripts
 from redisbuf.containers import schema_to_json
@@ -26,23 +27,6 @@ def _batch(start: int, n: int, rewards=None) -> dict[str, np.ndarray]:
         "x": np.arange(start, start + n, dtype=np.float32).reshape(n, 1),
         "log_rewards": np.zeros(n) if rewards is None else np.asarray(rewards, np.float64),
     }
-
-
-def snapshot(client, name: str) -> dict[str, object]:
-    """Every key of buffer ``name`` with its type and full content."""
-    out: dict[str, object] = {}
-    for key in BufferKeys(name).all_keys():
-        kind = client.type(key).decode()
-        if kind == "hash":
-            value: object = sorted(client.hgetall(key).items())
-        elif kind == "zset":
-            value = client.zrange(key, 0, -1, withscores=True)
-        elif kind == "list":
-            value = client.lrange(key, 0, -1)
-        else:
-            value = None
-        out[key] = (kind, value)
-    return out
 
 
 def _members(client, buffer: ReplayBuffer) -> tuple[set[int], set[int], set[int]]:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_bad_input import snapshot
 from tree_helpers import tree_maps
 
 from redisbuf import (
@@ -53,22 +54,6 @@ def leaf_masses(client, name: str) -> dict[int, float]:
         parent, k = (node - 1) // FANOUT, (node - 1) % FANOUT
         chunk = (client.hget(keys.tree, parent) or b"").decode()
         out[int(member)] = float(chunk[k * WIDTH : (k + 1) * WIDTH]) if chunk else 0.0
-    return out
-
-
-def snapshot(client, name: str) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key in BufferKeys(name).all_keys():
-        kind = client.type(key).decode()
-        if kind == "hash":
-            value: object = sorted(client.hgetall(key).items())
-        elif kind == "zset":
-            value = client.zrange(key, 0, -1, withscores=True)
-        elif kind == "list":
-            value = client.lrange(key, 0, -1)
-        else:
-            value = None
-        out[key] = (kind, value)
     return out
 
 
