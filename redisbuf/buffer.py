@@ -357,6 +357,16 @@ class ReplayBuffer:
                 self.kind = self._schema["kind"]
         return self._schema
 
+    def _schema_refusal(self, schema: dict[str, Any]) -> SchemaError:
+        """The error for a batch the server refused by its schema: another process may have
+        fixed the schema first, so it is described against the stored one."""
+        self._forget_schema()
+        stored = self._stored_schema() or {}
+        return SchemaError(
+            f"batch does not fit buffer {self.name!r}: "
+            f"{describe_schema_difference(stored, schema)}"
+        )
+
     def _forget_schema(self) -> None:
         self._schema = self._schema_json = None
         self.kind = None
@@ -496,12 +506,7 @@ class ReplayBuffer:
             first = int(reply[0])
             reply = self._commit(first, blobs, texts, schema_json, options_json, batch_id)
         except SchemaError:
-            self._forget_schema()  # another process fixed the schema first: report against it
-            stored = self._stored_schema() or {}
-            raise SchemaError(
-                f"batch does not fit buffer {self.name!r}: "
-                f"{describe_schema_difference(stored, schema)}"
-            ) from None
+            raise self._schema_refusal(schema) from None
         if self._schema is None:
             self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
         first, count, evicted = (int(value) for value in reply)
@@ -592,12 +597,7 @@ class ReplayBuffer:
                 reply, confirmation = reply
                 check_durability(self.durability, confirmation, self.client)
         except SchemaError:
-            self._forget_schema()  # another process fixed the schema first: report against it
-            stored = self._stored_schema() or {}
-            raise SchemaError(
-                f"batch does not fit buffer {self.name!r}: "
-                f"{describe_schema_difference(stored, schema)}"
-            ) from None
+            raise self._schema_refusal(schema) from None
         if self._schema is None and _refusal(reply) is None:
             self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
         return reply
