@@ -42,21 +42,7 @@ if total <= 0 then
 end
 local replace = ARGV[2] == '1' or n > redis.call('ZCARD', K.order)
 
--- The child of a chunk (a table k -> mass, k = 0..15) that `target` falls in:
--- returns k, its mass and the target left inside it.
-local function descend(masses, target)
-  local last_k, last_mass = nil, 0
-  for k = 0, FANOUT - 1 do
-    local mass = masses[k]
-    if mass > 0 then
-      if target < mass then return k, mass, target end
-      target = target - mass
-      last_k, last_mass = k, mass
-    end
-  end
-  -- rounding pushed the target past the last child with mass
-  return last_k, last_mass, last_mass * 0.5
-end
+local function table_entry(masses, k) return masses[k] end
 
 local function parse_chunk(chunk)
   local masses = {}
@@ -92,7 +78,7 @@ else
     for level = 1, depth do
       local chosen
       path[level] = node
-      chosen, mass, target = descend(chunk_masses(node), target)
+      chosen, mass, target = chunk_child(table_entry, chunk_masses(node), target)
       node = FANOUT * node + 1 + chosen
     end
     slots[i] = node - leaf0
