@@ -2,9 +2,13 @@
 -- first, while more than `capacity` are stored.
 -- @include common
 -- @include episodes
+-- @include history
 -- KEYS[1] meta  KEYS[2] index  KEYS[3] lens  KEYS[4] steps
 -- ARGV[1] the episode's schema text (the first push fixes the buffer's; later pushes must
 -- match it)  ARGV[2..] the episode's step blobs, in order
+-- Counts episodes in meta "pushed" and "evicted", and records the rate history
+-- (_history.lua) from "pushed", "evicted", "sampled": units are episodes (sampled counts
+-- draws: an episode of sample_episodes or a window of sample_windows each).
 -- Returns {episode id, position of its first step, episodes evicted}.
 -- Errors: RB_NOBUF (meta missing), RB_SCHEMA (another schema), RB_INVALID (no steps).
 local meta, index, lens, steps = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -36,4 +40,5 @@ end
 redis.call('HSET', meta, 'next_pos', pos_str(start + length), 'steps', live)
 redis.call('HINCRBY', meta, 'pushed', 1)
 redis.call('HINCRBY', meta, 'evicted', evicted)
+record_history(meta, {'pushed', 'evicted', 'sampled'})
 return {id, start, evicted}

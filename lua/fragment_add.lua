@@ -4,9 +4,13 @@
 -- (evicting the oldest chunk beyond max_chunks). Then wake waiting fetches.
 -- @include common
 -- @include fragments
+-- @include history
 -- KEYS[1] meta  KEYS[2..9] frags, finfo, refs, pending, streams, chunks, cinfo, cversions
 -- ARGV[1] fragment blob  ARGV[2] model version (integer)  ARGV[3] session id
 -- ARGV[4] stream id  ARGV[5] pub/sub channel told "chunk" when a chunk is stored
+-- Records the rate history (_history.lua) on every call, from "chunks_added",
+-- "chunks_evicted" (over max_chunks; stale and used-up chunks are not counted there) and
+-- "fetched": units are chunks.
 -- Returns {fragment id, index of the fragment in its stream, chunk id made (or ""),
 -- chunks evicted, pending fragments dropped}.
 -- Errors: RB_NOBUF (meta missing).
@@ -73,4 +77,5 @@ else
   redis.call('HINCRBY', F.meta, 'chunks_evicted', evicted)
   redis.call('PUBLISH', ARGV[5], 'chunk')
 end
+record_history(F.meta, {'chunks_added', 'chunks_evicted', 'fetched'})
 return {fid, index, cid, evicted, dropped}

@@ -2,6 +2,7 @@
 -- @include common
 -- @include tree
 -- @include seq
+-- @include history
 -- KEYS[1] meta  KEYS[2..8] steps, envs, episodes, begins, rewards, returns, tree
 -- (SequenceKeys.all_keys() order, see seq_keys in _seq.lua)
 -- ARGV[1] schema (canonical JSON; set by the first add, must match afterwards)
@@ -12,6 +13,8 @@
 -- step ended an episode, or when its flags say so. When a step ends an episode, every
 -- stored earlier step t of that episode gets discounted_return(t) = clip(r(t+1)) +
 -- gamma * discounted_return(t+1), the last step counting as 0 (ALF's convention).
+-- Counts the steps in meta "added" and "evicted", and records the rate history
+-- (_history.lua) from "added", "evicted", "sampled": units are steps.
 -- Returns the positions given to the steps. Errors: RB_NOBUF, RB_SCHEMA, RB_INVALID.
 local K = seq_keys(KEYS)
 local C = seq_conf(K)
@@ -90,5 +93,6 @@ for i = 1, n do
 end
 for _, e in ipairs(touched) do save_env_state(K, e, states[e]) end
 redis.call('HINCRBY', K.meta, 'added', n)
+record_history(K.meta, {'added', 'evicted', 'sampled'})
 if C.prioritized and #leaves > 0 then tree_set_nodes(K.tree, leaves) end
 return positions

@@ -22,6 +22,7 @@
 -- "e:p" only ever names step p of env e (positions are never reused) and a window's
 -- episode membership never changes, so that read finds the drawn window or, if it was
 -- evicted meanwhile, a missing step.
+-- Adds k * L to meta "sampled" (steps drawn; not in the read-only variant).
 -- Errors: RB_NOBUF, RB_EMPTY (no valid window), RB_INVALID.
 local K = seq_keys(KEYS)
 local C = seq_conf(K)
@@ -228,6 +229,9 @@ if not ok then
 end
 
 local k = #envs
+-- meta "sampled" counts the steps of the windows drawn, for the rate history (steps, as
+-- seq_add counts); the read-only variant (full server, replica) counts nothing
+if not RB_NO_WRITES then redis.call('HINCRBY', K.meta, 'sampled', k * L) end
 local out = {n_recent, k - n_recent, size, fmt(tree_total)}
 for w = 1, k do out[#out + 1] = envs[w] end
 for w = 1, k do out[#out + 1] = positions[w] end

@@ -22,6 +22,38 @@ HIST_STEP = 10  # seconds per history bucket; the same as lua/_history.lua
 HIST_SLOTS = 360
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where one buffer class keeps its meta hash and the three counters its rate history
+    snapshots (``lua/_history.lua``, called by the class's insert script with the same
+    field names), and the unit they count."""
+
+    buffer_class: str
+    meta_suffix: str  # the meta hash is rb:{name}:<meta_suffix>
+    inserted: str
+    evicted: str
+    sampled: str
+    unit: str
+
+
+# Every buffer class, in the order a name holding several is reported.
+LAYOUTS: dict[str, Layout] = {
+    layout.buffer_class: layout
+    for layout in (
+        # ReplayBuffer: lua/add.lua and the other add scripts (via _insert.lua)
+        Layout("buffer", "meta", "inserted", "evicted", "sampled", "items"),
+        # SequenceBuffer: lua/seq_add.lua; sampled = steps of the windows seq_sample drew
+        Layout("sequence", "seq:meta", "added", "evicted", "sampled", "steps"),
+        # EpisodeBuffer: lua/episode_push.lua; sampled = episodes and windows drawn
+        Layout("episodes", "episodes:meta", "pushed", "evicted", "sampled", "episodes"),
+        # FragmentBuffer: lua/fragment_add.lua; evicted = over max_chunks only (stale and
+        # used-up chunks are counted apart); sampled = chunks fetched
+        Layout("fragments", "fragments:meta", "chunks_added", "chunks_evicted", "fetched",
+               "chunks"),
+    )
+}
+
+
 @dataclass
 class Snapshot:
     """What a buffer looks like at one moment (``at``: this machine's clock)."""
@@ -41,6 +73,8 @@ class Snapshot:
     manager_running: bool
     workers_alive: int
     history: list[HistoryPoint] = field(default_factory=list)
+    buffer_class: str = "buffer"  # a key of LAYOUTS
+    unit: str = "items"  # what length, capacity, the counters and the history count
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -165,8 +199,90 @@ def _memory(client: redis.Redis, keys: Iterable[str]) -> int | None:
         return None
 
 
-def snapshot(client: redis.Redis, name: str, *, memory: bool = True) -> Snapshot | None:
-    """The buffer ``name`` now, or None if it does not exist (or has no configuration)."""
+def buffer_classes(client: redis.Redis, name: str) -> list[str]:
+    """The buffer classes (keys of :data:`LAYOUTS`) that have a buffer called ``name``:
+    one pipeline of EXISTS on their meta hashes."""
+    prefix = f"{PREFIX}:{{{name}}}:"
+    pipe = client.pipeline(transaction=False)
+    for layout in LAYOUTS.values():
+        pipe.exists(prefix + layout.meta_suffix)
+    return [c for c, found in zip(LAYOUTS, pipe.execute(), strict=True) if found]
+
+
+def _class_keys(buffer_class: str, name: str) -> list[str]:
+    """Every key of the buffer ``name`` of ``buffer_class`` (for its memory use)."""
+    if buffer_class == "sequence":
+        from .sequence import SequenceKeys
+
+        return SequenceKeys(name).all_keys()
+    if buffer_class == "episodes":
+        from .episodes import EpisodeKeys
+
+        return EpisodeKeys(name).all_keys()
+    from .fragments import FragmentKeys
+
+    return FragmentKeys(name).all_keys()
+
+
+def _class_snapshot(
+    client: redis.Redis, name: str, layout: Layout, memory: bool
+) -> Snapshot | None:
+    """A snapshot of a sequence, episode or fragment buffer: its own length and capacity
+    (steps, episodes, chunks), counters and history; no manager or workers."""
+    meta_key = f"{PREFIX}:{{{name}}}:{layout.meta_suffix}"
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(meta_key)
+    if layout.buffer_class == "episodes":
+        pipe.zcard(f"{PREFIX}:{{{name}}}:episodes:index")
+    elif layout.buffer_class == "fragments":
+        pipe.zcard(f"{PREFIX}:{{{name}}}:fragments:chunks")
+    raw, *counted = pipe.execute()
+    at = time.time()
+    meta = {_text(k): _text(v) for k, v in raw.items()}
+    if layout.buffer_class == "sequence":
+        if "num_environments" not in meta:
+            return None
+        length = _int(meta.get("size"))
+        capacity = _int(meta.get("num_environments")) * _int(meta.get("max_length"))
+    elif layout.buffer_class == "episodes":
+        if "capacity" not in meta:
+            return None
+        length, capacity = int(counted[0]), _int(meta.get("capacity"))
+    else:
+        if "max_chunks" not in meta:
+            return None
+        length, capacity = int(counted[0]), _int(meta.get("max_chunks"))
+    return Snapshot(
+        name=name,
+        at=at,
+        capacity=capacity,
+        length=length,
+        kind=meta.get("kind", layout.buffer_class),
+        eviction="fifo",  # all three evict their oldest (steps, episodes, chunks) first
+        inserted=_int(meta.get(layout.inserted)),
+        evicted=_int(meta.get(layout.evicted)),
+        sampled=_int(meta.get(layout.sampled)),
+        memory_bytes=_memory(client, _class_keys(layout.buffer_class, name)) if memory else None,
+        last_insert=_float(meta.get("last_insert")),
+        baseline=None,
+        manager_running=False,
+        workers_alive=0,
+        history=parse_history(meta),
+        buffer_class=layout.buffer_class,
+        unit=layout.unit,
+    )
+
+
+def snapshot(
+    client: redis.Redis, name: str, *, memory: bool = True, buffer_class: str = "buffer"
+) -> Snapshot | None:
+    """The buffer ``name`` of ``buffer_class`` (a key of :data:`LAYOUTS`) now, or None if
+    it does not exist (or has no configuration). Counters and history are in the class's
+    unit (``Snapshot.unit``)."""
+    if buffer_class not in LAYOUTS:
+        raise ValueError(f"unknown buffer class {buffer_class!r}: one of {', '.join(LAYOUTS)}")
+    if buffer_class != "buffer":
+        return _class_snapshot(client, name, LAYOUTS[buffer_class], memory)
     from .control.redis import ControlKeys
 
     keys, ctl = BufferKeys(name), ControlKeys(name)
