@@ -23,7 +23,9 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from redisbuf import BufferKeys, ReplayBuffer
+from redisbuf.episodes import EpisodeBuffer
 from redisbuf.metrics import HIST_STEP, history_rates, parse_history
+from redisbuf.sequence import SequenceBuffer
 from redisbuf.server import EmbeddedServer, free_port
 
 pytestmark = pytest.mark.redis_server
@@ -516,6 +518,41 @@ def test_plot_bad_input(url, real_client, tmp_path, capsys):
               "does not exist")
     one_error(main_in_process(capsys, "plot", "nope", "-o", str(out), url=url),
               "no buffer named")
+
+
+def test_plot_and_watch_show_the_history_of_other_buffer_classes(url, real_client, tmp_path,
+                                                                  capsys):
+    seq = SequenceBuffer(real_client, "other", num_environments=2, max_length=3)
+    for _ in range(4):
+        seq.add_batch({"x": np.arange(2)})  # 8 steps into 2 x 3: 2 evicted
+    seq.get_batch(2, 2)  # 4 steps sampled
+    seq.add_batch({"x": np.arange(2)})
+    bucket = int(real_client.time()[0]) // HIST_STEP
+    out = tmp_path / "seq.png"
+    doc = as_json(cli("plot", "other", "-o", str(out), "--json", url=url))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (doc["buffer_class"], doc["unit"]) == ("sequence", "steps")
+    assert doc["history"], "a sequence buffer's inserts write the rate history"
+    last = doc["history"][-1]
+    assert (last["inserted"], last["evicted"], last["sampled"]) == (10, 4, 4)
+    assert last["t"] in (bucket * HIST_STEP, (bucket - 1) * HIST_STEP)
+    assert doc["histogram"]["counts"] == []  # no log-rewards in a sequence buffer
+    watched = as_json(cli("watch", "other", "--json", "--interval", "0.1", url=url))
+    first, second = watched["frames"]
+    assert (first["buffer_class"], first["length"], first["capacity"]) == ("sequence", 6, 6)
+    assert (first["inserted"], first["evicted"], first["sampled"]) == (10, 4, 4)
+    assert first["rates"] is None and second["rates"]["inserted_per_s"] == 0.0
+    # an episode buffer under the same name: ambiguous until --class picks one
+    EpisodeBuffer(real_client, "other", capacity_episodes=2).push([1, 2, 3])
+    one_error(main_in_process(capsys, "plot", "other", "-o", str(out), url=url),
+              "classes sequence, episodes", "--class")
+    doc = as_json(cli("plot", "other", "-o", str(out), "--class", "episodes", "--json",
+                      url=url))
+    assert (doc["buffer_class"], doc["unit"]) == ("episodes", "episodes")
+    assert [(p["inserted"], p["evicted"], p["sampled"]) for p in doc["history"]] == [(1, 0, 0)]
+    one_error(main_in_process(capsys, "watch", "other", "--class", "fragments", url=url),
+              "no fragments buffer named 'other'")
+
 
 
 # -- metrics ---------------------------------------------------------------------------

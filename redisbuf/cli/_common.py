@@ -24,7 +24,7 @@ from rich.markup import escape
 from ..connection import URL_ENV, connect, redacted
 from ..errors import RedisBufError
 from ..keys import PREFIX
-from ..metrics import buffer_names
+from ..metrics import LAYOUTS, buffer_classes, buffer_names
 
 if TYPE_CHECKING:
     from ..buffer import ReplayBuffer
@@ -160,6 +160,47 @@ def open_buffer(client: redis.Redis, name: str, url: str, **kwargs: Any) -> Repl
         if client.exists(f"{PREFIX}:{{{name}}}:meta"):
             raise
         raise missing_buffer_error(client, name, url) from None
+
+
+def add_class_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--class", dest="buffer_class", choices=list(LAYOUTS), default=None,
+        help="which buffer class NAME means when several share the name (default: the "
+        "only one there)",
+    )
+
+
+def resolve_class(client: redis.Redis, name: str, url: str, wanted: str | None) -> str:
+    """The buffer class (a key of :data:`redisbuf.metrics.LAYOUTS`) of the buffer
+    ``name``: ``wanted`` when that exists, else the only one there; a
+    :class:`CommandError` when none is, or when several are and ``wanted`` is None. A
+    plain buffer is also opened, so a damaged one raises its own error."""
+    from ..keys import validate_name
+
+    try:
+        validate_name(name)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    found = buffer_classes(client, name)
+    if wanted is not None and wanted not in found:
+        if not found:
+            raise missing_buffer_error(client, name, url)
+        raise CommandError(
+            f"no {wanted} buffer named {name!r} at {redacted(url)}; that name holds "
+            f"buffers of class {', '.join(found)}"
+        )
+    if wanted is None:
+        if not found:
+            raise missing_buffer_error(client, name, url)
+        if len(found) > 1:
+            raise CommandError(
+                f"{name!r} names {len(found)} buffers at {redacted(url)} (classes "
+                f"{', '.join(found)}): choose one with --class"
+            )
+        wanted = found[0]
+    if wanted == "buffer":
+        open_buffer(client, name, url)
+    return wanted
 
 
 def confirm(question: str, *, yes: bool, refusal: str) -> None:

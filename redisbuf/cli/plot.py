@@ -1,9 +1,11 @@
 """``redisbuf plot NAME -o FILE``: log-reward histogram and insert / sample / eviction rate
 history of a buffer, drawn with matplotlib (any format it writes: png, svg, pdf...).
 
-The rate history is the capped series that ``add`` keeps in the meta hash (10-second
-buckets, the last hour; ``lua/_history.lua``); the sample rate there is the ``sampled``
-counter as seen by the adds of each bucket.
+The rate history is the capped series that the insert scripts of every buffer class
+keep in its meta hash (10-second buckets, the last hour; ``lua/_history.lua``), in the
+class's unit (items, steps, episodes or chunks: ``redisbuf.metrics.LAYOUTS``); the sample
+rate there is the sampled counter as seen by the inserts of each bucket. Only a
+ReplayBuffer has log-rewards: for the other classes the histogram panel says so.
 """
 
 from __future__ import annotations
@@ -13,15 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from ..connection import redacted
-from ..metrics import history_rates, log_reward_histogram, snapshot
+from ..metrics import Histogram, history_rates, log_reward_histogram, snapshot
 from ._common import (
     CommandError,
+    add_class_argument,
     add_json_argument,
     add_url_argument,
     connect_args,
     emit,
-    open_buffer,
     require_url,
+    resolve_class,
     safe,
 )
 
@@ -37,6 +40,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("name", help="buffer name")
     parser.add_argument("-o", "--output", required=True, help="image file, e.g. buffer.png")
     add_url_argument(parser)
+    add_class_argument(parser)
     parser.add_argument("--bins", type=int, default=40, help="histogram bins (default: 40)")
     add_json_argument(parser)
     parser.set_defaults(func=run)
@@ -65,21 +69,27 @@ def run(args: argparse.Namespace) -> int:
         )
     client, url = connect_args(args, "redisbuf plot")
     try:
-        open_buffer(client, args.name, url)
-        snap = snapshot(client, args.name, memory=False)
+        buffer_class = resolve_class(client, args.name, url, args.buffer_class)
+        snap = snapshot(client, args.name, memory=False, buffer_class=buffer_class)
         if snap is None:
             raise CommandError(f"buffer {args.name!r} disappeared (dropped?)")
-        hist = log_reward_histogram(client, args.name, args.bins)
+        if buffer_class == "buffer":
+            hist = log_reward_histogram(client, args.name, args.bins)
+        else:
+            hist = Histogram([], [], 0)  # only a ReplayBuffer keeps log-rewards
     finally:
         client.close()
     rates = history_rates(snap.history)
 
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), constrained_layout=True)
-    figure.suptitle(f"buffer {args.name}: {snap.length} / {snap.capacity} items")
+    label = "buffer" if buffer_class == "buffer" else f"{buffer_class} buffer"
+    figure.suptitle(f"{label} {args.name}: {snap.length} / {snap.capacity} {snap.unit}")
     if hist.counts:
         widths = [hist.edges[i + 1] - hist.edges[i] for i in range(len(hist.counts))]
         top.bar(hist.edges[:-1], hist.counts, width=widths, align="edge", color="tab:blue")
     note = f" ({hist.minus_inf} items at -inf not shown)" if hist.minus_inf else ""
+    if buffer_class != "buffer":
+        note = f" (none: a {buffer_class} buffer keeps no log-rewards)"
     top.set_title("log-reward (priority) histogram" + note)
     top.set_xlabel("log-reward")
     top.set_ylabel("items")
@@ -92,18 +102,24 @@ def run(args: argparse.Namespace) -> int:
         bottom.legend()
         bottom.set_xlabel("minutes since the first bucket of the history")
     else:
-        bottom.text(0.5, 0.5, "no rate history yet (needs adds in two 10-s buckets)",
+        bottom.text(0.5, 0.5, "no rate history yet (needs inserts in two 10-s buckets)",
                     ha="center", va="center", transform=bottom.transAxes)
     bottom.set_title("rates (10-second buckets, last hour)")
-    bottom.set_ylabel("items per second")
+    bottom.set_ylabel(f"{snap.unit} per second")
     figure.savefig(output)
     plt.close(figure)
 
     document = {
         "url": redacted(url),
         "name": args.name,
+        "buffer_class": buffer_class,
+        "unit": snap.unit,
         "file": str(output),
         "histogram": {"edges": hist.edges, "counts": hist.counts, "minus_inf": hist.minus_inf},
+        "history": [
+            {"t": p.t, "inserted": p.inserted, "evicted": p.evicted, "sampled": p.sampled}
+            for p in snap.history
+        ],
         "rates": [
             {"t": r.t, "inserted_per_s": r.inserted, "sampled_per_s": r.sampled,
              "evicted_per_s": r.evicted}

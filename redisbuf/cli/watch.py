@@ -1,9 +1,11 @@
 """``redisbuf watch NAME``: a live view of one buffer, refreshed every second (rich Live).
 
-Rates are differences of the buffer's counters between two refreshes (the ``sampled``
-counter included, so sampling needs no write of its own). ``q`` (at a terminal) or
-Ctrl-C quits with exit code 0. ``--count N`` stops after N refreshes; with ``--json`` the
-N frames are printed as one JSON document at the end.
+Rates are differences of the buffer's counters between two refreshes (the sampled
+counter included, so sampling needs no write of its own), in the buffer class's unit
+(items, steps, episodes or chunks: ``redisbuf.metrics.LAYOUTS``); every buffer class is
+shown, log-rewards, top items, use counts and model versions only for a ReplayBuffer.
+``q`` (at a terminal) or Ctrl-C quits with exit code 0. ``--count N`` stops after N
+refreshes; with ``--json`` the N frames are printed as one JSON document at the end.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from rich.text import Text
 from ..connection import redacted
 from ..errors import RedisBufError
 from ..metrics import (
+    Histogram,
     Snapshot,
     log_reward_histogram,
     rate_between,
@@ -34,6 +37,7 @@ from ..metrics import (
 )
 from ._common import (
     CommandError,
+    add_class_argument,
     add_json_argument,
     add_url_argument,
     connect_args,
@@ -42,6 +46,7 @@ from ._common import (
     log_reward_text,
     open_buffer,
     print_json,
+    resolve_class,
 )
 from .inspect import top_items
 
@@ -57,6 +62,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("name", help="buffer name")
     add_url_argument(parser)
+    add_class_argument(parser)
     parser.add_argument(
         "--interval", type=float, default=1.0, help="seconds between refreshes (default: 1)"
     )
@@ -70,12 +76,21 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def frame(client: Any, name: str, previous: Snapshot | None, top: int, bins: int) -> dict:
-    """One refresh: the snapshot, rates since ``previous`` and the summaries."""
-    snap = snapshot(client, name)
+def frame(
+    client: Any, name: str, previous: Snapshot | None, top: int, bins: int,
+    buffer_class: str = "buffer",
+) -> dict:
+    """One refresh: the snapshot, rates since ``previous`` and the summaries (log-rewards,
+    top items, uses and versions only for a ReplayBuffer, ``buffer_class`` "buffer")."""
+    snap = snapshot(client, name, buffer_class=buffer_class)
     if snap is None:
         raise CommandError(f"buffer {name!r} no longer exists (dropped?)")
     rates = rate_between(previous, snap) if previous is not None else None
+    if buffer_class != "buffer":
+        return {
+            "snapshot": snap, "rates": rates, "histogram": Histogram([], [], 0),
+            "uses": None, "versions": None, "top": [],
+        }
     histogram = log_reward_histogram(client, name, bins)
     best: list[dict[str, Any]] = []
     if top > 0 and snap.kind is not None and snap.length:
@@ -125,13 +140,16 @@ def render(data: dict[str, Any], url: str, interval: float) -> Group:
     )
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("length / capacity", Text(f"{snap.length} / {snap.capacity} {bar} {fill:.0%}"))
+    table.add_row(
+        "length / capacity",
+        Text(f"{snap.length} / {snap.capacity} {snap.unit} {bar} {fill:.0%}"),
+    )
     table.add_row("kind, eviction", Text(f"{snap.kind or '-'}, {snap.eviction or '-'}"))
     if rates is None:
         table.add_row("rates", "measuring...")
     else:
         table.add_row(
-            f"rates (last {interval:g} s)",
+            f"rates (last {interval:g} s, {snap.unit})",
             f"{rates.inserted:,.1f} inserted/s   {rates.sampled:,.1f} sampled/s   "
             f"{rates.evicted:,.1f} evicted/s",
         )
@@ -155,7 +173,9 @@ def render(data: dict[str, Any], url: str, interval: float) -> Group:
             f"oldest {versions['oldest']:g}, newest {versions['newest']:g} "
             f"(spread {versions['newest'] - versions['oldest']:g})",
         )
-    parts: list[Any] = [table, histogram_text(data["histogram"])]
+    parts: list[Any] = [table]
+    if snap.buffer_class == "buffer":
+        parts.append(histogram_text(data["histogram"]))
     if data["top"]:
         best = Table(title="top items", title_justify="left")
         best.add_column("id", justify="right")
@@ -217,13 +237,16 @@ def run(args: argparse.Namespace) -> int:
     client, url = connect_args(args, "redisbuf watch")
     frames: list[dict[str, Any]] = []
     try:
-        open_buffer(client, args.name, url)  # a missing buffer is a clear error
+        # a missing buffer is a clear error
+        args.buffer_class = resolve_class(client, args.name, url, args.buffer_class)
         previous: Snapshot | None = None
         if args.json:
             for i in range(count or 1):
                 if i:
                     time.sleep(args.interval)
-                data = frame(client, args.name, previous, args.top, args.bins)
+                data = frame(
+                    client, args.name, previous, args.top, args.bins, args.buffer_class
+                )
                 previous = data["snapshot"]
                 frames.append(frame_json(data))
             print_json({"url": redacted(url), "name": args.name, "frames": frames})
@@ -239,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _live(client: Any, args: argparse.Namespace, url: str, count: int | None) -> int:
     out: Console = console()
-    data = frame(client, args.name, None, args.top, args.bins)
+    data = frame(client, args.name, None, args.top, args.bins, args.buffer_class)
     done = 1
     with _keys() as wait_key, Live(
         render(data, url, args.interval), console=out, auto_refresh=False
@@ -251,7 +274,9 @@ def _live(client: Any, args: argparse.Namespace, url: str, count: int | None) ->
                 key = wait_key(left)
                 if key in ("q", "Q"):
                     return 0
-            data = frame(client, args.name, data["snapshot"], args.top, args.bins)
+            data = frame(
+                client, args.name, data["snapshot"], args.top, args.bins, args.buffer_class
+            )
             live.update(render(data, url, args.interval), refresh=True)
             done += 1
     return 0
