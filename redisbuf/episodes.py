@@ -10,7 +10,8 @@ key                              type    content
 ===============================  ======  ================================================
 ``rb:{name}:episodes:meta``      hash    capacity, schema, ``last_id``, ``next_pos``,
                                          ``steps`` (live), ``pushed`` / ``evicted`` /
-                                         ``sampled`` counters
+                                         ``sampled`` counters, rate history
+                                         (``hist:*``, ``last_insert``)
 ``rb:{name}:episodes:index``     zset    episode id -> position of its first step
 ``rb:{name}:episodes:lens``      hash    episode id -> number of steps
 ``rb:{name}:episodes:steps``     hash    step position -> msgpack blob of the step

@@ -10,7 +10,9 @@ buffer and each sees MineStudio's single-actor behaviour.
 key                                type    content
 =================================  ======  ==============================================
 ``rb:{name}:fragments:meta``       hash    configuration, current ``version`` and
-                                           ``session``, id counters, counters, metric sums
+                                           ``session``, id counters, counters, metric
+                                           sums, rate history (``hist:*``,
+                                           ``last_insert``)
 ``rb:{name}:fragments:frags``      hash    fragment id -> msgpack blob (stored once)
 ``rb:{name}:fragments:finfo``      hash    fragment id -> JSON [stream, index, version,
                                            session]

@@ -2,8 +2,9 @@
 histograms, and a Prometheus collector.
 
 Everything here only reads (it works on a replica or a full server). The rate history is
-the capped time series that ``add`` keeps in the meta hash (``lua/_history.lua``); sample
-rates between two snapshots come from the difference of the ``sampled`` counter.
+the capped time series that the insert script of every buffer class keeps in its meta
+hash (``lua/_history.lua``; :data:`LAYOUTS` says where and in which unit); sample rates
+between two snapshots come from the difference of the sampled counter.
 """
 
 from __future__ import annotations
@@ -187,6 +188,23 @@ def buffer_names(client: redis.Redis) -> list[str]:
         if text.startswith(prefix) and text.endswith(suffix):
             names.add(text[len(prefix) : -len(suffix)])
     return sorted(names)
+
+
+def every_buffer(client: redis.Redis) -> list[tuple[str, str]]:
+    """``(name, buffer class)`` of every buffer of every class of :data:`LAYOUTS` in this
+    Redis database (SCAN over the meta keys, never KEYS), sorted. A name may appear once
+    per class."""
+    prefix = f"{PREFIX}:{{"
+    classes = {layout.meta_suffix: layout.buffer_class for layout in LAYOUTS.values()}
+    found = set()
+    for key in client.scan_iter(match=f"{PREFIX}:{{*}}:*meta", count=1000):
+        text = _text(key)
+        # a valid name holds no "}" (keys.NAME_PATTERN): the first "}:" ends it
+        name, sep, suffix = text[len(prefix) :].partition("}:")
+        if text.startswith(prefix) and sep and suffix in classes:
+            found.add((name, classes[suffix]))
+    order = list(LAYOUTS)
+    return sorted(found, key=lambda pair: (pair[0], order.index(pair[1])))
 
 
 def _memory(client: redis.Redis, keys: Iterable[str]) -> int | None:

@@ -9,7 +9,10 @@ Keys (all share the hash tag ``{name}``, so one Lua script may touch all of them
 ===============================  ======  ==================================================
 key                              type    content
 ===============================  ======  ==================================================
-``rb:{name}:seq:meta``           hash    configuration, schema, counters, max priority
+``rb:{name}:seq:meta``           hash    configuration, schema, counters (``size``,
+                                         ``added``, ``evicted``, ``sampled``: steps),
+                                         max priority, rate history (``hist:*``,
+                                         ``last_insert``; see redisbuf/metrics.py)
 ``rb:{name}:seq:steps``          hash    ``"env:pos"`` -> msgpack blob of one step
 ``rb:{name}:seq:envs``           hash    ``next:e``, ``start:e``, ``cur:e``, ``first:e``,
                                          ``ended:e``: the stream state of environment e

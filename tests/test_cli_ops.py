@@ -552,6 +552,14 @@ def test_plot_and_watch_show_the_history_of_other_buffer_classes(url, real_clien
     assert [(p["inserted"], p["evicted"], p["sampled"]) for p in doc["history"]] == [(1, 0, 0)]
     one_error(main_in_process(capsys, "watch", "other", "--class", "fragments", url=url),
               "no fragments buffer named 'other'")
+    one_error(main_in_process(capsys, "plot", "nope", "-o", str(out), url=url),
+              "no buffer named 'nope'", "other (sequence), other (episodes)")
+    rows = as_json(cli("list", "--json", url=url))["buffers"]
+    assert [(r["name"], r["buffer_class"], r["unit"], r["length"], r["capacity"])
+            for r in rows] == [("other", "sequence", "steps", 6, 6),
+                               ("other", "episodes", "episodes", 1, 2)]
+    text = cli("list", url=url)
+    assert text.returncode == 0 and "6 / 6 steps" in text.stdout, text.stdout
 
 
 

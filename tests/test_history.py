@@ -17,7 +17,7 @@ from redisbuf import ReplayBuffer
 from redisbuf.episodes import EpisodeBuffer
 from redisbuf.errors import InvalidBatchError, SchemaError
 from redisbuf.fragments import FragmentBuffer
-from redisbuf.metrics import HIST_SLOTS, HIST_STEP, history_rates, snapshot
+from redisbuf.metrics import HIST_SLOTS, HIST_STEP, every_buffer, history_rates, snapshot
 from redisbuf.sequence import SequenceBuffer
 
 
@@ -175,3 +175,16 @@ def test_snapshot_of_a_missing_class_is_none(fake_client):
     assert snapshot(fake_client, "nothing", buffer_class="sequence") is None
     with pytest.raises(ValueError, match="unknown buffer class"):
         snapshot(fake_client, "nothing", buffer_class="nope")
+
+
+def test_every_buffer_finds_each_class_once_per_name(fake_client):
+    ReplayBuffer(fake_client, "a", capacity=2)
+    SequenceBuffer(fake_client, "a", num_environments=1, max_length=2)
+    EpisodeBuffer(fake_client, "b", capacity_episodes=2)
+    FragmentBuffer(fake_client, "c", max_chunks=1, fragments_per_chunk=1, max_staleness=0,
+                   max_reuse=1)
+    fake_client.hset("rb:{d}:staging:x:meta", "capacity", 1)  # a restore's, not a buffer
+    fake_client.hset("rb:{e}:items", "1", b"")
+    assert every_buffer(fake_client) == [
+        ("a", "buffer"), ("a", "sequence"), ("b", "episodes"), ("c", "fragments")
+    ]

@@ -24,7 +24,7 @@ from rich.markup import escape
 from ..connection import URL_ENV, connect, redacted
 from ..errors import RedisBufError
 from ..keys import PREFIX
-from ..metrics import LAYOUTS, buffer_classes, buffer_names
+from ..metrics import LAYOUTS, buffer_classes, buffer_names, every_buffer
 
 if TYPE_CHECKING:
     from ..buffer import ReplayBuffer
@@ -129,9 +129,16 @@ def log_reward_text(value: float) -> str:
     return "-inf" if value == -math.inf else f"{value:.4f}"
 
 
-def missing_buffer_error(client: redis.Redis, name: str, url: str) -> CommandError:
-    """'no buffer named X' with every buffer that does exist (counted when many)."""
-    others = buffer_names(client)
+def missing_buffer_error(
+    client: redis.Redis, name: str, url: str, every_class: bool = False
+) -> CommandError:
+    """'no buffer named X' with every buffer that does exist (counted when many): every
+    ReplayBuffer, or with ``every_class`` the buffers of every class (the others marked
+    with their class, e.g. ``s (sequence)``)."""
+    if every_class:
+        others = [n if c == "buffer" else f"{n} ({c})" for n, c in every_buffer(client)]
+    else:
+        others = buffer_names(client)
     if not others:
         hint = "; it holds no buffer"
     elif len(others) <= 20:
@@ -184,14 +191,14 @@ def resolve_class(client: redis.Redis, name: str, url: str, wanted: str | None) 
     found = buffer_classes(client, name)
     if wanted is not None and wanted not in found:
         if not found:
-            raise missing_buffer_error(client, name, url)
+            raise missing_buffer_error(client, name, url, every_class=True)
         raise CommandError(
             f"no {wanted} buffer named {name!r} at {redacted(url)}; that name holds "
             f"buffers of class {', '.join(found)}"
         )
     if wanted is None:
         if not found:
-            raise missing_buffer_error(client, name, url)
+            raise missing_buffer_error(client, name, url, every_class=True)
         if len(found) > 1:
             raise CommandError(
                 f"{name!r} names {len(found)} buffers at {redacted(url)} (classes "

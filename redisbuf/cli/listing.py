@@ -1,4 +1,5 @@
-"""``redisbuf list``: every buffer in a Redis database."""
+"""``redisbuf list``: every buffer in a Redis database, of every buffer class (a name may
+appear once per class; length and capacity in the class's unit)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ from rich.console import Console
 from rich.table import Table
 
 from ..connection import redacted
-from ..metrics import buffer_names, snapshot
+from ..metrics import every_buffer, snapshot
 from ._common import add_json_argument, add_url_argument, connect_args, emit, format_bytes, safe
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "list",
-        help="every buffer in a Redis database: kind, length / capacity, memory, last insert",
-        description="List every buffer (SCAN over the meta keys) with its kind, length, "
-        "capacity, memory and the time of its last insert.",
+        help="every buffer in a Redis database: class, kind, length / capacity, memory, "
+        "last insert",
+        description="List every buffer of every class (ReplayBuffer, SequenceBuffer, "
+        "EpisodeBuffer, FragmentBuffer; SCAN over the meta keys) with its kind, length, "
+        "capacity (in the class's unit), memory and the time of its last insert.",
     )
     add_url_argument(parser)
     add_json_argument(parser)
@@ -30,13 +33,15 @@ def run(args: argparse.Namespace) -> int:
     client, url = connect_args(args, "redisbuf list")
     try:
         rows = []
-        for name in buffer_names(client):
-            snap = snapshot(client, name)
+        for name, buffer_class in every_buffer(client):
+            snap = snapshot(client, name, buffer_class=buffer_class)
             if snap is None:  # a meta hash without configuration (dropped while we read)
                 continue
             rows.append(
                 {
                     "name": name,
+                    "buffer_class": buffer_class,
+                    "unit": snap.unit,
                     "kind": snap.kind,
                     "length": snap.length,
                     "capacity": snap.capacity,
@@ -66,13 +71,15 @@ def _render(out: Console, url: str, rows: list[dict[str, Any]]) -> None:
         out.print(f"No buffers at {safe(redacted(url))}.")
         return
     table = Table(title=f"{len(rows)} buffer(s) at {safe(redacted(url))}", title_justify="left")
-    for column in ("name", "kind", "length / capacity", "memory", "last insert"):
-        table.add_column(column, justify="right" if column != "name" else "left")
+    for column in ("name", "class", "kind", "length / capacity", "memory", "last insert"):
+        table.add_column(column, justify="right" if column not in ("name", "class") else "left")
     for row in rows:
         table.add_row(
             safe(row["name"]),
+            row["buffer_class"],
             safe(row["kind"] or "-"),
-            f"{row['length']} / {row['capacity']}",
+            f"{row['length']} / {row['capacity']}"
+            + ("" if row["unit"] == "items" else f" {row['unit']}"),
             format_bytes(row["memory_bytes"]),
             _when(row["last_insert"]),
         )

@@ -157,10 +157,11 @@ def render(data: dict[str, Any], url: str, interval: float) -> Group:
         "counters", f"{snap.inserted} inserted, {snap.evicted} evicted, {snap.sampled} sampled"
     )
     table.add_row("memory", format_bytes(snap.memory_bytes))
-    manager = "running" if snap.manager_running else "none"
-    if snap.baseline is not None:
-        manager += f", baseline {snap.baseline:.4f}"
-    table.add_row("manager", f"{manager}, {snap.workers_alive} worker(s) connected")
+    if snap.buffer_class == "buffer":  # the other classes have no manager
+        manager = "running" if snap.manager_running else "none"
+        if snap.baseline is not None:
+            manager += f", baseline {snap.baseline:.4f}"
+        table.add_row("manager", f"{manager}, {snap.workers_alive} worker(s) connected")
     if data["uses"]:
         uses = data["uses"]
         table.add_row(
