@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+from process_helpers import alive
 
 from redisbuf import ReplayBuffer, cli
 from redisbuf.demo import DemoConfig, DemoError, run_demo
@@ -70,14 +71,6 @@ def child_pids(pid: int) -> set[int]:
         text = (task / "children").read_text().split()
         pids.update(int(x) for x in text)
     return pids
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:

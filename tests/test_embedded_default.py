@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from process_helpers import alive
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.multiprocess]
 
@@ -24,18 +25,10 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
 def _wait_dead(pid: int, timeout: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not alive(pid):
             return True
         time.sleep(0.05)
     return False

@@ -17,6 +17,7 @@ import uuid
 import numpy as np
 import pytest
 import redis
+from process_helpers import alive
 
 from redisbuf import ReplayBuffer
 from redisbuf.ipc import MessageQueue
@@ -206,15 +207,6 @@ def test_writers_killed_at_random_moments_leave_whole_batches_and_true_counters(
         assert buffer.sample(16)["tag"].shape == (16, 3)  # the sum tree is usable
 
 
-def _alive(pid: int) -> bool:
-    """Whether a process exists and is not a zombie (a killed child of init is reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.parametrize("durability", [None, "aof"])
 def test_a_killed_server_with_appendonly_keeps_every_acknowledged_add(tmp_path, durability):
     aof = ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(tmp_path)]
@@ -234,9 +226,9 @@ def test_a_killed_server_with_appendonly_keeps_every_acknowledged_add(tmp_path, 
         assert server_pid is not None and server_pid > 0
         os.kill(server_pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while _alive(server_pid) and time.monotonic() < deadline:
+        while alive(server_pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not _alive(server_pid), "the killed server is still running"
+        assert not alive(server_pid), "the killed server is still running"
         server.stop()
     with EmbeddedServer(extra_args=aof) as again:
         restored = ReplayBuffer(again.url, name, capacity=None)

