@@ -33,12 +33,13 @@ for k = 1, n do
     per_pairs[#per_pairs + 1] = fmt(value)
     per_pairs[#per_pairs + 1] = ids[k]
   end
-  local count = tonumber(uses)
-  if not string.match(uses, '^%d+$') or count > 9007199254740992 then
+  -- compared as text: 2^53 + 1 would round to 2^53 as a number
+  if not string.match(uses, '^%d+$') or #uses > 16
+      or (#uses == 16 and uses > '9007199254740992') then
     return fail('RB_INVALID', 'item ' .. ids[k] .. ' has use count ' .. uses
       .. '; use counts must be integers in [0, 2^53]')
   end
-  if count > 0 then
+  if tonumber(uses) > 0 then
     use_pairs[#use_pairs + 1] = ids[k]
     use_pairs[#use_pairs + 1] = uses
   end

@@ -299,8 +299,8 @@ def test_failed_save_keeps_the_previous_checkpoint(client, buffer_name, tmp_path
     before = path.read_bytes()
     records = buffer._records
 
-    def failing_records():
-        for index, record in enumerate(records()):
+    def failing_records(*args, **kwargs):
+        for index, record in enumerate(records(*args, **kwargs)):
             if index == 1200:
                 raise redis.exceptions.ConnectionError("lost the server mid-save")
             yield record
