@@ -6,6 +6,7 @@ change nothing; PER files meet buffers without PER by a stated rule."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -416,3 +417,24 @@ def test_the_scripts_refuse_what_slipped_past_the_checks(client, buffer_name, tm
     before[meta] = ("hash", [kv for kv in before[meta][1] if kv[0] != b"last_id"])
     assert after == before
     assert not list(client.scan_iter(match=f"rb:{{{buffer_name}}}:staging:*"))
+
+
+FORMAT_1_FILE = Path(__file__).parent / "data" / "format1_per.msgpack"
+
+
+def test_a_file_written_by_the_format_1_code_loads_as_before(client, buffer_name):
+    """tests/data/format1_per.msgpack was written by ReplayBuffer.save of redisbuf before
+    format 2 (main at 204fe20), from a PER buffer whose items had priorities 0, 3, 1, 7
+    and had been sampled: format 1 kept neither, so they load with the new-item rule."""
+    per = ReplayBuffer(client, buffer_name, capacity=8, sampler=_per())
+    plain = ReplayBuffer(client, buffer_name + "-plain", capacity=8)
+    for buffer in (per, plain):
+        assert buffer.load(FORMAT_1_FILE) == 4
+        assert _rewards_in_order(client, buffer.name) == [-1.0, 0.5, 2.0, -math.inf]
+        items = buffer.get(_order(client, buffer.name))
+        assert items["x"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+        assert _uses(client, buffer.name) == [0, 0, 0, 0]
+        assert buffer.stats()["sampled"] == 3
+    assert _per_in_order(client, per.name) == [INITIAL] * 4
+    assert_matches(client, per.name, per_scores(client, per.name), ALPHA, EPS)
+    assert client.zcard(plain.keys.per) == 0
