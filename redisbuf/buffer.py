@@ -1195,7 +1195,8 @@ class ReplayBuffer:
             raise ConfigMismatchError(
                 f"the saved items carry PER priorities and buffer {self.name!r} does not use "
                 "PER: open it with sampler=PERSampler(...), or load with "
-                "drop_per_priorities=True to leave the priorities out"
+                "drop_per_priorities=True (redisbuf import --drop-per-priorities) to leave "
+                "the priorities out"
             )
         most_used = max((record[4] for record in records), default=0)
         if self.max_use is not None and most_used >= self.max_use:
