@@ -2,9 +2,9 @@
 
 Messages go with ``comm.Send`` of a byte buffer and arrive through ``Probe`` /
 ``Get_count`` / ``Recv`` into a buffer of the right size, so nothing is pickled (the
-lower-case ``send`` / ``recv`` of mpi4py would pickle). Receiving polls ``Iprobe`` with a
-short back-off instead of blocking in ``Probe``: it honours a timeout, and an idle rank
-sleeps instead of spinning on a shared core.
+lower-case ``send`` / ``recv`` of mpi4py would pickle). Receiving polls ``Iprobe`` with short
+sleeps instead of blocking in ``Probe``: it honours a timeout, and a waiting rank sleeps
+instead of spinning on a shared core.
 
 MPI itself reports a rank that crashes: the launcher (``mpiexec``) aborts the whole job.
 A peer that merely stops talking is caught by the receive timeout.
@@ -18,10 +18,14 @@ from typing import Any
 from ..errors import ControlTimeoutError
 from .protocol import ANY_SOURCE
 
-_MAX_SLEEP = 0.0005
-# Poll without sleeping this long first (replies often come within it): waking
-# from a sleep on a loaded machine costs more; then back off so idle ranks yield the core.
-_SPIN_SECONDS = 0.0005
+# A receive sleeps between polls instead of blocking in MPI: MPICH's blocking receive spins,
+# and on a machine with fewer cores than busy processes (ranks plus the Redis server) a
+# spinning rank takes the core from the very process it waits for. The first
+# _QUICK_SECONDS of a wait poll every _QUICK_SLEEP (a score usually arrives within them);
+# later polls back off to _MAX_SLEEP, so a long-idle rank costs next to nothing.
+_QUICK_SLEEP = 0.00002
+_QUICK_SECONDS = 0.005
+_MAX_SLEEP = 0.001
 
 
 #: Seconds a receive without its own timeout waits (a worker waiting for its score):
@@ -58,18 +62,18 @@ class MPITransport:
         src = MPI.ANY_SOURCE if source == ANY_SOURCE else source
         status = MPI.Status()
         deadline = None if timeout is None else time.monotonic() + timeout
-        spin_until = time.monotonic() + _SPIN_SECONDS
-        pause = 2e-5
+        began = time.monotonic()
+        pause = _QUICK_SLEEP
         while not self.comm.Iprobe(source=src, tag=tag, status=status):
             now = time.monotonic()
-            if now > spin_until:
-                if deadline is not None and now >= deadline:
-                    who = "any rank" if source == ANY_SOURCE else f"rank {source}"
-                    raise ControlTimeoutError(
-                        f"no MPI message from {who} on tag {tag} within {timeout:.1f} s"
-                    )
-                time.sleep(pause)
+            if deadline is not None and now >= deadline:
+                who = "any rank" if source == ANY_SOURCE else f"rank {source}"
+                raise ControlTimeoutError(
+                    f"no MPI message from {who} on tag {tag} within {timeout:.1f} s"
+                )
+            if now - began > _QUICK_SECONDS:
                 pause = min(pause * 2, _MAX_SLEEP)
+            time.sleep(pause)
         count = status.Get_count(MPI.BYTE)
         sender = status.Get_source()
         buf = bytearray(count)

@@ -1,0 +1,17 @@
+"""Process-state checks shared by tests that kill servers and workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and is neither a zombie nor dead (a killed child of init is reaped).
+
+    A process can vanish between opening its ``/proc`` entry and reading it; that reads as gone.
+    """
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
