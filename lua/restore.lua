@@ -62,15 +62,17 @@ if ARGV[3] ~= '' then
   redis.call('HSET', meta, 'schema', ARGV[3], 'kind', cjson.decode(ARGV[3])['kind'])
 end
 if per then
-  local present, missing = redis.call('ZRANGE', K.order, 0, -1), {}
-  local scores = zmscore_chunked(K.per, present)
-  for i = 1, #present do
-    if not scores[i] then
-      missing[#missing + 1] = conf[6] or '1'
-      missing[#missing + 1] = present[i]
+  if redis.call('ZCARD', K.per) ~= length then  -- not every item has a saved priority
+    local present, missing = redis.call('ZRANGE', K.order, 0, -1), {}
+    local scores = zmscore_chunked(K.per, present)
+    for i = 1, #present do
+      if not scores[i] then
+        missing[#missing + 1] = conf[6] or '1'
+        missing[#missing + 1] = present[i]
+      end
     end
+    call_chunked('ZADD', K.per, missing)
   end
-  call_chunked('ZADD', K.per, missing)
   local values = {}
   local entries = redis.call('ZRANGE', K.per, 0, -1, 'WITHSCORES')
   for i = 2, #entries, 2 do values[#values + 1] = tonumber(entries[i]) end
