@@ -2,23 +2,41 @@
 -- old buffer or the restored one, never a part. Counters are derived here.
 -- @include common
 -- @include tree
+-- @include items
 -- KEYS[1] meta  KEYS[1..m] the buffer's keys (BufferKeys.all_keys(), meta first)
 -- KEYS[m+1..2m] the staged keys in the same order (StagingKeys.all_keys()), filled by add.lua
+--   and restore_items.lua
 -- ARGV[1] inserted count from the file (an integer >= 0; raised to the length if below)
 -- ARGV[2] sampled count from the file  ARGV[3] schema JSON, or "" to keep the buffer's
+-- ARGV[4] "1" when the staged items carry PER priorities, else "0"
+-- ARGV[5] the largest staged use count (0 when none)
 -- Every data key of the buffer is replaced by its staged twin (deleted if there is none);
 -- meta keeps its configuration and gets inserted, evicted = inserted - length, sampled,
--- and last_id = the larger of both (ids are never reused); the sum tree is rebuilt when
--- prioritized sampling is on. The staged keys are gone afterwards.
--- Returns the new length. Errors: RB_NOBUF (the buffer was dropped), RB_CONFIG (the
--- staged keys are missing or were made for another capacity).
+-- and last_id = the larger of both (ids are never reused), present_uses = the sum of the
+-- staged use counts. Under PER (meta tree_mass = per) items without a staged priority get
+-- per_initial (the new-item rule, nothing else being present), the PER sum and non-zero
+-- count are recomputed and the tree is rebuilt from the PER priorities; with prioritized
+-- sampling it is rebuilt from the log-rewards. The staged keys are gone afterwards.
+-- Returns the new length. Errors (checked before any write): RB_NOBUF (the buffer was
+-- dropped), RB_CONFIG (the staged keys are missing or were made for another capacity;
+-- staged PER priorities for a buffer without PER; a use count at or over max_use).
 local m = #KEYS / 2
 local meta, staged_meta = KEYS[1], KEYS[m + 1]
-local conf = redis.call('HMGET', meta, 'capacity', 'last_id', 'tree')
+local conf = redis.call('HMGET', meta, 'capacity', 'last_id', 'tree', 'tree_mass', 'max_use',
+  'per_initial')
 if not conf[1] then return fail('RB_NOBUF', 'buffer meta ' .. meta .. ' does not exist') end
 local staged = redis.call('HMGET', staged_meta, 'capacity', 'last_id')
 if staged[1] ~= conf[1] then
   return fail('RB_CONFIG', 'staged restore ' .. staged_meta .. ' is missing or does not fit')
+end
+local per = conf[4] == 'per'
+if ARGV[4] == '1' and not per then
+  return fail('RB_CONFIG', 'the saved items carry PER priorities and buffer ' .. meta
+    .. ' does not use PER (PERSampler)')
+end
+if conf[5] and tonumber(ARGV[5]) >= tonumber(conf[5]) then
+  return fail('RB_CONFIG', 'a saved item was sampled ' .. ARGV[5] .. ' times, at or over'
+    .. ' max_use=' .. conf[5] .. ' of buffer ' .. meta)
 end
 for i = 2, m do
   if redis.call('EXISTS', KEYS[m + i]) == 1 then
@@ -32,14 +50,35 @@ local K = buffer_keys(KEYS)
 local length = redis.call('ZCARD', K.order)
 local inserted = math.max(tonumber(ARGV[1]), length)
 local last = math.max(tonumber(conf[2] or '0'), tonumber(staged[2] or '0'))
+local used = 0
+local counts = redis.call('HVALS', K.uses)
+for i = 1, #counts do used = used + tonumber(counts[i]) end
 redis.call('HSET', meta, 'inserted', string.format('%.0f', inserted),
   'evicted', string.format('%.0f', inserted - length), 'sampled', ARGV[2],
-  'last_id', string.format('%.0f', last), 'tree_next_slot', 0)
-redis.call('HDEL', meta, 'tree_ref')
+  'last_id', string.format('%.0f', last), 'tree_next_slot', 0,
+  'present_uses', string.format('%.0f', used))
+redis.call('HDEL', meta, 'tree_ref', 'per_sum', 'per_comp', 'per_nonzero')
 if ARGV[3] ~= '' then
   redis.call('HSET', meta, 'schema', ARGV[3], 'kind', cjson.decode(ARGV[3])['kind'])
 end
-if conf[3] == '1' then
+if per then
+  if redis.call('ZCARD', K.per) ~= length then  -- not every item has a saved priority
+    local present, missing = redis.call('ZRANGE', K.order, 0, -1), {}
+    local scores = zmscore_chunked(K.per, present)
+    for i = 1, #present do
+      if not scores[i] then
+        missing[#missing + 1] = conf[6] or '1'
+        missing[#missing + 1] = present[i]
+      end
+    end
+    call_chunked('ZADD', K.per, missing)
+  end
+  local values = {}
+  local entries = redis.call('ZRANGE', K.per, 0, -1, 'WITHSCORES')
+  for i = 2, #entries, 2 do values[#values + 1] = tonumber(entries[i]) end
+  per_account(K, {}, values)
+  tree_rebuild(meta, K.per, K.tree, K.tree_ids, K.tree_slots, K.tree_free, tonumber(conf[1]))
+elseif conf[3] == '1' then
   tree_rebuild(meta, K.prio, K.tree, K.tree_ids, K.tree_slots, K.tree_free, tonumber(conf[1]))
 end
 return length

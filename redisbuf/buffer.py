@@ -49,7 +49,11 @@ from .samplers import Draw, PrioritizedSampler, Sampler, UniformSampler
 from .waiting import wait_for
 from .windows import WindowSampler, joined, recent_batch_size
 
+#: Layout of a buffer's keys in Redis (meta ``format_version``).
 FORMAT_VERSION = 1
+#: Version of the save format (``save`` / ``state_dict``). 1: records ``[id, log_reward,
+#: blob]``; 2: ``[id, log_reward, blob, per_priority, uses]`` and the header's ``per``.
+SAVE_FORMAT_VERSION = 2
 FILE_MAGIC = "redisbuf"
 DEFAULT_MAX_ITEM_BYTES = 64 * 1024 * 1024
 _READ_CHUNK = 1000
@@ -59,7 +63,7 @@ BATCH_MEMORY = 600.0
 # Scripts that may run twice with the same effect (set-if-absent, then compare; samplers
 # retry by name, "sample*", unless max_use makes a draw count): retried like reads.
 _REPEATABLE_SCRIPTS = frozenset(
-    {"init", "enable_tree", "enable_per", "lifetime_config", "limiter_config"}
+    {"init", "enable_tree", "enable_per", "lifetime_config", "limiter_config", "restore_items"}
 )
 
 
@@ -931,56 +935,96 @@ class ReplayBuffer:
         meta = _decode_meta(self.client.hgetall(self.keys.meta))
         if "capacity" not in meta:
             raise ConfigMismatchError(f"buffer {self.name!r} does not exist (dropped?)")
+        per = None
+        if meta.get("tree_mass") == "per":
+            per = {
+                "alpha": float(meta["per_alpha"]),
+                "eps": float(meta["per_eps"]),
+                "initial_priority": float(meta["per_initial"]),
+            }
         return {
             "format": FILE_MAGIC,
-            "version": FORMAT_VERSION,
+            "version": SAVE_FORMAT_VERSION,
             "name": self.name,
             "capacity": int(meta["capacity"]),
             "eviction": meta["eviction"],
             "schema": meta.get("schema"),
             "counters": {k: int(meta.get(k, 0)) for k in ("inserted", "evicted", "sampled")},
+            "per": per,
         }
 
-    def _records(self) -> Iterator[tuple[int, float, bytes]]:
-        """(id, priority, blob) of every item, oldest first, read in chunks."""
+    def _records(self, per: bool = False) -> Iterator[tuple[int, float, bytes, float | None, int]]:
+        """(id, log-reward, blob, PER priority, use count) of every item, oldest first,
+        read in chunks, each chunk in one MULTI (a consistent view of its items). The PER
+        priority is None unless ``per``; then an item without one (PER was turned on or
+        off meanwhile) is left out, like an item evicted while we read."""
         start = 0
         while True:
             members = self.client.zrange(self.keys.order, start, start + _READ_CHUNK - 1)
             if not members:
                 return
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.client.pipeline(transaction=True)
             pipe.hmget(self.keys.items, members)
             pipe.zmscore(self.keys.prio, members)
-            blobs, scores = pipe.execute()
-            for member, blob, score in zip(members, blobs, scores, strict=True):
-                if blob is not None and score is not None:  # evicted while we read
-                    yield int(member), float(score), blob
+            pipe.hmget(self.keys.uses, members)
+            if per:
+                pipe.zmscore(self.keys.per, members)
+            blobs, scores, uses, *rest = pipe.execute()
+            pers = rest[0] if per else [None] * len(members)
+            for member, blob, score, used, priority in zip(
+                members, blobs, scores, uses, pers, strict=True
+            ):
+                if blob is None or score is None or (per and priority is None):
+                    continue  # evicted while we read
+                yield int(member), float(score), blob, priority, int(used or 0)
             start += len(members)
 
     def state_dict(self) -> dict[str, Any]:
-        """The whole buffer as plain data: header, then ids, priorities and blobs."""
-        records = list(self._records())
+        """The whole buffer as plain data: the header (its ``per``: the PER settings, or
+        None without PER), then per item, oldest first: ``ids``, ``priorities``
+        (log-rewards), ``blobs``, ``per_priorities`` (None each without PER) and ``uses``
+        (times sampled)."""
+        header = self._header()
+        records = list(self._records(header["per"] is not None))
         return {
-            **self._header(),
+            **header,
             "ids": [r[0] for r in records],
             "priorities": [r[1] for r in records],
             "blobs": [r[2] for r in records],
+            "per_priorities": [r[3] for r in records],
+            "uses": [r[4] for r in records],
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, drop_per_priorities: bool = False) -> None:
         """Replace the buffer's items with those of ``state`` (from :meth:`state_dict`),
-        keeping their order and priorities (they get new ids); see :meth:`load` for
-        what is checked and how the replacement is atomic."""
+        keeping their order, log-rewards, PER priorities and use counts (they get new
+        ids); see :meth:`load` for what is checked, the PER rules and how the replacement
+        is atomic. A version-1 state (no ``per_priorities`` / ``uses``) loads as a
+        version-1 file."""
         _check_header(state)
-        self._restore(
-            state, zip(state["ids"], state["priorities"], state["blobs"], strict=True)
-        )
+        columns = ["ids", "priorities", "blobs"]
+        if state["version"] >= 2:
+            columns += ["per_priorities", "uses"]
+        lists = [state.get(column) for column in columns]
+        for column, values in zip(columns, lists, strict=True):
+            if not isinstance(values, list):
+                raise DecodeError(f"saved state's {column!r} is not a list")
+            if len(values) != len(lists[0]):
+                raise DecodeError(
+                    f"saved state has {len(values)} {column!r} for {len(lists[0])} ids"
+                )
+        if len(lists) == 3:
+            lists += [[None] * len(lists[0]), [0] * len(lists[0])]
+        self._restore(state, zip(*lists, strict=True), drop_per_priorities)
 
     def save(self, path: str | Path) -> int:
-        """Write the buffer to ``path`` as a msgpack stream: a header map, one
-        ``[id, priority, blob]`` record per item (oldest first), then a trailer map
-        ``{"end": count}`` so a truncated file is detected. Returns the number of items
-        written. Not a consistent snapshot if other processes write meanwhile.
+        """Write the buffer to ``path`` as a msgpack stream: a header map (its ``per``:
+        the PER settings ``alpha``, ``eps``, ``initial_priority``, or None without PER),
+        one ``[id, log_reward, blob, per_priority, uses]`` record per item (oldest first;
+        ``per_priority`` None without PER, ``uses`` the times the item was sampled), then
+        a trailer map ``{"end": count}`` so a truncated file is detected. Returns the
+        number of items written. Not a consistent snapshot if other processes write
+        meanwhile.
 
         The file is written beside ``path`` under a temporary name, fsynced, and renamed
         over ``path`` only when complete: a save that fails (or a crash) leaves the
@@ -993,8 +1037,9 @@ class ReplayBuffer:
         try:
             with handle:
                 packer = msgpack.Packer(use_bin_type=True)
-                handle.write(packer.pack(self._header()))
-                for record in self._records():
+                header = self._header()
+                handle.write(packer.pack(header))
+                for record in self._records(header["per"] is not None):
                     handle.write(packer.pack(list(record)))
                     count += 1
                 handle.write(packer.pack({"end": count}))
@@ -1007,15 +1052,26 @@ class ReplayBuffer:
         _fsync_dir(path.parent)  # the rename itself survives a crash
         return count
 
-    def load(self, path: str | Path) -> int:
+    def load(self, path: str | Path, *, drop_per_priorities: bool = False) -> int:
         """Replace the buffer's items with those saved at ``path``; returns their number.
 
         The file is read and checked whole (records, schema, capacity, counters: integers
-        in [0, 2**53]) before anything is written. The items are then built under staging
-        keys and swapped in by one script: other processes see the old buffer or the
-        restored one, never a part. Counters: ``inserted`` is the saved one (at least the
-        length), ``evicted = inserted - length``, ``sampled`` the saved one. Restored
-        items get new ids, above every id handed out before or during the load."""
+        in [0, 2**53]; PER priorities: finite numbers >= 0; use counts: integers in [0,
+        2**53]) before anything is written. The items are then built under staging keys
+        and swapped in by one script: other processes see the old buffer or the restored
+        one, never a part. Counters: ``inserted`` is the saved one (at least the length),
+        ``evicted = inserted - length``, ``sampled`` the saved one. Restored items get new
+        ids, above every id handed out before or during the load, and keep their order,
+        log-rewards and use counts (``max_use`` counts on from them; a count at or over
+        this buffer's ``max_use`` raises :class:`ConfigMismatchError`).
+
+        PER: a file saved from a buffer with PER restores each item's PER priority, and
+        so the sampling probabilities and weights (this buffer's ``alpha``, ``eps`` and
+        ``initial_priority`` apply). Loading it into a buffer without PER raises
+        :class:`ConfigMismatchError` unless ``drop_per_priorities=True``, which loads the
+        items without them. A file without PER priorities (saved without PER, or in
+        format 1) loaded into a PER buffer gives every item ``initial_priority``, the
+        new-item rule with nothing else present."""
         with open(path, "rb") as handle:
             unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
             try:
@@ -1025,6 +1081,7 @@ class ReplayBuffer:
             except Exception as exc:
                 raise DecodeError(f"{path}: not a redisbuf file ({exc})") from exc
             _check_header(header)
+            width = 3 if header["version"] == 1 else 5
             records: list[tuple[Any, ...]] = []
             trailer = None
             try:
@@ -1032,11 +1089,12 @@ class ReplayBuffer:
                     if isinstance(entry, dict):
                         trailer = entry
                         break
-                    if not isinstance(entry, list) or len(entry) != 3:
+                    if not isinstance(entry, list) or len(entry) != width:
                         raise DecodeError(f"{path}: malformed record {entry!r:.80}")
                     if not isinstance(entry[2], bytes):
                         raise DecodeError(f"{path}: record {entry[0]!r} has no blob")
-                    records.append(tuple(entry))
+                    # format 1 kept no PER priority nor use count
+                    records.append(tuple(entry) if width == 5 else (*entry, None, 0))
                 extra = next(unpacker, None)
             except DecodeError:
                 raise
@@ -1049,14 +1107,18 @@ class ReplayBuffer:
             )
         if extra is not None:
             raise DecodeError(f"{path}: data after the trailer")
-        self._restore(header, records)
+        self._restore(header, records, drop_per_priorities)
         return len(records)
 
-    def _check_records(self, records: list[tuple[Any, ...]], schema: dict[str, Any]) -> None:
+    def _check_records(
+        self, records: list[tuple[Any, ...]], schema: dict[str, Any], per: bool
+    ) -> None:
         """Refuse saved records that ``add`` would refuse: ids that are not integers,
         priorities that are not numbers or are NaN, blobs that do not decode to
-        items of ``schema``."""
-        for item_id, priority, blob in records:
+        items of ``schema``; PER priorities that are not finite numbers >= 0 (``per``: the
+        file keeps them) or that are there when the file has no PER settings; use counts
+        that are not integers in [0, 2**53]."""
+        for item_id, priority, blob, per_priority, uses in records:
             if isinstance(item_id, bool) or not isinstance(item_id, int):
                 raise DecodeError(f"saved record has id {item_id!r}, not an integer")
             if isinstance(priority, bool) or not isinstance(priority, (int, float)):
@@ -1065,6 +1127,27 @@ class ReplayBuffer:
                 raise DecodeError(f"saved record {item_id} has priority NaN")
             if not isinstance(blob, bytes):
                 raise DecodeError(f"saved record {item_id} has no blob")
+            if not per and per_priority is not None:
+                raise DecodeError(
+                    f"saved record {item_id} has PER priority {per_priority!r:.40} but the "
+                    "header has no PER settings"
+                )
+            if per and (
+                isinstance(per_priority, bool)
+                or not isinstance(per_priority, (int, float))
+                or not (0 <= per_priority < math.inf)
+            ):
+                raise DecodeError(
+                    f"saved record {item_id} has PER priority {per_priority!r:.40}; PER "
+                    "priorities must be finite numbers >= 0"
+                )
+            if isinstance(uses, bool) or not isinstance(uses, int) or not (
+                0 <= uses <= _MAX_COUNTER
+            ):
+                raise DecodeError(
+                    f"saved record {item_id} has use count {uses!r:.40}; use counts must be "
+                    "integers in [0, 2**53]"
+                )
         kind = KINDS.get(schema.get("kind"))
         if kind is None:
             raise DecodeError(f"saved schema names an unknown kind {schema.get('kind')!r}")
@@ -1083,7 +1166,9 @@ class ReplayBuffer:
             args += [blob, _priority_text(priority)]
         return "add", args
 
-    def _restore(self, header: dict[str, Any], records: Any) -> None:
+    def _restore(
+        self, header: dict[str, Any], records: Any, drop_per_priorities: bool = False
+    ) -> None:
         records = list(records)
         schema_json = header.get("schema")
         if records and not schema_json:
@@ -1101,25 +1186,45 @@ class ReplayBuffer:
                 f"saved buffer holds {len(records)} items, over this buffer's capacity "
                 f"{self.capacity}"
             )
+        saved_per = header.get("per") is not None
         if records:
-            self._check_records(records, json.loads(schema_json))
+            self._check_records(records, json.loads(schema_json), saved_per)
         inserted, sampled = _saved_counters(header, len(records))
+        carry_per = saved_per and not drop_per_priorities
+        if carry_per and self.client.hget(self.keys.meta, "tree_mass") != b"per":
+            raise ConfigMismatchError(
+                f"the saved items carry PER priorities and buffer {self.name!r} does not use "
+                "PER: open it with sampler=PERSampler(...), or load with "
+                "drop_per_priorities=True (redisbuf import --drop-per-priorities) to leave "
+                "the priorities out"
+            )
+        most_used = max((record[4] for record in records), default=0)
+        if self.max_use is not None and most_used >= self.max_use:
+            raise ConfigMismatchError(
+                f"a saved item was sampled {most_used} times, at or over max_use="
+                f"{self.max_use} of buffer {self.name!r}"
+            )
         staging = StagingKeys(self.name, uuid.uuid4().hex[:16])
         try:
             self._run("restore_stage", [self.keys.meta, staging.meta], [len(records)])
             for start in range(0, len(records), _READ_CHUNK):
                 chunk = records[start : start + _READ_CHUNK]
                 script, args = self._restore_args(
-                    [blob for _id, _priority, blob in chunk],
-                    np.array([priority for _id, priority, _blob in chunk], dtype=np.float64),
+                    [record[2] for record in chunk],
+                    np.array([record[1] for record in chunk], dtype=np.float64),
                     schema_json,
                 )
-                self._run_once(script, staging, staging.all_keys(), args)
+                reply = self._run_once(script, staging, staging.all_keys(), args)
+                if carry_per or any(record[4] for record in chunk):
+                    extra: list[Any] = [int(reply[0])]
+                    for record in chunk:
+                        extra += [repr(float(record[3])) if carry_per else "", str(record[4])]
+                    self._run("restore_items", staging.all_keys(), extra)
             self._run_once(
                 "restore",
                 self.keys,
                 [*self.keys.all_keys(), *staging.all_keys()],
-                [inserted, sampled, schema_json or ""],
+                [inserted, sampled, schema_json or "", int(carry_per), most_used],
             )
         finally:
             try:  # nothing left after a failure (DEL may repeat: retried)
@@ -1224,11 +1329,31 @@ def _saved_counters(header: dict[str, Any], length: int) -> tuple[int, int]:
 
 
 def _check_header(header: Any) -> None:
+    """Refuse a header that is not redisbuf's, of a newer save format, or (format 2) whose
+    ``per`` is neither None nor the PER settings (finite numbers >= 0)."""
     if not isinstance(header, dict) or header.get("format") != FILE_MAGIC:
         raise DecodeError("not a redisbuf save (missing format marker)")
     version = header.get("version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise DecodeError(f"saved with format version {version!r:.40}, not one redisbuf writes")
+    if version > SAVE_FORMAT_VERSION:
         raise DecodeError(
             f"saved with format version {version}, newer than this redisbuf reads "
-            f"({FORMAT_VERSION}); upgrade redisbuf"
+            f"({SAVE_FORMAT_VERSION}); upgrade redisbuf"
         )
+    if version == 1:
+        if header.get("per") is not None:
+            raise DecodeError("a format 1 save has no PER settings, this header has some")
+        return
+    per = header.get("per")
+    if per is None:
+        return
+    if not isinstance(per, dict) or set(per) != {"alpha", "eps", "initial_priority"}:
+        raise DecodeError(
+            f"saved PER settings {per!r:.80} are not a map of alpha, eps, initial_priority"
+        )
+    for name, value in per.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            0 <= value < math.inf
+        ):
+            raise DecodeError(f"saved PER setting {name}={value!r:.40} is not a finite number >= 0")

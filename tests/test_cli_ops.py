@@ -343,6 +343,50 @@ def test_export_import_moves_a_buffer_between_servers(url, real_client, tmp_path
         assert doc["created"] is False and doc["length"] == 300
 
 
+def test_export_import_keep_per_priorities_and_use_counts(url, real_client, tmp_path):
+    from redisbuf import PERSampler
+
+    sampler = PERSampler(alpha=0.7, eps=0.01, initial_priority=2.0)
+    src = fill(real_client, "per-src", 20, capacity=50, sampler=sampler)
+    ids = [int(m) for m in real_client.zrange(src.keys.order, 0, -1)]
+    src.update_priority(ids, np.arange(20) / 4)
+    src.sample(30)
+    path = tmp_path / "per.rbuf"
+    done = cli("export", "per-src", str(path), url=url)
+    assert done.returncode == 0, done.stderr
+    assert "per item: log-reward, use count, PER priority" in done.stdout
+
+    def in_order(client, name):
+        keys = BufferKeys(name)
+        members = client.zrange(keys.order, 0, -1)
+        per = client.zmscore(keys.per, members)
+        return per, [int(u or 0) for u in client.hmget(keys.uses, members)]
+
+    with EmbeddedServer() as other:
+        done = cli("import", str(path), "dst", "--url", other.url)
+        assert done.returncode == 0, done.stderr
+        assert "per item: log-reward, use count, PER priority" in done.stdout
+        client = redis.Redis.from_url(other.url)
+        meta = client.hgetall(BufferKeys("dst").meta)
+        assert meta[b"tree_mass"] == b"per"  # created with the saved PER settings
+        assert (meta[b"per_alpha"], meta[b"per_eps"], meta[b"per_initial"]) == (
+            b"0.7", b"0.01", b"2.0")
+        assert in_order(client, "dst") == in_order(real_client, "per-src")
+        assert sum(in_order(client, "dst")[1]) == 30
+        # an existing target without PER: refused unchanged, or told to drop them
+        fill(client, "plain", 1, capacity=50)
+        before = dump_all(client, "plain")
+        one_error(cli("import", str(path), "plain", "--yes", "--url", other.url),
+                  "PER", "--drop-per-priorities")
+        assert dump_all(client, "plain") == before
+        doc = as_json(cli("import", str(path), "plain", "--yes", "--drop-per-priorities",
+                          "--json", "--url", other.url))
+        assert doc["length"] == 20 and doc["per_priorities"] is False
+        per, uses = in_order(client, "plain")
+        assert per == [None] * 20 and sum(uses) == 30
+        client.close()
+
+
 def test_import_refuses_newer_format_and_mismatched_schema_leaving_target_unchanged(
     url, real_client, tmp_path
 ):

@@ -128,6 +128,15 @@ def test_every_script_path_runs_on_a_cluster_slot(cluster_client, tmp_path):
     ids = per.add(batch(np.arange(4)), priorities=[1.0, 2.0, 3.0, 4.0]).ids
     assert per.update_priority(ids, [4.0, 3.0, 2.0, 1.0]) == 4
     assert per.sample_with_info(3).weights is not None
+    # a PER checkpoint: priorities and use counts back, the tree rebuilt on the slot
+    uses = sorted(int(u) for u in cluster_client.hvals(per.keys.uses))
+    assert per.save(tmp_path / "per.rb") == 4
+    per.clear()
+    assert per.load(tmp_path / "per.rb") == 4
+    assert [s for _, s in cluster_client.zrange(per.keys.per, 0, -1, withscores=True)] == [
+        1.0, 2.0, 3.0, 4.0]
+    assert sorted(int(u) for u in cluster_client.hvals(per.keys.uses)) == uses
+    assert len(per.sample_with_info(3).ids) == 3
     used = ReplayBuffer(cluster_client, "used", capacity=8, max_use=1)
     used.add(batch(np.arange(3)))
     used.sample(3)

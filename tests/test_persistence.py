@@ -17,6 +17,7 @@ from redisbuf import (
     SchemaError,
     Trajectories,
 )
+from redisbuf.buffer import SAVE_FORMAT_VERSION
 
 
 def _content(client, name: str) -> list[tuple[float, bytes]]:
@@ -86,7 +87,7 @@ def test_load_replaces_the_current_items(client, source, tmp_path):
 def test_state_dict_round_trip(client, source):
     content, counters = _content(client, source.name), _counters(source)
     state = source.state_dict()
-    assert state["version"] == 1 and len(state["blobs"]) == 12
+    assert state["version"] == SAVE_FORMAT_VERSION and len(state["blobs"]) == 12
     assert state["priorities"] == [p for p, _ in content]
     packed = msgpack.packb(state, use_bin_type=True)  # plain data: no pickle needed
     restored = ReplayBuffer(client, source.name + "-sd", capacity=12, prioritized_capacity=True)
@@ -151,11 +152,11 @@ def _rewrite_header(path, **changes):
 def test_newer_format_version_is_refused(client, source, tmp_path):
     path = tmp_path / "new.rbuf"
     source.save(path)
-    _rewrite_header(path, version=2)
+    _rewrite_header(path, version=SAVE_FORMAT_VERSION + 1)
     before = snapshot(client, source.name)
     with pytest.raises(DecodeError, match="newer") as info:
         source.load(path)
-    assert "version 2" in str(info.value) and "upgrade" in str(info.value)
+    assert f"version {SAVE_FORMAT_VERSION + 1}" in str(info.value) and "upgrade" in str(info.value)
     state = source.state_dict()
     state["version"] = 99
     with pytest.raises(DecodeError, match="newer"):

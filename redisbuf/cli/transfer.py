@@ -2,9 +2,12 @@
 servers through the save format of :meth:`ReplayBuffer.save` / :meth:`ReplayBuffer.load`.
 
 ``import`` checks the file's header (format marker, version) before touching anything,
-creates a missing target with the saved capacity and eviction policy, and leaves the
-target as it was when the load is refused (newer format, a schema that does not fit, too
-many items, a corrupt file): a target it created is removed again.
+creates a missing target with the saved capacity and eviction policy (and the saved PER
+settings, when the file has PER priorities), and leaves the target as it was when the load
+is refused (newer format, a schema that does not fit, too many items, a corrupt file, PER
+priorities for a target without PER): a target it created is removed again. Both say what
+the file carries per item: log-rewards and use counts, and PER priorities when saved from a
+buffer with PER.
 """
 
 from __future__ import annotations
@@ -55,12 +58,17 @@ def register(subparsers: Any) -> None:
         description="Load FILE into the buffer NAME, creating it with the saved capacity "
         "and eviction policy if missing. A newer format, a schema that does not fit the "
         "target or a corrupt file is refused and the target is left unchanged. Replacing "
-        "the items of a non-empty buffer asks first (or --yes).",
+        "the items of a non-empty buffer asks first (or --yes). Items keep their "
+        "log-rewards, use counts and (files saved with PER) PER priorities.",
     )
     load.add_argument("file", help="file written by `redisbuf export` or ReplayBuffer.save")
     load.add_argument("name", help="buffer name")
     add_url_argument(load)
     load.add_argument("--yes", action="store_true", help="replace a non-empty buffer's items")
+    load.add_argument(
+        "--drop-per-priorities", action="store_true",
+        help="load a file with PER priorities into a buffer without PER, leaving them out",
+    )
     add_json_argument(load)
     load.set_defaults(func=run_import)
 
@@ -127,17 +135,23 @@ def run_export(args: argparse.Namespace) -> int:
                 count = buffer.save(path)
     finally:
         client.close()
+    per = read_header(path).get("per") is not None
     document = {
         "url": redacted(url), "name": args.name, "file": str(path), "items": count,
-        "bytes": path.stat().st_size,
+        "bytes": path.stat().st_size, "per_priorities": per,
     }
     return emit(
         args, document,
         lambda out: out.print(
             f"Exported {count} items of buffer {safe(args.name)} to {safe(path)} "
-            f"({document['bytes']} bytes)."
+            f"({document['bytes']} bytes; per item: {_kept(per)})."
         ),
     )
+
+
+def _kept(per: bool) -> str:
+    """What a save file keeps per item, in words."""
+    return "log-reward, use count" + (", PER priority" if per else "")
 
 
 def read_header(path: Path) -> dict[str, Any]:
@@ -165,6 +179,7 @@ def read_header(path: Path) -> dict[str, Any]:
 
 def run_import(args: argparse.Namespace) -> int:
     from ..buffer import ReplayBuffer
+    from ..samplers import PERSampler
 
     path = Path(args.file)
     header = read_header(path)  # a newer format is refused before we connect
@@ -183,9 +198,14 @@ def run_import(args: argparse.Namespace) -> int:
                     "would replace",
                 )
         else:
+            per = header.get("per")
             buffer = ReplayBuffer(
                 client, args.name, capacity=int(header["capacity"]),
                 prioritized_capacity=header["eviction"] == "reward",
+                sampler=None if per is None else PERSampler(
+                    alpha=per["alpha"], eps=per["eps"],
+                    initial_priority=per["initial_priority"],
+                ),
             )
             created = True
         try:
@@ -199,7 +219,7 @@ def run_import(args: argparse.Namespace) -> int:
                     progress.update(task, completed=total["n"])
 
                 with _counting(buffer, "_insert", advance):
-                    count = buffer.load(path)
+                    count = buffer.load(path, drop_per_priorities=args.drop_per_priorities)
                 progress.update(task, total=count, completed=count)
         except BaseException:
             if created:
@@ -208,15 +228,17 @@ def run_import(args: argparse.Namespace) -> int:
         length = len(buffer)
     finally:
         client.close()
+    per = header.get("per") is not None and not args.drop_per_priorities
     document = {
         "url": redacted(url), "name": args.name, "file": str(path), "items": count,
-        "length": length, "created": created,
+        "length": length, "created": created, "per_priorities": per,
     }
     return emit(
         args, document,
         lambda out: out.print(
             f"Imported {count} items from {safe(path)} into "
-            f"{'new ' if created else ''}buffer {safe(args.name)}."
+            f"{'new ' if created else ''}buffer {safe(args.name)} "
+            f"(per item: {_kept(per)})."
         ),
     )
 
