@@ -188,3 +188,31 @@ def test_every_buffer_finds_each_class_once_per_name(fake_client):
     assert every_buffer(fake_client) == [
         ("a", "buffer"), ("a", "sequence"), ("b", "episodes"), ("c", "fragments")
     ]
+
+
+@pytest.mark.redis_server
+def test_sequence_sampling_counts_steps_yet_works_on_a_server_refusing_writes(buffer_name):
+    """seq_sample now writes its "sampled" counter; the read-only variant (full server)
+    still draws, and counts nothing."""
+    import redis
+
+    from redisbuf.server import EmbeddedServer
+
+    with EmbeddedServer() as server:  # private: its configuration changes
+        client = redis.Redis.from_url(server.url)
+        seq = SequenceBuffer(client, buffer_name, num_environments=2, max_length=8, seed=0)
+        for _ in range(4):
+            seq.add_batch({"x": np.arange(2)})
+        seq.get_batch(3, 2)
+        meta = seq.keys.meta
+        assert client.hget(meta, "sampled") == b"6"
+        client.config_set("maxmemory", 1)  # every write is refused from now on (noeviction)
+        try:
+            before = client.hgetall(meta)
+            with pytest.raises(redis.exceptions.OutOfMemoryError):
+                seq.add_batch({"x": np.arange(2)})
+            data, _ = seq.get_batch(2, 3)
+            assert data["x"].shape == (2, 3)
+            assert client.hgetall(meta) == before
+        finally:
+            client.config_set("maxmemory", 0)
