@@ -219,13 +219,37 @@ def run_manager(mode: str, trainers: int, url: str, rounds: int, batch: int) -> 
     return sum(r["rounds"] for r in records) / max(r["elapsed"] for r in records)
 
 
+def _add_alone_rate(url: str, rounds: int, batch: int) -> float:
+    """Adds per second of one drop-in worker with no manager (same trajectories, buffer
+    and warm-up as a trainer): the part of a round trip the worker spends before it
+    sends, so 5x torchgfn's rate is out of reach when this is not well above it."""
+    from redisbuf.torchgfn import ReplayBuffer
+
+    env = _env()
+    data = _trajectories(env, batch, 4, seed=1)
+    buffer = ReplayBuffer(env, CAPACITY, True, url=url)
+    try:
+        for i in range(WARMUP):
+            buffer.add(data[i % len(data)])
+        began = time.perf_counter()
+        for i in range(rounds):
+            buffer.add(data[i % len(data)])
+        return rounds / (time.perf_counter() - began)
+    finally:
+        buffer.buffer.drop()
+        buffer.close()
+
+
 def bench_manager(url: str, rounds: int, repeats: int, batches: list[int],
                   trainer_counts: list[int]) -> None:
     print("2. manager path: add + score round trips per second (HyperGrid 16x16, "
           f"capacity {CAPACITY}, medians of {repeats})")
     print(f"{'batch':>6} {'trainers':>8} {'torchgfn (gloo)':>16} {'redisbuf (MPI)':>15} "
           f"{'ratio':>6} {'redisbuf (Redis)':>17} {'ratio':>6}")
+    alone: dict[int, float] = {}
     for batch in batches:
+        n = rounds if batch == 64 else max(5, rounds // 4)
+        alone[batch] = statistics.median(_add_alone_rate(url, n, batch) for _ in range(repeats))
         for trainers in trainer_counts:
             n = rounds if batch == 64 else max(5, rounds // 4)
             rates: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -239,6 +263,11 @@ def bench_manager(url: str, rounds: int, repeats: int, batches: list[int],
                 record(f"drop-in manager over {backend}, batch {batch}, trainers: {trainers}",
                        value, "round trips/s", baseline=t, baseline_name="torchgfn gloo",
                        target=">= 5")
+            if trainers == 1:
+                record(f"drop-in worker's add alone (no manager), batch {batch}", alone[batch],
+                       "adds/s", baseline=t, baseline_name="torchgfn gloo round trips")
+    for batch, rate in alone.items():
+        print(f"one drop-in worker's add alone, no manager, batch {batch}: {rate:.1f} adds/s")
 
 
 def main() -> None:
