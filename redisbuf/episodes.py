@@ -76,6 +76,17 @@ class EpisodeKeys:
         """In the order every episode script takes them."""
         return [self.meta, self.index, self.lens, self.steps]
 
+    def describe(self) -> dict[str, str]:
+        """Key name -> what it holds (the table of this module's docstring), for people
+        reading the buffer with redis-cli."""
+        return {
+            self.meta: "hash: capacity, schema, last_id, next_pos, steps, counters "
+            "(pushed, evicted, sampled: episodes)",
+            self.index: "zset: episode id -> position of its first step",
+            self.lens: "hash: episode id -> number of steps",
+            self.steps: "hash: step position -> msgpack blob of the step",
+        }
+
 
 @dataclass
 class EpisodeSample:

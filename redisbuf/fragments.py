@@ -100,6 +100,22 @@ class FragmentKeys:
             )
         ]
 
+    def describe(self) -> dict[str, str]:
+        """Key name -> what it holds (the table of this module's docstring), for people
+        reading the buffer with redis-cli; in the order of :meth:`all_keys`."""
+        return dict(zip(self.all_keys(), (
+            "hash: configuration, model version and session, id counters, counters "
+            "(chunks_added, chunks_evicted, fetched: chunks), metric sums",
+            "hash: fragment id -> msgpack blob (stored once)",
+            "hash: fragment id -> JSON [stream, index, version, session]",
+            "hash: fragment id -> references (pending list, chunk)",
+            "hash: stream id -> JSON list of fragment ids not yet in a chunk",
+            "hash: stream id -> fragments added (next index)",
+            "zset: chunk id -> chunk id (age order)",
+            "hash: chunk id -> JSON {stream, version, session, uses, fragments, indices}",
+            "zset: chunk id -> model version",
+        ), strict=True))
+
 
 @dataclass
 class AddedFragment:

@@ -227,19 +227,26 @@ def buffer_classes(client: redis.Redis, name: str) -> list[str]:
     return [c for c, found in zip(LAYOUTS, pipe.execute(), strict=True) if found]
 
 
-def _class_keys(buffer_class: str, name: str) -> list[str]:
-    """Every key of the buffer ``name`` of ``buffer_class`` (for its memory use)."""
+def class_keys(buffer_class: str, name: str) -> Any:
+    """The key names of the buffer ``name`` of ``buffer_class`` (a key of
+    :data:`LAYOUTS`): :class:`~redisbuf.keys.BufferKeys`,
+    :class:`~redisbuf.sequence.SequenceKeys`, :class:`~redisbuf.episodes.EpisodeKeys` or
+    :class:`~redisbuf.fragments.FragmentKeys`; each has ``all_keys()`` and ``describe()``."""
+    if buffer_class == "buffer":
+        return BufferKeys(name)
     if buffer_class == "sequence":
         from .sequence import SequenceKeys
 
-        return SequenceKeys(name).all_keys()
+        return SequenceKeys(name)
     if buffer_class == "episodes":
         from .episodes import EpisodeKeys
 
-        return EpisodeKeys(name).all_keys()
-    from .fragments import FragmentKeys
+        return EpisodeKeys(name)
+    if buffer_class == "fragments":
+        from .fragments import FragmentKeys
 
-    return FragmentKeys(name).all_keys()
+        return FragmentKeys(name)
+    raise ValueError(f"unknown buffer class {buffer_class!r}: one of {', '.join(LAYOUTS)}")
 
 
 def _class_snapshot(
@@ -280,7 +287,9 @@ def _class_snapshot(
         inserted=_int(meta.get(layout.inserted)),
         evicted=_int(meta.get(layout.evicted)),
         sampled=_int(meta.get(layout.sampled)),
-        memory_bytes=_memory(client, _class_keys(layout.buffer_class, name)) if memory else None,
+        memory_bytes=(
+            _memory(client, class_keys(layout.buffer_class, name).all_keys()) if memory else None
+        ),
         last_insert=_float(meta.get("last_insert")),
         baseline=None,
         manager_running=False,
@@ -403,11 +412,17 @@ def versions_summary(client: redis.Redis, name: str) -> dict[str, float] | None:
 class BufferCollector:
     """A prometheus_client collector reading the buffers at each scrape.
 
-    ``names`` empty means every buffer in the database. Metrics (label ``buffer``):
-    gauges ``redisbuf_length``, ``redisbuf_capacity``, ``redisbuf_memory_bytes``,
-    ``redisbuf_baseline_log_reward``; counters ``redisbuf_inserted_total``,
-    ``redisbuf_evicted_total``, ``redisbuf_sampled_total``; and ``redisbuf_up`` (1 when
-    Redis answered this scrape).
+    ``names`` empty means every buffer of every class (:func:`every_buffer`); a name
+    given exports each class that has a buffer of that name (:func:`buffer_classes`).
+    Every series has the labels ``buffer`` (the name) and ``class`` (a key of
+    :data:`LAYOUTS`: buffer, sequence, episodes, fragments), so buffers of two classes
+    under one name are two series. Gauges ``redisbuf_length``, ``redisbuf_capacity``,
+    ``redisbuf_memory_bytes``, ``redisbuf_baseline_log_reward`` (ReplayBuffers with a
+    baseline only); counters ``redisbuf_inserted_total``, ``redisbuf_evicted_total``,
+    ``redisbuf_sampled_total``. Length, capacity and the counters are in the class's
+    unit (:attr:`Layout.unit`: items, steps, episodes, chunks; the counters are the meta
+    fields the layout names). ``redisbuf_up`` (no labels) is 1 when Redis answered this
+    scrape.
     """
 
     def __init__(self, client: redis.Redis, names: Sequence[str] = ()) -> None:
@@ -417,48 +432,61 @@ class BufferCollector:
     def describe(self) -> list[Any]:
         return []  # the buffers change between scrapes: no fixed description
 
+    def _buffers(self) -> list[tuple[str, str]]:
+        if not self.names:
+            return every_buffer(self.client)
+        return [(name, c) for name in self.names for c in buffer_classes(self.client, name)]
+
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         up = GaugeMetricFamily("redisbuf_up", "1 if Redis answered this scrape, else 0")
         try:
-            names = self.names or buffer_names(self.client)
-            snaps = [s for s in (snapshot(self.client, n) for n in names) if s is not None]
+            snaps = [
+                s
+                for s in (
+                    snapshot(self.client, name, buffer_class=c) for name, c in self._buffers()
+                )
+                if s is not None
+            ]
         except redis.exceptions.RedisError:
             up.add_metric([], 0)
             yield up
             return
         up.add_metric([], 1)
         yield up
+        units = "in the class's unit: items, steps, episodes or chunks"
         gauges = {
-            "length": ("items in the buffer", lambda s: s.length),
-            "capacity": ("the buffer's capacity", lambda s: s.capacity),
+            "length": (f"what the buffer holds ({units})", lambda s: s.length),
+            "capacity": (f"the buffer's capacity ({units})", lambda s: s.capacity),
             "memory_bytes": ("bytes Redis uses for the buffer's keys", lambda s: s.memory_bytes),
             "baseline_log_reward": (
                 "the manager's EMA baseline log-reward", lambda s: s.baseline
             ),
         }
+        labels = ["buffer", "class"]
         for metric, (doc, read) in gauges.items():
-            family = GaugeMetricFamily(f"redisbuf_{metric}", doc, labels=["buffer"])
+            family = GaugeMetricFamily(f"redisbuf_{metric}", doc, labels=labels)
             for snap in snaps:
                 value = read(snap)
                 if value is not None:
-                    family.add_metric([snap.name], float(value))
+                    family.add_metric([snap.name, snap.buffer_class], float(value))
             yield family
         counters = {
-            "inserted": ("items added since creation or the last clear", "inserted"),
-            "evicted": ("items evicted since creation or the last clear", "evicted"),
-            "sampled": ("items drawn by sample since creation or the last clear", "sampled"),
+            "inserted": f"added since creation or the last clear ({units})",
+            "evicted": f"evicted since creation or the last clear ({units})",
+            "sampled": f"drawn since creation or the last clear ({units})",
         }
-        for metric, (doc, attr) in counters.items():
-            family = CounterMetricFamily(f"redisbuf_{metric}", doc, labels=["buffer"])
+        for metric, doc in counters.items():
+            family = CounterMetricFamily(f"redisbuf_{metric}", doc, labels=labels)
             for snap in snaps:
-                family.add_metric([snap.name], float(getattr(snap, attr)))
+                family.add_metric([snap.name, snap.buffer_class], float(getattr(snap, metric)))
             yield family
 
 
 def serve(client: redis.Redis, names: Sequence[str], port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve the metrics of ``names`` (all buffers when empty) over HTTP at ``/metrics``;
+    """Serve the metrics of ``names`` (all buffers of every class when empty) over HTTP
+    at ``/metrics`` (see :class:`BufferCollector`);
     returns the HTTP server (``server_port`` is the port, useful with ``port=0``)."""
     from prometheus_client import CollectorRegistry, start_http_server
 

@@ -72,6 +72,20 @@ class SequenceKeys:
     def meta(self) -> str:
         return self._key("meta")
 
+    def describe(self) -> dict[str, str]:
+        """Key name -> what it holds (the table of this module's docstring), for people
+        reading the buffer with redis-cli; in the order of :meth:`all_keys`."""
+        return dict(zip(self.all_keys(), (
+            "hash: configuration, schema, counters (size, added, evicted, sampled: steps)",
+            "hash: 'env:pos' -> msgpack blob of one step",
+            "hash: next/start/cur/first/ended:e -> stream state of environment e",
+            "zset: episode (env, begin) -> number of its steps stored",
+            "zset: episode members, score 0 (lex order = env, begin)",
+            "hash: 'env:pos' -> reward (record_episodic_return)",
+            "hash: 'env:pos' -> discounted return of ended episodes",
+            "hash: 16-ary sum tree of step priorities (prioritized_sampling)",
+        ), strict=True))
+
 
 class BatchInfo(NamedTuple):
     """Where the windows of a batch come from (ALF's ``BatchInfo``), shapes ``[B]``.

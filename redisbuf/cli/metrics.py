@@ -13,14 +13,19 @@ from ._common import CommandError, add_json_argument, add_url_argument, connect_
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "metrics",
-        help="serve Prometheus metrics of all or the named buffers over HTTP",
+        help="serve Prometheus metrics of all or the named buffers (every class) over HTTP",
         description="Serve /metrics for Prometheus (prometheus_client): gauges "
         "redisbuf_length, redisbuf_capacity, redisbuf_memory_bytes, "
         "redisbuf_baseline_log_reward; counters redisbuf_inserted_total, "
-        "redisbuf_evicted_total, redisbuf_sampled_total (label buffer); redisbuf_up. "
+        "redisbuf_evicted_total, redisbuf_sampled_total (labels buffer and class: "
+        "buffer, sequence, episodes or fragments); redisbuf_up. Length, capacity and "
+        "the counters are in the class's unit: items, steps, episodes or chunks. "
         "Buffers are read at each scrape. Runs until Ctrl-C / SIGTERM.",
     )
-    parser.add_argument("names", nargs="*", metavar="NAME", help="buffers (default: all)")
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME",
+        help="buffers, each of every class it names (default: all buffers of every class)",
+    )
     add_url_argument(parser)
     parser.add_argument("--port", type=int, default=9108, help="HTTP port (default: 9108)")
     parser.add_argument(
@@ -52,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot listen on {args.addr}:{args.port}: {exc}") from None
     port = server.server_port
     endpoint = f"http://{args.addr}:{port}/metrics"
-    what = ", ".join(args.names) if args.names else "all buffers"
+    what = ", ".join(args.names) if args.names else "all buffers of every class"
     if args.json:
         print_json({"url": redacted(url), "endpoint": endpoint, "port": port,
                     "buffers": args.names})
