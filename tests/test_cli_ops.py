@@ -257,6 +257,58 @@ def test_inspect_prints_field_names_literally(url, real_client):
     assert "[/x]" in doc["schema"]["fields"]
 
 
+def test_inspect_shows_sequence_and_episode_buffers(url, real_client, capsys):
+    seq = SequenceBuffer(real_client, "seqbuf", num_environments=2, max_length=3)
+    for _ in range(4):
+        seq.add_batch({"obs": np.arange(2, dtype=np.float32)})  # 8 steps into 2 x 3
+    seq.get_batch(2, 2)  # 4 steps sampled
+    doc = as_json(cli("inspect", "seqbuf", "--json", url=url))
+    assert (doc["buffer_class"], doc["unit"], doc["length"], doc["capacity"]) == (
+        "sequence", "steps", 6, 6)
+    assert doc["counters"] == {"inserted": 8, "evicted": 2, "sampled": 4}
+    assert doc["configuration"]["num_environments"] == 2
+    assert doc["configuration"]["max_length"] == 3
+    assert doc["memory_bytes"] > 0
+    assert doc["keys"]["rb:{seqbuf}:seq:steps"]["exists"]
+    assert "top" not in doc and "prioritized_sampling_ready" not in doc
+    text = cli("inspect", "seqbuf", url=url)
+    assert text.returncode == 0, text.stderr
+    for needle in ("Sequence buffer 'seqbuf'", "6 steps (100% full)", "inserted (added)",
+                   "8 steps", "max_length", "rb:{seqbuf}:seq:envs", "obs", "float32",
+                   "HGETALL 'rb:{seqbuf}:seq:meta'"):
+        assert needle in text.stdout, (needle, text.stdout)
+    assert "by log-reward" not in text.stdout and "sum tree built" not in text.stdout
+
+    episodes = EpisodeBuffer(real_client, "epbuf", capacity_episodes=2)
+    for length in (1, 2, 3):
+        episodes.push([{"o": float(t)} for t in range(length)])
+    doc = as_json(cli("inspect", "epbuf", "--json", url=url))
+    assert (doc["buffer_class"], doc["unit"], doc["length"], doc["capacity"]) == (
+        "episodes", "episodes", 2, 2)
+    assert doc["counters"] == {"inserted": 3, "evicted": 1, "sampled": 0, "steps": 5,
+                               "last_id": 3}
+    assert doc["configuration"] == {"capacity_episodes": 2}
+    text = cli("inspect", "epbuf", url=url)
+    assert text.returncode == 0, text.stderr
+    for needle in ("Episodes buffer 'epbuf'", "2 episodes (100% full)", "inserted (pushed)",
+                   "rb:{epbuf}:episodes:lens", "fifo (oldest episodes first)"):
+        assert needle in text.stdout, (needle, text.stdout)
+
+    # a ReplayBuffer under the sequence buffer's name: --class picks, as in watch / plot
+    fill(real_client, "seqbuf", 3)
+    one_error(main_in_process(capsys, "inspect", "seqbuf", url=url),
+              "classes buffer, sequence", "--class")
+    doc = as_json(cli("inspect", "seqbuf", "--class", "buffer", "--json", url=url))
+    assert (doc["buffer_class"], doc["unit"], doc["length"]) == ("buffer", "items", 3)
+    assert len(doc["top"]) == 3
+    doc = as_json(cli("inspect", "seqbuf", "--class", "sequence", "--json", url=url))
+    assert (doc["buffer_class"], doc["length"]) == ("sequence", 6)
+    one_error(main_in_process(capsys, "inspect", "epbuf", "--class", "fragments", url=url),
+              "no fragments buffer named 'epbuf'", "episodes")
+    one_error(main_in_process(capsys, "inspect", "nope", url=url),
+              "no buffer named 'nope'", "epbuf (episodes)", "seqbuf (sequence)")
+
+
 def test_json_errors_leave_stdout_empty(url, capsys):
     one_error(cli("inspect", "nope", "--json", url=url), "no buffer named 'nope'")
     for command in ("inspect", "watch", "drop"):
@@ -661,6 +713,60 @@ def test_metrics_exporter_scraped_over_loopback(url, real_client):
     try:
         values = _scrape(port)
         assert {b for (_, b) in values if b} == {"mb"}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _scrape_classes(port: int) -> dict[tuple[str, str, str], float]:
+    """(metric, buffer label, class label) -> value; no two series may share a key."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, sample.labels.get("buffer", ""), sample.labels.get("class", ""))
+            assert key not in values, f"two series {key}"
+            values[key] = sample.value
+    return values
+
+
+def test_metrics_exports_every_class_under_one_name(url, real_client):
+    fill(real_client, "clash", 5, capacity=4).sample(3)
+    seq = SequenceBuffer(real_client, "clash", num_environments=2, max_length=3)
+    for _ in range(4):
+        seq.add_batch({"x": np.arange(2)})
+    seq.get_batch(2, 2)
+    EpisodeBuffer(real_client, "clash", capacity_episodes=5).push([1, 2, 3])
+    EpisodeBuffer(real_client, "eps", capacity_episodes=3).push([1])
+    proc, port = _start_metrics(url)
+    try:
+        values = _scrape_classes(port)
+        expected = {  # (length, capacity, inserted, evicted, sampled) in the class's unit
+            ("clash", "buffer"): (4, 4, 5, 1, 3),
+            ("clash", "sequence"): (6, 6, 8, 2, 4),
+            ("clash", "episodes"): (1, 5, 1, 0, 0),
+            ("eps", "episodes"): (1, 3, 1, 0, 0),
+        }
+        for (name, buffer_class), numbers in expected.items():
+            got = tuple(
+                values[(f"redisbuf_{m}", name, buffer_class)]
+                for m in ("length", "capacity", "inserted_total", "evicted_total",
+                          "sampled_total")
+            )
+            assert got == numbers, (name, buffer_class)
+            assert values[("redisbuf_memory_bytes", name, buffer_class)] > 0
+        assert {(b, c) for (_, b, c) in values if b} == set(expected)
+        # the old series keep their names and buffer label; class="buffer" is added
+        assert _scrape(port)[("redisbuf_inserted_total", "eps")] == 1
+        seq.add_batch({"x": np.arange(2)})
+        assert _scrape_classes(port)[("redisbuf_inserted_total", "clash", "sequence")] == 10
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    proc, port = _start_metrics(url, "eps")
+    try:
+        assert {(b, c) for (_, b, c) in _scrape_classes(port) if b} == {("eps", "episodes")}
     finally:
         proc.terminate()
         proc.wait(30)
