@@ -421,8 +421,8 @@ class BufferCollector:
     baseline only); counters ``redisbuf_inserted_total``, ``redisbuf_evicted_total``,
     ``redisbuf_sampled_total``. Length, capacity and the counters are in the class's
     unit (:attr:`Layout.unit`: items, steps, episodes, chunks; the counters are the meta
-    fields the layout names). ``redisbuf_up`` (no labels) is 1 when Redis answered this
-    scrape.
+    fields the layout names, which only a ReplayBuffer's ``clear()`` restarts).
+    ``redisbuf_up`` (no labels) is 1 when Redis answered this scrape.
     """
 
     def __init__(self, client: redis.Redis, names: Sequence[str] = ()) -> None:
@@ -472,10 +472,11 @@ class BufferCollector:
                 if value is not None:
                     family.add_metric([snap.name, snap.buffer_class], float(value))
             yield family
+        since = "since creation or a ReplayBuffer's last clear"
         counters = {
-            "inserted": f"added since creation or the last clear ({units})",
-            "evicted": f"evicted since creation or the last clear ({units})",
-            "sampled": f"drawn since creation or the last clear ({units})",
+            "inserted": f"added {since} ({units})",
+            "evicted": f"evicted {since} ({units})",
+            "sampled": f"drawn {since} ({units})",
         }
         for metric, doc in counters.items():
             family = CounterMetricFamily(f"redisbuf_{metric}", doc, labels=labels)
