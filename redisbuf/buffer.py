@@ -9,7 +9,7 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +57,8 @@ SAVE_FORMAT_VERSION = 2
 FILE_MAGIC = "redisbuf"
 DEFAULT_MAX_ITEM_BYTES = 64 * 1024 * 1024
 _READ_CHUNK = 1000
+#: ``progress(done, total)`` of :meth:`ReplayBuffer.save` and :meth:`ReplayBuffer.load`.
+Progress = Callable[[int, int], None]
 #: Seconds a buffer remembers an add's batch id, so that a retried add is not inserted
 #: twice (see Script.__call__): far longer than any retry takes.
 BATCH_MEMORY = 600.0
@@ -1017,7 +1019,7 @@ class ReplayBuffer:
             lists += [[None] * len(lists[0]), [0] * len(lists[0])]
         self._restore(state, zip(*lists, strict=True), drop_per_priorities)
 
-    def save(self, path: str | Path) -> int:
+    def save(self, path: str | Path, *, progress: Progress | None = None) -> int:
         """Write the buffer to ``path`` as a msgpack stream: a header map (its ``per``:
         the PER settings ``alpha``, ``eps``, ``initial_priority``, or None without PER),
         one ``[id, log_reward, blob, per_priority, uses]`` record per item (oldest first;
@@ -1028,8 +1030,12 @@ class ReplayBuffer:
 
         The file is written beside ``path`` under a temporary name, fsynced, and renamed
         over ``path`` only when complete: a save that fails (or a crash) leaves the
-        previous file as it was."""
+        previous file as it was.
+
+        ``progress(done, total)``, when given, is called after every 1,000 records written
+        and once at the end, with ``total`` the length when the save began."""
         path = Path(path)
+        total = len(self) if progress is not None else 0
         handle = tempfile.NamedTemporaryFile(
             "wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
         )
@@ -1042,6 +1048,8 @@ class ReplayBuffer:
                 for record in self._records(header["per"] is not None):
                     handle.write(packer.pack(list(record)))
                     count += 1
+                    if progress is not None and count % _READ_CHUNK == 0:
+                        progress(count, total)
                 handle.write(packer.pack({"end": count}))
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -1050,9 +1058,17 @@ class ReplayBuffer:
             Path(handle.name).unlink(missing_ok=True)
             raise
         _fsync_dir(path.parent)  # the rename itself survives a crash
+        if progress is not None:
+            progress(count, max(total, count))
         return count
 
-    def load(self, path: str | Path, *, drop_per_priorities: bool = False) -> int:
+    def load(
+        self,
+        path: str | Path,
+        *,
+        drop_per_priorities: bool = False,
+        progress: Progress | None = None,
+    ) -> int:
         """Replace the buffer's items with those saved at ``path``; returns their number.
 
         The file is read and checked whole (records, schema, capacity, counters: integers
@@ -1071,7 +1087,10 @@ class ReplayBuffer:
         :class:`ConfigMismatchError` unless ``drop_per_priorities=True``, which loads the
         items without them. A file without PER priorities (saved without PER, or in
         format 1) loaded into a PER buffer gives every item ``initial_priority``, the
-        new-item rule with nothing else present."""
+        new-item rule with nothing else present.
+
+        ``progress(done, total)``, when given, is called after every chunk of up to 1,000
+        items built under the staging keys, and once more after the swap."""
         with open(path, "rb") as handle:
             unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
             try:
@@ -1107,7 +1126,7 @@ class ReplayBuffer:
             )
         if extra is not None:
             raise DecodeError(f"{path}: data after the trailer")
-        self._restore(header, records, drop_per_priorities)
+        self._restore(header, records, drop_per_priorities, progress)
         return len(records)
 
     def _check_records(
@@ -1167,7 +1186,11 @@ class ReplayBuffer:
         return "add", args
 
     def _restore(
-        self, header: dict[str, Any], records: Any, drop_per_priorities: bool = False
+        self,
+        header: dict[str, Any],
+        records: Any,
+        drop_per_priorities: bool = False,
+        progress: Progress | None = None,
     ) -> None:
         records = list(records)
         schema_json = header.get("schema")
@@ -1220,12 +1243,16 @@ class ReplayBuffer:
                     for record in chunk:
                         extra += [repr(float(record[3])) if carry_per else "", str(record[4])]
                     self._run("restore_items", staging.all_keys(), extra)
+                if progress is not None:
+                    progress(start + len(chunk), len(records))
             self._run_once(
                 "restore",
                 self.keys,
                 [*self.keys.all_keys(), *staging.all_keys()],
                 [inserted, sampled, schema_json or "", int(carry_per), most_used],
             )
+            if progress is not None:
+                progress(len(records), len(records))
         finally:
             try:  # nothing left after a failure (DEL may repeat: retried)
                 retrying(lambda: self.client.delete(*staging.all_keys()), name=self.client)

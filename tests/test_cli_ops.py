@@ -379,6 +379,9 @@ def test_export_import_moves_a_buffer_between_servers(url, real_client, tmp_path
     doc = as_json(cli("export", "src", str(path), "--json", url=url))
     assert doc["items"] == 300 and doc["bytes"] == path.stat().st_size
     with EmbeddedServer() as other:
+        shown = cli("import", str(path), "shown", "--url", other.url)
+        assert shown.returncode == 0, shown.stderr
+        assert "300/300" in shown.stderr  # the progress bar (on stderr)
         doc = as_json(cli("import", str(path), "dst", "--json", "--url", other.url))
         assert doc["items"] == 300 and doc["created"] is True
         copy = ReplayBuffer.open(other.url, "dst")

@@ -229,3 +229,19 @@ def test_file_that_does_not_fit_is_refused(client, source, tmp_path):
     with pytest.raises(SchemaError, match="int32"):
         other.load(path)
     assert snapshot(client, other.name) == before
+
+
+def test_save_and_load_report_progress_per_chunk_of_1000(client, buffer_name, tmp_path):
+    buffer = ReplayBuffer(client, buffer_name, capacity=3000)
+    buffer.add({"x": np.arange(2500, dtype=np.int64)})
+    saved: list[tuple[int, int]] = []
+    path = tmp_path / "big.rbuf"
+    assert buffer.save(path, progress=lambda done, total: saved.append((done, total))) == 2500
+    assert saved == [(1000, 2500), (2000, 2500), (2500, 2500)]
+    loaded: list[tuple[int, int]] = []
+    copy = ReplayBuffer(client, buffer_name + "-copy", capacity=3000)
+    assert copy.load(path, progress=lambda done, total: loaded.append((done, total))) == 2500
+    # three chunks built under the staging keys, then the swap
+    assert loaded == [(1000, 2500), (2000, 2500), (2500, 2500), (2500, 2500)]
+    ids = [int(i) for i in client.zrange(copy.keys.order, 0, -1)]
+    assert copy.get(ids)["x"].tolist() == list(range(2500))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from ..buffer import ReplayBuffer
+    pass
 
 
 def register(subparsers: Any) -> None:
@@ -97,29 +97,6 @@ def _progress_bar() -> Iterator[Progress]:
             raise
 
 
-@contextlib.contextmanager
-def _counting(buffer: ReplayBuffer, method: str, advance: Callable[[Any], None]) -> Iterator[None]:
-    """Call ``advance`` from the buffer's own ``method`` (per record written, per chunk
-    inserted) while the block runs; the save format stays the buffer's business."""
-    original = getattr(buffer, method, None)
-    if original is None:  # a refactored buffer: no progress, same result
-        yield
-        return
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        if method == "_records":
-            return (advance(record) or record for record in result)
-        advance(args)
-        return result
-
-    setattr(buffer, method, wrapped)
-    try:
-        yield
-    finally:
-        delattr(buffer, method)
-
-
 def run_export(args: argparse.Namespace) -> int:
     client, url = connect_args(args, "redisbuf export")
     path = Path(args.file)
@@ -131,8 +108,10 @@ def run_export(args: argparse.Namespace) -> int:
         buffer = open_buffer(client, args.name, url)
         with _progress_bar() as progress:
             task = progress.add_task(f"exporting {safe(args.name)}", total=len(buffer))
-            with _counting(buffer, "_records", lambda _r: progress.advance(task)):
-                count = buffer.save(path)
+            count = buffer.save(
+                path, progress=lambda done, total: progress.update(task, completed=done,
+                                                                   total=total)
+            )
     finally:
         client.close()
     per = read_header(path).get("per") is not None
@@ -211,16 +190,12 @@ def run_import(args: argparse.Namespace) -> int:
         try:
             with _progress_bar() as progress:
                 task = progress.add_task(f"importing {safe(args.name)}", total=None)
-                total = {"n": 0}
-
-                def advance(call_args: Any) -> None:
-                    blobs = call_args[0] if call_args else []
-                    total["n"] += len(blobs)
-                    progress.update(task, completed=total["n"])
-
-                with _counting(buffer, "_insert", advance):
-                    count = buffer.load(path, drop_per_priorities=args.drop_per_priorities)
-                progress.update(task, total=count, completed=count)
+                count = buffer.load(
+                    path,
+                    drop_per_priorities=args.drop_per_priorities,
+                    progress=lambda done, total: progress.update(task, completed=done,
+                                                                 total=total),
+                )
         except BaseException:
             if created:
                 client.delete(*keys.all_keys())
