@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from ..connection import URL_ENV, connect, redacted
 from ..errors import RedisBufError
-from ..keys import PREFIX
+from ..keys import PREFIX, BufferKeys
 from ..metrics import LAYOUTS, buffer_classes, buffer_names, every_buffer
 
 if TYPE_CHECKING:
@@ -189,6 +189,8 @@ def resolve_class(client: redis.Redis, name: str, url: str, wanted: str | None) 
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     found = buffer_classes(client, name)
+    if not found and client.exists(BufferKeys(name).shards):
+        open_buffer(client, name, url)  # raises ShardedBufferError: what to open instead
     if wanted is not None and wanted not in found:
         if not found:
             raise missing_buffer_error(client, name, url, every_class=True)
