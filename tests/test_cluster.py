@@ -250,13 +250,22 @@ def test_processes_adding_to_one_sharded_buffer(redis_cluster, cluster_client):
     assert values == sorted([v for p in range(60) for v in (p, p + 1000)])
 
 
-def _give_slot(redis_cluster, slot: int, port: int) -> None:
-    """Hand the (empty) ``slot`` to the master on ``port``, telling every master."""
-    nodes = [redis.Redis(port=p) for p in redis_cluster.ports]
-    target = nodes[redis_cluster.ports.index(port)].execute_command("CLUSTER MYID")
-    for node in sorted(nodes, key=lambda n: n.connection_pool.connection_kwargs["port"] != port):
-        node.execute_command("CLUSTER SETSLOT", slot, "NODE", target)
-        node.close()
+def _give_slot(redis_cluster, slot: int, owner: int, port: int) -> None:
+    """Hand the (empty) ``slot`` from the master on ``owner`` to the one on ``port`` as a
+    resharding does: IMPORTING on the new owner and MIGRATING on the old one, then NODE on
+    the new owner first, which bumps its config epoch (a bare SETSLOT NODE does not, and
+    the old owner could win the slot back through the cluster bus), then on every other
+    master."""
+    nodes = {p: redis.Redis(port=p) for p in redis_cluster.ports}
+    try:
+        ids = {p: node.execute_command("CLUSTER MYID") for p, node in nodes.items()}
+        nodes[port].execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[owner])
+        nodes[owner].execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[port])
+        for p in sorted(nodes, key=lambda p: p != port):
+            nodes[p].execute_command("CLUSTER SETSLOT", slot, "NODE", ids[port])
+    finally:
+        for node in nodes.values():
+            node.close()
 
 
 def test_a_buffer_client_follows_its_slot_and_runs_transactions(redis_cluster, cluster_client):
@@ -277,13 +286,13 @@ def test_a_buffer_client_follows_its_slot_and_runs_transactions(redis_cluster, c
     other = next(p for p in redis_cluster.ports if p != owner)
     buffer.drop()  # SETSLOT NODE needs the slot empty
     try:
-        _give_slot(redis_cluster, slot, other)
+        _give_slot(redis_cluster, slot, owner, other)
         assert client.hset(buffer.keys.meta, "probe", 2) == 1  # MOVED, then sent again
         assert client.node.port == other
         assert cluster_client.hget(buffer.keys.meta, "probe") == b"2"
     finally:
         cluster_client.delete(buffer.keys.meta)
-        _give_slot(redis_cluster, slot, owner)
+        _give_slot(redis_cluster, slot, other, owner)
         cluster_client.nodes_manager.initialize()
 
 
