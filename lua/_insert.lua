@@ -2,6 +2,12 @@
 -- tree, items and history): the body of add.lua, shared by every script that adds items (add,
 -- add_diverse), so they store, evict and keep the tree alike.
 
+-- The per-batch options of an add script's options argument: "" (none) or a JSON object.
+local function batch_options(text)
+  if text == '' then return {} end
+  return cjson.decode(text)
+end
+
 -- Nil, or an error reply naming the first priority (text) that is NaN or not a number.
 local function check_priorities(priorities)
   for i = 1, #priorities do

@@ -20,8 +20,7 @@ local K = buffer_keys(KEYS)
 local conf, err = buffer_config(K)
 if err then return err end
 local n = tonumber(ARGV[2])
-local options = {}
-if ARGV[3] ~= '' then options = cjson.decode(ARGV[3]) end
+local options = batch_options(ARGV[3])
 local blobs, priorities = {}, {}
 for i = 1, n do
   blobs[i] = ARGV[2 + 2 * i]

@@ -24,8 +24,7 @@
 local K = buffer_keys(KEYS)
 local first, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 local ids = id_range(first, n)
-local options = {}
-if ARGV[4] ~= '' then options = cjson.decode(ARGV[4]) end
+local options = batch_options(ARGV[4])
 local priorities = {}
 for i = 1, n do priorities[i] = ARGV[4 + i] end
 

@@ -30,8 +30,7 @@ if conf[2] ~= 'reward' then
     .. 'prioritized_capacity (this one is ' .. conf[2] .. ')')
 end
 local n = tonumber(ARGV[2])
-local options = {}
-if ARGV[3] ~= '' then options = cjson.decode(ARGV[3]) end
+local options = batch_options(ARGV[3])
 local cutoff, p = to_number(ARGV[4]), to_number(ARGV[5])
 local blobs, priorities, vec_texts = {}, {}, {}
 for i = 1, n do

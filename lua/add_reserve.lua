@@ -19,8 +19,7 @@ local K = buffer_keys(KEYS)
 local conf, err = buffer_config(K)
 if err then return err end
 local n = tonumber(ARGV[2])
-local options = {}
-if ARGV[3] ~= '' then options = cjson.decode(ARGV[3]) end
+local options = batch_options(ARGV[3])
 local priorities = {}
 for i = 1, n do priorities[i] = ARGV[3 + i] end
 err = check_priorities(priorities) or check_schema(conf, ARGV[1])
