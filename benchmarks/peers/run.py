@@ -172,6 +172,21 @@ def ratio_cells(entry: dict[str, Any], ref: dict[str, Any] | None) -> str:
     return f" ({ratio:.2f}x)"
 
 
+def row_cells(row: dict[str, Any], figure: str, peers: list[str]) -> list[str]:
+    """One figure's cell per peer: its median with the ratio to Reverb, "-" when the peer
+    has no such figure, "error" when it failed."""
+    cells = []
+    for peer in peers:
+        entry = row.get(peer)
+        if entry is None:
+            cells.append("-")
+        elif entry["median"] is None:
+            cells.append("error")
+        else:
+            cells.append(fmt(entry["median"], figure) + ratio_cells(entry, row.get("Reverb")))
+    return cells
+
+
 def print_table(console: Console, summary: dict[str, Any], peers: list[str],
                 title: str) -> None:
     table = Table(title=title, show_lines=False)
@@ -183,17 +198,7 @@ def print_table(console: Console, summary: dict[str, Any], peers: list[str],
         row = summary.get(figure)
         if row is None:
             continue
-        ref = row.get("Reverb")
-        cells = []
-        for peer in peers:
-            entry = row.get(peer)
-            if entry is None:
-                cells.append("-")
-            elif entry["median"] is None:
-                cells.append("error")
-            else:
-                cells.append(fmt(entry["median"], figure) + ratio_cells(entry, ref))
-        table.add_row(label, unit, *cells)
+        table.add_row(label, unit, *row_cells(row, figure, peers))
     console.print(table)
     console.print(
         "(x) = ratio to Reverb in the same run (median; the range is over repetitions); "
@@ -209,16 +214,7 @@ def markdown(summary: dict[str, Any], peers: list[str]) -> str:
         row = summary.get(figure)
         if row is None:
             continue
-        cells = []
-        for peer in peers:
-            entry = row.get(peer)
-            if entry is None:
-                cells.append("-")
-            elif entry["median"] is None:
-                cells.append("error")
-            else:
-                cells.append(fmt(entry["median"], figure) + ratio_cells(entry, row.get("Reverb")))
-        lines.append(f"| {label} | {unit} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | {unit} | " + " | ".join(row_cells(row, figure, peers)) + " |")
     return "\n".join(lines) + "\n"
 
 
