@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from process_helpers import alive
+from process_helpers import wait_dead
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.multiprocess]
 
@@ -23,15 +23,6 @@ def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("REDISBUF_URL", "REDISBUF_EMBEDDED")}
     env.update(extra)
     return env
-
-
-def _wait_dead(pid: int, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _server_dir(pid: int) -> str:
@@ -89,7 +80,7 @@ def test_buffer_without_url_starts_one_private_server_that_children_join(
     assert len(notes) == 1, done.stderr  # one line, once per process tree
     assert "private" in notes[0] and report["url"] in notes[0]
     # stopped at exit: process gone, port closed, directory removed
-    assert _wait_dead(report["pid"])
+    assert wait_dead(report["pid"])
     assert not Path(report["dir"]).exists()
     with pytest.raises(redis.exceptions.ConnectionError):
         redis.Redis.from_url(report["url"], socket_connect_timeout=0.5, retry=None).ping()
@@ -114,7 +105,7 @@ def test_private_server_does_not_outlive_a_killed_process(signum):
         assert "redisbuf-server-" in directory and Path(directory).is_dir()
         proc.send_signal(signum)
         proc.wait(30)
-        assert _wait_dead(pid), f"server {pid} outlived its parent killed by {signum!r}"
+        assert wait_dead(pid), f"server {pid} outlived its parent killed by {signum!r}"
         deadline = time.monotonic() + 10
         while Path(directory).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -218,7 +209,7 @@ def test_killed_demo_leaves_no_server_worker_or_directory_behind(signum):
         proc.send_signal(signum)
         proc.wait(30)
         for pid in family:
-            assert _wait_dead(pid), Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert wait_dead(pid), Path(f"/proc/{pid}/cmdline").read_bytes()
         deadline = time.monotonic() + 10
         while any(Path(d).exists() for d in directories) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -17,7 +17,7 @@ import uuid
 import numpy as np
 import pytest
 import redis
-from process_helpers import alive
+from process_helpers import wait_dead
 
 from redisbuf import ReplayBuffer
 from redisbuf.ipc import MessageQueue
@@ -225,10 +225,7 @@ def test_a_killed_server_with_appendonly_keeps_every_acknowledged_add(tmp_path, 
         server_pid = server.pid
         assert server_pid is not None and server_pid > 0
         os.kill(server_pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while alive(server_pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not alive(server_pid), "the killed server is still running"
+        assert wait_dead(server_pid, 10), "the killed server is still running"
         server.stop()
     with EmbeddedServer(extra_args=aof) as again:
         restored = ReplayBuffer(again.url, name, capacity=None)
