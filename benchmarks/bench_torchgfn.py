@@ -188,13 +188,21 @@ def child(mode: str, url: str, name: str, rounds: int, batch: int, port: int) ->
     comm.Barrier()
 
 
-def _rounds(buffer: Any, data: list[Any], rounds: int, rank: int) -> None:
+def _timed_adds(buffer: Any, data: list[Any], rounds: int, scored: bool) -> float:
+    """Seconds ``rounds`` adds of ``data`` (cycled) take after WARMUP untimed ones, whose
+    results must carry a manager's score when ``scored``."""
     for i in range(WARMUP):
-        assert "score" in buffer.add(data[i % len(data)])
+        result = buffer.add(data[i % len(data)])
+        if scored:
+            assert "score" in result
     began = time.perf_counter()
     for i in range(rounds):
         buffer.add(data[i % len(data)])
-    _report(rank, rounds, time.perf_counter() - began)
+    return time.perf_counter() - began
+
+
+def _rounds(buffer: Any, data: list[Any], rounds: int, rank: int) -> None:
+    _report(rank, rounds, _timed_adds(buffer, data, rounds, scored=True))
 
 
 def _free_port() -> int:
@@ -229,12 +237,7 @@ def _add_alone_rate(url: str, rounds: int, batch: int) -> float:
     data = _trajectories(env, batch, 4, seed=1)
     buffer = ReplayBuffer(env, CAPACITY, True, url=url)
     try:
-        for i in range(WARMUP):
-            buffer.add(data[i % len(data)])
-        began = time.perf_counter()
-        for i in range(rounds):
-            buffer.add(data[i % len(data)])
-        return rounds / (time.perf_counter() - began)
+        return rounds / _timed_adds(buffer, data, rounds, scored=False)
     finally:
         buffer.buffer.drop()
         buffer.close()
