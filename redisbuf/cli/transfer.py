@@ -16,7 +16,7 @@ import argparse
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -34,9 +34,6 @@ from ._common import (
     open_buffer,
     safe,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 def register(subparsers: Any) -> None:
