@@ -151,16 +151,22 @@ def missing_buffer_error(
     return CommandError(f"no buffer named {name!r} at {redacted(url)}{hint}")
 
 
-def open_buffer(client: redis.Redis, name: str, url: str, **kwargs: Any) -> ReplayBuffer:
-    """The existing buffer ``name``, or a :class:`CommandError` listing those that exist."""
-    from ..buffer import ReplayBuffer
-    from ..errors import ConfigMismatchError
+def check_name(name: str) -> None:
+    """A :class:`CommandError` for a name no buffer can have."""
     from ..keys import validate_name
 
     try:
         validate_name(name)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+
+
+def open_buffer(client: redis.Redis, name: str, url: str, **kwargs: Any) -> ReplayBuffer:
+    """The existing buffer ``name``, or a :class:`CommandError` listing those that exist."""
+    from ..buffer import ReplayBuffer
+    from ..errors import ConfigMismatchError
+
+    check_name(name)
     try:
         return ReplayBuffer.open(client, name, **kwargs)
     except ConfigMismatchError:
@@ -182,12 +188,7 @@ def resolve_class(client: redis.Redis, name: str, url: str, wanted: str | None) 
     ``name``: ``wanted`` when that exists, else the only one there; a
     :class:`CommandError` when none is, or when several are and ``wanted`` is None. A
     plain buffer is also opened, so a damaged one raises its own error."""
-    from ..keys import validate_name
-
-    try:
-        validate_name(name)
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
+    check_name(name)
     found = buffer_classes(client, name)
     if not found and client.exists(BufferKeys(name).shards):
         open_buffer(client, name, url)  # raises ShardedBufferError: what to open instead

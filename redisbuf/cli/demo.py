@@ -10,10 +10,11 @@ from rich.console import Console
 from rich.table import Table
 
 from ..connection import URL_ENV, connect, redacted
-from ..keys import BufferKeys, validate_name
+from ..keys import BufferKeys
 from ._common import (
     CommandError,
     add_json_argument,
+    check_name,
     confirm,
     console,
     error_console,
@@ -131,10 +132,7 @@ def demo_config(args: argparse.Namespace, url: str, **overrides: Any) -> DemoCon
 
 def _check(args: argparse.Namespace) -> None:
     """Every refusal that needs no server, before one is started."""
-    try:
-        validate_name(args.name)
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
+    check_name(args.name)
     if args.workers < 1:
         raise CommandError(f"workers must be at least 1, got {args.workers}")
     if args.batches < 1:

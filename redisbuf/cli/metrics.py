@@ -7,7 +7,14 @@ import threading
 from typing import Any
 
 from ..connection import redacted
-from ._common import CommandError, add_json_argument, add_url_argument, connect_args, print_json
+from ._common import (
+    CommandError,
+    add_json_argument,
+    add_url_argument,
+    check_name,
+    connect_args,
+    print_json,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -40,13 +47,8 @@ def run(args: argparse.Namespace) -> int:
         from ..metrics import serve
     except ImportError as exc:
         raise CommandError(f"redisbuf metrics needs prometheus_client: {exc}") from None
-    from ..keys import validate_name
-
     for name in args.names:
-        try:
-            validate_name(name)
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
+        check_name(name)
     if not 0 <= args.port <= 65535:
         raise CommandError(f"--port must be 0-65535, got {args.port}")
     client, url = connect_args(args, "redisbuf metrics")

@@ -14,6 +14,7 @@ from ..keys import BufferKeys
 from ._common import (
     CommandError,
     add_json_argument,
+    check_name,
     connect_args,
     console,
     error_console,
@@ -56,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
     client, url = connect_args(args, "redisbuf worker")
     out = error_console() if args.json else console()
     try:
-        keys = BufferKeys(args.name) if _valid(args.name) else None
-        stored = client.hmget(keys.meta, "capacity", "eviction") if keys else [None, None]
+        check_name(args.name)
+        stored = client.hmget(BufferKeys(args.name).meta, "capacity", "eviction")
     finally:
         client.close()
     overrides: dict[str, Any] = {"workers": 1}
@@ -112,12 +113,3 @@ def run(args: argparse.Namespace) -> int:
                     "sampled": sampled})
     return 0
 
-
-def _valid(name: str) -> bool:
-    from ..keys import validate_name
-
-    try:
-        validate_name(name)
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
-    return True
