@@ -299,8 +299,9 @@ class ReplayBuffer:
         if not meta and client.exists(BufferKeys(name).shards):
             raise ShardedBufferError(
                 f"buffer {name!r} is sharded: open it with ReplayBuffer(..., shards=N) or "
-                "ShardedReplayBuffer.open; ReplayBuffer.open, save / load and the command "
-                "line work on its shards (buffers of their own), not on the whole"
+                "ShardedReplayBuffer.open (which save and load it whole); ReplayBuffer.open "
+                "and the command line other than export / import work on its shards "
+                "(buffers of their own), not on the whole"
             )
         if not meta:
             raise ConfigMismatchError(f"no buffer named {name!r} exists in this Redis")

@@ -31,9 +31,19 @@ shards sit on different masters, and each shard's scripts stay atomic on its one
   naming the buffer, the shard and its node; the other shards keep working for
   operations that address only them (``add`` to them, ``get`` of their ids, their own
   ``shards[k]`` buffer). Sampling, ``len`` and ``stats`` address every shard.
-* Not supported: ``save`` / ``load`` / ``state_dict`` (they raise
-  :class:`~redisbuf.errors.ShardedBufferError`), custom samplers, PER, ``max_use``,
-  ``max_staleness``, rate limiters, remote managers, ``sample_range``, blocking samples.
+* ``save`` / ``state_dict`` write the unsharded save format (version 2, ``per`` None)
+  with global capacity and summed counters, plus the header's ``shards`` (count, each
+  shard's capacity and counters); the records go shard by shard, oldest first within a
+  shard, with global ids. Such a file loads into a plain :class:`ReplayBuffer` as well,
+  and a plain buffer's file into a sharded one. ``load`` / ``load_state_dict`` check the
+  whole file first (every shard's part as the unsharded load checks a file); then a
+  sharded file of the same shard count gives every shard its own items and counters,
+  any other file gives record ``j`` to shard ``j mod N`` and splits the counters as the
+  capacity is split. Each shard is then restored by the unsharded machinery (staging
+  keys, one swap script): atomic per shard, not across shards; a failure after some
+  shards were restored raises :class:`~redisbuf.errors.PartialLoadError` naming them.
+* Not supported: custom samplers, PER, ``max_use``, ``max_staleness``, rate limiters,
+  remote managers, ``sample_range``, blocking samples.
 """
 
 from __future__ import annotations
