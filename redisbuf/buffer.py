@@ -1070,6 +1070,10 @@ class ReplayBuffer:
         format 1) loaded into a PER buffer gives every item ``initial_priority``, the
         new-item rule with nothing else present.
 
+        A file saved from a sharded buffer (:meth:`ShardedReplayBuffer.save`) loads as
+        any other: its records in file order (shard by shard), its summed counters; the
+        header's ``shards`` is not used.
+
         ``progress(done, total)``, when given, is called after every chunk of up to 1,000
         items built under the staging keys, and once more after the swap."""
         header, records = _read_save(path)

@@ -256,6 +256,34 @@ def test_a_corrupt_or_truncated_file_changes_no_shard(fake_client, source, tmp_p
     refused(SchemaError, "do not fit sharded buffer")
 
 
+def test_randomly_corrupted_files_are_refused_whole_or_load_whole(
+    fake_client, source, tmp_path
+):
+    """Bytes flipped at random: the load raises with every shard as it was, or (a
+    corruption the checks cannot see, e.g. inside a log-reward) loads every shard."""
+    path = tmp_path / "s.rb"
+    source.save(path)
+    data = bytearray(path.read_bytes())
+    target = ReplayBuffer(fake_client, "target", capacity=12, shards=3, seed=1)
+    target.add(items([1, 2, 3]))
+    rng = np.random.default_rng(3)
+    refused = 0
+    for _ in range(60):
+        corrupt = bytearray(data)
+        for position in rng.integers(0, len(data), size=int(rng.integers(1, 4))):
+            corrupt[position] = int(rng.integers(256))
+        path.write_bytes(bytes(corrupt))
+        before = every_key(fake_client, target)
+        try:
+            target.load(path)
+        except (DecodeError, SchemaError, ConfigMismatchError):
+            refused += 1
+            assert every_key(fake_client, target) == before
+        else:
+            assert [len(s) for s in target.shards] == [4, 4, 4]
+    assert refused > 0
+
+
 def test_per_priorities_are_refused_unless_dropped(fake_client, buffer_name, tmp_path):
     per = ReplayBuffer(fake_client, "per", capacity=6, sampler=PERSampler())
     per.add(items([1, 2, 3]), priorities=[1.0, 2.0, 3.0])
