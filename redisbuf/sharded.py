@@ -92,8 +92,9 @@ from .samplers import Draw
 
 SLOTS = 16384
 LAYOUT_VERSION = 1
-# Options handed to every shard unchanged; anything else a ReplayBuffer takes is refused.
+# The counters a save header keeps, for the whole buffer and for each shard.
 _COUNTERS = ("inserted", "evicted", "sampled")
+# Options handed to every shard unchanged; anything else a ReplayBuffer takes is refused.
 _SHARD_OPTIONS = ("kind", "max_item_bytes", "strict", "durability", "durability_timeout")
 # Errors that mean a shard's server is gone (or its slot has no master right now).
 _SHARD_LOST = (
