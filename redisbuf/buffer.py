@@ -104,6 +104,19 @@ class _Config:
     meta: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class _Restore:
+    """A checked restore (see ReplayBuffer._prepare_restore): the records, the schema
+    and the swap script's arguments."""
+
+    records: list[tuple[Any, ...]]
+    schema_json: str | None
+    inserted: int
+    sampled: int
+    carry_per: bool
+    most_used: int
+
+
 def _priority_text(value: float) -> str:
     return "-inf" if value == -math.inf else repr(float(value))
 
@@ -286,8 +299,9 @@ class ReplayBuffer:
         if not meta and client.exists(BufferKeys(name).shards):
             raise ShardedBufferError(
                 f"buffer {name!r} is sharded: open it with ReplayBuffer(..., shards=N) or "
-                "ShardedReplayBuffer.open; ReplayBuffer.open, save / load and the command "
-                "line work on its shards (buffers of their own), not on the whole"
+                "ShardedReplayBuffer.open (which save and load it whole); ReplayBuffer.open "
+                "and the command line other than export / import work on its shards "
+                "(buffers of their own), not on the whole"
             )
         if not meta:
             raise ConfigMismatchError(f"no buffer named {name!r} exists in this Redis")
@@ -1003,21 +1017,7 @@ class ReplayBuffer:
         ids); see :meth:`load` for what is checked, the PER rules and how the replacement
         is atomic. A version-1 state (no ``per_priorities`` / ``uses``) loads as a
         version-1 file."""
-        _check_header(state)
-        columns = ["ids", "priorities", "blobs"]
-        if state["version"] >= 2:
-            columns += ["per_priorities", "uses"]
-        lists = [state.get(column) for column in columns]
-        for column, values in zip(columns, lists, strict=True):
-            if not isinstance(values, list):
-                raise DecodeError(f"saved state's {column!r} is not a list")
-            if len(values) != len(lists[0]):
-                raise DecodeError(
-                    f"saved state has {len(values)} {column!r} for {len(lists[0])} ids"
-                )
-        if len(lists) == 3:
-            lists += [[None] * len(lists[0]), [0] * len(lists[0])]
-        self._restore(state, zip(*lists, strict=True), drop_per_priorities)
+        self._restore(state, _state_records(state), drop_per_priorities)
 
     def save(self, path: str | Path, *, progress: Progress | None = None) -> int:
         """Write the buffer to ``path`` as a msgpack stream: a header map (its ``per``:
@@ -1034,33 +1034,14 @@ class ReplayBuffer:
 
         ``progress(done, total)``, when given, is called after every 1,000 records written
         and once at the end, with ``total`` the length when the save began."""
-        path = Path(path)
         total = len(self) if progress is not None else 0
-        handle = tempfile.NamedTemporaryFile(
-            "wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
-        )
-        count = 0
-        try:
-            with handle:
-                packer = msgpack.Packer(use_bin_type=True)
-                header = self._header()
-                handle.write(packer.pack(header))
-                for record in self._records(header["per"] is not None):
-                    handle.write(packer.pack(list(record)))
-                    count += 1
-                    if progress is not None and count % _READ_CHUNK == 0:
-                        progress(count, total)
-                handle.write(packer.pack({"end": count}))
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(handle.name, path)
-        except BaseException:
-            Path(handle.name).unlink(missing_ok=True)
-            raise
-        _fsync_dir(path.parent)  # the rename itself survives a crash
-        if progress is not None:
-            progress(count, max(total, count))
-        return count
+
+        def stream() -> Iterator[tuple[Any, ...]]:
+            header = self._header()
+            yield header
+            yield from self._records(header["per"] is not None)
+
+        return _write_save(path, stream(), progress, total)
 
     def load(
         self,
@@ -1089,43 +1070,13 @@ class ReplayBuffer:
         format 1) loaded into a PER buffer gives every item ``initial_priority``, the
         new-item rule with nothing else present.
 
+        A file saved from a sharded buffer (:meth:`ShardedReplayBuffer.save`) loads as
+        any other: its records in file order (shard by shard), its summed counters; the
+        header's ``shards`` is not used.
+
         ``progress(done, total)``, when given, is called after every chunk of up to 1,000
         items built under the staging keys, and once more after the swap."""
-        with open(path, "rb") as handle:
-            unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
-            try:
-                header = next(unpacker)
-            except StopIteration:
-                raise DecodeError(f"{path}: empty file") from None
-            except Exception as exc:
-                raise DecodeError(f"{path}: not a redisbuf file ({exc})") from exc
-            _check_header(header)
-            width = 3 if header["version"] == 1 else 5
-            records: list[tuple[Any, ...]] = []
-            trailer = None
-            try:
-                for entry in unpacker:
-                    if isinstance(entry, dict):
-                        trailer = entry
-                        break
-                    if not isinstance(entry, list) or len(entry) != width:
-                        raise DecodeError(f"{path}: malformed record {entry!r:.80}")
-                    if not isinstance(entry[2], bytes):
-                        raise DecodeError(f"{path}: record {entry[0]!r} has no blob")
-                    # format 1 kept no PER priority nor use count
-                    records.append(tuple(entry) if width == 5 else (*entry, None, 0))
-                extra = next(unpacker, None)
-            except DecodeError:
-                raise
-            except Exception as exc:
-                raise DecodeError(f"{path}: corrupt record stream ({exc})") from exc
-        if trailer is None or trailer.get("end") != len(records):
-            raise DecodeError(
-                f"{path}: truncated file: {len(records)} records read, "
-                f"trailer {'missing' if trailer is None else trailer}"
-            )
-        if extra is not None:
-            raise DecodeError(f"{path}: data after the trailer")
+        header, records = _read_save(path)
         self._restore(header, records, drop_per_priorities, progress)
         return len(records)
 
@@ -1192,6 +1143,14 @@ class ReplayBuffer:
         drop_per_priorities: bool = False,
         progress: Progress | None = None,
     ) -> None:
+        self._apply_restore(self._prepare_restore(header, records, drop_per_priorities), progress)
+
+    def _prepare_restore(
+        self, header: dict[str, Any], records: Any, drop_per_priorities: bool = False
+    ) -> _Restore:
+        """Check saved ``records`` against ``header`` and this buffer (schema, capacity,
+        records, counters, PER, ``max_use``) and return what :meth:`_apply_restore`
+        writes; writes nothing."""
         records = list(records)
         schema_json = header.get("schema")
         if records and not schema_json:
@@ -1227,6 +1186,12 @@ class ReplayBuffer:
                 f"a saved item was sampled {most_used} times, at or over max_use="
                 f"{self.max_use} of buffer {self.name!r}"
             )
+        return _Restore(records, schema_json, inserted, sampled, carry_per, most_used)
+
+    def _apply_restore(self, plan: _Restore, progress: Progress | None = None) -> None:
+        """Build the checked ``plan``'s items under staging keys and swap them in with one
+        script (see :meth:`load`)."""
+        records, schema_json, carry_per = plan.records, plan.schema_json, plan.carry_per
         staging = StagingKeys(self.name, uuid.uuid4().hex[:16])
         try:
             self._run("restore_stage", [self.keys.meta, staging.meta], [len(records)])
@@ -1249,7 +1214,8 @@ class ReplayBuffer:
                 "restore",
                 self.keys,
                 [*self.keys.all_keys(), *staging.all_keys()],
-                [inserted, sampled, schema_json or "", int(carry_per), most_used],
+                [plan.inserted, plan.sampled, schema_json or "", int(carry_per),
+                 plan.most_used],
             )
             if progress is not None:
                 progress(len(records), len(records))
@@ -1286,6 +1252,111 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _write_save(
+    path: str | Path,
+    stream: Iterator[Any],
+    progress: Progress | None = None,
+    total: int = 0,
+) -> int:
+    """Write a save file (see :meth:`ReplayBuffer.save`) from ``stream``: its first
+    element the header map, then the records (lists or tuples); append the trailer
+    ``{"end": count}``. The file is written beside ``path`` under a temporary name,
+    fsynced, and renamed over ``path`` only when complete (a failure, or a crash, leaves
+    the previous file as it was). ``progress(done, total)``, when given, is called after
+    every 1,000 records and once at the end. Returns the number of records."""
+    path = Path(path)
+    handle = tempfile.NamedTemporaryFile(
+        "wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+    )
+    count = 0
+    try:
+        with handle:
+            packer = msgpack.Packer(use_bin_type=True)
+            handle.write(packer.pack(next(stream)))
+            for record in stream:
+                handle.write(packer.pack(list(record)))
+                count += 1
+                if progress is not None and count % _READ_CHUNK == 0:
+                    progress(count, total)
+            handle.write(packer.pack({"end": count}))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)  # the rename itself survives a crash
+    if progress is not None:
+        progress(count, max(total, count))
+    return count
+
+
+def _read_save(path: str | Path) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    """The checked header and the records of the save file at ``path``, each record
+    ``(id, log_reward, blob, per_priority, uses)`` (a format-1 record gets None and 0);
+    DecodeError for an empty, corrupt or truncated file, a malformed record or data
+    after the trailer. The records' values are checked by the restore."""
+    with open(path, "rb") as handle:
+        unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
+        try:
+            header = next(unpacker)
+        except StopIteration:
+            raise DecodeError(f"{path}: empty file") from None
+        except Exception as exc:
+            raise DecodeError(f"{path}: not a redisbuf file ({exc})") from exc
+        _check_header(header)
+        width = 3 if header["version"] == 1 else 5
+        records: list[tuple[Any, ...]] = []
+        trailer = None
+        try:
+            for entry in unpacker:
+                if isinstance(entry, dict):
+                    trailer = entry
+                    break
+                if not isinstance(entry, list) or len(entry) != width:
+                    raise DecodeError(f"{path}: malformed record {entry!r:.80}")
+                if not isinstance(entry[2], bytes):
+                    raise DecodeError(f"{path}: record {entry[0]!r} has no blob")
+                # format 1 kept no PER priority nor use count
+                records.append(tuple(entry) if width == 5 else (*entry, None, 0))
+            extra = next(unpacker, None)
+        except DecodeError:
+            raise
+        except Exception as exc:
+            raise DecodeError(f"{path}: corrupt record stream ({exc})") from exc
+    if trailer is None or trailer.get("end") != len(records):
+        raise DecodeError(
+            f"{path}: truncated file: {len(records)} records read, "
+            f"trailer {'missing' if trailer is None else trailer}"
+        )
+    if extra is not None:
+        raise DecodeError(f"{path}: data after the trailer")
+    return header, records
+
+
+def _state_records(state: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The records ``(id, log_reward, blob, per_priority, uses)`` of a state from
+    :meth:`ReplayBuffer.state_dict`, its header checked; a version-1 state (no
+    ``per_priorities`` / ``uses``) gets None and 0, as a version-1 file."""
+    _check_header(state)
+    columns = ["ids", "priorities", "blobs"]
+    if state["version"] >= 2:
+        columns += ["per_priorities", "uses"]
+    lists = [state.get(column) for column in columns]
+    for column, values in zip(columns, lists, strict=True):
+        if not isinstance(values, list):
+            raise DecodeError(f"saved state's {column!r} is not a list")
+        if len(values) != len(lists[0]):
+            raise DecodeError(
+                f"saved state has {len(values)} {column!r} for {len(lists[0])} ids"
+            )
+    if len(lists) == 3:
+        lists += [[None] * len(lists[0]), [0] * len(lists[0])]
+    return list(zip(*lists, strict=True))
+
+
 def _refusal(reply: Any) -> str | None:
     """Why an inserting script refused a batch ("stale", "session"; see admit_batch in
     lua/_items.lua), or None when it stored it."""

@@ -85,5 +85,18 @@ class ShardUnavailableError(ServerUnavailableError):
 
 
 class ShardedBufferError(RedisBufError, ValueError):
-    """An operation that does not support sharded buffers (``save``, ``load``, opening
-    with :meth:`ReplayBuffer.open`, the command line) was asked of one."""
+    """An operation that does not support sharded buffers (opening with
+    :meth:`ReplayBuffer.open`, the command line other than ``export`` / ``import``) was
+    asked of one."""
+
+
+class PartialLoadError(RedisBufError):
+    """A sharded buffer's ``load`` / ``load_state_dict`` failed after some shards were
+    already restored (each shard's restore is atomic, the whole is not). ``restored``
+    lists the shards that hold the loaded items, ``failed`` the shard that failed (it
+    and the ones after it are as they were); the cause is chained."""
+
+    def __init__(self, message: str, restored: list[int], failed: int) -> None:
+        super().__init__(message)
+        self.restored = restored
+        self.failed = failed

@@ -27,6 +27,7 @@ from redisbuf.episodes import EpisodeBuffer
 from redisbuf.metrics import HIST_STEP, history_rates, parse_history
 from redisbuf.sequence import SequenceBuffer
 from redisbuf.server import EmbeddedServer, free_port
+from redisbuf.sharded import ShardedReplayBuffer
 
 pytestmark = pytest.mark.redis_server
 TIMEOUT = 120
@@ -440,6 +441,41 @@ def test_export_import_keep_per_priorities_and_use_counts(url, real_client, tmp_
         per, uses = in_order(client, "plain")
         assert per == [None] * 20 and sum(uses) == 30
         client.close()
+
+
+def test_export_import_move_a_sharded_buffer_whole(url, real_client, tmp_path, capsys):
+    sharded = ReplayBuffer(real_client, "sh", capacity=30, shards=3, seed=1)
+    for start in range(0, 12, 4):
+        sharded.add({"x": np.arange(start, start + 4), "log_rewards": np.zeros(4)})
+    path = tmp_path / "sh.rbuf"
+    doc = json.loads(main_in_process(capsys, "export", "sh", str(path), "--json", url=url).stdout)
+    assert doc["items"] == 12 and doc["shards"] == 3
+    # a missing target: created sharded, every shard with its saved items
+    doc = json.loads(main_in_process(capsys, "import", str(path), "copy", "--json", url=url).stdout)
+    assert doc["created"] is True and doc["shards"] == 3 and doc["length"] == 12
+    copy = ShardedReplayBuffer.open(real_client, "copy")
+    assert copy.capacity == 30
+    assert [len(s) for s in copy.shards] == [len(s) for s in sharded.shards]
+    # an existing sharded target: asks, then replaces with --yes
+    done = main_in_process(capsys, "import", str(path), "copy", url=url)
+    assert done.returncode == 1 and "--yes" in done.stderr
+    done = main_in_process(capsys, "import", str(path), "copy", "--yes", url=url)
+    assert done.returncode == 0 and len(copy) == 12
+    # a plain target takes the sharded file; a sharded target a plain file
+    fill(real_client, "flat", 0, capacity=40)
+    done = main_in_process(capsys, "import", str(path), "flat", url=url)
+    assert done.returncode == 0 and len(ReplayBuffer.open(real_client, "flat")) == 12
+    main_in_process(capsys, "export", "flat", str(tmp_path / "flat.rbuf"), url=url)
+    done = main_in_process(capsys, "import", str(tmp_path / "flat.rbuf"), "copy", "--yes",
+                           url=url)
+    assert done.returncode == 0 and [len(s) for s in copy.shards] == [4, 4, 4]
+    # a refused import into a missing target leaves nothing behind
+    small = tmp_path / "small.rbuf"
+    data = path.read_bytes()
+    small.write_bytes(data[:-3])  # truncated
+    done = main_in_process(capsys, "import", str(small), "gone", url=url)
+    assert done.returncode == 1 and "truncated" in done.stderr
+    assert not real_client.keys("rb:{gone*")
 
 
 def test_import_refuses_newer_format_and_mismatched_schema_leaving_target_unchanged(

@@ -171,6 +171,31 @@ def test_sharded_prioritized_draws_on_the_cluster(cluster_client):
     check_prioritized_with_replacement(buffer, 150)
 
 
+def test_a_sharded_checkpoint_round_trips_on_the_cluster(cluster_client, tmp_path):
+    """save / load of a sharded buffer whose shards sit on the three masters: every
+    shard's restore (staging keys, swap script) runs on its own master's slot."""
+    buffer = ReplayBuffer(cluster_client, "ckpt", capacity=12, shards=3, seed=4)
+    for start in range(0, 24, 3):
+        buffer.add(batch(np.arange(start, start + 3), np.arange(3.0)))
+    buffer.sample(5)
+    before = [[r[1:] for r in shard._records()] for shard in buffer.shards]
+    stats = buffer.stats()
+    assert buffer.save(tmp_path / "s.rb") == 12
+    copy = ReplayBuffer(cluster_client, "ckpt-copy", capacity=12, shards=3)
+    assert copy.load(tmp_path / "s.rb") == 12
+    assert [[r[1:] for r in shard._records()] for shard in copy.shards] == before
+    assert {k: copy.stats()[k] for k in ("inserted", "evicted", "sampled")} == {
+        k: stats[k] for k in ("inserted", "evicted", "sampled")}
+    plain = ReplayBuffer(cluster_client, "ckpt-plain", capacity=12)
+    assert plain.load(tmp_path / "s.rb") == 12
+    two = ReplayBuffer(cluster_client, "ckpt-two", capacity=12, shards=2)
+    two.load_state_dict(plain.state_dict())
+    assert [len(s) for s in two.shards] == [6, 6]
+    assert sorted(two.sample(12)["v"].tolist()) == sorted(buffer.sample(12)["v"].tolist())
+    for each in (buffer, copy, plain, two):
+        each.drop()
+
+
 def test_a_stopped_master_fails_only_its_shard():
     with LocalCluster(masters=3) as cluster:
         client = redis.cluster.RedisCluster.from_url(cluster.urls[0])
@@ -202,16 +227,22 @@ def test_a_stopped_master_fails_only_its_shard():
 
 
 def test_the_command_line_refuses_a_sharded_name_and_reads_its_shards(
-    redis_cluster, cluster_client, capsys
+    redis_cluster, cluster_client, capsys, tmp_path
 ):
     from redisbuf.cli import main
 
     buffer = ReplayBuffer(cluster_client, "cli", capacity=30, shards=3)
     buffer.add(batch([1, 2]))
     url = redis_cluster.urls[0]
-    for command in (["inspect", "cli"], ["export", "cli", "/dev/null"]):
-        assert main([*command, "--url", url]) != 0
-        assert "is sharded" in capsys.readouterr().err
+    assert main(["inspect", "cli", "--url", url]) != 0
+    assert "is sharded" in capsys.readouterr().err
+    # export / import take the sharded buffer whole
+    assert main(["export", "cli", str(tmp_path / "cli.rb"), "--url", url]) == 0
+    assert main(["import", str(tmp_path / "cli.rb"), "cli-copy", "--url", url]) == 0
+    capsys.readouterr()
+    copy = ShardedReplayBuffer.open(cluster_client, "cli-copy")
+    assert [len(s) for s in copy.shards] == [len(s) for s in buffer.shards]
+    copy.drop()
     shard = next(s for s in buffer.shards if len(s))
     assert main(["inspect", shard.name, "--url", url, "--json"]) == 0
     assert '"length": 2' in capsys.readouterr().out

@@ -8,6 +8,12 @@ is refused (newer format, a schema that does not fit, too many items, a corrupt 
 priorities for a target without PER): a target it created is removed again. Both say what
 the file carries per item: log-rewards and use counts, and PER priorities when saved from a
 buffer with PER.
+
+A sharded buffer (``ReplayBuffer(..., shards=N)``) is exported and imported whole, through
+:meth:`ShardedReplayBuffer.save` / :meth:`ShardedReplayBuffer.load`; ``import`` creates a
+missing target from a sharded file as a sharded buffer of the saved shard count (from a
+plain file, a plain buffer). On a sharded target the load is atomic per shard, not across
+shards (see the module docstring of :mod:`redisbuf.sharded`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ._common import (
     CommandError,
     add_json_argument,
     add_url_argument,
+    check_name,
     confirm,
     connect_args,
     emit,
@@ -41,7 +48,8 @@ def register(subparsers: Any) -> None:
         "export",
         help="write a buffer to a file (the save format), with a progress bar",
         description="Write the buffer NAME to FILE in the save format of ReplayBuffer.save "
-        "(header, one record per item oldest first, trailer).",
+        "(header, one record per item oldest first, trailer); a sharded buffer whole, "
+        "shard by shard.",
     )
     export.add_argument("name", help="buffer name")
     export.add_argument("file", help="file to write (replaced when complete)")
@@ -53,7 +61,8 @@ def register(subparsers: Any) -> None:
         "import",
         help="load a file written by export / ReplayBuffer.save into a buffer",
         description="Load FILE into the buffer NAME, creating it with the saved capacity "
-        "and eviction policy if missing. A newer format, a schema that does not fit the "
+        "and eviction policy (a sharded file: as a sharded buffer of its shard count) "
+        "if missing. A newer format, a schema that does not fit the "
         "target or a corrupt file is refused and the target is left unchanged. Replacing "
         "the items of a non-empty buffer asks first (or --yes). Items keep their "
         "log-rewards, use counts and (files saved with PER) PER priorities.",
@@ -102,7 +111,7 @@ def run_export(args: argparse.Namespace) -> int:
     if not path.parent.exists():
         raise CommandError(f"directory {path.parent} does not exist")
     try:
-        buffer = open_buffer(client, args.name, url)
+        buffer = _open_whole(client, args.name, url)
         with _progress_bar() as progress:
             task = progress.add_task(f"exporting {safe(args.name)}", total=len(buffer))
             count = buffer.save(
@@ -111,10 +120,14 @@ def run_export(args: argparse.Namespace) -> int:
             )
     finally:
         client.close()
-    per = read_header(path).get("per") is not None
+    from ..sharded import saved_shard_count
+
+    header = read_header(path)
+    per = header.get("per") is not None
     document = {
         "url": redacted(url), "name": args.name, "file": str(path), "items": count,
         "bytes": path.stat().st_size, "per_priorities": per,
+        "shards": saved_shard_count(header),
     }
     return emit(
         args, document,
@@ -123,6 +136,17 @@ def run_export(args: argparse.Namespace) -> int:
             f"({document['bytes']} bytes; per item: {_kept(per)})."
         ),
     )
+
+
+def _open_whole(client: Any, name: str, url: str) -> Any:
+    """The existing buffer ``name``: a sharded one whole, else as ``open_buffer``."""
+    from ..sharded import ShardedReplayBuffer
+
+    check_name(name)
+    keys = BufferKeys(name)
+    if not client.exists(keys.meta) and client.exists(keys.shards):
+        return ShardedReplayBuffer.open(client, name)
+    return open_buffer(client, name, url)
 
 
 def _kept(per: bool) -> str:
@@ -156,15 +180,17 @@ def read_header(path: Path) -> dict[str, Any]:
 def run_import(args: argparse.Namespace) -> int:
     from ..buffer import ReplayBuffer
     from ..samplers import PERSampler
+    from ..sharded import saved_shard_count
 
     path = Path(args.file)
     header = read_header(path)  # a newer format is refused before we connect
+    shards = saved_shard_count(header)
     client, url = connect_args(args, "redisbuf import")
     created = False
     try:
         keys = BufferKeys(args.name)
-        if client.exists(keys.meta):
-            buffer = open_buffer(client, args.name, url)
+        if client.exists(keys.meta) or client.exists(keys.shards):
+            buffer = _open_whole(client, args.name, url)
             if len(buffer):
                 confirm(
                     f"Replace the {len(buffer)} items of buffer {args.name!r} at "
@@ -173,6 +199,13 @@ def run_import(args: argparse.Namespace) -> int:
                     refusal=f"buffer {args.name!r} holds {len(buffer)} items that import "
                     "would replace",
                 )
+        elif shards is not None:
+            check_name(args.name)
+            buffer = ReplayBuffer(
+                client, args.name, capacity=int(header["capacity"]),
+                prioritized_capacity=header["eviction"] == "reward", shards=shards,
+            )
+            created = True
         else:
             per = header.get("per")
             buffer = ReplayBuffer(
@@ -194,7 +227,9 @@ def run_import(args: argparse.Namespace) -> int:
                                                                  total=total),
                 )
         except BaseException:
-            if created:
+            if created and shards is not None:
+                buffer.drop()
+            elif created:
                 client.delete(*keys.all_keys())
             raise
         length = len(buffer)
@@ -204,6 +239,7 @@ def run_import(args: argparse.Namespace) -> int:
     document = {
         "url": redacted(url), "name": args.name, "file": str(path), "items": count,
         "length": length, "created": created, "per_priorities": per,
+        "shards": getattr(buffer, "count", None),
     }
     return emit(
         args, document,
