@@ -850,7 +850,6 @@ class ShardedReplayBuffer:
         self._schema_json = None  # read again at the next add
 
 
-
 def saved_shard_count(header: dict[str, Any]) -> int | None:
     """The shard count a save header (or state) records, None for a plain buffer's;
     DecodeError when its ``shards`` is not one :meth:`ShardedReplayBuffer.save` writes
