@@ -244,6 +244,12 @@ class UniformSampler:
         return Draw(ids, blobs, None, schema_json)
 
 
+# Uniforms per draw sent for prioritized draws without replacement: the first n go to one
+# round of n draws, the rest to the rounds that replace repeats (fewer draws a round when
+# they run short; n suffice for the plain successive draw).
+_ROUND_UNIFORMS = 3
+
+
 class PrioritizedSampler:
     """Item ``i`` is drawn with probability ``exp(log_reward_i) / sum_j exp(log_reward_j)``
     (softmax of log-rewards; items with log-reward -inf are never drawn), through a sum
@@ -271,7 +277,9 @@ class PrioritizedSampler:
 
     def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
         keys = buffer.keys
-        uniforms = packed_uniforms(rng, n)
+        # without replacement the script draws in rounds and may use up to _ROUND_UNIFORMS
+        # * n of them (see lua/sample_prioritized.lua); with replacement it uses n
+        uniforms = packed_uniforms(rng, n if self.replacement else _ROUND_UNIFORMS * n)
 
         def parse(reply: list[Any], n: int) -> tuple[list[bytes], np.ndarray, int]:
             probabilities = np.array([float(p) for p in reply[n + 1 : 2 * n + 1]])

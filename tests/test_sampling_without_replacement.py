@@ -13,7 +13,8 @@ import torch
 from test_bad_input import snapshot
 from test_sampling import assert_tree_consistent, chi2, chi2_limit, priorities, softmax
 
-from redisbuf import BufferKeys, PrioritizedSampler, ReplayBuffer, SamplingError
+from redisbuf import BufferKeys, PrioritizedSampler, ReplayBuffer, SamplingError, samplers
+from redisbuf.samplers import _pack_words
 
 REWARDS = [0.0, 1.0, -0.5, 1.6, 0.3, -math.inf]  # ids 1..6; id 6 is never drawn
 
@@ -176,3 +177,73 @@ def test_successive_draws_in_a_three_level_tree(client, buffer_name):
         counts[sequence] = counts.get(sequence, 0) + 1
     _assert_fits(probs, counts, trials)
     assert sorted(buffer.sample_with_info(6).ids.tolist()) == [i + 1 for i in positions]
+
+
+def _script_draw(buffer: ReplayBuffer, n: int, uniforms: list[float]) -> tuple[list, list]:
+    """lua/sample_prioritized.lua without replacement, called with these uniforms (exact
+    binary fractions): (ids, probabilities)."""
+    words = np.array([round(u * 2**48) for u in uniforms], dtype=np.uint64)
+    reply = buffer._run("sample_prioritized", buffer.keys.all_keys(), [n, 0, 0, _pack_words(words)])
+    return [int(i) for i in reply[1 : n + 1]], [float(p) for p in reply[n + 1 : 2 * n + 1]]
+
+
+def test_a_round_of_draws_keeps_first_occurrences_and_replaces_repeats(client, buffer_name):
+    """Masses 1, 1, 2 (ids 1..3, total 4): the first n uniforms are one round of draws
+    with replacement (n <= 64); a repeat is skipped and the next round draws over the
+    mass left."""
+    buffer = ReplayBuffer(client, buffer_name, capacity=10, prioritized_sampling=True, seed=1)
+    buffer.add(_items(np.log([1.0, 1.0, 2.0])))
+    # one round suffices: 0.125 * 4 -> id 1, 0.875 * 4 -> id 3; the rest are not read
+    for rest in ([0.0, 0.0, 0.0, 0.0], [0.5, 0.75, 0.25, 0.5]):
+        ids, probabilities = _script_draw(buffer, 2, [0.125, 0.875, *rest])
+        assert ids == [1, 3]
+        assert probabilities == pytest.approx([0.25, 2 / 3], rel=1e-12)
+    # the same as one draw with replacement of the first two uniforms
+    words = np.array([round(u * 2**48) for u in (0.125, 0.875)], dtype=np.uint64)
+    reply = buffer._run("sample_prioritized", buffer.keys.all_keys(), [2, 1, 0, _pack_words(words)])
+    assert [int(i) for i in reply[1:3]] == [1, 3]
+    # 0.125 and 0.1875 both give id 1: the second round (one draw, the third uniform) draws
+    # over masses 0, 1, 2, so 0.25 * 3 -> id 2 and 0.5 * 3 -> id 3
+    for third, expected, p in ((0.25, 2, 1 / 3), (0.5, 3, 2 / 3)):
+        ids, probabilities = _script_draw(buffer, 2, [0.125, 0.1875, third, 0.0, 0.0, 0.0])
+        assert ids == [1, expected]
+        assert probabilities == pytest.approx([0.25, p], rel=1e-12)
+    # three draws: 0.125 * 4 -> id 1 twice, then 0.625 * 4 -> id 3; one draw left over
+    # masses 0, 1, 0
+    ids, probabilities = _script_draw(buffer, 3, [0.125, 0.125, 0.625, 0.9, 0.0, 0.0])
+    assert ids == [1, 3, 2]
+    assert probabilities == pytest.approx([0.25, 2 / 3, 1.0], rel=1e-12)
+    # exactly n uniforms: every round one draw (the plain successive draw); fewer refused
+    ids, probabilities = _script_draw(buffer, 2, [0.125, 0.125])
+    assert ids == [1, 2] and probabilities == pytest.approx([0.25, 1 / 3], rel=1e-12)
+    with pytest.raises(Exception, match="at least 2 packed uniforms"):
+        _script_draw(buffer, 2, [0.125])
+
+
+@pytest.mark.parametrize("per_draw", [1, 3])
+def test_repeats_replaced_in_rounds_keep_the_law_of_successive_draws(
+    client, buffer_name, monkeypatch, per_draw
+):
+    """Two items hold nearly all the mass and 4 of the 5 drawable items are asked: most
+    draws of the first round repeat, and the later rounds (per_draw=3, the client's
+    default) or the plain successive draw (per_draw=1: one uniform per draw, so every
+    round is one draw) replace them."""
+    monkeypatch.setattr(samplers, "_ROUND_UNIFORMS", per_draw)
+    rewards = [6.0, 5.0, 0.0, -1.0, 0.5, -math.inf]
+    buffer = ReplayBuffer(client, buffer_name, capacity=10, prioritized_sampling=True, seed=21)
+    buffer.add(_items(rewards))
+    p = softmax(priorities(client, buffer_name))
+    n = 4
+    probs = _sequence_probabilities(p, n)
+    trials = 2000
+    counts: dict[tuple[int, ...], int] = {}
+    for _ in range(trials):
+        info = buffer.sample_with_info(n)
+        sequence = tuple(info.ids.tolist())
+        counts[sequence] = counts.get(sequence, 0) + 1
+        left = 1.0
+        for item_id, probability in zip(sequence, info.probabilities.tolist(), strict=True):
+            assert probability == pytest.approx(p[item_id] / left, rel=1e-9)
+            left -= p[item_id]
+    _assert_fits(probs, counts, trials)
+    assert sorted(buffer.sample_with_info(5).ids.tolist()) == [1, 2, 3, 4, 5]
