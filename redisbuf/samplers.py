@@ -244,9 +244,9 @@ class UniformSampler:
         return Draw(ids, blobs, None, schema_json)
 
 
-# Uniforms per draw sent for prioritized draws without replacement: the first n go to one
-# round of n draws, the rest to the rounds that replace repeats (fewer draws a round when
-# they run short; n suffice for the plain successive draw).
+# Uniforms per draw sent for prioritized draws without replacement: the script's rounds use
+# them in order, the first round up to 64 draws, later ones replacing repeats (fewer draws
+# a round when they run short; n suffice for the plain successive draw).
 _ROUND_UNIFORMS = 3
 
 
