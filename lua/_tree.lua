@@ -504,17 +504,70 @@ local function chunk_child(entry, chunk, target)
   return last_k or 0, last_mass, last_mass * 0.5
 end
 
-local function parsed_entry(masses, k) return masses[k] end
+-- A chunk's 16 masses as a table, [k + 1] = the mass of child k (made at its final size:
+-- one allocation, no rehash as it fills).
+local function tree_parse(text)
+  local masses = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+  for k = 0, FANOUT - 1 do
+    masses[k + 1] = tonumber(string.sub(text, k * WIDTH + 1, (k + 1) * WIDTH)) or 0
+  end
+  return masses
+end
+
+-- chunk_child for a target in [0, mass), mass = the chunk's node's mass (its entry in the
+-- parent chunk, or the root chunk's sum); chunk = the chunk's text (entries parsed as read:
+-- parsing dominates a descent's cost) or tree_parse's table. Returns the child k, its mass
+-- and the target left inside it. A target in the upper half is found from the last child
+-- down: the same child (up to rounding at a child boundary), reading about half as many
+-- entries on average.
+local function tree_child(chunk, target, mass)
+  local last_k, last_mass = nil, 0
+  local text = type(chunk) == 'string' and chunk
+  if target < 0.5 * mass then
+    for k = 0, FANOUT - 1 do
+      local child
+      if text then
+        child = tonumber(string.sub(text, k * WIDTH + 1, (k + 1) * WIDTH)) or 0
+      else
+        child = chunk[k + 1]
+      end
+      if child > 0 then
+        if target < child then return k, child, target end
+        target = target - child
+        last_k, last_mass = k, child
+      end
+    end
+    -- rounding pushed the target past the last child with mass
+    return last_k or 0, last_mass, last_mass * 0.5
+  end
+  local rest = mass - target
+  for k = FANOUT - 1, 0, -1 do
+    local child
+    if text then
+      child = tonumber(string.sub(text, k * WIDTH + 1, (k + 1) * WIDTH)) or 0
+    else
+      child = chunk[k + 1]
+    end
+    if child > 0 then
+      if rest <= child then return k, child, child - rest end
+      rest = rest - child
+      last_k, last_mass = k, child
+    end
+  end
+  -- rounding pushed the target before the first child with mass
+  return last_k or 0, last_mass, last_mass * 0.5
+end
 
 -- Descend the tree for targets in [0, root mass) together: each level costs one HMGET of
--- the distinct chunks. A chunk that several draws pass through is parsed once; one that a
--- single draw or two pass through is read entry by entry, only as far as the draw goes.
+-- the distinct chunks; a chunk that several draws pass through is parsed once (tree_parse),
+-- one that a single draw or two pass through is read entry by entry, only as far as the
+-- draw goes (tree_child).
 -- Returns the leaf slots reached and each leaf's mass.
 local function tree_descend(tree_key, depth, targets)
   local n = #targets
   local nodes, masses = {}, {}
   for i = 1, n do nodes[i] = 0 end
-  for _ = 1, depth do
+  for level = 1, depth do
     local chunk_of, distinct, visits = {}, {}, {}
     for i = 1, n do
       local j = chunk_of[nodes[i]]
@@ -527,20 +580,19 @@ local function tree_descend(tree_key, depth, targets)
       visits[j] = visits[j] + 1
     end
     local chunks = hmget_chunked(tree_key, distinct)
-    local readers = {}
     for j = 1, #distinct do
       local chunk = chunks[j] or EMPTY_CHUNK
-      if visits[j] > 2 then
-        local parsed = {}
-        for k = 0, FANOUT - 1 do parsed[k] = chunk_entry(chunk, k) end
-        chunks[j], readers[j] = parsed, parsed_entry
-      else
-        chunks[j], readers[j] = chunk, chunk_entry
-      end
+      if visits[j] > 2 or level == 1 then chunk = tree_parse(chunk) end
+      chunks[j] = chunk
+    end
+    if level == 1 and n > 0 then
+      -- the root's mass: the sum of its chunk, in chunk_sum's order
+      local root, total = chunks[1], 0
+      for k = 1, FANOUT do total = total + root[k] end
+      for i = 1, n do masses[i] = total end
     end
     for i = 1, n do
-      local j = chunk_of[nodes[i]]
-      local chosen, mass, target = chunk_child(readers[j], chunks[j], targets[i])
+      local chosen, mass, target = tree_child(chunks[chunk_of[nodes[i]]], targets[i], masses[i])
       nodes[i] = FANOUT * nodes[i] + 1 + chosen
       targets[i] = target
       masses[i] = mass
