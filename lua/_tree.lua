@@ -488,19 +488,36 @@ local function tree_leaf_mass(meta_key, score)
   return leaf_weight(tree_mass_rule(meta_key)(score), ref)
 end
 
--- The child of a chunk that `target` falls in, reading masses through entry(k) (k = 0..15):
--- returns k, its mass and the target left inside it.
-local function chunk_child(entry, chunk, target)
+-- The child of a chunk that `target` falls in, reading masses through entry(chunk, k)
+-- (k = 0..15): returns k, its mass and the target left inside it. Given `mass`, the chunk's
+-- node's mass (its entry in the parent chunk, or the root chunk's sum), a target in the
+-- upper half is found from the last child down: the same child (up to rounding at a child
+-- boundary), reading about half as many entries on average (parsing them dominates a
+-- descent's cost).
+local function chunk_child(entry, chunk, target, mass)
   local last_k, last_mass = nil, 0
-  for k = 0, FANOUT - 1 do
-    local mass = entry(chunk, k)
-    if mass > 0 then
-      if target < mass then return k, mass, target end
-      target = target - mass
-      last_k, last_mass = k, mass
+  if mass == nil or target < 0.5 * mass then
+    for k = 0, FANOUT - 1 do
+      local child = entry(chunk, k)
+      if child > 0 then
+        if target < child then return k, child, target end
+        target = target - child
+        last_k, last_mass = k, child
+      end
+    end
+    -- rounding pushed the target past the last child with mass
+    return last_k or 0, last_mass, last_mass * 0.5
+  end
+  local rest = mass - target
+  for k = FANOUT - 1, 0, -1 do
+    local child = entry(chunk, k)
+    if child > 0 then
+      if rest <= child then return k, child, child - rest end
+      rest = rest - child
+      last_k, last_mass = k, child
     end
   end
-  -- rounding pushed the target past the last child with mass
+  -- rounding pushed the target before the first child with mass
   return last_k or 0, last_mass, last_mass * 0.5
 end
 
@@ -514,54 +531,12 @@ local function tree_parse(text)
   return masses
 end
 
--- chunk_child for a target in [0, mass), mass = the chunk's node's mass (its entry in the
--- parent chunk, or the root chunk's sum); chunk = the chunk's text (entries parsed as read:
--- parsing dominates a descent's cost) or tree_parse's table. Returns the child k, its mass
--- and the target left inside it. A target in the upper half is found from the last child
--- down: the same child (up to rounding at a child boundary), reading about half as many
--- entries on average.
-local function tree_child(chunk, target, mass)
-  local last_k, last_mass = nil, 0
-  local text = type(chunk) == 'string' and chunk
-  if target < 0.5 * mass then
-    for k = 0, FANOUT - 1 do
-      local child
-      if text then
-        child = tonumber(string.sub(text, k * WIDTH + 1, (k + 1) * WIDTH)) or 0
-      else
-        child = chunk[k + 1]
-      end
-      if child > 0 then
-        if target < child then return k, child, target end
-        target = target - child
-        last_k, last_mass = k, child
-      end
-    end
-    -- rounding pushed the target past the last child with mass
-    return last_k or 0, last_mass, last_mass * 0.5
-  end
-  local rest = mass - target
-  for k = FANOUT - 1, 0, -1 do
-    local child
-    if text then
-      child = tonumber(string.sub(text, k * WIDTH + 1, (k + 1) * WIDTH)) or 0
-    else
-      child = chunk[k + 1]
-    end
-    if child > 0 then
-      if rest <= child then return k, child, child - rest end
-      rest = rest - child
-      last_k, last_mass = k, child
-    end
-  end
-  -- rounding pushed the target before the first child with mass
-  return last_k or 0, last_mass, last_mass * 0.5
-end
+local function parsed_entry(masses, k) return masses[k + 1] end
 
 -- Descend the tree for targets in [0, root mass) together: each level costs one HMGET of
 -- the distinct chunks; a chunk that several draws pass through is parsed once (tree_parse),
 -- one that a single draw or two pass through is read entry by entry, only as far as the
--- draw goes (tree_child).
+-- draw goes (chunk_child).
 -- Returns the leaf slots reached and each leaf's mass.
 local function tree_descend(tree_key, depth, targets)
   local n = #targets
@@ -592,7 +567,9 @@ local function tree_descend(tree_key, depth, targets)
       for i = 1, n do masses[i] = total end
     end
     for i = 1, n do
-      local chosen, mass, target = tree_child(chunks[chunk_of[nodes[i]]], targets[i], masses[i])
+      local chunk = chunks[chunk_of[nodes[i]]]
+      local entry = type(chunk) == 'string' and chunk_entry or parsed_entry
+      local chosen, mass, target = chunk_child(entry, chunk, targets[i], masses[i])
       nodes[i] = FANOUT * nodes[i] + 1 + chosen
       targets[i] = target
       masses[i] = mass

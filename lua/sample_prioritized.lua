@@ -93,38 +93,6 @@ else
     for k = 0, FANOUT - 1 do sum = sum + chunk[k] end
     return sum
   end
-  -- chunk_child for a target in [0, mass), mass = the chunk's node's mass (its entry in
-  -- the parent chunk): a target in the upper half is found from the last child down (the
-  -- same child, reading about half as many entries on average)
-  local function child_of(chunk, target, mass)
-    local raw = chunk.raw
-    if target < 0.5 * mass then
-      if raw then return chunk_child(entry, chunk, target) end
-      local last_k, last_mass = nil, 0
-      for k = 0, FANOUT - 1 do
-        local child = chunk[k]
-        if child > 0 then
-          if target < child then return k, child, target end
-          target = target - child
-          last_k, last_mass = k, child
-        end
-      end
-      -- rounding pushed the target past the last child with mass
-      return last_k or 0, last_mass, last_mass * 0.5
-    end
-    local rest, last_k, last_mass = mass - target, nil, 0
-    for k = FANOUT - 1, 0, -1 do
-      local child = chunk[k]
-      if raw and child == nil then child = entry(chunk, k) end
-      if child > 0 then
-        if rest <= child then return k, child, child - rest end
-        rest = rest - child
-        last_k, last_mass = k, child
-      end
-    end
-    -- rounding pushed the target before the first child with mass
-    return last_k or 0, last_mass, last_mass * 0.5
-  end
   local leaf0 = first_leaf(depth)
   -- the leaf nodes that draws for targets in [0, remaining mass) reach, and their masses,
   -- all draws advancing together: one HMGET per level for the chunks not in copy yet
@@ -154,7 +122,7 @@ else
         if chunk.visits > 2 then whole(chunk) end
       end
       for i = 1, #targets do
-        local chosen, mass, target = child_of(copy[nodes[i]], targets[i], masses[i])
+        local chosen, mass, target = chunk_child(entry, copy[nodes[i]], targets[i], masses[i])
         nodes[i] = FANOUT * nodes[i] + 1 + chosen
         targets[i] = target
         masses[i] = mass

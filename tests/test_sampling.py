@@ -434,8 +434,8 @@ local out = {}
 for i = 3, #ARGV do
   local target = tonumber(ARGV[i])
   local forward = chunk_child(chunk_entry, text, target)
-  local lazy = tree_child(text, target, mass)
-  local whole = tree_child(tree_parse(text), target, mass)
+  local lazy = chunk_child(chunk_entry, text, target, mass)
+  local whole = chunk_child(parsed_entry, tree_parse(text), target, mass)
   out[#out + 1] = forward .. ' ' .. lazy .. ' ' .. whole
 end
 return out
@@ -443,9 +443,9 @@ return out
 
 
 @pytest.mark.parametrize("drift", [0.0, 1e-14, -1e-14])
-def test_tree_child_finds_the_forward_scans_child(client, drift):
-    # tree_child searches a target in the upper half of a node from its last child down:
-    # the same child as chunk_child's forward scan, except within rounding of a boundary
+def test_chunk_child_from_the_upper_end_finds_the_forward_scans_child(client, drift):
+    # given the node's mass, chunk_child searches a target in the upper half of a node
+    # from its last child down: the same child as its forward scan, except within rounding of a boundary
     # (mass = the node's entry in its parent, which may differ from its chunk's sum by
     # rounding: drift)
     from redisbuf.scripts import _expand
