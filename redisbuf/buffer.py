@@ -9,7 +9,7 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1001,15 +1001,7 @@ class ReplayBuffer:
         (log-rewards), ``blobs``, ``per_priorities`` (None each without PER) and ``uses``
         (times sampled)."""
         header = self._header()
-        records = list(self._records(header["per"] is not None))
-        return {
-            **header,
-            "ids": [r[0] for r in records],
-            "priorities": [r[1] for r in records],
-            "blobs": [r[2] for r in records],
-            "per_priorities": [r[3] for r in records],
-            "uses": [r[4] for r in records],
-        }
+        return _state_of(header, self._records(header["per"] is not None))
 
     def load_state_dict(self, state: dict[str, Any], *, drop_per_priorities: bool = False) -> None:
         """Replace the buffer's items with those of ``state`` (from :meth:`state_dict`),
@@ -1293,6 +1285,19 @@ def _write_save(
     return count
 
 
+def _read_header(unpacker: msgpack.Unpacker, path: str | Path) -> dict[str, Any]:
+    """The first object of a save file's stream, checked as its header; DecodeError for
+    an empty file or one that is not a redisbuf file."""
+    try:
+        header = next(unpacker)
+    except StopIteration:
+        raise DecodeError(f"{path}: empty file") from None
+    except Exception as exc:
+        raise DecodeError(f"{path}: not a redisbuf file ({exc})") from exc
+    _check_header(header)
+    return header
+
+
 def _read_save(path: str | Path) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
     """The checked header and the records of the save file at ``path``, each record
     ``(id, log_reward, blob, per_priority, uses)`` (a format-1 record gets None and 0);
@@ -1300,13 +1305,7 @@ def _read_save(path: str | Path) -> tuple[dict[str, Any], list[tuple[Any, ...]]]
     after the trailer. The records' values are checked by the restore."""
     with open(path, "rb") as handle:
         unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
-        try:
-            header = next(unpacker)
-        except StopIteration:
-            raise DecodeError(f"{path}: empty file") from None
-        except Exception as exc:
-            raise DecodeError(f"{path}: not a redisbuf file ({exc})") from exc
-        _check_header(header)
+        header = _read_header(unpacker, path)
         width = 3 if header["version"] == 1 else 5
         records: list[tuple[Any, ...]] = []
         trailer = None
@@ -1334,6 +1333,21 @@ def _read_save(path: str | Path) -> tuple[dict[str, Any], list[tuple[Any, ...]]]
     if extra is not None:
         raise DecodeError(f"{path}: data after the trailer")
     return header, records
+
+
+def _state_of(header: dict[str, Any], records: Iterable[tuple[Any, ...]]) -> dict[str, Any]:
+    """A state as :meth:`ReplayBuffer.state_dict` returns it: ``header`` and the columns
+    of ``records`` ``(id, log_reward, blob, per_priority, uses)``; see _state_records for
+    the way back."""
+    records = list(records)
+    return {
+        **header,
+        "ids": [r[0] for r in records],
+        "priorities": [r[1] for r in records],
+        "blobs": [r[2] for r in records],
+        "per_priorities": [r[3] for r in records],
+        "uses": [r[4] for r in records],
+    }
 
 
 def _state_records(state: dict[str, Any]) -> list[tuple[Any, ...]]:

@@ -72,6 +72,7 @@ from .buffer import (
     _read_save,
     _saved_counters,
     _saved_schema,
+    _state_of,
     _state_records,
     _write_save,
 )
@@ -687,16 +688,7 @@ class ShardedReplayBuffer:
         """The whole buffer as plain data: the header of :meth:`save` and the columns of
         :meth:`ReplayBuffer.state_dict` (``ids`` global, ``per_priorities`` None), in
         the order :meth:`save` writes the records."""
-        header = self._header()
-        records = list(self._records())
-        return {
-            **header,
-            "ids": [r[0] for r in records],
-            "priorities": [r[1] for r in records],
-            "blobs": [r[2] for r in records],
-            "per_priorities": [r[3] for r in records],
-            "uses": [r[4] for r in records],
-        }
+        return _state_of(self._header(), self._records())
 
     def load(
         self,

@@ -445,9 +445,9 @@ return out
 @pytest.mark.parametrize("drift", [0.0, 1e-14, -1e-14])
 def test_chunk_child_from_the_upper_end_finds_the_forward_scans_child(client, drift):
     # given the node's mass, chunk_child searches a target in the upper half of a node
-    # from its last child down: the same child as its forward scan, except within rounding of a boundary
-    # (mass = the node's entry in its parent, which may differ from its chunk's sum by
-    # rounding: drift)
+    # from its last child down: the same child as its forward scan, except within
+    # rounding of a boundary (mass = the node's entry in its parent, which may differ
+    # from its chunk's sum by rounding: drift)
     from redisbuf.scripts import _expand
 
     source = _expand("-- @include common\n-- @include tree\n" + _CHILD_PROBE)

@@ -156,20 +156,14 @@ def _kept(per: bool) -> str:
 
 def read_header(path: Path) -> dict[str, Any]:
     """The checked header of a save file (raises DecodeError / CommandError)."""
-    from ..buffer import _check_header
+    from ..buffer import _read_header
     from ..errors import DecodeError
 
     if not path.is_file():
         raise CommandError(f"no file {path}")
     with open(path, "rb") as handle:
         unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=64 * 2**20)
-        try:
-            header = next(unpacker)
-        except StopIteration:
-            raise DecodeError(f"{path}: empty file") from None
-        except Exception as exc:
-            raise DecodeError(f"{path}: not a redisbuf file ({exc})") from exc
-    _check_header(header)
+        header = _read_header(unpacker, path)
     try:
         int(header["capacity"]), str(header["eviction"])
     except (KeyError, TypeError, ValueError):
