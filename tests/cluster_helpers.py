@@ -19,6 +19,13 @@ BATCHES = (1, 2, 3)  # one batch per shard: the shards hold 1, 2 and 3 items
 ITEMS = len(LOG_REWARDS)
 
 
+def items(values: Any, log_rewards: Any = None) -> dict[str, np.ndarray]:
+    """A batch of items with field ``v`` (log-rewards 0 unless given)."""
+    values = np.asarray(values)
+    rewards = np.zeros(len(values)) if log_rewards is None else np.asarray(log_rewards)
+    return {"v": values, "log_rewards": rewards}
+
+
 def chi2_limit(df: int, z: float = 5.0) -> float:
     """The chi-square quantile of ``df`` degrees of freedom at ``z`` standard deviations
     (Wilson-Hilferty): a test that fails by chance with probability ~3e-7."""

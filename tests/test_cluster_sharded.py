@@ -14,6 +14,7 @@ from cluster_helpers import (
     check_uniform_subsets,
     chi2_limit,
     filled,
+    items,
 )
 
 from redisbuf import ReplayBuffer
@@ -26,12 +27,6 @@ from redisbuf.errors import (
 )
 from redisbuf.keys import BufferKeys
 from redisbuf.sharded import ShardedReplayBuffer
-
-
-def items(values, log_rewards=None):
-    values = np.asarray(values)
-    rewards = np.zeros(len(values)) if log_rewards is None else np.asarray(log_rewards)
-    return {"v": values, "log_rewards": rewards}
 
 
 def test_shards_get_their_own_hash_tags_in_separate_slot_ranges(fake_client, buffer_name):

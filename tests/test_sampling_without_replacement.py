@@ -52,6 +52,23 @@ def _without_stats(
     return chi2(observed, expected), len(expected) - 1
 
 
+def _drawn_sequences(
+    buffer: ReplayBuffer, p: dict[int, float], n: int, trials: int
+) -> dict[tuple[int, ...], int]:
+    """How often each sequence of ids came out of ``trials`` draws of ``n``, checking that
+    each draw's reported probability is conditional on the draws before it."""
+    counts: dict[tuple[int, ...], int] = {}
+    for _ in range(trials):
+        info = buffer.sample_with_info(n)
+        sequence = tuple(info.ids.tolist())
+        counts[sequence] = counts.get(sequence, 0) + 1
+        left = 1.0
+        for item_id, probability in zip(sequence, info.probabilities.tolist(), strict=True):
+            assert probability == pytest.approx(p[item_id] / left, rel=1e-9)
+            left -= p[item_id]
+    return counts
+
+
 def _assert_fits(probs: dict[tuple[int, ...], float], counts: dict, trials: int) -> None:
     statistic, df = _without_stats(probs, counts, trials)
     assert statistic < chi2_limit(df), (statistic, df)
@@ -69,16 +86,7 @@ def test_drawn_sequences_follow_torch_multinomial(client, buffer_name, n):
     p = softmax(priorities(client, buffer_name))
     probs = _sequence_probabilities(p, n)
     trials = 3000
-    ours: dict[tuple[int, ...], int] = {}
-    for _ in range(trials):
-        info = buffer.sample_with_info(n)
-        sequence = tuple(info.ids.tolist())
-        ours[sequence] = ours.get(sequence, 0) + 1
-        # each draw's probability is conditional on the draws before it
-        left = 1.0
-        for item_id, probability in zip(sequence, info.probabilities.tolist(), strict=True):
-            assert probability == pytest.approx(p[item_id] / left, rel=1e-9)
-            left -= p[item_id]
+    ours = _drawn_sequences(buffer, p, n, trials)
     # torch's draws, from the same softmax (ids are positions + 1)
     generator = torch.Generator().manual_seed(n)
     weights = torch.softmax(torch.tensor(REWARDS, dtype=torch.float64), 0)
@@ -236,14 +244,6 @@ def test_repeats_replaced_in_rounds_keep_the_law_of_successive_draws(
     n = 4
     probs = _sequence_probabilities(p, n)
     trials = 2000
-    counts: dict[tuple[int, ...], int] = {}
-    for _ in range(trials):
-        info = buffer.sample_with_info(n)
-        sequence = tuple(info.ids.tolist())
-        counts[sequence] = counts.get(sequence, 0) + 1
-        left = 1.0
-        for item_id, probability in zip(sequence, info.probabilities.tolist(), strict=True):
-            assert probability == pytest.approx(p[item_id] / left, rel=1e-9)
-            left -= p[item_id]
+    counts = _drawn_sequences(buffer, p, n, trials)
     _assert_fits(probs, counts, trials)
     assert sorted(buffer.sample_with_info(5).ids.tolist()) == [1, 2, 3, 4, 5]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 import pytest
+from cluster_helpers import items
 from test_bad_input import snapshot
 
 from redisbuf import (
@@ -23,12 +24,6 @@ from redisbuf.buffer import SAVE_FORMAT_VERSION
 from redisbuf.keys import BufferKeys
 from redisbuf.samplers import PERSampler
 from redisbuf.sharded import ShardedReplayBuffer
-
-
-def items(values, log_rewards=None):
-    values = np.asarray(values)
-    rewards = np.zeros(len(values)) if log_rewards is None else np.asarray(log_rewards)
-    return {"v": values, "log_rewards": rewards}
 
 
 def content(buffer) -> list[tuple[int, float, bytes, int]]:
