@@ -221,10 +221,8 @@ def run_import(args: argparse.Namespace) -> int:
                                                                  total=total),
                 )
         except BaseException:
-            if created and shards is not None:
+            if created:  # plain or sharded, drop() removes every key the buffer made
                 buffer.drop()
-            elif created:
-                client.delete(*keys.all_keys())
             raise
         length = len(buffer)
     finally:
