@@ -1,5 +1,5 @@
 -- Inserting a batch with eviction, pasted in place of "-- @include insert" (needs common,
--- tree, items and history): the body of add.lua, shared by every script that adds items (add,
+-- masslog, items and history): the body of add.lua, shared by every script that adds items (add,
 -- add_diverse), so they store, evict and keep the tree alike.
 
 -- The per-batch options of an add script's options argument: "" (none) or a JSON object.
@@ -70,8 +70,14 @@ local function commit_batch(K, conf, schema_json, options, ids, first, blobs, pr
     delete_items(K, victims)
     redis.call('HINCRBY', meta, 'evicted', #victims)
   end
-  if conf[4] == '1' then
-    tree_update(K, capacity, victims, ids, priorities)
+  if conf[4] == '1' then  -- new items first: a victim may be one of them
+    local scores = priorities
+    if per_enabled(K) then
+      scores = zmscore_chunked(K.per, ids)
+      for i = 1, n do scores[i] = scores[i] or '-inf' end
+    end
+    masslog_append(K, 'S', ids, scores)
+    masslog_append(K, 'R', victims)
   end
   record_history(meta)
   return {first, n, #victims}

@@ -1,5 +1,5 @@
 -- Adding, removing and drawing items, pasted in place of "-- @include items" (needs common
--- and tree). Every per-item structure is written here and nowhere else, so a new one (a
+-- and masslog). Every per-item structure is written here and nowhere else, so a new one (a
 -- use count, a version) is kept consistent by adding it to these functions only.
 
 -- Data lifetime (redisbuf/lifetime.py). Per item: uses (times sampled, absent = 0),
@@ -169,7 +169,7 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
   notify_changed(K.meta)  -- wake blocked samplers (redisbuf/waiting.py)
 end
 
--- Delete items from every per-item structure except the sum tree (see tree_update).
+-- Delete items from every per-item structure (the mass log is remove_items' job).
 local function delete_items(K, ids)
   if #ids == 0 then return end
   local uses, used = hmget_chunked(K.uses, ids), 0
@@ -198,13 +198,11 @@ local function delete_items(K, ids)
   call_chunked('HDEL', K.vecs, ids)
 end
 
--- Delete items everywhere, the sum tree included (when prioritized sampling is on).
+-- Delete items everywhere, and log their removal for prioritized samplers' replicas.
 local function remove_items(K, ids)
   if #ids == 0 then return end
   delete_items(K, ids)
-  if redis.call('HGET', K.meta, 'tree') == '1' then
-    tree_update(K, tonumber(redis.call('HGET', K.meta, 'capacity')), ids, {}, {})
-  end
+  masslog_append(K, 'R', ids)
 end
 
 -- Set the PER priorities of ids present (priorities as numbers; a later duplicate wins),
@@ -229,9 +227,9 @@ local function set_priorities(K, ids, priorities)
   if #kept == 0 then return 0 end
   call_chunked('ZADD', K.per, pairs_)
   per_account(K, removed, values)
-  if redis.call('HGET', K.meta, 'tree') == '1' then
-    tree_reweight(K, tonumber(redis.call('HGET', K.meta, 'capacity')), kept, values)
-  end
+  local texts = {}
+  for i = 1, #kept do texts[i] = pairs_[2 * i - 1] end
+  masslog_append(K, 'S', kept, texts)
   return #kept
 end
 

@@ -1,6 +1,6 @@
 -- Insert a batch and evict beyond capacity, atomically.
 -- @include common
--- @include tree
+-- @include masslog
 -- @include items
 -- @include history
 -- @include insert

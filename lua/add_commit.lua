@@ -3,7 +3,7 @@
 -- call of ReplayBuffer.add, redisbuf/buffer.py): the blobs never pass through Lua, and
 -- no reader sees them before this script has stored the rest of the batch.
 -- @include common
--- @include tree
+-- @include masslog
 -- @include items
 -- @include history
 -- @include insert

@@ -1,7 +1,7 @@
 -- Insert a batch into a diverse buffer (torchgfn's NormBasedDiversePrioritizedReplayBuffer
 -- rule), atomically with the distance tests.
 -- @include common
--- @include tree
+-- @include masslog
 -- @include items
 -- @include history
 -- @include insert

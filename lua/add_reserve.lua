@@ -1,7 +1,7 @@
 -- Reserve the ids of a batch that lua/add_commit.lua then stores: the first of the two
 -- calls of ReplayBuffer.add (redisbuf/buffer.py, ReplayBuffer._insert).
 -- @include common
--- @include tree
+-- @include masslog
 -- @include items
 -- @include history
 -- @include insert

@@ -1,8 +1,9 @@
--- Turn on prioritized experience replay (PER): PER priorities in the per zset and a sum
--- tree whose leaf masses are (priority + eps)^alpha. add.lua, update_priority.lua and the
--- removers keep both up to date from then on, whichever process writes.
+-- Turn on prioritized experience replay (PER): PER priorities in the per zset, and from
+-- now on every change to them appended to the mass log (lua/_masslog.lua) by add.lua,
+-- update_priority.lua and the removers, whichever process writes; PERSampler draws from a
+-- replica of them, with masses (priority + eps)^alpha (redisbuf/replica.py).
 -- @include common
--- @include tree
+-- @include masslog
 -- @include items
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1] alpha  ARGV[2] eps  ARGV[3] initial_priority  (numbers as text)
@@ -21,14 +22,15 @@ if conf[3] == 'per' then
       .. ', eps=' .. conf[5] .. ', initial_priority=' .. conf[6] .. ', not alpha=' .. ARGV[1]
       .. ', eps=' .. ARGV[2] .. ', initial_priority=' .. ARGV[3] .. ' (PER settings mismatch)')
   end
-  if redis.call('HGET', K.meta, 'tree_layout') ~= TREE_LAYOUT then  -- an earlier version's tree
-    tree_rebuild(K.meta, K.per, K.tree, K.tree_ids, K.tree_slots, K.tree_free, tonumber(conf[1]))
+  if conf[2] ~= '1' or not redis.call('HGET', K.meta, 'log_epoch') then  -- an earlier version's
+    redis.call('HSET', K.meta, 'tree', '1')
+    masslog_reset(K)
   end
   return 0
 end
 if conf[2] == '1' then
   return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' samples by softmax of log-rewards'
-    .. ' (prioritized_sampling): its sum tree cannot also hold PER priorities')
+    .. ' (prioritized_sampling): it cannot also sample by PER priorities')
 end
 redis.call('HSET', K.meta, 'per_alpha', ARGV[1], 'per_eps', ARGV[2], 'per_initial', ARGV[3],
   'tree_mass', 'per')
@@ -46,5 +48,6 @@ local scores = redis.call('ZRANGE', K.per, 0, -1, 'WITHSCORES')
 local values = {}
 for i = 2, #scores, 2 do values[#values + 1] = tonumber(scores[i]) end
 per_account(K, {}, values)
-tree_rebuild(K.meta, K.per, K.tree, K.tree_ids, K.tree_slots, K.tree_free, tonumber(conf[1]))
+redis.call('HSET', K.meta, 'tree', '1')
+masslog_reset(K)
 return 1

@@ -1,20 +1,22 @@
--- Build (or rebuild) the sum tree that prioritized sampling walks; add.lua keeps it
--- up to date from then on, whichever process adds.
+-- Turn on prioritized sampling by softmax of log-rewards: from now on every change to the
+-- prio zset is appended to the mass log (lua/_masslog.lua), whichever process writes, and
+-- samplers draw from replicas of it (redisbuf/replica.py). O(1): a replica reads the prio
+-- zset itself. Sum-tree keys left by an earlier version are unlinked (freed in the
+-- background) and its meta fields deleted.
 -- @include common
--- @include tree
--- KEYS[1] meta  KEYS[2] prio  KEYS[3] tree  KEYS[4] tree:ids  KEYS[5] tree:slots
--- KEYS[6] tree:free
--- ARGV[1] "1" = rebuild even if the tree exists
--- Returns 1 if built (or rebuilt from an earlier layout), 0 if it already existed.
+-- @include masslog
+-- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
+-- ARGV[1] "1" = start a new log even if it is on (every replica reads everything again)
+-- Returns 1 if turned on (or restarted) now, 0 if it was on.
 -- Errors: RB_NOBUF, RB_CONFIG (the buffer uses PER).
-local meta = KEYS[1]
-local conf = redis.call('HMGET', meta, 'tree', 'capacity')
-if not conf[2] then return fail('RB_NOBUF', 'buffer meta ' .. meta .. ' does not exist') end
-if redis.call('HGET', meta, 'tree_mass') == 'per' then
-  return fail('RB_CONFIG', 'buffer ' .. meta .. ' uses prioritized experience replay (PERSampler):'
-    .. ' its sum tree holds PER priorities, not log-rewards')
+local K = buffer_keys(KEYS)
+local conf = redis.call('HMGET', K.meta, 'tree', 'capacity', 'tree_mass', 'log_epoch')
+if not conf[2] then return fail('RB_NOBUF', 'buffer meta ' .. K.meta .. ' does not exist') end
+if conf[3] == 'per' then
+  return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' uses prioritized experience replay (PERSampler):'
+    .. ' its priorities are PER priorities, not log-rewards')
 end
-local current = redis.call('HGET', meta, 'tree_layout') == TREE_LAYOUT  -- else rebuild it
-if conf[1] == '1' and ARGV[1] ~= '1' and current then return 0 end
-tree_rebuild(meta, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], tonumber(conf[2]))
+if conf[1] == '1' and conf[4] and ARGV[1] ~= '1' then return 0 end
+redis.call('HSET', K.meta, 'tree', '1')
+masslog_reset(K)
 return 1

@@ -2,7 +2,7 @@
 -- manager's buffer (when they live in another buffer), and compute the baseline after
 -- the copy, atomically. Replaces an HMGET, an add and baseline.lua (three round trips).
 -- @include common
--- @include tree
+-- @include masslog
 -- @include items
 -- @include history
 -- @include insert

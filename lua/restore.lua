@@ -1,7 +1,7 @@
 -- Swap a restore's staged content in place of a buffer's, atomically: readers see the
 -- old buffer or the restored one, never a part. Counters are derived here.
 -- @include common
--- @include tree
+-- @include masslog
 -- @include items
 -- KEYS[1] meta  KEYS[1..m] the buffer's keys (BufferKeys.all_keys(), meta first)
 -- KEYS[m+1..2m] the staged keys in the same order (StagingKeys.all_keys()), filled by add.lua
@@ -15,8 +15,8 @@
 -- and last_id = the larger of both (ids are never reused), present_uses = the sum of the
 -- staged use counts. Under PER (meta tree_mass = per) items without a staged priority get
 -- per_initial (the new-item rule, nothing else being present), the PER sum and non-zero
--- count are recomputed and the tree is rebuilt from the PER priorities; with prioritized
--- sampling it is rebuilt from the log-rewards. The staged keys are gone afterwards.
+-- count are recomputed; with prioritized sampling (or PER) the mass log starts a new
+-- epoch, so every sampler's replica reads the restored content. The staged keys are gone afterwards.
 -- Returns the new length. Errors (checked before any write): RB_NOBUF (the buffer was
 -- dropped), RB_CONFIG (the staged keys are missing or were made for another capacity;
 -- staged PER priorities for a buffer without PER; a use count at or over max_use).
@@ -55,9 +55,9 @@ local counts = redis.call('HVALS', K.uses)
 for i = 1, #counts do used = used + tonumber(counts[i]) end
 redis.call('HSET', meta, 'inserted', string.format('%.0f', inserted),
   'evicted', string.format('%.0f', inserted - length), 'sampled', ARGV[2],
-  'last_id', string.format('%.0f', last), 'tree_next_slot', 0,
+  'last_id', string.format('%.0f', last),
   'present_uses', string.format('%.0f', used))
-redis.call('HDEL', meta, 'tree_ref', 'per_sum', 'per_comp', 'per_nonzero')
+redis.call('HDEL', meta, 'per_sum', 'per_comp', 'per_nonzero')
 if ARGV[3] ~= '' then
   redis.call('HSET', meta, 'schema', ARGV[3], 'kind', cjson.decode(ARGV[3])['kind'])
 end
@@ -77,8 +77,9 @@ if per then
   local entries = redis.call('ZRANGE', K.per, 0, -1, 'WITHSCORES')
   for i = 2, #entries, 2 do values[#values + 1] = tonumber(entries[i]) end
   per_account(K, {}, values)
-  tree_rebuild(meta, K.per, K.tree, K.tree_ids, K.tree_slots, K.tree_free, tonumber(conf[1]))
-elseif conf[3] == '1' then
-  tree_rebuild(meta, K.prio, K.tree, K.tree_ids, K.tree_slots, K.tree_free, tonumber(conf[1]))
+end
+if per or conf[3] == '1' then  -- every replica reads the restored content
+  redis.call('HSET', meta, 'tree', '1')
+  masslog_reset(K)
 end
 return length

@@ -1,7 +1,7 @@
 -- Select items in a fixed order instead of at random (Reverb's Fifo, Lifo, MaxHeap and
 -- MinHeap selectors).
 -- @include common
--- @include tree
+-- @include masslog
 -- @include items
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1] n  ARGV[2] order: "fifo" | "lifo" | "max" | "min"

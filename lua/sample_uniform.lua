@@ -1,6 +1,6 @@
 -- Draw item ids uniformly.
 -- @include common
--- @include tree
+-- @include masslog
 -- @include items
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order (see
 -- buffer_keys in _common.lua)

@@ -1,7 +1,7 @@
 -- Draw item ids uniformly among the items at some positions of the insertion order (a
 -- Python slice: DI-engine's sample_range, ALF's recent data).
 -- @include common
--- @include tree
+-- @include masslog
 -- @include items
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1] n  ARGV[2] "1" = with replacement, "0" = without

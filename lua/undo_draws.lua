@@ -1,7 +1,7 @@
 -- Take back draws a sampler discarded (an item was evicted between the draw and the read
 -- of its blob), without recreating a dropped buffer's meta.
 -- @include common
--- @include tree
+-- @include masslog
 -- @include items
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order (see
 -- buffer_keys in _common.lua)

@@ -1,7 +1,7 @@
 -- Make a model version and session current and remove the items that no longer fit
 -- (MineStudio's update_model_version, DI-engine's staleness).
 -- @include common
--- @include tree
+-- @include masslog
 -- @include items
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order (see
 -- buffer_keys in _common.lua)

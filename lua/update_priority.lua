@@ -1,16 +1,19 @@
 -- Set PER priorities of stored items, atomically for the whole call.
 -- @include common
--- @include tree
+-- @include masslog
 -- @include items
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1..] id_1, priority_1, ..., id_n, priority_n  (ids 12-digit, priorities as text)
 -- Ids no longer stored (evicted, removed) are skipped; for a repeated id the last priority
--- wins. O(log capacity) per id: each tree level costs one HMGET and one HSET.
--- Returns the number of distinct ids updated.
+-- wins. O(1) server work per id besides the per zset's O(log n): one ZMSCORE, one ZADD and
+-- one mass-log entry for the whole call (samplers' replicas re-weigh the items).
+-- Returns {updated, log_epoch, log_version before, log_version after}: the number of
+-- distinct ids updated, and what a replica at the version before needs to apply this
+-- change itself (the versions differ by one when this call's entry is the only change).
 -- Errors: RB_NOBUF, RB_CONFIG (PER is not on), RB_INVALID (a priority that is NaN,
 -- negative or not finite; nothing is written).
 local K = buffer_keys(KEYS)
-local conf = redis.call('HMGET', K.meta, 'capacity', 'tree_mass')
+local conf = redis.call('HMGET', K.meta, 'capacity', 'tree_mass', 'log_epoch', 'log_version')
 if not conf[1] then return fail('RB_NOBUF', 'buffer meta ' .. K.meta .. ' does not exist') end
 if conf[2] ~= 'per' then
   return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' has no PER priorities (use PERSampler)')
@@ -24,4 +27,6 @@ for i = 1, #ARGV / 2 do
       .. '; priorities must be finite and >= 0')
   end
 end
-return set_priorities(K, ids, values)
+local updated = set_priorities(K, ids, values)
+local after = redis.call('HMGET', K.meta, 'log_epoch', 'log_version')
+return {updated, after[1] or '', conf[4] or '0', after[2] or '0'}

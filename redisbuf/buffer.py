@@ -833,10 +833,11 @@ class ReplayBuffer:
 
     def update_priority(self, ids: Any, priorities: Any) -> int:
         """Set the PER priorities of items ``ids`` (:class:`PERSampler`), atomically for
-        the whole call and O(log capacity) per id. Ids no longer stored (evicted) are
-        skipped; for a repeated id the last priority wins. Returns how many distinct ids
-        were updated. A priority that is NaN, negative or not finite raises
-        :class:`InvalidBatchError` and changes nothing."""
+        the whole call. Ids no longer stored (evicted) are skipped; for a repeated id the
+        last priority wins. Returns how many distinct ids were updated. A priority that is
+        NaN, negative or not finite raises :class:`InvalidBatchError` and changes nothing.
+        The server's work is a sorted-set update and one log entry; samplers re-weigh the
+        items in their replicas (this process's own at once)."""
         id_list = [int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1)]
         texts = _per_priority_texts(priorities, len(id_list))
         args: list[Any] = []
@@ -845,7 +846,20 @@ class ReplayBuffer:
             args.append(text)
         if not args:
             return 0
-        return int(self._run("update_priority", self.keys.all_keys(), args))
+        updated, epoch, before, after = self._run("update_priority", self.keys.all_keys(), args)
+        replica = getattr(self, "_replicas", {}).get("per")
+        if (
+            replica is not None
+            and replica.epoch == _text(epoch)
+            and replica.version == int(before)
+            and int(after) == int(before) + 1
+        ):
+            # this call's entry is the only change since the replica's version: apply it
+            latest = dict(zip(id_list, texts, strict=True))
+            known = [i for i in latest if i in replica.slot_of]
+            replica.set_scores(known, np.array([float(latest[i]) for i in known]))
+            replica.version = int(after)
+        return int(updated)
 
     def get(self, ids: list[int] | np.ndarray) -> Any:
         """The items with these ids, as one batch (KeyError names any id not present)."""
@@ -1377,6 +1391,10 @@ def _refusal(reply: Any) -> str | None:
     if isinstance(reply, list) and len(reply) == 4 and reply[0] == 0:
         return reply[3].decode() if isinstance(reply[3], bytes) else str(reply[3])
     return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _per_priority_texts(priorities: Any, n: int) -> list[str]:

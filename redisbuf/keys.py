@@ -125,6 +125,11 @@ class BufferKeys:
         return self._key("batchtime")
 
     @property
+    def masslog(self) -> str:
+        """The log of score changes that prioritized samplers' replicas follow."""
+        return self._key("masslog")
+
+    @property
     def shards(self) -> str:
         """A sharded buffer's layout (shard names, capacity, schema); its shards are
         buffers of their own, and no buffer ``name`` exists beside them."""
@@ -147,6 +152,7 @@ class BufferKeys:
             self.vecs,
             self.batches,
             self.batch_times,
+            self.masslog,
         ]
 
     def all_keys(self) -> list[str]:
@@ -159,10 +165,6 @@ class BufferKeys:
             self.items: "hash: item id -> msgpack blob",
             self.prio: "zset: item id -> log-reward",
             self.order: "zset: item id -> insertion order",
-            self.tree: "hash: sum-tree node -> masses of its 16 children (prioritized sampling)",
-            self.tree_ids: "hash: bucket b -> item ids of sum-tree leaf slots 16b..16b+15",
-            self.tree_slots: "hash: bucket b -> sum-tree leaf slots of item ids 16b..16b+15",
-            self.tree_free: "list: free sum-tree leaf slots",
             self.per: "zset: item id -> PER priority",
             self.uses: "hash: item id -> times sampled",
             self.versions: "zset: item id -> model version",
@@ -170,6 +172,7 @@ class BufferKeys:
             self.vecs: "hash: item id -> compact state vector (diversity checks)",
             self.batches: "hash: recent add's batch id -> its reply (retried adds)",
             self.batch_times: "zset: recent add's batch id -> when (ms), for forgetting",
+            self.masslog: "list: recent score changes, for prioritized samplers' replicas",
         }
 
 

@@ -16,7 +16,8 @@ import redis
 
 from . import scripts
 from .connection import retrying
-from .errors import ConfigMismatchError
+from .errors import ConfigMismatchError, EmptyBufferError, SamplingError
+from .replica import replica_of
 
 if TYPE_CHECKING:
     from .buffer import ReplayBuffer
@@ -244,22 +245,101 @@ class UniformSampler:
         return Draw(ids, blobs, None, schema_json)
 
 
-# Uniforms per draw sent for prioritized draws without replacement: the script's rounds use
-# them in order, the first round up to 64 draws, later ones replacing repeats (fewer draws
-# a round when they run short; n suffice for the plain successive draw).
-_ROUND_UNIFORMS = 3
+# Attempts at committing a prioritized draw: the first from the replica as it is, each
+# later one from a replica caught up by the previous reply; a few suffice unless items
+# vanish (max_use, eviction) between draw and commit again and again.
+_COMMIT_ATTEMPTS = 8
+
+
+@dataclass
+class _ReplicaDraw:
+    ids: list[int]
+    blobs: list[bytes]
+    schema_json: bytes | None
+    probabilities: np.ndarray
+    masses: np.ndarray
+    scores: np.ndarray
+    min_mass: float
+    per_sum: float
+    per_nonzero: int
+
+
+def _replica_draw(
+    buffer: ReplayBuffer, rule: str, n: int, rng: np.random.Generator, replacement: bool
+) -> _ReplicaDraw:
+    """Draw ``n`` items from the buffer's replica for ``rule`` and commit the draw with
+    lua/sample_prioritized.lua, in the same round trip as the blob read. A replica that
+    was behind is caught up from the script's reply (read after the sample began) and
+    draws again; its draw then stands if its items are still present."""
+    keys = buffer.keys
+    all_keys = keys.all_keys()
+    replica = replica_of(buffer, rule)
+    inline = bool(getattr(buffer, "fetch_inline", False))  # max_use: the script reads
+    script = scripts.load("sample_prioritized")
+    for _ in range(_COMMIT_ATTEMPTS):
+        mode = "present" if replica.fresh else "exact"
+        replica.fresh = False
+        replace = replacement or n > len(replica)
+        try:
+            replica.check_drawable(buffer.name, n, replace)
+        except (EmptyBufferError, SamplingError):
+            if mode == "present":
+                raise
+            replica.sync(buffer)  # it may be behind: decide on what the buffer holds now
+            continue
+        slots, probabilities, masses = replica.draw(n, rng, replace)
+        ids = replica.ids[slots]
+        members = [b"%012d" % i for i in ids.tolist()]
+        args = [rule, replica.epoch, replica.version, mode, int(inline), *members]
+        def send(args: list[Any] = args, members: list[bytes] = members) -> list[Any]:
+            pipe = buffer.client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(all_keys), *all_keys, *args)
+            if not inline:
+                pipe.hmget(keys.items, members)
+            pipe.hget(keys.meta, "schema")
+            return pipe.execute(raise_on_error=False)
+
+        replies = retrying(send, name=buffer.client)
+        if isinstance(replies[0], redis.exceptions.NoScriptError):
+            buffer.client.script_load(script.source)
+            replies = retrying(send, name=buffer.client)
+        reply = replies[0]
+        if isinstance(reply, redis.exceptions.ResponseError):
+            if isinstance(reply, scripts._REFUSED_WRITES):
+                reply = buffer._run("sample_prioritized", all_keys, args)  # read-only variant
+            else:
+                raise scripts.translate(reply)
+        if isinstance(reply, Exception):
+            raise reply
+        if int(reply[0]) != 1:
+            replica.catch_up(buffer, reply)
+            continue
+        blobs = reply[4:] if inline else replies[1]
+        if any(blob is None for blob in blobs):  # gone between the script and the HMGET
+            buffer._run("undo_draws", all_keys, members)  # not a real draw
+            replica.sync(buffer)
+            continue
+        return _ReplicaDraw(
+            ids.tolist(), list(blobs), replies[-1], probabilities, masses,
+            replica.scores[slots], replica.tree.min_mass, float(reply[2]), int(reply[3]),
+        )
+    raise SamplingError(
+        f"buffer {buffer.name!r}: a prioritized draw could not be committed in "
+        f"{_COMMIT_ATTEMPTS} attempts (its items kept vanishing before the commit)"
+    )
 
 
 class PrioritizedSampler:
     """Item ``i`` is drawn with probability ``exp(log_reward_i) / sum_j exp(log_reward_j)``
-    (softmax of log-rewards; items with log-reward -inf are never drawn), through a sum
-    tree in Redis, O(log capacity) per draw.
+    (softmax of log-rewards; items with log-reward -inf are never drawn).
 
     Without replacement (the default, unless ``n`` exceeds the length) the draws are
     successive, each over the items not drawn yet, as torchgfn's
     ``torch.multinomial(softmax(log_rewards), n, replacement=n > len)``; asking for more
     draws than items of nonzero probability raises :class:`SamplingError`, as does any
-    item of log-reward +inf (the softmax is undefined).
+    item of log-reward +inf (the softmax is undefined). The draw is made in this process
+    from its replica of the log-rewards (:mod:`redisbuf.replica`) and committed by the
+    server only if it follows every change made before the sample began.
     """
 
     name = "prioritized"
@@ -268,41 +348,24 @@ class PrioritizedSampler:
         self.replacement = replacement
 
     def prepare(self, buffer: ReplayBuffer) -> None:
-        keys = buffer.keys
-        buffer._run(
-            "enable_tree",
-            [keys.meta, keys.prio, keys.tree, keys.tree_ids, keys.tree_slots, keys.tree_free],
-            [0],
-        )
+        buffer._run("enable_tree", buffer.keys.all_keys(), [0])
+        _forget_replica(buffer, "softmax")
 
     def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
-        keys = buffer.keys
-        # without replacement the script draws in rounds and may use up to _ROUND_UNIFORMS
-        # * n of them (see lua/sample_prioritized.lua); with replacement it uses n
-        uniforms = packed_uniforms(rng, n if self.replacement else _ROUND_UNIFORMS * n)
-
-        def parse(reply: list[Any], n: int) -> tuple[list[bytes], np.ndarray, int]:
-            probabilities = np.array([float(p) for p in reply[n + 1 : 2 * n + 1]])
-            return reply[1 : n + 1], probabilities, 2 * n + 1
-
-        def attempt() -> Draw:
-            return _draw_then_fetch(
-                buffer,
-                "sample_prioritized",
-                keys.all_keys(),
-                [n, int(self.replacement)],
-                n,
-                uniforms,
-                parse,
-            )
-
         try:
-            return attempt()
+            drawn = _replica_draw(buffer, "softmax", n, rng, self.replacement)
         except ConfigMismatchError as exc:
             if getattr(exc, "code", None) != "RB_NOTREE":
                 raise
-            self.prepare(buffer)  # the tree was dropped (drop / flush): build it again
-            return attempt()
+            self.prepare(buffer)  # turned off (dropped and made again): turn it back on
+            drawn = _replica_draw(buffer, "softmax", n, rng, self.replacement)
+        return Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
+
+
+def _forget_replica(buffer: ReplayBuffer, rule: str) -> None:
+    replicas = getattr(buffer, "_replicas", None)
+    if replicas:
+        replicas.pop(rule, None)
 
 
 def _nonnegative(name: str, value: float) -> float:
@@ -340,6 +403,7 @@ class PERSampler:
         self.eps = _nonnegative("eps", eps)
 
     def prepare(self, buffer: ReplayBuffer) -> None:
+        _forget_replica(buffer, "per")
         buffer._run(
             "enable_per",
             buffer.keys.all_keys(),
@@ -347,37 +411,20 @@ class PERSampler:
         )
 
     def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
-        uniforms = packed_uniforms(rng, n)
-        info: dict[str, Any] = {}
-
-        def parse(reply: list[Any], n: int) -> tuple[list[bytes], np.ndarray, int]:
-            total, min_mass = float(reply[0]), float(reply[1])
-            info["length"] = int(reply[2])
-            info["mean"] = float(reply[3]) / int(reply[4]) if int(reply[4]) > 0 else 0.0
-            head = 5
-            info["masses"] = np.array([float(m) for m in reply[head + n : head + 2 * n]])
-            info["priorities"] = np.array([float(p) for p in reply[head + 2 * n : head + 3 * n]])
-            info["min_mass"] = min_mass
-            return reply[head : head + n], info["masses"] / total, head + 3 * n
-
-        def attempt() -> Draw:
-            return _draw_then_fetch(
-                buffer, "sample_per", buffer.keys.all_keys(), [n], n, uniforms, parse
-            )
-
         try:
-            draw = attempt()
+            drawn = _replica_draw(buffer, "per", n, rng, True)
         except ConfigMismatchError as exc:
             if getattr(exc, "code", None) != "RB_NOTREE":
                 raise
             self.prepare(buffer)  # the buffer was dropped and made again: turn PER back on
-            draw = attempt()
+            drawn = _replica_draw(buffer, "per", n, rng, True)
+        draw = Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
         # (N P(i))^-beta / max_j (N P(j))^-beta = (min_mass / mass_i)^beta: N and the total
-        # cancel, and the largest weight belongs to the lowest priority present.
-        draw.weights = (info["min_mass"] / info["masses"]) ** self.beta
-        mean = info["mean"]
+        # cancel, and the largest weight belongs to the lowest non-zero mass present.
+        draw.weights = (drawn.min_mass / drawn.masses) ** self.beta
+        mean = drawn.per_sum / drawn.per_nonzero if drawn.per_nonzero > 0 else 0.0
         draw.importance_weights = (
-            info["priorities"] / mean if mean > 0 else np.ones(n, dtype=np.float64)
+            drawn.scores / mean if mean > 0 else np.ones(n, dtype=np.float64)
         )
         return draw
 

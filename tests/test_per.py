@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_bad_input import snapshot
-from tree_helpers import tree_maps
+from tree_helpers import followed_masses, fresh_replica, replica_masses
 
 from redisbuf import (
     BufferKeys,
@@ -44,17 +44,8 @@ def per_scores(client, name: str) -> dict[int, float]:
 
 
 def leaf_masses(client, name: str) -> dict[int, float]:
-    """Item id -> its leaf mass, read from the chunked tree."""
-    keys = BufferKeys(name)
-    depth = int(client.hget(keys.meta, "tree_depth"))
-    first = sum(FANOUT**i for i in range(depth))
-    out = {}
-    for member, slot in tree_maps(client, name)[1].items():
-        node = first + slot
-        parent, k = (node - 1) // FANOUT, (node - 1) % FANOUT
-        chunk = (client.hget(keys.tree, parent) or b"").decode()
-        out[int(member)] = float(chunk[k * WIDTH : (k + 1) * WIDTH]) if chunk else 0.0
-    return out
+    """Item id -> its mass in a sampler's replica that follows the mass log."""
+    return followed_masses(client, name, "per")
 
 
 def assert_matches(client, name: str, model: dict[int, float], alpha: float, eps: float):
@@ -380,8 +371,7 @@ def test_draws_follow_priorities_after_evictions_reuse_slots(client, buffer_name
     ids = np.array(sorted(per))
     buffer.update_priority(ids[::2], rng.uniform(0, 5, len(ids[::2])))
     per = per_scores(client, buffer_name)
-    slot_to_id, id_to_slot = tree_maps(client, buffer_name)
-    assert set(id_to_slot) == set(per) and {v: k for k, v in slot_to_id.items()} == id_to_slot
+    assert set(leaf_masses(client, buffer_name)) == set(per)
     mass = np.array([(per[int(i)] + eps) ** alpha for i in ids])
     p = mass / mass.sum()
     draws = 30000
@@ -391,34 +381,43 @@ def test_draws_follow_priorities_after_evictions_reuse_slots(client, buffer_name
 
 
 def _to_earlier_layout(client, name: str) -> None:
-    """Rewrite the slot maps as an earlier version stored them (one field per slot / id)
-    and drop the layout mark."""
+    """Make the buffer look as an earlier version left it: its sum tree in the server
+    (keys tree, tree:ids, tree:slots, tree:free and meta tree_layout), no mass log."""
     keys = BufferKeys(name)
-    slot_to_id, id_to_slot = tree_maps(client, name)
-    client.delete(keys.tree_ids, keys.tree_slots)
-    client.hset(keys.tree_ids, mapping={s: b"%012d" % i for s, i in slot_to_id.items()})
-    client.hset(keys.tree_slots, mapping={b"%012d" % i: s for i, s in id_to_slot.items()})
-    client.hdel(keys.meta, "tree_layout")
+    client.hset(keys.tree, mapping={0: b"x" * 384})
+    client.hset(keys.tree_ids, mapping={0: b"%012d" % 1})
+    client.hset(keys.tree_slots, mapping={0: b"%010d" % 0})
+    client.rpush(keys.tree_free, 3)
+    client.hset(keys.meta, mapping={"tree_layout": 2, "tree_depth": 2, "tree_ref": 0})
+    client.delete(keys.masslog)
+    client.hdel(keys.meta, "log_epoch", "log_version", "log_first", "log_ids")
 
 
 @pytest.mark.parametrize("first", ["sample", "add", "update_priority"])
-def test_a_tree_of_the_earlier_layout_is_rebuilt(client, buffer_name, first):
+def test_a_buffer_of_the_server_side_tree_keeps_its_priorities(client, buffer_name, first):
+    """A buffer written by a version that kept the sum tree in the server: its first
+    prioritized operation deletes the tree's keys and starts the mass log; priorities and
+    the law of draws are kept."""
     buffer = ReplayBuffer(client, buffer_name, capacity=30, sampler=PERSampler(eps=0.1), seed=4)
     ids = buffer.add(batch(np.arange(12))).ids
     buffer.update_priority(ids, np.arange(12) % 4)
     _to_earlier_layout(client, buffer_name)
-    if first == "sample":  # refused by the script, rebuilt by the sampler's retry
-        buffer.sample(5)
+    other = ReplayBuffer(client, buffer_name, capacity=None, seed=5)
+    other.sampler = PERSampler(eps=0.1)
+    if first == "sample":  # the replica finds no log: the sampler turns it on again
+        other.sample(5)
     elif first == "add":
         ids = np.concatenate([ids, buffer.add(batch(np.arange(3)), priorities=[5, 0, 1]).ids])
     else:
         buffer.update_priority(ids[:2], [3.0, 3.0])
-    assert client.hget(BufferKeys(buffer_name).meta, "tree_layout") == b"2"
+    keys = BufferKeys(buffer_name)
+    assert client.exists(keys.tree, keys.tree_ids, keys.tree_slots, keys.tree_free) == 0
+    assert client.hget(keys.meta, "tree_layout") is None
+    assert client.hget(keys.meta, "log_epoch") is not None
     per = per_scores(client, buffer_name)
-    slot_to_id, id_to_slot = tree_maps(client, buffer_name)
-    assert set(id_to_slot) == set(per) == {int(i) for i in ids}
-    assert {v: k for k, v in slot_to_id.items()} == id_to_slot
-    masses = leaf_masses(client, buffer_name)
-    ratio = {i: masses[i] / (per[i] + 0.1) ** 0.6 for i in per}
-    scale = next(iter(ratio.values()))
-    assert all(r == pytest.approx(scale, rel=1e-9) for r in ratio.values())
+    assert set(per) == {int(i) for i in ids}
+    masses = replica_masses(fresh_replica(client, buffer_name, "per"))
+    for i in per:
+        assert masses[i] == pytest.approx((per[i] + 0.1) ** 0.6, rel=1e-12)
+    info = other.sample_with_info(4)
+    assert set(info.ids.tolist()) <= set(per)

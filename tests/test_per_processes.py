@@ -10,7 +10,7 @@ import uuid
 
 import numpy as np
 import pytest
-from tree_helpers import tree_maps
+from tree_helpers import fresh_replica, replica_masses
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer
 from redisbuf.ipc import MessageQueue
@@ -85,15 +85,8 @@ def test_concurrent_update_priority_stays_consistent(redis_server):
     meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
     assert int(meta["per_nonzero"]) == CAPACITY
     assert float(meta["per_sum"]) + float(meta["per_comp"]) == pytest.approx(sum(per.values()))
-    # tree leaves: (p + eps)^alpha up to one common scale
-    depth = int(meta["tree_depth"])
-    first = sum(16**i for i in range(depth))
-    masses = {}
-    for member, slot in tree_maps(client, name)[1].items():
-        node = first + slot
-        chunk = client.hget(keys.tree, (node - 1) // 16).decode()
-        k = (node - 1) % 16
-        masses[int(member)] = float(chunk[24 * k : 24 * (k + 1)])
+    # a replica's masses: (p + eps)^alpha
+    masses = replica_masses(fresh_replica(client, name, "per"))
     assert set(masses) == present
     ratio = {i: masses[i] / (per[i] + 1e-6) ** 0.6 for i in present}
     scale = next(iter(ratio.values()))

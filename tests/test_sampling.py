@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from tree_helpers import tree_maps
+from tree_helpers import followed_masses
 
 from redisbuf import BufferKeys, EmptyBufferError, ReplayBuffer
 
@@ -78,89 +78,28 @@ def assert_matches_softmax(client, buffer: ReplayBuffer, draws: int = 20000) -> 
         assert chi2(got, expected) < chi2_limit(len(expected) - 1)
 
 
-FANOUT, WIDTH = 16, 24  # the chunked tree: a field per internal node, 16 x 24-char masses
-
-
-def _tree_masses(client, name: str, meta: dict[str, str]) -> tuple[dict[int, float], int, int]:
-    """(mass of every node, first leaf node, number of leaves) of either tree layout.
-
-    Chunked layout (``tree_depth``): node v's field holds its 16 children's masses, and a
-    node's own mass must equal the sum of its chunk. Binary layout (``tree_size``): node
-    k's field holds its own mass and its children are 2k, 2k+1. Both are checked here:
-    every internal node equals the sum of its children.
-    """
-    raw = client.hgetall(BufferKeys(name).tree)
-    if "tree_depth" in meta:
-        depth = int(meta["tree_depth"])
-        leaves = FANOUT**depth
-        first_leaf = sum(FANOUT**i for i in range(depth))
-        assert leaves >= int(meta["capacity"]) and (depth == 1 or leaves // FANOUT < int(
-            meta["capacity"]))
-        masses: dict[int, float] = {}
-        chunk_sums: dict[int, float] = {}
-        for field, chunk in raw.items():
-            node = int(field)
-            assert 0 <= node < first_leaf, f"chunk for non-internal node {node}"
-            text = chunk.decode()
-            assert len(text) == FANOUT * WIDTH, f"chunk {node} has length {len(text)}"
-            values = [float(text[k * WIDTH : (k + 1) * WIDTH]) for k in range(FANOUT)]
-            assert all(v >= 0 for v in values) and sum(values) > 0, f"chunk {node}: {values}"
-            for k, value in enumerate(values):
-                if value:
-                    masses[FANOUT * node + 1 + k] = value
-            chunk_sums[node] = sum(values)
-        for node in range(first_leaf):  # a node's mass is the sum of its children's
-            recorded = chunk_sums.get(0, 0.0) if node == 0 else masses.get(node, 0.0)
-            children = chunk_sums.get(node, 0.0)
-            assert recorded == pytest.approx(children, rel=1e-12, abs=1e-300), node
-        masses[0] = chunk_sums.get(0, 0.0)
-        return masses, first_leaf, leaves
-    size = int(meta["tree_size"])
-    assert size >= int(meta["capacity"]) and size & (size - 1) == 0
-    masses = {int(k): float(v) for k, v in raw.items()}
-    assert all(1 <= node < 2 * size and value > 0 for node, value in masses.items())
-    for node in range(1, size):
-        children = masses.get(2 * node, 0.0) + masses.get(2 * node + 1, 0.0)
-        assert masses.get(node, 0.0) == pytest.approx(children, rel=1e-12, abs=1e-300), node
-    masses[0] = masses.get(1, 0.0)
-    return masses, size, size
-
-
 def assert_tree_consistent(client, name: str) -> None:
-    """The sum tree of buffer ``name`` agrees with its priorities: internal nodes are the
-    sums of their children, leaves are exp(log_reward - tree_ref), the root is their total,
-    and tree:ids / tree:slots are inverse maps over exactly the items present."""
+    """What a softmax sampler's replica sees of buffer ``name`` agrees with its
+    log-rewards, whether it followed the mass log or read the buffer afresh (checked by
+    followed_masses): exactly the items present, masses exp(log_reward - ref) for one
+    ref, within 300 of the largest finite log-reward (+inf and -inf: mass 0)."""
     keys = BufferKeys(name)
     meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
     assert meta.get("tree") == "1"
-    masses, first_leaf, leaves = _tree_masses(client, name, meta)
-    slot_to_id, id_to_slot = tree_maps(client, name)
-    free = [int(x) for x in client.lrange(keys.tree_free, 0, -1)]
+    masses = followed_masses(client, name, "softmax")
     prio = priorities(client, name)
     items = {int(k) for k in client.hkeys(keys.items)}
-
-    assert set(prio) == items
-    assert {v: k for k, v in slot_to_id.items()} == id_to_slot, "tree:ids and tree:slots differ"
-    assert set(id_to_slot) == set(prio), "the tree does not cover exactly the items present"
-    assert all(0 <= slot < leaves for slot in slot_to_id)
-    assert len(set(free)) == len(free) and not set(free) & set(slot_to_id)
-
-    finite = [v for v in prio.values() if -math.inf < v < math.inf]  # +inf: mass 0
+    assert set(prio) == items == set(masses)
+    finite = {i: v for i, v in prio.items() if -math.inf < v < math.inf}
+    for item_id in set(prio) - set(finite):
+        assert masses[item_id] == 0.0
     if not finite:
-        assert masses[0] == 0.0
         return
-    ref = float(meta["tree_ref"])
-    assert abs(max(finite) - ref) <= 300
-    leaf_masses = {node - first_leaf: m for node, m in masses.items() if node >= first_leaf}
-    for slot, mass in leaf_masses.items():
-        assert slot in slot_to_id, f"free slot {slot} carries mass {mass}"
-    for slot, item_id in slot_to_id.items():
-        expected = math.exp(prio[item_id] - ref) if prio[item_id] < math.inf else 0.0
-        assert leaf_masses.get(slot, 0.0) == pytest.approx(expected, rel=1e-12, abs=1e-300), (
-            item_id
-        )
-    root = sum(math.exp(v - ref) for v in finite)
-    assert masses[0] == pytest.approx(root, rel=1e-9)
+    top = max(finite, key=finite.get)
+    assert masses[top] >= math.exp(-300)
+    for item_id, value in finite.items():
+        expected = masses[top] * math.exp(value - finite[top])
+        assert masses[item_id] == pytest.approx(expected, rel=1e-12, abs=1e-300), item_id
 
 
 def _items(rewards, start: int = 0) -> dict:

@@ -13,8 +13,8 @@ import torch
 from test_bad_input import snapshot
 from test_sampling import assert_tree_consistent, chi2, chi2_limit, priorities, softmax
 
-from redisbuf import BufferKeys, PrioritizedSampler, ReplayBuffer, SamplingError, samplers
-from redisbuf.samplers import _pack_words
+from redisbuf import BufferKeys, PrioritizedSampler, ReplayBuffer, SamplingError
+from redisbuf.replica import replica_of
 
 REWARDS = [0.0, 1.0, -0.5, 1.6, 0.3, -math.inf]  # ids 1..6; id 6 is never drawn
 
@@ -167,15 +167,14 @@ def test_more_draws_than_items_of_nonzero_probability_is_refused(client, buffer_
     assert sorted(buffer.sample(5)["v"].tolist()) == [0, 1, 2, 3, 4]
 
 
-def test_successive_draws_in_a_three_level_tree(client, buffer_name):
-    """The drawn mass is removed along the whole path: items in different chunks of a
-    3-level tree (capacity 300) keep the law of successive draws."""
+def test_successive_draws_over_sparse_masses(client, buffer_name):
+    """Six items of nonzero mass among 300 (the rest -inf), far apart in a replica's tree
+    of 512 leaves, keep the law of successive draws."""
     rewards = np.full(300, -np.inf)
     positions = [0, 17, 100, 255, 256, 299]
     rewards[positions] = [0.5, -0.3, 1.2, 0.0, 0.8, -1.0]
     buffer = ReplayBuffer(client, buffer_name, capacity=300, prioritized_sampling=True, seed=9)
     buffer.add(_items(rewards))
-    assert int(client.hget(buffer.keys.meta, "tree_depth")) == 3
     p = softmax(priorities(client, buffer_name))
     probs = _sequence_probabilities(p, 3)
     trials = 3000
@@ -187,56 +186,56 @@ def test_successive_draws_in_a_three_level_tree(client, buffer_name):
     assert sorted(buffer.sample_with_info(6).ids.tolist()) == [i + 1 for i in positions]
 
 
-def _script_draw(buffer: ReplayBuffer, n: int, uniforms: list[float]) -> tuple[list, list]:
-    """lua/sample_prioritized.lua without replacement, called with these uniforms (exact
-    binary fractions): (ids, probabilities)."""
-    words = np.array([round(u * 2**48) for u in uniforms], dtype=np.uint64)
-    reply = buffer._run("sample_prioritized", buffer.keys.all_keys(), [n, 0, 0, _pack_words(words)])
-    return [int(i) for i in reply[1 : n + 1]], [float(p) for p in reply[n + 1 : 2 * n + 1]]
+class _Uniforms:
+    """An rng whose random(k) hands out the given uniforms in order, then zeros."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = list(values)
+
+    def random(self, k: int) -> np.ndarray:
+        out = (self.values + [0.0] * k)[:k]
+        self.values = self.values[k:]
+        return np.array(out)
+
+
+def _replica_draw(buffer: ReplayBuffer, n: int, uniforms: list[float]) -> tuple[list, list]:
+    """The softmax replica's draw without replacement with these uniforms (exact binary
+    fractions): (ids, probabilities)."""
+    replica = replica_of(buffer, "softmax")
+    slots, probabilities, _ = replica.draw(n, _Uniforms(uniforms), replace=False)
+    return replica.ids[slots].tolist(), probabilities.tolist()
 
 
 def test_a_round_of_draws_keeps_first_occurrences_and_replaces_repeats(client, buffer_name):
-    """Masses 1, 1, 2 (ids 1..3, total 4): the first n uniforms are one round of draws
-    with replacement (n <= 64); a repeat is skipped and the next round draws over the
-    mass left."""
+    """Masses 1, 1, 2 (ids 1..3, total 4): a round is draws with replacement over the
+    round's masses, each kept unless its item was drawn already; the next round draws
+    over the mass left."""
     buffer = ReplayBuffer(client, buffer_name, capacity=10, prioritized_sampling=True, seed=1)
     buffer.add(_items(np.log([1.0, 1.0, 2.0])))
-    # one round suffices: 0.125 * 4 -> id 1, 0.875 * 4 -> id 3; the rest are not read
+    # 0.125 * 4 -> id 1, 0.875 * 4 -> id 3; the rest are not read
     for rest in ([0.0, 0.0, 0.0, 0.0], [0.5, 0.75, 0.25, 0.5]):
-        ids, probabilities = _script_draw(buffer, 2, [0.125, 0.875, *rest])
+        ids, probabilities = _replica_draw(buffer, 2, [0.125, 0.875, *rest])
         assert ids == [1, 3]
         assert probabilities == pytest.approx([0.25, 2 / 3], rel=1e-12)
-    # the same as one draw with replacement of the first two uniforms
-    words = np.array([round(u * 2**48) for u in (0.125, 0.875)], dtype=np.uint64)
-    reply = buffer._run("sample_prioritized", buffer.keys.all_keys(), [2, 1, 0, _pack_words(words)])
-    assert [int(i) for i in reply[1:3]] == [1, 3]
-    # 0.125 and 0.1875 both give id 1: the second round (one draw, the third uniform) draws
-    # over masses 0, 1, 2, so 0.25 * 3 -> id 2 and 0.5 * 3 -> id 3
+    # 0.125 and 0.1875 both give id 1: the repeat is skipped and the third uniform picks
+    # among the rest: 0.25 * 4 -> id 2 (1 of the 3 left), 0.5 * 4 -> id 3 (2 of 3)
     for third, expected, p in ((0.25, 2, 1 / 3), (0.5, 3, 2 / 3)):
-        ids, probabilities = _script_draw(buffer, 2, [0.125, 0.1875, third, 0.0, 0.0, 0.0])
+        ids, probabilities = _replica_draw(buffer, 2, [0.125, 0.1875, third])
         assert ids == [1, expected]
         assert probabilities == pytest.approx([0.25, p], rel=1e-12)
-    # three draws: 0.125 * 4 -> id 1 twice, then 0.625 * 4 -> id 3; one draw left over
-    # masses 0, 1, 0
-    ids, probabilities = _script_draw(buffer, 3, [0.125, 0.125, 0.625, 0.9, 0.0, 0.0])
+    # three draws: id 1, a repeat, id 3, a repeat, then only repeats (zeros) for the rest
+    # of the round; the next round draws over masses 0, 1, 0
+    ids, probabilities = _replica_draw(buffer, 3, [0.125, 0.125, 0.625, 0.9])
     assert ids == [1, 3, 2]
     assert probabilities == pytest.approx([0.25, 2 / 3, 1.0], rel=1e-12)
-    # exactly n uniforms: every round one draw (the plain successive draw); fewer refused
-    ids, probabilities = _script_draw(buffer, 2, [0.125, 0.125])
-    assert ids == [1, 2] and probabilities == pytest.approx([0.25, 1 / 3], rel=1e-12)
-    with pytest.raises(Exception, match="at least 2 packed uniforms"):
-        _script_draw(buffer, 2, [0.125])
+    # the replica's tree is as before the draws
+    replica = replica_of(buffer, "softmax")
+    assert replica.tree.total == pytest.approx(2.0)  # masses relative to the largest
 
 
-@pytest.mark.parametrize("per_draw", [1, 3])
-def test_repeats_replaced_in_rounds_keep_the_law_of_successive_draws(
-    client, buffer_name, monkeypatch, per_draw
-):
+def test_repeats_replaced_in_rounds_keep_the_law_of_successive_draws(client, buffer_name):
     """Two items hold nearly all the mass and 4 of the 5 drawable items are asked: most
-    draws of the first round repeat, and the later rounds (per_draw=3, the client's
-    default) or the plain successive draw (per_draw=1: one uniform per draw, so every
-    round is one draw) replace them."""
-    monkeypatch.setattr(samplers, "_ROUND_UNIFORMS", per_draw)
+    draws of the first round repeat, and the later rounds replace them."""
     rewards = [6.0, 5.0, 0.0, -1.0, 0.5, -math.inf]
     buffer = ReplayBuffer(client, buffer_name, capacity=10, prioritized_sampling=True, seed=21)
     buffer.add(_items(rewards))
