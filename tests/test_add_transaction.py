@@ -248,3 +248,43 @@ def test_readers_never_see_part_of_a_batch_while_four_processes_add():
         for writer, batch, _item in tags.tolist():
             groups[(writer, batch)] = groups.get((writer, batch), 0) + 1
         assert set(groups.values()) == {BLOCK}  # each block holds one writer's batch
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_a_batch_refused_at_maxmemory_leaves_last_id_and_the_batch_memory_as_they_were(
+    real_client, buffer_name, prioritized
+):
+    # issue 24: each add refused by OOM (its MULTI/EXEC, after its reservation) moved
+    # last_id by its size and left an entry in the batch memory
+    buffer = ReplayBuffer(
+        real_client, buffer_name, capacity=100_000, prioritized_sampling=prioritized
+    )
+    big = {"x": np.zeros((64, 1024), np.float32), "log_rewards": np.zeros(64)}  # 256 KiB
+    buffer.add(big)
+    saved = {k: real_client.config_get(k)[k] for k in ("maxmemory", "maxmemory-policy")}
+    try:
+        used = real_client.info("memory")["used_memory"]
+        real_client.config_set("maxmemory-policy", "noeviction")
+        real_client.config_set("maxmemory", used + 512 * 1024)
+        refusals = 0
+        before = None
+        for _ in range(12):
+            try:
+                buffer.add(big)
+                before = None
+            except redis.exceptions.OutOfMemoryError:
+                refusals += 1
+                after = snapshot(real_client, buffer_name)
+                if before is not None:
+                    assert after == before  # last_id, batches, items: all as they were
+                before = after
+                if refusals == 6:
+                    break
+        assert refusals == 6
+    finally:
+        for key, value in saved.items():
+            real_client.config_set(key, value)
+    stats = buffer.stats()
+    assert stats["last_id"] == stats["inserted"] == len(buffer)  # no gap, no lost batch
+    assert buffer.add(big).ids[0] == stats["last_id"] + 1

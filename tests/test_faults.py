@@ -486,7 +486,7 @@ def test_an_add_repeated_with_its_batch_id_inserts_once(client, buffer_name):
     buffer.add({"x": np.zeros((1, 2), np.float32)})
     keys = buffer.keys
     schema = client.hget(keys.meta, "schema")
-    memory = [keys.batches, keys.batch_times]
+    memory = [keys.batches, keys.batches_old]
     args = [schema, 2, "", *_add_args(2)]
     first = scripts.load("add")(client, keys.all_keys(), list(args), batch=("b1", memory, 60))
     again = scripts.load("add")(client, keys.all_keys(), list(args), batch=("b1", memory, 60))
@@ -508,13 +508,25 @@ def test_batch_ids_are_forgotten_after_their_time(client, buffer_name):
     buffer.add({"x": np.zeros((1, 2), np.float32)})
     keys = buffer.keys
     schema = client.hget(keys.meta, "schema")
-    memory = [keys.batches, keys.batch_times]
+    memory = [keys.batches, keys.batches_old]
     add = scripts.load("add")
+
+    def remembered() -> set[bytes]:
+        return {f for k in memory for f in client.hkeys(k) if f != b"~since"}
+
+    client.delete(*memory)
     add(client, keys.all_keys(), [schema, 1, "", *_add_args(1)], batch=("old", memory, 0.05))
     time.sleep(0.1)
+    # a window later "old" moves to the older generation, still remembered ...
     add(client, keys.all_keys(), [schema, 1, "", *_add_args(1)], batch=("new", memory, 0.05))
-    assert client.hkeys(keys.batches) == [b"new"]  # "old" was pruned by the next add
-    assert client.zrange(keys.batch_times, 0, -1) == [b"new"]
+    assert client.hkeys(keys.batches_old) == [b"~since", b"old"]
+    assert remembered() == {b"old", b"new"}
+    again = add(client, keys.all_keys(), [schema, 1, "", *_add_args(1)], batch=("old", memory, 60))
+    assert again == [2, 1, 0] and len(buffer) == 3  # its first reply, not a second insert
+    time.sleep(0.1)
+    # ... and a second window later it is forgotten with its generation
+    add(client, keys.all_keys(), [schema, 1, "", *_add_args(1)], batch=("last", memory, 0.05))
+    assert remembered() == {b"new", b"last"}
 
 
 def test_a_remembered_add_does_not_recreate_a_dropped_buffer(client, buffer_name):
@@ -523,7 +535,7 @@ def test_a_remembered_add_does_not_recreate_a_dropped_buffer(client, buffer_name
     buffer = ReplayBuffer(client, buffer_name, capacity=8)
     keys = buffer.keys
     buffer.drop()
-    memory = [keys.batches, keys.batch_times]
+    memory = [keys.batches, keys.batches_old]
     args = ["{}", 1, "", *_add_args(1)]
     with pytest.raises(ConfigMismatchError):
         scripts.load("add")(client, keys.all_keys(), args, batch=("b", memory, 60))
