@@ -301,7 +301,9 @@ class ReplayBuffer:
                 baseline_refresh_after, scoring_only, communication_backend, timing,
             )
 
-    # shards=N (> 1) makes the constructor return a ShardedReplayBuffer instead
+    # shards=N (> 1) makes the constructor return a ShardedReplayBuffer instead. The class
+    # is chosen from the argument, before the server is asked what the name holds, so
+    # shards=1 on a sharded name lands here: lua/init.lua refuses it (see _refuse_sharded).
     def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> Any:
         if shards == 1 and not isinstance(shards, bool):
             return super().__new__(cls)

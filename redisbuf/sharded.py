@@ -8,7 +8,10 @@ shards sit on different masters, and each shard's scripts stay atomic on its one
 * Layout: the hash ``rb:{name}:shards`` (field ``layout``, JSON) records the shard count,
   the shard names, the global capacity and the eviction policy, written once by the
   first process (HSETNX) and read by every later one; field ``schema`` fixes the items'
-  schema for every shard at the first ``add``. On a cluster client, shard ``k`` is named
+  schema for every shard at the first ``add``. A name holds a layout or a plain buffer's
+  meta, never both: lua/shard_layout.lua refuses a layout beside a meta and lua/init.lua
+  a meta beside a layout, so ``ReplayBuffer(url, name)`` (shards=1) on a sharded name
+  raises and writes nothing. On a cluster client, shard ``k`` is named
   so that its slot belongs to master ``k mod M`` (masters ordered by their first slot);
   otherwise so that its slot is in the ``k``-th of ``N`` equal slot ranges.
 * Capacity: the global ``capacity`` is split across the shards (``capacity // N``, the
