@@ -119,6 +119,16 @@ def test_opening_a_sharded_name_without_shards_is_refused_and_writes_nothing(
     assert sorted(client.keys("*")) == before
     assert len(ShardedReplayBuffer.open(client, buffer_name)) == 2
     assert len(ReplayBuffer(client, buffer_name, capacity=90, shards=3)) == 2
+    # a name left with both by an earlier version: the stray plain buffer opens and drops
+    # alone (its drop leaves the layout), and the sharded buffer opens again
+    keys = BufferKeys(buffer_name)
+    stray = f"rb:{{{buffer_name}}}:none"  # the old init.lua knew no layout key
+    scripts.load("init")(client, [keys.meta, stray], [90, "fifo", 1, 0, "600.0"])
+    with pytest.raises(ConfigMismatchError, match="exists unsharded"):
+        ShardedReplayBuffer.open(client, buffer_name)
+    ReplayBuffer.open(client, buffer_name).drop()
+    assert sorted(client.keys("*")) == before
+    assert len(ShardedReplayBuffer.open(client, buffer_name)) == 2
 
 
 def test_the_scripts_refuse_a_plain_buffer_beside_a_layout_and_the_reverse(
