@@ -288,3 +288,22 @@ def test_a_batch_refused_at_maxmemory_leaves_last_id_and_the_batch_memory_as_the
     stats = buffer.stats()
     assert stats["last_id"] == stats["inserted"] == len(buffer)  # no gap, no lost batch
     assert buffer.add(big).ids[0] == stats["last_id"] + 1
+
+
+def test_a_refused_commit_is_released_once_and_never_takes_later_ids(client, buffer_name):
+    # add_release.lua runs once per reservation (it deletes the reservation's entry
+    # first): a second call, after another batch reserved as many ids, gives nothing back
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add(_batch(0, 3))
+    keys = buffer.keys
+    release = [keys.meta, keys.items, keys.batches, keys.batches_old]
+    client.hset(keys.batches, "B", "r[4,2]")  # what add_reserve.lua remembers for it
+    client.hset(keys.meta, "last_id", 5)
+    client.hset(keys.items, mapping={format_id(4): b"a", format_id(5): b"b"})
+    assert scripts.load("add_release")(client, release, [4, 2, "B", 1]) == 1
+    assert int(client.hget(keys.meta, "last_id")) == 3
+    assert sorted(_members(client, buffer)[0]) == [1, 2, 3]
+    assert buffer.add(_batch(3, 2)).ids.tolist() == [4, 5]  # ids 4, 5 again
+    before = snapshot(client, buffer_name)
+    assert scripts.load("add_release")(client, release, [4, 2, "B", 1]) == 0
+    assert snapshot(client, buffer_name) == before
