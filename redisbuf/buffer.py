@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import gc
 import json
 import math
@@ -59,9 +60,9 @@ DEFAULT_MAX_ITEM_BYTES = 64 * 1024 * 1024
 _READ_CHUNK = 1000
 #: ``progress(done, total)`` of :meth:`ReplayBuffer.save` and :meth:`ReplayBuffer.load`.
 Progress = Callable[[int, int], None]
-#: Seconds a buffer remembers an add's batch id, so that a retried add is not inserted
-#: twice (see Script.__call__): far longer than any retry takes.
-BATCH_MEMORY = 600.0
+#: Seconds a buffer remembers an add's batch id by default (``retry_window``), so that a
+#: retried add is not inserted twice (see Script.__call__): far longer than any retry takes.
+DEFAULT_RETRY_WINDOW = 600.0
 # Scripts that may run twice with the same effect (set-if-absent, then compare; samplers
 # retry by name, "sample*", unless max_use makes a draw count): retried like reads.
 _REPEATABLE_SCRIPTS = frozenset(
@@ -102,6 +103,7 @@ class _Config:
     capacity: int
     eviction: str
     meta: dict[str, str] = field(default_factory=dict)
+    retry_window: float = DEFAULT_RETRY_WINDOW
 
 
 @dataclass
@@ -115,6 +117,11 @@ class _Restore:
     sampled: int
     carry_per: bool
     most_used: int
+
+
+def _batch_id() -> str:
+    """A random batch id: 96 bits in 16 characters (a remembered batch costs its id)."""
+    return base64.urlsafe_b64encode(os.urandom(12)).decode()
 
 
 def _priority_text(value: float) -> str:
@@ -172,6 +179,10 @@ class ReplayBuffer:
             (:class:`~redisbuf.errors.ServerConfigError` where unsupported); an add not
             confirmed within ``durability_timeout`` seconds raises
             :class:`~redisbuf.errors.DurabilityError` (the batch is in the buffer).
+        retry_window: seconds (at least, up to about twice that) for which the buffer
+            remembers each add's batch id and reply, so that an add retried after a lost
+            reply is not stored twice; fixed at creation (default 600), ``None`` adopts
+            the stored one.
         shards: with ``N > 1``, the constructor returns a
             :class:`~redisbuf.sharded.ShardedReplayBuffer`: one logical buffer of the
             global ``capacity`` over ``N`` shards (on a Redis Cluster, on different
@@ -211,6 +222,7 @@ class ReplayBuffer:
         max_use: int | None = None,
         max_staleness: int | None = None,
         rate_limiter: limiters.RateLimiter | None = None,
+        retry_window: float | None = None,
         shards: int = 1,
     ) -> None:
         if capacity is not None and (
@@ -229,6 +241,14 @@ class ReplayBuffer:
             raise ValueError(
                 f"recent_data_steps must be a positive integer, got {recent_data_steps!r}"
             )
+        if retry_window is not None and (
+            isinstance(retry_window, bool)
+            or not isinstance(retry_window, (int, float))
+            or not 0 < retry_window < math.inf
+        ):
+            raise ValueError(
+                f"retry_window must be a positive number of seconds, got {retry_window!r}"
+            )
         self.recent_data_ratio = float(recent_data_ratio)
         self.recent_data_steps = recent_data_steps
         self._owns_client = redis_or_url is None or isinstance(redis_or_url, str)
@@ -243,7 +263,10 @@ class ReplayBuffer:
         self.rng = np.random.default_rng(seed)
         self._schema: dict[str, Any] | None = None
         self._schema_json: str | None = None
-        self._config = self._open(capacity, "reward" if prioritized_capacity else "fifo")
+        self._config = self._open(
+            capacity, "reward" if prioritized_capacity else "fifo", retry_window
+        )
+        self.retry_window = self._config.retry_window
         self.capacity = self._config.capacity
         self.prioritized_capacity = self._config.eviction == "reward"
         self.prioritized_sampling = prioritized_sampling
@@ -278,7 +301,9 @@ class ReplayBuffer:
                 baseline_refresh_after, scoring_only, communication_backend, timing,
             )
 
-    # shards=N (> 1) makes the constructor return a ShardedReplayBuffer instead
+    # shards=N (> 1) makes the constructor return a ShardedReplayBuffer instead. The class
+    # is chosen from the argument, before the server is asked what the name holds, so
+    # shards=1 on a sharded name lands here: lua/init.lua refuses it (see _refuse_sharded).
     def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> Any:
         if shards == 1 and not isinstance(shards, bool):
             return super().__new__(cls)
@@ -323,31 +348,51 @@ class ReplayBuffer:
             return retrying(lambda: run(self.client, keys, args), name=self.client)
         return run(self.client, keys, args)
 
+    def _memory(self, keys: BufferKeys, batch_id: str | None = None) -> tuple[Any, ...]:
+        """The ``batch`` argument of a remembering script call (see Script.__call__): a
+        fresh batch id unless given, the batch memory keys of ``keys``, the window."""
+        batch_id = batch_id or _batch_id()
+        return (batch_id, [keys.batches, keys.batches_old], self.retry_window)
+
     def _run_once(self, script: str, memory: BufferKeys, keys: list[str], args: list[Any]) -> Any:
         """Run a script that must not run twice under a fresh batch id (its reply kept in
         ``memory``'s batch keys), retrying after a lost connection."""
-        batch = (uuid.uuid4().hex, [memory.batches, memory.batch_times], BATCH_MEMORY)
+        batch = self._memory(memory)
         run = scripts.load(script)
         return retrying(lambda: run(self.client, keys, args, batch=batch), name=self.client)
 
-    def _open(self, capacity: int | None, eviction: str) -> _Config:
+    def _open(self, capacity: int | None, eviction: str, retry_window: float | None) -> _Config:
         if capacity is None:
             meta = _decode_meta(self.client.hgetall(self.keys.meta))
             if not meta:
+                self._refuse_sharded()
                 raise ConfigMismatchError(
                     f"buffer {self.name!r} does not exist; give a capacity to create it"
                 )
         else:
-            reply = self._run(
-                "init", [self.keys.meta], [capacity, eviction, FORMAT_VERSION, int(time.time())]
-            )
+            window = DEFAULT_RETRY_WINDOW if retry_window is None else retry_window
+            try:
+                reply = self._run(
+                    "init",
+                    [self.keys.meta, self.keys.shards],
+                    [capacity, eviction, FORMAT_VERSION, int(time.time()), repr(float(window))],
+                )
+            except ConfigMismatchError as exc:
+                if getattr(exc, "code", None) == "RB_SHARDED":
+                    self._refuse_sharded()
+                raise
             meta = _decode_meta(dict(zip(reply[::2], reply[1::2], strict=True)))
         if "capacity" not in meta or "eviction" not in meta:
             raise ConfigMismatchError(
                 f"buffer meta {self.keys.meta} has no configuration (fields: {sorted(meta)}); "
                 "drop the buffer to reuse the name"
             )
-        stored = _Config(int(meta["capacity"]), meta["eviction"], meta)
+        stored = _Config(
+            int(meta["capacity"]),
+            meta["eviction"],
+            meta,
+            float(meta.get("retry_window", DEFAULT_RETRY_WINDOW)),
+        )
         if int(meta.get("format_version", FORMAT_VERSION)) > FORMAT_VERSION:
             raise ConfigMismatchError(
                 f"buffer {self.name!r} was written by a newer redisbuf "
@@ -363,10 +408,27 @@ class ReplayBuffer:
                 f"buffer {self.name!r} exists with eviction policy {stored.eviction!r}, "
                 f"not {eviction!r} (prioritized_capacity mismatch)"
             )
+        if retry_window is not None and stored.retry_window != float(retry_window):
+            raise ConfigMismatchError(
+                f"buffer {self.name!r} exists with retry_window {stored.retry_window:g} s, "
+                f"not {float(retry_window):g} s (retry_window mismatch)"
+            )
         if "schema" in meta:
             self._schema_json = meta["schema"]
             self._schema = json.loads(meta["schema"])
         return stored
+
+    def _refuse_sharded(self) -> None:
+        """Raise ConfigMismatchError if ``name`` is a sharded buffer's: a plain buffer of
+        that name would hide it from every process (see lua/init.lua)."""
+        raw = self.client.hget(self.keys.shards, "layout")
+        if raw is None:
+            return
+        count = json.loads(raw).get("shards")
+        raise ConfigMismatchError(
+            f"buffer {self.name!r} is sharded ({count} shards), not 1 (shards mismatch): "
+            f"open it with shards={count} or ShardedReplayBuffer.open; nothing was written"
+        )
 
     def _stored_schema(self) -> dict[str, Any] | None:
         if self._schema is None:
@@ -502,8 +564,10 @@ class ReplayBuffer:
         self._check_schema(schema, schema_json)
         texts = [_priority_text(priority) for priority in priorities.tolist()]
         options_json = json.dumps(options) if options else ""
-        batch_id = uuid.uuid4().hex  # a retry after a lost reply gets the first reply back
-        memory = [self.keys.batches, self.keys.batch_times]
+        # one id for both calls (the commit's reply replaces the reservation's): a retry
+        # after a lost reply gets the first reply back
+        batch = self._memory(self.keys)
+        batch_id = batch[0]
         reserve, commit = scripts.load("add_reserve"), scripts.load("add_commit").remembering
         try:
             # SCRIPT EXISTS in the same round trip: the commit script must be on the server
@@ -513,7 +577,7 @@ class ReplayBuffer:
                     self.client,
                     self.keys.all_keys(),
                     [schema_json, len(blobs), options_json, *texts],
-                    batch=(f"{batch_id}:reserve", memory, BATCH_MEMORY),
+                    batch=batch,
                     then=("SCRIPT", "EXISTS", commit.sha),
                 ),
                 name=self.client,
@@ -552,9 +616,10 @@ class ReplayBuffer:
         connection the batch memory says whether the EXEC ran, so a retry neither stores
         the batch twice nor writes blobs back that eviction has removed since."""
         script = scripts.load("add_commit").remembering
-        keys = [*self.keys.all_keys(), self.keys.batches, self.keys.batch_times]
+        memory = [self.keys.batches, self.keys.batches_old]
+        keys = [*self.keys.all_keys(), *memory]
         args = [schema_json, first, len(blobs), options_json, *texts, batch_id,
-                int(BATCH_MEMORY * 1000)]
+                int(self.retry_window * 1000)]
         fields: list[Any] = []
         for index, blob in enumerate(blobs):
             fields.append(format_id(first + index))
@@ -564,12 +629,16 @@ class ReplayBuffer:
 
         def attempt() -> list[Any]:
             if sent[0]:  # lost the reply: did the transaction run?
-                seen = self.client.hget(self.keys.batches, batch_id)
-                if seen is not None:
+                pipe = self.client.pipeline(transaction=False)
+                for key in memory:
+                    pipe.hget(key, batch_id)
+                seen = [scripts.remembered(v, "add_commit") for v in pipe.execute()]
+                done = next((reply for reply in seen if reply is not None), None)
+                if done is not None:
                     if wait is not None:
                         confirmation = self.client.execute_command(*wait)
                         check_durability(self.durability, confirmation, self.client)
-                    return list(json.loads(seen))
+                    return list(done)
             for load in (False, True):
                 if load:
                     self.client.script_load(script.source)
@@ -583,13 +652,16 @@ class ReplayBuffer:
                 sent[0] = True
                 replies = pipe.execute(raise_on_error=False)
                 executed = replies[3]
-                if isinstance(executed, Exception):  # EXECABORT: a queued command refused
+                if isinstance(executed, Exception):  # EXECABORT, OOM: nothing ran
                     refused = [r for r in replies[:3] if isinstance(r, Exception)]
+                    self._release(first, len(blobs), batch_id, give_back=True)
                     raise (refused or [executed])[0]
                 reply = executed[1]
                 if isinstance(reply, redis.exceptions.NoScriptError) and not load:
                     continue
                 if isinstance(reply, redis.exceptions.ResponseError):
+                    # the script deleted the blobs and gave the ids back itself
+                    self._release(first, len(blobs), batch_id, give_back=False)
                     raise scripts.translate(reply)
                 if wait is not None:
                     check_durability(self.durability, replies[4], self.client)
@@ -598,6 +670,18 @@ class ReplayBuffer:
 
         return retrying(attempt, name=self.client)
 
+    def _release(self, first: int, n: int, batch_id: str, give_back: bool) -> None:
+        """Undo a reservation whose commit the server refused (``lua/add_release.lua``),
+        so that the refused batch leaves ``last_id`` and the batch memory as they were.
+        Best effort: a server that cannot take even this leaves a gap in the ids and the
+        reservation's entry, which is forgotten with its generation."""
+        keys = [self.keys.meta, self.keys.items, self.keys.batches, self.keys.batches_old]
+        args = [first, n, batch_id, int(give_back)]
+        try:
+            self._run("add_release", keys, args)
+        except (redis.exceptions.RedisError, ServerUnavailableError):
+            pass
+
     def _insert_with(self, schema: dict[str, Any], script: str, args: list[Any]) -> Any:
         """Run an inserting script (ARGV[1] = the schema, filled in here) after checking
         ``schema`` against the buffer's, and cache the schema it fixes. Returns its reply."""
@@ -605,7 +689,7 @@ class ReplayBuffer:
         self._check_schema(schema, schema_json)
         args[0] = schema_json
         # one id per batch: a retry after a lost reply gets the first run's reply back
-        batch = (uuid.uuid4().hex, [self.keys.batches, self.keys.batch_times], BATCH_MEMORY)
+        batch = self._memory(self.keys)
         run = scripts.load(script)
         wait = durability_wait(self.durability, self.durability_timeout)
         try:
@@ -955,8 +1039,17 @@ class ReplayBuffer:
         return int(self._run("clear", self.keys.all_keys(), []))
 
     def drop(self) -> None:
-        """Delete the buffer entirely, configuration included."""
-        self.client.delete(*self.keys.all_keys())
+        """Delete the buffer entirely, configuration included: every key under its tag
+        (``rb:{name}:*``: its own, the control plane's, a load's staging keys) but those of
+        an EpisodeBuffer, SequenceBuffer or FragmentBuffer of the same name and a sharded
+        buffer's layout (see :meth:`BufferKeys.owns`)."""
+        found = {
+            key.decode() if isinstance(key, bytes) else key
+            for key in self.client.scan_iter(match=self.keys.pattern, count=1000)
+        }
+        extra = sorted(key for key in found - set(self.keys.all_keys()) if self.keys.owns(key))
+        # one DEL: the buffer's own keys and whatever else of it the SCAN found go together
+        self.client.delete(*self.keys.all_keys(), *extra)
         self._forget_schema()
 
     # -- persistence --------------------------------------------------------------------

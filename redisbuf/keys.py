@@ -10,19 +10,23 @@ key                        type    content
 ``rb:{name}:items``        hash    item id -> msgpack blob
 ``rb:{name}:prio``         zset    item id -> log-reward (priority)
 ``rb:{name}:order``        zset    item id -> id (insertion order)
-``rb:{name}:tree``         hash    sum-tree node v -> 16 masses of its children 16v+1..16v+16
-``rb:{name}:tree:ids``     hash    bucket b -> item ids of leaf slots 16b..16b+15
-``rb:{name}:tree:slots``   hash    bucket b -> leaf slots of item ids 16b..16b+15
-``rb:{name}:tree:free``    list    leaf slots freed by removals, reused first
 ``rb:{name}:per``          zset    item id -> PER priority (prioritized experience replay)
 ``rb:{name}:uses``         hash    item id -> times sampled
 ``rb:{name}:versions``     zset    item id -> model version it was produced with
 ``rb:{name}:times``        hash    item id -> insertion time
 ``rb:{name}:vecs``         hash    item id -> compact state vector (diversity checks)
 ``rb:{name}:batches``      hash    batch id of a recent add -> its reply (see scripts.py)
-``rb:{name}:batchtime``    zset    batch id -> time it was added (ms), to forget it
+``rb:{name}:batches:old``  hash    the previous generation of ``batches``, then forgotten
+``rb:{name}:masslog``      list    recent score changes, for prioritized samplers' replicas
 ``rb:{name}:shards``       hash    a sharded buffer's layout (see redisbuf/sharded.py)
 =========================  ======  =====================================================
+
+``tree``, ``tree:ids``, ``tree:slots`` and ``tree:free`` are left by versions that kept a
+sum tree in the server; turning prioritized sampling on (or clearing) deletes them.
+Other keys under the same tag: the control plane's ``rb:{name}:ctl:*``
+(redisbuf/control/redis.py) and a load's ``rb:{name}:staging:*``, which belong to the
+buffer too (``drop`` deletes them), and the keys of an EpisodeBuffer, SequenceBuffer or
+FragmentBuffer of the same name (``episodes:``, ``seq:``, ``fragments:``), which do not.
 
 Item ids are positive integers written as 12-digit zero-padded decimals, so that
 lexicographic order (Redis' tie-break inside a sorted set) is insertion order.
@@ -34,6 +38,9 @@ import re
 from dataclasses import dataclass
 
 PREFIX = "rb"
+# Key namespaces under a buffer's tag that belong to the other structures of the same name
+# (redisbuf/episodes.py, sequence.py, fragments.py), which ReplayBuffer.drop leaves alone.
+FOREIGN = ("episodes:", "seq:", "fragments:")
 ID_WIDTH = 12
 # fullmatch: "$" alone would also accept a name ending in a newline
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
@@ -121,8 +128,9 @@ class BufferKeys:
         return self._key("batches")
 
     @property
-    def batch_times(self) -> str:
-        return self._key("batchtime")
+    def batches_old(self) -> str:
+        """The previous generation of ``batches`` (see redisbuf/scripts.py, _REMEMBER)."""
+        return self._key("batches:old")
 
     @property
     def masslog(self) -> str:
@@ -151,12 +159,23 @@ class BufferKeys:
             self.times,
             self.vecs,
             self.batches,
-            self.batch_times,
+            self.batches_old,
             self.masslog,
         ]
 
     def all_keys(self) -> list[str]:
         return [self.meta, *self.data_keys()]
+
+    @property
+    def pattern(self) -> str:
+        """SCAN pattern of every key under the buffer's tag (names hold no glob character)."""
+        return self._key("*")
+
+    def owns(self, key: str) -> bool:
+        """Whether ``key`` (under :attr:`pattern`) belongs to this buffer: not to another
+        structure of the same name, nor to the sharded buffer whose layout it would be."""
+        suffix = key[len(self._key("")) :]
+        return not suffix.startswith(FOREIGN) and suffix != "shards"
 
     def describe(self) -> dict[str, str]:
         """Key name -> what it holds, for people reading the buffer with redis-cli."""
@@ -171,7 +190,7 @@ class BufferKeys:
             self.times: "hash: item id -> insertion time",
             self.vecs: "hash: item id -> compact state vector (diversity checks)",
             self.batches: "hash: recent add's batch id -> its reply (retried adds)",
-            self.batch_times: "zset: recent add's batch id -> when (ms), for forgetting",
+            self.batches_old: "hash: the previous generation of the batch ids (then forgotten)",
             self.masslog: "list: recent score changes, for prioritized samplers' replicas",
         }
 

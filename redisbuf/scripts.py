@@ -8,6 +8,7 @@ so every operation stays one self-contained script on the server. A NOSCRIPT rep
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from functools import cache
 from pathlib import Path
@@ -47,6 +48,8 @@ _ERROR_CODES: dict[str, type[Exception]] = {
     "RB_NOBUF": errors.ConfigMismatchError,
     "RB_NOTREE": errors.ConfigMismatchError,
     "RB_CONFIG": errors.ConfigMismatchError,
+    "RB_SHARDED": errors.ConfigMismatchError,
+    "RB_UNSHARDED": errors.ConfigMismatchError,
     "RB_INVALID": errors.InvalidBatchError,
     "RB_UNDEFINED": errors.SamplingError,
 }
@@ -58,12 +61,26 @@ _FLAG = "local RB_NO_WRITES = {}\n"
 # The remembering variant: the script's body becomes a function whose reply is kept under
 # the batch id (see Script.__call__). The two memory keys and the two extra ARGV are taken
 # off the ends of KEYS and ARGV first, so the body sees only its own.
-_REMEMBER = """local rb_ttl_ms = tonumber(table.remove(ARGV))
+# Memory is two generations of one hash each instead of a hash and a time zset: an entry
+# costs one small hash field (the id, a tag and the reply's JSON), and forgetting is one
+# UNLINK + RENAME when the current generation (begun at its field "~since", server ms) is
+# older than the window, so an id is remembered for at least the window and at most about
+# twice it. The tag (one character per script, TAG below) keeps a script from taking
+# another's reply kept under the same id (add's two calls share one: the commit's reply
+# replaces the reservation's).
+_REMEMBER = """local rb_window_ms = tonumber(table.remove(ARGV))
 local rb_batch = table.remove(ARGV)
-local rb_times = table.remove(KEYS)
+local rb_older = table.remove(KEYS)
 local rb_memory = table.remove(KEYS)
 local rb_seen = redis.call('HGET', rb_memory, rb_batch)
-if rb_seen then return cjson.decode(rb_seen) end
+local rb_in_older = false
+if not rb_seen then
+  rb_seen = redis.call('HGET', rb_older, rb_batch)
+  rb_in_older = rb_seen ~= false
+end
+if rb_seen and string.sub(rb_seen, 1, 1) == 'TAG' then
+  return cjson.decode(string.sub(rb_seen, 2))
+end
 local function rb_body()
 BODY
 end
@@ -72,16 +89,34 @@ if type(rb_reply) == 'table' and (rb_reply.err or rb_reply.ok) then return rb_re
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local rb_time = redis.call('TIME')
   local rb_now = tonumber(rb_time[1]) * 1000 + math.floor(tonumber(rb_time[2]) / 1000)
-  redis.call('HSET', rb_memory, rb_batch, cjson.encode(rb_reply))
-  redis.call('ZADD', rb_times, rb_now, rb_batch)
-  local rb_old = redis.call('ZRANGEBYSCORE', rb_times, '-inf', rb_now - rb_ttl_ms, 'LIMIT', 0, 256)
-  if #rb_old > 0 then
-    redis.call('HDEL', rb_memory, (unpack or table.unpack)(rb_old))
-    redis.call('ZREM', rb_times, (unpack or table.unpack)(rb_old))
+  local rb_since = tonumber(redis.call('HGET', rb_memory, '~since'))
+  if rb_since and rb_now - rb_since >= rb_window_ms then
+    redis.call('UNLINK', rb_older)
+    redis.call('RENAME', rb_memory, rb_older)
+    rb_since = nil
+  elseif rb_in_older then
+    redis.call('HDEL', rb_older, rb_batch)
   end
+  if not rb_since then redis.call('HSET', rb_memory, '~since', rb_now) end
+  redis.call('HSET', rb_memory, rb_batch, 'TAG' .. cjson.encode(rb_reply))
 end
 return rb_reply
 """
+# The tag of a script's remembered replies (see _REMEMBER); "=" for the others.
+_TAGS = {"add_reserve": "r", "add_commit": "c"}
+
+
+def tag_of(name: str) -> str:
+    """The one-character tag the script ``name`` puts before the replies it remembers."""
+    return _TAGS.get(name, "=")
+
+
+def remembered(value: bytes | None, name: str) -> Any:
+    """The reply of script ``name`` in a batch memory entry ``value``, or None when the
+    entry is missing or another script's (see _REMEMBER)."""
+    if value is None or value[:1] != tag_of(name).encode():
+        return None
+    return json.loads(value[1:])
 
 # Errors a server gives scripts that may write when it refuses every write.
 _REFUSED_WRITES = (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError)
@@ -104,7 +139,7 @@ class Script:
         self.name = name
         body = _FLAG.format("true" if read_only else "false") + source
         if remembering:
-            body = _REMEMBER.replace("BODY\n", body)
+            body = _REMEMBER.replace("BODY\n", body).replace("'TAG'", repr(tag_of(name)))
         self.source = f"#!lua flags=no-writes\n{body}" if read_only else body
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
         self._expanded = source
@@ -158,12 +193,13 @@ class Script:
         batch: tuple[str, list[str], float] | None = None,
         then: tuple[Any, ...] | None = None,
     ) -> Any:
-        """Run the script. With ``batch = (batch_id, [memory_key, times_key],
+        """Run the script. With ``batch = (batch_id, [memory_key, older_key],
         remember_seconds)`` it runs at most once per batch id: the reply is remembered
-        (a hash field of ``memory_key``, its time in the zset ``times_key``) for
-        ``remember_seconds``, and a repeated call returns it without running the script,
-        so a call retried after a lost reply does not insert twice. Error replies are
-        not remembered, nor anything once the buffer's meta (KEYS[1]) is gone.
+        (a hash field of ``memory_key``, moved to ``older_key`` with the rest of its
+        generation, see _REMEMBER) for at least ``remember_seconds``, and a repeated call
+        returns it without running the script, so a call retried after a lost reply does
+        not insert twice. Error replies are not remembered, nor anything once the
+        buffer's meta (KEYS[1]) is gone.
 
         With ``then`` (a command, e.g. ``("WAITAOF", 1, 0, 1000)``) it is sent right after
         the script on the same connection and ``(reply, its reply)`` is returned; its

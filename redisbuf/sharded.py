@@ -8,7 +8,10 @@ shards sit on different masters, and each shard's scripts stay atomic on its one
 * Layout: the hash ``rb:{name}:shards`` (field ``layout``, JSON) records the shard count,
   the shard names, the global capacity and the eviction policy, written once by the
   first process (HSETNX) and read by every later one; field ``schema`` fixes the items'
-  schema for every shard at the first ``add``. On a cluster client, shard ``k`` is named
+  schema for every shard at the first ``add``. A name holds a layout or a plain buffer's
+  meta, never both: lua/shard_layout.lua refuses a layout beside a meta and lua/init.lua
+  a meta beside a layout, so ``ReplayBuffer(url, name)`` (shards=1) on a sharded name
+  raises and writes nothing. On a cluster client, shard ``k`` is named
   so that its slot belongs to master ``k mod M`` (masters ordered by their first slot);
   otherwise so that its slot is in the ``k``-th of ``N`` equal slot ranges.
 * Capacity: the global ``capacity`` is split across the shards (``capacity // N``, the
@@ -96,12 +99,17 @@ LAYOUT_VERSION = 1
 # The counters a save header keeps, for the whole buffer and for each shard.
 _COUNTERS = ("inserted", "evicted", "sampled")
 # Options handed to every shard unchanged; anything else a ReplayBuffer takes is refused.
-_SHARD_OPTIONS = ("kind", "max_item_bytes", "strict", "durability", "durability_timeout")
-# Errors that mean a shard's server is gone (or its slot has no master right now).
+_SHARD_OPTIONS = (
+    "kind", "max_item_bytes", "strict", "durability", "durability_timeout", "retry_window"
+)
+# Errors that mean a shard's server is gone or its slot has no master right now (CLUSTERDOWN
+# while a restarted master rejoins, MASTERDOWN, TRYAGAIN while its slot migrates). A
+# pipeline reply may be one of these instead of raising it: see _per_shard.
 _SHARD_LOST = (
     ServerUnavailableError,
     *LOST,
-    redis.exceptions.ClusterDownError,
+    redis.exceptions.ClusterDownError,  # MasterDownError is one
+    redis.exceptions.TryAgainError,
     redis.exceptions.SlotNotCoveredError,
     redis.exceptions.MaxConnectionsError,
 )
@@ -227,26 +235,33 @@ class ShardedReplayBuffer:
     # -- layout -------------------------------------------------------------------------
 
     def _layout(self, shards: int, capacity: int | None, eviction: str) -> dict[str, Any]:
-        if self.client.exists(self.keys.meta):
-            raise ConfigMismatchError(
-                f"buffer {self.name!r} exists unsharded; it cannot be opened with shards="
-            )
-        raw = self.client.hget(self.keys.shards, "layout")
-        if raw is None:
-            if capacity is None:
-                raise ConfigMismatchError(
-                    f"sharded buffer {self.name!r} does not exist; give a capacity to create it"
-                )
-            layout = {
+        layout = ""
+        if capacity is not None:
+            layout = json.dumps({
                 "version": LAYOUT_VERSION,
                 "shards": shards,
                 "names": shard_names(self.client, self.name, shards),
                 "capacity": capacity,
                 "eviction": eviction,
-            }
-            # first writer wins; everyone then checks against what is stored
-            self.client.hsetnx(self.keys.shards, "layout", json.dumps(layout))
-            raw = self.client.hget(self.keys.shards, "layout")
+            })
+        # one script writes the layout (first writer wins) unless a plain buffer has the
+        # name, so no process can put a layout beside a plain buffer (nor, lua/init.lua,
+        # the reverse); everyone then checks against what is stored
+        try:
+            raw = scripts.load("shard_layout")(
+                self.client, [self.keys.shards, self.keys.meta], [layout]
+            )
+        except ConfigMismatchError as exc:
+            if getattr(exc, "code", None) != "RB_UNSHARDED":
+                raise
+            raise ConfigMismatchError(
+                f"buffer {self.name!r} exists unsharded; it cannot be opened with shards= "
+                "(shards mismatch); nothing was written"
+            ) from None
+        if raw is None:
+            raise ConfigMismatchError(
+                f"sharded buffer {self.name!r} does not exist; give a capacity to create it"
+            )
         stored = json.loads(raw)
         if int(stored.get("version", 0)) > LAYOUT_VERSION:
             raise ConfigMismatchError(
@@ -358,15 +373,17 @@ class ShardedReplayBuffer:
         return int(sum(self._sizes()))
 
     def _per_shard(self, command: Any) -> list[Any]:
-        """``command(pipe, shard)`` for every shard in one pipeline (a cluster client
+        """``command(pipe, shard)`` (one command) for every shard in one pipeline (a cluster client
         sends each master its part at once) and the replies in shard order. When a
         server is lost, the shards are asked one by one, so that the error names the
-        shard that failed."""
+        shard that failed; a reply that is such an error (a cluster pipeline returns
+        CLUSTERDOWN and the like as replies) raises it as its shard's
+        ShardUnavailableError too."""
         pipe = self.client.pipeline(transaction=False)
         for shard in self.shards:
             command(pipe, shard)
         try:
-            return list(pipe.execute(raise_on_error=False))
+            replies = list(pipe.execute(raise_on_error=False))
         except _SHARD_LOST:
             replies = []
             for k, shard in enumerate(self.shards):
@@ -374,7 +391,11 @@ class ShardedReplayBuffer:
                     alone = self.client.pipeline(transaction=False)
                     command(alone, shard)
                     replies += alone.execute(raise_on_error=False)
-            return replies
+        for k, reply in enumerate(replies):
+            if isinstance(reply, _SHARD_LOST):
+                with self._on_shard(k):
+                    raise reply
+        return replies
 
     def _sizes(self) -> np.ndarray:
         replies = self._per_shard(lambda pipe, shard: pipe.zcard(shard.keys.order))

@@ -248,3 +248,62 @@ def test_readers_never_see_part_of_a_batch_while_four_processes_add():
         for writer, batch, _item in tags.tolist():
             groups[(writer, batch)] = groups.get((writer, batch), 0) + 1
         assert set(groups.values()) == {BLOCK}  # each block holds one writer's batch
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_a_batch_refused_at_maxmemory_leaves_last_id_and_the_batch_memory_as_they_were(
+    real_client, buffer_name, prioritized
+):
+    # issue 24: each add refused by OOM (its MULTI/EXEC, after its reservation) moved
+    # last_id by its size and left an entry in the batch memory
+    buffer = ReplayBuffer(
+        real_client, buffer_name, capacity=100_000, prioritized_sampling=prioritized
+    )
+    big = {"x": np.zeros((64, 1024), np.float32), "log_rewards": np.zeros(64)}  # 256 KiB
+    buffer.add(big)
+    saved = {k: real_client.config_get(k)[k] for k in ("maxmemory", "maxmemory-policy")}
+    try:
+        used = real_client.info("memory")["used_memory"]
+        real_client.config_set("maxmemory-policy", "noeviction")
+        real_client.config_set("maxmemory", used + 512 * 1024)
+        refusals = 0
+        before = None
+        for _ in range(12):
+            try:
+                buffer.add(big)
+                before = None
+            except redis.exceptions.OutOfMemoryError:
+                refusals += 1
+                after = snapshot(real_client, buffer_name)
+                if before is not None:
+                    assert after == before  # last_id, batches, items: all as they were
+                before = after
+                if refusals == 6:
+                    break
+        assert refusals == 6
+    finally:
+        for key, value in saved.items():
+            real_client.config_set(key, value)
+    stats = buffer.stats()
+    assert stats["last_id"] == stats["inserted"] == len(buffer)  # no gap, no lost batch
+    assert buffer.add(big).ids[0] == stats["last_id"] + 1
+
+
+def test_a_refused_commit_is_released_once_and_never_takes_later_ids(client, buffer_name):
+    # add_release.lua runs once per reservation (it deletes the reservation's entry
+    # first): a second call, after another batch reserved as many ids, gives nothing back
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add(_batch(0, 3))
+    keys = buffer.keys
+    release = [keys.meta, keys.items, keys.batches, keys.batches_old]
+    client.hset(keys.batches, "B", "r[4,2]")  # what add_reserve.lua remembers for it
+    client.hset(keys.meta, "last_id", 5)
+    client.hset(keys.items, mapping={format_id(4): b"a", format_id(5): b"b"})
+    assert scripts.load("add_release")(client, release, [4, 2, "B", 1]) == 1
+    assert int(client.hget(keys.meta, "last_id")) == 3
+    assert sorted(_members(client, buffer)[0]) == [1, 2, 3]
+    assert buffer.add(_batch(3, 2)).ids.tolist() == [4, 5]  # ids 4, 5 again
+    before = snapshot(client, buffer_name)
+    assert scripts.load("add_release")(client, release, [4, 2, "B", 1]) == 0
+    assert snapshot(client, buffer_name) == before

@@ -17,13 +17,14 @@ from cluster_helpers import (
     items,
 )
 
-from redisbuf import ReplayBuffer
+from redisbuf import ReplayBuffer, scripts
 from redisbuf.errors import (
     ConfigMismatchError,
     EmptyBufferError,
     SamplingError,
     SchemaError,
     ShardedBufferError,
+    ShardUnavailableError,
 )
 from redisbuf.keys import BufferKeys
 from redisbuf.sharded import ShardedReplayBuffer
@@ -102,6 +103,123 @@ def test_reopening_checks_the_layout(fake_client, buffer_name):
     ReplayBuffer(fake_client, "plain", capacity=5)
     with pytest.raises(ConfigMismatchError, match="exists unsharded"):
         ReplayBuffer(fake_client, "plain", capacity=5, shards=2)
+
+
+def test_opening_a_sharded_name_without_shards_is_refused_and_writes_nothing(
+    client, buffer_name
+):
+    # issue 24: shards=1 (the default) made an empty plain buffer beside the layout, and
+    # from then on every sharded open was refused
+    sharded = ReplayBuffer(client, buffer_name, capacity=90, shards=3)
+    sharded.add(items([1, 2]))
+    before = sorted(client.keys("*"))
+    for capacity in (90, None):
+        with pytest.raises(ConfigMismatchError, match=r"is sharded \(3 shards\), not 1"):
+            ReplayBuffer(client, buffer_name, capacity=capacity)
+    assert sorted(client.keys("*")) == before
+    assert len(ShardedReplayBuffer.open(client, buffer_name)) == 2
+    assert len(ReplayBuffer(client, buffer_name, capacity=90, shards=3)) == 2
+    # a name left with both by an earlier version: the stray plain buffer opens and drops
+    # alone (its drop leaves the layout), and the sharded buffer opens again
+    keys = BufferKeys(buffer_name)
+    stray = f"rb:{{{buffer_name}}}:none"  # the old init.lua knew no layout key
+    scripts.load("init")(client, [keys.meta, stray], [90, "fifo", 1, 0, "600.0"])
+    with pytest.raises(ConfigMismatchError, match="exists unsharded"):
+        ShardedReplayBuffer.open(client, buffer_name)
+    ReplayBuffer.open(client, buffer_name).drop()
+    assert sorted(client.keys("*")) == before
+    assert len(ShardedReplayBuffer.open(client, buffer_name)) == 2
+
+
+def test_the_scripts_refuse_a_plain_buffer_beside_a_layout_and_the_reverse(
+    client, buffer_name
+):
+    # the rule holds on the server, for a process that skips every check of the client
+    keys = BufferKeys(buffer_name)
+    ShardedReplayBuffer(client, buffer_name, capacity=9, shards=3)
+    with pytest.raises(ConfigMismatchError):
+        scripts.load("init")(client, [keys.meta, keys.shards], [9, "fifo", 1, 0, "600.0"])
+    assert not client.exists(keys.meta)
+    plain = BufferKeys(buffer_name + "-plain")
+    ReplayBuffer(client, plain.name, capacity=9)
+    with pytest.raises(ConfigMismatchError):
+        scripts.load("shard_layout")(client, [plain.shards, plain.meta], ['{"shards": 3}'])
+    with pytest.raises(ConfigMismatchError, match="exists unsharded"):
+        ReplayBuffer(client, plain.name, capacity=9, shards=3)
+    assert not client.exists(plain.shards)
+
+
+class _FailingShard:
+    """``client`` whose pipelines answer every command about shard ``name`` with
+    ``error`` (a reply, as a cluster pipeline gives CLUSTERDOWN) or, with ``raising``,
+    raise it from the whole pipeline the first time."""
+
+    def __init__(self, client, name, error, raising=False):
+        self.inner, self.tag, self.error, self.raising = client, f"{{{name}}}", error, raising
+
+    def __getattr__(self, attribute):
+        return getattr(self.inner, attribute)
+
+    def pipeline(self, *args, **kwargs):
+        outer = self
+        pipe = self.inner.pipeline(*args, **kwargs)
+
+        class Pipe:
+            def __getattr__(self, attribute):
+                return getattr(pipe, attribute)
+
+            def execute(self, raise_on_error=True):
+                stack = pipe.unwrapped.command_stack
+                hit = [
+                    any(outer.tag in (a.decode() if isinstance(a, bytes) else str(a)) for a in args)
+                    for args, _options in stack
+                ]
+                if outer.raising and len(stack) > 1:
+                    raise outer.error
+                replies = pipe.execute(raise_on_error=False)
+                return [outer.error if h else r for h, r in zip(hit, replies, strict=True)]
+
+        return Pipe()
+
+
+@pytest.mark.parametrize("raising", [False, True])
+@pytest.mark.parametrize(
+    "error",
+    [
+        redis.exceptions.ClusterDownError("The cluster is down"),
+        redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+        redis.exceptions.MasterDownError("Link with MASTER is down"),
+    ],
+)
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_cluster_errors_of_one_shard_are_shard_unavailable_naming_it(
+    fake_client, buffer_name, error, raising, prioritized
+):
+    # issue 24: while a restarted master rejoined, _sizes raised a bare ClusterDownError
+    buffer = ReplayBuffer(
+        fake_client, buffer_name, capacity=30, shards=3, prioritized_sampling=prioritized
+    )
+    for b in range(3):
+        buffer.add(items([b], [0.0]))
+    buffer.client = _FailingShard(buffer.client, buffer.shard_names[1], error, raising)
+    for call in (lambda: len(buffer), lambda: buffer.sample(2)):
+        with pytest.raises(ShardUnavailableError, match=r"shard 1 of 3 \(") as caught:
+            call()
+        assert caught.value.shard == 1
+
+
+def test_a_cluster_error_in_a_shard_draw_is_shard_unavailable(fake_client, buffer_name):
+    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
+    for b in range(3):
+        buffer.add(items([b]))
+
+    def rejoining(*args, **kwargs):
+        raise redis.exceptions.TryAgainError("slot is being migrated")
+
+    buffer.shards[2]._draw = rejoining
+    with pytest.raises(ShardUnavailableError, match="shard 2 of 3") as caught:
+        buffer.sample(3)
+    assert caught.value.shard == 2
 
 
 def test_refusals_name_the_problem(fake_client, buffer_name):

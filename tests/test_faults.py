@@ -486,7 +486,7 @@ def test_an_add_repeated_with_its_batch_id_inserts_once(client, buffer_name):
     buffer.add({"x": np.zeros((1, 2), np.float32)})
     keys = buffer.keys
     schema = client.hget(keys.meta, "schema")
-    memory = [keys.batches, keys.batch_times]
+    memory = [keys.batches, keys.batches_old]
     args = [schema, 2, "", *_add_args(2)]
     first = scripts.load("add")(client, keys.all_keys(), list(args), batch=("b1", memory, 60))
     again = scripts.load("add")(client, keys.all_keys(), list(args), batch=("b1", memory, 60))
@@ -508,13 +508,25 @@ def test_batch_ids_are_forgotten_after_their_time(client, buffer_name):
     buffer.add({"x": np.zeros((1, 2), np.float32)})
     keys = buffer.keys
     schema = client.hget(keys.meta, "schema")
-    memory = [keys.batches, keys.batch_times]
+    memory = [keys.batches, keys.batches_old]
     add = scripts.load("add")
+
+    def remembered() -> set[bytes]:
+        return {f for k in memory for f in client.hkeys(k) if f != b"~since"}
+
+    client.delete(*memory)
     add(client, keys.all_keys(), [schema, 1, "", *_add_args(1)], batch=("old", memory, 0.05))
     time.sleep(0.1)
+    # a window later "old" moves to the older generation, still remembered ...
     add(client, keys.all_keys(), [schema, 1, "", *_add_args(1)], batch=("new", memory, 0.05))
-    assert client.hkeys(keys.batches) == [b"new"]  # "old" was pruned by the next add
-    assert client.zrange(keys.batch_times, 0, -1) == [b"new"]
+    assert client.hkeys(keys.batches_old) == [b"~since", b"old"]
+    assert remembered() == {b"old", b"new"}
+    again = add(client, keys.all_keys(), [schema, 1, "", *_add_args(1)], batch=("old", memory, 60))
+    assert again == [2, 1, 0] and len(buffer) == 3  # its first reply, not a second insert
+    time.sleep(0.1)
+    # ... and a second window later it is forgotten with its generation
+    add(client, keys.all_keys(), [schema, 1, "", *_add_args(1)], batch=("last", memory, 0.05))
+    assert remembered() == {b"new", b"last"}
 
 
 def test_a_remembered_add_does_not_recreate_a_dropped_buffer(client, buffer_name):
@@ -523,7 +535,7 @@ def test_a_remembered_add_does_not_recreate_a_dropped_buffer(client, buffer_name
     buffer = ReplayBuffer(client, buffer_name, capacity=8)
     keys = buffer.keys
     buffer.drop()
-    memory = [keys.batches, keys.batch_times]
+    memory = [keys.batches, keys.batches_old]
     args = ["{}", 1, "", *_add_args(1)]
     with pytest.raises(ConfigMismatchError):
         scripts.load("add")(client, keys.all_keys(), args, batch=("b", memory, 60))
@@ -814,3 +826,52 @@ def test_a_corrupt_per_checkpoint_is_refused_or_loads_consistently(
         assert int(fake_client.hget(keys.meta, "present_uses")) == sum(uses)
     source.drop()
     target.drop()
+
+
+def _remembered(client, keys) -> list[bytes]:
+    """The replies the batch memory holds (both generations), without its "~since"."""
+    return [
+        value
+        for key in (keys.batches, keys.batches_old)
+        for field, value in client.hgetall(key).items()
+        if field != b"~since"
+    ]
+
+
+def test_the_retry_window_is_the_buffers_and_bounds_the_batch_memory(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=8, retry_window=0.05)
+    assert float(client.hget(buffer.keys.meta, "retry_window")) == 0.05
+    assert ReplayBuffer(client, buffer_name, capacity=8).retry_window == 0.05  # None adopts
+    with pytest.raises(ConfigMismatchError, match=r"retry_window 0.05 s, not 600 s"):
+        ReplayBuffer(client, buffer_name, capacity=8, retry_window=600)
+    with pytest.raises(ValueError, match="retry_window must be a positive number"):
+        ReplayBuffer(client, buffer_name + "x", capacity=8, retry_window=0)
+    row = {"x": np.zeros((1, 2), np.float32)}
+    for _ in range(3):
+        buffer.add(row)
+    # one entry per add: the commit's reply ("c") replaced the reservation's ("r")
+    assert sorted(_remembered(client, buffer.keys)) == [b"c[1,1,0]", b"c[2,1,0]", b"c[3,1,0]"]
+    time.sleep(0.12)  # a window: the next add starts a new generation, the old one kept
+    buffer.add(row)
+    assert len(_remembered(client, buffer.keys)) == 4
+    time.sleep(0.12)  # another: the first three are forgotten with their generation
+    buffer.add(row)
+    assert sorted(_remembered(client, buffer.keys)) == [b"c[4,1,0]", b"c[5,1,0]"]
+    # a buffer made before the window was stored has the former fixed 600 s
+    client.hdel(buffer.keys.meta, "retry_window")
+    assert ReplayBuffer(client, buffer_name, capacity=None).retry_window == 600.0
+
+
+@pytest.mark.redis_server
+def test_a_remembered_batch_costs_under_100_bytes(real_client, buffer_name):
+    # issue 24: a JSON reply per call and a time zset cost ~390 B per add (valkey 8)
+    buffer = ReplayBuffer(real_client, buffer_name, capacity=100)
+    row = {"x": np.zeros((1, 2), np.float32)}
+    adds = 1000
+    for _ in range(adds):
+        buffer.add(row)
+    keys = buffer.keys
+    assert len(_remembered(real_client, keys)) == adds
+    found = [k.decode() for k in real_client.scan_iter(match=f"rb:{{{buffer_name}}}:batch*")]
+    used = sum(real_client.memory_usage(k, samples=0) for k in found)
+    assert used / adds < 100, (found, used)

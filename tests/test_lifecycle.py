@@ -118,3 +118,33 @@ def test_add_script_refuses_a_nan_priority_before_writing(client, buffer_name):
         buffer._insert(blobs, np.array([0.0, math.nan]), schema)
     assert client.hgetall(buffer.keys.meta) == before
     assert len(buffer) == 2
+
+
+def test_drop_after_a_manager_session_leaves_no_key_of_the_buffer(client, buffer_name):
+    # issue 24: drop left rb:{name}:ctl:ranks and :ctl:workers (no expiry) behind
+    from redisbuf.control.protocol import ANY_SOURCE, DATA_TAG, request
+    from redisbuf.control.redis import RedisManagerTransport, RedisWorkerTransport
+    from redisbuf.keys import StagingKeys
+
+    fast = {"heartbeat_interval": 0.1, "heartbeat_ttl": 5.0}
+    buffer = ReplayBuffer(client, buffer_name, capacity=8)
+    buffer.add({"x": np.zeros((3, 2), np.float32)})
+    manager = RedisManagerTransport(client, buffer_name, **fast)
+    manager.start()
+    worker = RedisWorkerTransport(client, buffer_name, connect_timeout=2.0, **fast)
+    worker.send(0, DATA_TAG, request("metadata"))
+    assert manager.recv(ANY_SOURCE, DATA_TAG, timeout=2.0)[0] == worker.rank
+    manager.send(worker.rank, DATA_TAG, b"score")  # a reply list, kept for an hour
+    # what a load interrupted before its swap leaves
+    client.hset(StagingKeys(buffer_name, "dead").meta, "capacity", 8)
+    # keys of other structures of the same name are not the buffer's
+    foreign = [f"rb:{{{buffer_name}}}:{suffix}" for suffix in ("seq:meta", "episodes:meta")]
+    for key in foreign:
+        client.hset(key, "capacity", 1)
+    worker.close()
+    manager.close()  # the session is over: its registry and reply lists stay
+    pattern = f"rb:{{{buffer_name}}}:*"
+    left = {key.decode() for key in client.scan_iter(match=pattern)}
+    assert {f"rb:{{{buffer_name}}}:ctl:{s}" for s in ("ranks", "workers")} <= left
+    buffer.drop()
+    assert sorted(client.scan_iter(match=pattern)) == sorted(k.encode() for k in foreign)

@@ -242,14 +242,14 @@ def test_a_refused_batch_is_counted_and_not_stored(client, buffer_name) -> None:
     buf.update_model_version("s", 5)
     # the batch-id memory keeps each refusal, so a retried add gets the same answer; no
     # other key changes
-    remembered = {buf.keys.batches, buf.keys.batch_times}
+    remembered = {buf.keys.batches, buf.keys.batches_old}
     item_keys = [k for k in buf.keys.data_keys() if k not in remembered]
     keys_before = {k: client.dump(k) for k in item_keys}
     result = buf.add(_batch(3), model_version=3, session_id="s")
     assert result.rejected == "stale" and len(result.ids) == 0
     assert buf.add(_batch(2), model_version=5, session_id="t").rejected == "session"
     assert {k: client.dump(k) for k in item_keys} == keys_before
-    assert client.hlen(buf.keys.batches) == 2
+    assert client.hlen(buf.keys.batches) == 3  # the two refusals and "~since"
     stats = buf.stats()
     assert (stats["rejected_stale"], stats["rejected_session"], stats["inserted"]) == (3, 2, 0)
 
