@@ -45,8 +45,16 @@ shards sit on different masters, and each shard's scripts stay atomic on its one
   capacity is split. Each shard is then restored by the unsharded machinery (staging
   keys, one swap script): atomic per shard, not across shards; a failure after some
   shards were restored raises :class:`~redisbuf.errors.PartialLoadError` naming them.
-* Not supported: custom samplers, PER, ``max_use``, ``max_staleness``, rate limiters,
-  remote managers, ``sample_range``, blocking samples.
+* PER (``sampler=PERSampler(...)``, the same settings on every shard): draws with
+  replacement choose the counts per shard by multinomial over the shards' total PER
+  masses, so item ``i`` is drawn with probability ``mass_i / sum of all masses``;
+  ``weights`` and ``importance_weights`` are over the whole buffer. ``update_priority``
+  routes each global id to its shard (atomic per shard). Prioritized draws read every
+  shard's masses from this process's replicas (:mod:`redisbuf.replica`), caught up in one
+  pipeline when the sample begins.
+* ``sample(..., block=True)`` waits (polling) until the shards hold ``min_size`` items.
+* Not supported: other custom samplers, ``max_use``, ``max_staleness``, rate limiters,
+  remote managers, ``sample_range``.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -64,7 +73,7 @@ import numpy as np
 import redis
 import redis.crc
 
-from . import scripts
+from . import samplers, scripts
 from .buffer import (
     FILE_MAGIC,
     SAVE_FORMAT_VERSION,
@@ -90,9 +99,11 @@ from .errors import (
     SchemaError,
     ServerUnavailableError,
     ShardUnavailableError,
+    WaitTimeoutError,
 )
 from .keys import BufferKeys
-from .samplers import Draw
+from .replica import MassReplica, replica_of
+from .samplers import Draw, PERSampler
 
 SLOTS = 16384
 LAYOUT_VERSION = 1
@@ -184,6 +195,12 @@ class ShardedReplayBuffer:
     ) -> None:
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
             raise ValueError(f"shards must be a positive integer, got {shards!r}")
+        sampler = options.pop("sampler", None)
+        if sampler is not None and not isinstance(sampler, PERSampler):
+            raise ValueError(
+                f"a sharded buffer samples uniformly, by softmax (prioritized_sampling) or "
+                f"by PER (sampler=PERSampler(...)), not with {type(sampler).__name__}"
+            )
         unsupported = sorted(k for k, v in options.items() if k not in _SHARD_OPTIONS and v)
         if unsupported:
             raise ValueError(
@@ -202,6 +219,10 @@ class ShardedReplayBuffer:
         self.name = name
         self.keys = BufferKeys(name)
         self.prioritized_sampling = bool(prioritized_sampling)
+        #: the PER settings every shard uses (None: no PER)
+        self.per: PERSampler | None = sampler
+        if sampler is not None and self.prioritized_sampling:
+            raise ValueError("choose prioritized_sampling or sampler=PERSampler(...), not both")
         eviction = "reward" if prioritized_capacity else "fifo"
         layout = self._layout(shards, capacity, eviction)
         self.count = shards
@@ -221,6 +242,9 @@ class ShardedReplayBuffer:
                         capacity=share,
                         prioritized_capacity=self.prioritized_capacity,
                         prioritized_sampling=self.prioritized_sampling,
+                        sampler=None if sampler is None else PERSampler(
+                            sampler.alpha, sampler.beta, sampler.initial_priority, sampler.eps
+                        ),
                         seed=int(seeds[k + 1].generate_state(1)[0]),
                         **options,
                     )
@@ -351,19 +375,22 @@ class ShardedReplayBuffer:
     def add(
         self,
         batch: Any,
+        priorities: Any = None,
         *,
         model_version: int | None = None,
         session_id: str | None = None,
     ) -> AddResult:
         """Insert the whole ``batch`` into one shard (the next in this process's turn),
-        atomically there, as :meth:`ReplayBuffer.add`; ids in the result are global.
-        A lost shard raises :class:`ShardUnavailableError` (the next add goes to the
-        next shard)."""
+        atomically there, as :meth:`ReplayBuffer.add` (``priorities``: the items' PER
+        priorities, with PER); ids in the result are global. A lost shard raises
+        :class:`ShardUnavailableError` (the next add goes to the next shard)."""
         self._check_schema(batch)
         k = self._next
         self._next = (k + 1) % self.count
         with self._on_shard(k):
-            result = self.shards[k].add(batch, model_version=model_version, session_id=session_id)
+            result = self.shards[k].add(
+                batch, priorities, model_version=model_version, session_id=session_id
+            )
         result.ids = result.ids * self.count + k
         return result
 
@@ -404,35 +431,57 @@ class ShardedReplayBuffer:
                 raise reply
         return np.array([int(r) for r in replies], dtype=np.int64)
 
-    def _masses(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(sizes, drawable counts, log masses) of the shards, for prioritized draws."""
-        script = scripts.load("shard_mass")
+    def _replicas(self, rule: str) -> list[MassReplica]:
+        """Every shard's replica for ``rule``, caught up now (one pipeline over the
+        shards): the shards' masses as of this call, and draws from them that follow
+        every change made before it."""
+        script = scripts.load("masslog_read")
+        replicas = [getattr(shard, "_replicas", {}).get(rule) for shard in self.shards]
 
         def command(pipe: Any, shard: ReplayBuffer) -> None:
+            replica = replicas[self.shards.index(shard)]
             keys = shard.keys.all_keys()
-            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys)
+            args = [replica.epoch, replica.version] if replica is not None else ["", 0]
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
 
         replies = self._per_shard(command)
         if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
             self.client.script_load(script.source)  # every master (cluster: primaries)
             replies = self._per_shard(command)
-        sizes = np.zeros(self.count, dtype=np.int64)
-        drawable = np.zeros(self.count, dtype=np.int64)
-        log_mass = np.full(self.count, -math.inf)
-        for k, reply in enumerate(replies):
+        out = []
+        for k, (shard, reply) in enumerate(zip(self.shards, replies, strict=True)):
             if isinstance(reply, redis.exceptions.ResponseError):
                 raise scripts.translate(reply)
             if isinstance(reply, Exception):
                 raise reply
-            length, finite, infinite, mass = reply
-            if int(infinite) > 0:
+            with self._on_shard(k):
+                if int(reply[0]) == 2:  # not on in this shard (made again): turn it on
+                    shard.sampler.prepare(shard)
+                    replicas[k] = None
+                if replicas[k] is None:
+                    replica = replica_of(shard, rule)  # reads the shard
+                else:
+                    replica = replicas[k]
+                    replica.catch_up(shard, reply)
+            out.append(replica)
+        return out
+
+    def _masses(self, rule: str = "softmax") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(sizes, drawable counts, log masses) of the shards, for prioritized draws, from
+        their replicas (caught up now)."""
+        replicas = self._replicas(rule)
+        sizes = np.array([len(r) for r in replicas], dtype=np.int64)
+        drawable = np.array([r.positive for r in replicas], dtype=np.int64)
+        log_mass = np.full(self.count, -math.inf)
+        for k, replica in enumerate(replicas):
+            if replica.infinite > 0:
                 raise SamplingError(
-                    f"buffer {self.name!r}: shard {k} holds {int(infinite)} item(s) of "
+                    f"buffer {self.name!r}: shard {k} holds {replica.infinite} item(s) of "
                     "log-reward +inf: the softmax of log-rewards is undefined; sample "
                     "uniformly or remove them"
                 )
-            sizes[k], drawable[k] = int(length), int(finite)
-            log_mass[k] = -math.inf if mass in (b"-inf", "-inf") else float(mass)
+            if replica.tree.total > 0:
+                log_mass[k] = math.log(replica.tree.total) + replica.ref
         return sizes, drawable, log_mass
 
     def _shard_draw(self, k: int, n: int, replacement: bool) -> Draw:
@@ -444,6 +493,8 @@ class ShardedReplayBuffer:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
             raise ValueError(f"n must be a positive integer, got {n!r}")
         n = int(n)
+        if self.per is not None:
+            return self._draw_per(n)
         if self.prioritized_sampling:
             return self._draw_prioritized(n, bool(replacement))
         sizes = self._sizes()
@@ -538,20 +589,149 @@ class ShardedReplayBuffer:
         first = next(iter(sequences))
         return ids, blobs, np.array(out), (first, sequences[first].schema_json)
 
-    def sample(self, n: int, replacement: bool | None = None) -> Any:
-        """Draw ``n`` items over all shards with the distribution of an unsharded
-        :meth:`ReplayBuffer.sample` (uniform, or softmax of log-rewards with
-        ``prioritized_sampling``; without replacement unless ``replacement=True`` or
-        ``n`` exceeds the length); one batch of the buffer's kind."""
-        return self.sample_with_info(n, replacement).batch
+    def _draw_per(self, n: int) -> tuple[list[int], list[bytes], Any, Any]:
+        """PER with replacement over all shards: item ``i`` with probability ``mass_i /
+        sum of every shard's masses``; the counts per shard by multinomial over the
+        shards' total masses, then each shard's draw, committed by that shard."""
+        replicas = self._replicas("per")
+        totals = np.array([r.tree.total if r.positive else 0.0 for r in replicas])
+        grand = float(totals.sum())
+        if grand <= 0:
+            raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty (no item with a "
+                                   "non-zero PER mass)")
+        counts = self.rng.multinomial(n, totals / grand)
 
-    def sample_with_info(self, n: int, replacement: bool | None = None) -> SampleInfo:
+        def one(k: int, count: int) -> Any:
+            with self._on_shard(k):
+                return samplers._replica_draw(self.shards[k], "per", count, self.shards[k].rng,
+                                              True)
+
+        drawn = self._in_parallel({k: (one, (k, c)) for k, c in enumerate(counts.tolist()) if c})
+        ids: list[int] = []
+        blobs: list[bytes] = []
+        masses: list[np.ndarray] = []
+        scores: list[np.ndarray] = []
+        for k, draw in drawn.items():
+            ids += [i * self.count + k for i in draw.ids]
+            blobs += list(draw.blobs)
+            masses.append(draw.masses)
+            scores.append(draw.scores)
+        first = next(iter(drawn))
+        mass = np.concatenate(masses)
+        priority = np.concatenate(scores)
+        min_mass = min(r.tree.min_mass for r in replicas)
+        nonzero = sum(d.per_nonzero for d in drawn.values())
+        mean = sum(d.per_sum for d in drawn.values()) / nonzero if nonzero else 0.0
+        self._last_weights = (
+            (min_mass / mass) ** self.per.beta,
+            priority / mean if mean > 0 else np.ones(n),
+        )
+        order = self.rng.permutation(len(ids))
+        self._last_weights = tuple(w[order] for w in self._last_weights)
+        return (
+            [ids[i] for i in order],
+            [blobs[i] for i in order],
+            (mass / grand)[order],
+            (first, drawn[first].schema_json),
+        )
+
+    def _in_parallel(self, calls: dict[int, tuple[Any, tuple[Any, ...]]]) -> dict[int, Any]:
+        """``fn(*args)`` for each shard ``k`` of ``calls[k] = (fn, args)``, one thread each."""
+        if len(calls) == 1 or not self.parallel:
+            return {k: fn(*args) for k, (fn, args) in calls.items()}
+        if self._pool is None or self._pool_pid != os.getpid():  # none survives a fork
+            self._pool = ThreadPoolExecutor(self.count, thread_name_prefix="redisbuf-shard")
+            self._pool_pid = os.getpid()
+        futures = {k: self._pool.submit(fn, *args) for k, (fn, args) in calls.items()}
+        return {k: future.result() for k, future in futures.items()}
+
+    def update_priority(self, ids: Any, priorities: Any) -> int:
+        """Set the PER priorities of items ``ids`` (global ids), each on its shard (see
+        :meth:`ReplayBuffer.update_priority`; atomic per shard, not across shards).
+        Returns how many distinct ids were updated."""
+        if self.per is None:
+            raise ConfigMismatchError(
+                f"buffer {self.name!r} has no PER priorities (open it with sampler=PERSampler())"
+            )
+        id_array = np.asarray(ids, dtype=np.int64).reshape(-1)
+        values = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if len(values) != len(id_array):
+            raise ValueError(f"{len(id_array)} ids but {len(values)} priorities")
+        updated = 0
+        for k in sorted(set((id_array % self.count).tolist())):
+            mine = id_array % self.count == k
+            with self._on_shard(k):
+                updated += self.shards[k].update_priority(id_array[mine] // self.count,
+                                                          values[mine])
+        return updated
+
+    def sample(
+        self,
+        n: int,
+        replacement: bool | None = None,
+        *,
+        block: bool = False,
+        timeout: float | None = 30.0,
+        min_size: int | None = None,
+    ) -> Any:
+        """Draw ``n`` items over all shards with the distribution of an unsharded
+        :meth:`ReplayBuffer.sample` (uniform, softmax of log-rewards with
+        ``prioritized_sampling``, or PER with ``sampler=PERSampler(...)``; without
+        replacement unless ``replacement=True`` or ``n`` exceeds the length, PER always
+        with); one batch of the buffer's kind. ``block``, ``timeout`` and ``min_size``
+        as :meth:`ReplayBuffer.sample`."""
+        return self.sample_with_info(
+            n, replacement, block=block, timeout=timeout, min_size=min_size
+        ).batch
+
+    def sample_with_info(
+        self,
+        n: int,
+        replacement: bool | None = None,
+        *,
+        block: bool = False,
+        timeout: float | None = 30.0,
+        min_size: int | None = None,
+    ) -> SampleInfo:
         """Like :meth:`sample`, also returning the global ids and, for prioritized
         sampling, each draw's probability (given the earlier draws, without
-        replacement)."""
-        ids, blobs, probabilities, (k, schema_json) = self._draw(n, replacement)
+        replacement); with PER also ``weights`` and ``importance_weights`` over the
+        whole buffer (the lowest mass and the mean non-zero priority of every shard)."""
+        if block:
+            ids, blobs, probabilities, (k, schema_json) = self._wait_and_draw(
+                n, replacement, timeout, min_size
+            )
+        else:
+            ids, blobs, probabilities, (k, schema_json) = self._draw(n, replacement)
         batch = self.shards[k].decode(blobs, ids, schema_json)
+        if self.per is not None:
+            weights, importance = self._last_weights
+            return SampleInfo(batch, np.array(ids, dtype=np.int64), probabilities, weights,
+                              importance)
         return SampleInfo(batch, np.array(ids, dtype=np.int64), probabilities)
+
+    def _wait_and_draw(
+        self, n: int, replacement: bool | None, timeout: float | None, min_size: int | None
+    ) -> tuple[list[int], list[bytes], Any, Any]:
+        """Wait until the shards hold ``min_size`` (default ``n``) items and a draw
+        succeeds, polling (5 ms doubling to 100 ms); WaitTimeoutError after ``timeout``."""
+        need = n if min_size is None else int(min_size)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.005
+        while True:
+            if len(self) >= need:
+                try:
+                    return self._draw(n, replacement)
+                except EmptyBufferError:
+                    pass
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeoutError(
+                    f"buffer {self.name!r}: sample({n}) waited {timeout} s for {need} "
+                    f"drawable items; it holds {len(self)}"
+                )
+            wait = pause if deadline is None else min(pause, max(deadline - time.monotonic(), 0))
+            time.sleep(wait)
+            pause = min(2 * pause, 0.1)
 
     def get(self, ids: Any) -> Any:
         """The items with these global ids, as one batch (KeyError names any id not
