@@ -1,0 +1,201 @@
+"""Prioritized draws from replicas (redisbuf/replica.py, lua/_masslog.lua): the mass log,
+catching up, reading afresh when the log no longer reaches back, applying one's own
+update_priority, and the rule that a draw follows every change made before it began,
+across processes on a real server."""
+
+from __future__ import annotations
+
+import multiprocessing
+import traceback
+import uuid
+
+import numpy as np
+import pytest
+from test_sampling import chi2, chi2_limit
+from tree_helpers import followed_masses, fresh_replica, replica_scores
+
+from redisbuf import BufferKeys, PERSampler, ReplayBuffer
+from redisbuf.replica import MassReplica, replica_of
+
+
+def _per_buffer(client, name, capacity=100, **kwargs):
+    return ReplayBuffer(client, name, capacity=capacity, sampler=PERSampler(**kwargs), seed=3)
+
+
+def test_every_change_is_one_log_entry_and_a_follower_matches_a_fresh_read(client, buffer_name):
+    buffer = _per_buffer(client, buffer_name, capacity=10)
+    keys = BufferKeys(buffer_name)
+    followed_masses(client, buffer_name, "per")  # the follower starts here
+    ids = buffer.add({"x": np.arange(8)}, priorities=np.arange(8.0)).ids
+    assert [e[:4] for e in client.lrange(keys.masslog, 0, -1)] == [b"X|0|", b"S|8|"]
+    buffer.add({"x": np.arange(4)})  # evicts 2: new items first, then the victims
+    assert [e[:4] for e in client.lrange(keys.masslog, -2, -1)] == [b"S|4|", b"R|2|"]
+    buffer.update_priority(ids[2:5], [9.0, 0.0, 2.5])
+    assert client.lrange(keys.masslog, -1, -1)[0].startswith(b"S|3|")
+    masses = followed_masses(client, buffer_name, "per")
+    assert masses[int(ids[3])] == pytest.approx(1e-6**0.6)
+    assert masses[int(ids[2])] == pytest.approx((9 + 1e-6) ** 0.6)
+    assert int(ids[0]) not in masses and len(masses) == 10
+    buffer.clear()  # a new epoch: the follower reads everything again
+    assert client.lrange(keys.masslog, 0, -1) == [b"X|0||"]
+    assert followed_masses(client, buffer_name, "per") == {}
+
+
+def test_the_log_keeps_a_bounded_number_of_ids_and_a_replica_behind_it_reads_afresh(
+    client, buffer_name
+):
+    buffer = _per_buffer(client, buffer_name, capacity=50_000)
+    keys = BufferKeys(buffer_name)
+    stale = MassReplica("per")
+    stale.load(buffer)
+    for _ in range(15):
+        buffer.add({"x": np.arange(1000)})
+    meta = client.hmget(keys.meta, "log_ids", "log_version", "log_first")
+    held, version, first = (int(v) for v in meta)
+    # the limit is max(10 000, capacity / 4) = 12 500 ids; the newest entry always stays
+    assert held <= 12_500 and held == 1000 * client.llen(keys.masslog)
+    assert version - first + 1 == client.llen(keys.masslog) < 13
+    stale.sync(buffer)  # too far behind for the log: it reads the buffer again
+    assert replica_scores(stale) == replica_scores(fresh_replica(client, buffer_name, "per"))
+    assert len(stale) == 15_000
+
+
+def test_own_update_priority_is_applied_without_a_round_trip(client, buffer_name):
+    buffer = _per_buffer(client, buffer_name)
+    ids = buffer.add({"x": np.arange(20)}).ids
+    buffer.sample(4)
+    replica = replica_of(buffer, "per")
+    version = replica.version
+    buffer.update_priority([ids[0], ids[1], ids[0], 10**9], [3.0, 4.0, 5.0, 6.0])
+    assert replica.version == version + 1  # its own change, applied at once
+    assert replica_scores(replica)[int(ids[0])] == 5.0  # the later duplicate wins
+    assert replica_scores(replica) == replica_scores(fresh_replica(client, buffer_name, "per"))
+    other = _per_buffer(client, buffer_name)  # another process's change is not applied
+    other.update_priority([ids[2]], [7.0])
+    assert replica.version == version + 1
+    buffer.sample(4)
+    assert replica_scores(replica)[int(ids[2])] == 7.0
+
+
+def test_a_stale_replica_never_draws_what_a_finished_change_removed(client, buffer_name):
+    """Draws follow the server: an item set to priority 0 (eps 0) or evicted by another
+    writer after this replica last looked is never drawn."""
+    buffer = _per_buffer(client, buffer_name, capacity=40, eps=0.0)
+    ids = buffer.add({"x": np.arange(40)}).ids
+    buffer.sample(8)  # the replica is current here
+    writer = _per_buffer(client, buffer_name, capacity=40, eps=0.0)
+    writer.update_priority(ids[:30], np.zeros(30))
+    writer.add({"x": np.arange(5)})  # evicts ids[:5]
+    for _ in range(20):
+        drawn = set(buffer.sample_with_info(64).ids.tolist())
+        assert drawn <= {int(i) for i in ids[30:]} | set(range(41, 46))
+
+
+def test_sharded_per_draws_follow_the_global_law(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=60, shards=3, seed=5,
+                          sampler=PERSampler(alpha=0.7, eps=0.05))
+    rng = np.random.default_rng(1)
+    priorities = {}
+    for _ in range(4):
+        result = buffer.add({"x": np.arange(6)}, priorities=rng.uniform(0, 4, 6))
+        priorities.update(dict(zip(result.ids.tolist(), rng.uniform(0, 4, 6), strict=True)))
+    ids = np.array(sorted(priorities))
+    buffer.update_priority(ids, [priorities[i] for i in ids])
+    mass = np.array([(priorities[i] + 0.05) ** 0.7 for i in ids])
+    p = mass / mass.sum()
+    counts = dict.fromkeys(ids.tolist(), 0)
+    draws = 0
+    for _ in range(150):
+        info = buffer.sample_with_info(100)
+        for item, prob in zip(info.ids.tolist(), info.probabilities.tolist(), strict=True):
+            counts[item] += 1
+            assert prob == pytest.approx(p[np.searchsorted(ids, item)], rel=1e-9)
+        draws += 100
+    observed = np.array([counts[i] for i in ids.tolist()])
+    assert chi2(observed, p * draws) < chi2_limit(len(ids) - 1)
+    # weights over the whole buffer: the lowest mass of every shard gets weight 1
+    info = buffer.sample_with_info(200)
+    np.testing.assert_allclose(
+        info.weights, (mass.min() / (info.probabilities * mass.sum())) ** 0.4, rtol=1e-9
+    )
+    mean = np.mean([priorities[i] for i in ids])
+    expected = np.array([priorities[i] for i in info.ids.tolist()]) / mean
+    np.testing.assert_allclose(info.importance_weights, expected, rtol=1e-9)
+
+
+def test_sharded_update_priority_routes_each_id_to_its_shard(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=30, shards=3, seed=2,
+                          sampler=PERSampler(eps=0.0))
+    ids = np.concatenate([buffer.add({"x": np.arange(5)}).ids for _ in range(3)])
+    assert buffer.update_priority(ids, np.zeros(len(ids))) == 15
+    buffer.update_priority(ids[[2, 7]], [1.0, 3.0])
+    drawn = buffer.sample_with_info(200).ids
+    assert set(drawn.tolist()) == {int(ids[2]), int(ids[7])}
+    share = np.mean(drawn == ids[7])
+    assert 0.6 < share < 0.9  # 3^0.6 / (1 + 3^0.6) = 0.66
+
+
+# -- processes ----------------------------------------------------------------------------
+
+
+def _zeroing_writer(url: str, name: str, results) -> None:
+    """Sets the priority of one item after another to 0 and, once each call returned,
+    announces the id on a list; adds (and so evicts) between them."""
+    try:
+        buffer = ReplayBuffer(url, name, capacity=None, sampler=PERSampler(eps=0.0), seed=11)
+        rng = np.random.default_rng(11)
+        done_key = f"{name}:zeroed"
+        for step in range(60):
+            present = [int(i) for i in buffer.client.zrange(buffer.keys.order, 0, -1)]
+            target = int(rng.choice(present))
+            buffer.update_priority([target], [0.0])
+            buffer.client.rpush(done_key, target)
+            if step % 5 == 0:
+                buffer.add({"x": np.arange(3)})
+        buffer.client.rpush(done_key, -1)
+        results.put({"worker": "writer"})
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put({"worker": "writer", "error": traceback.format_exc()})
+
+
+@pytest.mark.multiprocess
+@pytest.mark.redis_server
+def test_draws_follow_every_change_another_process_finished(redis_server):
+    """Strict consistency across processes: once the writer announced that an item's
+    priority is 0 (eps 0), no draw begun afterwards returns it, and no draw returns an
+    evicted item; the sampler's replica is behind the writer at every draw."""
+    import redis
+
+    name = f"strict-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(redis_server.url)
+    sampler = ReplayBuffer(client, name, capacity=60, sampler=PERSampler(eps=0.0), seed=4)
+    sampler.add({"x": np.arange(60)})
+    sampler.sample(4)
+    results = multiprocessing.get_context("spawn").Queue()
+    writer = multiprocessing.get_context("spawn").Process(
+        target=_zeroing_writer, args=(redis_server.url, name, results)
+    )
+    writer.start()
+    zeroed: set[int] = set()
+    draws = 0
+    try:
+        while True:
+            announced = client.lpop(f"{name}:zeroed")
+            if announced is not None:
+                if int(announced) < 0:
+                    break
+                zeroed.add(int(announced))
+            present = {int(i) for i in client.zrange(sampler.keys.order, 0, -1)}
+            try:
+                ids = set(sampler.sample_with_info(32).ids.tolist())
+            except Exception as exc:  # noqa: BLE001 - every item may be zeroed by now
+                assert "empty" in str(exc)
+                continue
+            draws += 1
+            assert not ids & zeroed, ids & zeroed
+            assert ids <= present | set(range(61, 10**6))  # present when the draw began
+    finally:
+        writer.join(timeout=60)
+    report = results.get(timeout=10)
+    assert "error" not in report, report["error"]
+    assert draws > 10 and len(zeroed) > 10
