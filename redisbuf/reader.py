@@ -14,14 +14,19 @@ and the next draws overlap::
 **Staleness.** A batch is drawn when a slot is free: at most ``prefetch`` batches are
 drawn and not yet handed out (queued or being drawn) at any time. When the learner takes
 batch ``t``, batches ``t + 1 .. t + prefetch`` may already be drawn, so a priority it
-then writes (``update_priority`` of batch ``t``'s ids, from either thread) cannot affect
-them; it affects batch ``t + prefetch + 1`` onwards. That is the relaxation of Reverb's
-dataset and TorchRL's prefetch. ``prefetch=0`` starts no thread: each ``next()`` draws
-then, in the caller's thread, and every update made before it is seen (strict).
+then writes (``update_priority`` of batch ``t``'s ids) cannot affect them; it affects
+batch ``t + prefetch + 1`` onwards, whether the learner calls ``buffer.update_priority``
+itself or hands it over with :meth:`Prefetcher.update_priority` (the draw of batch
+``t + prefetch + 1`` waits until the updates handed over before the ``next()`` that
+returned batch ``t + 1`` are applied). That is the relaxation of Reverb's dataset and
+TorchRL's prefetch. ``prefetch=0`` starts no thread: each ``next()`` draws then, in the
+caller's thread, and every update made before it is seen (strict).
 
-**Threads and connections.** The thread samples through the ``buffer`` object given: a
-redis-py client is thread-safe (each command borrows a connection of its pool, so the
-thread's draws and the learner's updates run on different connections), and a draw's
+**Threads and connections.** One thread draws; a second, started by the first
+:meth:`Prefetcher.update_priority`, applies the updates handed over, one at a time in
+the order given, so that their round trips overlap the draws. Both use the ``buffer``
+object given: a redis-py client is thread-safe (each command borrows a connection of its
+pool, so draws and updates run on different connections), and a draw's
 per-process state (the random generator, the uniform sampler's record of the ids it saw)
 is touched only by draws. So while a prefetcher runs, leave drawing from that buffer
 object to it (another thread's ``sample`` would still be correct, but interleave with its
@@ -133,49 +138,39 @@ class _Reader:
         self._drawn = 0  # draws started (counts toward max_batches)
         self._handed = 0
         self._updates: deque[tuple[np.ndarray, np.ndarray]] = deque()
-        self._applying = 0  # updates taken by the thread, not yet applied
+        self._updates_handed = 0  # updates handed over so far
+        self._updates_done = 0  # of those, applied (or failed) by the updater thread
+        self._barrier = 0  # updates handed before the last next(): applied before a draw
         self._update_error: BaseException | None = None
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._updater: threading.Thread | None = None  # started by the first handed update
+        name = getattr(buffer, "name", "")
         if prefetch > 0:
             self._thread = threading.Thread(
-                target=self._run,
-                name=f"redisbuf-prefetch-{getattr(buffer, 'name', '')}",
-                daemon=True,
+                target=self._run, name=f"redisbuf-prefetch-{name}", daemon=True
             )
             self._thread.start()
 
     def stop(self) -> None:
-        """Ask the thread to stop, without waiting for it."""
+        """Ask the threads to stop, without waiting for them."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
 
-    # -- the background thread ----------------------------------------------------------
+    # -- the background threads ---------------------------------------------------------
 
     def _run(self) -> None:
+        """The drawing thread: a draw whenever a slot is free and the updates handed over
+        before the last next() are applied."""
         while True:
             with self._cond:
-                while not self._closed and not self._updates and not self._may_draw():
+                while not self._closed and not self._may_draw():
                     self._cond.wait()
-                if self._closed and not self._updates:
+                if self._closed:
                     return
-                updates = list(self._updates)
-                self._updates.clear()
-                self._applying = len(updates)
-                drawing = not updates and not self._closed
-                if drawing:
-                    self._in_flight += 1
-                    self._drawn += 1
-            if updates:
-                # updates first: a draw started after an update was handed over sees it
-                error = self._apply(updates)
-                with self._cond:
-                    self._applying = 0
-                    if error is not None and self._update_error is None:
-                        self._update_error = error
-                    self._cond.notify_all()
-                continue
+                self._in_flight += 1
+                self._drawn += 1
             result = self._draw_blocking()
             with self._cond:
                 self._ready.append(result)
@@ -183,10 +178,28 @@ class _Reader:
                 if isinstance(result, _Failed):
                     return  # nothing is drawn after a failure
 
+    def _run_updates(self) -> None:
+        """The updating thread: the updates handed over, one at a time, in order. Apart
+        from the drawing thread so that an update's round trip overlaps the draws."""
+        while True:
+            with self._cond:
+                while not self._updates and not self._closed:
+                    self._cond.wait()
+                if not self._updates:
+                    return  # closed, and every update applied
+                ids, priorities = self._updates[0]
+            error = self._apply([(ids, priorities)])
+            with self._cond:
+                self._updates.popleft()
+                self._updates_done += 1
+                if error is not None and self._update_error is None:
+                    self._update_error = error
+                self._cond.notify_all()
+
     def _may_draw(self) -> bool:
         if self.max_batches is not None and self._drawn >= self.max_batches:
             return False
-        return self._in_flight < self.prefetch
+        return self._in_flight < self.prefetch and self._updates_done >= self._barrier
 
     def _apply(self, updates: list[tuple[np.ndarray, np.ndarray]]) -> BaseException | None:
         for ids, priorities in updates:
@@ -257,6 +270,8 @@ class _Reader:
             result = self._ready.popleft()
             self._in_flight -= 1
             self._handed += 1
+            # the draw this frees a slot for waits for the updates handed over until now
+            self._barrier = self._updates_handed
             self._cond.notify_all()
         if isinstance(result, _Failed):
             self.close()
@@ -287,18 +302,23 @@ class _Reader:
             if self._closed:
                 raise RuntimeError("update_priority on a closed Prefetcher")
             self._updates.append((ids, priorities))
+            self._updates_handed += 1
+            if self._updater is None:
+                self._updater = threading.Thread(
+                    target=self._run_updates,
+                    name=f"redisbuf-prefetch-updates-{getattr(self.buffer, 'name', '')}",
+                    daemon=True,
+                )
+                self._updater.start()
             self._cond.notify_all()
 
     def flush(self) -> None:
         with self._cond:
-            while (self._updates or self._applying) and self._thread_alive():
-                self._cond.wait(0.1)
+            while self._updates:
+                self._cond.wait()
             if self._update_error is not None:
                 error, self._update_error = self._update_error, None
                 raise error
-
-    def _thread_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     def in_flight(self) -> int:
         with self._cond:
@@ -308,14 +328,9 @@ class _Reader:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-            if self._updates:  # the thread stopped after a failed draw: apply them here
-                updates = list(self._updates)
-                self._updates.clear()
-                error = self._apply(updates)
-                if error is not None and self._update_error is None:
-                    self._update_error = error
+        for thread in (self._thread, self._updater):  # the updater applies what is left
+            if thread is not None and thread is not threading.current_thread():
+                thread.join()
         with self._cond:
             self._ready.clear()
             self._in_flight = 0
@@ -404,9 +419,10 @@ class Prefetcher:
         return self._reader.next()
 
     def update_priority(self, ids: Any, priorities: Any) -> None:
-        """Hand ``buffer.update_priority(ids, priorities)`` to the background thread and
-        return at once. Updates are applied in the order given, each before any draw the
-        thread starts after it was handed over; the checks of ``update_priority`` (equal
+        """Hand ``buffer.update_priority(ids, priorities)`` to a background thread and
+        return at once. Updates are applied one at a time in the order given; one handed
+        over before a ``next()`` is applied before the draw that ``next()`` frees a slot
+        for (see the module docstring); the checks of ``update_priority`` (equal
         lengths, finite priorities >= 0) are made here and raise
         :class:`~redisbuf.InvalidBatchError` at once; an error of the update itself
         (a lost server) is raised by the next ``next()``, :meth:`flush` or
