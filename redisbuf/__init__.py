@@ -29,6 +29,7 @@ from .errors import (
 from .fragments import Chunk, FragmentBuffer
 from .keys import BufferKeys
 from .limiters import MinSize, RateLimiter, SampleToInsertRatio
+from .reader import Prefetcher
 from .samplers import PERSampler, PrioritizedSampler, UniformSampler
 from .selectors import FifoSampler, LifoSampler, MaxHeapSampler, MinHeapSampler
 from .sequence import BatchInfo, SequenceBuffer
@@ -61,6 +62,7 @@ __all__ = [
     "MaxHeapSampler",
     "MinHeapSampler",
     "PERSampler",
+    "Prefetcher",
     "PrioritizedSampler",
     "MinSize",
     "PartialLoadError",
