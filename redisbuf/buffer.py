@@ -922,14 +922,13 @@ class ReplayBuffer:
         NaN, negative or not finite raises :class:`InvalidBatchError` and changes nothing.
         The server's work is a sorted-set update and one log entry; samplers re-weigh the
         items in their replicas (this process's own at once)."""
-        id_list = [int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1)]
+        id_list = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
         texts = _per_priority_texts(priorities, len(id_list))
-        args: list[Any] = []
-        for item_id, text in zip(id_list, texts, strict=True):
-            args.append(format_id(item_id))
-            args.append(text)
-        if not args:
+        if not id_list:
             return 0
+        args: list[Any] = [None] * (2 * len(id_list))
+        args[0::2] = [b"%012d" % i for i in id_list]
+        args[1::2] = texts
         updated, epoch, before, after = self._run("update_priority", self.keys.all_keys(), args)
         replica = getattr(self, "_replicas", {}).get("per")
         if (
@@ -939,9 +938,9 @@ class ReplayBuffer:
             and int(after) == int(before) + 1
         ):
             # this call's entry is the only change since the replica's version: apply it
-            latest = dict(zip(id_list, texts, strict=True))
+            latest = dict(zip(id_list, map(float, texts), strict=True))
             known = [i for i in latest if i in replica.slot_of]
-            replica.set_scores(known, np.array([float(latest[i]) for i in known]))
+            replica.set_scores(known, np.array([latest[i] for i in known]))
             replica.version = int(after)
         return int(updated)
 
@@ -1503,7 +1502,7 @@ def _per_priority_texts(priorities: Any, n: int) -> list[str]:
         raise InvalidBatchError(
             f"priority {bad[0]} is {values[bad[0]]!r}; priorities must be finite and >= 0"
         )
-    return [repr(float(v)) for v in values]
+    return list(map(repr, values.tolist()))
 
 
 def _decode_meta(raw: dict[Any, Any]) -> dict[str, str]:

@@ -42,6 +42,7 @@ class _SumMinTree:
 
     def __init__(self, size: int) -> None:
         self.size = size
+        self.depth = size.bit_length() - 1
         self.sums = np.zeros(2 * size)
         self.mins = np.full(2 * size, np.inf)
 
@@ -62,14 +63,12 @@ class _SumMinTree:
         nodes = slots + self.size
         self.sums[nodes] = masses
         self.mins[nodes] = np.where(masses > 0, masses, np.inf)
-        nodes = np.unique(nodes >> 1)
-        while True:
+        # a parent listed twice is recomputed twice from the same children: no dedup needed
+        for _ in range(self.depth):
+            nodes >>= 1
             left = 2 * nodes
             self.sums[nodes] = self.sums[left] + self.sums[left + 1]
             self.mins[nodes] = np.minimum(self.mins[left], self.mins[left + 1])
-            if nodes[0] == 1:
-                return
-            nodes = np.unique(nodes >> 1)
 
     @property
     def total(self) -> float:
