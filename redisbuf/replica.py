@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 # ref by this much (exp stays far from overflow) or the mass underflows.
 _REBASE = 300.0
 _UNDERFLOW = float(np.exp(-_REBASE))
-_SCAN_COUNT = 10_000
+_SCAN_COUNT = 5_000
 _MIN_LEAVES = 1024
 
 
