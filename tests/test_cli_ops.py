@@ -877,6 +877,24 @@ def test_worker_manager_says_what_it_waits_for(url):
         proc.wait()
 
 
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_worker_waiting_for_its_manager_stops_at_once_on_sigterm_and_ctrl_c(url, signum, code):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redisbuf", "worker", "--manager", "--name", "nomgr_sig"],
+        env=_env(REDISBUF_URL=url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert "waiting up to 60 s" in proc.stdout.readline()  # now in the wait
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=5)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == code, (out, err)
+    assert "adding to buffer" not in out  # the buffer never existed
+    assert ("terminated" if signum == signal.SIGTERM else "interrupted") in err
+
+
 @pytest.mark.multiprocess
 def test_demo_json_on_the_embedded_server():
     done = cli("demo", "--workers", "1", "--batches", "2", "--batch-size", "8", "--json")
