@@ -20,6 +20,7 @@ import msgpack
 import numpy as np
 import pytest
 import redis
+from process_helpers import default_signals
 from prometheus_client.parser import text_string_to_metric_families
 
 from redisbuf import BufferKeys, ReplayBuffer
@@ -927,6 +928,7 @@ def test_worker_waiting_for_its_manager_stops_at_once_on_sigterm_and_ctrl_c(url,
     proc = subprocess.Popen(
         [sys.executable, "-m", "redisbuf", "worker", "--manager", "--name", "nomgr_sig"],
         env=_env(REDISBUF_URL=url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_signals,
     )
     try:
         assert "waiting up to 60 s" in proc.stdout.readline()  # now in the wait
