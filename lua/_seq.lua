@@ -63,6 +63,31 @@ local function leaf_slot(C, e, p)
   return e * C.max_length + p % C.max_length
 end
 
+-- Set sum-tree leaves (list of {node, mass}, a later entry for a node winning) as
+-- tree_set_nodes does, and move meta "nonzero", the number of stored steps of non-zero
+-- priority, by the leaves that become or stop being non-zero: importance weights divide
+-- by the mean non-zero priority (ALF), so that a priority set to 0 (ALF's way to exclude
+-- a window) does not inflate the others. A leaf's old mass is read from its parent's chunk.
+local function seq_set_leaves(K, leaves)
+  local final, nodes, parents = {}, {}, {}
+  for _, leaf in ipairs(leaves) do
+    if final[leaf[1]] == nil then
+      nodes[#nodes + 1] = leaf[1]
+      parents[#parents + 1] = math.floor((leaf[1] - 1) / FANOUT)
+    end
+    final[leaf[1]] = leaf[2]
+  end
+  local chunks = hmget_chunked(K.tree, parents)
+  local change = 0
+  for i, node in ipairs(nodes) do
+    local old = chunks[i] and chunk_entry(chunks[i], (node - 1) % FANOUT) or 0
+    if old > 0 then change = change - 1 end
+    if final[node] > 0 then change = change + 1 end
+  end
+  if change ~= 0 then redis.call('HINCRBY', K.meta, 'nonzero', change) end
+  tree_set_nodes(K.tree, leaves)
+end
+
 -- Remove the oldest stored step of e (S.start) from every structure; the tree leaf is
 -- zeroed into `leaves` (list of {node, mass}) when given.
 local function evict_oldest(K, C, e, S, leaves)

@@ -94,5 +94,5 @@ end
 for _, e in ipairs(touched) do save_env_state(K, e, states[e]) end
 redis.call('HINCRBY', K.meta, 'added', n)
 record_history(K.meta, {'added', 'evicted', 'sampled'})
-if C.prioritized and #leaves > 0 then tree_set_nodes(K.tree, leaves) end
+if C.prioritized and #leaves > 0 then seq_set_leaves(K, leaves) end
 return positions

@@ -14,7 +14,7 @@ if stored then
   return 0
 end
 local pairs_ = {'config', ARGV[1], 'size', 0, 'added', 0, 'evicted', 0,
-  'sampled', 0}
+  'sampled', 0, 'nonzero', 0}
 for i = 2, #ARGV do pairs_[#pairs_ + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(pairs_))
 return 1

@@ -62,6 +62,6 @@ if ARGV[1] == 'dequeue' then
     for _ = 1, count do evict_oldest(K, C, e, S, leaves) end
     save_env_state(K, e, S)
   end
-  if leaves and #leaves > 0 then tree_set_nodes(K.tree, leaves) end
+  if leaves and #leaves > 0 then seq_set_leaves(K, leaves) end
 end
 return out

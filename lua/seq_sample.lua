@@ -17,8 +17,9 @@
 -- draw_uniform), without replacement when asked and possible; the prioritized part draws window starts in
 -- proportion to their priority and rejects invalid ones (exact conditional sampling),
 -- returning fewer windows when the tries run out.
--- Returns {k_recent, k_normal, size, tree_total, env_1..env_k, pos_1..pos_k,
--- priority_1..priority_k}. The caller reads the steps with HMGET afterwards: a field
+-- Returns {k_recent, k_normal, nonzero, tree_total, env_1..env_k, pos_1..pos_k,
+-- priority_1..priority_k}: nonzero is meta "nonzero", the stored steps of non-zero
+-- priority (tree_total / nonzero is their mean). The caller reads the steps with HMGET afterwards: a field
 -- "e:p" only ever names step p of env e (positions are never reused) and a window's
 -- episode membership never changes, so that read finds the drawn window or, if it was
 -- evicted meanwhile, a missing step.
@@ -37,7 +38,10 @@ local ignored = tonumber(ARGV[7])
 local prioritized = ARGV[8] == '1'
 local packed = ARGV[9]
 local tries = tonumber(ARGV[10])
-local size = tonumber(redis.call('HGET', K.meta, 'size')) or 0
+local counts = redis.call('HMGET', K.meta, 'size', 'nonzero')
+local size = tonumber(counts[1]) or 0
+-- steps of non-zero priority (a buffer made before this count: every stored step)
+local nonzero = tonumber(counts[2]) or size
 
 local starts, nexts = {}, {}
 do
@@ -232,7 +236,7 @@ local k = #envs
 -- meta "sampled" counts the steps of the windows drawn, for the rate history (steps, as
 -- seq_add counts); the read-only variant (full server, replica) counts nothing
 if not RB_NO_WRITES then redis.call('HINCRBY', K.meta, 'sampled', k * L) end
-local out = {n_recent, k - n_recent, size, fmt(tree_total)}
+local out = {n_recent, k - n_recent, nonzero, fmt(tree_total)}
 for w = 1, k do out[#out + 1] = envs[w] end
 for w = 1, k do out[#out + 1] = positions[w] end
 for w = 1, k do out[#out + 1] = priorities[w] end

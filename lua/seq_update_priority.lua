@@ -37,5 +37,5 @@ for i = 1, n do
 end
 local stored = tonumber(redis.call('HGET', K.meta, 'max_priority')) or 0
 if top > stored then redis.call('HSET', K.meta, 'max_priority', fmt(top)) end
-tree_set_nodes(K.tree, leaves)
+seq_set_leaves(K, leaves)
 return #leaves

@@ -47,7 +47,7 @@ from .errors import (
 from .keys import BufferKeys, StagingKeys, format_id
 from .remote import RemoteScorer
 from .samplers import Draw, PrioritizedSampler, Sampler, UniformSampler
-from .waiting import wait_for
+from .waiting import UNSET, Unset, wait_for
 from .windows import WindowSampler, joined, recent_batch_size
 
 #: Layout of a buffer's keys in Redis (meta ``format_version``).
@@ -57,6 +57,8 @@ FORMAT_VERSION = 1
 SAVE_FORMAT_VERSION = 2
 FILE_MAGIC = "redisbuf"
 DEFAULT_MAX_ITEM_BYTES = 64 * 1024 * 1024
+#: how long ``sample(..., block=True)`` waits when the call gives no ``timeout``
+BLOCK_TIMEOUT = 30.0
 _READ_CHUNK = 1000
 #: ``progress(done, total)`` of :meth:`ReplayBuffer.save` and :meth:`ReplayBuffer.load`.
 Progress = Callable[[int, int], None]
@@ -787,7 +789,7 @@ class ReplayBuffer:
         replacement: bool | None,
         sample_range: slice | None = None,
         block: bool = False,
-        timeout: float | None = 30.0,
+        timeout: float | None | Unset = UNSET,
         min_size: int | None = None,
     ) -> Draw:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
@@ -801,18 +803,21 @@ class ReplayBuffer:
         limiter = self.rate_limiter
         if not block:
             if limiter is not None:
-                limiters.acquire(self, limiter, "sample", n)
+                limiters.acquire(self, limiter, "sample", n, timeout)
             return self._draw_admitted(n, replacement, sample_range)
+        wait = BLOCK_TIMEOUT if timeout is UNSET else timeout
         need = n if min_size is None else int(min_size)
-        held_by_limiter = []
+        held_for: list[str] = []  # what the rate limiter waited for at the last attempt
 
         def attempt() -> Draw | None:
-            held_by_limiter.clear()
+            held_for.clear()
             if len(self) < need:
                 return None
-            if limiter is not None and not limiters.try_acquire(self, "sample", n):
-                held_by_limiter.append(True)
-                return None
+            if limiter is not None:
+                reason = limiters.refusal(self, limiter, "sample", n)
+                if reason is not None:
+                    held_for.append(reason)
+                    return None
             try:
                 return self._draw_admitted(n, replacement, sample_range)
             except EmptyBufferError:
@@ -823,15 +828,17 @@ class ReplayBuffer:
                 self.client,
                 self.keys.meta,
                 attempt,
-                timeout,
-                lambda: f"buffer {self.name!r}: sample({n}) waited {timeout} s for {need} "
+                wait,
+                lambda: f"buffer {self.name!r}: sample({n}) waited {wait:g} s for {need} "
                 f"drawable items; it holds {len(self)}",
                 error=WaitTimeoutError,
             )
-        except WaitTimeoutError as exc:
-            if held_by_limiter:
+        except WaitTimeoutError:
+            if held_for:
+                # the items were there: name what the limiter waited for instead
                 raise RateLimitTimeoutError(
-                    f"{exc}; the rate limiter held the sample back (waiting for inserts)"
+                    f"buffer {self.name!r}: sample({n}) waited {wait:g} s; the rate limiter "
+                    f"held the sample back, waiting for {held_for[0]}"
                 ) from None
             raise
 
@@ -870,15 +877,18 @@ class ReplayBuffer:
         sample_range: slice | None = None,
         *,
         block: bool = False,
-        timeout: float | None = 30.0,
+        timeout: float | None | Unset = UNSET,
         min_size: int | None = None,
     ) -> Any:
         """Draw ``n`` items and return them as one batch of the buffer's kind.
 
         With ``block=True`` it first waits until the buffer holds ``min_size`` items
-        (default ``n``) and a draw succeeds, waking when any process adds; after
-        ``timeout`` seconds (``None``: no limit) it raises :class:`WaitTimeoutError`
-        (a ``TimeoutError``) naming the buffer.
+        (default ``n``), the rate limiter (if any) admits the sample and a draw succeeds,
+        waking when any process adds; after ``timeout`` seconds (default 30, ``None``: no
+        limit) it raises :class:`WaitTimeoutError` (a ``TimeoutError``) naming the
+        buffer, or :class:`RateLimitTimeoutError` naming what the limiter waited for when
+        it held the sample back. Without ``block`` only a rate limiter makes it wait: up
+        to ``timeout`` seconds when given, else the limiter's own ``timeout``.
 
         Sampling is without replacement unless ``replacement=True`` or ``n`` exceeds the
         length (torchgfn's rule). Uniform: every n-subset equally likely. Prioritized
@@ -901,7 +911,7 @@ class ReplayBuffer:
         sample_range: slice | None = None,
         *,
         block: bool = False,
-        timeout: float | None = 30.0,
+        timeout: float | None | Unset = UNSET,
         min_size: int | None = None,
     ) -> SampleInfo:
         """Like :meth:`sample`, also returning item ids and draw probabilities (None for

@@ -110,14 +110,7 @@ class DemoConfig:
                 seed=seed,
             )
         client = as_client(redis_or_url)
-        deadline = time.monotonic() + _MANAGER_WAIT
-        while not client.exists(BufferKeys(self.name).meta):
-            if time.monotonic() > deadline:
-                raise DemoError(
-                    f"no manager created buffer {self.name!r} within {_MANAGER_WAIT:.0f} s "
-                    f"(start `redisbuf manager {self.name} --workers N` first)"
-                )
-            time.sleep(0.1)
+        wait_for_manager_buffer(client, self.name)
         return ReplayBuffer.open(
             client,
             self.name,
@@ -126,6 +119,20 @@ class DemoConfig:
             remote_manager_rank=0,
             communication_backend="redis",
         )
+
+
+def wait_for_manager_buffer(client: Any, name: str) -> None:
+    """Return once the manager of ``name`` has created its buffer; a :class:`DemoError`
+    after :data:`_MANAGER_WAIT` seconds. Signal handlers that raise (Ctrl-C, the CLI's
+    SIGTERM) end the wait at once: it polls with short sleeps."""
+    deadline = time.monotonic() + _MANAGER_WAIT
+    while not client.exists(BufferKeys(name).meta):
+        if time.monotonic() > deadline:
+            raise DemoError(
+                f"no manager created buffer {name!r} within {_MANAGER_WAIT:.0f} s "
+                f"(start `redisbuf manager {name} --workers N` first)"
+            )
+        time.sleep(0.1)
 
 
 @dataclass

@@ -12,8 +12,8 @@ holds across every process sharing the buffer. With ``diff = inserts * samples_p
 
 A call of ``n`` items is admitted when one more item would be, then counts all ``n``.
 A side that is not admitted waits (woken by the other side's admissions, see
-:mod:`redisbuf.waiting`) up to ``timeout`` seconds, then raises
-:class:`~redisbuf.errors.RateLimitTimeoutError`.
+:mod:`redisbuf.waiting`) up to the call's ``timeout`` where the call gives one, else the
+limiter's ``timeout`` seconds, then raises :class:`~redisbuf.errors.RateLimitTimeoutError`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigMismatchError, RateLimitTimeoutError
-from .waiting import wait_for
+from .waiting import UNSET, Unset, wait_for
 
 if TYPE_CHECKING:
     from .buffer import ReplayBuffer
@@ -144,12 +144,40 @@ def _call(buffer: ReplayBuffer, op: str, n: int) -> list[Any]:
     return buffer._run("rate_limit", [buffer.keys.meta, buffer.keys.order], [op, n])
 
 
+def _waited_for(limiter: RateLimiter, side: str, reply: list[Any]) -> str:
+    """What a refused call of ``side`` waits for, from the script's reply."""
+    inserts, samples, size = int(reply[1]), int(reply[2]), int(reply[3])
+    diff = inserts * limiter.samples_per_insert - samples
+    if side == "insert":
+        return (
+            f"samplers to catch up: one more insert would make inserts*samples_per_insert"
+            f" - samples = {diff + limiter.samples_per_insert:g}, above max_diff="
+            f"{limiter.max_diff:g} (inserts={inserts}, samples={samples}, "
+            f"samples_per_insert={limiter.samples_per_insert:g})"
+        )
+    if size < limiter.min_size_to_sample:
+        return (
+            f"inserts: the buffer holds {size} items, below min_size_to_sample="
+            f"{limiter.min_size_to_sample}"
+        )
+    return (
+        f"inserts: one more sample would make inserts*samples_per_insert - samples = "
+        f"{diff - 1:g}, below min_diff={limiter.min_diff:g} (inserts={inserts}, "
+        f"samples={samples}, samples_per_insert={limiter.samples_per_insert:g})"
+    )
+
+
 def acquire(
-    buffer: ReplayBuffer, limiter: RateLimiter, side: str, n: int, timeout: float | None = None
+    buffer: ReplayBuffer,
+    limiter: RateLimiter,
+    side: str,
+    n: int,
+    timeout: float | None | Unset = UNSET,
 ) -> tuple[int, int]:
     """Wait until ``side`` ("insert" or "sample") of ``n`` items is admitted and count it.
-    Returns the counters ``(inserts, samples)`` right after. ``timeout`` overrides the
-    limiter's. Raises :class:`RateLimitTimeoutError` saying who waited for what."""
+    Returns the counters ``(inserts, samples)`` right after. A given ``timeout`` (None:
+    no limit) overrides the limiter's. Raises :class:`RateLimitTimeoutError` saying who
+    waited for what."""
     last: list[Any] = []
 
     def attempt() -> tuple[int, int] | None:
@@ -160,37 +188,20 @@ def acquire(
         return int(reply[1]), int(reply[2])
 
     def describe() -> str:
-        inserts, samples, size = int(last[1]), int(last[2]), int(last[3])
-        diff = inserts * limiter.samples_per_insert - samples
-        if side == "insert":
-            waited_for = (
-                f"samplers to catch up: one more insert would make inserts*samples_per_insert"
-                f" - samples = {diff + limiter.samples_per_insert:g}, above max_diff="
-                f"{limiter.max_diff:g} (inserts={inserts}, samples={samples}, "
-                f"samples_per_insert={limiter.samples_per_insert:g})"
-            )
-        elif size < limiter.min_size_to_sample:
-            waited_for = (
-                f"inserts: the buffer holds {size} items, below min_size_to_sample="
-                f"{limiter.min_size_to_sample}"
-            )
-        else:
-            waited_for = (
-                f"inserts: one more sample would make inserts*samples_per_insert - samples = "
-                f"{diff - 1:g}, below min_diff={limiter.min_diff:g} (inserts={inserts}, "
-                f"samples={samples}, samples_per_insert={limiter.samples_per_insert:g})"
-            )
         return (f"buffer {buffer.name!r}: {side} of {n} items waited {wait:g} s for "
-                f"{waited_for}")
+                f"{_waited_for(limiter, side, last)}")
 
-    wait = limiter.timeout if timeout is None else timeout
+    wait = limiter.timeout if timeout is UNSET else timeout
     return wait_for(buffer.client, buffer.keys.meta, attempt, wait, describe,
                     error=RateLimitTimeoutError)
 
 
-def try_acquire(buffer: ReplayBuffer, side: str, n: int) -> bool:
-    """Admit and count ``side`` of ``n`` items if the limiter allows it now; no waiting."""
-    return int(_call(buffer, side, n)[0]) == 1
+def refusal(buffer: ReplayBuffer, limiter: RateLimiter, side: str, n: int) -> str | None:
+    """Admit and count ``side`` of ``n`` items if the limiter allows it now (None); else,
+    without waiting, what the call would wait for (e.g. ``"inserts: the buffer holds 2
+    items, below min_size_to_sample=5"``)."""
+    reply = _call(buffer, side, n)
+    return None if int(reply[0]) == 1 else _waited_for(limiter, side, reply)
 
 
 def release(buffer: ReplayBuffer, side: str, n: int) -> None:
@@ -199,6 +210,6 @@ def release(buffer: ReplayBuffer, side: str, n: int) -> None:
 
 
 __all__ = [
-    "MinSize", "RateLimiter", "SampleToInsertRatio", "acquire", "configure", "release",
-    "try_acquire",
+    "MinSize", "RateLimiter", "SampleToInsertRatio", "acquire", "configure", "refusal",
+    "release",
 ]

@@ -360,7 +360,8 @@ class Histogram:
 
 
 def log_reward_histogram(client: redis.Redis, name: str, bins: int = 20) -> Histogram:
-    """Exact histogram of the buffer's log-rewards: ZCOUNT per bin (O(bins log n))."""
+    """Exact histogram of the buffer's log-rewards: ZCOUNT per bin (O(bins log n)). When
+    every finite log-reward is the same value: one bin ``[value - 0.5, value + 0.5]``."""
     prio = BufferKeys(name).prio
     pipe = client.pipeline(transaction=False)
     pipe.zcount(prio, "-inf", "-inf")
@@ -371,7 +372,10 @@ def log_reward_histogram(client: redis.Redis, name: str, bins: int = 20) -> Hist
         return Histogram([], [], int(minus_inf))
     lo, hi = float(low[0][1]), float(high[0][1])
     if hi <= lo:
-        hi = lo + 1.0
+        # one value: one bin of width 1 centred on it, not a bar at the left edge of
+        # an axis padded to the right
+        count = client.zcount(prio, "(-inf", "+inf")
+        return Histogram([lo - 0.5, lo + 0.5], [int(count)], int(minus_inf))
     edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)]
     pipe = client.pipeline(transaction=False)
     for i in range(bins):

@@ -90,8 +90,8 @@ class SequenceKeys:
 class BatchInfo(NamedTuple):
     """Where the windows of a batch come from (ALF's ``BatchInfo``), shapes ``[B]``.
 
-    ``importance_weights``: the window's first-step priority divided by the mean priority
-    of all stored steps (1.0 under uniform sampling).
+    ``importance_weights``: the window's first-step priority divided by the mean of the
+    non-zero priorities of the stored steps, as ALF (1.0 under uniform sampling).
     """
 
     env_ids: np.ndarray
@@ -441,7 +441,7 @@ class SequenceBuffer:
         priorities: list[float] = []
         blobs: list[bytes] = []
         returns: list[Any] = []
-        size = 0
+        nonzero = 0
         total = 0.0
         wanted = batch_size
         recent_ratio = self.recent_data_ratio
@@ -462,7 +462,7 @@ class SequenceBuffer:
             ]
             reply = self._run("seq_sample", self._keys, args)
             k = int(reply[0]) + int(reply[1])
-            size, total = int(reply[2]), float(reply[3])
+            nonzero, total = int(reply[2]), float(reply[3])
             drawn_envs = [int(x) for x in reply[4 : 4 + k]]
             drawn_positions = [int(x) for x in reply[4 + k : 4 + 2 * k]]
             drawn_priorities = [float(x) for x in reply[4 + 2 * k : 4 + 3 * k]]
@@ -492,8 +492,9 @@ class SequenceBuffer:
         data = self._decode(blobs, (batch_size, L))
         self._with_returns(data, returns, (batch_size, L))
         weights = np.ones(batch_size, dtype=np.float32)
-        if self.prioritized_sampling and total > 0 and size > 0:
-            weights = np.asarray(priorities, dtype=np.float64) * size / total
+        if self.prioritized_sampling and total > 0 and nonzero > 0:
+            # ALF: priority / mean non-zero priority (a zero excludes, never inflates)
+            weights = np.asarray(priorities, dtype=np.float64) * nonzero / total
         info = BatchInfo(
             np.asarray(envs, dtype=np.int64),
             np.asarray(positions, dtype=np.int64),

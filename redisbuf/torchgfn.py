@@ -58,7 +58,10 @@ __all__ = [
     "NormBasedDiversePrioritizedReplayBuffer",
     "ReplayBuffer",
     "ReplayBufferManager",
+    "StatesContainer",
     "TerminatingStateBuffer",
+    "Trajectories",
+    "Transitions",
     "from_redisbuf",
     "to_redisbuf",
 ]
@@ -68,9 +71,16 @@ DEFAULT_MANAGER_NAME = "torchgfn-manager"
 
 ContainerUnion = Trajectories | Transitions | StatesContainer
 
+#: the torchgfn class of each stored kind (the dict kind holds StatesContainers)
+_CLASS_OF_KIND = {"trajectories": Trajectories, "transitions": Transitions, "dict": StatesContainer,
+                  "states": StatesContainer}
 
-class ContainerTypeError(SchemaError, TypeError):
-    """A container of another class than the one the buffer holds (torchgfn asserts)."""
+
+class ContainerTypeError(SchemaError, TypeError, AssertionError):
+    """Not a torchgfn container, or a container of another class than the one the buffer
+    holds. An AssertionError, as torchgfn's ``ReplayBuffer.add`` raises for both; a
+    TypeError, as its diverse and terminating-state buffers raise for a non-container
+    (and as redisbuf raised before); a :class:`~redisbuf.errors.SchemaError`."""
 
 
 class BufferEmptyError(EmptyBufferError, ValueError, AssertionError):
@@ -96,7 +106,7 @@ def _kind_of(container: Any) -> str:
         return "transitions"
     if isinstance(container, StatesContainer):
         return "states"
-    raise TypeError(
+    raise ContainerTypeError(
         f"Must be a container type (torchgfn Trajectories, Transitions or "
         f"StatesContainer), got {type(container).__name__}"
     )
@@ -424,11 +434,17 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return len(self._buffer)
 
+    def _class_name(self) -> str:
+        """The container class held, as torchgfn's repr names it ("empty": none yet)."""
+        held = self._container_class or _CLASS_OF_KIND.get(self._buffer.kind or "")
+        return "empty" if held is None else held.__name__
+
     def __repr__(self) -> str:
-        kind = self._buffer.kind or "empty"
+        # torchgfn's text exactly, "ReplayBuffer" for every class included; the Redis
+        # name is the attribute ``name``
         return (
-            f"ReplayBuffer(capacity={self.capacity}, containing {len(self)} {kind}, "
-            f"redis name={self.name!r})"
+            f"ReplayBuffer(capacity={self.capacity}, containing {len(self)} "
+            f"{self._class_name()})"
         )
 
     def _check_class(self, container: Any) -> None:
@@ -470,13 +486,20 @@ class ReplayBuffer:
         try:
             batch = self._buffer.sample(n_samples)
         except EmptyBufferError as exc:
-            raise BufferEmptyError(str(exc)) from None
+            # torchgfn's text when nothing was ever added (its tests match it)
+            raise BufferEmptyError(
+                "Buffer is empty" if len(self._buffer) == 0 else str(exc)
+            ) from None
         return from_redisbuf(batch, self.env, self._device)
 
     @property
     def training_container(self) -> Any:
-        """Everything the buffer holds, oldest first, as one container (None if empty)."""
-        ids = [int(i) for i in self._buffer.client.zrange(self._buffer.keys.order, 0, -1)]
+        """Everything the buffer holds as one container (None if empty), in torchgfn's
+        order: ascending log-reward with ``prioritized_capacity`` (so the top k are
+        ``training_container[-k:]``; equal log-rewards oldest first), else oldest first."""
+        keys = self._buffer.keys
+        ordering = keys.prio if self.prioritized_capacity else keys.order
+        ids = [int(i) for i in self._buffer.client.zrange(ordering, 0, -1)]
         if not ids:
             return None
         return from_redisbuf(self._buffer.get(ids), self.env, self._device)
@@ -602,7 +625,15 @@ class TerminatingStateBuffer(ReplayBuffer):
         )
 
     def _check_class(self, container: Any) -> None:
-        _kind_of(container)  # any container class: all become terminating states
+        # any container class: all become terminating states
+        if not isinstance(container, (Trajectories, Transitions, StatesContainer)):
+            raise ContainerTypeError(  # torchgfn's words, though it takes all three
+                f"Must be a StatesContainer, Trajectories or Transitions (torchgfn "
+                f"containers), got {type(container).__name__}"
+            )
+
+    def _class_name(self) -> str:
+        return "StatesContainer"  # torchgfn's starts with an empty StatesContainer
 
     def _convert(self, container: Any) -> Any:
         return to_redisbuf(container, self.env, states_kind="states")

@@ -19,15 +19,27 @@ interrupts it (KeyboardInterrupt propagates; the subscription is closed on the w
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from .errors import WaitTimeoutError
 
 T = TypeVar("T")
 
 DEFAULT_RECHECK = 2.0
+
+
+class Unset(enum.Enum):
+    """The type of :data:`UNSET`."""
+
+    UNSET = "unset"
+
+
+#: a ``timeout`` argument the caller left out: ``None`` already means "no limit", so
+#: "not given" needs its own value for a per-call timeout to win wherever one is given
+UNSET: Final = Unset.UNSET
 
 
 def changed_channel(meta_key: str) -> str:
@@ -114,4 +126,4 @@ def wait_for(
             subscription.wait(slice_)
 
 
-__all__ = ["ChangeSubscription", "changed_channel", "notify", "wait_for"]
+__all__ = ["UNSET", "ChangeSubscription", "Unset", "changed_channel", "notify", "wait_for"]

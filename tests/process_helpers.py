@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -26,3 +27,13 @@ def wait_dead(pid: int, timeout: float = 20.0) -> bool:
             return True
         time.sleep(0.02)
     return not alive(pid)
+
+
+def default_signals() -> None:
+    """``preexec_fn`` for a child that a test signals: SIGHUP and SIGINT at their default
+    dispositions. A runner started under ``nohup`` ignores SIGHUP, one started in the
+    background by a shell ignores SIGINT, and a child inherits that; the product must
+    not undo it (ignoring SIGHUP is what a user of ``nohup redisbuf demo`` asked for), so
+    the test that means "a process killed by SIGHUP" sets it up here."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

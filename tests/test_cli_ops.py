@@ -20,11 +20,12 @@ import msgpack
 import numpy as np
 import pytest
 import redis
+from process_helpers import default_signals
 from prometheus_client.parser import text_string_to_metric_families
 
 from redisbuf import BufferKeys, ReplayBuffer
 from redisbuf.episodes import EpisodeBuffer
-from redisbuf.metrics import HIST_STEP, history_rates, parse_history
+from redisbuf.metrics import HIST_STEP, history_rates, log_reward_histogram, parse_history
 from redisbuf.sequence import SequenceBuffer
 from redisbuf.server import EmbeddedServer, free_port
 from redisbuf.sharded import ShardedReplayBuffer
@@ -644,6 +645,51 @@ def test_plot_writes_an_image_and_json(url, real_client, tmp_path):
     done = cli("plot", "plotted", "-o", str(tmp_path / "p.svg"), url=url)
     assert done.returncode == 0 and (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
 
+def test_a_single_log_reward_makes_one_bar_centred_on_it(real_client):
+    buffer = fill(real_client, "flat", 0, capacity=5)
+    buffer.add({"x": np.arange(8), "log_rewards": np.full(8, -2.5)})  # full: 5 kept
+    hist = log_reward_histogram(real_client, "flat", 40)
+    assert sum(hist.counts) == 5
+    assert (hist.edges[0] + hist.edges[-1]) / 2 == pytest.approx(-2.5)
+    assert hist.edges[-1] > hist.edges[0]
+
+
+def test_plot_figure_reads_clock_time_and_shows_rates_that_coincide():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import dates as mdates
+    from matplotlib import pyplot as plt
+
+    from redisbuf.cli.plot import draw
+    from redisbuf.metrics import Histogram, Rate
+
+    t0 = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
+    # a full buffer: every insert evicts one item, so the two rates are equal
+    rates = [Rate(t0 + 10 * i, 3.0, 3.0, 1.0) for i in range(1, 5)]
+    hist = Histogram([-3.0, -2.0], [5], 0)
+    figure = draw(plt, "buffer flat", hist, "", rates, "items")
+    try:
+        top, bottom = figure.axes
+        # clock time: the axis holds matplotlib dates of the buckets, not minutes from 0
+        low, high = (mdates.num2date(x).timestamp() for x in bottom.get_xlim())
+        assert low <= t0 + 10 and high >= t0 + 40 and high - low < 3600
+        assert isinstance(bottom.xaxis.get_major_formatter(), mdates.DateFormatter)
+        lines = {line.get_label(): line for line in bottom.get_lines()}
+        assert set(lines) == {"inserted/s", "sampled/s", "evicted/s"}
+        styles = {(line.get_linestyle(), line.get_marker()) for line in lines.values()}
+        assert len(styles) == 3  # each line its own style: equal rates stay visible
+        legend = [text.get_text() for text in bottom.get_legend().get_texts()]
+        assert sorted(legend) == sorted(lines)
+        # the bar of the histogram is centred in the axis
+        (bar,) = top.patches
+        centre = bar.get_x() + bar.get_width() / 2
+        left, right = top.get_xlim()
+        assert centre - left == pytest.approx(right - centre)
+    finally:
+        plt.close(figure)
+
+
 def test_plot_bad_input(url, real_client, tmp_path, capsys):
     fill(real_client, "plotted", 5)
     out = tmp_path / "p.png"
@@ -875,6 +921,25 @@ def test_worker_manager_says_what_it_waits_for(url):
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_worker_waiting_for_its_manager_stops_at_once_on_sigterm_and_ctrl_c(url, signum, code):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redisbuf", "worker", "--manager", "--name", "nomgr_sig"],
+        env=_env(REDISBUF_URL=url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_signals,
+    )
+    try:
+        assert "waiting up to 60 s" in proc.stdout.readline()  # now in the wait
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=5)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == code, (out, err)
+    assert "adding to buffer" not in out  # the buffer never existed
+    assert ("terminated" if signum == signal.SIGTERM else "interrupted") in err
 
 
 @pytest.mark.multiprocess

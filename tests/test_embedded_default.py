@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from process_helpers import wait_dead
+from process_helpers import default_signals, wait_dead
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.multiprocess]
 
@@ -97,7 +97,7 @@ def test_private_server_does_not_outlive_a_killed_process(signum):
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code], env=_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        stderr=subprocess.PIPE, text=True, preexec_fn=default_signals,
     )
     try:
         pid = int(proc.stdout.readline())
@@ -190,6 +190,7 @@ def test_killed_demo_leaves_no_server_worker_or_directory_behind(signum):
         [sys.executable, "-m", "redisbuf", "demo", "--workers", "2", "--batches", "100000",
          "--batch-size", "8", "--name", "killed"],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_signals,
     )
     try:
         deadline = time.monotonic() + 90

@@ -117,3 +117,74 @@ def test_torch_is_imported_when_a_stored_tensor_is_decoded():
         blob.hex(),
     )
     assert out == "[0.0, 1.0, 2.0]"
+
+
+HEAVY = ("numpy", "redis", "torch", "matplotlib")
+
+
+def test_bare_help_imports_nothing_heavy():
+    # both ways in: `python -m redisbuf --help` and the `redisbuf` script's main()
+    out = _run(
+        """
+        import contextlib, io, runpy, sys
+        heavy = sys.argv[1:]
+        with contextlib.redirect_stdout(io.StringIO()) as text:
+            sys.argv = ["redisbuf", "--help"]
+            try:
+                runpy.run_module("redisbuf", run_name="__main__", alter_sys=True)
+            except SystemExit as exc:
+                assert exc.code == 0, exc.code
+        assert "usage: redisbuf" in text.getvalue() and "manager" in text.getvalue()
+        print(sorted(m for m in heavy if m in sys.modules))
+        """,
+        *HEAVY,
+    )
+    assert out == "[]", f"python -m redisbuf --help imported {out}"
+    out = _run(
+        """
+        import contextlib, io, sys
+        heavy = sys.argv[1:]
+        from redisbuf.cli import main
+        with contextlib.redirect_stdout(io.StringIO()) as text:
+            try:
+                main(["--help"])
+            except SystemExit as exc:
+                assert exc.code == 0, exc.code
+        assert "worker    one demo worker" in text.getvalue(), text.getvalue()
+        print(sorted(m for m in heavy if m in sys.modules))
+        """,
+        *HEAVY,
+    )
+    assert out == "[]", f"redisbuf --help imported {out}"
+
+
+def test_lazy_package_exports_resolve_and_list():
+    out = _run(
+        """
+        import sys
+        import redisbuf
+        assert "numpy" not in sys.modules and "redis" not in sys.modules
+        from redisbuf import ReplayBuffer, RedisBufError, connect
+        from redisbuf.buffer import ReplayBuffer as direct
+        assert ReplayBuffer is direct and callable(connect)
+        assert set(redisbuf.__all__) <= set(dir(redisbuf))
+        for name in redisbuf.__all__:
+            getattr(redisbuf, name)
+        assert redisbuf.codec.unpackb(redisbuf.codec.packb({"a": 1})) == {"a": 1}
+        try:
+            redisbuf.NoSuchThing
+        except AttributeError as exc:
+            assert "NoSuchThing" in str(exc)
+        else:
+            raise AssertionError("no AttributeError")
+        print("ok")
+        """
+    )
+    assert out == "ok"
+
+
+def test_the_bare_help_lists_each_command_as_its_module_registers_it():
+    from redisbuf.cli import build_parser
+
+    # stubs (no command module imported) and the full parsers print the same help
+    assert build_parser(()).format_help() == build_parser().format_help()

@@ -139,6 +139,29 @@ def test_blocking_sample_reports_the_limiter(client, buffer_name) -> None:
         buf.sample(1, block=True, timeout=0.1)
 
 
+def test_a_per_call_timeout_wins_over_the_limiters(client, buffer_name) -> None:
+    # the limiter's own patience is 60 s: sample(timeout=...) must not wait that long
+    buf = ReplayBuffer(client, buffer_name, capacity=100, rate_limiter=MinSize(5))
+    buf.add(_batch(2))
+    with pytest.raises(RateLimitTimeoutError, match="sample of 1 items waited 0.05 s for "
+                       "inserts: the buffer holds 2 items, below min_size_to_sample=5"):
+        buf.sample(1, timeout=0.05)
+    with pytest.raises(RateLimitTimeoutError, match="waited 0.05 s"):
+        buf.sample_with_info(1, timeout=0.05)
+    assert client.hget(buf.keys.meta, "rl_samples") in (None, b"0")  # nothing counted
+
+
+def test_a_blocking_sample_names_min_size_to_sample_when_that_holds_it(
+    client, buffer_name
+) -> None:
+    buf = ReplayBuffer(client, buffer_name, capacity=100, rate_limiter=MinSize(5))
+    buf.add(_batch(2))  # 2 >= n = 1 drawable items, but the limiter wants 5
+    with pytest.raises(RateLimitTimeoutError, match="the buffer holds 2 items, below "
+                       "min_size_to_sample=5") as info:
+        buf.sample(1, block=True, timeout=0.05)
+    assert "waited 0.05 s" in str(info.value)
+
+
 def test_a_refused_or_failed_call_is_taken_back(client, buffer_name) -> None:
     buf = ReplayBuffer(client, buffer_name, capacity=100, max_staleness=0,
                        rate_limiter=MinSize(1, timeout=0))

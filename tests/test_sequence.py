@@ -402,6 +402,47 @@ def test_prioritized_draws_follow_first_step_priority(client, buffer_name):
     assert chi2 < 45, counts  # df = 15; the 0.9999 quantile is about 44
 
 
+def test_importance_weights_divide_by_the_mean_non_zero_priority(client, buffer_name):
+    # ALF: a priority of 0 excludes a window; it must not inflate the other weights
+    buf = SequenceBuffer(
+        client, buffer_name, 2, 6, prioritized_sampling=True, with_replacement=True, seed=3
+    )
+    fill(buf, 6, 2)  # positions 0..5 of each env, at priority 1.0
+    stored = {(e, p): 1.0 for e in range(2) for p in range(6)}
+    zeros = [(0, 1), (0, 3), (1, 0), (1, 4)]
+    other = {(0, 2): 4.0, (1, 5): 2.5}
+    for key, value in [*((k, 0.0) for k in zeros), *other.items()]:
+        buf.update_priority([key[0]], [key[1]], [value])
+        stored[key] = value
+
+    def check() -> None:
+        nonzero = [v for v in stored.values() if v > 0]
+        mean = sum(nonzero) / len(nonzero)
+        for _ in range(5):
+            _, info = buf.get_batch(32, 1)
+            pairs = list(zip(info.env_ids.tolist(), info.positions.tolist(), strict=True))
+            assert all(stored[w] > 0 for w in pairs)
+            expected = [stored[w] / mean for w in pairs]
+            np.testing.assert_allclose(info.importance_weights, expected, rtol=1e-6)
+
+    check()
+    # two more steps per env evict positions 0 and 1 (zero and non-zero priorities); the
+    # new steps take max(initial, largest priority set) = 4.0
+    fill(buf, 2, 2)
+    for e in range(2):
+        for p in (0, 1):
+            del stored[(e, p)]
+        for p in (6, 7):
+            stored[(e, p)] = 4.0
+    check()
+    buf.update_priority([0, 1], [7, 7], [0.0, 3.0])  # a zero replaces a non-zero, and back
+    stored[(0, 7)], stored[(1, 7)] = 0.0, 3.0
+    check()
+    buf.dequeue(1)  # removes positions 2 of each env (4.0 and 1.0)
+    del stored[(0, 2)], stored[(1, 2)]
+    check()
+
+
 def test_prioritized_initial_priority_dequeue_and_bad_input(client, buffer_name):
     buf = SequenceBuffer(
         client, buffer_name, 1, 8, prioritized_sampling=True, initial_priority=2.0, seed=1

@@ -469,3 +469,114 @@ def test_terminating_state_buffer_matches_torchgfn(fake_client, buffer_name, env
     drawn = ours.sample(5)
     assert isinstance(drawn, StatesContainer) and bool(drawn.is_terminating.all())
     assert len(ours) == 30
+
+
+# -- the same text, order and exception types as torchgfn 2.4.1's ReplayBuffer ----------
+
+
+def _both(client, name, env, cls_name="ReplayBuffer", **kwargs):
+    import gfn.containers
+
+    import redisbuf.torchgfn as ours
+
+    theirs = getattr(gfn.containers, cls_name)(env, **kwargs)
+    return getattr(ours, cls_name)(env, url=client, name=name, **kwargs), theirs
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_repr_is_torchgfns(fake_client, buffer_name, envs, kind):
+    env = envs["hypergrid"]
+    ours, theirs = _both(fake_client, buffer_name, env, capacity=7)
+    assert repr(ours) == repr(theirs) == "ReplayBuffer(capacity=7, containing 0 empty)"
+    batch = make(kind, env, 3)
+    ours.add(batch)
+    theirs.add(batch)
+    assert repr(ours) == repr(theirs)
+    held = min(7, len(batch))
+    assert repr(ours) == f"ReplayBuffer(capacity=7, containing {held} {KINDS[kind].__name__})"
+    # another process's view of the same buffer names the stored class too
+    other = ReplayBuffer(env, capacity=7, url=fake_client, name=buffer_name)
+    assert repr(other) == repr(theirs)
+
+
+@pytest.mark.parametrize("cls_name", ["NormBasedDiversePrioritizedReplayBuffer",
+                                      "TerminatingStateBuffer"])
+def test_repr_of_the_other_buffers_is_torchgfns(fake_client, buffer_name, envs, cls_name):
+    env = envs["hypergrid"]
+    ours, theirs = _both(fake_client, buffer_name, env, cls_name, capacity=9)
+    assert repr(ours) == repr(theirs)  # torchgfn prints "ReplayBuffer(" for every class
+    batch = trajectories(env, 4)
+    ours.add(batch)
+    theirs.add(batch)
+    assert repr(ours) == repr(theirs)
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_training_container_order_is_torchgfns(fake_client, buffer_name, envs, prioritized):
+    env = envs["hypergrid"]
+    ours, theirs = _both(fake_client, buffer_name, env, capacity=10,
+                         prioritized_capacity=prioritized)
+    for seed in range(4):
+        batch = trajectories(env, 6, seed=seed)
+        ours.add(batch)
+        theirs.add(batch)
+        assert torch.equal(ours.training_container.log_rewards,
+                           theirs.training_container.log_rewards)
+    if prioritized:  # ascending: the top k are training_container[-k:]
+        top = ours.training_container[-3:]
+        assert torch.equal(top.log_rewards, theirs.training_container[-3:].log_rewards)
+        assert torch.equal(top.terminating_idx,
+                           theirs.training_container[-3:].terminating_idx)
+
+
+def test_empty_buffer_message_is_torchgfns(fake_client, buffer_name, envs):
+    env = envs["hypergrid"]
+    ours, theirs = _both(fake_client, buffer_name, env)
+    with pytest.raises(ValueError, match="Buffer is empty") as mine:
+        ours.sample(1)
+    with pytest.raises(ValueError, match="Buffer is empty") as reference:
+        theirs.sample(1)
+    assert str(mine.value) == str(reference.value)
+    assert isinstance(mine.value, EmptyBufferError)  # still catchable as redisbuf's
+
+
+def test_wrong_type_and_second_kind_raise_what_torchgfn_raises(fake_client, buffer_name, envs):
+    env = envs["hypergrid"]
+    ours, theirs = _both(fake_client, buffer_name, env)
+    for buffer in (ours, theirs):
+        with pytest.raises(AssertionError, match="Must be a container type"):
+            buffer.add("not a container")
+        buffer.add(trajectories(env, 3))
+        with pytest.raises(AssertionError):
+            buffer.add(make("transitions", env, 3))
+        assert len(buffer) == 3
+    # still what redisbuf raised before: a TypeError and a redisbuf SchemaError
+    from redisbuf.errors import SchemaError
+
+    with pytest.raises(ContainerTypeError) as info:
+        ours.add(make("states", env, 3))
+    assert isinstance(info.value, TypeError) and isinstance(info.value, SchemaError)
+    with pytest.raises(TypeError, match="Must be a container type"):
+        ours.add(42)
+
+
+@pytest.mark.parametrize(("cls_name", "message"), [
+    ("NormBasedDiversePrioritizedReplayBuffer", "Must be a container type"),
+    ("TerminatingStateBuffer", "Must be a StatesContainer"),
+])
+def test_the_other_buffers_refuse_a_non_container_as_torchgfn(fake_client, buffer_name, envs,
+                                                              cls_name, message):
+    ours, theirs = _both(fake_client, buffer_name, envs["hypergrid"], cls_name)
+    for buffer in (ours, theirs):
+        with pytest.raises(TypeError, match=message):
+            buffer.add("not a container")
+
+
+def test_torchgfns_containers_are_re_exported():
+    import gfn.containers
+
+    import redisbuf.torchgfn as ours
+
+    for name in ("Trajectories", "Transitions", "StatesContainer"):
+        assert name in ours.__all__
+        assert getattr(ours, name) is getattr(gfn.containers, name)

@@ -23,28 +23,57 @@ is one red line on stderr and exit code 1; Ctrl-C exits 130 and SIGTERM 143.
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import redis
-from rich.markup import escape
+if TYPE_CHECKING:
+    from ._common import CommandError
 
-from ..errors import RedisBufError
-from . import demo, drop, inspect, listing, manager, metrics, plot, transfer, watch, worker
-from ._common import (
-    EXIT_ERROR,
-    EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
-    CommandError,
-    error_console,
-)
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
-COMMANDS = (demo, inspect, listing, watch, plot, transfer, drop, metrics, worker, manager)
+#: every command, in ``redisbuf --help`` order: its module in this package and the one
+#: line that help shows. Only the module of the command being run is imported (the
+#: modules import redis, numpy, rich), so ``redisbuf --help`` imports none of them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("demo", "several worker processes add to and sample from one shared buffer"),
+    "inspect": (
+        "inspect",
+        "show what a buffer of any class holds: configuration, counters, top items, keys",
+    ),
+    "list": (
+        "listing",
+        "every buffer in a Redis database: class, kind, length / capacity, memory, last insert",
+    ),
+    "watch": (
+        "watch",
+        "a live view of a buffer: fill, rates, manager, log-reward histogram, top items",
+    ),
+    "plot": ("plot", "plot a buffer's log-reward histogram and rate history to an image file"),
+    "export": ("transfer", "write a buffer to a file (the save format), with a progress bar"),
+    "import": ("transfer", "load a file written by export / ReplayBuffer.save into a buffer"),
+    "drop": ("drop", "delete a buffer (asks first unless --yes)"),
+    "metrics": (
+        "metrics",
+        "serve Prometheus metrics of all or the named buffers (every class) over HTTP",
+    ),
+    "worker": (
+        "worker",
+        "one demo worker in the foreground (e.g. one container of docker-compose)",
+    ),
+    "manager": (
+        "manager",
+        "run the replay-buffer manager of a buffer over the Redis control plane",
+    ),
+}
 
 __all__ = [
+    "COMMANDS",
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_TERMINATED",
@@ -54,8 +83,18 @@ __all__ = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``redisbuf`` argument parser with every subcommand."""
+def __getattr__(name: str) -> Any:
+    if name == "CommandError":  # imported on use: it needs redisbuf.errors, hence redis
+        from ._common import CommandError
+
+        return CommandError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The ``redisbuf`` argument parser. The modules of ``commands`` (default: all)
+    register their full parsers; every other command gets a stub that only lists it
+    with its one-line help, enough for ``redisbuf --help``."""
     from .. import __version__
 
     parser = argparse.ArgumentParser(
@@ -64,9 +103,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"redisbuf {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in COMMANDS:
-        module.register(subparsers)
+    full = {module for name, (module, _) in COMMANDS.items()
+            if commands is None or name in commands}
+    for name, (module, summary) in COMMANDS.items():
+        if name in subparsers.choices:
+            continue  # registered with another command of its module (export / import)
+        if module in full:
+            importlib.import_module(f".{module}", __name__).register(subparsers)
+        else:
+            subparsers.add_parser(name, help=summary, add_help=False)
     return parser
+
+
+def command_in(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (its first word that is not an option; the top-level
+    options take no value), or None (``--help``, ``--version``, nothing)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def _secrets(url: str | None) -> set[str]:
@@ -84,6 +136,10 @@ def _secrets(url: str | None) -> set[str]:
 
 def _fail(message: str, url: str | None = None) -> int:
     """One red line on stderr; any password of ``url`` is masked whoever wrote it."""
+    from rich.markup import escape
+
+    from ._common import error_console
+
     text = str(message)
     for secret in sorted(_secrets(url), key=len, reverse=True):
         text = text.replace(secret, "***")
@@ -102,11 +158,16 @@ def _on_sigterm(signum: int, _frame: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``redisbuf`` command; returns the exit code."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = command_in(argv)
+    parser = build_parser(() if command is None else (command,))
     args = parser.parse_args(argv)
     # SIGTERM stops workers and the embedded server like Ctrl-C (`worker` overrides it)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    from ._common import resolve_url
+    import redis
+
+    from ..errors import RedisBufError
+    from ._common import error_console, resolve_url
 
     url = resolve_url(args)
     try:

@@ -29,9 +29,7 @@ from ..metrics import LAYOUTS, buffer_classes, buffer_names, every_buffer
 if TYPE_CHECKING:
     from ..buffer import ReplayBuffer
 
-EXIT_ERROR = 1
-EXIT_INTERRUPTED = 130  # 128 + SIGINT
-EXIT_TERMINATED = 143  # 128 + SIGTERM
+from . import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED  # noqa: F401 - re-exported
 
 
 class CommandError(RedisBufError):

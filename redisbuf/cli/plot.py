@@ -11,11 +11,13 @@ ReplayBuffer has log-rewards: for the other classes the histogram panel says so.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..connection import redacted
-from ..metrics import Histogram, history_rates, log_reward_histogram, snapshot
+from ..metrics import Histogram, Rate, history_rates, log_reward_histogram, snapshot
 from ._common import (
     CommandError,
     add_class_argument,
@@ -27,6 +29,9 @@ from ._common import (
     resolve_class,
     safe,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def register(subparsers: Any) -> None:
@@ -81,31 +86,14 @@ def run(args: argparse.Namespace) -> int:
         client.close()
     rates = history_rates(snap.history)
 
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), constrained_layout=True)
     label = "buffer" if buffer_class == "buffer" else f"{buffer_class} buffer"
-    figure.suptitle(f"{label} {args.name}: {snap.length} / {snap.capacity} {snap.unit}")
-    if hist.counts:
-        widths = [hist.edges[i + 1] - hist.edges[i] for i in range(len(hist.counts))]
-        top.bar(hist.edges[:-1], hist.counts, width=widths, align="edge", color="tab:blue")
     note = f" ({hist.minus_inf} items at -inf not shown)" if hist.minus_inf else ""
     if buffer_class != "buffer":
         note = f" (none: a {buffer_class} buffer keeps no log-rewards)"
-    top.set_title("log-reward (priority) histogram" + note)
-    top.set_xlabel("log-reward")
-    top.set_ylabel("items")
-    if rates:
-        start = rates[0].t
-        minutes = [(r.t - start) / 60 for r in rates]
-        bottom.plot(minutes, [r.inserted for r in rates], label="inserted/s", marker=".")
-        bottom.plot(minutes, [r.sampled for r in rates], label="sampled/s", marker=".")
-        bottom.plot(minutes, [r.evicted for r in rates], label="evicted/s", marker=".")
-        bottom.legend()
-        bottom.set_xlabel("minutes since the first bucket of the history")
-    else:
-        bottom.text(0.5, 0.5, "no rate history yet (needs inserts in two 10-s buckets)",
-                    ha="center", va="center", transform=bottom.transAxes)
-    bottom.set_title("rates (10-second buckets, last hour)")
-    bottom.set_ylabel(f"{snap.unit} per second")
+    figure = draw(
+        plt, f"{label} {args.name}: {snap.length} / {snap.capacity} {snap.unit}", hist, note,
+        rates, snap.unit,
+    )
     figure.savefig(output)
     plt.close(figure)
 
@@ -133,3 +121,53 @@ def run(args: argparse.Namespace) -> int:
             f"{len(rates)} rate points."
         ),
     )
+
+
+#: (line style, marker) of each rate: with a full buffer every insert evicts, and the
+#: evicted line would hide the inserted one drawn in the same style
+_RATE_STYLES = {
+    "inserted": ("-", "o"),
+    "sampled": (":", "^"),
+    "evicted": ("--", "x"),
+}
+
+
+def draw(
+    plt: Any, title: str, hist: Histogram, note: str, rates: Sequence[Rate], unit: str
+) -> Figure:
+    """The figure of ``redisbuf plot``: the log-reward histogram above, the rates below
+    against clock time (this machine's time zone)."""
+    from matplotlib import dates as mdates
+
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), constrained_layout=True)
+    figure.suptitle(title)
+    if hist.counts:
+        widths = [hist.edges[i + 1] - hist.edges[i] for i in range(len(hist.counts))]
+        top.bar(hist.edges[:-1], hist.counts, width=widths, align="edge", color="tab:blue")
+        if len(hist.counts) == 1:  # one log-reward: its bar in the middle of the axis
+            value, width = (hist.edges[0] + hist.edges[1]) / 2, widths[0]
+            top.set_xlim(value - 2 * width, value + 2 * width)
+            top.set_ylim(0, hist.counts[0] * 1.2)
+            top.text(0.5, 0.95, f"all {hist.counts[0]} at log-reward {value:g}",
+                     ha="center", va="top", transform=top.transAxes)
+    top.set_title("log-reward (priority) histogram" + note)
+    top.set_xlabel("log-reward")
+    top.set_ylabel("items")
+    if rates:
+        zone = datetime.now().astimezone().tzinfo
+        times = [datetime.fromtimestamp(r.t, tz=zone) for r in rates]
+        for order, name in enumerate(("inserted", "sampled", "evicted")):
+            style, marker = _RATE_STYLES[name]
+            bottom.plot(times, [getattr(r, name) for r in rates], label=f"{name}/s",
+                        linestyle=style, marker=marker, linewidth=2.5 - order * 0.5,
+                        zorder=2 + order)
+        bottom.legend()
+        bottom.xaxis.set_major_locator(mdates.AutoDateLocator(tz=zone))
+        bottom.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=zone))
+        bottom.set_xlabel(f"time ({datetime.now(zone).strftime('%Z') or zone})")
+    else:
+        bottom.text(0.5, 0.5, "no rate history yet (needs inserts in two 10-s buckets)",
+                    ha="center", va="center", transform=bottom.transAxes)
+    bottom.set_title("rates (10-second buckets, last hour)")
+    bottom.set_ylabel(f"{unit} per second")
+    return figure

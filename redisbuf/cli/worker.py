@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ..connection import redacted
-from ..demo import _MANAGER_WAIT
+from ..demo import _MANAGER_WAIT, wait_for_manager_buffer
 from ..keys import BufferKeys
 from ._common import (
     CommandError,
@@ -59,6 +59,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_name(args.name)
         stored = client.hmget(BufferKeys(args.name).meta, "capacity", "eviction")
+        if args.manager and stored[0] is None:
+            out.print(
+                f"worker: waiting up to {_MANAGER_WAIT:.0f} s for `redisbuf manager "
+                f"{safe(args.name)}` to create buffer {safe(args.name)} at "
+                f"{safe(redacted(url))}",
+                soft_wrap=True,
+            )
+            # before the graceful-stop handlers below: SIGTERM / Ctrl-C here end the
+            # command at once (143 / 130), as there is nothing to finish yet
+            wait_for_manager_buffer(client, args.name)
     finally:
         client.close()
     overrides: dict[str, Any] = {"workers": 1}
@@ -98,13 +108,6 @@ def run(args: argparse.Namespace) -> int:
             last_report = time.monotonic()
             out.print(f"worker: {totals['added']} added, {totals['sampled']} sampled")
 
-    if args.manager and stored[0] is None:
-        out.print(
-            f"worker: waiting up to {_MANAGER_WAIT:.0f} s for `redisbuf manager "
-            f"{safe(config.name)}` to create buffer {safe(config.name)} at "
-            f"{safe(redacted(url))}",
-            soft_wrap=True,
-        )
     out.print(f"worker: adding to buffer {safe(config.name)} at {safe(redacted(url))}")
     added, sampled = run_worker(config, 0, on_batch=on_batch, should_stop=lambda: stopping)
     out.print(f"worker: done, {added} added, {sampled} sampled")
