@@ -941,17 +941,18 @@ class ReplayBuffer:
         args[1::2] = texts
         updated, epoch, before, after = self._run("update_priority", self.keys.all_keys(), args)
         replica = getattr(self, "_replicas", {}).get("per")
-        if (
-            replica is not None
-            and replica.epoch == _text(epoch)
-            and replica.version == int(before)
-            and int(after) == int(before) + 1
-        ):
-            # this call's entry is the only change since the replica's version: apply it
-            latest = dict(zip(id_list, map(float, texts), strict=True))
-            known = [i for i in latest if i in replica.slot_of]
-            replica.set_scores(known, np.array([latest[i] for i in known]))
-            replica.version = int(after)
+        if replica is not None:
+            with replica.lock:
+                if (
+                    replica.epoch == _text(epoch)
+                    and replica.version == int(before)
+                    and int(after) == int(before) + 1
+                ):
+                    # this call's entry is the only change since the replica's version
+                    latest = dict(zip(id_list, map(float, texts), strict=True))
+                    known = [i for i in latest if i in replica.slot_of]
+                    replica.set_scores(known, np.array([latest[i] for i in known]))
+                    replica.version = int(after)
         return int(updated)
 
     def get(self, ids: list[int] | np.ndarray) -> Any:

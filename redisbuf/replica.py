@@ -13,6 +13,7 @@ before the sample began.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,9 @@ class MassReplica:
         if rule not in ("softmax", "per"):
             raise ValueError(f"unknown mass rule {rule!r}")
         self.rule = rule
+        #: held while drawing from or changing the replica: threads of one process (a
+        #: prefetching reader and the learner) share the buffer's replica
+        self.lock = threading.RLock()
         self.epoch = ""
         self.version = 0
         # True once caught up after the current sample began: its draw may be committed
@@ -405,16 +409,25 @@ class _NotOn(ConfigMismatchError):
         self.per = per
 
 
+_CREATING = threading.Lock()
+
+
 def replica_of(buffer: ReplayBuffer, rule: str) -> MassReplica:
     """The buffer's replica for ``rule``, made (and read) on first use."""
-    replicas: dict[str, MassReplica] | None = getattr(buffer, "_replicas", None)
-    if replicas is None:
-        replicas = buffer._replicas = {}
-    replica = replicas.get(rule)
-    if replica is None:
-        replica = MassReplica(rule)
-        replica.load(buffer)
-        replicas[rule] = replica
+    with _CREATING:  # one replica per buffer and rule, whichever thread asks first
+        replicas: dict[str, MassReplica] | None = getattr(buffer, "_replicas", None)
+        if replicas is None:
+            replicas = buffer._replicas = {}
+        replica = replicas.get(rule)
+        if replica is None:
+            replica = replicas[rule] = MassReplica(rule)
+    with replica.lock:
+        if not replica.epoch:
+            try:
+                replica.load(buffer)
+            except BaseException:
+                replicas.pop(rule, None)
+                raise
     return replica
 
 

@@ -17,7 +17,7 @@ import redis
 from . import scripts
 from .connection import retrying
 from .errors import ConfigMismatchError, EmptyBufferError, SamplingError
-from .replica import replica_of
+from .replica import MassReplica, replica_of
 
 if TYPE_CHECKING:
     from .buffer import ReplayBuffer
@@ -271,11 +271,29 @@ def _replica_draw(
     lua/sample_prioritized.lua, in the same round trip as the blob read. A replica that
     was behind is caught up from the script's reply (read after the sample began) and
     draws again; its draw then stands if its items are still present."""
-    keys = buffer.keys
-    all_keys = keys.all_keys()
     replica = replica_of(buffer, rule)
     inline = bool(getattr(buffer, "fetch_inline", False))  # max_use: the script reads
     script = scripts.load("sample_prioritized")
+    with replica.lock:
+        try:
+            return _commit_attempts(buffer, rule, n, rng, replacement, replica, inline, script)
+        except BaseException:
+            replica.fresh = False  # caught up for this sample, not for a later one
+            raise
+
+
+def _commit_attempts(
+    buffer: ReplayBuffer,
+    rule: str,
+    n: int,
+    rng: np.random.Generator,
+    replacement: bool,
+    replica: MassReplica,
+    inline: bool,
+    script: scripts.Script,
+) -> _ReplicaDraw:
+    keys = buffer.keys
+    all_keys = keys.all_keys()
     for _ in range(_COMMIT_ATTEMPTS):
         mode = "present" if replica.fresh else "exact"
         replica.fresh = False

@@ -462,7 +462,8 @@ class ShardedReplayBuffer:
                     replica = replica_of(shard, rule)  # reads the shard
                 else:
                     replica = replicas[k]
-                    replica.catch_up(shard, reply)
+                    with replica.lock:
+                        replica.catch_up(shard, reply)
             out.append(replica)
         return out
 
