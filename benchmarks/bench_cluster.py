@@ -9,7 +9,10 @@ valkey unless $REDISBUF_SERVER_BIN names another server). Each round, for 1 shar
 * add: ``--writers`` processes add batches of 64 dict items of ~4 KiB (a float32 array of
   1024) for ``--seconds``; aggregate items/s;
 * sample: as many processes draw ``sample(64)`` (uniform, without replacement) from the
-  filled buffer for ``--seconds``; aggregate items/s.
+  filled buffer for ``--seconds``; aggregate items/s;
+* sample_per: the same with ``PERSampler`` (prioritized, with replacement; on 3 shards
+  the counts per shard by the shards' masses, each process's replicas caught up in one
+  pipeline per draw).
 
 For each phase it also reads every server's CPU time (INFO cpu, user + sys) before and
 after, and prints the CPU seconds each master spent per 10^4 items and the share of the
@@ -34,7 +37,7 @@ import numpy as np
 import redis
 from _report import record
 
-from redisbuf import ReplayBuffer
+from redisbuf import PERSampler, ReplayBuffer
 from redisbuf.cluster import LocalCluster
 from redisbuf.connection import connect
 
@@ -54,7 +57,9 @@ def _worker(
     url: str, name: str, shards: int, phase: str, seconds: float, barrier: Any, out: Any
 ) -> None:
     rng = np.random.default_rng(os.getpid())
-    buffer = ReplayBuffer(connect(url), name, capacity=CAPACITY, shards=shards, seed=os.getpid())
+    sampler = PERSampler() if phase == "sample_per" else None
+    buffer = ReplayBuffer(connect(url), name, capacity=CAPACITY, shards=shards, seed=os.getpid(),
+                          sampler=sampler)
     batches = [_items(rng) for _ in range(4)]
     barrier.wait()
     count, start = 0, time.perf_counter()
@@ -119,8 +124,8 @@ def main() -> None:
         for round_index in range(args.rounds):
             for shards in (1, 3):
                 name = f"bench-{shards}-{round_index}"
-                ReplayBuffer(client, name, capacity=CAPACITY, shards=shards)
-                for phase in ("add", "sample"):
+                ReplayBuffer(client, name, capacity=CAPACITY, shards=shards, sampler=PERSampler())
+                for phase in ("add", "sample", "sample_per"):
                     result = run_phase(cluster, name, shards, phase, args.writers, args.seconds)
                     results.setdefault((shards, phase), []).append(result)
                 ReplayBuffer(client, name, capacity=CAPACITY, shards=shards).drop()
@@ -131,11 +136,11 @@ def main() -> None:
         f"phase, {args.rounds} rounds, {os.cpu_count()} cores, load average {load:.1f}"
     )
     print(
-        f"{'shards':>6} {'phase':>6} {'items/s median (min-max)':>26} "
+        f"{'shards':>6} {'phase':>10} {'items/s median (min-max)':>26} "
         f"{'vs 1 shard, paired':>20} {'CPU s / 10^4 items, each master':>32} {'busiest':>8} "
         f"{'ceiling':>8}"
     )
-    for phase in ("add", "sample"):
+    for phase in ("add", "sample", "sample_per"):
         base = results[(1, phase)]
         base_busiest = np.median([max(r[1]) for r in base])
         for shards in (1, 3):
@@ -145,7 +150,7 @@ def main() -> None:
             per_master = np.median(np.array([r[1] for r in runs]), axis=0)
             busiest = np.median([max(r[1]) for r in runs])
             print(
-                f"{shards:>6} {phase:>6} {statistics.median(rates):>11,.0f} "
+                f"{shards:>6} {phase:>10} {statistics.median(rates):>11,.0f} "
                 f"({min(rates):,.0f}-{max(rates):,.0f}) "
                 f"{statistics.median(ratios):>8.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) "
                 f"{' / '.join(f'{c:.3f}' for c in per_master):>32} "
@@ -159,6 +164,9 @@ def main() -> None:
                        spread=f"{min(ratios):.2f}-{max(ratios):.2f}")
                 record(f"cluster {phase}, busiest master's CPU ceiling, {shards} shards vs 1",
                        base_busiest / busiest, "x")
+                if phase == "sample_per":  # issue 23: <= 0.5x one shard's master
+                    print(f"  PER draws: the busiest master's CPU per item on {shards} shards "
+                          f"is {busiest / base_busiest:.2f}x one shard's (target <= 0.5)")
     print(
         "busiest: the busiest master's share of the cluster's server CPU time; ceiling: the "
         "1-shard busiest master's CPU time per item over this row's, i.e. how much more "

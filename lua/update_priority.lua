@@ -10,13 +10,18 @@
 -- Returns {updated, log_epoch, log_version before, log_version after}: the number of
 -- distinct ids updated, and what a replica at the version before needs to apply this
 -- change itself (the versions differ by one when this call's entry is the only change).
--- Errors: RB_NOBUF, RB_CONFIG (PER is not on), RB_INVALID (a priority that is NaN,
+-- Errors: RB_NOBUF, RB_CONFIG (PER is not on), RB_BUSY (PER is being turned on: finish
+-- it with lua/enable_per.lua and call again), RB_INVALID (a priority that is NaN,
 -- negative or not finite; nothing is written).
 local K = buffer_keys(KEYS)
-local conf = redis.call('HMGET', K.meta, 'capacity', 'tree_mass', 'log_epoch', 'log_version')
+local conf = redis.call('HMGET', K.meta, 'capacity', 'tree_mass', 'log_epoch', 'log_version',
+  'per_fill')
 if not conf[1] then return fail('RB_NOBUF', 'buffer meta ' .. K.meta .. ' does not exist') end
 if conf[2] ~= 'per' then
   return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' has no PER priorities (use PERSampler)')
+end
+if conf[5] then
+  return fail('RB_BUSY', 'PER is being turned on for ' .. K.meta .. ' (lua/enable_per.lua)')
 end
 local ids, values = {}, {}
 for i = 1, #ARGV / 2 do

@@ -46,7 +46,7 @@ from .errors import (
 )
 from .keys import BufferKeys, StagingKeys, format_id
 from .remote import RemoteScorer
-from .samplers import Draw, PrioritizedSampler, Sampler, UniformSampler
+from .samplers import Draw, PrioritizedSampler, Sampler, UniformSampler, finish_turning_per_on
 from .waiting import UNSET, Unset, wait_for
 from .windows import WindowSampler, joined, recent_batch_size
 
@@ -939,7 +939,14 @@ class ReplayBuffer:
         args: list[Any] = [None] * (2 * len(id_list))
         args[0::2] = [b"%012d" % i for i in id_list]
         args[1::2] = texts
-        updated, epoch, before, after = self._run("update_priority", self.keys.all_keys(), args)
+        try:
+            reply = self._run("update_priority", self.keys.all_keys(), args)
+        except ConfigMismatchError as exc:
+            if getattr(exc, "code", None) != "RB_BUSY":
+                raise
+            finish_turning_per_on(self)  # another process began turning PER on
+            reply = self._run("update_priority", self.keys.all_keys(), args)
+        updated, epoch, before, after = reply
         replica = getattr(self, "_replicas", {}).get("per")
         if replica is not None:
             with replica.lock:

@@ -386,6 +386,27 @@ def _forget_replica(buffer: ReplayBuffer, rule: str) -> None:
         replicas.pop(rule, None)
 
 
+# Items given their initial PER priority per call when PER is turned on over a full buffer:
+# each call stays in the tens of milliseconds (lua/enable_per.lua)
+PER_FILL_SLICE = 20_000
+
+
+def turn_per_on(buffer: ReplayBuffer, alpha: float, eps: float, initial: float) -> None:
+    """Call lua/enable_per.lua until PER is on (it works in slices; any process may
+    finish what another began)."""
+    args = [repr(alpha), repr(eps), repr(initial), PER_FILL_SLICE]
+    while int(buffer._run("enable_per", buffer.keys.all_keys(), args)) == 2:
+        pass
+
+
+def finish_turning_per_on(buffer: ReplayBuffer) -> None:
+    """Finish turning PER on with the settings stored in the buffer's meta (for a
+    process that met RB_BUSY without a PERSampler of its own)."""
+    alpha, eps, initial = buffer.client.hmget(buffer.keys.meta, "per_alpha", "per_eps",
+                                              "per_initial")
+    turn_per_on(buffer, float(alpha), float(eps), float(initial))
+
+
 def _nonnegative(name: str, value: float) -> float:
     value = float(value)
     if not math.isfinite(value) or value < 0:
@@ -421,12 +442,10 @@ class PERSampler:
         self.eps = _nonnegative("eps", eps)
 
     def prepare(self, buffer: ReplayBuffer) -> None:
+        """Turn PER on for the buffer (or check its settings), giving the items present
+        their initial priority a slice at a time (see lua/enable_per.lua)."""
         _forget_replica(buffer, "per")
-        buffer._run(
-            "enable_per",
-            buffer.keys.all_keys(),
-            [repr(self.alpha), repr(self.eps), repr(self.initial_priority)],
-        )
+        turn_per_on(buffer, self.alpha, self.eps, self.initial_priority)
 
     def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
         try:

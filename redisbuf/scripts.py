@@ -52,6 +52,7 @@ _ERROR_CODES: dict[str, type[Exception]] = {
     "RB_UNSHARDED": errors.ConfigMismatchError,
     "RB_INVALID": errors.InvalidBatchError,
     "RB_UNDEFINED": errors.SamplingError,
+    "RB_BUSY": errors.ConfigMismatchError,
 }
 _ERROR_PATTERN = re.compile(r"\b(RB_[A-Z]+) ?(.*)", re.DOTALL)
 

@@ -199,3 +199,32 @@ def test_draws_follow_every_change_another_process_finished(redis_server):
     report = results.get(timeout=10)
     assert "error" not in report, report["error"]
     assert draws > 10 and len(zeroed) > 10
+
+
+def test_per_is_turned_on_a_slice_at_a_time(client, buffer_name, monkeypatch):
+    """Over a full buffer, each call gives a slice of the items their initial priority;
+    an add meanwhile gets its own, an update_priority meanwhile finishes the turn-on
+    first, and the result is as if it had been done in one go."""
+    from redisbuf import samplers
+
+    plain = ReplayBuffer(client, buffer_name, capacity=40)
+    ids = plain.add({"x": np.arange(30)}).ids
+    keys = BufferKeys(buffer_name)
+    args = ["0.6", "1e-06", "2.0", 7]
+    assert plain._run("enable_per", keys.all_keys(), args) == 2  # 7 of 30 done
+    assert client.hget(keys.meta, "per_fill") == str(ids[6]).encode()
+    assert client.zcard(keys.per) == 7 and client.hget(keys.meta, "tree") != b"1"
+    new = plain.add({"x": np.arange(2)}).ids  # a new item gets its priority at once
+    assert client.zscore(keys.per, b"%012d" % new[0]) == 2.0
+    monkeypatch.setattr(samplers, "PER_FILL_SLICE", 7)
+    assert plain.update_priority(ids[20:22], [5.0, 6.0]) == 2  # finished the fill first
+    assert client.hget(keys.meta, "per_fill") is None and client.hget(keys.meta, "tree") == b"1"
+    per = {int(m): s for m, s in client.zrange(keys.per, 0, -1, withscores=True)}
+    assert per == {**dict.fromkeys([int(i) for i in ids], 2.0), int(new[0]): 2.0,
+                   int(new[1]): 2.0, int(ids[20]): 5.0, int(ids[21]): 6.0}
+    meta = client.hmget(keys.meta, "per_sum", "per_comp", "per_nonzero")
+    assert float(meta[0]) + float(meta[1]) == pytest.approx(sum(per.values()))
+    assert int(meta[2]) == 32
+    sampler = _per_buffer(client, buffer_name, capacity=40, initial_priority=2.0)
+    assert set(sampler.sample_with_info(50).ids.tolist()) <= set(per)
+    assert replica_scores(replica_of(sampler, "per")) == per
