@@ -431,6 +431,7 @@ class RunResult:
     seconds: float = 0.0
     frames: int = 0
     episodes: int = 0
+    #: from the first add to the end (process start-up left out)
     frames_per_s: float = 0.0
     learner_steps: int = 0
     learner_steps_per_s: float = 0.0
@@ -512,9 +513,13 @@ def run(config: ApexConfig, live: bool = True, console: Any = None) -> RunResult
     frame_count = 0
     started = time.time()
 
+    first_add: tuple[float, int] | None = None  # (time, frames) of the first add
+
     def count_frames(message: list[Any]) -> None:
-        nonlocal frame_count
+        nonlocal frame_count, first_add
         monitor.handle(message)
+        if first_add is None and message[0] == "frames":
+            first_add = (time.time(), monitor.inserted)
         # frames played, less the few not yet added (each frame is one transition)
         frame_count = monitor.inserted
 
@@ -565,12 +570,20 @@ def run(config: ApexConfig, live: bool = True, console: Any = None) -> RunResult
                     count_frames(messages.get(timeout=0.2))
                 except queue_module.Empty:
                     pass
+                exited = [p for p in processes if p.exitcode is not None]
+                if exited and not monitor.failures:
+                    # its error message may still be in the pipe
+                    deadline = time.monotonic() + 1.0
+                    while not monitor.failures and time.monotonic() < deadline:
+                        try:
+                            count_frames(messages.get(timeout=0.1))
+                        except queue_module.Empty:
+                            pass
                 if monitor.failures:
                     raise RuntimeError("; ".join(monitor.failures))
-                for process in processes:
-                    if process.exitcode is not None and not stop.is_set():
-                        raise RuntimeError(f"{process.name} exited with code "
-                                           f"{process.exitcode}")
+                if exited:
+                    raise RuntimeError(f"{exited[0].name} exited with code "
+                                       f"{exited[0].exitcode} without reporting why")
                 now = time.time()
                 elapsed = now - started
                 reached = (len(monitor.returns) == WINDOW and config.target > 0
@@ -605,7 +618,8 @@ def run(config: ApexConfig, live: bool = True, console: Any = None) -> RunResult
                 live_view.update(view())
                 live_view.stop()
         stop.set()
-        seconds = time.time() - started
+        ended = time.time()
+        seconds = ended - started
         # let the learner send its last report
         deadline = time.monotonic() + 5.0
         done = 0
@@ -626,7 +640,9 @@ def run(config: ApexConfig, live: bool = True, console: Any = None) -> RunResult
     result.seconds = round(seconds, 2)
     result.frames = frame_count
     result.episodes = monitor.episodes
-    result.frames_per_s = frame_count / seconds if seconds else 0.0
+    if first_add is not None and ended > first_add[0]:
+        # while acting: from the first add on, without the processes' start-up
+        result.frames_per_s = (frame_count - first_add[1]) / (ended - first_add[0])
     result.learner_steps = int(steps)
     result.learner_steps_per_s = steps / busy if busy else 0.0
     result.learner_wait_fraction = blocked / busy if busy else 0.0
