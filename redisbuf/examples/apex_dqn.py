@@ -681,7 +681,7 @@ def plot(results: list[RunResult], path: Path, target: float) -> None:
     for result in results:
         curve = np.array(result.curve, dtype=float).reshape(-1, 4)
         label = f"seed {result.seed}" + (
-            f" (475 at {result.time_to_target:.0f} s)" if result.time_to_target else "")
+            f" ({target:g} at {result.time_to_target:.0f} s)" if result.time_to_target else "")
         by_time.plot(curve[:, 0], curve[:, 2], label=label)
         by_frames.plot(curve[:, 1], curve[:, 2], label=label)
     for axis, xlabel in ((by_time, "wall-clock seconds"), (by_frames, "environment frames")):
