@@ -757,7 +757,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         plot(results, out.with_suffix(".png"), args.target)
-        document = {"env": ENV_ID, "command": sys.argv, "config": {
+        document = {"env": ENV_ID, "command": [
+            "python", "-m", "redisbuf.examples.apex_dqn", *sys.argv[1:]], "config": {
             k: v for k, v in asdict(config).items() if k not in ("url", "seed")},
             "runs": [asdict(r) for r in results]}
         out.with_suffix(".json").write_text(json.dumps(_finite(document), indent=1) + "\n")
