@@ -1,0 +1,773 @@
+"""Ape-X DQN (Horgan et al. 2018) on gymnasium's CartPole-v1 through one shared buffer.
+
+    python -m redisbuf.examples.apex_dqn [--actors 3] [--minutes 10] [--seeds 0 1 2]
+
+N actor processes play CartPole with the paper's per-actor epsilons
+``eps_i = 0.4 ** (1 + 7 i / (N - 1))``, turn their steps into n-step transitions, compute
+each one's initial priority (|n-step TD error| from their local copy of the network) and
+``add`` them to one :class:`~redisbuf.PERSampler` buffer in batches. One learner process
+samples with PER (alpha 0.6, beta annealed to 1), weights its double-DQN loss by the
+importance weights, writes the new priorities back with ``update_priority`` after every
+step, and publishes its parameters in the same Redis (raw float32 bytes in a msgpack map
+under ``rb:{NAME}:apex:params``; nothing is pickled) for the actors to fetch every
+``--refresh`` frames.
+
+The parent starts the embedded server unless ``--url`` (or ``$REDISBUF_URL``) names one,
+shows a live view (rich) and at the end writes the learning curve (``--out``, PNG) and a
+JSON of the run. "Return" is the mean over the last 20 episodes of the greediest actor
+(the last one; with one actor, eps = 0.4). A run stops when that reaches ``--target``
+(475; 0: never) or after ``--minutes``. ``redisbuf watch NAME --url URL`` shows the buffer
+meanwhile.
+
+Actors need only numpy (their forward pass is three matrix products); the learner uses
+torch with one thread, as every process here shares the machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import queue as queue_module
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from redisbuf import BufferKeys, PERSampler, ReplayBuffer, connect
+
+ENV_ID = "CartPole-v1"
+OBS_DIM = 4
+ACTIONS = 2
+#: episodes of the greediest actor that make the "mean return"
+WINDOW = 20
+
+
+@dataclass(frozen=True)
+class ApexConfig:
+    """One run's settings; plain data, handed to the spawned processes as a dict."""
+
+    url: str
+    name: str = "apex"
+    actors: int = 3
+    seed: int = 0
+    minutes: float = 10.0
+    target: float = 475.0
+    capacity: int = 100_000
+    hidden: int = 128
+    batch_size: int = 128
+    lr: float = 1e-3
+    gamma: float = 0.99
+    n_step: int = 3
+    alpha: float = 0.6
+    beta0: float = 0.4
+    #: learner steps over which beta goes linearly from beta0 to 1
+    beta_steps: int = 20_000
+    target_update: int = 1000
+    min_replay: int = 2_000
+    #: transitions per actor add
+    add_batch: int = 64
+    #: actor frames between parameter fetches
+    refresh: int = 400
+    #: learner steps between parameter publications
+    publish_every: int = 20
+
+    @property
+    def params_key(self) -> str:
+        # under the buffer's hash tag: same cluster slot, reachable with the same ACL
+        return f"rb:{{{self.name}}}:apex:params"
+
+    def epsilon(self, index: int) -> float:
+        if self.actors == 1:
+            return 0.4
+        return 0.4 ** (1 + 7 * index / (self.actors - 1))
+
+
+# -- parameters over Redis ---------------------------------------------------------------
+
+
+def pack_params(params: dict[str, np.ndarray], version: int) -> bytes:
+    """msgpack map of raw little-endian float32 bytes with their shapes: no pickle."""
+    return msgpack.packb({
+        "version": version,
+        "params": {
+            k: {"shape": list(v.shape), "data": np.ascontiguousarray(v, "<f4").tobytes()}
+            for k, v in params.items()
+        },
+    })
+
+
+def unpack_params(blob: bytes) -> tuple[int, dict[str, np.ndarray]]:
+    doc = msgpack.unpackb(blob)
+    params = {
+        k: np.frombuffer(v["data"], dtype="<f4").reshape(v["shape"])
+        for k, v in doc["params"].items()
+    }
+    return int(doc["version"]), params
+
+
+def numpy_q(params: dict[str, np.ndarray], obs: np.ndarray) -> np.ndarray:
+    """Q-values of the learner's MLP (Linear-ReLU-Linear-ReLU-Linear), in numpy."""
+    h = np.maximum(obs @ params["0.weight"].T + params["0.bias"], 0.0)
+    h = np.maximum(h @ params["2.weight"].T + params["2.bias"], 0.0)
+    return h @ params["4.weight"].T + params["4.bias"]
+
+
+# -- actor -------------------------------------------------------------------------------
+
+
+class NStep:
+    """Turns one actor's steps into n-step transitions ``(obs, action, reward = sum_k
+    gamma^k r_{t+k}, next_obs = obs_{t+m}, discount = gamma^m)`` with m <= n steps, or
+    ``discount = 0`` when the episode terminated within them: no bootstrap through
+    termination, but through truncation (CartPole's 500-step limit) the return is
+    bootstrapped from the last observation as from any other."""
+
+    FIELDS = ("obs", "action", "reward", "next_obs", "discount")
+
+    def __init__(self, gamma: float, n: int) -> None:
+        self.gamma, self.n = gamma, n
+        self.pending: deque[tuple[np.ndarray, int, float]] = deque()
+        self.cols: dict[str, list[Any]] = {k: [] for k in self.FIELDS}
+
+    @property
+    def ready(self) -> int:
+        """Transitions complete and not yet taken."""
+        return len(self.cols["obs"])
+
+    def step(self, obs: np.ndarray, action: int, reward: float, next_obs: np.ndarray,
+             terminated: bool, truncated: bool) -> None:
+        self.pending.append((obs, action, reward))
+        if terminated or truncated:
+            self._emit(len(self.pending), next_obs, terminal=terminated)
+        elif len(self.pending) == self.n:
+            self._emit(1, next_obs, terminal=False)
+
+    def _emit(self, count: int, next_obs: np.ndarray, terminal: bool) -> None:
+        # the first `count` pending steps, each with its return to the end of `pending`
+        rewards = [r for _, _, r in self.pending]
+        for j in range(count):
+            obs, action, _ = self.pending[j]
+            self.cols["obs"].append(obs)
+            self.cols["action"].append(action)
+            self.cols["reward"].append(
+                sum(self.gamma**k * r for k, r in enumerate(rewards[j:])))
+            self.cols["next_obs"].append(next_obs)
+            self.cols["discount"].append(
+                0.0 if terminal else self.gamma ** (len(rewards) - j))
+        for _ in range(count):
+            self.pending.popleft()
+
+    def take(self) -> dict[str, np.ndarray]:
+        """The complete transitions as one batch (a dict of arrays), and forget them."""
+        batch = {
+            "obs": np.asarray(self.cols["obs"], np.float32).reshape(-1, OBS_DIM),
+            "action": np.asarray(self.cols["action"], np.int64),
+            "reward": np.asarray(self.cols["reward"], np.float32),
+            "next_obs": np.asarray(self.cols["next_obs"], np.float32).reshape(-1, OBS_DIM),
+            "discount": np.asarray(self.cols["discount"], np.float32),
+        }
+        for values in self.cols.values():
+            values.clear()
+        return batch
+
+
+def _open_buffer(config: ApexConfig, seed: int | None = None) -> ReplayBuffer:
+    return ReplayBuffer(
+        config.url, config.name, capacity=config.capacity, seed=seed,
+        sampler=PERSampler(alpha=config.alpha, beta=config.beta0),
+    )
+
+
+def run_actor(config: ApexConfig, index: int, report: Callable[[list[Any]], None],
+              should_stop: Callable[[], bool]) -> None:
+    """Play until ``should_stop()``; report ``["episode", index, return, frames, t]`` and
+    ``["frames", index, added]`` per add."""
+    import gymnasium as gym
+
+    client = connect(config.url)
+    buffer = _open_buffer(config, seed=config.seed * 1000 + index)
+    env = gym.make(ENV_ID)
+    rng = np.random.default_rng([config.seed, index])
+    eps = config.epsilon(index)
+    gamma, n = config.gamma, config.n_step
+    while (blob := client.get(config.params_key)) is None:
+        if should_stop():
+            return
+        time.sleep(0.05)
+    version, params = unpack_params(blob)
+
+    nstep = NStep(gamma, n)
+
+    def flush() -> None:
+        batch = nstep.take()
+        q = numpy_q(params, batch["obs"])[np.arange(len(batch["action"])), batch["action"]]
+        bootstrap = numpy_q(params, batch["next_obs"]).max(axis=1)
+        td = batch["reward"] + batch["discount"] * bootstrap - q
+        buffer.add(batch, priorities=np.abs(td).astype(np.float64))
+        report(["frames", index, len(batch["action"])])
+
+    obs, _ = env.reset(seed=config.seed * 1000 + index)
+    episode_return = 0.0
+    frames = 0
+    while not should_stop():
+        if rng.random() < eps:
+            action = int(rng.integers(ACTIONS))
+        else:
+            action = int(np.argmax(numpy_q(params, obs.astype(np.float32))))
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        frames += 1
+        episode_return += float(reward)
+        nstep.step(obs, action, float(reward), next_obs, bool(terminated), bool(truncated))
+        if terminated or truncated:
+            report(["episode", index, episode_return, frames, time.time()])
+            episode_return = 0.0
+            obs, _ = env.reset()
+        else:
+            obs = next_obs
+        if nstep.ready >= config.add_batch:
+            flush()
+        if frames % config.refresh == 0:
+            blob = client.get(config.params_key)
+            if blob is not None:
+                version, params = unpack_params(blob)
+
+
+# -- learner -----------------------------------------------------------------------------
+
+
+def run_learner(config: ApexConfig, report: Callable[[list[Any]], None],
+                should_stop: Callable[[], bool]) -> None:
+    """Train until ``should_stop()``; report ``["learner", steps, sampled, seconds,
+    blocked, io_busy, loss]`` about once a second, all since the first step (``blocked``:
+    seconds the training loop waited for a batch; ``io_busy``: seconds its buffer thread
+    spent inside ``sample_with_info`` and ``update_priority``)."""
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(1)
+    torch.manual_seed(config.seed)
+    client = connect(config.url)
+
+    def mlp() -> nn.Module:
+        return nn.Sequential(
+            nn.Linear(OBS_DIM, config.hidden), nn.ReLU(),
+            nn.Linear(config.hidden, config.hidden), nn.ReLU(),
+            nn.Linear(config.hidden, ACTIONS),
+        )
+
+    online, target = mlp(), mlp()
+    target.load_state_dict(online.state_dict())
+    optimizer = torch.optim.Adam(online.parameters(), lr=config.lr)
+    version = 0
+
+    def publish() -> None:
+        state = {k: v.detach().numpy() for k, v in online.state_dict().items()}
+        client.set(config.params_key, pack_params(state, version))
+
+    publish()
+    sampler = PERSampler(alpha=config.alpha, beta=config.beta0)
+    buffer = ReplayBuffer(config.url, config.name, capacity=config.capacity,
+                          seed=config.seed, sampler=sampler)
+    while len(buffer) < config.min_replay:
+        if should_stop():
+            return
+        time.sleep(0.1)
+
+    # Ape-X's learner overlaps the buffer and the gradient step: one thread (the only one
+    # that touches `buffer`) samples ahead and writes the priorities back while the
+    # training loop computes
+    io = _BufferIO(buffer, sampler, config)
+    io.start()
+    steps = 0
+    blocked = 0.0
+    started = last_report = time.perf_counter()
+    loss_value = 0.0
+    try:
+        while not should_stop():
+            t0 = time.perf_counter()
+            info = io.next_batch(steps)
+            blocked += time.perf_counter() - t0
+            batch = info.batch
+            obs = torch.from_numpy(np.array(batch["obs"]))
+            action = torch.from_numpy(np.array(batch["action"]))
+            reward = torch.from_numpy(np.array(batch["reward"]))
+            next_obs = torch.from_numpy(np.array(batch["next_obs"]))
+            discount = torch.from_numpy(np.array(batch["discount"]))
+            weights = torch.from_numpy(np.asarray(info.weights, np.float32))
+            with torch.no_grad():
+                # double DQN: the online network picks, the target network evaluates
+                best = online(next_obs).argmax(dim=1, keepdim=True)
+                bootstrap = target(next_obs).gather(1, best).squeeze(1)
+                y = reward + discount * bootstrap
+            q = online(obs).gather(1, action.unsqueeze(1)).squeeze(1)
+            loss = (weights * nn.functional.smooth_l1_loss(q, y, reduction="none")).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(online.parameters(), 10.0)
+            optimizer.step()
+            io.update(info.ids, (y - q).detach().abs().numpy().astype(np.float64))
+            steps += 1
+            loss_value = loss.item()
+            if steps % config.target_update == 0:
+                target.load_state_dict(online.state_dict())
+            if steps % config.publish_every == 0:
+                version += 1
+                publish()
+            now = time.perf_counter()
+            if now - last_report >= 1.0:
+                last_report = now
+                report(["learner", steps, steps * config.batch_size, now - started, blocked,
+                        io.busy, loss_value])
+    finally:
+        io.close()
+
+
+class _BufferIO:
+    """The learner's buffer thread: keeps ``depth`` sampled batches ready and applies the
+    priority updates in the order the training loop made them. ``busy`` is the seconds it
+    spent inside ``sample_with_info`` and ``update_priority``."""
+
+    def __init__(self, buffer: ReplayBuffer, sampler: PERSampler, config: ApexConfig,
+                 depth: int = 2) -> None:
+        import threading
+
+        self.buffer, self.sampler, self.config = buffer, sampler, config
+        self.batches: queue_module.Queue[Any] = queue_module.Queue(maxsize=depth)
+        self.updates: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
+        self.busy = 0.0
+        self.steps = 0
+        self.error: BaseException | None = None
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="apex-buffer-io",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        config = self.config
+        try:
+            while not self._closed.is_set():
+                self._apply_updates()
+                if self.batches.full():
+                    time.sleep(0.0005)
+                    continue
+                self.sampler.beta = config.beta0 + (1 - config.beta0) * min(
+                    1.0, self.steps / config.beta_steps)
+                t0 = time.perf_counter()
+                info = self.buffer.sample_with_info(config.batch_size)
+                self.busy += time.perf_counter() - t0
+                self.batches.put(info)
+        except BaseException as exc:  # handed to the training loop
+            self.error = exc
+            self.batches.put(None)
+
+    def _apply_updates(self) -> None:
+        while True:
+            try:
+                ids, priorities = self.updates.get_nowait()
+            except queue_module.Empty:
+                return
+            t0 = time.perf_counter()
+            self.buffer.update_priority(ids, priorities)
+            self.busy += time.perf_counter() - t0
+
+    def next_batch(self, steps: int) -> Any:
+        self.steps = steps
+        info = self.batches.get()
+        if info is None:
+            raise RuntimeError(f"the learner's buffer thread failed: {self.error!r}")
+        return info
+
+    def update(self, ids: np.ndarray, priorities: np.ndarray) -> None:
+        self.updates.put((ids, priorities))
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=10)
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def _child_main(role: str, index: int, config: dict[str, Any], messages: Any,
+                stop: Any) -> None:
+    from redisbuf.demo import exit_with_parent
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+    exit_with_parent()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    cfg = ApexConfig(**config)
+    try:
+        if role == "learner":
+            run_learner(cfg, messages.put, stop.is_set)
+        else:
+            run_actor(cfg, index, messages.put, stop.is_set)
+        messages.put(["done", role, index])
+    except BaseException as exc:
+        messages.put(["error", role, index, f"{type(exc).__name__}: {exc}"])
+        raise SystemExit(1) from None
+
+
+@dataclass
+class RunResult:
+    """One seed's run: its curve and summary numbers (all JSON-ready)."""
+
+    seed: int
+    actors: int
+    #: [seconds since the actors started, env frames, mean return (last 20), episodes]
+    curve: list[list[float]] = field(default_factory=list)
+    time_to_target: float | None = None
+    frames_to_target: int | None = None
+    seconds: float = 0.0
+    frames: int = 0
+    episodes: int = 0
+    #: from the first add to the end (process start-up left out)
+    frames_per_s: float = 0.0
+    learner_steps: int = 0
+    learner_steps_per_s: float = 0.0
+    #: time the training loop waited for a sampled batch / its time since the first step
+    learner_wait_fraction: float = 0.0
+    #: time the learner's buffer thread spent in sample_with_info and update_priority / the
+    #: same total (it overlaps the training loop)
+    learner_buffer_call_fraction: float = 0.0
+    samples_per_insert: float = 0.0
+    final_mean_return: float = 0.0
+    best_mean_return: float = 0.0
+    buffer_length: int = 0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class _Monitor:
+    """What the parent knows from the children's messages."""
+
+    def __init__(self, config: ApexConfig) -> None:
+        self.config = config
+        self.greedy = config.actors - 1
+        self.returns: deque[float] = deque(maxlen=WINDOW)
+        self.last_return = float("nan")
+        self.frames = 0
+        self.episodes = 0
+        self.inserted = 0
+        # steps, sampled, seconds, blocked, buffer-thread busy, loss
+        self.learner: list[Any] = [0, 0, 0.0, 0.0, 0.0, 0.0]
+        self.failures: list[str] = []
+
+    def handle(self, message: list[Any]) -> None:
+        kind = message[0]
+        if kind == "frames":
+            self.inserted += message[2]
+        elif kind == "episode":
+            self.episodes += 1
+            if message[1] == self.greedy:
+                self.returns.append(message[2])
+                self.last_return = message[2]
+        elif kind == "learner":
+            self.learner = message[1:]
+        elif kind == "error":
+            self.failures.append(f"{message[1]} {message[2]}: {message[3]}")
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns)) if self.returns else float("nan")
+
+
+def run(config: ApexConfig, live: bool = True, console: Any = None) -> RunResult:
+    """One seed: reset buffer ``config.name``, start the learner and the actors, follow
+    them until the target or the time limit, stop them and return the result. The
+    buffer is left in place (``redisbuf watch`` / inspection afterwards)."""
+    import multiprocessing as mp
+
+    from rich.console import Console
+
+    from redisbuf.demo import _stop, reset_buffer
+    from redisbuf.ipc import MessageQueue
+
+    console = console or Console()
+    client = connect(config.url)
+    reset_buffer(client, config.name)
+    client.delete(config.params_key)
+    buffer = _open_buffer(config)
+    ctx = mp.get_context("spawn")
+    messages = MessageQueue(ctx)
+    stop = ctx.Event()
+    plain = asdict(config)
+    processes = [ctx.Process(target=_child_main, args=("learner", 0, plain, messages, stop),
+                             name="apex-learner", daemon=True)]
+    processes += [
+        ctx.Process(target=_child_main, args=("actor", i, plain, messages, stop),
+                    name=f"apex-actor-{i}", daemon=True)
+        for i in range(config.actors)
+    ]
+    monitor = _Monitor(config)
+    result = RunResult(seed=config.seed, actors=config.actors)
+    frame_count = 0
+    started = time.time()
+
+    first_add: tuple[float, int] | None = None  # (time, frames) of the first add
+
+    def count_frames(message: list[Any]) -> None:
+        nonlocal frame_count, first_add
+        monitor.handle(message)
+        if first_add is None and message[0] == "frames":
+            first_add = (time.time(), monitor.inserted)
+        # frames played, less the few not yet added (each frame is one transition)
+        frame_count = monitor.inserted
+
+    rates = {"fps": 0.0, "sps": 0.0}
+    previous = (time.time(), 0, 0)
+
+    def view() -> Any:
+        from rich.table import Table
+
+        table = Table(title=f"Ape-X DQN on {ENV_ID}: seed {config.seed}, {config.actors} "
+                      f"actors, buffer {config.name}", show_header=False)
+        steps, sampled, seconds, blocked, io_busy, loss = monitor.learner
+        elapsed = time.time() - started
+        rows = [
+            ("elapsed", f"{elapsed:,.0f} s of {config.minutes * 60:,.0f}"),
+            ("episode return (greediest actor)",
+             f"last {monitor.last_return:.0f}, mean of last {len(monitor.returns)} "
+             f"{monitor.mean_return:.1f}"),
+            ("episodes (all actors)", f"{monitor.episodes:,}"),
+            ("env frames/s", f"{rates['fps']:,.0f} ({monitor.inserted:,} transitions)"),
+            ("learner steps/s", f"{rates['sps']:,.1f} ({steps:,} steps, loss {loss:.4f})"),
+            ("learner blocked on the buffer", f"{100 * blocked / seconds if seconds else 0:.1f} %"
+             f" (its buffer thread busy {100 * io_busy / seconds if seconds else 0:.0f} %)"),
+            ("samples per insert", f"{sampled / max(monitor.inserted, 1):.2f}"),
+            ("buffer length", f"{length:,} / {config.capacity:,}"),
+        ]
+        for label, value in rows:
+            table.add_row(label, value)
+        return table
+
+    length = 0
+    last_point = 0.0
+    deadline_s = config.minutes * 60
+    try:
+        started = time.time()  # times count from here: process start-up included
+        for process in processes:
+            process.start()
+        live_view = None
+        if live:
+            from rich.live import Live
+
+            live_view = Live(view(), console=console, refresh_per_second=2)
+            live_view.start()
+        last_tick = time.time()
+        try:
+            while True:
+                try:
+                    count_frames(messages.get(timeout=0.2))
+                except queue_module.Empty:
+                    pass
+                exited = [p for p in processes if p.exitcode is not None]
+                if exited and not monitor.failures:
+                    # its error message may still be in the pipe
+                    deadline = time.monotonic() + 1.0
+                    while not monitor.failures and time.monotonic() < deadline:
+                        try:
+                            count_frames(messages.get(timeout=0.1))
+                        except queue_module.Empty:
+                            pass
+                if monitor.failures:
+                    raise RuntimeError("; ".join(monitor.failures))
+                if exited:
+                    raise RuntimeError(f"{exited[0].name} exited with code "
+                                       f"{exited[0].exitcode} without reporting why")
+                now = time.time()
+                elapsed = now - started
+                reached = (len(monitor.returns) == WINDOW and config.target > 0
+                           and monitor.mean_return >= config.target)
+                if elapsed - last_point >= 1.0 or reached:
+                    last_point = elapsed
+                    result.curve.append([round(elapsed, 2), frame_count,
+                                         monitor.mean_return, monitor.episodes])
+                if now - last_tick >= 1.0:
+                    t_prev, f_prev, s_prev = previous
+                    rates["fps"] = (frame_count - f_prev) / (now - t_prev)
+                    rates["sps"] = (monitor.learner[0] - s_prev) / (now - t_prev)
+                    previous = (now, frame_count, monitor.learner[0])
+                    last_tick = now
+                    length = len(buffer)
+                    if live_view is not None:
+                        live_view.update(view())
+                    elif int(elapsed) % 10 == 0:
+                        console.print(
+                            f"[{elapsed:5.0f} s] return {monitor.mean_return:6.1f} "
+                            f"frames/s {rates['fps']:6.0f} learner steps/s {rates['sps']:5.1f} "
+                            f"buffer {length}"
+                        )
+                if reached:
+                    result.time_to_target = round(elapsed, 2)
+                    result.frames_to_target = frame_count
+                    break
+                if elapsed >= deadline_s:
+                    break
+        finally:
+            if live_view is not None:
+                live_view.update(view())
+                live_view.stop()
+        stop.set()
+        ended = time.time()
+        seconds = ended - started
+        # let the learner send its last report
+        deadline = time.monotonic() + 5.0
+        done = 0
+        while done < len(processes) and time.monotonic() < deadline:
+            try:
+                message = messages.get(timeout=0.2)
+            except queue_module.Empty:
+                continue
+            if message[0] in ("done", "error"):
+                done += 1
+            count_frames(message)
+    finally:
+        stop.set()
+        _stop(processes)
+        messages.close()
+    steps, sampled, busy, blocked, io_busy, _ = monitor.learner
+    stats = buffer.stats()
+    result.seconds = round(seconds, 2)
+    result.frames = frame_count
+    result.episodes = monitor.episodes
+    if first_add is not None and ended > first_add[0]:
+        # while acting: from the first add on, without the processes' start-up
+        result.frames_per_s = (frame_count - first_add[1]) / (ended - first_add[0])
+    result.learner_steps = int(steps)
+    result.learner_steps_per_s = steps / busy if busy else 0.0
+    result.learner_wait_fraction = blocked / busy if busy else 0.0
+    result.learner_buffer_call_fraction = io_busy / busy if busy else 0.0
+    result.samples_per_insert = sampled / max(stats["inserted"], 1)
+    result.final_mean_return = monitor.mean_return
+    result.best_mean_return = max((p[2] for p in result.curve if not math.isnan(p[2])),
+                                  default=float("nan"))
+    result.buffer_length = stats["length"]
+    result.stats = {k: stats[k] for k in ("length", "capacity", "inserted", "evicted",
+                                          "sampled", "memory_bytes")}
+    buffer.close()
+    client.close()
+    return result
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as None: JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def plot(results: list[RunResult], path: Path, target: float) -> None:
+    """Mean return against wall-clock and against frames, one line per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_time, by_frames) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for result in results:
+        curve = np.array(result.curve, dtype=float).reshape(-1, 4)
+        label = f"seed {result.seed}" + (
+            f" ({target:g} at {result.time_to_target:.0f} s)" if result.time_to_target else "")
+        by_time.plot(curve[:, 0], curve[:, 2], label=label)
+        by_frames.plot(curve[:, 1], curve[:, 2], label=label)
+    for axis, xlabel in ((by_time, "wall-clock seconds"), (by_frames, "environment frames")):
+        axis.set_xlabel(xlabel)
+        axis.grid(alpha=0.3)
+        if target > 0:
+            axis.axhline(target, color="grey", linestyle="--", linewidth=1)
+    by_time.set_ylabel(f"mean return, last {WINDOW} episodes (greediest actor)")
+    by_time.legend(loc="lower right")
+    actors = results[0].actors if results else 0
+    fig.suptitle(f"Ape-X DQN, {ENV_ID}, {actors} actors + 1 learner, one redisbuf PER buffer")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    parser = argparse.ArgumentParser(
+        prog="python -m redisbuf.examples.apex_dqn", description=__doc__.split("\n")[0])
+    parser.add_argument("--actors", type=int, default=3)
+    parser.add_argument("--minutes", type=float, default=10.0,
+                        help="time limit per seed (default: 10)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="one run per seed, one after the other (default: 0)")
+    parser.add_argument("--capacity", type=int, default=100_000, help="buffer size")
+    parser.add_argument("--target", type=float, default=475.0,
+                        help="stop when the mean return reaches this (0: run the full time)")
+    parser.add_argument("--name", default="apex", help="buffer name (default: apex)")
+    parser.add_argument("--url", default=None,
+                        help="Redis URL (default: $REDISBUF_URL, else an embedded server)")
+    parser.add_argument("--out", default="apex_dqn",
+                        help="writes OUT.png (learning curve) and OUT.json (default: apex_dqn)")
+    parser.add_argument("--no-live", action="store_true",
+                        help="print a line every 10 s instead of the live view")
+    args = parser.parse_args(argv)
+    if args.actors < 1:
+        parser.error(f"--actors must be at least 1, got {args.actors}")
+    BufferKeys(args.name)  # validates the name before anything starts
+
+    console = Console()
+    url = args.url or os.environ.get("REDISBUF_URL")
+    server = None
+    if url is None:
+        from redisbuf.server import EmbeddedServer
+
+        server = EmbeddedServer().start()
+        url = server.url
+    try:
+        console.print(f"Buffer [bold]{args.name}[/] at {url}"
+                      f"{' (embedded server, stops with this run)' if server else ''}; "
+                      f"watch it with: redisbuf watch {args.name} --url {url}", soft_wrap=True)
+        results = []
+        for seed in args.seeds:
+            config = ApexConfig(url=url, name=args.name, actors=args.actors, seed=seed,
+                                minutes=args.minutes, target=args.target,
+                                capacity=args.capacity)
+            result = run(config, live=not args.no_live and console.is_terminal,
+                         console=console)
+            results.append(result)
+            console.print(
+                f"seed {seed}: "
+                + (f"mean return {args.target:g} at {result.time_to_target:.0f} s "
+                   f"({result.frames_to_target:,} frames); " if result.time_to_target
+                   else f"target not reached in {result.seconds:.0f} s; ")
+                + f"best mean {result.best_mean_return:.1f}, {result.frames_per_s:,.0f} "
+                f"frames/s, {result.learner_steps_per_s:.1f} learner steps/s, learner "
+                f"waited on the buffer {100 * result.learner_wait_fraction:.1f} % of its time "
+                f"(buffer calls {100 * result.learner_buffer_call_fraction:.0f} %), "
+                f"{result.samples_per_insert:.2f} samples per insert"
+            )
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        plot(results, out.with_suffix(".png"), args.target)
+        document = {"env": ENV_ID, "command": [
+            "python", "-m", "redisbuf.examples.apex_dqn", *sys.argv[1:]], "config": {
+            k: v for k, v in asdict(config).items() if k not in ("url", "seed")},
+            "runs": [asdict(r) for r in results]}
+        out.with_suffix(".json").write_text(json.dumps(_finite(document), indent=1) + "\n")
+        console.print(f"wrote {out.with_suffix('.png')} and {out.with_suffix('.json')}")
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
