@@ -338,7 +338,7 @@ def test_inspect_json(redis_server, filled, capsys):
     assert report["memory_bytes"] > 0
     meta_key = f"rb:{{{filled.name}}}:meta"
     assert report["keys"][meta_key]["exists"] is True
-    assert report["keys"][f"rb:{{{filled.name}}}:tree"]["exists"] is False
+    assert report["keys"][f"rb:{{{filled.name}}}:masslog"]["exists"] is False
 
 
 @pytest.mark.redis_server
