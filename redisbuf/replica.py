@@ -220,43 +220,50 @@ class MassReplica:
         if self.rule == "softmax" and self.positive > 0 and self.tree.total < _UNDERFLOW:
             self._rebase()
 
-    def apply(self, entry: bytes) -> bool:
-        """Apply one log entry; False for an X entry (everything must be read again)."""
+    def apply(self, entry: bytes) -> list[int] | None:
+        """Apply one log entry and return the ids it names; None for an X entry
+        (everything must be read again)."""
         kind, _, rest = entry.partition(b"|")
         _, _, rest = rest.partition(b"|")
         packed, _, scores = rest.partition(b"|")
         if kind == b"X":
-            return False
+            return None
         ids = np.frombuffer(packed, dtype="S12").astype(np.int64).tolist()
         if kind == b"S":
             self.set_scores(ids, np.array(scores.split(b","), dtype=np.float64))
         elif kind == b"R":
             self.remove(ids)
-        return True
+        return ids
 
     # -- reading the buffer -------------------------------------------------------------
 
-    def catch_up(self, buffer: ReplayBuffer, reply: Sequence[Any]) -> None:
+    def catch_up(self, buffer: ReplayBuffer, reply: Sequence[Any]) -> set[int] | None:
         """Bring the replica up to date from a masslog_behind reply ``{0, epoch, version,
-        first, entries...}`` (read everything when it cannot)."""
+        first, entries...}`` (read everything when it cannot). Returns the ids the
+        entries named (added, re-scored or removed), or None when it read everything."""
         epoch, version = _text(reply[1]), int(reply[2])
         entries = reply[4:]
         if epoch != self.epoch or len(entries) != version - self.version:
             self.load(buffer)
-            return
+            return None
+        touched: set[int] = set()
         for entry in entries:
-            if not self.apply(entry):
+            ids = self.apply(entry)
+            if ids is None:
                 self.load(buffer)
-                return
+                return None
+            touched.update(ids)
         self.version = version
         self.fresh = True
+        return touched
 
-    def sync(self, buffer: ReplayBuffer) -> None:
-        """Catch up with the buffer now (one round trip when current or close behind)."""
+    def sync(self, buffer: ReplayBuffer) -> set[int] | None:
+        """Catch up with the buffer now (one round trip when current or close behind);
+        what :meth:`catch_up` returns."""
         reply = buffer._run("masslog_read", buffer.keys.all_keys(), [self.epoch, self.version])
         if int(reply[0]) == 2:
             raise _NotOn(self.rule, self.rule == "per")
-        self.catch_up(buffer, reply)
+        return self.catch_up(buffer, reply)
 
     def load(self, buffer: ReplayBuffer) -> None:
         """Read every score and the mass rule, then the log entries written meanwhile.
@@ -308,7 +315,7 @@ class MassReplica:
             entries = reply[4:]
             if len(entries) != int(reply[2]) - self.version:
                 continue  # the log moved on past what it holds while we read: again
-            if all(self.apply(entry) for entry in entries):
+            if all(self.apply(entry) is not None for entry in entries):
                 self.version = int(reply[2])
                 self.fresh = True
                 return
@@ -385,6 +392,42 @@ class MassReplica:
             np.array(probabilities),
             np.array(masses_out),
         )
+
+    def correct(
+        self, ids: np.ndarray, touched: set[int], rng: np.random.Generator
+    ) -> np.ndarray:
+        """Turn ``ids``, a draw with replacement from this replica as it was before the
+        changes to ``touched`` (items added, re-scored or removed since), into a draw
+        from the replica as it is now, changing only what must change. Each draw is
+        independently: with probability (mass now of the touched items present) / (total
+        now), an item drawn among the touched ones in proportion to their masses; else
+        the old draw if its item was not touched (its mass is unchanged, and so is its
+        share among the untouched items), or a new draw among the untouched items. Both
+        laws are the current one restricted to the two parts, so the result is exactly
+        a draw from the current distribution."""
+        ids = np.array(ids, dtype=np.int64)
+        changed = [self.slot_of[i] for i in touched if i in self.slot_of]
+        changed_slots = np.array(changed, dtype=np.int64)
+        changed_mass = self.tree.sums[changed_slots + self.tree.size]
+        share = float(changed_mass.sum()) / self.tree.total
+        take_changed = rng.random(len(ids)) < share
+        if take_changed.any():
+            cumulative = np.cumsum(changed_mass)
+            picks = np.searchsorted(
+                cumulative, rng.random(int(take_changed.sum())) * cumulative[-1], side="right"
+            )
+            picks = np.minimum(picks, len(changed_slots) - 1)
+            ids[take_changed] = self.ids[changed_slots[picks]]
+        touched_array = np.fromiter(touched, dtype=np.int64, count=len(touched))
+        redraw = ~take_changed & np.isin(ids, touched_array)
+        while redraw.any():
+            slots = self._descend(rng, int(redraw.sum()))
+            candidates = self.ids[slots]
+            fine = ~np.isin(candidates, touched_array)
+            where = np.flatnonzero(redraw)[fine]
+            ids[where] = candidates[fine]
+            redraw[where] = False
+        return ids
 
     def _descend(self, rng: np.random.Generator, n: int) -> np.ndarray:
         tree = self.tree

@@ -246,9 +246,9 @@ class UniformSampler:
 
 
 # Attempts at committing a prioritized draw: the first from the replica as it is, each
-# later one from a replica caught up by the previous reply; a few suffice unless items
-# vanish (max_use, eviction) between draw and commit again and again.
-_COMMIT_ATTEMPTS = 8
+# later one from a replica caught up by the previous reply (a round trip each); many
+# suffice only while writers change the buffer between every draw and its commit.
+_COMMIT_ATTEMPTS = 64
 
 
 @dataclass
@@ -292,23 +292,39 @@ def _commit_attempts(
     inline: bool,
     script: scripts.Script,
 ) -> _ReplicaDraw:
+    """Draws with replacement are committed only when the replica is current ("exact"):
+    a draw found stale is corrected to the law of the state the script reported
+    (MassReplica.correct changes only the draws the changes concern) and sent again, so
+    under concurrent writers each attempt costs one round trip and a few redraws. Draws
+    without replacement (successive draws) are drawn again in full, and committed by
+    presence once the replica was caught up after the sample began."""
     keys = buffer.keys
     all_keys = keys.all_keys()
+    ids: np.ndarray | None = None
+    draw_probabilities: np.ndarray | None = None
     for _ in range(_COMMIT_ATTEMPTS):
-        mode = "present" if replica.fresh else "exact"
-        replica.fresh = False
         replace = replacement or n > len(replica)
-        try:
-            replica.check_drawable(buffer.name, n, replace)
-        except (EmptyBufferError, SamplingError):
-            if mode == "present":
-                raise
-            replica.sync(buffer)  # it may be behind: decide on what the buffer holds now
-            continue
-        slots, probabilities, masses = replica.draw(n, rng, replace)
-        ids = replica.ids[slots]
+        if ids is None or not replace:
+            mode = "present" if replica.fresh and not replace else "exact"
+            replica.fresh = False
+            try:
+                replica.check_drawable(buffer.name, n, replace)
+            except (EmptyBufferError, SamplingError):
+                if mode == "present":
+                    raise
+                replica.sync(buffer)  # it may be behind: decide on what the buffer holds now
+                ids = None
+                replica.fresh = not replace
+                if replace:
+                    replica.check_drawable(buffer.name, n, replace)
+                continue
+            slots, draw_probabilities, _ = replica.draw(n, rng, replace)
+            ids = replica.ids[slots]
+        else:
+            mode = "exact"
         members = [b"%012d" % i for i in ids.tolist()]
         args = [rule, replica.epoch, replica.version, mode, int(inline), *members]
+
         def send(args: list[Any] = args, members: list[bytes] = members) -> list[Any]:
             pipe = buffer.client.pipeline(transaction=False)
             pipe.evalsha(script.sha, len(all_keys), *all_keys, *args)
@@ -329,21 +345,31 @@ def _commit_attempts(
                 raise scripts.translate(reply)
         if isinstance(reply, Exception):
             raise reply
+        touched: set[int] | None = None
         if int(reply[0]) != 1:
-            replica.catch_up(buffer, reply)
-            continue
-        blobs = reply[4:] if inline else replies[1]
-        if any(blob is None for blob in blobs):  # gone between the script and the HMGET
-            buffer._run("undo_draws", all_keys, members)  # not a real draw
-            replica.sync(buffer)
-            continue
-        return _ReplicaDraw(
-            ids.tolist(), list(blobs), replies[-1], probabilities, masses,
-            replica.scores[slots], replica.tree.min_mass, float(reply[2]), int(reply[3]),
-        )
+            touched = replica.catch_up(buffer, reply)
+        else:
+            blobs = reply[4:] if inline else replies[1]
+            if all(blob is not None for blob in blobs):
+                slots = np.array([replica.slot_of[i] for i in ids.tolist()], dtype=np.int64)
+                masses = replica.tree.sums[slots + replica.tree.size]
+                probabilities = (
+                    masses / replica.tree.total if replace else draw_probabilities
+                )
+                return _ReplicaDraw(
+                    ids.tolist(), list(blobs), replies[-1], probabilities, masses,
+                    replica.scores[slots], replica.tree.min_mass, float(reply[2]),
+                    int(reply[3]),
+                )
+            buffer._run("undo_draws", all_keys, members)  # gone before the HMGET: no draw
+            touched = replica.sync(buffer)
+        if replace and touched is not None and replica.positive > 0:
+            ids = replica.correct(ids, touched, rng)
+        else:
+            ids = None
     raise SamplingError(
         f"buffer {buffer.name!r}: a prioritized draw could not be committed in "
-        f"{_COMMIT_ATTEMPTS} attempts (its items kept vanishing before the commit)"
+        f"{_COMMIT_ATTEMPTS} attempts (the buffer changed before every commit)"
     )
 
 
