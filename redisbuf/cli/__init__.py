@@ -13,6 +13,7 @@ plot          :mod:`redisbuf.cli.plot` (matplotlib)
 export/import :mod:`redisbuf.cli.transfer`
 drop          :mod:`redisbuf.cli.drop`
 metrics       :mod:`redisbuf.cli.metrics` (Prometheus exporter)
+functions     :mod:`redisbuf.cli.functions` (the FCALL library)
 ============  ===================================================================
 
 Shared by all (:mod:`redisbuf.cli._common`): ``--url`` (default ``$REDISBUF_URL``),
@@ -61,6 +62,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "metrics": (
         "metrics",
         "serve Prometheus metrics of all or the named buffers (every class) over HTTP",
+    ),
+    "functions": (
+        "functions",
+        "install the FCALL library (rb_add, rb_sample_uniform...) for clients in any language",
     ),
     "worker": (
         "worker",
