@@ -16,7 +16,7 @@ from ._common import CommandError, add_json_argument, add_url_argument, connect_
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "functions",
-        help="install the FCALL library (rb_add, rb_sample_uniform...) for other languages",
+        help="install the FCALL library (rb_add, rb_sample_uniform...) for clients in any language",
         description="install: FUNCTION LOAD the redisbuf library (every primary of a "
         "cluster) unless this version is there; show: print its Lua source (for FUNCTION "
         "LOAD by hand); version: this version and the server's. docs/wire-format.md "
