@@ -45,32 +45,91 @@ function bytesOf(data) {
   return Buffer.from(data.buffer, data.byteOffset, data.byteLength);
 }
 
-function encodeField(field) {
-  const spec = DTYPES[field.dtype];
-  if (!spec) throw new TypeError(`unsupported dtype ${field.dtype}`);
-  if (field.value !== undefined) {
-    const kind = field.dtype === 'bool' ? 'bool' : field.dtype.startsWith('float') || field.dtype === 'bfloat16'
-      ? 'float64' : field.dtype.startsWith('uint') ? 'uint64' : 'int64';
-    return new Fixed(kind, field.value);
+const nameHeaders = new Map(); // field name -> its msgpack str bytes
+
+function nameBytes(name) {
+  let bytes = nameHeaders.get(name);
+  if (bytes === undefined) {
+    bytes = encode(name);
+    nameHeaders.set(name, bytes);
   }
-  const raw = bytesOf(field.data);
-  const count = field.shape.reduce((a, b) => a * b, 1);
-  if (raw.length !== count * spec[1]) {
-    throw new RangeError(`shape ${JSON.stringify(field.shape)} of ${field.dtype} needs ${count * spec[1]} bytes, got ${raw.length}`);
+  return bytes;
+}
+
+const frames = new Map(); // dtype|shape|lib -> ext header + dtype code + ndim + shape
+
+function frameOf(field) {
+  const id = `${field.dtype}|${field.shape.join(',')}|${field.lib}`;
+  let frame = frames.get(id);
+  if (frame === undefined) {
+    const spec = DTYPES[field.dtype];
+    if (!spec) throw new TypeError(`unsupported dtype ${field.dtype}`);
+    const count = field.shape.reduce((a, b) => a * b, 1);
+    const payload = 2 + 8 * field.shape.length + count * spec[1];
+    const header = payload <= 0xff ? Buffer.from([0xc7, payload])
+      : payload <= 0xffff ? Buffer.from([0xc8, payload >> 8, payload & 0xff])
+        : Buffer.from([0xc9, payload >>> 24, (payload >> 16) & 0xff, (payload >> 8) & 0xff, payload & 0xff]);
+    const shape = Buffer.alloc(2 + 8 * field.shape.length);
+    shape[0] = spec[0];
+    shape[1] = field.shape.length;
+    field.shape.forEach((dim, i) => shape.writeBigUInt64LE(BigInt(dim), 2 + 8 * i));
+    frame = { bytes: Buffer.concat([header, Buffer.from([field.lib === 'torch' ? EXT_TORCH : EXT_NUMPY]), shape]), data: count * spec[1] };
+    frames.set(id, frame);
   }
-  const header = Buffer.alloc(2 + 8 * field.shape.length);
-  header[0] = spec[0];
-  header[1] = field.shape.length;
-  field.shape.forEach((dim, i) => header.writeBigUInt64LE(BigInt(dim), 2 + 8 * i));
-  return new Ext(field.lib === 'torch' ? EXT_TORCH : EXT_NUMPY, Buffer.concat([header, raw]));
+  return frame;
+}
+
+const SCALAR_KIND = {}; // dtype -> 'float64' | 'int64' | 'uint64' | 'bool'
+for (const name of Object.keys(DTYPES)) {
+  SCALAR_KIND[name] = name === 'bool' ? 'bool' : name.includes('float') ? 'float64'
+    : name.startsWith('uint') ? 'uint64' : 'int64';
 }
 
 /** One item (an object of fields made with array() / scalar()) as a redisbuf record:
- * the bytes Python writes for the same dict item (fields in sorted order). */
+ * the bytes Python writes for the same dict item (fields in sorted order), written into
+ * one buffer (the hot path of add). */
 export function encodeRecord(record) {
-  const out = new Map();
-  for (const name of Object.keys(record).sort()) out.set(name, encodeField(record[name]));
-  return encode(out);
+  const names = Object.keys(record).sort();
+  let size = names.length < 16 ? 1 : 3;
+  const plan = new Array(names.length);
+  for (let i = 0; i < names.length; i++) {
+    const field = record[names[i]];
+    const key = nameBytes(names[i]);
+    if (field.value !== undefined) {
+      const kind = SCALAR_KIND[field.dtype];
+      if (kind === undefined) throw new TypeError(`unsupported dtype ${field.dtype}`);
+      plan[i] = [key, kind, field.value];
+      size += key.length + (kind === 'bool' ? 1 : 9);
+    } else {
+      const frame = frameOf(field);
+      const raw = bytesOf(field.data);
+      if (raw.length !== frame.data) {
+        throw new RangeError(`shape ${JSON.stringify(field.shape)} of ${field.dtype} needs ${frame.data} bytes, got ${raw.length}`);
+      }
+      plan[i] = [key, frame.bytes, raw];
+      size += key.length + frame.bytes.length + raw.length;
+    }
+  }
+  const out = Buffer.allocUnsafe(size);
+  let at = 0;
+  if (names.length < 16) out[at++] = 0x80 | names.length;
+  else { out[at++] = 0xde; out.writeUInt16BE(names.length, at); at += 2; }
+  for (const [key, how, value] of plan) {
+    at += key.copy(out, at);
+    if (typeof how !== 'string') {
+      at += how.copy(out, at);
+      at += value.copy(out, at);
+    } else if (how === 'float64') {
+      out[at] = 0xcb; out.writeDoubleBE(Number(value), at + 1); at += 9;
+    } else if (how === 'int64') {
+      out[at] = 0xd3; out.writeBigInt64BE(BigInt(value), at + 1); at += 9;
+    } else if (how === 'uint64') {
+      out[at] = 0xcf; out.writeBigUInt64BE(BigInt(value), at + 1); at += 9;
+    } else {
+      out[at++] = value ? 0xc3 : 0xc2;
+    }
+  }
+  return out;
 }
 
 /** A record's fields: arrays as {dtype, shape, lib, bytes (Buffer, little-endian), values
