@@ -20,7 +20,7 @@ import msgpack
 import numpy as np
 import redis
 
-from . import codec, lifetime, limiters, scripts
+from . import codec, functions, lifetime, limiters, scripts
 from .connection import (
     as_client,
     check_durability,
@@ -257,6 +257,9 @@ class ReplayBuffer:
         # on a cluster, the client of the master of the buffer's slot (see SlotClient)
         self.client = guarded(slot_client(as_client(redis_or_url), BufferKeys(name).meta))
         check_eviction_policy(self.client, strict)
+        # the FCALL library for clients in other languages (redisbuf/functions.py): best
+        # effort, checked once per client
+        functions.ensure_installed(self.client)
         self.durability, self.durability_timeout = durability, float(durability_timeout)
         check_durability_support(self.client, durability)
         self.keys = BufferKeys(name)

@@ -237,7 +237,7 @@ def translate(exc: redis.exceptions.ResponseError) -> Exception:
     if not match:
         return exc
     code, detail = match.group(1), match.group(2).strip()
-    detail = re.sub(r"\s*script: \w+, on @user_script:\d+\.?$", "", detail)
+    detail = re.sub(r"\s*script: \w+, on @user_(?:script|function):\d+\.?$", "", detail)
     error = _ERROR_CODES.get(code, errors.RedisBufError)(detail)
     error.code = code  # type: ignore[attr-defined]
     return error

@@ -13,6 +13,8 @@ plot          :mod:`redisbuf.cli.plot` (matplotlib)
 export/import :mod:`redisbuf.cli.transfer`
 drop          :mod:`redisbuf.cli.drop`
 metrics       :mod:`redisbuf.cli.metrics` (Prometheus exporter)
+functions     :mod:`redisbuf.cli.functions` (the FCALL library)
+acl           :mod:`redisbuf.cli.acl` (per-buffer ACL roles)
 ============  ===================================================================
 
 Shared by all (:mod:`redisbuf.cli._common`): ``--url`` (default ``$REDISBUF_URL``),
@@ -62,6 +64,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "metrics",
         "serve Prometheus metrics of all or the named buffers (every class) over HTTP",
     ),
+    "functions": (
+        "functions",
+        "install the FCALL library (rb_add, rb_sample_uniform...) for clients in any language",
+    ),
+    "acl": ("acl", "print (or apply) the ACL SETUSER line of a per-buffer role"),
     "worker": (
         "worker",
         "one demo worker in the foreground (e.g. one container of docker-compose)",

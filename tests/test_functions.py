@@ -1,0 +1,284 @@
+"""The FCALL library (redisbuf/functions.py): each function does what the Python path does,
+refuses bad input with every key unchanged, and is installed once, versioned."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from redisbuf import PERSampler, ReplayBuffer, cli, codec, functions
+from redisbuf.containers import schema_to_json
+from redisbuf.keys import BufferKeys
+from redisbuf.server import EmbeddedServer
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _snapshot(client: redis.Redis, name: str) -> dict[bytes, object]:
+    """Every key of the buffer with its type and content."""
+    out: dict[bytes, object] = {}
+    for key in sorted(client.scan_iter(match=BufferKeys(name).pattern)):
+        kind = client.type(key)
+        if kind == b"hash":
+            out[key] = client.hgetall(key)
+        elif kind == b"zset":
+            out[key] = client.zrange(key, 0, -1, withscores=True)
+        elif kind == b"list":
+            out[key] = client.lrange(key, 0, -1)
+        else:
+            out[key] = client.dump(key)
+    return out
+
+
+def _batch(n: int, start: int = 0) -> dict[str, np.ndarray]:
+    return {
+        "obs": np.arange(start * 3, (start + n) * 3, dtype=np.float32).reshape(n, 3),
+        "log_rewards": np.linspace(-1, 0, n),
+    }
+
+
+def _records(batch: dict[str, np.ndarray]) -> list[bytes]:
+    n = len(batch["log_rewards"])
+    return [codec.packb({k: v[i] if v.ndim > 1 else float(v[i]) for k, v in
+                         sorted(batch.items())}) for i in range(n)]
+
+
+def _schema(batch: dict[str, np.ndarray]) -> str:
+    from redisbuf.containers import KINDS
+
+    return schema_to_json(KINDS["dict"].split(batch)[2])
+
+
+def _fcall_add(client, name, batch, options="", batch_id=None):
+    keys = BufferKeys(name).all_keys()
+    args: list[object] = [_schema(batch), len(batch["log_rewards"]), options]
+    for blob, reward in zip(_records(batch), batch["log_rewards"], strict=True):
+        args += [blob, repr(float(reward))]
+    if batch_id is not None:
+        args.append(batch_id)
+    return client.fcall("rb_add", len(keys), *keys, *args)
+
+
+def test_the_library_is_built_from_the_lua_files_and_versioned():
+    source = functions.library_source()
+    assert source.startswith("#!lua name=redisbuf\n")
+    assert len(functions.version()) == 16
+    for name in ("rb_version", "rb_add", "rb_sample_uniform", "rb_update_priority", "rb_len",
+                 "rb_stats", "rb_init", "rb_sample_uniform_ro"):
+        assert f"function_name = '{name}'" in source
+    # one implementation: add.lua's body is in it verbatim
+    add_body = (Path(__file__).resolve().parent.parent / "lua" / "add.lua").read_text()
+    assert add_body.split("-- @include insert\n", 1)[1] in source
+
+
+def test_opening_a_buffer_installs_the_library_once(client, buffer_name):
+    client.execute_command("FUNCTION", "FLUSH")
+    ReplayBuffer(client, buffer_name, capacity=8)
+    assert functions.installed_version(client) == functions.version()
+    assert client.fcall_ro("rb_version", 0).decode() == functions.version()
+    # an older library of the same name is replaced; an identical one is left alone
+    client.execute_command(
+        "FUNCTION", "LOAD", "REPLACE",
+        "#!lua name=redisbuf\nredis.register_function{function_name='rb_version', "
+        "callback=function() return 'old' end, flags={'no-writes'}}",
+    )
+    assert functions.installed_version(client) == "old"
+    assert functions.install(client) is True
+    assert functions.install(client) is False
+    assert functions.installed_version(client) == functions.version()
+
+
+def test_rb_add_stores_what_python_reads_back_bit_exact(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=5)
+    batch = _batch(4)
+    assert _fcall_add(client, buffer_name, batch) == [1, 4, 0]
+    assert client.fcall_ro("rb_len", 2, buffer.keys.meta, buffer.keys.order) == 4
+    got = buffer.get([1, 2, 3, 4])
+    assert got["obs"].tobytes() == batch["obs"].tobytes()
+    np.testing.assert_array_equal(got["log_rewards"], batch["log_rewards"])
+    # Python adds next: same schema, same ids sequence, eviction beyond capacity (FIFO)
+    assert buffer.add(_batch(2, 4)).ids.tolist() == [5, 6]
+    assert len(buffer) == 5
+    assert _fcall_add(client, buffer_name, _batch(1, 6)) == [7, 1, 1]
+    assert client.hget(buffer.keys.meta, "schema").decode() == _schema(batch)
+    stats = client.fcall_ro("rb_stats", 2, buffer.keys.meta, buffer.keys.order)
+    stats = dict(zip(stats[::2], stats[1::2], strict=True))
+    assert stats[b"length"] == b"5" and stats[b"inserted"] == b"7" and stats[b"evicted"] == b"2"
+    assert not any(key.startswith(b"hist:") for key in stats)
+
+
+def test_rb_add_with_a_batch_id_stores_the_batch_once(client, buffer_name):
+    ReplayBuffer(client, buffer_name, capacity=10)
+    first = _fcall_add(client, buffer_name, _batch(3), batch_id="b-1")
+    again = _fcall_add(client, buffer_name, _batch(3), batch_id="b-1")
+    assert first == again == [1, 3, 0]
+    assert client.zcard(BufferKeys(buffer_name).order) == 3
+    assert _fcall_add(client, buffer_name, _batch(3), batch_id="b-2") == [4, 3, 0]
+
+
+@pytest.mark.parametrize(
+    "mutate, code",
+    [
+        (lambda a: a.__setitem__(1, "x"), "RB_INVALID"),  # n not a number
+        (lambda a: a.__setitem__(1, 5), "RB_INVALID"),  # n disagrees with the records
+        (lambda a: a.__setitem__(0, "{not json"), "RB_SCHEMA"),
+        (lambda a: a.__setitem__(0, '{"kind":"dict","fields":{}}'), "RB_SCHEMA"),  # another
+        (lambda a: a.__setitem__(4, "nan"), "RB_INVALID"),  # a NaN log-reward
+        (lambda a: a.__setitem__(2, '{"per_priorities":["1","2"]}'), "RB_CONFIG"),  # no PER
+        (lambda a: a.__setitem__(2, "[1"), "RB_INVALID"),
+    ],
+)
+def test_rb_add_refuses_bad_input_leaving_every_key_unchanged(client, buffer_name, mutate, code):
+    buffer = ReplayBuffer(client, buffer_name, capacity=10)
+    buffer.add(_batch(2))
+    before = _snapshot(client, buffer_name)
+    batch = _batch(2, 2)
+    keys = buffer.keys.all_keys()
+    args: list[object] = [_schema(batch), 2, ""]
+    for blob, reward in zip(_records(batch), batch["log_rewards"], strict=True):
+        args += [blob, repr(float(reward))]
+    mutate(args)
+    with pytest.raises(redis.exceptions.ResponseError, match=code):
+        client.fcall("rb_add", len(keys), *keys, *args)
+    assert _snapshot(client, buffer_name) == before
+
+
+def test_rb_add_needs_the_buffer_and_refuses_read_only_calls(client, buffer_name):
+    keys = BufferKeys(buffer_name).all_keys()
+    batch = _batch(1)
+    functions.install(client)
+    with pytest.raises(redis.exceptions.ResponseError, match="RB_NOBUF"):
+        _fcall_add(client, buffer_name, batch)
+    assert client.keys("*" + buffer_name + "*") == []
+    with pytest.raises(redis.exceptions.ResponseError):
+        client.fcall_ro("rb_add", len(keys), *keys, _schema(batch), 1, "", b"x", "0")
+
+
+def test_rb_init_then_rb_add_creates_a_buffer_python_opens(client, buffer_name):
+    functions.install(client)
+    keys = BufferKeys(buffer_name)
+    meta = client.fcall("rb_init", 2, keys.meta, keys.shards, 16, "fifo", 1, 0, 600)
+    assert b"capacity" in meta
+    _fcall_add(client, buffer_name, _batch(3))
+    buffer = ReplayBuffer.open(client, buffer_name)
+    assert buffer.capacity == 16 and buffer.sample(3)["obs"].shape == (3, 3)
+
+
+def test_rb_sample_uniform_returns_python_records_and_counts_the_draw(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=10)
+    batch = _batch(4)
+    buffer.add(batch)
+    keys = buffer.keys.all_keys()
+    uniforms = bytes(6 * 3)  # three draws at u = 0: ranks 0, 1, 2 without replacement
+    reply = client.fcall("rb_sample_uniform", len(keys), *keys, 3, 0, 1, uniforms)
+    length, first, ids, blobs = reply[0], reply[1], reply[2:5], reply[5:]
+    assert (length, first, ids) == (4, 1, [b"000000000001", b"000000000002", b"000000000003"])
+    for i, blob in enumerate(blobs):
+        assert codec.unpackb(blob)["obs"].tobytes() == batch["obs"][i].tobytes()
+    assert buffer.stats()["sampled"] == 3
+    # the read-only variant draws the same and counts nothing
+    assert client.fcall_ro("rb_sample_uniform_ro", len(keys), *keys, 3, 0, 1, uniforms) == reply
+    assert buffer.stats()["sampled"] == 3
+    with pytest.raises(redis.exceptions.ResponseError, match="RB_INVALID"):
+        client.fcall("rb_sample_uniform", len(keys), *keys, 3, 0, 1, b"short")
+
+
+def test_rb_update_priority_moves_the_python_samplers_draws(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(alpha=1.0))
+    buffer.add(_batch(4))
+    keys = buffer.keys.all_keys()
+    reply = client.fcall(
+        "rb_update_priority", len(keys), *keys,
+        "000000000001", "0", "000000000002", "0", "000000000003", "0", "000000000004", "5",
+        "000000000099", "1",  # not stored: skipped
+    )
+    assert reply[0] == 4
+    info = buffer.sample_with_info(8, replacement=True)
+    assert info.ids.tolist() == [4] * 8
+    before = _snapshot(client, buffer_name)
+    with pytest.raises(redis.exceptions.ResponseError, match="RB_INVALID"):
+        client.fcall("rb_update_priority", len(keys), *keys, "000000000001", "-1")
+    assert _snapshot(client, buffer_name) == before
+    # PER priorities given with rb_add (options JSON, as ReplayBuffer.add(priorities=))
+    assert _fcall_add(client, buffer_name, _batch(1, 4), options='{"per_priorities":["7"]}')
+    assert client.zscore(buffer.keys.per, "000000000005") == 7.0
+
+
+def test_a_user_without_function_permission_still_opens_buffers(real_client, buffer_name):
+    real_client.execute_command("FUNCTION", "FLUSH")
+    real_client.execute_command(
+        "ACL", "SETUSER", "nofn", "on", ">pw", "~*", "&*", "+@all", "-function"
+    )
+    try:
+        url = real_client.connection_pool.connection_kwargs
+        user = redis.Redis(host=url["host"], port=url["port"], username="nofn", password="pw")
+        with ReplayBuffer(user, buffer_name, capacity=4) as buffer:
+            buffer.add(_batch(2))
+            assert len(buffer) == 2
+        assert functions.installed_version(real_client) is None
+    finally:
+        real_client.execute_command("ACL", "DELUSER", "nofn")
+
+
+# -- the README's redis-cli example ------------------------------------------------------
+
+
+def _readme_cli_block() -> str:
+    text = README.read_text()
+    match = re.search(r"```console\n(\$ redisbuf functions install .*?)```", text, re.DOTALL)
+    assert match, "README has no redis-cli example"
+    return match.group(1)
+
+
+def _split_redis_cli(line: str) -> list[bytes]:
+    """A line of redis-cli input as redis-cli splits it ("..." with \\xHH escapes, '...')."""
+    out = []
+    for word in shlex.split(line, posix=False):
+        if word.startswith('"'):
+            body = word[1:-1].encode("latin-1")
+            out.append(body.decode("unicode_escape").encode("latin-1"))
+        elif word.startswith("'"):
+            out.append(word[1:-1].encode())
+        else:
+            out.append(word.encode())
+    return out
+
+
+@pytest.mark.redis_server
+def test_the_readme_redis_cli_example_adds_a_record_and_samples_it_back():
+    block = _readme_cli_block()
+    install, cli_line, rest = block.split("\n", 2)
+    commands = rest.split("\nEOF\n", 1)[0]
+    with EmbeddedServer() as server:
+        client = redis.Redis.from_url(server.url)
+        argv = shlex.split(install.removeprefix("$ "))
+        assert argv[:3] == ["redisbuf", "functions", "install"]
+        assert cli.main([*argv[1:-1], server.url]) == 0
+        assert functions.installed_version(client) == functions.version()
+        redis_cli = shutil.which("redis-cli")
+        if redis_cli:  # .ci/test installs Debian's redis-server, which brings redis-cli
+            flags = shlex.split(cli_line.removeprefix("$ redis-cli").split("<<")[0])
+            done = subprocess.run(
+                [redis_cli, "-p", str(server.port), *flags], input=commands.encode() + b"\n",
+                capture_output=True, check=True,
+            )
+            out = done.stdout
+            assert b"ERR" not in out, out
+        else:  # the same commands through redis-py
+            replies = [client.execute_command(*_split_redis_cli(line))
+                       for line in commands.splitlines() if line.strip()]
+            out = json.dumps(replies, default=repr).encode()
+        assert b"000000000001" in out
+        buffer = ReplayBuffer.open(server.url, "demo")
+        assert buffer.get([1])["x"].tolist() == [1.5]
+        assert buffer.stats()["sampled"] == 1
+        buffer.close()
+        client.close()
