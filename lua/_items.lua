@@ -36,29 +36,55 @@ end
 
 -- Prioritized experience replay (PER) keeps, besides the per zset, meta per_sum (with
 -- per_comp, its Neumaier compensation, so long update sequences do not drift) and
--- per_nonzero, the number of non-zero priorities: the mean non-zero priority in O(1).
+-- per_nonzero, the number of non-zero priorities: the mean non-zero priority in O(1);
+-- and per_mass (with per_mass_comp), the sum of the masses (p + eps)^alpha, which
+-- lets lua/sample_prioritized.lua correct a stale draw to the current law (kept only
+-- where the field exists: PER turned on, loaded or cleared by this version).
 local function per_enabled(K)
   return redis.call('HGET', K.meta, 'tree_mass') == 'per'
 end
 
+-- The PER mass of a priority p: (p + eps)^alpha, 0 when p + eps <= 0.
+local function per_mass_of(p, alpha, eps)
+  local base = p + eps
+  if base <= 0 then return 0 end
+  return base ^ alpha
+end
+
 local function per_account(K, removed, added)
   if #removed == 0 and #added == 0 then return end
-  local conf = redis.call('HMGET', K.meta, 'per_sum', 'per_comp', 'per_nonzero')
+  local conf = redis.call('HMGET', K.meta, 'per_sum', 'per_comp', 'per_nonzero', 'per_mass',
+    'per_mass_comp', 'per_alpha', 'per_eps')
   local sum, comp, nonzero = tonumber(conf[1]) or 0, tonumber(conf[2]) or 0, tonumber(conf[3]) or 0
+  local mass, mass_comp = tonumber(conf[4]) or 0, tonumber(conf[5]) or 0
+  local alpha, eps = tonumber(conf[6]) or 1, tonumber(conf[7]) or 0
   local function push(x)
     local t = sum + x
     if math.abs(sum) >= math.abs(x) then comp = comp + ((sum - t) + x)
     else comp = comp + ((x - t) + sum) end
     sum = t
   end
+  local function push_mass(x)
+    local t = mass + x
+    if math.abs(mass) >= math.abs(x) then mass_comp = mass_comp + ((mass - t) + x)
+    else mass_comp = mass_comp + ((x - t) + mass) end
+    mass = t
+  end
+  local track = conf[4] and true or false
   for _, p in ipairs(removed) do
     if p ~= 0 then nonzero = nonzero - 1 push(-p) end
+    if track then push_mass(-per_mass_of(p, alpha, eps)) end
   end
   for _, p in ipairs(added) do
     if p ~= 0 then nonzero = nonzero + 1 push(p) end
+    if track then push_mass(per_mass_of(p, alpha, eps)) end
   end
   if nonzero <= 0 then sum, comp, nonzero = 0, 0, 0 end
   redis.call('HSET', K.meta, 'per_sum', fmt(sum), 'per_comp', fmt(comp), 'per_nonzero', nonzero)
+  if track then
+    if redis.call('ZCARD', K.order) == 0 then mass, mass_comp = 0, 0 end
+    redis.call('HSET', K.meta, 'per_mass', fmt(mass), 'per_mass_comp', fmt(mass_comp))
+  end
 end
 
 -- The PER priorities (numbers) of ids; false for ids without one (one ZMSCORE per CHUNK

@@ -17,6 +17,9 @@ redis.call('HDEL', K.meta, 'present_uses', 'removed_uses', 'removed_items', 'ret
   'stale_removed', 'rejected_stale', 'rejected_session', 'staleness_sum', 'staleness_count',
   'rl_inserts', 'rl_samples')  -- and the rate limiter's (lua/rate_limit.lua)
 redis.call('HDEL', K.meta, 'per_sum', 'per_comp', 'per_nonzero')
+if redis.call('HGET', K.meta, 'tree_mass') == 'per' then
+  redis.call('HSET', K.meta, 'per_mass', 0, 'per_mass_comp', 0)
+end
 drop_legacy_tree(K)
 if masslog_on(K) then masslog_reset(K) end
 return removed

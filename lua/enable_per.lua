@@ -46,6 +46,7 @@ else
   redis.call('HSET', K.meta, 'per_alpha', ARGV[1], 'per_eps', ARGV[2], 'per_initial', ARGV[3],
     'tree_mass', 'per', 'per_fill', 0, 'per_fill_end', conf[8] or 0)
   redis.call('HDEL', K.meta, 'per_sum', 'per_comp', 'per_nonzero')
+  redis.call('HSET', K.meta, 'per_mass', 0, 'per_mass_comp', 0)
 end
 local fill_end = redis.call('HGET', K.meta, 'per_fill_end')
 local ids = redis.call('ZRANGEBYSCORE', K.order, '(' .. conf[7], fill_end, 'LIMIT', 0, slice)

@@ -58,6 +58,7 @@ redis.call('HSET', meta, 'inserted', string.format('%.0f', inserted),
   'last_id', string.format('%.0f', last),
   'present_uses', string.format('%.0f', used))
 redis.call('HDEL', meta, 'per_sum', 'per_comp', 'per_nonzero')
+if per then redis.call('HSET', meta, 'per_mass', 0, 'per_mass_comp', 0) end
 if ARGV[3] ~= '' then
   redis.call('HSET', meta, 'schema', ARGV[3], 'kind', cjson.decode(ARGV[3])['kind'])
 end

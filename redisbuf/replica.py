@@ -109,6 +109,8 @@ class MassReplica:
         # True once caught up after the current sample began: its draw may be committed
         # by presence alone (see lua/sample_prioritized.lua)
         self.fresh = False
+        #: spare draws the last PER commits needed (redisbuf/samplers.py _commit_corrected)
+        self.spares = 0
         self.alpha = 1.0
         self.eps = 0.0
         self.ref = 0.0

@@ -298,6 +298,8 @@ def _commit_attempts(
     under concurrent writers each attempt costs one round trip and a few redraws. Draws
     without replacement (successive draws) are drawn again in full, and committed by
     presence once the replica was caught up after the sample began."""
+    if rule == "per" and replacement:
+        return _commit_corrected(buffer, n, rng, replica, inline, script)
     keys = buffer.keys
     all_keys = keys.all_keys()
     ids: np.ndarray | None = None
@@ -349,7 +351,7 @@ def _commit_attempts(
         if int(reply[0]) != 1:
             touched = replica.catch_up(buffer, reply)
         else:
-            blobs = reply[4:] if inline else replies[1]
+            blobs = reply[8 : 8 + int(reply[7])] if inline else replies[1]
             if all(blob is not None for blob in blobs):
                 slots = np.array([replica.slot_of[i] for i in ids.tolist()], dtype=np.int64)
                 masses = replica.tree.sums[slots + replica.tree.size]
@@ -371,6 +373,141 @@ def _commit_attempts(
         f"buffer {buffer.name!r}: a prioritized draw could not be committed in "
         f"{_COMMIT_ATTEMPTS} attempts (the buffer changed before every commit)"
     )
+
+
+# Spare draws sent with each PER draw, for the server to use in its place when its item
+# changed since the replica's version (lua/sample_prioritized.lua, "correct" mode)
+_SPARES = 2
+
+
+def _send_commit(
+    buffer: ReplayBuffer, script: scripts.Script, args: list[Any], members: list[bytes] | None
+) -> list[Any]:
+    """The commit script, the HMGET of ``members`` (None: none) and the schema, in one
+    pipeline; the script's reply translated (the read-only variant on a server refusing
+    writes)."""
+    keys = buffer.keys
+    all_keys = keys.all_keys()
+
+    def send() -> list[Any]:
+        pipe = buffer.client.pipeline(transaction=False)
+        pipe.evalsha(script.sha, len(all_keys), *all_keys, *args)
+        if members is not None:
+            pipe.hmget(keys.items, members)
+        pipe.hget(keys.meta, "schema")
+        return pipe.execute(raise_on_error=False)
+
+    replies = retrying(send, name=buffer.client)
+    if isinstance(replies[0], redis.exceptions.NoScriptError):
+        buffer.client.script_load(script.source)
+        replies = retrying(send, name=buffer.client)
+    reply = replies[0]
+    if isinstance(reply, redis.exceptions.ResponseError):
+        if isinstance(reply, scripts._REFUSED_WRITES):
+            replies[0] = buffer._run("sample_prioritized", all_keys, args)  # read-only variant
+        else:
+            raise scripts.translate(reply)
+    elif isinstance(reply, Exception):
+        raise reply
+    return replies
+
+
+def _commit_corrected(
+    buffer: ReplayBuffer,
+    n: int,
+    rng: np.random.Generator,
+    replica: MassReplica,
+    inline: bool,
+    script: scripts.Script,
+) -> _ReplicaDraw:
+    """PER draws (with replacement) committed in "correct" mode: whatever changed since
+    the replica's version, the server corrects the draw to the law at the commit
+    (lua/sample_prioritized.lua, correct_draw) and returns the log entries the replica
+    lacks, so a draw stands in one round trip however busy the writers are; the blobs of
+    the few draws it replaced are read in a second."""
+    keys = buffer.keys
+    all_keys = keys.all_keys()
+    synced = replica.fresh  # read after this sample began
+    spares = max(_SPARES, replica.spares)
+    for _ in range(_COMMIT_ATTEMPTS):
+        replica.fresh = False
+        try:
+            replica.check_drawable(buffer.name, n, True)
+        except (EmptyBufferError, SamplingError):
+            if synced:
+                raise
+            replica.sync(buffer)  # it may be behind: decide on what the buffer holds now
+            synced = True
+            continue
+        slots, _, _ = replica.draw(n * (1 + spares), rng, True)
+        candidates = replica.ids[slots].reshape(n, 1 + spares)
+        primary = candidates[:, 0]
+        members = [b"%012d" % i for i in primary.tolist()]
+        packed = b"".join(b"%012d" % i for i in candidates.reshape(-1).tolist())
+        uniforms = ",".join(map(repr, rng.random(2 * n).tolist()))
+        args = ["per", replica.epoch, replica.version, "correct", int(inline), packed,
+                spares, uniforms]
+        replies = _send_commit(buffer, script, args, None if inline else members)
+        reply = replies[0]
+        if int(reply[0]) != 1:
+            touched = replica.catch_up(buffer, reply)
+            synced = True
+            if touched:  # some draw had every candidate changed: send more candidates
+                spares = _spares_for(replica, touched, n)
+            continue
+        replica.spares = max(_SPARES, int(spares * 0.9))  # slowly back to the default
+        count = int(reply[7])
+        blobs = list(reply[8 : 8 + count]) if inline else list(replies[1])
+        if reply[4]:  # corrected: catch up with the entries it went by
+            ids = np.frombuffer(reply[4], dtype="S12").astype(np.int64)
+            entries = reply[8 + count :]
+            replica.catch_up(buffer, [0, reply[5], reply[6], 0, *entries])
+            if not inline:
+                moved = np.flatnonzero(ids != primary)
+                if len(moved):
+                    fetched = buffer.client.hmget(keys.items, [
+                        b"%012d" % i for i in ids[moved].tolist()])
+                    for position, blob in zip(moved.tolist(), fetched, strict=True):
+                        blobs[position] = blob
+        else:
+            ids = primary
+        final = [b"%012d" % i for i in ids.tolist()]
+        if any(blob is None for blob in blobs):  # gone before the HMGET: not a draw
+            buffer._run("undo_draws", all_keys, final)
+            replica.sync(buffer)
+            continue
+        if replica.epoch != _text(reply[5]) or replica.version != int(reply[6]):
+            replica.sync(buffer)  # (a reload meanwhile) the masses as of now
+        where = np.array([replica.slot_of.get(i, -1) for i in ids.tolist()], dtype=np.int64)
+        if (where < 0).any():
+            buffer._run("undo_draws", all_keys, final)
+            continue
+        masses = replica.tree.sums[where + replica.tree.size]
+        return _ReplicaDraw(
+            ids.tolist(), blobs, replies[-1], masses / replica.tree.total, masses,
+            replica.scores[where], replica.tree.min_mass, float(reply[2]), int(reply[3]),
+        )
+    raise SamplingError(
+        f"buffer {buffer.name!r}: a prioritized draw could not be committed in "
+        f"{_COMMIT_ATTEMPTS} attempts"
+    )
+
+
+def _spares_for(replica: MassReplica, touched: set[int], n: int) -> int:
+    """Spare draws per draw such that all 1 + spares of some draw's candidates fall on
+    changed items with probability about 1%, if as much changes before the next commit
+    as the share of the mass that ``touched`` holds now (at most 64)."""
+    where = [replica.slot_of[i] for i in touched if i in replica.slot_of]
+    share = float(replica.tree.sums[np.array(where, dtype=np.int64) + replica.tree.size].sum())
+    share = min(max(share / replica.tree.total, 1e-9), 0.99) if replica.tree.total > 0 else 0.5
+    needed = int(np.ceil(np.log(0.01 / n) / np.log(share))) - 1
+    spares = min(64, max(_SPARES, needed))
+    replica.spares = spares
+    return spares
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class PrioritizedSampler:
