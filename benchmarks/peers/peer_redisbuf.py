@@ -68,6 +68,9 @@ def sampler(url: str, name: str, capacity: int, prio: bool, n: int) -> Any:
         buf.sample(n)
         return n
 
+    # the first prioritized draw reads the buffer's priorities into this process's replica
+    # (redisbuf/replica.py), once: not timed, as Reverb's first dataset batch is not
+    sample(0)
     return lambda deadline: loop_until(deadline, sample)
 
 
