@@ -326,27 +326,8 @@ def _commit_attempts(
             mode = "exact"
         members = [b"%012d" % i for i in ids.tolist()]
         args = [rule, replica.epoch, replica.version, mode, int(inline), *members]
-
-        def send(args: list[Any] = args, members: list[bytes] = members) -> list[Any]:
-            pipe = buffer.client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(all_keys), *all_keys, *args)
-            if not inline:
-                pipe.hmget(keys.items, members)
-            pipe.hget(keys.meta, "schema")
-            return pipe.execute(raise_on_error=False)
-
-        replies = retrying(send, name=buffer.client)
-        if isinstance(replies[0], redis.exceptions.NoScriptError):
-            buffer.client.script_load(script.source)
-            replies = retrying(send, name=buffer.client)
+        replies = _send_commit(buffer, script, args, None if inline else members)
         reply = replies[0]
-        if isinstance(reply, redis.exceptions.ResponseError):
-            if isinstance(reply, scripts._REFUSED_WRITES):
-                reply = buffer._run("sample_prioritized", all_keys, args)  # read-only variant
-            else:
-                raise scripts.translate(reply)
-        if isinstance(reply, Exception):
-            raise reply
         touched: set[int] | None = None
         if int(reply[0]) != 1:
             touched = replica.catch_up(buffer, reply)
