@@ -562,7 +562,7 @@ class ReplayBuffer:
     ) -> AddResult:
         """Store a batch in two calls: ``add_reserve`` checks it and reserves its ids, then
         one MULTI/EXEC writes the blobs with a native HSET and runs ``add_commit`` for the
-        rest (priorities, order, eviction, trees). The blobs never pass through Lua, which
+        rest (priorities, order, eviction, the mass log). The blobs never pass through Lua, which
         took most of the server's time; readers see the whole batch or none of it, and a
         writer that dies before EXEC leaves nothing but a gap in the ids."""
         schema_json = schema_to_json(schema)

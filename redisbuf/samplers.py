@@ -561,7 +561,9 @@ def _nonnegative(name: str, value: float) -> float:
 class PERSampler:
     """Prioritized experience replay (Schaul et al.; ALF, DI-engine, Reverb): with
     replacement, item ``i`` is drawn with probability ``(p_i + eps)^alpha / sum_j
-    (p_j + eps)^alpha``, O(log capacity) per draw via the buffer's sum tree.
+    (p_j + eps)^alpha``, from this process's replica of the priorities (a sum tree in
+    numpy, :mod:`redisbuf.replica`); the server commits the draw, corrected to the law
+    at the commit when the replica was behind (lua/sample_prioritized.lua).
 
     ``p_i`` is the item's PER priority (the ``per`` sorted set), set by
     :meth:`ReplayBuffer.update_priority` or ``add(..., priorities=...)``; a new item
