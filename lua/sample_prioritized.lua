@@ -17,7 +17,7 @@
 -- ARGV[5] "1" = also return blobs  ARGV[6..] the drawn ids (12-digit; may repeat)
 -- In "correct" mode instead: ARGV[6] the draws' candidate ids packed (12 characters each,
 -- 1 + S per draw: the draw, then S more draws of the replica for its place)
--- ARGV[7] S  ARGV[8] two uniforms per draw, comma-separated
+-- ARGV[7] S  ARGV[8] two uniforms per draw, packed 6 bytes each (see uniform_at)
 -- Returns {1, length, per_sum, per_nonzero, ids, epoch, version, count, blob_1..blob_count,
 -- entry_1..} when the draw stands: ids "" when the draw stands as sent, else the
 -- corrected draw packed (12 characters each), with the log entries after the replica's
@@ -36,7 +36,7 @@
 -- replica's draws were in proportion to masses that are still those of the untouched
 -- items, so among them they follow the current law. Nil when a draw's candidates are all
 -- touched, or the total is not kept (a buffer from an earlier version).
-local function correct_draw(K, entries, packed, spares, uniforms_text)
+local function correct_draw(K, entries, packed, spares, uniforms)
   local conf = redis.call('HMGET', K.meta, 'per_mass', 'per_mass_comp', 'per_alpha', 'per_eps')
   if not conf[1] then return nil end
   local total = tonumber(conf[1]) + tonumber(conf[2])
@@ -69,14 +69,12 @@ local function correct_draw(K, entries, packed, spares, uniforms_text)
   end
   local share = 0
   if total > 0 then share = changed / total end
-  local uniforms = {}
-  for u in string.gmatch(uniforms_text, '[^,]+') do uniforms[#uniforms + 1] = tonumber(u) end
   local width = 12 * (spares + 1)
   local n = #packed / width
   local out = {}
   for j = 1, n do
-    if #live > 0 and uniforms[2 * j - 1] < share then
-      local target = uniforms[2 * j] * changed
+    if #live > 0 and uniform_at(uniforms, 2 * j - 1) < share then
+      local target = uniform_at(uniforms, 2 * j) * changed
       local lo, hi = 1, #live
       while lo < hi do  -- the first cumulative mass above the target
         local mid = math.floor((lo + hi) / 2)

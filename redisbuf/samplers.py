@@ -423,9 +423,10 @@ def _commit_corrected(
         slots, _, _ = replica.draw(n * (1 + spares), rng, True)
         candidates = replica.ids[slots].reshape(n, 1 + spares)
         primary = candidates[:, 0]
-        members = [b"%012d" % i for i in primary.tolist()]
-        packed = b"".join(b"%012d" % i for i in candidates.reshape(-1).tolist())
-        uniforms = ",".join(map(repr, rng.random(2 * n).tolist()))
+        primary_slots = slots.reshape(n, 1 + spares)[:, 0]
+        packed = _id_text(candidates.reshape(-1))
+        members = [packed[k : k + 12] for k in range(0, len(packed), 12 * (1 + spares))]
+        uniforms = packed_uniforms(rng, 2 * n)
         args = ["per", replica.epoch, replica.version, "correct", int(inline), packed,
                 spares, uniforms]
         replies = _send_commit(buffer, script, args, None if inline else members)
@@ -452,14 +453,18 @@ def _commit_corrected(
                         blobs[position] = blob
         else:
             ids = primary
-        final = [b"%012d" % i for i in ids.tolist()]
+        final = members if ids is primary else [b"%012d" % i for i in ids.tolist()]
         if any(blob is None for blob in blobs):  # gone before the HMGET: not a draw
             buffer._run("undo_draws", all_keys, final)
             replica.sync(buffer)
             continue
         if replica.epoch != _text(reply[5]) or replica.version != int(reply[6]):
             replica.sync(buffer)  # (a reload meanwhile) the masses as of now
-        where = np.array([replica.slot_of.get(i, -1) for i in ids.tolist()], dtype=np.int64)
+        if ids is primary:
+            where = primary_slots
+        else:
+            where = np.array([replica.slot_of.get(i, -1) for i in ids.tolist()],
+                             dtype=np.int64)
         if (where < 0).any():
             buffer._run("undo_draws", all_keys, final)
             continue
@@ -489,6 +494,19 @@ def _spares_for(replica: MassReplica, touched: set[int], n: int) -> int:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+_DIGITS = 10 ** np.arange(11, -1, -1, dtype=np.int64)
+
+
+def _id_text(ids: np.ndarray) -> bytes:
+    """Ids (< 10^12) as 12-digit text, back to back (lua/_common.lua's id_str), without a
+    Python loop. The mass log packs ids 12 characters wide too (as the earlier sum tree's
+    slot maps did): prioritized sampling stops at id 10^12."""
+    if len(ids) and int(ids.max()) >= _ID_LIMIT:
+        raise SamplingError(f"prioritized sampling packs ids in 12 digits; id {int(ids.max())}")
+    digits = (ids.astype(np.int64)[:, None] // _DIGITS) % 10 + 48
+    return digits.astype(np.uint8).tobytes()
 
 
 class PrioritizedSampler:
