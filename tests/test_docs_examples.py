@@ -7,7 +7,8 @@ The rules (docs and README authors rely on them):
   that page (empty at the page's start). The working directory is a fresh temporary
   directory, so examples write files with relative paths.
 - ```bash blocks run with ``bash -euo pipefail`` in the same directory, with the same URL
-  replacement, and with this interpreter's ``python`` and ``redisbuf`` first on PATH.
+  replacement, and with this interpreter's ``python`` and ``redisbuf`` first on PATH
+  (and, where no ``redis-cli`` is installed, the bundled ``valkey-cli`` under that name).
 - Other fences (```console, ```text, ```json, ```lua ...) are shown, never run. The
   aliases ```py, ```sh, ```shell, ```python3 are refused: they would look like code that
   runs while escaping this test.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,7 +37,7 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
-from redisbuf.server import EmbeddedServer
+from redisbuf.server import EmbeddedServer, bundled_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_URL = "redis://127.0.0.1:6379/0"
@@ -177,10 +179,25 @@ def run_python(block: Block, state: PageRun) -> None:
         os.chdir(cwd)
 
 
+def bash_path(workdir: str) -> str:
+    """PATH for bash blocks: this venv's bin first; a redis-cli if the machine has none."""
+    path = [os.path.dirname(sys.executable), os.environ.get("PATH", "")]
+    server = bundled_server_binary()
+    if shutil.which("redis-cli") is None and server is not None:
+        cli = Path(server).with_name("valkey-cli")
+        if cli.is_file():
+            shim = Path(workdir) / ".bin"
+            shim.mkdir(exist_ok=True)
+            if not (shim / "redis-cli").exists():
+                (shim / "redis-cli").symlink_to(cli)
+            path.insert(1, str(shim))
+    return os.pathsep.join(path)
+
+
 def run_bash(block: Block, state: PageRun) -> None:
     code = block.source.replace(DOC_URL, state.server.url)
     env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["PATH"] = bash_path(state.workdir.name)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", code],
