@@ -324,10 +324,11 @@ class ReplayBuffer:
         env: the torchgfn environment of the containers.
         capacity, prioritized_capacity, prioritized_sampling: as torchgfn. Sampling
             draws without replacement whenever ``n <= len``, as torchgfn does.
-        remote_manager_rank, remote_buffer_freq, communication_backend, timing,
-            async_score, baseline_filtering, scoring_only, baseline_refresh_after: as
+        remote_manager_rank, remote_buffer_freq, communication_backend, timing: as
             torchgfn; ``communication_backend`` is ``"mpi"`` or ``"redis"`` (torch.distributed
-            is not used). ``async_comm=True`` means ``async_score=True`` (sends never block
+            is not used).
+        async_score, baseline_filtering, scoring_only, baseline_refresh_after: as
+            torchgfn. ``async_comm=True`` means ``async_score=True`` (sends never block
             here). ``lazy_sort`` is accepted and changes nothing: every add is sorted
             into Redis at once.
         url: Redis URL or client (None: ``$REDISBUF_URL``).

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -382,28 +381,19 @@ def test_parser_lists_the_subcommands():
         assert "--url" in choices[name].format_help()
 
 
-# -- README ----------------------------------------------------------------------------
+# -- docs ------------------------------------------------------------------------------
 
 
-def test_readme_python_examples_run(tmp_path, monkeypatch):
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
-    assert blocks
-    monkeypatch.chdir(tmp_path)
-    with EmbeddedServer() as server:
-        for block in blocks:
-            code = block.replace("redis://127.0.0.1:6379/0", server.url)
-            code = code.replace("/tmp/tour.rbuf", str(tmp_path / "tour.rbuf"))
-            exec(compile(code, "README.md", "exec"), {})
-
-
-def test_readme_documents_every_subcommand_and_the_two_commands():
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_docs_document_every_subcommand_and_the_two_commands():
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
     for command in ("bash .ci/demo", "bash .ci/test"):
         assert command in readme
+    # the command's reference lives on the operators' page; the README points there
+    documented = readme + (root / "docs" / "operators.md").read_text()
     parser = cli.build_parser()
     choices = next(
         a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"
     ).choices
     for name in choices:
-        assert f"redisbuf {name}" in readme, name
+        assert f"redisbuf {name}" in documented, name

@@ -19,7 +19,7 @@ from redisbuf.containers import schema_to_json
 from redisbuf.keys import BufferKeys
 from redisbuf.server import EmbeddedServer
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+WIRE_FORMAT = Path(__file__).resolve().parent.parent / "docs" / "wire-format.md"
 
 
 def _snapshot(client: redis.Redis, name: str) -> dict[bytes, object]:
@@ -228,13 +228,13 @@ def test_a_user_without_function_permission_still_opens_buffers(real_client, buf
         real_client.execute_command("ACL", "DELUSER", "nofn")
 
 
-# -- the README's redis-cli example ------------------------------------------------------
+# -- the redis-cli example of docs/wire-format.md --------------------------------------
 
 
-def _readme_cli_block() -> str:
-    text = README.read_text()
+def _docs_cli_block() -> str:
+    text = WIRE_FORMAT.read_text()
     match = re.search(r"```console\n(\$ redisbuf functions install .*?)```", text, re.DOTALL)
-    assert match, "README has no redis-cli example"
+    assert match, "docs/wire-format.md has no redis-cli example"
     return match.group(1)
 
 
@@ -253,8 +253,8 @@ def _split_redis_cli(line: str) -> list[bytes]:
 
 
 @pytest.mark.redis_server
-def test_the_readme_redis_cli_example_adds_a_record_and_samples_it_back():
-    block = _readme_cli_block()
+def test_the_docs_redis_cli_example_adds_a_record_and_samples_it_back():
+    block = _docs_cli_block()
     install, cli_line, rest = block.split("\n", 2)
     commands = rest.split("\nEOF\n", 1)[0]
     with EmbeddedServer() as server:
