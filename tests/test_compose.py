@@ -230,9 +230,9 @@ def _setup_torch_pin() -> str:
     return match.group(1)
 
 
-def test_image_installs_what_the_operators_page_says(compose):
-    """The image's pip steps: the torch pin of .ci/setup (which docs/operators.md names),
-    then the package with exactly the extras its docker-compose section names."""
+def test_image_installs_what_the_readme_says(compose):
+    """The image's pip steps: the torch pin of .ci/setup (which the README names), then
+    the package with exactly the extras the README's docker-compose section names."""
     dockerfile = compose["services"]["manager"]["build"]["dockerfile_inline"]
     installs = [
         part.strip()
@@ -245,8 +245,8 @@ def test_image_installs_what_the_operators_page_says(compose):
     package = installs[1].split()[-1]
     assert package.startswith("."), installs[1]
     extras = set(re.findall(r"\[(.*)\]", package)[0].split(",")) if "[" in package else set()
-    page = (ROOT / "docs" / "operators.md").read_text()
-    section = page.split("\n## docker-compose\n", 1)[1].split("\n## ", 1)[0]
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## docker-compose", 1)[1].split("\n## ", 1)[0]
     assert f"`{pin}`" in section and "`.ci/setup`" in section
     if extras:
         assert f"redisbuf[{','.join(sorted(extras))}]" in section
