@@ -1,12 +1,13 @@
 """benchmarks/run_all.py and benchmarks/_report.py: recording rows, assembling the table,
-rewriting the README block, and one run of the runner over tiny fake benchmark scripts
-(no real benchmark runs here, and nothing is timed)."""
+rewriting the block of docs/performance.md, and one run of the runner over tiny fake
+benchmark scripts (no real benchmark runs here, and nothing is timed)."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
 
 
 @pytest.fixture
@@ -82,7 +84,7 @@ def test_rewrite_block_replaces_only_between_the_markers(bench):
     new = run_all.rewrite_block(text, "| new | table |\n")
     assert new == f"# title\n\nintro\n{run_all.BEGIN}\n| new | table |\n{run_all.END}\n\n## next\n"
     assert run_all.rewrite_block(new, "| new | table |") == new  # idempotent
-    # markers quoted inside a line (as the README's own description does) are not markers
+    # markers quoted inside a line (as the page's own description does) are not markers
     quoted = f"rewrites `{run_all.BEGIN}` to `{run_all.END}`\n"
     assert run_all.rewrite_block(quoted + text, "x") == quoted + run_all.rewrite_block(text, "x")
 
@@ -135,6 +137,24 @@ time.sleep(120)
 """
 
 
+def test_the_runner_writes_the_performance_page_and_a_png_mkdocs_serves(bench):
+    """By default the table goes into docs/performance.md (which has its one pair of
+    markers) and the PNG inside docs/, linked by a path that stays inside docs/:
+    ``mkdocs build --strict`` refuses a page linking a file outside docs_dir."""
+    _, run_all = bench
+    docs = ROOT / "docs"
+    assert run_all.PAGE == docs / "performance.md"
+    page = run_all.PAGE.read_text()
+    assert run_all.rewrite_block(page, "") != page  # exactly one begin and one end marker
+    assert run_all.PNG.is_relative_to(docs) and run_all.PNG.suffix == ".png"
+    block = page.split(run_all.BEGIN + "\n")[1].split(run_all.END)[0]
+    images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", block)
+    assert images, "the block shows the PNG it was written with"
+    for image in images:
+        assert (run_all.PAGE.parent / image).resolve().is_relative_to(docs), image
+        assert (run_all.PAGE.parent / image).is_file(), image
+
+
 def test_runner_over_fake_scripts_writes_the_block_and_the_png(tmp_path):
     scripts = tmp_path / "benchmarks"
     scripts.mkdir()
@@ -142,17 +162,19 @@ def test_runner_over_fake_scripts_writes_the_block_and_the_png(tmp_path):
     (scripts / "bench_fails.py").write_text(textwrap.dedent(FAKE_FAILS))
     (scripts / "bench_hangs.py").write_text(textwrap.dedent(FAKE_HANGS))
     (scripts / "helper.py").write_text("raise SystemExit('not a benchmark: never run')")
-    readme = tmp_path / "README.md"
-    before, after = "# x\n\n## Benchmarks\n\n", "\n\n## Next\ntext\n"
-    readme.write_text(f"{before}<!-- benchmarks:begin -->\nstale\n<!-- benchmarks:end -->{after}")
-    png = scripts / "throughput.png"
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "performance.md"
+    before, after = "# x\n\n## The latest run\n\n", "\n\n## Next\ntext\n"
+    page.write_text(f"{before}<!-- benchmarks:begin -->\nstale\n<!-- benchmarks:end -->{after}")
+    png = tmp_path / "docs" / "benchmarks" / "throughput.png"
+    png.parent.mkdir()
     done = subprocess.run(
         [sys.executable, str(BENCH / "run_all.py"), "--quick", "--timeout", "5",
-         "--bench-dir", str(scripts), "--readme", str(readme), "--png", str(png)],
+         "--bench-dir", str(scripts), "--page", str(page), "--png", str(png)],
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 1, done.stdout + done.stderr  # one failed, one timed out
-    text = readme.read_text()
+    text = page.read_text()
     assert text.startswith(before + "<!-- benchmarks:begin -->\n") and text.endswith(after)
     block = text.split("<!-- benchmarks:begin -->\n")[1].split("<!-- benchmarks:end -->")[0]
     assert "stale" not in block
