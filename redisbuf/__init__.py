@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .sharded import ShardedReplayBuffer
     from .terminating import TerminatingStateBuffer
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: submodule -> the names this package exports from it
 _EXPORTS: dict[str, tuple[str, ...]] = {
