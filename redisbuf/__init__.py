@@ -61,9 +61,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "errors": (
         "ConfigMismatchError", "ControlTimeoutError", "DecodeError", "DurabilityError",
         "EmptyBufferError", "FetchTimeoutError", "InvalidBatchError", "ItemTooLargeError",
-        "MissingExtraError", "PartialLoadError", "ProtocolError", "RateLimitTimeoutError", "RedisBufError",
-        "SamplingError", "SchemaError", "ServerConfigError", "ServerUnavailableError",
-        "ShardedBufferError", "ShardUnavailableError", "WaitTimeoutError",
+        "MissingExtraError", "PartialLoadError", "ProtocolError", "RateLimitTimeoutError",
+        "RedisBufError", "SamplingError", "SchemaError", "ServerConfigError",
+        "ServerUnavailableError", "ShardedBufferError", "ShardUnavailableError",
+        "WaitTimeoutError",
     ),
     "fragments": ("Chunk", "FragmentBuffer"),
     "keys": ("BufferKeys",),

@@ -38,8 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from redisbuf._extras import require as _require_extra
+
 from . import containers as rb
-from ._extras import require as _require_extra
 from .buffer import ReplayBuffer as _CoreBuffer
 from .errors import EmptyBufferError, SchemaError
 from .manager import ReplayBufferManager as _CoreManager
