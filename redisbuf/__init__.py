@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         FetchTimeoutError,
         InvalidBatchError,
         ItemTooLargeError,
+        MissingExtraError,
         PartialLoadError,
         ProtocolError,
         RateLimitTimeoutError,
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from .sharded import ShardedReplayBuffer
     from .terminating import TerminatingStateBuffer
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: submodule -> the names this package exports from it
 _EXPORTS: dict[str, tuple[str, ...]] = {
@@ -60,9 +61,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "errors": (
         "ConfigMismatchError", "ControlTimeoutError", "DecodeError", "DurabilityError",
         "EmptyBufferError", "FetchTimeoutError", "InvalidBatchError", "ItemTooLargeError",
-        "PartialLoadError", "ProtocolError", "RateLimitTimeoutError", "RedisBufError",
-        "SamplingError", "SchemaError", "ServerConfigError", "ServerUnavailableError",
-        "ShardedBufferError", "ShardUnavailableError", "WaitTimeoutError",
+        "MissingExtraError", "PartialLoadError", "ProtocolError", "RateLimitTimeoutError",
+        "RedisBufError", "SamplingError", "SchemaError", "ServerConfigError",
+        "ServerUnavailableError", "ShardedBufferError", "ShardUnavailableError",
+        "WaitTimeoutError",
     ),
     "fragments": ("Chunk", "FragmentBuffer"),
     "keys": ("BufferKeys",),
@@ -123,6 +125,7 @@ __all__ = [
     "Prefetcher",
     "PrioritizedSampler",
     "MinSize",
+    "MissingExtraError",
     "PartialLoadError",
     "ProtocolError",
     "RateLimitTimeoutError",

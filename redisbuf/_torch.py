@@ -25,7 +25,11 @@ def imported() -> ModuleType | None:
 
 
 def require() -> ModuleType:
-    """The torch module, imported now if no one has yet (for code that makes tensors)."""
-    import torch  # a dict lookup once imported
+    """The torch module, imported now if no one has yet (for code that makes tensors);
+    without torch, a :class:`~redisbuf.errors.MissingExtraError` naming ``redisbuf[torch]``."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch
+    from redisbuf._extras import require as require_extra  # absolute: this module may move
 
-    return torch
+    return require_extra("torch", "torch", "working with tensors")

@@ -35,6 +35,11 @@ class SamplingError(RedisBufError, ValueError):
     more draws without replacement than items of nonzero probability."""
 
 
+class MissingExtraError(RedisBufError, ImportError):
+    """What was asked needs an optional dependency that is not installed; the message names
+    the extra that installs it (e.g. ``pip install 'redisbuf[plot]'``)."""
+
+
 class DecodeError(RedisBufError, ValueError):
     """A stored blob is not a valid redisbuf item."""
 

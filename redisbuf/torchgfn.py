@@ -37,19 +37,20 @@ import weakref
 from typing import Any
 
 import numpy as np
-import torch
+
+from redisbuf._extras import require as _require_extra
 
 from . import containers as rb
 from .buffer import ReplayBuffer as _CoreBuffer
 from .errors import EmptyBufferError, SchemaError
 from .manager import ReplayBufferManager as _CoreManager
 
-try:  # torchgfn is the optional extra ``redisbuf[torchgfn]``
-    from gfn.containers import StatesContainer, Trajectories, Transitions
-except ImportError as _exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "redisbuf.torchgfn needs torchgfn: pip install 'redisbuf[torchgfn]'"
-    ) from _exc
+# torch and torchgfn come with the extra ``redisbuf[torchgfn]``: without either, importing
+# this module raises MissingExtraError (an ImportError) naming it
+_require_extra("torch", "torchgfn", "redisbuf.torchgfn")
+_require_extra("gfn.containers", "torchgfn", "redisbuf.torchgfn", package="torchgfn")
+import torch  # noqa: E402
+from gfn.containers import StatesContainer, Trajectories, Transitions  # noqa: E402
 
 __all__ = [
     "DEFAULT_MANAGER_NAME",

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from extras_helpers import modules_missing_without, redisbuf_without
 
 from redisbuf import ReplayBuffer, cli
 
@@ -116,6 +116,31 @@ def compose() -> dict[str, Any]:
     return load_yaml_subset(COMPOSE.read_text())
 
 
+def _image_installs(compose: dict[str, Any]) -> list[str]:
+    """The image's `pip install` commands, in order."""
+    dockerfile = compose["services"]["manager"]["build"]["dockerfile_inline"]
+    return [
+        part.strip()
+        for line in dockerfile.splitlines() if line.startswith("RUN ")
+        for part in line[4:].split("&&") if "pip install" in part
+    ]
+
+
+@pytest.fixture(scope="module")
+def image_extras(compose: dict[str, Any]) -> set[str]:
+    """The extras the image installs the package with (`pip install '.[a,b]'`)."""
+    package = _image_installs(compose)[-1].split()[-1].strip("'\"")
+    assert package.startswith("."), package
+    return set(re.findall(r"\[(.*)\]", package)[0].split(",")) if "[" in package else set()
+
+
+@pytest.fixture(scope="module")
+def as_in_image(image_extras: set[str]) -> list[str]:
+    """Modules the image lacks (those of the extras it does not install): the services'
+    commands run here with them blocked, so a service needing one fails as in the image."""
+    return modules_missing_without(image_extras)
+
+
 def test_reader_handles_the_subset():
     text = "a:\n  b: &x\n    c: [\"1\", \"2\"]\n  d: *x\n  e: |\n    line 1\n    line 2\n"
     text += "# comment\nf:\n  - \"q\"\n  - 3\n"
@@ -173,9 +198,12 @@ def test_image_build_copies_files_that_exist(compose):
 
 @pytest.mark.redis_server
 @pytest.mark.multiprocess
-def test_compose_commands_run_together_without_docker(compose, redis_server, buffer_name):
+def test_compose_commands_run_together_without_docker(
+    compose, redis_server, buffer_name, as_in_image
+):
     """What `docker compose up` runs, as processes: the manager and one worker per replica,
-    pointed at the test server, with a new buffer name and fewer batches."""
+    pointed at the test server, with a new buffer name and fewer batches, and without the
+    packages of the extras the image does not install."""
     services = compose["services"]
 
     def localize(command: list[str]) -> list[str]:
@@ -183,7 +211,7 @@ def test_compose_commands_run_together_without_docker(compose, redis_server, buf
         argv = [buffer_name if arg == "demo" else arg for arg in argv]
         if "--batches" in argv:
             argv[argv.index("--batches") + 1] = "3"
-        return [sys.executable, "-m", "redisbuf", *argv]
+        return redisbuf_without(as_in_image, *argv)
 
     replicas = services["worker"]["deploy"]["replicas"]
     manager = subprocess.Popen(localize(services["manager"]["command"]), text=True,
@@ -230,36 +258,48 @@ def _setup_torch_pin() -> str:
     return match.group(1)
 
 
-def test_image_installs_what_the_readme_says(compose):
-    """The image's pip steps: the torch pin of .ci/setup (which the README names), then
-    the package with exactly the extras the README's docker-compose section names."""
-    dockerfile = compose["services"]["manager"]["build"]["dockerfile_inline"]
-    installs = [
-        part.strip()
-        for line in dockerfile.splitlines() if line.startswith("RUN ")
-        for part in line[4:].split("&&") if "pip install" in part
-    ]
+def _compose_sections() -> list[str]:
+    """Every section of README.md and docs/**/*.md whose heading names docker-compose
+    (down to the next heading of the same or a higher level)."""
+    sections = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        lines = page.read_text().splitlines()
+        for start, line in enumerate(lines):
+            heading = re.match(r"(#+) ", line)
+            if heading and re.search(r"docker[- ]compose", line, re.IGNORECASE):
+                level = len(heading.group(1))
+                end = next((i for i in range(start + 1, len(lines))
+                            if re.match(rf"#{{1,{level}}} ", lines[i])), len(lines))
+                sections.append("\n".join(lines[start:end]))
+    return sections
+
+
+def test_image_installs_what_the_docs_say(compose, image_extras):
+    """The image's pip steps: the torch pin of .ci/setup (which the docs name), then the
+    package with exactly the extras the docs' docker-compose section names."""
+    installs = _image_installs(compose)
     assert len(installs) == 2, installs
     pin = _setup_torch_pin()
     assert installs[0].split()[-1] == pin  # torch first, pinned: pip takes no other torch
-    package = installs[1].split()[-1]
-    assert package.startswith("."), installs[1]
-    extras = set(re.findall(r"\[(.*)\]", package)[0].split(",")) if "[" in package else set()
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## docker-compose", 1)[1].split("\n## ", 1)[0]
-    assert f"`{pin}`" in section and "`.ci/setup`" in section
-    if extras:
-        assert f"redisbuf[{','.join(sorted(extras))}]" in section
-    else:
-        assert "without extras" in section
+    sections = _compose_sections()
+    assert sections, "no README / docs section headed docker-compose"
+    named = f"redisbuf[{','.join(sorted(image_extras))}]" if image_extras else "without extras"
+    assert any(
+        f"`{pin}`" in section and "`.ci/setup`" in section and named in section
+        for section in sections
+    ), f"no docker-compose section names `{pin}`, `.ci/setup` and {named}"
     known = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ])
-    assert extras <= known
+    assert image_extras <= known
+    # what the services run: the worker makes tensors, the exporter needs prometheus_client
+    assert {"torch", "metrics"} <= image_extras
 
 
 @pytest.mark.redis_server
-def test_metrics_service_command_serves_metrics_without_docker(compose, redis_server):
+def test_metrics_service_command_serves_metrics_without_docker(
+    compose, redis_server, as_in_image
+):
     import socket
     import time
     import urllib.request
@@ -271,7 +311,7 @@ def test_metrics_service_command_serves_metrics_without_docker(compose, redis_se
         port = sock.getsockname()[1]
     argv = [redis_server.url if arg == COMPOSE_URL else arg for arg in command[1:]]
     argv[argv.index("--port") + 1] = str(port)
-    proc = subprocess.Popen([sys.executable, "-m", "redisbuf", *argv, "--addr", "127.0.0.1"],
+    proc = subprocess.Popen(redisbuf_without(as_in_image, *argv, "--addr", "127.0.0.1"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "serving metrics" in proc.stdout.readline()

@@ -6,6 +6,7 @@ import argparse
 import threading
 from typing import Any
 
+from .._extras import require as require_extra
 from ..connection import redacted
 from ._common import (
     CommandError,
@@ -43,10 +44,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from ..metrics import serve
-    except ImportError as exc:
-        raise CommandError(f"redisbuf metrics needs prometheus_client: {exc}") from None
+    require_extra("prometheus_client", "metrics", "redisbuf metrics")
+    from ..metrics import serve
     for name in args.names:
         check_name(name)
     if not 0 <= args.port <= 65535:

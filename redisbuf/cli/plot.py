@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._extras import require as require_extra
 from ..connection import redacted
 from ..metrics import Histogram, Rate, history_rates, log_reward_histogram, snapshot
 from ._common import (
@@ -53,10 +54,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_url(args, "redisbuf plot")  # before the slow matplotlib import
-    try:
-        import matplotlib
-    except ImportError:
-        raise CommandError("redisbuf plot needs matplotlib: pip install matplotlib") from None
+    matplotlib = require_extra("matplotlib", "plot", "redisbuf plot")
     matplotlib.use("Agg")  # files only: no display needed
     from matplotlib import pyplot as plt
 
