@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .buffer import AddResult, ReplayBuffer, _priority_text
-from .containers import KINDS, _to_numpy
-from .errors import InvalidBatchError, SchemaError
+from ..errors import InvalidBatchError, SchemaError
+from ..store.containers import KINDS, _to_numpy
+from .replay import AddResult, ReplayBuffer, _priority_text
 from .terminating import terminating_states_of
 
 

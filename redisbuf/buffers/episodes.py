@@ -17,7 +17,7 @@ key                              type    content
 ``rb:{name}:episodes:steps``     hash    step position -> msgpack blob of the step
 ===============================  ======  ================================================
 
-Episode ids are 12-digit zero-padded decimals, as item ids of :mod:`redisbuf.keys`.
+Episode ids are 12-digit zero-padded decimals, as item ids of :mod:`redisbuf.store.keys`.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _torch, codec, scripts
-from .connection import as_client
-from .errors import ConfigMismatchError, InvalidBatchError
-from .keys import PREFIX, validate_name
-from .samplers import packed_uniforms
+from ..errors import ConfigMismatchError, InvalidBatchError
+from ..sampling.samplers import packed_uniforms
+from ..store import _torch, codec, scripts
+from ..store.connection import as_client
+from ..store.keys import PREFIX, validate_name
 
 FORMAT_VERSION = 1
 # Rejection draws per window before the exact (scan every episode) fallback.

@@ -42,12 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from . import codec, scripts
-from .connection import as_client
-from .errors import ConfigMismatchError, FetchTimeoutError, InvalidBatchError
-from .keys import PREFIX, validate_name
-from .samplers import packed_uniforms
-from .waiting import wait_for
+from ..errors import ConfigMismatchError, FetchTimeoutError, InvalidBatchError
+from ..sampling.samplers import packed_uniforms
+from ..sampling.waiting import wait_for
+from ..store import codec, scripts
+from ..store.connection import as_client
+from ..store.keys import PREFIX, validate_name
 
 FORMAT_VERSION = 1
 _CONFIG = ("max_chunks", "fragments_per_chunk", "max_staleness", "max_reuse")

@@ -20,19 +20,8 @@ import msgpack
 import numpy as np
 import redis
 
-from . import codec, functions, lifetime, limiters, scripts
-from .connection import (
-    as_client,
-    check_durability,
-    check_durability_support,
-    check_eviction_policy,
-    durability_wait,
-    guarded,
-    retrying,
-    slot_client,
-)
-from .containers import KINDS, ContainerKind, describe_schema_difference, kind_of, schema_to_json
-from .errors import (
+from ..control.remote import RemoteScorer
+from ..errors import (
     ConfigMismatchError,
     DecodeError,
     EmptyBufferError,
@@ -44,11 +33,35 @@ from .errors import (
     ShardedBufferError,
     WaitTimeoutError,
 )
-from .keys import BufferKeys, StagingKeys, format_id
-from .remote import RemoteScorer
-from .samplers import Draw, PrioritizedSampler, Sampler, UniformSampler, finish_turning_per_on
-from .waiting import UNSET, Unset, wait_for
-from .windows import WindowSampler, joined, recent_batch_size
+from ..sampling import lifetime, limiters
+from ..sampling.samplers import (
+    Draw,
+    PrioritizedSampler,
+    Sampler,
+    UniformSampler,
+    finish_turning_per_on,
+)
+from ..sampling.waiting import UNSET, Unset, wait_for
+from ..sampling.windows import WindowSampler, joined, recent_batch_size
+from ..store import codec, functions, scripts
+from ..store.connection import (
+    as_client,
+    check_durability,
+    check_durability_support,
+    check_eviction_policy,
+    durability_wait,
+    guarded,
+    retrying,
+    slot_client,
+)
+from ..store.containers import (
+    KINDS,
+    ContainerKind,
+    describe_schema_difference,
+    kind_of,
+    schema_to_json,
+)
+from ..store.keys import BufferKeys, StagingKeys, format_id
 
 #: Layout of a buffer's keys in Redis (meta ``format_version``).
 FORMAT_VERSION = 1
@@ -148,25 +161,25 @@ class ReplayBuffer:
             ``dict``); by default the first ``add`` fixes it.
         max_item_bytes: largest encoded item accepted by ``add``.
         seed: seeds this process's sampling random numbers.
-        sampler: a custom :class:`~redisbuf.samplers.Sampler` (overrides
+        sampler: a custom :class:`~redisbuf.sampling.samplers.Sampler` (overrides
             ``prioritized_sampling``).
         max_use: remove an item once it has been sampled this many times (see
-            :mod:`redisbuf.lifetime`); fixed at creation, ``None`` adopts the stored one.
+            :mod:`redisbuf.sampling.lifetime`); fixed at creation, ``None`` adopts the stored one.
         max_staleness: refuse and remove items whose model version is more than this
             behind the current one (see :meth:`update_model_version`); fixed at creation.
-        rate_limiter: a :mod:`redisbuf.limiters` limiter (``SampleToInsertRatio``,
+        rate_limiter: a :mod:`redisbuf.sampling.limiters` limiter (``SampleToInsertRatio``,
             ``MinSize``) enforced for every process; fixed at creation, ``None`` adopts
             the stored one.
         recent_data_ratio, recent_data_steps: ALF's recent data: ``ceil(n *
             recent_data_ratio)`` draws of every ``sample(n)`` come uniformly from the
             newest ``recent_data_steps`` items, the rest from the sampler. This
             process's setting, not the buffer's.
-        remote_manager_rank: rank of a :class:`~redisbuf.manager.ReplayBufferManager`
+        remote_manager_rank: rank of a :class:`~redisbuf.control.manager.ReplayBufferManager`
             that scores what this worker adds; the other remote arguments
             (``remote_buffer_freq``, ``async_score``, ``baseline_filtering``,
             ``baseline_refresh_after``, ``scoring_only``, ``communication_backend``:
             ``"mpi"``, ``"redis"`` or a transport object, ``timing``) follow torchgfn and
-            are described in :mod:`redisbuf.remote`. ``add`` then puts the score dict
+            are described in :mod:`redisbuf.control.remote`. ``add`` then puts the score dict
             (what torchgfn's ``add`` returns) in ``AddResult.score``.
         lazy_sort: accepted for torchgfn compatibility; changes nothing: eviction is
             already incremental, so there is no per-add sort to defer.
@@ -186,7 +199,7 @@ class ReplayBuffer:
             reply is not stored twice; fixed at creation (default 600), ``None`` adopts
             the stored one.
         shards: with ``N > 1``, the constructor returns a
-            :class:`~redisbuf.sharded.ShardedReplayBuffer`: one logical buffer of the
+            :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer`: one logical buffer of the
             global ``capacity`` over ``N`` shards (on a Redis Cluster, on different
             masters); fixed at creation.
     """
@@ -257,7 +270,7 @@ class ReplayBuffer:
         # on a cluster, the client of the master of the buffer's slot (see SlotClient)
         self.client = guarded(slot_client(as_client(redis_or_url), BufferKeys(name).meta))
         check_eviction_policy(self.client, strict)
-        # the FCALL library for clients in other languages (redisbuf/functions.py): best
+        # the FCALL library for clients in other languages (redisbuf/store/functions.py): best
         # effort, checked once per client
         functions.ensure_installed(self.client)
         self.durability, self.durability_timeout = durability, float(durability_timeout)
@@ -523,7 +536,7 @@ class ReplayBuffer:
 
         With a remote manager, ``.score`` of the result is the manager's score dict for
         this batch (None when nothing was sent), or with ``async_score`` the previous
-        send's (None on the first); see :mod:`redisbuf.remote`.
+        send's (None on the first); see :mod:`redisbuf.control.remote`.
         """
         options = lifetime.add_options(model_version, session_id)
         blobs, log_rewards, schema = self.encode(batch)
@@ -1007,7 +1020,7 @@ class ReplayBuffer:
 
     def stats(self) -> dict[str, Any]:
         """Counters, length, capacity and configuration, plus Redis memory of the keys;
-        data lifetime (:func:`redisbuf.lifetime.lifetime_stats`: mean use count of present
+        data lifetime (:func:`redisbuf.sampling.lifetime.lifetime_stats`: mean use count of present
         and removed items, mean staleness of sampled items, refused adds), priority
         min / mean / max, and insert / sample rates (items per second since this
         process's previous ``stats()``, or since creation on the first)."""

@@ -12,7 +12,7 @@ key                              type    content
 ``rb:{name}:seq:meta``           hash    configuration, schema, counters (``size``,
                                          ``added``, ``evicted``, ``sampled``: steps),
                                          max priority, rate history (``hist:*``,
-                                         ``last_insert``; see redisbuf/metrics.py)
+                                         ``last_insert``; see redisbuf/ops/metrics.py)
 ``rb:{name}:seq:steps``          hash    ``"env:pos"`` -> msgpack blob of one step
 ``rb:{name}:seq:envs``           hash    ``next:e``, ``start:e``, ``cur:e``, ``first:e``,
                                          ``ended:e``: the stream state of environment e
@@ -37,10 +37,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _torch, codec, scripts
-from .connection import as_client
-from .errors import DecodeError, EmptyBufferError, InvalidBatchError
-from .keys import PREFIX, validate_name
+from ..errors import DecodeError, EmptyBufferError, InvalidBatchError
+from ..store import _torch, codec, scripts
+from ..store.connection import as_client
+from ..store.keys import PREFIX, validate_name
 
 # ALF's StepType values
 FIRST, MID, LAST = 0, 1, 2

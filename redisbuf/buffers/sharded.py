@@ -50,7 +50,7 @@ shards sit on different masters, and each shard's scripts stay atomic on its one
   masses, so item ``i`` is drawn with probability ``mass_i / sum of all masses``;
   ``weights`` and ``importance_weights`` are over the whole buffer. ``update_priority``
   routes each global id to its shard (atomic per shard). Prioritized draws read every
-  shard's masses from this process's replicas (:mod:`redisbuf.replica`), caught up in one
+  shard's masses from this process's replicas (:mod:`redisbuf.sampling.replica`), caught up in one
   pipeline when the sample begins.
 * ``sample(..., block=True)`` waits (polling) until the shards hold ``min_size`` items.
 * Not supported: other custom samplers, ``max_use``, ``max_staleness``, rate limiters,
@@ -73,8 +73,25 @@ import numpy as np
 import redis
 import redis.crc
 
-from . import samplers, scripts
-from .buffer import (
+from ..errors import (
+    ConfigMismatchError,
+    DecodeError,
+    EmptyBufferError,
+    PartialLoadError,
+    SamplingError,
+    SchemaError,
+    ServerUnavailableError,
+    ShardUnavailableError,
+    WaitTimeoutError,
+)
+from ..sampling import samplers
+from ..sampling.replica import MassReplica, replica_of
+from ..sampling.samplers import Draw, PERSampler
+from ..store import scripts
+from ..store.connection import LOST, as_client, guarded, is_cluster
+from ..store.containers import describe_schema_difference, kind_of, schema_to_json
+from ..store.keys import BufferKeys
+from .replay import (
     FILE_MAGIC,
     SAVE_FORMAT_VERSION,
     AddResult,
@@ -88,22 +105,6 @@ from .buffer import (
     _state_records,
     _write_save,
 )
-from .connection import LOST, as_client, guarded, is_cluster
-from .containers import describe_schema_difference, kind_of, schema_to_json
-from .errors import (
-    ConfigMismatchError,
-    DecodeError,
-    EmptyBufferError,
-    PartialLoadError,
-    SamplingError,
-    SchemaError,
-    ServerUnavailableError,
-    ShardUnavailableError,
-    WaitTimeoutError,
-)
-from .keys import BufferKeys
-from .replica import MassReplica, replica_of
-from .samplers import Draw, PERSampler
 
 SLOTS = 16384
 LAYOUT_VERSION = 1

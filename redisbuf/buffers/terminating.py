@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _torch
-from .buffer import AddResult, ReplayBuffer
-from .containers import Array, States, Trajectories, Transitions
-from .errors import InvalidBatchError, SchemaError
+from ..errors import InvalidBatchError, SchemaError
+from ..store import _torch
+from ..store.containers import Array, States, Trajectories, Transitions
+from .replay import AddResult, ReplayBuffer
 
 
 def _rows(array: Array | None, mask: Array) -> Array | None:

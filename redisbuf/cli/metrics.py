@@ -6,7 +6,7 @@ import argparse
 import threading
 from typing import Any
 
-from ..connection import redacted
+from ..store.connection import redacted
 from ._common import (
     CommandError,
     add_json_argument,
@@ -44,7 +44,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from ..metrics import serve
+        from ..ops.metrics import serve
     except ImportError as exc:
         raise CommandError(f"redisbuf metrics needs prometheus_client: {exc}") from None
     for name in args.names:

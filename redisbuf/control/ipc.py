@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 from typing import Any
 
-from .codec import packb, unpackb
+from ..store.codec import packb, unpackb
 
 
 class MessageQueue:

@@ -25,10 +25,12 @@ from typing import Any
 import numpy as np
 from redis.cluster import RedisCluster
 
-from . import scripts
-from .buffer import ReplayBuffer
-from .containers import States, describe_schema_difference
-from .control.protocol import (
+from ..buffers.replay import ReplayBuffer
+from ..errors import ConfigMismatchError, ControlTimeoutError, ProtocolError, SchemaError
+from ..store import scripts
+from ..store.containers import States, describe_schema_difference
+from ..store.keys import format_id
+from .protocol import (
     ANY_SOURCE,
     DATA_TAG,
     METADATA_TAG,
@@ -45,8 +47,6 @@ from .control.protocol import (
     get_transport,
     request,
 )
-from .errors import ConfigMismatchError, ControlTimeoutError, ProtocolError, SchemaError
-from .keys import format_id
 
 log = logging.getLogger(__name__)
 
@@ -202,14 +202,14 @@ class ReplayBufferManager:
 
     def _make_transport(self, backend: Any, interval: float, ttl: float) -> Transport:
         if backend == "mpi":
-            from .control.mpi import MPITransport
+            from .mpi import MPITransport
 
             transport = MPITransport()
             if transport.rank != self.rank:
                 raise ValueError(f"manager rank {self.rank} but this MPI rank is {transport.rank}")
             return transport
         if backend == "redis":
-            from .control.redis import RedisManagerTransport
+            from .redis import RedisManagerTransport
 
             return RedisManagerTransport(
                 self.buffer.client, self.buffer.name, self.rank, interval, ttl

@@ -25,20 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _torch
-from .control.protocol import (
-    DATA_TAG,
-    OP_DATA,
-    OP_SCORE,
-    Transport,
-    decode,
-    expect_reply,
-    request,
-)
-from .errors import ControlTimeoutError, InvalidBatchError
+from ..errors import ControlTimeoutError, InvalidBatchError
+from ..store import _torch
+from .protocol import DATA_TAG, OP_DATA, OP_SCORE, Transport, decode, expect_reply, request
 
 if TYPE_CHECKING:
-    from .buffer import ReplayBuffer
+    from ..buffers.replay import ReplayBuffer
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +39,11 @@ def make_transport(buffer: ReplayBuffer, backend: Any) -> Transport:
     """A worker transport: ``"mpi"`` (COMM_WORLD), ``"redis"`` (the buffer's Redis and
     name, rank handed out by the manager) or a ready transport object."""
     if backend == "mpi":
-        from .control.mpi import MPITransport
+        from .mpi import MPITransport
 
         return MPITransport()
     if backend == "redis":
-        from .control.redis import RedisWorkerTransport
+        from .redis import RedisWorkerTransport
 
         return RedisWorkerTransport(buffer.client, buffer.name)
     if isinstance(backend, str):

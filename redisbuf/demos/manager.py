@@ -1,11 +1,11 @@
 """Live demo of the manager: one manager and N worker processes over the Redis backend.
 
-:func:`run` starts a :class:`~redisbuf.manager.ReplayBufferManager` and ``workers``
+:func:`run` starts a :class:`~redisbuf.control.manager.ReplayBufferManager` and ``workers``
 worker processes (``spawn``), all on buffer ``name`` at ``url``. Each worker adds
 ``batches`` HyperGrid batches with baseline filtering; the manager scores each one and
 replies with the baseline. The parent shows, live with rich, every worker's last score,
 how many trajectories the baseline let through, and the buffer's fill and baseline. Only
-small msgpack messages cross to the parent (:mod:`redisbuf.ipc`); batches travel
+small msgpack messages cross to the parent (:mod:`redisbuf.control.ipc`); batches travel
 through Redis.
 """
 
@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from ..control.ipc import MessageQueue
 from ..errors import RedisBufError
-from ..ipc import MessageQueue
 
 _ENV = {"ndim": 2, "height": 12}
 _BATCH = 32
@@ -44,9 +44,9 @@ def hypergrid_score(batch: Any, sender_rank: int = -1) -> dict[str, float]:
 
 
 def _manager_main(url: str, name: str, workers: int, capacity: int, events: Any) -> None:
-    from ..connection import connect
-    from ..demo import exit_with_parent
-    from ..manager import ReplayBufferManager
+    from ..control.manager import ReplayBufferManager
+    from ..store.connection import connect
+    from .processes import exit_with_parent
 
     exit_with_parent()
     try:
@@ -70,12 +70,12 @@ def _manager_main(url: str, name: str, workers: int, capacity: int, events: Any)
 def _worker_main(
     url: str, name: str, index: int, batches: int, events: Any, batch_size: int = _BATCH
 ) -> None:
-    from ..buffer import ReplayBuffer
-    from ..connection import connect
+    from ..buffers.replay import ReplayBuffer
+    from ..control.manager import ReplayBufferManager
     from ..control.redis import RedisWorkerTransport
-    from ..demo import exit_with_parent
     from ..envs import HyperGrid
-    from ..manager import ReplayBufferManager
+    from ..store.connection import connect
+    from .processes import exit_with_parent
 
     exit_with_parent()
     try:
@@ -141,9 +141,9 @@ def run(
     manager's final ``length``, ``capacity``, ``baseline_log_reward``,
     ``baseline_source``. ``capacity`` defaults to a quarter of what the workers add (at
     least four batches). Raises :class:`ManagerDemoError` if a process fails."""
-    from ..connection import connect
     from ..control.redis import ControlKeys
-    from ..keys import BufferKeys
+    from ..store.connection import connect
+    from ..store.keys import BufferKeys
 
     if workers < 1 or batches < 1 or batch_size < 1:
         raise ValueError("workers, batches and batch_size must be >= 1")

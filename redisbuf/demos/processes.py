@@ -4,7 +4,7 @@ Each worker process draws trajectories of a random policy on
 :class:`~redisbuf.envs.HyperGrid`, ``add`` s them to the one buffer and ``sample`` s from
 it. The parent only supervises: it creates the buffer, starts the workers (``spawn``
 context, real processes), follows their progress through small msgpack messages
-(:mod:`redisbuf.ipc`; no batch crosses a process boundary except through Redis), and
+(:mod:`redisbuf.control.ipc`; no batch crosses a process boundary except through Redis), and
 stops them all when one fails or when it is interrupted.
 
 :func:`run_worker` is also the loop of ``redisbuf worker`` (one worker in the
@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from .buffer import ReplayBuffer
-from .connection import as_client, connect
-from .envs import HyperGrid
-from .errors import RedisBufError
-from .ipc import MessageQueue
-from .keys import BufferKeys, validate_name
+from ..buffers.replay import ReplayBuffer
+from ..control.ipc import MessageQueue
+from ..envs import HyperGrid
+from ..errors import RedisBufError
+from ..store.connection import as_client, connect
+from ..store.keys import BufferKeys, validate_name
 
 #: Called after each batch with (worker index, items added, items sampled) of that batch.
 ProgressCallback = Callable[[int, int, int], None]
@@ -183,7 +183,7 @@ def run_worker(
         if on_batch is not None:
             on_batch(index, len(batch), len(drawn))
     if buffer.remote is not None:
-        from .manager import ReplayBufferManager
+        from ..control.manager import ReplayBufferManager
 
         buffer.drain_pending_score()
         ReplayBufferManager.send_termination_signal(buffer.remote.manager_rank, buffer)

@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import containers as rb
-from .buffer import ReplayBuffer as _CoreBuffer
-from .errors import EmptyBufferError, SchemaError
-from .manager import ReplayBufferManager as _CoreManager
+from ..buffers.replay import ReplayBuffer as _CoreBuffer
+from ..control.manager import ReplayBufferManager as _CoreManager
+from ..errors import EmptyBufferError, SchemaError
+from ..store import containers as rb
 
 try:  # torchgfn is the optional extra ``redisbuf[torchgfn]``
     from gfn.containers import StatesContainer, Trajectories, Transitions
@@ -286,12 +286,12 @@ def _worker_transport(backend: Any, url: Any = None, name: str | None = None) ->
     transport = _WORKER_TRANSPORTS.get((backend, name))
     if transport is None:
         if backend == "mpi":
-            from .control.mpi import MPITransport
+            from ..control.mpi import MPITransport
 
             transport = MPITransport()
         else:
-            from .connection import as_client
-            from .control.redis import RedisWorkerTransport
+            from ..control.redis import RedisWorkerTransport
+            from ..store.connection import as_client
 
             transport = RedisWorkerTransport(as_client(url), name)
         _WORKER_TRANSPORTS[(backend, name)] = transport
@@ -535,7 +535,8 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
     once full a batch's items enter only if their terminating state (conditions
     appended) is farther than ``cutoff_distance`` (p-norm ``p_norm_distance``) from every
     higher-ranked item of the batch and every stored item; the test runs in Redis,
-    atomically with the insert (:class:`redisbuf.diverse.NormBasedDiversePrioritizedReplayBuffer`).
+    atomically with the insert
+    (:class:`redisbuf.buffers.diverse.NormBasedDiversePrioritizedReplayBuffer`).
 
     Takes torchgfn's arguments (``env, capacity, cutoff_distance, p_norm_distance,
     remote_manager_rank, ...``) plus ``url=``, ``name=``, ``seed=`` and
@@ -581,7 +582,7 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
         )
 
     def _open(self, url: Any, options: dict[str, Any]) -> _CoreBuffer:
-        from .diverse import NormBasedDiversePrioritizedReplayBuffer as _CoreDiverse
+        from ..buffers.diverse import NormBasedDiversePrioritizedReplayBuffer as _CoreDiverse
 
         return _CoreDiverse(
             url,
@@ -613,7 +614,7 @@ class TerminatingStateBuffer(ReplayBuffer):
         super().__init__(env, capacity, **kwargs)
 
     def _open(self, url: Any, options: dict[str, Any]) -> _CoreBuffer:
-        from .terminating import TerminatingStateBuffer as _CoreTerminating
+        from ..buffers.terminating import TerminatingStateBuffer as _CoreTerminating
 
         return _CoreTerminating(
             url,
@@ -681,7 +682,7 @@ class ReplayBufferManager(_CoreManager):
     torchgfn containers built for ``env``. ``remote_manager_rank`` (forwarding to a
     higher manager) works over MPI: what this manager stores it sends on.
     ``diverse_replay_buffer=True`` makes the manager's buffer a
-    :class:`redisbuf.diverse.NormBasedDiversePrioritizedReplayBuffer` (default cutoff
+    :class:`redisbuf.buffers.diverse.NormBasedDiversePrioritizedReplayBuffer` (default cutoff
     0, p = 1, as torchgfn's), for Trajectories and terminating Transitions.
     """
 
@@ -711,7 +712,7 @@ class ReplayBufferManager(_CoreManager):
                 "backend run the upper manager on its own buffer name"
             )
         self.env = env
-        from .connection import as_client
+        from ..store.connection import as_client
 
         client = as_client(url)
         # a new manager starts empty, as torchgfn's: drop what an earlier run left
@@ -723,7 +724,7 @@ class ReplayBufferManager(_CoreManager):
                     "remote_manager_rank with diverse_replay_buffer: the diverse buffer "
                     "never sends to a manager (torchgfn's manager ignores it there)"
                 )
-            from .diverse import NormBasedDiversePrioritizedReplayBuffer as _CoreDiverse
+            from ..buffers.diverse import NormBasedDiversePrioritizedReplayBuffer as _CoreDiverse
 
             buffer: _CoreBuffer = _CoreDiverse(client, name, capacity=capacity)
         else:

@@ -24,7 +24,7 @@ argument, not a subcommand) nor which script ``EVALSHA`` runs. So a role is enfo
 
 from __future__ import annotations
 
-from .keys import BufferKeys
+from ..store.keys import BufferKeys
 
 ROLES = ("actor", "learner", "operator", "admin")
 

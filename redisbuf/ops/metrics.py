@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from .keys import PREFIX, BufferKeys
+from ..store.keys import PREFIX, BufferKeys
 
 HIST_STEP = 10  # seconds per history bucket; the same as lua/_history.lua
 HIST_SLOTS = 360
@@ -229,21 +229,23 @@ def buffer_classes(client: redis.Redis, name: str) -> list[str]:
 
 def class_keys(buffer_class: str, name: str) -> Any:
     """The key names of the buffer ``name`` of ``buffer_class`` (a key of
-    :data:`LAYOUTS`): :class:`~redisbuf.keys.BufferKeys`,
-    :class:`~redisbuf.sequence.SequenceKeys`, :class:`~redisbuf.episodes.EpisodeKeys` or
-    :class:`~redisbuf.fragments.FragmentKeys`; each has ``all_keys()`` and ``describe()``."""
+    :data:`LAYOUTS`): :class:`~redisbuf.store.keys.BufferKeys`,
+    :class:`~redisbuf.buffers.sequence.SequenceKeys`,
+    :class:`~redisbuf.buffers.episodes.EpisodeKeys` or
+    :class:`~redisbuf.buffers.fragments.FragmentKeys`; each has ``all_keys()`` and
+    ``describe()``."""
     if buffer_class == "buffer":
         return BufferKeys(name)
     if buffer_class == "sequence":
-        from .sequence import SequenceKeys
+        from ..buffers.sequence import SequenceKeys
 
         return SequenceKeys(name)
     if buffer_class == "episodes":
-        from .episodes import EpisodeKeys
+        from ..buffers.episodes import EpisodeKeys
 
         return EpisodeKeys(name)
     if buffer_class == "fragments":
-        from .fragments import FragmentKeys
+        from ..buffers.fragments import FragmentKeys
 
         return FragmentKeys(name)
     raise ValueError(f"unknown buffer class {buffer_class!r}: one of {', '.join(LAYOUTS)}")
@@ -310,7 +312,7 @@ def snapshot(
         raise ValueError(f"unknown buffer class {buffer_class!r}: one of {', '.join(LAYOUTS)}")
     if buffer_class != "buffer":
         return _class_snapshot(client, name, LAYOUTS[buffer_class], memory)
-    from .control.redis import ControlKeys
+    from ..control.redis import ControlKeys
 
     keys, ctl = BufferKeys(name), ControlKeys(name)
     pipe = client.pipeline(transaction=False)

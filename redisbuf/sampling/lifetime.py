@@ -19,10 +19,10 @@ import numbers
 import time
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigMismatchError
+from ..errors import ConfigMismatchError
 
 if TYPE_CHECKING:
-    from .buffer import ReplayBuffer
+    from ..buffers.replay import ReplayBuffer
 
 
 def check_setting(name: str, value: int | None, minimum: int) -> int | None:

@@ -12,7 +12,7 @@ holds across every process sharing the buffer. With ``diff = inserts * samples_p
 
 A call of ``n`` items is admitted when one more item would be, then counts all ``n``.
 A side that is not admitted waits (woken by the other side's admissions, see
-:mod:`redisbuf.waiting`) up to the call's ``timeout`` where the call gives one, else the
+:mod:`redisbuf.sampling.waiting`) up to the call's ``timeout`` where the call gives one, else the
 limiter's ``timeout`` seconds, then raises :class:`~redisbuf.errors.RateLimitTimeoutError`.
 """
 
@@ -22,11 +22,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigMismatchError, RateLimitTimeoutError
+from ..errors import ConfigMismatchError, RateLimitTimeoutError
 from .waiting import UNSET, Unset, wait_for
 
 if TYPE_CHECKING:
-    from .buffer import ReplayBuffer
+    from ..buffers.replay import ReplayBuffer
 
 DEFAULT_TIMEOUT = 60.0
 

@@ -31,7 +31,7 @@ per-process state (the random generator, the uniform sampler's record of the ids
 is touched only by draws. So while a prefetcher runs, leave drawing from that buffer
 object to it (another thread's ``sample`` would still be correct, but interleave with its
 random stream); ``add`` and ``update_priority`` from any thread are fine. A
-:class:`~redisbuf.samplers.PERSampler`'s ``beta`` is read when a batch is drawn: an
+:class:`~redisbuf.sampling.samplers.PERSampler`'s ``beta`` is read when a batch is drawn: an
 annealed ``beta`` applies from the next draw, not to batches in flight.
 
 **Errors.** An exception raised by a draw (``EmptyBufferError`` with ``block=False``, a
@@ -58,8 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _torch
-from .errors import EmptyBufferError, InvalidBatchError, WaitTimeoutError
+from ..errors import EmptyBufferError, InvalidBatchError, WaitTimeoutError
+from ..store import _torch
 
 #: Longest single blocking wait of the background thread: close() interrupts a blocking
 #: draw within about this long (a wait on the server cannot be cancelled from outside).
@@ -505,9 +505,9 @@ def to_torch(value: Any) -> Any:
 
 def _open_buffer(url: str, name: str, kwargs: dict[str, Any]) -> Any:
     """The buffer ``name`` at ``url``, sharded or not, with its stored configuration."""
-    from .buffer import ReplayBuffer
-    from .errors import ShardedBufferError
-    from .sharded import ShardedReplayBuffer
+    from ..buffers.replay import ReplayBuffer
+    from ..buffers.sharded import ShardedReplayBuffer
+    from ..errors import ShardedBufferError
 
     try:
         return ReplayBuffer.open(url, name, **kwargs)

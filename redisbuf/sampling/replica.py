@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ConfigMismatchError, EmptyBufferError, SamplingError
+from ..errors import ConfigMismatchError, EmptyBufferError, SamplingError
 
 if TYPE_CHECKING:
-    from .buffer import ReplayBuffer
+    from ..buffers.replay import ReplayBuffer
 
 # A softmax replica keeps exp(log_reward - ref); it is re-based when a log-reward passes
 # ref by this much (exp stays far from overflow) or the mass underflows.
@@ -109,7 +109,7 @@ class MassReplica:
         # True once caught up after the current sample began: its draw may be committed
         # by presence alone (see lua/sample_prioritized.lua)
         self.fresh = False
-        #: spare draws the last PER commits needed (redisbuf/samplers.py _commit_corrected)
+        #: spare draws the last PER commits needed (redisbuf/sampling/samplers.py _commit_corrected)
         self.spares = 0
         self.alpha = 1.0
         self.eps = 0.0

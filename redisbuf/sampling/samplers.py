@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import redis
 
-from . import scripts
-from .connection import retrying
-from .errors import ConfigMismatchError, EmptyBufferError, SamplingError
+from ..errors import ConfigMismatchError, EmptyBufferError, SamplingError
+from ..store import scripts
+from ..store.connection import retrying
 from .replica import MassReplica, replica_of
 
 if TYPE_CHECKING:
-    from .buffer import ReplayBuffer
+    from ..buffers.replay import ReplayBuffer
 
 
 @dataclass
@@ -518,7 +518,7 @@ class PrioritizedSampler:
     ``torch.multinomial(softmax(log_rewards), n, replacement=n > len)``; asking for more
     draws than items of nonzero probability raises :class:`SamplingError`, as does any
     item of log-reward +inf (the softmax is undefined). The draw is made in this process
-    from its replica of the log-rewards (:mod:`redisbuf.replica`) and committed by the
+    from its replica of the log-rewards (:mod:`redisbuf.sampling.replica`) and committed by the
     server only if it follows every change made before the sample began.
     """
 
@@ -580,7 +580,7 @@ class PERSampler:
     """Prioritized experience replay (Schaul et al.; ALF, DI-engine, Reverb): with
     replacement, item ``i`` is drawn with probability ``(p_i + eps)^alpha / sum_j
     (p_j + eps)^alpha``, from this process's replica of the priorities (a sum tree in
-    numpy, :mod:`redisbuf.replica`); the server commits the draw, corrected to the law
+    numpy, :mod:`redisbuf.sampling.replica`); the server commits the draw, corrected to the law
     at the commit when the replica was behind (lua/sample_prioritized.lua).
 
     ``p_i`` is the item's PER priority (the ``per`` sorted set), set by

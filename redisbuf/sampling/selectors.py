@@ -14,7 +14,7 @@ import numpy as np
 from .samplers import Draw, _draw_then_fetch
 
 if TYPE_CHECKING:
-    from .buffer import ReplayBuffer
+    from ..buffers.replay import ReplayBuffer
 
 _SCORES = ("log_reward", "priority")
 
@@ -59,7 +59,7 @@ class _Heap(_Selector):
 class MaxHeapSampler(_Heap):
     """The highest-scored items first, the oldest first among equals. ``by="log_reward"``
     ranks by log-reward; ``by="priority"`` by PER priority (a buffer using
-    :class:`~redisbuf.samplers.PERSampler` in some process)."""
+    :class:`~redisbuf.sampling.samplers.PERSampler` in some process)."""
 
     name, _order = "max_heap", "max"
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
-from .errors import WaitTimeoutError
+from ..errors import WaitTimeoutError
 
 T = TypeVar("T")
 

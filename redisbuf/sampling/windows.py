@@ -12,7 +12,7 @@ import numpy as np
 from .samplers import Draw, _draw_then_fetch, packed_uniforms
 
 if TYPE_CHECKING:
-    from .buffer import ReplayBuffer
+    from ..buffers.replay import ReplayBuffer
 
 
 def _slice_part(value: Any, what: str) -> str:

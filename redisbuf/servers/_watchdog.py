@@ -1,6 +1,6 @@
 """Keeps an embedded server from outliving the process that started it.
 
-Run by :class:`redisbuf.server.EmbeddedServer` as ``python -I -S _watchdog.py DIR
+Run by :class:`redisbuf.servers.embedded.EmbeddedServer` as ``python -I -S _watchdog.py DIR
 COMMAND...`` with a pipe on stdin (standard library only, so it starts in milliseconds).
 It starts COMMAND, prints its pid on stdout, and stops it (SIGTERM, SIGKILL after
 ``GRACE`` seconds) when stdin reaches EOF: the starting process closed the pipe or died,

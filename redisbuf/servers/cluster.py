@@ -1,6 +1,6 @@
 """A Redis Cluster of a few masters on loopback, for tests, benchmarks and trying things.
 
-Each master is an :class:`~redisbuf.server.EmbeddedServer` started with
+Each master is an :class:`~redisbuf.servers.embedded.EmbeddedServer` started with
 ``--cluster-enabled yes`` in its own temporary directory (its ``nodes.conf``). The slots
 are split into equal contiguous ranges (master ``i`` gets the ``i``-th) with
 ``CLUSTER ADDSLOTSRANGE``, the nodes meet with ``CLUSTER MEET``, all through redis-py: no
@@ -17,8 +17,8 @@ from types import TracebackType
 
 import redis
 
-from .errors import ServerUnavailableError
-from .server import EmbeddedServer
+from ..errors import ServerUnavailableError
+from .embedded import EmbeddedServer
 
 SLOTS = 16384
 # A node also listens on port + 10000 (the cluster bus), which must be a valid port.

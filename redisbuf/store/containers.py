@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import numpy as np
 
+from ..errors import DecodeError, InvalidBatchError, SchemaError
 from . import _torch, codec
 from .codec import dtype_name
-from .errors import DecodeError, InvalidBatchError, SchemaError
 
 if TYPE_CHECKING:
     import torch
 
-# torch only loads where a tensor is given or asked for (see redisbuf._torch)
+# torch only loads where a tensor is given or asked for (see redisbuf.store._torch)
 Array: TypeAlias = "np.ndarray | torch.Tensor"
 
 # Field roles: how a field maps onto one item.
@@ -219,7 +219,7 @@ class ContainerKind:
     """How one kind of batch is split into items and joined back.
 
     ``split`` validates a batch and returns its columns (one per field, ready for
-    :func:`redisbuf.codec.encode_columns`), the per-item log-rewards (float64; 0.0 where
+    :func:`redisbuf.store.codec.encode_columns`), the per-item log-rewards (float64; 0.0 where
     the batch has none) and the batch's schema. ``join`` rebuilds a batch of ``n`` items
     from decoded field values (see ``FieldValues``) and the stored schema.
     """

@@ -116,7 +116,7 @@ def _register(name: str, callee: str) -> str:
 @cache
 def library_source() -> str:
     """The library's Lua source (``#!lua name=redisbuf``), built from lua/."""
-    from .buffer import DEFAULT_RETRY_WINDOW
+    from ..buffers.replay import DEFAULT_RETRY_WINDOW
 
     parts = [f"local DEFAULT_WINDOW = {DEFAULT_RETRY_WINDOW!r}\n"]
     add = scripts.load("add")

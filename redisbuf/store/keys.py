@@ -18,7 +18,7 @@ key                        type    content
 ``rb:{name}:batches``      hash    batch id of a recent add -> its reply (see scripts.py)
 ``rb:{name}:batches:old``  hash    the previous generation of ``batches``, then forgotten
 ``rb:{name}:masslog``      list    recent score changes, for prioritized samplers' replicas
-``rb:{name}:shards``       hash    a sharded buffer's layout (see redisbuf/sharded.py)
+``rb:{name}:shards``       hash    a sharded buffer's layout (see redisbuf/buffers/sharded.py)
 =========================  ======  =====================================================
 
 ``tree``, ``tree:ids``, ``tree:slots`` and ``tree:free`` are left by versions that kept a
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 PREFIX = "rb"
 # Key namespaces under a buffer's tag that belong to the other structures of the same name
-# (redisbuf/episodes.py, sequence.py, fragments.py), which ReplayBuffer.drop leaves alone.
+# (redisbuf/buffers/episodes.py, sequence.py, fragments.py), which ReplayBuffer.drop leaves alone.
 FOREIGN = ("episodes:", "seq:", "fragments:")
 ID_WIDTH = 12
 # fullmatch: "$" alone would also accept a name ending in a newline
@@ -129,7 +129,7 @@ class BufferKeys:
 
     @property
     def batches_old(self) -> str:
-        """The previous generation of ``batches`` (see redisbuf/scripts.py, _REMEMBER)."""
+        """The previous generation of ``batches`` (see redisbuf/store/scripts.py, _REMEMBER)."""
         return self._key("batches:old")
 
     @property

@@ -16,15 +16,16 @@ from typing import Any
 
 import redis
 
-from . import errors
+from .. import errors
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.MULTILINE)
 
 
 def lua_dir() -> Path:
-    """The folder holding the .lua files: installed beside the package, or the checkout's."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "lua", here.parent / "lua"):
+    """The folder holding the .lua files: installed beside the package (``redisbuf/lua``),
+    or the checkout's top-level ``lua/``."""
+    here = Path(__file__).resolve().parent  # redisbuf/store
+    for candidate in (here.parent / "lua", here.parent.parent / "lua"):
         if (candidate / "add.lua").is_file():
             return candidate
     raise FileNotFoundError(f"redisbuf's lua/ folder was not found near {here}")
