@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from .buffers.diverse import DiverseAddResult, NormBasedDiversePrioritizedReplayBuffer
     from .buffers.episodes import EpisodeBuffer, EpisodeSample, Windows
     from .buffers.fragments import Chunk, FragmentBuffer
-    from .buffers.replay import AddResult, ReplayBuffer, SampleInfo
+    from .buffers.insert import AddResult
+    from .buffers.replay import ReplayBuffer, SampleInfo
     from .buffers.sequence import BatchInfo, SequenceBuffer
     from .buffers.sharded import ShardedReplayBuffer
     from .buffers.terminating import TerminatingStateBuffer
@@ -61,7 +62,8 @@ __version__ = "0.1.0"
 
 #: submodule -> the names this package exports from it
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "buffers.replay": ("AddResult", "ReplayBuffer", "SampleInfo"),
+    "buffers.replay": ("ReplayBuffer", "SampleInfo"),
+    "buffers.insert": ("AddResult",),
     "store.connection": ("connect",),
     "store.containers": ("States", "Trajectories", "Transitions"),
     "buffers.diverse": ("DiverseAddResult", "NormBasedDiversePrioritizedReplayBuffer"),

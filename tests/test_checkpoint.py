@@ -16,7 +16,7 @@ from test_per import assert_matches, chi2_limit, per_scores
 from test_sampling import assert_tree_consistent
 
 from redisbuf import BufferKeys, ConfigMismatchError, DecodeError, PERSampler, ReplayBuffer
-from redisbuf.buffers.replay import SAVE_FORMAT_VERSION
+from redisbuf.buffers.checkpoint import SAVE_FORMAT_VERSION
 
 ALPHA, EPS, INITIAL = 0.7, 0.01, 1.5
 PRIORITIES = [0.0, 0.1, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 0.05]

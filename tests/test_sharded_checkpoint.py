@@ -20,7 +20,7 @@ from redisbuf import (
     SchemaError,
     ServerUnavailableError,
 )
-from redisbuf.buffers.replay import SAVE_FORMAT_VERSION
+from redisbuf.buffers.checkpoint import SAVE_FORMAT_VERSION
 from redisbuf.buffers.sharded import ShardedReplayBuffer
 from redisbuf.sampling.samplers import PERSampler
 from redisbuf.store.keys import BufferKeys

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..errors import InvalidBatchError, SchemaError
 from ..store.containers import KINDS, _to_numpy
-from .replay import AddResult, ReplayBuffer, _priority_text
+from .insert import AddResult, _priority_text
+from .replay import ReplayBuffer
 from .terminating import terminating_states_of
 
 

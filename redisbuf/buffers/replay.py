@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-import gc
 import json
 import math
-import os
-import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import msgpack
 import numpy as np
 import redis
 
@@ -29,7 +20,6 @@ from ..errors import (
     ItemTooLargeError,
     RateLimitTimeoutError,
     SchemaError,
-    ServerUnavailableError,
     ShardedBufferError,
     WaitTimeoutError,
 )
@@ -46,10 +36,8 @@ from ..sampling.windows import WindowSampler, joined, recent_batch_size
 from ..store import codec, functions, scripts
 from ..store.connection import (
     as_client,
-    check_durability,
     check_durability_support,
     check_eviction_policy,
-    durability_wait,
     guarded,
     retrying,
     slot_client,
@@ -59,22 +47,18 @@ from ..store.containers import (
     ContainerKind,
     describe_schema_difference,
     kind_of,
-    schema_to_json,
 )
-from ..store.keys import BufferKeys, StagingKeys, format_id
+from ..store.keys import BufferKeys, decode_meta, format_id
+
+# FILE_MAGIC, SAVE_FORMAT_VERSION, Progress: importable from here as from redisbuf.buffer
+from .checkpoint import FILE_MAGIC, SAVE_FORMAT_VERSION, Checkpointing, Progress  # noqa: F401
+from .insert import AddResult, Inserting
 
 #: Layout of a buffer's keys in Redis (meta ``format_version``).
 FORMAT_VERSION = 1
-#: Version of the save format (``save`` / ``state_dict``). 1: records ``[id, log_reward,
-#: blob]``; 2: ``[id, log_reward, blob, per_priority, uses]`` and the header's ``per``.
-SAVE_FORMAT_VERSION = 2
-FILE_MAGIC = "redisbuf"
 DEFAULT_MAX_ITEM_BYTES = 64 * 1024 * 1024
 #: how long ``sample(..., block=True)`` waits when the call gives no ``timeout``
 BLOCK_TIMEOUT = 30.0
-_READ_CHUNK = 1000
-#: ``progress(done, total)`` of :meth:`ReplayBuffer.save` and :meth:`ReplayBuffer.load`.
-Progress = Callable[[int, int], None]
 #: Seconds a buffer remembers an add's batch id by default (``retry_window``), so that a
 #: retried add is not inserted twice (see Script.__call__): far longer than any retry takes.
 DEFAULT_RETRY_WINDOW = 600.0
@@ -83,18 +67,6 @@ DEFAULT_RETRY_WINDOW = 600.0
 _REPEATABLE_SCRIPTS = frozenset(
     {"init", "enable_tree", "enable_per", "lifetime_config", "limiter_config", "restore_items"}
 )
-
-
-@dataclass
-class AddResult:
-    """What one ``add`` did: the ids given to the batch's items (in batch order), how many
-    items the insertion evicted (possibly some of these new ones, under prioritized
-    capacity), and the manager's score dict when a remote manager is configured."""
-
-    ids: np.ndarray
-    evicted: int
-    score: dict[str, float] | None = None
-    rejected: str | None = None  # "stale" or "session": the batch was refused, not stored
 
 
 @dataclass
@@ -121,29 +93,7 @@ class _Config:
     retry_window: float = DEFAULT_RETRY_WINDOW
 
 
-@dataclass
-class _Restore:
-    """A checked restore (see ReplayBuffer._prepare_restore): the records, the schema
-    and the swap script's arguments."""
-
-    records: list[tuple[Any, ...]]
-    schema_json: str | None
-    inserted: int
-    sampled: int
-    carry_per: bool
-    most_used: int
-
-
-def _batch_id() -> str:
-    """A random batch id: 96 bits in 16 characters (a remembered batch costs its id)."""
-    return base64.urlsafe_b64encode(os.urandom(12)).decode()
-
-
-def _priority_text(value: float) -> str:
-    return "-inf" if value == -math.inf else repr(float(value))
-
-
-class ReplayBuffer:
+class ReplayBuffer(Inserting, Checkpointing):
     """A replay buffer stored in Redis under ``name``, shared by all processes using it.
 
     Args:
@@ -319,15 +269,22 @@ class ReplayBuffer:
                 baseline_refresh_after, scoring_only, communication_backend, timing,
             )
 
-    # shards=N (> 1) makes the constructor return a ShardedReplayBuffer instead. The class
-    # is chosen from the argument, before the server is asked what the name holds, so
-    # shards=1 on a sharded name lands here: lua/init.lua refuses it (see _refuse_sharded).
     def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> Any:
+        """Constructor dispatch, the only place where a constructor call picks another
+        class than the one called: ``ReplayBuffer(..., shards=N)`` with any ``shards``
+        but the integer 1 returns ``ShardedReplayBuffer(..., shards=N)`` built from the
+        same arguments (it validates ``N``). That object is not a ReplayBuffer, so Python
+        does not run ``ReplayBuffer.__init__`` on it. Subclasses take no ``shards``.
+
+        The class is chosen from the argument, before the server is asked what the name
+        holds: ``shards=1`` on a sharded name builds a plain buffer, whose creation
+        lua/init.lua refuses (see :meth:`_refuse_sharded`); :meth:`open` refuses a
+        sharded name likewise (``ShardedReplayBuffer.open`` opens one)."""
         if shards == 1 and not isinstance(shards, bool):
             return super().__new__(cls)
         if cls is not ReplayBuffer:
             raise ValueError(f"shards= is supported by ReplayBuffer, not {cls.__name__}")
-        from .sharded import ShardedReplayBuffer
+        from .sharded import ShardedReplayBuffer  # imports this module: not at the top
 
         return ShardedReplayBuffer(*args, shards=shards, **kwargs)
 
@@ -338,7 +295,7 @@ class ReplayBuffer:
         Raises :class:`ConfigMismatchError` if no buffer called ``name`` exists.
         """
         client = guarded(as_client(redis_or_url))
-        meta = _decode_meta(client.hgetall(BufferKeys(name).meta))
+        meta = decode_meta(client.hgetall(BufferKeys(name).meta))
         if not meta and client.exists(BufferKeys(name).shards):
             raise ShardedBufferError(
                 f"buffer {name!r} is sharded: open it with ReplayBuffer(..., shards=N) or "
@@ -366,22 +323,9 @@ class ReplayBuffer:
             return retrying(lambda: run(self.client, keys, args), name=self.client)
         return run(self.client, keys, args)
 
-    def _memory(self, keys: BufferKeys, batch_id: str | None = None) -> tuple[Any, ...]:
-        """The ``batch`` argument of a remembering script call (see Script.__call__): a
-        fresh batch id unless given, the batch memory keys of ``keys``, the window."""
-        batch_id = batch_id or _batch_id()
-        return (batch_id, [keys.batches, keys.batches_old], self.retry_window)
-
-    def _run_once(self, script: str, memory: BufferKeys, keys: list[str], args: list[Any]) -> Any:
-        """Run a script that must not run twice under a fresh batch id (its reply kept in
-        ``memory``'s batch keys), retrying after a lost connection."""
-        batch = self._memory(memory)
-        run = scripts.load(script)
-        return retrying(lambda: run(self.client, keys, args, batch=batch), name=self.client)
-
     def _open(self, capacity: int | None, eviction: str, retry_window: float | None) -> _Config:
         if capacity is None:
-            meta = _decode_meta(self.client.hgetall(self.keys.meta))
+            meta = decode_meta(self.client.hgetall(self.keys.meta))
             if not meta:
                 self._refuse_sharded()
                 raise ConfigMismatchError(
@@ -399,7 +343,7 @@ class ReplayBuffer:
                 if getattr(exc, "code", None) == "RB_SHARDED":
                     self._refuse_sharded()
                 raise
-            meta = _decode_meta(dict(zip(reply[::2], reply[1::2], strict=True)))
+            meta = decode_meta(dict(zip(reply[::2], reply[1::2], strict=True)))
         if "capacity" not in meta or "eviction" not in meta:
             raise ConfigMismatchError(
                 f"buffer meta {self.keys.meta} has no configuration (fields: {sorted(meta)}); "
@@ -566,164 +510,6 @@ class ReplayBuffer:
         ``timeout_sec``; None when nothing is pending, on timeout, or without a manager."""
         return None if self.remote is None else self.remote.drain_pending_score(timeout_sec)
 
-    def _insert(
-        self,
-        blobs: list[bytes],
-        priorities: np.ndarray,
-        schema: dict[str, Any],
-        options: dict[str, Any] | None = None,
-    ) -> AddResult:
-        """Store a batch in two calls: ``add_reserve`` checks it and reserves its ids, then
-        one MULTI/EXEC writes the blobs with a native HSET and runs ``add_commit`` for the
-        rest (priorities, order, eviction, the mass log). The blobs never pass through Lua, which
-        took most of the server's time; readers see the whole batch or none of it, and a
-        writer that dies before EXEC leaves nothing but a gap in the ids."""
-        schema_json = schema_to_json(schema)
-        self._check_schema(schema, schema_json)
-        texts = [_priority_text(priority) for priority in priorities.tolist()]
-        options_json = json.dumps(options) if options else ""
-        # one id for both calls (the commit's reply replaces the reservation's): a retry
-        # after a lost reply gets the first reply back
-        batch = self._memory(self.keys)
-        batch_id = batch[0]
-        reserve, commit = scripts.load("add_reserve"), scripts.load("add_commit").remembering
-        try:
-            # SCRIPT EXISTS in the same round trip: the commit script must be on the server
-            # before its transaction, whose HSET would run even if its EVALSHA failed
-            reply, loaded = retrying(
-                lambda: reserve(
-                    self.client,
-                    self.keys.all_keys(),
-                    [schema_json, len(blobs), options_json, *texts],
-                    batch=batch,
-                    then=("SCRIPT", "EXISTS", commit.sha),
-                ),
-                name=self.client,
-            )
-            refused = _refusal(reply)
-            if refused is not None:
-                return AddResult(np.arange(0, dtype=np.int64), 0, rejected=refused)
-            if isinstance(loaded, Exception) or not loaded[0]:
-                self.client.script_load(commit.source)
-            first = int(reply[0])
-            reply = self._commit(first, blobs, texts, schema_json, options_json, batch_id)
-        except SchemaError:
-            raise self._schema_refusal(schema) from None
-        if self._schema is None:
-            self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
-        first, count, evicted = (int(value) for value in reply)
-        return AddResult(np.arange(first, first + count, dtype=np.int64), evicted)
-
-    def _commit(
-        self,
-        first: int,
-        blobs: list[bytes],
-        texts: list[str],
-        schema_json: str,
-        options_json: str,
-        batch_id: str,
-    ) -> list[Any]:
-        """MULTI, HSET of the blobs under their reserved ids, EVALSHA ``add_commit``, EXEC
-        (then the durability wait, on the same connection). Returns the script's reply.
-
-        The script is loaded before (see ``_insert``); a NOSCRIPT inside EXEC all the same
-        (the server restarted or flushed its scripts in between: the HSET ran, the script
-        did not) loads it and sends the whole transaction again, the HSET rewriting the
-        same fields; until then readers could see those blobs in the items hash, but no
-        item of them (ids are drawn from the other keys). After a lost
-        connection the batch memory says whether the EXEC ran, so a retry neither stores
-        the batch twice nor writes blobs back that eviction has removed since."""
-        script = scripts.load("add_commit").remembering
-        memory = [self.keys.batches, self.keys.batches_old]
-        keys = [*self.keys.all_keys(), *memory]
-        args = [schema_json, first, len(blobs), options_json, *texts, batch_id,
-                int(self.retry_window * 1000)]
-        fields: list[Any] = []
-        for index, blob in enumerate(blobs):
-            fields.append(format_id(first + index))
-            fields.append(blob)
-        wait = durability_wait(self.durability, self.durability_timeout)
-        sent = [False]
-
-        def attempt() -> list[Any]:
-            if sent[0]:  # lost the reply: did the transaction run?
-                pipe = self.client.pipeline(transaction=False)
-                for key in memory:
-                    pipe.hget(key, batch_id)
-                seen = [scripts.remembered(v, "add_commit") for v in pipe.execute()]
-                done = next((reply for reply in seen if reply is not None), None)
-                if done is not None:
-                    if wait is not None:
-                        confirmation = self.client.execute_command(*wait)
-                        check_durability(self.durability, confirmation, self.client)
-                    return list(done)
-            for load in (False, True):
-                if load:
-                    self.client.script_load(script.source)
-                pipe = self.client.pipeline(transaction=False)
-                pipe.execute_command("MULTI")
-                pipe.execute_command("HSET", self.keys.items, *fields)
-                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                pipe.execute_command("EXEC")
-                if wait is not None:
-                    pipe.execute_command(*wait)
-                sent[0] = True
-                replies = pipe.execute(raise_on_error=False)
-                executed = replies[3]
-                if isinstance(executed, Exception):  # EXECABORT, OOM: nothing ran
-                    refused = [r for r in replies[:3] if isinstance(r, Exception)]
-                    self._release(first, len(blobs), batch_id, give_back=True)
-                    raise (refused or [executed])[0]
-                reply = executed[1]
-                if isinstance(reply, redis.exceptions.NoScriptError) and not load:
-                    continue
-                if isinstance(reply, redis.exceptions.ResponseError):
-                    # the script deleted the blobs and gave the ids back itself
-                    self._release(first, len(blobs), batch_id, give_back=False)
-                    raise scripts.translate(reply)
-                if wait is not None:
-                    check_durability(self.durability, replies[4], self.client)
-                return list(reply)
-            raise AssertionError("unreachable")
-
-        return retrying(attempt, name=self.client)
-
-    def _release(self, first: int, n: int, batch_id: str, give_back: bool) -> None:
-        """Undo a reservation whose commit the server refused (``lua/add_release.lua``),
-        so that the refused batch leaves ``last_id`` and the batch memory as they were.
-        Best effort: a server that cannot take even this leaves a gap in the ids and the
-        reservation's entry, which is forgotten with its generation."""
-        keys = [self.keys.meta, self.keys.items, self.keys.batches, self.keys.batches_old]
-        args = [first, n, batch_id, int(give_back)]
-        try:
-            self._run("add_release", keys, args)
-        except (redis.exceptions.RedisError, ServerUnavailableError):
-            pass
-
-    def _insert_with(self, schema: dict[str, Any], script: str, args: list[Any]) -> Any:
-        """Run an inserting script (ARGV[1] = the schema, filled in here) after checking
-        ``schema`` against the buffer's, and cache the schema it fixes. Returns its reply."""
-        schema_json = schema_to_json(schema)
-        self._check_schema(schema, schema_json)
-        args[0] = schema_json
-        # one id per batch: a retry after a lost reply gets the first run's reply back
-        batch = self._memory(self.keys)
-        run = scripts.load(script)
-        wait = durability_wait(self.durability, self.durability_timeout)
-        try:
-            reply = retrying(
-                lambda: run(self.client, self.keys.all_keys(), args, batch=batch, then=wait),
-                name=self.client,
-            )
-            if wait is not None:
-                reply, confirmation = reply
-                check_durability(self.durability, confirmation, self.client)
-        except SchemaError:
-            raise self._schema_refusal(schema) from None
-        if self._schema is None and _refusal(reply) is None:
-            self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
-        return reply
-
     # -- reading ------------------------------------------------------------------------
 
     def _container_kind(self) -> tuple[ContainerKind, dict[str, Any]]:
@@ -741,7 +527,7 @@ class ReplayBuffer:
         if schema_json is not None and schema_json.decode() != self._schema_json:
             self._forget_schema()
         kind, schema = self._container_kind()
-        with _gc_paused():
+        with codec.gc_paused():
             return self._decode(kind, schema, blobs, ids)
 
     def _decode(
@@ -1028,7 +814,7 @@ class ReplayBuffer:
         pipe.hgetall(self.keys.meta)
         pipe.zcard(self.keys.order)
         meta_raw, length = pipe.execute()
-        meta = _decode_meta(meta_raw)
+        meta = decode_meta(meta_raw)
         return {
             "name": self.name,
             "capacity": int(meta.get("capacity", self.capacity)),
@@ -1085,440 +871,6 @@ class ReplayBuffer:
         self.client.delete(*self.keys.all_keys(), *extra)
         self._forget_schema()
 
-    # -- persistence --------------------------------------------------------------------
-
-    def _header(self) -> dict[str, Any]:
-        meta = _decode_meta(self.client.hgetall(self.keys.meta))
-        if "capacity" not in meta:
-            raise ConfigMismatchError(f"buffer {self.name!r} does not exist (dropped?)")
-        per = None
-        if meta.get("tree_mass") == "per":
-            per = {
-                "alpha": float(meta["per_alpha"]),
-                "eps": float(meta["per_eps"]),
-                "initial_priority": float(meta["per_initial"]),
-            }
-        return {
-            "format": FILE_MAGIC,
-            "version": SAVE_FORMAT_VERSION,
-            "name": self.name,
-            "capacity": int(meta["capacity"]),
-            "eviction": meta["eviction"],
-            "schema": meta.get("schema"),
-            "counters": {k: int(meta.get(k, 0)) for k in ("inserted", "evicted", "sampled")},
-            "per": per,
-        }
-
-    def _records(self, per: bool = False) -> Iterator[tuple[int, float, bytes, float | None, int]]:
-        """(id, log-reward, blob, PER priority, use count) of every item, oldest first,
-        read in chunks, each chunk in one MULTI (a consistent view of its items). The PER
-        priority is None unless ``per``; then an item without one (PER was turned on or
-        off meanwhile) is left out, like an item evicted while we read."""
-        start = 0
-        while True:
-            members = self.client.zrange(self.keys.order, start, start + _READ_CHUNK - 1)
-            if not members:
-                return
-            pipe = self.client.pipeline(transaction=True)
-            pipe.hmget(self.keys.items, members)
-            pipe.zmscore(self.keys.prio, members)
-            pipe.hmget(self.keys.uses, members)
-            if per:
-                pipe.zmscore(self.keys.per, members)
-            blobs, scores, uses, *rest = pipe.execute()
-            pers = rest[0] if per else [None] * len(members)
-            for member, blob, score, used, priority in zip(
-                members, blobs, scores, uses, pers, strict=True
-            ):
-                if blob is None or score is None or (per and priority is None):
-                    continue  # evicted while we read
-                yield int(member), float(score), blob, priority, int(used or 0)
-            start += len(members)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The whole buffer as plain data: the header (its ``per``: the PER settings, or
-        None without PER), then per item, oldest first: ``ids``, ``priorities``
-        (log-rewards), ``blobs``, ``per_priorities`` (None each without PER) and ``uses``
-        (times sampled)."""
-        header = self._header()
-        return _state_of(header, self._records(header["per"] is not None))
-
-    def load_state_dict(self, state: dict[str, Any], *, drop_per_priorities: bool = False) -> None:
-        """Replace the buffer's items with those of ``state`` (from :meth:`state_dict`),
-        keeping their order, log-rewards, PER priorities and use counts (they get new
-        ids); see :meth:`load` for what is checked, the PER rules and how the replacement
-        is atomic. A version-1 state (no ``per_priorities`` / ``uses``) loads as a
-        version-1 file."""
-        self._restore(state, _state_records(state), drop_per_priorities)
-
-    def save(self, path: str | Path, *, progress: Progress | None = None) -> int:
-        """Write the buffer to ``path`` as a msgpack stream: a header map (its ``per``:
-        the PER settings ``alpha``, ``eps``, ``initial_priority``, or None without PER),
-        one ``[id, log_reward, blob, per_priority, uses]`` record per item (oldest first;
-        ``per_priority`` None without PER, ``uses`` the times the item was sampled), then
-        a trailer map ``{"end": count}`` so a truncated file is detected. Returns the
-        number of items written. Not a consistent snapshot if other processes write
-        meanwhile.
-
-        The file is written beside ``path`` under a temporary name, fsynced, and renamed
-        over ``path`` only when complete: a save that fails (or a crash) leaves the
-        previous file as it was.
-
-        ``progress(done, total)``, when given, is called after every 1,000 records written
-        and once at the end, with ``total`` the length when the save began."""
-        total = len(self) if progress is not None else 0
-
-        def stream() -> Iterator[tuple[Any, ...]]:
-            header = self._header()
-            yield header
-            yield from self._records(header["per"] is not None)
-
-        return _write_save(path, stream(), progress, total)
-
-    def load(
-        self,
-        path: str | Path,
-        *,
-        drop_per_priorities: bool = False,
-        progress: Progress | None = None,
-    ) -> int:
-        """Replace the buffer's items with those saved at ``path``; returns their number.
-
-        The file is read and checked whole (records, schema, capacity, counters: integers
-        in [0, 2**53]; PER priorities: finite numbers >= 0; use counts: integers in [0,
-        2**53]) before anything is written. The items are then built under staging keys
-        and swapped in by one script: other processes see the old buffer or the restored
-        one, never a part. Counters: ``inserted`` is the saved one (at least the length),
-        ``evicted = inserted - length``, ``sampled`` the saved one. Restored items get new
-        ids, above every id handed out before or during the load, and keep their order,
-        log-rewards and use counts (``max_use`` counts on from them; a count at or over
-        this buffer's ``max_use`` raises :class:`ConfigMismatchError`).
-
-        PER: a file saved from a buffer with PER restores each item's PER priority, and
-        so the sampling probabilities and weights (this buffer's ``alpha``, ``eps`` and
-        ``initial_priority`` apply). Loading it into a buffer without PER raises
-        :class:`ConfigMismatchError` unless ``drop_per_priorities=True``, which loads the
-        items without them. A file without PER priorities (saved without PER, or in
-        format 1) loaded into a PER buffer gives every item ``initial_priority``, the
-        new-item rule with nothing else present.
-
-        A file saved from a sharded buffer (:meth:`ShardedReplayBuffer.save`) loads as
-        any other: its records in file order (shard by shard), its summed counters; the
-        header's ``shards`` is not used.
-
-        ``progress(done, total)``, when given, is called after every chunk of up to 1,000
-        items built under the staging keys, and once more after the swap."""
-        header, records = _read_save(path)
-        self._restore(header, records, drop_per_priorities, progress)
-        return len(records)
-
-    def _check_records(
-        self, records: list[tuple[Any, ...]], schema: dict[str, Any], per: bool
-    ) -> None:
-        """Refuse saved records that ``add`` would refuse: ids that are not integers,
-        priorities that are not numbers or are NaN, blobs that do not decode to
-        items of ``schema``; PER priorities that are not finite numbers >= 0 (``per``: the
-        file keeps them) or that are there when the file has no PER settings; use counts
-        that are not integers in [0, 2**53]."""
-        for item_id, priority, blob, per_priority, uses in records:
-            if isinstance(item_id, bool) or not isinstance(item_id, int):
-                raise DecodeError(f"saved record has id {item_id!r}, not an integer")
-            if isinstance(priority, bool) or not isinstance(priority, (int, float)):
-                raise DecodeError(f"saved record {item_id} has priority {priority!r}, not a number")
-            if math.isnan(priority):
-                raise DecodeError(f"saved record {item_id} has priority NaN")
-            if not isinstance(blob, bytes):
-                raise DecodeError(f"saved record {item_id} has no blob")
-            if not per and per_priority is not None:
-                raise DecodeError(
-                    f"saved record {item_id} has PER priority {per_priority!r:.40} but the "
-                    "header has no PER settings"
-                )
-            if per and (
-                isinstance(per_priority, bool)
-                or not isinstance(per_priority, (int, float))
-                or not (0 <= per_priority < math.inf)
-            ):
-                raise DecodeError(
-                    f"saved record {item_id} has PER priority {per_priority!r:.40}; PER "
-                    "priorities must be finite numbers >= 0"
-                )
-            if isinstance(uses, bool) or not isinstance(uses, int) or not (
-                0 <= uses <= _MAX_COUNTER
-            ):
-                raise DecodeError(
-                    f"saved record {item_id} has use count {uses!r:.40}; use counts must be "
-                    "integers in [0, 2**53]"
-                )
-        kind = KINDS.get(schema.get("kind"))
-        if kind is None:
-            raise DecodeError(f"saved schema names an unknown kind {schema.get('kind')!r}")
-        for start in range(0, len(records), _READ_CHUNK):
-            chunk = records[start : start + _READ_CHUNK]
-            with _gc_paused():
-                self._decode(kind, schema, [r[2] for r in chunk], [r[0] for r in chunk])
-
-    def _restore_args(
-        self, blobs: list[bytes], priorities: np.ndarray, schema_json: str
-    ) -> tuple[str, list[Any]]:
-        """The inserting script and its ARGV that store saved records as they are (a
-        buffer class that keeps more per item derives it here from the records)."""
-        args: list[Any] = [schema_json, len(blobs), ""]
-        for blob, priority in zip(blobs, priorities.tolist(), strict=True):
-            args += [blob, _priority_text(priority)]
-        return "add", args
-
-    def _restore(
-        self,
-        header: dict[str, Any],
-        records: Any,
-        drop_per_priorities: bool = False,
-        progress: Progress | None = None,
-    ) -> None:
-        self._apply_restore(self._prepare_restore(header, records, drop_per_priorities), progress)
-
-    def _prepare_restore(
-        self, header: dict[str, Any], records: Any, drop_per_priorities: bool = False
-    ) -> _Restore:
-        """Check saved ``records`` against ``header`` and this buffer (schema, capacity,
-        records, counters, PER, ``max_use``) and return what :meth:`_apply_restore`
-        writes; writes nothing."""
-        records = list(records)
-        schema_json = header.get("schema")
-        if records and not schema_json:
-            raise DecodeError("saved buffer has items but no schema")
-        if schema_json:
-            saved = _saved_schema(schema_json)
-            stored = self._stored_schema()
-            if stored is not None and schema_json != self._schema_json:
-                raise SchemaError(
-                    f"saved items do not fit buffer {self.name!r}: "
-                    f"{describe_schema_difference(stored, saved)}"
-                )
-        if len(records) > self.capacity:
-            raise ConfigMismatchError(
-                f"saved buffer holds {len(records)} items, over this buffer's capacity "
-                f"{self.capacity}"
-            )
-        saved_per = header.get("per") is not None
-        if records:
-            self._check_records(records, json.loads(schema_json), saved_per)
-        inserted, sampled = _saved_counters(header, len(records))
-        carry_per = saved_per and not drop_per_priorities
-        if carry_per and self.client.hget(self.keys.meta, "tree_mass") != b"per":
-            raise ConfigMismatchError(
-                f"the saved items carry PER priorities and buffer {self.name!r} does not use "
-                "PER: open it with sampler=PERSampler(...), or load with "
-                "drop_per_priorities=True (redisbuf import --drop-per-priorities) to leave "
-                "the priorities out"
-            )
-        most_used = max((record[4] for record in records), default=0)
-        if self.max_use is not None and most_used >= self.max_use:
-            raise ConfigMismatchError(
-                f"a saved item was sampled {most_used} times, at or over max_use="
-                f"{self.max_use} of buffer {self.name!r}"
-            )
-        return _Restore(records, schema_json, inserted, sampled, carry_per, most_used)
-
-    def _apply_restore(self, plan: _Restore, progress: Progress | None = None) -> None:
-        """Build the checked ``plan``'s items under staging keys and swap them in with one
-        script (see :meth:`load`)."""
-        records, schema_json, carry_per = plan.records, plan.schema_json, plan.carry_per
-        staging = StagingKeys(self.name, uuid.uuid4().hex[:16])
-        try:
-            self._run("restore_stage", [self.keys.meta, staging.meta], [len(records)])
-            for start in range(0, len(records), _READ_CHUNK):
-                chunk = records[start : start + _READ_CHUNK]
-                script, args = self._restore_args(
-                    [record[2] for record in chunk],
-                    np.array([record[1] for record in chunk], dtype=np.float64),
-                    schema_json,
-                )
-                reply = self._run_once(script, staging, staging.all_keys(), args)
-                if carry_per or any(record[4] for record in chunk):
-                    extra: list[Any] = [int(reply[0])]
-                    for record in chunk:
-                        extra += [repr(float(record[3])) if carry_per else "", str(record[4])]
-                    self._run("restore_items", staging.all_keys(), extra)
-                if progress is not None:
-                    progress(start + len(chunk), len(records))
-            self._run_once(
-                "restore",
-                self.keys,
-                [*self.keys.all_keys(), *staging.all_keys()],
-                [plan.inserted, plan.sampled, schema_json or "", int(carry_per),
-                 plan.most_used],
-            )
-            if progress is not None:
-                progress(len(records), len(records))
-        finally:
-            try:  # nothing left after a failure (DEL may repeat: retried)
-                retrying(lambda: self.client.delete(*staging.all_keys()), name=self.client)
-            except ServerUnavailableError:
-                pass  # the server is gone; the staging keys are only garbage
-            self._forget_schema()
-        self._stored_schema()
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC: decoding a batch allocates thousands of small objects, none
-    of them cyclic, and collections triggered by them doubled the decode time."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # not every platform opens directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_save(
-    path: str | Path,
-    stream: Iterator[Any],
-    progress: Progress | None = None,
-    total: int = 0,
-) -> int:
-    """Write a save file (see :meth:`ReplayBuffer.save`) from ``stream``: its first
-    element the header map, then the records (lists or tuples); append the trailer
-    ``{"end": count}``. The file is written beside ``path`` under a temporary name,
-    fsynced, and renamed over ``path`` only when complete (a failure, or a crash, leaves
-    the previous file as it was). ``progress(done, total)``, when given, is called after
-    every 1,000 records and once at the end. Returns the number of records."""
-    path = Path(path)
-    handle = tempfile.NamedTemporaryFile(
-        "wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
-    )
-    count = 0
-    try:
-        with handle:
-            packer = msgpack.Packer(use_bin_type=True)
-            handle.write(packer.pack(next(stream)))
-            for record in stream:
-                handle.write(packer.pack(list(record)))
-                count += 1
-                if progress is not None and count % _READ_CHUNK == 0:
-                    progress(count, total)
-            handle.write(packer.pack({"end": count}))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)  # the rename itself survives a crash
-    if progress is not None:
-        progress(count, max(total, count))
-    return count
-
-
-def _read_header(unpacker: msgpack.Unpacker, path: str | Path) -> dict[str, Any]:
-    """The first object of a save file's stream, checked as its header; DecodeError for
-    an empty file or one that is not a redisbuf file."""
-    try:
-        header = next(unpacker)
-    except StopIteration:
-        raise DecodeError(f"{path}: empty file") from None
-    except Exception as exc:
-        raise DecodeError(f"{path}: not a redisbuf file ({exc})") from exc
-    _check_header(header)
-    return header
-
-
-def _read_save(path: str | Path) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
-    """The checked header and the records of the save file at ``path``, each record
-    ``(id, log_reward, blob, per_priority, uses)`` (a format-1 record gets None and 0);
-    DecodeError for an empty, corrupt or truncated file, a malformed record or data
-    after the trailer. The records' values are checked by the restore."""
-    with open(path, "rb") as handle:
-        unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
-        header = _read_header(unpacker, path)
-        width = 3 if header["version"] == 1 else 5
-        records: list[tuple[Any, ...]] = []
-        trailer = None
-        try:
-            for entry in unpacker:
-                if isinstance(entry, dict):
-                    trailer = entry
-                    break
-                if not isinstance(entry, list) or len(entry) != width:
-                    raise DecodeError(f"{path}: malformed record {entry!r:.80}")
-                if not isinstance(entry[2], bytes):
-                    raise DecodeError(f"{path}: record {entry[0]!r} has no blob")
-                # format 1 kept no PER priority nor use count
-                records.append(tuple(entry) if width == 5 else (*entry, None, 0))
-            extra = next(unpacker, None)
-        except DecodeError:
-            raise
-        except Exception as exc:
-            raise DecodeError(f"{path}: corrupt record stream ({exc})") from exc
-    if trailer is None or trailer.get("end") != len(records):
-        raise DecodeError(
-            f"{path}: truncated file: {len(records)} records read, "
-            f"trailer {'missing' if trailer is None else trailer}"
-        )
-    if extra is not None:
-        raise DecodeError(f"{path}: data after the trailer")
-    return header, records
-
-
-def _state_of(header: dict[str, Any], records: Iterable[tuple[Any, ...]]) -> dict[str, Any]:
-    """A state as :meth:`ReplayBuffer.state_dict` returns it: ``header`` and the columns
-    of ``records`` ``(id, log_reward, blob, per_priority, uses)``; see _state_records for
-    the way back."""
-    records = list(records)
-    return {
-        **header,
-        "ids": [r[0] for r in records],
-        "priorities": [r[1] for r in records],
-        "blobs": [r[2] for r in records],
-        "per_priorities": [r[3] for r in records],
-        "uses": [r[4] for r in records],
-    }
-
-
-def _state_records(state: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """The records ``(id, log_reward, blob, per_priority, uses)`` of a state from
-    :meth:`ReplayBuffer.state_dict`, its header checked; a version-1 state (no
-    ``per_priorities`` / ``uses``) gets None and 0, as a version-1 file."""
-    _check_header(state)
-    columns = ["ids", "priorities", "blobs"]
-    if state["version"] >= 2:
-        columns += ["per_priorities", "uses"]
-    lists = [state.get(column) for column in columns]
-    for column, values in zip(columns, lists, strict=True):
-        if not isinstance(values, list):
-            raise DecodeError(f"saved state's {column!r} is not a list")
-        if len(values) != len(lists[0]):
-            raise DecodeError(
-                f"saved state has {len(values)} {column!r} for {len(lists[0])} ids"
-            )
-    if len(lists) == 3:
-        lists += [[None] * len(lists[0]), [0] * len(lists[0])]
-    return list(zip(*lists, strict=True))
-
-
-def _refusal(reply: Any) -> str | None:
-    """Why an inserting script refused a batch ("stale", "session"; see admit_batch in
-    lua/_items.lua), or None when it stored it."""
-    if isinstance(reply, list) and len(reply) == 4 and reply[0] == 0:
-        return reply[3].decode() if isinstance(reply[3], bytes) else str(reply[3])
-    return None
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -1539,77 +891,3 @@ def _per_priority_texts(priorities: Any, n: int) -> list[str]:
     return list(map(repr, values.tolist()))
 
 
-def _decode_meta(raw: dict[Any, Any]) -> dict[str, str]:
-    return {
-        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-        for k, v in raw.items()
-    }
-
-
-_MAX_COUNTER = 2**53  # exact in Lua's doubles
-
-
-def _saved_schema(schema_json: Any) -> dict[str, Any]:
-    """The schema of a saved header, or DecodeError when it is not one redisbuf writes."""
-    try:
-        schema = json.loads(schema_json) if isinstance(schema_json, str) else None
-    except ValueError:
-        schema = None
-    if (
-        not isinstance(schema, dict)
-        or schema.get("kind") not in KINDS
-        or not isinstance(schema.get("fields"), dict)
-        or schema_to_json(schema) != schema_json
-    ):
-        raise DecodeError(f"saved schema {schema_json!r:.80} is not a redisbuf schema")
-    return schema
-
-
-def _saved_counters(header: dict[str, Any], length: int) -> tuple[int, int]:
-    """(inserted, sampled) of a saved header, checked: integers in [0, 2**53] (a file's
-    ``evicted`` is checked too but not used: the restore derives it from the length)."""
-    counters = header.get("counters", {})
-    if not isinstance(counters, dict):
-        raise DecodeError(f"saved counters {counters!r:.80} are not a map")
-    values = {}
-    for name in ("inserted", "evicted", "sampled"):
-        value = counters.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or not (
-            0 <= value <= _MAX_COUNTER
-        ):
-            raise DecodeError(
-                f"saved counter {name}={value!r:.40} is not an integer in [0, 2**53]"
-            )
-        values[name] = value
-    return max(values["inserted"], length), values["sampled"]
-
-
-def _check_header(header: Any) -> None:
-    """Refuse a header that is not redisbuf's, of a newer save format, or (format 2) whose
-    ``per`` is neither None nor the PER settings (finite numbers >= 0)."""
-    if not isinstance(header, dict) or header.get("format") != FILE_MAGIC:
-        raise DecodeError("not a redisbuf save (missing format marker)")
-    version = header.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise DecodeError(f"saved with format version {version!r:.40}, not one redisbuf writes")
-    if version > SAVE_FORMAT_VERSION:
-        raise DecodeError(
-            f"saved with format version {version}, newer than this redisbuf reads "
-            f"({SAVE_FORMAT_VERSION}); upgrade redisbuf"
-        )
-    if version == 1:
-        if header.get("per") is not None:
-            raise DecodeError("a format 1 save has no PER settings, this header has some")
-        return
-    per = header.get("per")
-    if per is None:
-        return
-    if not isinstance(per, dict) or set(per) != {"alpha", "eps", "initial_priority"}:
-        raise DecodeError(
-            f"saved PER settings {per!r:.80} are not a map of alpha, eps, initial_priority"
-        )
-    for name, value in per.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            0 <= value < math.inf
-        ):
-            raise DecodeError(f"saved PER setting {name}={value!r:.40} is not a finite number >= 0")

@@ -66,7 +66,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -75,9 +74,7 @@ import redis.crc
 
 from ..errors import (
     ConfigMismatchError,
-    DecodeError,
     EmptyBufferError,
-    PartialLoadError,
     SamplingError,
     SchemaError,
     ServerUnavailableError,
@@ -89,27 +86,13 @@ from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import Draw, PERSampler
 from ..store import scripts
 from ..store.connection import LOST, as_client, guarded, is_cluster
-from ..store.containers import describe_schema_difference, kind_of, schema_to_json
+from ..store.containers import kind_of, schema_to_json
 from ..store.keys import BufferKeys
-from .replay import (
-    FILE_MAGIC,
-    SAVE_FORMAT_VERSION,
-    AddResult,
-    Progress,
-    ReplayBuffer,
-    SampleInfo,
-    _read_save,
-    _saved_counters,
-    _saved_schema,
-    _state_of,
-    _state_records,
-    _write_save,
-)
+from .checkpoint import ShardedCheckpointing, saved_shard_count
+from .replay import AddResult, ReplayBuffer, SampleInfo
 
 SLOTS = 16384
 LAYOUT_VERSION = 1
-# The counters a save header keeps, for the whole buffer and for each shard.
-_COUNTERS = ("inserted", "evicted", "sampled")
 # Options handed to every shard unchanged; anything else a ReplayBuffer takes is refused.
 _SHARD_OPTIONS = (
     "kind", "max_item_bytes", "strict", "durability", "durability_timeout", "retry_window"
@@ -170,7 +153,7 @@ def shard_names(client: Any, name: str, shards: int) -> list[str]:
     return names
 
 
-class ShardedReplayBuffer:
+class ShardedReplayBuffer(ShardedCheckpointing):
     """A replay buffer of global ``capacity`` stored as ``shards`` buffers (see the
     module docstring for layout, sampling and failure semantics).
 
@@ -828,247 +811,6 @@ class ShardedReplayBuffer:
             f"ShardedReplayBuffer(name={self.name!r}, shards={self.count}, "
             f"capacity={self.capacity})"
         )
-
-    # -- persistence --------------------------------------------------------------------
-
-    def _header(self) -> dict[str, Any]:
-        """The save header: the unsharded one's fields for the whole buffer (global
-        capacity, counters summed over the shards, ``per`` None) plus ``shards``: the
-        shard count, each shard's capacity and each shard's counters."""
-        headers = []
-        for k, shard in enumerate(self.shards):
-            with self._on_shard(k):
-                headers.append(shard._header())
-        raw = self.client.hget(self.keys.shards, "schema")
-        schema = raw.decode() if raw is not None else None
-        if schema is None:  # no add through the sharded buffer yet: a shard's, if any
-            schema = next((h["schema"] for h in headers if h["schema"]), None)
-        counters = [h["counters"] for h in headers]
-        return {
-            "format": FILE_MAGIC,
-            "version": SAVE_FORMAT_VERSION,
-            "name": self.name,
-            "capacity": self.capacity,
-            "eviction": "reward" if self.prioritized_capacity else "fifo",
-            "schema": schema,
-            "counters": {key: sum(c[key] for c in counters) for key in _COUNTERS},
-            "per": None,
-            "shards": {
-                "count": self.count,
-                "capacities": [shard.capacity for shard in self.shards],
-                "counters": counters,
-            },
-        }
-
-    def _records(self) -> Iterator[tuple[int, float, bytes, None, int]]:
-        """Every shard's records (see :meth:`ReplayBuffer._records`), shard by shard,
-        oldest first within a shard, with global ids."""
-        for k, shard in enumerate(self.shards):
-            with self._on_shard(k):
-                for item_id, log_reward, blob, _per, uses in shard._records():
-                    yield item_id * self.count + k, log_reward, blob, None, uses
-
-    def save(self, path: str | Path, *, progress: Progress | None = None) -> int:
-        """Write the buffer to ``path`` in the format of :meth:`ReplayBuffer.save`
-        (version 2, through the same temporary file, fsync and rename): the header
-        (global capacity, counters summed over the shards, ``per`` None, plus
-        ``shards``: ``count``, each shard's ``capacities`` and ``counters``), then
-        every shard's items, shard by shard, oldest first within a shard, with their
-        global ids (``local_id * count + shard``), then the trailer. Returns the number
-        of items written. The file loads into a plain :class:`ReplayBuffer` too (which
-        ignores ``shards``). Not a snapshot if other processes write meanwhile, neither
-        within a shard nor across shards. ``progress(done, total)`` as
-        :meth:`ReplayBuffer.save`."""
-        total = len(self) if progress is not None else 0
-
-        def stream() -> Iterator[Any]:
-            yield self._header()
-            yield from self._records()
-
-        return _write_save(path, stream(), progress, total)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The whole buffer as plain data: the header of :meth:`save` and the columns of
-        :meth:`ReplayBuffer.state_dict` (``ids`` global, ``per_priorities`` None), in
-        the order :meth:`save` writes the records."""
-        return _state_of(self._header(), self._records())
-
-    def load(
-        self,
-        path: str | Path,
-        *,
-        drop_per_priorities: bool = False,
-        progress: Progress | None = None,
-    ) -> int:
-        """Replace the buffer's items with those saved at ``path`` (by :meth:`save` or
-        :meth:`ReplayBuffer.save`); returns their number.
-
-        The whole file is read and checked first, every shard's part as
-        :meth:`ReplayBuffer.load` checks a file (schema, also against this buffer's,
-        capacity, counters, records), before anything is written. Where the records go:
-        a file saved from a sharded buffer of the same shard count gives shard ``k``
-        exactly its saved items (the records whose global id is ``k`` modulo the count)
-        and its saved counters; any other file (a plain buffer's, or another shard
-        count) gives record ``j`` (in file order) to shard ``j mod count``, and splits
-        the counters as the capacity is split: the items evicted before the save
-        (``inserted - length``) and ``sampled`` go ``// count`` to every shard, the first
-        ``% count`` shards one more. Each shard's counters then follow the unsharded
-        rule (``inserted`` at least its length, ``evicted = inserted - length``), so
-        the totals are the file's. A shard's part over that shard's capacity raises
-        :class:`ConfigMismatchError` naming the shard, before anything is written.
-        Items keep their order within a shard, log-rewards and use counts, and get new
-        ids (above every id their shard handed out before or during the load).
-
-        Then each shard is restored in turn by the unsharded machinery (staging keys,
-        then one swap script): each shard's swap is atomic, the whole is not. A failure
-        part way (a lost shard, say) raises :class:`PartialLoadError` naming the shards
-        already restored and the one that failed (which, and those after it, are as they
-        were); a failure on the first shard raises its own error, every shard as it was.
-
-        Sharded buffers have no PER: a file with PER priorities raises
-        :class:`ConfigMismatchError` unless ``drop_per_priorities=True``.
-        ``progress(done, total)`` counts the items of all shards (``total`` the file's).
-        """
-        header, records = _read_save(path)
-        self._restore(header, records, drop_per_priorities, progress)
-        return len(records)
-
-    def load_state_dict(self, state: dict[str, Any], *, drop_per_priorities: bool = False) -> None:
-        """Replace the buffer's items with those of ``state`` (from :meth:`state_dict` or
-        :meth:`ReplayBuffer.state_dict`), as :meth:`load` does with a file."""
-        self._restore(state, _state_records(state), drop_per_priorities)
-
-    def _parts(
-        self, header: dict[str, Any], records: list[tuple[Any, ...]]
-    ) -> tuple[list[list[tuple[Any, ...]]], list[dict[str, int]]]:
-        """Each shard's records and counters (see :meth:`load`)."""
-        count = self.count
-        saved_count = saved_shard_count(header)
-        inserted, sampled = _saved_counters(header, len(records))  # checked, both cases
-        if saved_count == count:
-            parts: list[list[tuple[Any, ...]]] = [[] for _ in range(count)]
-            for record in records:
-                item_id = record[0]
-                if isinstance(item_id, bool) or not isinstance(item_id, int):
-                    raise DecodeError(f"saved record has id {item_id!r:.40}, not an integer")
-                parts[item_id % count].append(record)
-            counters = header["shards"]["counters"]
-            for name in _COUNTERS:
-                whole = header.get("counters", {}).get(name, 0)
-                if sum(c.get(name, 0) for c in counters) != whole:
-                    raise DecodeError(
-                        f"saved shard counters {name} do not add up to the buffer's {whole}"
-                    )
-            return parts, [dict(c) for c in counters]
-        parts = [records[k::count] for k in range(count)]
-        evicted = inserted - len(records)
-        shares = []
-        for k, part in enumerate(parts):
-            gone = evicted // count + (1 if k < evicted % count else 0)
-            shares.append(
-                {
-                    "inserted": len(part) + gone,
-                    "evicted": gone,
-                    "sampled": sampled // count + (1 if k < sampled % count else 0),
-                }
-            )
-        return parts, shares
-
-    def _restore(
-        self,
-        header: dict[str, Any],
-        records: list[tuple[Any, ...]],
-        drop_per_priorities: bool = False,
-        progress: Progress | None = None,
-    ) -> None:
-        schema_json = header.get("schema")
-        if schema_json:
-            raw = self.client.hget(self.keys.shards, "schema")
-            if raw is not None and raw.decode() != schema_json:
-                raise SchemaError(
-                    f"saved items do not fit sharded buffer {self.name!r}: "
-                    f"{describe_schema_difference(json.loads(raw), _saved_schema(schema_json))}"
-                )
-        if header.get("per") is not None and not drop_per_priorities:
-            raise ConfigMismatchError(
-                f"the saved items carry PER priorities and sharded buffer {self.name!r} "
-                "has no PER: load with drop_per_priorities=True (redisbuf import "
-                "--drop-per-priorities) to leave them out"
-            )
-        parts, counters = self._parts(header, records)
-        spread = saved_shard_count(header) != self.count
-        for k, part in enumerate(parts):
-            if len(part) > self.shards[k].capacity:
-                how = (
-                    f"record j goes to shard j mod {self.count}"
-                    if spread
-                    else "each record goes back to its saved shard"
-                )
-                raise ConfigMismatchError(
-                    f"saved buffer holds {len(part)} items for shard {k} of sharded buffer "
-                    f"{self.name!r}, over that shard's capacity {self.shards[k].capacity} "
-                    f"({len(records)} items in all, global capacity {self.capacity}; {how})"
-                )
-        plans = []
-        for k, (shard, part) in enumerate(zip(self.shards, parts, strict=True)):
-            with self._on_shard(k):
-                plans.append(
-                    shard._prepare_restore(
-                        {**header, "counters": counters[k]}, part, drop_per_priorities
-                    )
-                )
-        total, done = len(records), 0
-        restored: list[int] = []
-        for k, (shard, plan) in enumerate(zip(self.shards, plans, strict=True)):
-            offset = done
-            try:
-                with self._on_shard(k):
-                    shard._apply_restore(
-                        plan,
-                        None if progress is None
-                        else lambda d, _t, offset=offset: progress(offset + d, total),
-                    )
-            except Exception as exc:
-                if not restored:
-                    raise
-                raise PartialLoadError(
-                    f"sharded buffer {self.name!r}: the load restored shard(s) "
-                    f"{', '.join(map(str, restored))} of {self.count}, then failed on shard "
-                    f"{k} ({exc}); shard {k} and those after it are as they were",
-                    restored,
-                    k,
-                ) from exc
-            restored.append(k)
-            done += len(plan.records)
-            if schema_json and len(restored) == 1:  # the shards now hold this schema
-                self.client.hsetnx(self.keys.shards, "schema", schema_json)
-        self._schema_json = None  # read again at the next add
-
-
-def saved_shard_count(header: dict[str, Any]) -> int | None:
-    """The shard count a save header (or state) records, None for a plain buffer's;
-    DecodeError when its ``shards`` is not one :meth:`ShardedReplayBuffer.save` writes
-    (a count >= 1 and that many capacities and counter maps, each counter an integer
-    in [0, 2**53])."""
-    layout = header.get("shards")
-    if layout is None:
-        return None
-    count = layout.get("count") if isinstance(layout, dict) else None
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise DecodeError(f"saved shard layout {layout!r:.80} has no valid shard count")
-    capacities, counters = layout.get("capacities"), layout.get("counters")
-    if (
-        not isinstance(capacities, list)
-        or not isinstance(counters, list)
-        or len(capacities) != count
-        or len(counters) != count
-    ):
-        raise DecodeError(
-            f"saved shard layout {layout!r:.80} does not have {count} capacities and counters"
-        )
-    for shard_counters in counters:
-        _saved_counters({"counters": shard_counters}, 0)
-    return count
 
 
 __all__ = ["ShardedReplayBuffer", "saved_shard_count", "shard_names"]

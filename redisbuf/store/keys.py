@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 PREFIX = "rb"
 # Key namespaces under a buffer's tag that belong to the other structures of the same name
@@ -57,6 +58,14 @@ def validate_name(name: str) -> str:
 
 def format_id(item_id: int) -> bytes:
     return b"%012d" % item_id
+
+
+def decode_meta(raw: dict[Any, Any]) -> dict[str, str]:
+    """A buffer's meta hash (HGETALL) with its fields and values as text."""
+    return {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in raw.items()
+    }
 
 
 @dataclass(frozen=True)
