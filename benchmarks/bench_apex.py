@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer, connect
-from redisbuf.server import EmbeddedServer
+from redisbuf.servers.embedded import EmbeddedServer
 
 NAME = "bench-apex"
 ADD, SAMPLE, FILL = 256, 512, 10_000

@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from redisbuf import BufferKeys, ReplayBuffer, Trajectories, connect
-from redisbuf.server import EmbeddedServer
+from redisbuf.servers.embedded import EmbeddedServer
 
 BATCH = 256
 HORIZON = 60  # states (61, 16) float32 + actions (60,) int8 + log_reward: 4036-byte blobs

@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/bench_cluster.py [--rounds 3] [--seconds 3] [--writers 4]
 
-Starts a 3-master cluster on loopback (redisbuf.cluster.LocalCluster, the bundled
+Starts a 3-master cluster on loopback (redisbuf.servers.cluster.LocalCluster, the bundled
 valkey unless $REDISBUF_SERVER_BIN names another server). Each round, for 1 shard and then
 3 shards (a fresh buffer of the same global capacity each time):
 
@@ -38,8 +38,8 @@ import redis
 from _report import record
 
 from redisbuf import PERSampler, ReplayBuffer
-from redisbuf.cluster import LocalCluster
-from redisbuf.connection import connect
+from redisbuf.servers.cluster import LocalCluster
+from redisbuf.store.connection import connect
 
 BATCH = 64
 WIDTH = 1024  # float32: 4 KiB of payload per item

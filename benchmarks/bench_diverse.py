@@ -30,7 +30,7 @@ import numpy as np
 from _report import record
 
 from redisbuf import NormBasedDiversePrioritizedReplayBuffer, ReplayBuffer, States, connect
-from redisbuf.server import EmbeddedServer
+from redisbuf.servers.embedded import EmbeddedServer
 
 CAPACITY = 10_000
 NDIM, HEIGHT = 4, 32

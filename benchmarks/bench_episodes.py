@@ -22,8 +22,8 @@ import numpy as np
 from _report import record
 
 from redisbuf import EpisodeBuffer, connect
-from redisbuf.episodes import EpisodeKeys
-from redisbuf.server import EmbeddedServer
+from redisbuf.buffers.episodes import EpisodeKeys
+from redisbuf.servers.embedded import EmbeddedServer
 
 
 def main() -> None:

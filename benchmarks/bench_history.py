@@ -22,11 +22,12 @@ import numpy as np
 import redis
 from _report import record
 
-from redisbuf import ReplayBuffer, scripts
-from redisbuf.episodes import EpisodeBuffer
-from redisbuf.fragments import FragmentBuffer
-from redisbuf.sequence import SequenceBuffer
-from redisbuf.server import EmbeddedServer
+from redisbuf import ReplayBuffer
+from redisbuf.buffers.episodes import EpisodeBuffer
+from redisbuf.buffers.fragments import FragmentBuffer
+from redisbuf.buffers.sequence import SequenceBuffer
+from redisbuf.servers.embedded import EmbeddedServer
+from redisbuf.store import scripts
 
 
 @dataclass(frozen=True)

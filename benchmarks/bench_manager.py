@@ -66,7 +66,7 @@ def child_mpi(mode: str, url: str, name: str, rounds: int, batch: int) -> None:
         if mode == "pickle":
             _pickle_manager(comm, size - 1)
         else:
-            from redisbuf.manager import ReplayBufferManager
+            from redisbuf.control.manager import ReplayBufferManager
 
             manager = ReplayBufferManager(url, 0, size - 1, scoring_function=score_batch,
                                           capacity=CAPACITY, name=name)
@@ -99,7 +99,7 @@ def child_mpi(mode: str, url: str, name: str, rounds: int, batch: int) -> None:
     if mode == "pickle":
         comm.send("EXIT", dest=0, tag=0)
     else:
-        from redisbuf.manager import ReplayBufferManager
+        from redisbuf.control.manager import ReplayBufferManager
 
         ReplayBufferManager.send_termination_signal(0, "mpi")
 
@@ -133,8 +133,8 @@ def _pickle_manager(comm: Any, workers: int) -> None:
 def child_redis(role: str, index: int, workers: int, url: str, name: str, rounds: int,
                 batch: int) -> None:
     from redisbuf import ReplayBuffer, connect
+    from redisbuf.control.manager import ReplayBufferManager
     from redisbuf.control.redis import RedisWorkerTransport
-    from redisbuf.manager import ReplayBufferManager
 
     client = connect(url)
     if role == "manager":
@@ -228,7 +228,7 @@ def main() -> None:
         child_mpi(args.child, args.url, args.name, args.rounds, args.batch)
         return
 
-    from redisbuf.server import EmbeddedServer
+    from redisbuf.servers.embedded import EmbeddedServer
 
     server = None
     url = os.environ.get("REDISBUF_URL")

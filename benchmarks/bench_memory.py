@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer, connect
-from redisbuf.server import EmbeddedServer
+from redisbuf.servers.embedded import EmbeddedServer
 
 FILL = 10_000
 

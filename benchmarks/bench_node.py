@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from redisbuf import ReplayBuffer, codec, functions
-from redisbuf.server import EmbeddedServer
+from redisbuf import ReplayBuffer
+from redisbuf.servers.embedded import EmbeddedServer
+from redisbuf.store import codec, functions
 
 NODE_DIR = Path(__file__).resolve().parent.parent / "clients" / "node"
 

@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer, connect
-from redisbuf.server import EmbeddedServer
+from redisbuf.servers.embedded import EmbeddedServer
 
 BATCH = 256
 CALLS = 20

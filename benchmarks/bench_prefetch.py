@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from redisbuf import BufferKeys, PERSampler, Prefetcher, ReplayBuffer, connect
-from redisbuf.server import EmbeddedServer
+from redisbuf.servers.embedded import EmbeddedServer
 
 BATCH = 256
 STEP_S = 0.005

@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from redisbuf import SequenceBuffer, connect
-from redisbuf.sequence import SequenceKeys
-from redisbuf.server import EmbeddedServer
+from redisbuf.buffers.sequence import SequenceKeys
+from redisbuf.servers.embedded import EmbeddedServer
 
 NUM_ENVS = 100
 BATCH, LENGTH = 64, 32

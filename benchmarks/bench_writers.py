@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from redisbuf import BufferKeys, ReplayBuffer, connect
-from redisbuf.server import EmbeddedServer
+from redisbuf.servers.embedded import EmbeddedServer
 
 BATCH = 256
 WIDTH = 1000  # float32 values per item: 4,000 bytes of data, ~4.1 KiB blobs

@@ -1,4 +1,4 @@
--- Shared helpers, pasted by redisbuf/scripts.py in place of "-- @include common".
+-- Shared helpers, pasted by redisbuf/store/scripts.py in place of "-- @include common".
 -- Not an operation of its own.
 local unpack = unpack or table.unpack
 local CHUNK = 1000  -- both real Redis and fakeredis refuse unpack() of ~8000 values
@@ -66,7 +66,7 @@ local function buffer_keys(keys)
   }
 end
 
--- Wake processes waiting on this buffer (redisbuf/waiting.py): publish on its change
+-- Wake processes waiting on this buffer (redisbuf/sampling/waiting.py): publish on its change
 -- channel, the meta key with ':meta' replaced by ':changed'. Costs nothing unsubscribed.
 local function notify_changed(meta_key)
   redis.call('PUBLISH', string.sub(meta_key, 1, #meta_key - 4) .. 'changed', '1')

@@ -1,4 +1,4 @@
--- Rate history, pasted by redisbuf/scripts.py in place of "-- @include history".
+-- Rate history, pasted by redisbuf/store/scripts.py in place of "-- @include history".
 -- Not an operation of its own; called by the scripts that count inserts (add, and the
 -- insert scripts of the other buffer classes: seq_add, episode_push, fragment_add), never
 -- by the sampling scripts (sampling must work read-only on a full server).
@@ -8,7 +8,7 @@
 -- count is as seen by that add, so sampling shows in buckets that also had an add.
 -- Field "last_insert" holds the server time of the last add (seconds, 3 decimals).
 -- `fields` names the three counters in the buffer's own meta (default: the plain buffer's
--- "inserted", "evicted", "sampled"; redisbuf/metrics.py's LAYOUTS lists every class's).
+-- "inserted", "evicted", "sampled"; redisbuf/ops/metrics.py's LAYOUTS lists every class's).
 local HIST_STEP = 10
 local HIST_SLOTS = 360  -- one hour
 local HIST_FIELDS = {'inserted', 'evicted', 'sampled'}

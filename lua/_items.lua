@@ -2,7 +2,7 @@
 -- and masslog). Every per-item structure is written here and nowhere else, so a new one (a
 -- use count, a version) is kept consistent by adding it to these functions only.
 
--- Data lifetime (redisbuf/lifetime.py). Per item: uses (times sampled, absent = 0),
+-- Data lifetime (redisbuf/sampling/lifetime.py). Per item: uses (times sampled, absent = 0),
 -- times (insertion time, unix seconds), versions (model version, only for items added
 -- with one). Meta: max_use, max_staleness, cur_session, cur_version (configuration and
 -- current state) and the counters below, so stats() needs no scan:
@@ -192,7 +192,7 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
     end
     call_chunked('HSET', K.vecs, vec_pairs)
   end
-  notify_changed(K.meta)  -- wake blocked samplers (redisbuf/waiting.py)
+  notify_changed(K.meta)  -- wake blocked samplers (redisbuf/sampling/waiting.py)
 end
 
 -- Delete items from every per-item structure (the mass log is remove_items' job).
@@ -264,7 +264,7 @@ end
 -- drawn for the max_use-th time is removed here (DI-engine's max_use), whichever process
 -- draws it. Each draw adds one use (an item drawn twice in a batch counts two), and the
 -- staleness (current version - item's version) of each versioned draw is summed. It
--- writes nothing in the read-only variant (RB_NO_WRITES, see redisbuf/scripts.py: a full
+-- writes nothing in the read-only variant (RB_NO_WRITES, see redisbuf/store/scripts.py: a full
 -- server or a replica still samples, without max_use), nor once the buffer is dropped (a
 -- counter must not recreate its meta).
 local function record_draws(K, ids)

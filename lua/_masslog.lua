@@ -1,6 +1,6 @@
 -- The mass log, pasted in place of "-- @include masslog" (needs common).
 -- Prioritized sampling (softmax of log-rewards, or PER) draws in the sampling processes,
--- each from its own replica of the items' scores (redisbuf/replica.py). The server keeps
+-- each from its own replica of the items' scores (redisbuf/sampling/replica.py). The server keeps
 -- the truth (the prio zset for softmax, the per zset for PER) and, while prioritized
 -- sampling is on (meta tree = 1), this log of every change to it, appended by the same
 -- script that makes the change, so a replica catches up by reading the entries after the

@@ -1,6 +1,6 @@
 -- Per-environment streams (SequenceBuffer), pasted in place of "-- @include seq" (needs
 -- common and tree). Not an operation of its own.
--- Keys (redisbuf/sequence.py, SequenceKeys.all_keys() order): meta, steps, envs, episodes,
+-- Keys (redisbuf/buffers/sequence.py, SequenceKeys.all_keys() order): meta, steps, envs, episodes,
 -- begins, rewards, returns, tree. A step is named by its environment e and its position p
 -- (positions only grow); its fields are "e:p". An episode is named by the member
 -- "eeeeee:ppppppppppppppp" (env and the position it began at, zero-padded so that the

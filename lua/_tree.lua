@@ -1,7 +1,7 @@
 -- A sum tree in the server, pasted in place of "-- @include tree" (needs common); used by
 -- SequenceBuffer's step priorities (lua/_seq.lua, the seq:tree key). The replay buffer's
 -- prioritized sampling draws from replicas in the sampling processes instead
--- (lua/_masslog.lua, redisbuf/replica.py).
+-- (lua/_masslog.lua, redisbuf/sampling/replica.py).
 -- Layout: a 16-ary tree with 16^depth leaves (the smallest depth with 16^depth >= capacity).
 -- Nodes are numbered as a heap: the root is node 0 and node v has children 16v+1..16v+16,
 -- so the leaf of slot s is node FIRST_LEAF(depth) + s. The tree hash holds one field per

@@ -1,6 +1,6 @@
 -- Store a batch whose ids lua/add_reserve.lua reserved and whose blobs a native HSET
 -- wrote into the items hash just before this script, in the same MULTI/EXEC (the second
--- call of ReplayBuffer.add, redisbuf/buffer.py): the blobs never pass through Lua, and
+-- call of ReplayBuffer.add, redisbuf/buffers/replay.py): the blobs never pass through Lua, and
 -- no reader sees them before this script has stored the rest of the batch.
 -- @include common
 -- @include masslog

@@ -1,5 +1,5 @@
 -- Undo the reservation of a batch whose commit the server refused (ReplayBuffer._commit in
--- redisbuf/buffer.py): a MULTI/EXEC aborted before add_commit.lua ran (OOM at maxmemory,
+-- redisbuf/buffers/replay.py): a MULTI/EXEC aborted before add_commit.lua ran (OOM at maxmemory,
 -- EXECABORT), or add_commit.lua's own refusal. A refused batch then leaves last_id and the
 -- batch memory as they were.
 -- @include common
@@ -8,7 +8,7 @@
 -- reply under)  ARGV[4] "1": give the ids back (last_id -= n unless a later batch reserved
 -- ids since); "0": add_commit.lua already did
 -- Runs once per reservation: only while the memory holds the reservation's reply (tag "r",
--- see _REMEMBER in redisbuf/scripts.py), which it deletes first; a committed batch (tag
+-- see _REMEMBER in redisbuf/store/scripts.py), which it deletes first; a committed batch (tag
 -- "c") or a second call changes nothing. Returns 1 when it released, else 0.
 -- The first write is an HDEL, which Redis allows at maxmemory (no denyoom flag): after a
 -- script's first write its later ones are allowed too, so the HINCRBY below, which alone

@@ -1,5 +1,5 @@
 -- Reserve the ids of a batch that lua/add_commit.lua then stores: the first of the two
--- calls of ReplayBuffer.add (redisbuf/buffer.py, ReplayBuffer._insert).
+-- calls of ReplayBuffer.add (redisbuf/buffers/replay.py, ReplayBuffer._insert).
 -- @include common
 -- @include masslog
 -- @include items

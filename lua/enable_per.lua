@@ -1,7 +1,7 @@
 -- Turn on prioritized experience replay (PER): PER priorities in the per zset, and from
 -- now on every change to them appended to the mass log (lua/_masslog.lua) by add.lua,
 -- update_priority.lua and the removers, whichever process writes; PERSampler draws from a
--- replica of them, with masses (priority + eps)^alpha (redisbuf/replica.py).
+-- replica of them, with masses (priority + eps)^alpha (redisbuf/sampling/replica.py).
 -- @include common
 -- @include masslog
 -- @include items

@@ -1,5 +1,5 @@
 -- Create an episode buffer's meta hash if it does not exist, then return it.
--- KEYS[1] meta (see redisbuf/episodes.py for every key of an episode buffer)
+-- KEYS[1] meta (see redisbuf/buffers/episodes.py for every key of an episode buffer)
 -- ARGV[1] capacity in episodes  ARGV[2] format version  ARGV[3] creation time (unix s)
 -- Returns: HGETALL of meta (field, value, ...). The caller compares it with what it asked.
 if redis.call('EXISTS', KEYS[1]) == 0 then

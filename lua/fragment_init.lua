@@ -1,5 +1,5 @@
 -- Create a fragment buffer's meta hash if it does not exist, then return it.
--- KEYS[1] meta (see redisbuf/fragments.py for every key of a fragment buffer)
+-- KEYS[1] meta (see redisbuf/buffers/fragments.py for every key of a fragment buffer)
 -- ARGV[1] max_chunks  ARGV[2] fragments_per_chunk  ARGV[3] max_staleness  ARGV[4] max_reuse
 -- ARGV[5] format version  ARGV[6] creation time (unix seconds)
 -- The current model version starts at -1 and the session at "", as in MineStudio.

@@ -2,7 +2,7 @@
 -- KEYS[1] meta  KEYS[2] the layout key of a sharded buffer of the same name (rb:{name}:shards)
 -- ARGV[1] capacity        ARGV[2] eviction policy ("fifo" | "reward")
 -- ARGV[3] format version  ARGV[4] creation time (unix seconds)
--- ARGV[5] retry window (seconds a batch id is remembered, see redisbuf/scripts.py)
+-- ARGV[5] retry window (seconds a batch id is remembered, see redisbuf/store/scripts.py)
 -- Returns: HGETALL of meta (field, value, ...). The caller compares it with what it asked.
 -- Errors: RB_SHARDED when the name is a sharded buffer's (nothing is written): checked
 -- here, in the script that creates meta, so that no process can put a plain buffer beside

@@ -1,4 +1,4 @@
--- What a prioritized sampler's replica (redisbuf/replica.py) needs to catch up: the log
+-- What a prioritized sampler's replica (redisbuf/sampling/replica.py) needs to catch up: the log
 -- entries after its version. Read-only.
 -- @include common
 -- @include masslog

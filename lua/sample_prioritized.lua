@@ -1,5 +1,5 @@
 -- Commit a prioritized draw made by a sampling process from its replica of the buffer's
--- scores (redisbuf/replica.py): check that the replica was current, record the draws and
+-- scores (redisbuf/sampling/replica.py): check that the replica was current, record the draws and
 -- optionally return the blobs, in one atomic call. The same script serves softmax of
 -- log-rewards and PER: the replica applies the mass rule, the server only checks versions.
 -- @include common

@@ -8,7 +8,7 @@
 -- ARGV[4] n uniforms in [0, 1), packed 6 bytes each (see uniform_at)
 -- ARGV[5], ARGV[6] (optional, guess mode): the first id and the length the caller assumed,
 -- ARGV[7] the n ids it computed from its uniforms for that range with the algorithm below
--- (UniformSampler in redisbuf/samplers.py), 12 characters each (id_str), concatenated;
+-- (UniformSampler in redisbuf/sampling/samplers.py), 12 characters each (id_str), concatenated;
 -- ARGV[4] is then not used. The script draws nothing and records those ids as drawn if
 -- the buffer holds exactly the ids first .. first + length - 1, the only case where its
 -- own draw gives the same ids; otherwise it records nothing.

@@ -15,8 +15,8 @@ import pytest
 import redis
 import redis.cluster
 
-from redisbuf.cluster import LocalCluster
-from redisbuf.server import BIN_ENV, EmbeddedServer, bundled_server_binary
+from redisbuf.servers.cluster import LocalCluster
+from redisbuf.servers.embedded import BIN_ENV, EmbeddedServer, bundled_server_binary
 
 # Every real server of the suite (child processes included) is the bundled valkey 8 unless
 # $REDISBUF_SERVER_BIN names another: a redis-server on PATH (Debian's 7.0, installed by

@@ -1,4 +1,4 @@
-"""Per-buffer ACL roles (redisbuf/acl.py, ``redisbuf acl``) on a real server: each role does
+"""Per-buffer ACL roles (redisbuf/ops/acl.py, ``redisbuf acl``) on a real server: each role does
 its job; what it may not do is refused with NoPermissionError and changes no key."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import redis
 
-from redisbuf import PERSampler, ReplayBuffer, acl, cli, functions
-from redisbuf.keys import BufferKeys
+from redisbuf import PERSampler, ReplayBuffer, cli
+from redisbuf.ops import acl
+from redisbuf.store import functions
+from redisbuf.store.keys import BufferKeys
 
 pytestmark = pytest.mark.redis_server
 
@@ -56,7 +58,7 @@ def _fcall(client, function, name, *args, read_only=False):
 def _add_args(buffer: ReplayBuffer) -> list[object]:
     blobs, rewards, schema = buffer.encode({"x": np.ones((1, 2), np.float32),
                                             "log_rewards": np.zeros(1)})
-    from redisbuf.containers import schema_to_json
+    from redisbuf.store.containers import schema_to_json
 
     return [schema_to_json(schema), 1, "", blobs[0], "0.0", "batch-1"]
 

@@ -14,12 +14,13 @@ import pytest
 import redis
 from test_bad_input import snapshot
 
-from redisbuf import BufferKeys, ReplayBuffer, SchemaError, scripts
-from redisbuf.containers import schema_to_json
+from redisbuf import BufferKeys, ReplayBuffer, SchemaError
+from redisbuf.control.ipc import MessageQueue
 from redisbuf.errors import ConfigMismatchError
-from redisbuf.ipc import MessageQueue
-from redisbuf.keys import format_id
-from redisbuf.server import EmbeddedServer
+from redisbuf.servers.embedded import EmbeddedServer
+from redisbuf.store import scripts
+from redisbuf.store.containers import schema_to_json
+from redisbuf.store.keys import format_id
 
 
 def _batch(start: int, n: int, rewards=None) -> dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ from redisbuf.examples.apex_dqn import (  # noqa: E402
     run,
     unpack_params,
 )
-from redisbuf.keys import BufferKeys  # noqa: E402
+from redisbuf.store.keys import BufferKeys  # noqa: E402
 
 GAMMA = 0.9
 

@@ -26,6 +26,7 @@ from redisbuf import (
     Trajectories,
     Transitions,
 )
+from redisbuf.store import codec
 
 
 def snapshot(client, name: str) -> dict[str, object]:
@@ -277,11 +278,11 @@ def test_corrupt_stored_blob_raises_decode_error_naming_the_item(client, buffer_
     client.hset(keys.items, b"%012d" % 2, b"\x82\xa1x\xc7")  # truncated
     with pytest.raises(DecodeError, match="id 2"):
         buffer.get([1, 2])
-    wrong = redisbuf.codec.packb({"x": np.zeros(2, np.float64)})  # schema says float32
+    wrong = codec.packb({"x": np.zeros(2, np.float64)})  # schema says float32
     client.hset(keys.items, b"%012d" % 3, wrong)
     with pytest.raises(DecodeError):
         buffer.get([3])
-    client.hset(keys.items, b"%012d" % 3, redisbuf.codec.packb({"y": np.zeros(2, np.float32)}))
+    client.hset(keys.items, b"%012d" % 3, codec.packb({"y": np.zeros(2, np.float32)}))
     with pytest.raises(DecodeError):
         buffer.get([3])
     assert buffer.get([1])["x"].shape == (1, 2)

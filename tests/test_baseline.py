@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from redisbuf import ReplayBuffer
+from redisbuf.control.manager import ReplayBufferManager
 from redisbuf.errors import ConfigMismatchError, ControlTimeoutError
-from redisbuf.manager import ReplayBufferManager
 
 
 class _NoTransport:

@@ -78,7 +78,7 @@ def test_bad_blocking_arguments(client, buffer_name, kwargs) -> None:
 
 _SAMPLER = """
 import sys, time
-import redisbuf.waiting as waiting
+import redisbuf.sampling.waiting as waiting
 waiting.DEFAULT_RECHECK = 600.0  # only a notification can end the wait in this test
 from redisbuf import ReplayBuffer
 buf = ReplayBuffer(sys.argv[1], sys.argv[2], capacity=100, seed=1)

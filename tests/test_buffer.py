@@ -7,14 +7,7 @@ import numpy as np
 import pytest
 import redis
 
-from redisbuf import (
-    AddResult,
-    BufferKeys,
-    ConfigMismatchError,
-    ReplayBuffer,
-    States,
-    Trajectories,
-)
+from redisbuf import AddResult, BufferKeys, ConfigMismatchError, ReplayBuffer, States, Trajectories
 from redisbuf.errors import SchemaError
 
 

@@ -18,9 +18,9 @@ import redis
 from process_helpers import alive
 
 from redisbuf import ReplayBuffer, cli
-from redisbuf.demo import DemoConfig, DemoError, run_demo
+from redisbuf.demos.processes import DemoConfig, DemoError, run_demo
 from redisbuf.envs import HyperGrid
-from redisbuf.server import EmbeddedServer
+from redisbuf.servers.embedded import EmbeddedServer
 
 TIMEOUT = 120  # seconds for any one subprocess; each normally takes a few
 
@@ -186,7 +186,7 @@ def test_signal_stops_workers_and_embedded_server(signum, code, word):
         wait_for(lambda: inserted(client, "demo") >= 64, what="workers adding")
         client.close()
         children = child_pids(proc.pid)
-        # the server runs under its watchdog (redisbuf/_watchdog.py), a child of ours
+        # the server runs under its watchdog (redisbuf/servers/_watchdog.py), a child of ours
         children |= {pid for child in list(children) for pid in child_pids(child)}
         assert server_pid in children and len(children) >= 4  # watchdog, server, 2 workers
         proc.send_signal(signum)
@@ -272,7 +272,7 @@ def test_unreachable_url_is_one_clear_line(command, capsys):
 @pytest.mark.redis_server
 def test_manager_flag_calls_the_control_demo(monkeypatch, capsys, redis_server):
     calls = []
-    module = pytest.importorskip("redisbuf.control.demo", reason="control demo not written yet")
+    module = pytest.importorskip("redisbuf.demos.manager", reason="control demo not written yet")
 
     def fake_run(url, name, workers, batches, console, *, capacity, batch_size):
         calls.append((url, name, workers, batches, capacity, batch_size))

@@ -24,11 +24,11 @@ from process_helpers import default_signals
 from prometheus_client.parser import text_string_to_metric_families
 
 from redisbuf import BufferKeys, ReplayBuffer
-from redisbuf.episodes import EpisodeBuffer
-from redisbuf.metrics import HIST_STEP, history_rates, log_reward_histogram, parse_history
-from redisbuf.sequence import SequenceBuffer
-from redisbuf.server import EmbeddedServer, free_port
-from redisbuf.sharded import ShardedReplayBuffer
+from redisbuf.buffers.episodes import EpisodeBuffer
+from redisbuf.buffers.sequence import SequenceBuffer
+from redisbuf.buffers.sharded import ShardedReplayBuffer
+from redisbuf.ops.metrics import HIST_STEP, history_rates, log_reward_histogram, parse_history
+from redisbuf.servers.embedded import EmbeddedServer, free_port
 
 pytestmark = pytest.mark.redis_server
 TIMEOUT = 120
@@ -662,7 +662,7 @@ def test_plot_figure_reads_clock_time_and_shows_rates_that_coincide():
     from matplotlib import pyplot as plt
 
     from redisbuf.cli.plot import draw
-    from redisbuf.metrics import Histogram, Rate
+    from redisbuf.ops.metrics import Histogram, Rate
 
     t0 = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
     # a full buffer: every insert evicts one item, so the two rates are equal

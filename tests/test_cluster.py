@@ -20,16 +20,16 @@ from cluster_helpers import (
 )
 
 from redisbuf import ReplayBuffer
-from redisbuf.cluster import LocalCluster
-from redisbuf.connection import connect, is_cluster
-from redisbuf.episodes import EpisodeKeys
+from redisbuf.buffers.episodes import EpisodeKeys
+from redisbuf.buffers.fragments import FragmentKeys
+from redisbuf.buffers.sequence import SequenceKeys
+from redisbuf.buffers.sharded import ShardedReplayBuffer
 from redisbuf.errors import ServerUnavailableError, ShardUnavailableError
-from redisbuf.fragments import FragmentKeys
-from redisbuf.keys import BufferKeys, StagingKeys
-from redisbuf.samplers import PERSampler
-from redisbuf.scripts import lua_dir
-from redisbuf.sequence import SequenceKeys
-from redisbuf.sharded import ShardedReplayBuffer
+from redisbuf.sampling.samplers import PERSampler
+from redisbuf.servers.cluster import LocalCluster
+from redisbuf.store.connection import connect, is_cluster
+from redisbuf.store.keys import BufferKeys, StagingKeys
+from redisbuf.store.scripts import lua_dir
 
 pytestmark = pytest.mark.redis_server
 
@@ -303,7 +303,7 @@ def test_a_buffer_client_follows_its_slot_and_runs_transactions(redis_cluster, c
     """A buffer's client on a cluster is its slot master's own (MULTI/EXEC and a
     keyless command in a pipeline work); when the slot moves, a MOVED call is sent
     again to the new master."""
-    from redisbuf.connection import SlotClient
+    from redisbuf.store.connection import SlotClient
 
     buffer = ReplayBuffer(cluster_client, "follow", capacity=10)
     client = buffer.client.unwrapped

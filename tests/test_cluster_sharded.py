@@ -17,7 +17,8 @@ from cluster_helpers import (
     items,
 )
 
-from redisbuf import ReplayBuffer, scripts
+from redisbuf import ReplayBuffer
+from redisbuf.buffers.sharded import ShardedReplayBuffer
 from redisbuf.errors import (
     ConfigMismatchError,
     EmptyBufferError,
@@ -26,8 +27,8 @@ from redisbuf.errors import (
     ShardedBufferError,
     ShardUnavailableError,
 )
-from redisbuf.keys import BufferKeys
-from redisbuf.sharded import ShardedReplayBuffer
+from redisbuf.store import scripts
+from redisbuf.store.keys import BufferKeys
 
 
 def test_shards_get_their_own_hash_tags_in_separate_slot_ranges(fake_client, buffer_name):

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import redisbuf
-from redisbuf import codec
 from redisbuf.errors import DecodeError
+from redisbuf.store import codec
 
 # codec.py silences this torch warning at import; pytest's per-test warning capture undoes that
 pytestmark = pytest.mark.filterwarnings("ignore:The given buffer is not writable")

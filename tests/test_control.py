@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from redisbuf.codec import packb
 from redisbuf.control.protocol import ANY_SOURCE, DATA_TAG, METADATA_TAG, decode, request
 from redisbuf.control.redis import ControlKeys, RedisManagerTransport, RedisWorkerTransport
 from redisbuf.errors import ControlTimeoutError, ProtocolError
+from redisbuf.store.codec import packb
 
 FAST = {"heartbeat_interval": 0.1, "heartbeat_ttl": 0.5}
 

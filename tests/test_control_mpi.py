@@ -29,7 +29,7 @@ def job(name: str) -> None:
     from mpi4py import MPI
 
     from redisbuf import BufferKeys, ReplayBuffer, connect
-    from redisbuf.manager import ReplayBufferManager
+    from redisbuf.control.manager import ReplayBufferManager
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()

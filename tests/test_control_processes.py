@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from redisbuf import ReplayBuffer, connect
+from redisbuf.control.ipc import MessageQueue
+from redisbuf.control.manager import ReplayBufferManager
 from redisbuf.control.redis import RedisWorkerTransport
 from redisbuf.errors import ControlTimeoutError
-from redisbuf.ipc import MessageQueue
-from redisbuf.manager import ReplayBufferManager
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.multiprocess, pytest.mark.timeout(120)]
 
@@ -206,7 +206,7 @@ def test_manager_demo_runs_and_reports(redis_server, buffer_name):
 
     from rich.console import Console
 
-    from redisbuf.control import demo
+    from redisbuf.demos import manager as demo
 
     console = Console(file=StringIO(), width=120)
     summary = demo.run(redis_server.url, buffer_name, workers=2, batches=4, console=console)

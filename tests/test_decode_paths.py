@@ -11,9 +11,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from redisbuf import ReplayBuffer, Trajectories, codec
+from redisbuf import ReplayBuffer, Trajectories
 from redisbuf.errors import DecodeError
-from redisbuf.keys import format_id
+from redisbuf.store import codec
+from redisbuf.store.keys import format_id
 
 SETTINGS = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

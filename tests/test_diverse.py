@@ -24,7 +24,7 @@ from redisbuf import (
     Trajectories,
     Transitions,
 )
-from redisbuf.ipc import MessageQueue
+from redisbuf.control.ipc import MessageQueue
 
 
 class Reference:

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
-from redisbuf.server import EmbeddedServer, bundled_server_binary
+from redisbuf.servers.embedded import EmbeddedServer, bundled_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_URL = "redis://127.0.0.1:6379/0"

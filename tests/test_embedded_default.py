@@ -35,7 +35,7 @@ PARENT = textwrap.dedent(
     import json, multiprocessing as mp, os, sys
     import numpy as np
     from redisbuf import ReplayBuffer
-    from redisbuf import server
+    from redisbuf.servers import embedded as server
 
     def child(queue):
         from redisbuf import ReplayBuffer
@@ -90,7 +90,7 @@ def test_buffer_without_url_starts_one_private_server_that_children_join(
 def test_private_server_does_not_outlive_a_killed_process(signum):
     code = (
         "import redisbuf, sys, time\n"
-        "from redisbuf import server\n"
+        "from redisbuf.servers import embedded as server\n"
         "redisbuf.connect().ping()\n"
         "print(server._default.pid, flush=True)\n"
         "time.sleep(120)\n"
@@ -149,7 +149,7 @@ def test_embedded_default_can_be_turned_off():
 
 def test_an_existing_url_is_used_and_nothing_is_started(redis_server):
     code = (
-        "import os, redisbuf\nfrom redisbuf import server\n"
+        "import os, redisbuf\nfrom redisbuf.servers import embedded as server\n"
         "redisbuf.ReplayBuffer(name='x', capacity=3)\n"
         "print(server._default is None, os.environ['REDISBUF_URL'])\n"
     )

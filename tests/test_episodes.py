@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redisbuf import ConfigMismatchError, EmptyBufferError, InvalidBatchError, SchemaError
-from redisbuf import episodes as episodes_module
-from redisbuf.episodes import EpisodeBuffer, EpisodeKeys
+from redisbuf.buffers import episodes as episodes_module
+from redisbuf.buffers.episodes import EpisodeBuffer, EpisodeKeys
 
 
 def episode(tag: int, length: int) -> dict[str, np.ndarray]:
@@ -361,7 +361,7 @@ def test_many_processes_push_and_sample_whole_episodes(redis_server, buffer_name
 
 @pytest.mark.redis_server
 def test_sampling_works_on_a_server_that_refuses_writes(buffer_name):
-    from redisbuf.server import EmbeddedServer
+    from redisbuf.servers.embedded import EmbeddedServer
 
     with EmbeddedServer() as server:  # private: its configuration changes
         client = redis.Redis.from_url(server.url)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_per import assert_matches, per_scores
 
 import redisbuf
-from redisbuf import ReplayBuffer, codec
+from redisbuf import ReplayBuffer
 from redisbuf.errors import (
     ConfigMismatchError,
     DecodeError,
@@ -24,8 +24,9 @@ from redisbuf.errors import (
     ServerConfigError,
     ServerUnavailableError,
 )
-from redisbuf.keys import BufferKeys, format_id
-from redisbuf.server import EmbeddedServer
+from redisbuf.servers.embedded import EmbeddedServer
+from redisbuf.store import codec
+from redisbuf.store.keys import BufferKeys, format_id
 
 # -- 1. every decode path raises DecodeError naming buffer, key and id --------------------
 
@@ -247,7 +248,7 @@ SECRET_URLS = [
 def test_passwords_are_redacted_from_every_connection_error(url, secret):
     import traceback
 
-    from redisbuf.connection import redacted
+    from redisbuf.store.connection import redacted
 
     assert secret not in redacted(url) and "secret" not in redacted(url)
     for attempt in (
@@ -480,7 +481,7 @@ def _add_args(n: int = 2) -> list:
 
 
 def test_an_add_repeated_with_its_batch_id_inserts_once(client, buffer_name):
-    from redisbuf import scripts
+    from redisbuf.store import scripts
 
     buffer = ReplayBuffer(client, buffer_name, capacity=8)
     buffer.add({"x": np.zeros((1, 2), np.float32)})
@@ -502,7 +503,7 @@ def test_an_add_repeated_with_its_batch_id_inserts_once(client, buffer_name):
 
 
 def test_batch_ids_are_forgotten_after_their_time(client, buffer_name):
-    from redisbuf import scripts
+    from redisbuf.store import scripts
 
     buffer = ReplayBuffer(client, buffer_name, capacity=8)
     buffer.add({"x": np.zeros((1, 2), np.float32)})
@@ -530,7 +531,7 @@ def test_batch_ids_are_forgotten_after_their_time(client, buffer_name):
 
 
 def test_a_remembered_add_does_not_recreate_a_dropped_buffer(client, buffer_name):
-    from redisbuf import scripts
+    from redisbuf.store import scripts
 
     buffer = ReplayBuffer(client, buffer_name, capacity=8)
     keys = buffer.keys
@@ -570,7 +571,7 @@ def test_reads_and_read_pipelines_are_retried_after_a_lost_connection(client, bu
                 return fail
             return value
 
-    from redisbuf.connection import Guarded
+    from redisbuf.store.connection import Guarded
 
     buffer.client = Guarded(Flaky(real))
     assert len(buffer) == 4  # zcard failed twice, then answered

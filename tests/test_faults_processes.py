@@ -20,8 +20,8 @@ import redis
 from process_helpers import wait_dead
 
 from redisbuf import ReplayBuffer
-from redisbuf.ipc import MessageQueue
-from redisbuf.server import EmbeddedServer
+from redisbuf.control.ipc import MessageQueue
+from redisbuf.servers.embedded import EmbeddedServer
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.redis_server]
 

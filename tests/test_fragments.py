@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redisbuf import ConfigMismatchError, InvalidBatchError
+from redisbuf.buffers.fragments import FragmentBuffer, FragmentKeys
 from redisbuf.errors import FetchTimeoutError
-from redisbuf.fragments import FragmentBuffer, FragmentKeys
 
 
 class Model:

@@ -1,4 +1,4 @@
-"""The FCALL library (redisbuf/functions.py): each function does what the Python path does,
+"""The FCALL library (redisbuf/store/functions.py): each function does what the Python path does,
 refuses bad input with every key unchanged, and is installed once, versioned."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import redis
 
-from redisbuf import PERSampler, ReplayBuffer, cli, codec, functions
-from redisbuf.containers import schema_to_json
-from redisbuf.keys import BufferKeys
-from redisbuf.server import EmbeddedServer
+from redisbuf import PERSampler, ReplayBuffer, cli
+from redisbuf.servers.embedded import EmbeddedServer
+from redisbuf.store import codec, functions
+from redisbuf.store.containers import schema_to_json
+from redisbuf.store.keys import BufferKeys
 
 WIRE_FORMAT = Path(__file__).resolve().parent.parent / "docs" / "wire-format.md"
 
@@ -52,7 +53,7 @@ def _records(batch: dict[str, np.ndarray]) -> list[bytes]:
 
 
 def _schema(batch: dict[str, np.ndarray]) -> str:
-    from redisbuf.containers import KINDS
+    from redisbuf.store.containers import KINDS
 
     return schema_to_json(KINDS["dict"].split(batch)[2])
 

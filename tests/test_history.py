@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from redisbuf import ReplayBuffer
-from redisbuf.episodes import EpisodeBuffer
+from redisbuf.buffers.episodes import EpisodeBuffer
+from redisbuf.buffers.fragments import FragmentBuffer
+from redisbuf.buffers.sequence import SequenceBuffer
 from redisbuf.errors import InvalidBatchError, SchemaError
-from redisbuf.fragments import FragmentBuffer
-from redisbuf.metrics import HIST_SLOTS, HIST_STEP, every_buffer, history_rates, snapshot
-from redisbuf.sequence import SequenceBuffer
+from redisbuf.ops.metrics import HIST_SLOTS, HIST_STEP, every_buffer, history_rates, snapshot
 
 
 class Clock:
@@ -196,7 +196,7 @@ def test_sequence_sampling_counts_steps_yet_works_on_a_server_refusing_writes(bu
     still draws, and counts nothing."""
     import redis
 
-    from redisbuf.server import EmbeddedServer
+    from redisbuf.servers.embedded import EmbeddedServer
 
     with EmbeddedServer() as server:  # private: its configuration changes
         client = redis.Redis.from_url(server.url)

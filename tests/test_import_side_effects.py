@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent(
     import msgpack, numpy, torch
     before = list(warnings.filters)
     import redisbuf
-    from redisbuf import codec
+    from redisbuf.store import codec
     added = [f for f in warnings.filters if f not in before]
     assert not added, added
     warnings.simplefilter("error")   # any warning from decoding now fails
@@ -102,13 +102,13 @@ def test_numpy_add_and_sample_work_without_torch():
 def test_torch_is_imported_when_a_stored_tensor_is_decoded():
     import torch
 
-    from redisbuf import codec
+    from redisbuf.store import codec
 
     blob = codec.packb({"x": torch.arange(3, dtype=torch.bfloat16)})
     out = _run(
         """
         import sys
-        from redisbuf import codec
+        from redisbuf.store import codec
         item = codec.unpackb(bytes.fromhex(sys.argv[1]))
         import torch
         assert isinstance(item["x"], torch.Tensor) and item["x"].dtype == torch.bfloat16
@@ -165,12 +165,12 @@ def test_lazy_package_exports_resolve_and_list():
         import redisbuf
         assert "numpy" not in sys.modules and "redis" not in sys.modules
         from redisbuf import ReplayBuffer, RedisBufError, connect
-        from redisbuf.buffer import ReplayBuffer as direct
+        from redisbuf.buffers.replay import ReplayBuffer as direct
         assert ReplayBuffer is direct and callable(connect)
         assert set(redisbuf.__all__) <= set(dir(redisbuf))
         for name in redisbuf.__all__:
             getattr(redisbuf, name)
-        assert redisbuf.codec.unpackb(redisbuf.codec.packb({"a": 1})) == {"a": 1}
+        assert redisbuf.store.codec.unpackb(redisbuf.store.codec.packb({"a": 1})) == {"a": 1}
         try:
             redisbuf.NoSuchThing
         except AttributeError as exc:

@@ -124,7 +124,7 @@ def test_drop_after_a_manager_session_leaves_no_key_of_the_buffer(client, buffer
     # issue 24: drop left rb:{name}:ctl:ranks and :ctl:workers (no expiry) behind
     from redisbuf.control.protocol import ANY_SOURCE, DATA_TAG, request
     from redisbuf.control.redis import RedisManagerTransport, RedisWorkerTransport
-    from redisbuf.keys import StagingKeys
+    from redisbuf.store.keys import StagingKeys
 
     fast = {"heartbeat_interval": 0.1, "heartbeat_ttl": 5.0}
     buffer = ReplayBuffer(client, buffer_name, capacity=8)

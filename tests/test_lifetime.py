@@ -1,4 +1,4 @@
-"""Data lifetime (redisbuf/lifetime.py, record_draws / admit_batch in lua/_items.lua):
+"""Data lifetime (redisbuf/sampling/lifetime.py, record_draws / admit_batch in lua/_items.lua):
 max_use, model versions and sessions, per-item use counts / times / versions, stats.
 
 The deterministic rules are checked by hypothesis against a small in-memory model that
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redisbuf import ConfigMismatchError, EmptyBufferError, ReplayBuffer
-from redisbuf.ipc import MessageQueue
+from redisbuf.control.ipc import MessageQueue
 
 
 def _batch(n: int, start: int = 0) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Rate limiters (redisbuf/limiters.py, lua/rate_limit.lua): Reverb's admission rule
+"""Rate limiters (redisbuf/sampling/limiters.py, lua/rate_limit.lua): Reverb's admission rule
 checked against a reference model by hypothesis, timeouts that say who waited for what,
 blocked sides woken by the other side, and several OS processes on a real server."""
 
@@ -23,7 +23,7 @@ from redisbuf import (
     ReplayBuffer,
     SampleToInsertRatio,
 )
-from redisbuf.ipc import MessageQueue
+from redisbuf.control.ipc import MessageQueue
 
 
 def _batch(n: int) -> dict[str, np.ndarray]:
@@ -206,7 +206,7 @@ INSERTS, SAMPLES = 25, 22  # per process; two of each
 
 def _worker(url: str, name: str, side: str, index: int, start, results) -> None:
     try:
-        from redisbuf import limiters
+        from redisbuf.sampling import limiters
 
         seen = []
         original = limiters.acquire

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from redisbuf import ReplayBuffer, States, Transitions
-from redisbuf.codec import packb
+from redisbuf.control.manager import ReplayBufferManager, default_scoring_function
 from redisbuf.control.protocol import DATA_TAG, METADATA_TAG, decode, request
 from redisbuf.envs import HyperGrid
 from redisbuf.errors import ControlTimeoutError, InvalidBatchError, ProtocolError
-from redisbuf.manager import ReplayBufferManager, default_scoring_function
+from redisbuf.store.codec import packb
 
 
 class Hub:

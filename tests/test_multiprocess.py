@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from redisbuf import BufferKeys, ReplayBuffer
-from redisbuf.ipc import MessageQueue
+from redisbuf.control.ipc import MessageQueue
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.redis_server]
 

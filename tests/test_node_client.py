@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import redis
 
-from redisbuf import PERSampler, ReplayBuffer, functions
+from redisbuf import PERSampler, ReplayBuffer
 from redisbuf.errors import EmptyBufferError
+from redisbuf.store import functions
 
 NODE_DIR = Path(__file__).resolve().parent.parent / "clients" / "node"
 
@@ -119,7 +120,7 @@ def test_node_and_python_share_buffers_bit_exact(redis_server, real_client, tmp_
     python_blobs, _, schema = learner.encode(same)
     stored = real_client.hmget(learner.keys.items, [b"%012d" % row["id"] for row in added])
     assert python_blobs == stored
-    from redisbuf.containers import schema_to_json
+    from redisbuf.store.containers import schema_to_json
 
     assert real_client.hget(learner.keys.meta, "schema").decode() == schema_to_json(schema)
     # Node's own update_priority landed (the learner may have changed them since: present)

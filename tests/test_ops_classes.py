@@ -11,12 +11,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redisbuf import ReplayBuffer
+from redisbuf.buffers.episodes import EpisodeBuffer
+from redisbuf.buffers.fragments import FragmentBuffer
+from redisbuf.buffers.sequence import SequenceBuffer
 from redisbuf.cli._common import CommandError, resolve_class
 from redisbuf.cli.inspect import class_report
-from redisbuf.episodes import EpisodeBuffer
-from redisbuf.fragments import FragmentBuffer
-from redisbuf.metrics import LAYOUTS, BufferCollector, class_keys
-from redisbuf.sequence import SequenceBuffer
+from redisbuf.ops.metrics import LAYOUTS, BufferCollector, class_keys
 
 
 def _sequence(client: redis.Redis, name: str) -> SequenceBuffer:

@@ -13,7 +13,7 @@ import pytest
 from tree_helpers import fresh_replica, replica_masses
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer
-from redisbuf.ipc import MessageQueue
+from redisbuf.control.ipc import MessageQueue
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.redis_server]
 

@@ -17,7 +17,7 @@ from redisbuf import (
     SchemaError,
     Trajectories,
 )
-from redisbuf.buffer import SAVE_FORMAT_VERSION
+from redisbuf.buffers.checkpoint import SAVE_FORMAT_VERSION
 
 
 def _content(client, name: str) -> list[tuple[float, bytes]]:

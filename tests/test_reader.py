@@ -1,4 +1,4 @@
-"""redisbuf.reader: Prefetcher (k draws in flight in a background thread) and ReplayDataset
+"""redisbuf.sampling.reader: Prefetcher (k draws in flight in a background thread) and ReplayDataset
 (a torch IterableDataset over it), on fakeredis and on a real server."""
 
 from __future__ import annotations
@@ -306,7 +306,7 @@ def test_bad_arguments_are_refused(fake_client, buffer_name):
 
 def test_dataset_with_a_dataloader_in_process(client, buffer_name):
     torch = pytest.importorskip("torch")
-    from redisbuf.reader import ReplayDataset
+    from redisbuf.sampling.reader import ReplayDataset
 
     buffer = per_buffer(client, buffer_name)
     dataset = ReplayDataset(buffer, 8, prefetch=2, num_batches=5)
@@ -322,7 +322,7 @@ def test_dataset_with_a_dataloader_in_process(client, buffer_name):
 
 def test_dataset_refuses_a_buffer_object_in_worker_processes(fake_client, buffer_name):
     pytest.importorskip("torch")
-    from redisbuf.reader import ReplayDataset
+    from redisbuf.sampling.reader import ReplayDataset
 
     with pytest.raises(ValueError, match="needs the buffer's name"):
         ReplayDataset("redis://localhost", 8)
@@ -334,7 +334,7 @@ def test_dataset_refuses_a_buffer_object_in_worker_processes(fake_client, buffer
 @pytest.mark.multiprocess
 def test_dataset_with_two_workers_each_opening_the_buffer(real_client, redis_server, buffer_name):
     torch = pytest.importorskip("torch")
-    from redisbuf.reader import ReplayDataset
+    from redisbuf.sampling.reader import ReplayDataset
 
     per_buffer(real_client, buffer_name)
     dataset = ReplayDataset(
@@ -358,7 +358,7 @@ def test_dataset_with_two_workers_each_opening_the_buffer(real_client, redis_ser
 def test_to_torch_converts_arrays_inside_containers():
     torch = pytest.importorskip("torch")
     from redisbuf import Transitions
-    from redisbuf.reader import to_torch
+    from redisbuf.sampling.reader import to_torch
 
     readonly = np.arange(3.0)
     readonly.flags.writeable = False

@@ -1,4 +1,4 @@
-"""Prioritized draws from replicas (redisbuf/replica.py, lua/_masslog.lua): the mass log,
+"""Prioritized draws from replicas (redisbuf/sampling/replica.py, lua/_masslog.lua): the mass log,
 catching up, reading afresh when the log no longer reaches back, applying one's own
 update_priority, and the rule that a draw follows every change made before it began,
 across processes on a real server."""
@@ -15,7 +15,7 @@ from test_sampling import chi2, chi2_limit
 from tree_helpers import followed_masses, fresh_replica, replica_scores
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer
-from redisbuf.replica import MassReplica, replica_of
+from redisbuf.sampling.replica import MassReplica, replica_of
 
 
 def _per_buffer(client, name, capacity=100, **kwargs):
@@ -205,7 +205,7 @@ def test_per_is_turned_on_a_slice_at_a_time(client, buffer_name, monkeypatch):
     """Over a full buffer, each call gives a slice of the items their initial priority;
     an add meanwhile gets its own, an update_priority meanwhile finishes the turn-on
     first, and the result is as if it had been done in one go."""
-    from redisbuf import samplers
+    from redisbuf.sampling import samplers
 
     plain = ReplayBuffer(client, buffer_name, capacity=40)
     ids = plain.add({"x": np.arange(30)}).ids
@@ -284,7 +284,7 @@ def test_the_server_corrects_a_stale_per_draw_to_the_current_law(
     items; lua/sample_prioritized.lua corrects each to the law at the commit, in the one
     commit call: the drawn items follow the current law (chi-square), and evicted or
     zeroed items never come."""
-    from redisbuf import samplers
+    from redisbuf.sampling import samplers
 
     commits = []
     send = samplers._send_commit

@@ -387,7 +387,7 @@ def test_chunk_child_from_the_upper_end_finds_the_forward_scans_child(client, dr
     # from its last child down: the same child as its forward scan, except within
     # rounding of a boundary (mass = the node's entry in its parent, which may differ
     # from its chunk's sum by rounding: drift)
-    from redisbuf.scripts import _expand
+    from redisbuf.store.scripts import _expand
 
     source = _expand("-- @include common\n-- @include tree\n" + _CHILD_PROBE)
     rng = np.random.default_rng(7)

@@ -16,8 +16,8 @@ from redisbuf import (
     RedisBufError,
     ReplayBuffer,
     SchemaError,
-    scripts,
 )
+from redisbuf.store import scripts
 
 OPERATIONS = sorted(p.stem for p in scripts.lua_dir().glob("*.lua") if not p.stem.startswith("_"))
 HELPERS = sorted(p.stem for p in scripts.lua_dir().glob("_*.lua"))

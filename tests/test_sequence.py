@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redisbuf import ConfigMismatchError, EmptyBufferError, InvalidBatchError, SchemaError
-from redisbuf.sequence import FIRST, LAST, MID, SequenceBuffer, SequenceKeys
+from redisbuf.buffers.sequence import FIRST, LAST, MID, SequenceBuffer, SequenceKeys
 
 
 @dataclass

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from redisbuf import EmptyBufferError, SequenceBuffer
-from redisbuf.ipc import MessageQueue
-from redisbuf.sequence import SequenceKeys
+from redisbuf.buffers.sequence import SequenceKeys
+from redisbuf.control.ipc import MessageQueue
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.redis_server]
 

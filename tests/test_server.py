@@ -14,7 +14,7 @@ import redis
 from process_helpers import alive
 
 from redisbuf import ReplayBuffer, ServerUnavailableError
-from redisbuf.server import BIN_ENV, EmbeddedServer, find_server_binary
+from redisbuf.servers.embedded import BIN_ENV, EmbeddedServer, find_server_binary
 
 pytestmark = pytest.mark.redis_server
 

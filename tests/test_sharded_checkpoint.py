@@ -20,10 +20,10 @@ from redisbuf import (
     SchemaError,
     ServerUnavailableError,
 )
-from redisbuf.buffer import SAVE_FORMAT_VERSION
-from redisbuf.keys import BufferKeys
-from redisbuf.samplers import PERSampler
-from redisbuf.sharded import ShardedReplayBuffer
+from redisbuf.buffers.checkpoint import SAVE_FORMAT_VERSION
+from redisbuf.buffers.sharded import ShardedReplayBuffer
+from redisbuf.sampling.samplers import PERSampler
+from redisbuf.store.keys import BufferKeys
 
 
 def content(buffer) -> list[tuple[int, float, bytes, int]]:

@@ -16,9 +16,11 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from redisbuf import ReplayBuffer, Trajectories, codec, samplers
-from redisbuf.keys import format_id
-from redisbuf.server import EmbeddedServer
+from redisbuf import ReplayBuffer, Trajectories
+from redisbuf.sampling import samplers
+from redisbuf.servers.embedded import EmbeddedServer
+from redisbuf.store import codec
+from redisbuf.store.keys import format_id
 
 SETTINGS = settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

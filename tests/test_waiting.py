@@ -1,4 +1,4 @@
-"""Waiting for a buffer to change (redisbuf/waiting.py): wake-up on add, timeouts,
+"""Waiting for a buffer to change (redisbuf/sampling/waiting.py): wake-up on add, timeouts,
 no polling between changes, Ctrl-C, and several OS processes on a real server."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from redisbuf import ReplayBuffer
 from redisbuf.errors import WaitTimeoutError
-from redisbuf.waiting import changed_channel, notify, wait_for
+from redisbuf.sampling.waiting import changed_channel, notify, wait_for
 
 NEVER_RECHECK = 60.0  # long enough that only a notification can end a wait in a test
 
@@ -106,7 +106,7 @@ def test_notify_from_python_wakes_the_waiter(client, buffer_name) -> None:
 _WAITER = """
 import sys, time
 from redisbuf import ReplayBuffer
-from redisbuf.waiting import wait_for
+from redisbuf.sampling.waiting import wait_for
 url, name, need = sys.argv[1], sys.argv[2], int(sys.argv[3])
 buf = ReplayBuffer(url, name, capacity=100)
 checks = 0

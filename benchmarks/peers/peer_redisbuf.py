@@ -24,7 +24,7 @@ from common import (
 )
 
 from redisbuf import PERSampler, ReplayBuffer
-from redisbuf.server import EmbeddedServer
+from redisbuf.servers.embedded import EmbeddedServer
 
 PRE = 8  # pre-made batches cycled through by each writer
 PATH = "ReplayBuffer.add / sample (dict of arrays), PERSampler + update_priority"
@@ -69,7 +69,7 @@ def sampler(url: str, name: str, capacity: int, prio: bool, n: int) -> Any:
         return n
 
     # the first prioritized draw reads the buffer's priorities into this process's replica
-    # (redisbuf/replica.py), once: not timed, as Reverb's first dataset batch is not
+    # (redisbuf/sampling/replica.py), once: not timed, as Reverb's first dataset batch is not
     sample(0)
     return lambda deadline: loop_until(deadline, sample)
 

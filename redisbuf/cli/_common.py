@@ -21,13 +21,13 @@ import redis
 from rich.console import Console
 from rich.markup import escape
 
-from ..connection import URL_ENV, connect, redacted
 from ..errors import RedisBufError
-from ..keys import PREFIX, BufferKeys
-from ..metrics import LAYOUTS, buffer_classes, buffer_names, every_buffer
+from ..ops.metrics import LAYOUTS, buffer_classes, buffer_names, every_buffer
+from ..store.connection import URL_ENV, connect, redacted
+from ..store.keys import PREFIX, BufferKeys
 
 if TYPE_CHECKING:
-    from ..buffer import ReplayBuffer
+    from ..buffers.replay import ReplayBuffer
 
 from . import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED  # noqa: F401 - re-exported
 
@@ -151,7 +151,7 @@ def missing_buffer_error(
 
 def check_name(name: str) -> None:
     """A :class:`CommandError` for a name no buffer can have."""
-    from ..keys import validate_name
+    from ..store.keys import validate_name
 
     try:
         validate_name(name)
@@ -161,7 +161,7 @@ def check_name(name: str) -> None:
 
 def open_buffer(client: redis.Redis, name: str, url: str, **kwargs: Any) -> ReplayBuffer:
     """The existing buffer ``name``, or a :class:`CommandError` listing those that exist."""
-    from ..buffer import ReplayBuffer
+    from ..buffers.replay import ReplayBuffer
     from ..errors import ConfigMismatchError
 
     check_name(name)
@@ -182,7 +182,7 @@ def add_class_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_class(client: redis.Redis, name: str, url: str, wanted: str | None) -> str:
-    """The buffer class (a key of :data:`redisbuf.metrics.LAYOUTS`) of the buffer
+    """The buffer class (a key of :data:`redisbuf.ops.metrics.LAYOUTS`) of the buffer
     ``name``: ``wanted`` when that exists, else the only one there; a
     :class:`CommandError` when none is, or when several are and ``wanted`` is None. A
     plain buffer is also opened, so a damaged one raises its own error."""

@@ -1,5 +1,5 @@
 """``redisbuf acl NAME --role ROLE --user USER``: the ACL SETUSER line of a per-buffer
-role (redisbuf/acl.py says what each role can and cannot be kept from), printed, or
+role (redisbuf/ops/acl.py says what each role can and cannot be kept from), printed, or
 applied with ``--apply --url ADMIN_URL`` and a password from ``--password-file`` or a
 prompt (never echoed, never printed)."""
 
@@ -10,8 +10,8 @@ import getpass
 from pathlib import Path
 from typing import Any
 
-from .. import acl
-from ..connection import redacted
+from ..ops import acl
+from ..store.connection import redacted
 from ._common import CommandError, add_json_argument, add_url_argument, connect_args, emit, safe
 
 
@@ -49,7 +49,7 @@ def _password(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..keys import validate_name
+    from ..store.keys import validate_name
 
     try:
         validate_name(args.name)

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from ..connection import URL_ENV, connect, redacted
-from ..keys import BufferKeys
+from ..store.connection import URL_ENV, connect, redacted
+from ..store.keys import BufferKeys
 from ._common import (
     CommandError,
     add_json_argument,
@@ -27,8 +27,8 @@ from ._common import (
 from .inspect import redis_cli_lines, top_items
 
 if TYPE_CHECKING:
-    from ..buffer import ReplayBuffer
-    from ..demo import DemoConfig, DemoResult
+    from ..buffers.replay import ReplayBuffer
+    from ..demos.processes import DemoConfig, DemoResult
 
 DEFAULT_CAPACITY = 10_000
 
@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
     add_json_argument(parser, "the summary as one JSON document on stdout (progress on stderr)")
     parser.add_argument(
         "--manager", action="store_true",
-        help="run the manager demo instead (redisbuf.control.demo: scoring by a manager); "
+        help="run the manager demo instead (redisbuf.demos.manager: scoring by a manager); "
         "takes --workers, --batches, --batch-size and --capacity",
     )
     parser.set_defaults(func=run)
@@ -109,7 +109,7 @@ def add_worker_options(parser: argparse.ArgumentParser, *, demo: bool) -> None:
 
 
 def demo_config(args: argparse.Namespace, url: str, **overrides: Any) -> DemoConfig:
-    from ..demo import DemoConfig
+    from ..demos.processes import DemoConfig
 
     values = {
         "url": url,
@@ -164,7 +164,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._extras import check as check_extra
-    from ..server import EmbeddedServer
+    from ..servers.embedded import EmbeddedServer
 
     check_extra("torch", "torch", "redisbuf demo (HyperGrid's trajectories are tensors)")
     _check(args)
@@ -205,7 +205,7 @@ def _demo_on(args: argparse.Namespace, url: str, out: Console, *, embedded: bool
 
 def _manager_demo(args: argparse.Namespace, url: str, out: Console) -> int:
     try:
-        from ..control.demo import run as run_manager_demo
+        from ..demos.manager import run as run_manager_demo
     except ImportError as exc:
         raise CommandError(f"the manager demo is not available in this install: {exc}") from None
     summary = run_manager_demo(
@@ -228,8 +228,8 @@ def _run_demo(
         TimeElapsedColumn,
     )
 
-    from ..buffer import ReplayBuffer
-    from ..demo import run_demo
+    from ..buffers.replay import ReplayBuffer
+    from ..demos.processes import run_demo
 
     sampling = "prioritized" if config.prioritized_sampling else "uniform"
     eviction = "lowest-reward" if config.prioritized_capacity else "FIFO"

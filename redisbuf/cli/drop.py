@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..connection import redacted
+from ..store.connection import redacted
 from ._common import (
     add_json_argument,
     add_url_argument,

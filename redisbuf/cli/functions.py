@@ -1,4 +1,4 @@
-"""``redisbuf functions install|show|version``: the FCALL library (redisbuf/functions.py)."""
+"""``redisbuf functions install|show|version``: the FCALL library (redisbuf/store/functions.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import redis
 
-from .. import functions
-from ..connection import redacted
+from ..store import functions
+from ..store.connection import redacted
 from ._common import CommandError, add_json_argument, add_url_argument, connect_args, emit
 
 

@@ -1,6 +1,6 @@
 """``redisbuf inspect NAME``: a buffer's configuration, counters, schema, top items, keys.
 
-Every buffer class (``redisbuf.metrics.LAYOUTS``) is shown; ``--class`` picks one when a
+Every buffer class (``redisbuf.ops.metrics.LAYOUTS``) is shown; ``--class`` picks one when a
 name holds several. Sequence, episode and fragment buffers have no log-rewards, so no top
 items; their length, capacity and counters are in their unit (steps, episodes, chunks).
 
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from ..connection import redacted
-from ..metrics import LAYOUTS, class_keys, snapshot
+from ..ops.metrics import LAYOUTS, class_keys, snapshot
+from ..store.connection import redacted
 from ._common import (
     CommandError,
     add_class_argument,
@@ -37,7 +37,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from ..buffer import ReplayBuffer
+    from ..buffers.replay import ReplayBuffer
 
 
 def register(subparsers: Any) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..connection import redacted
-from ..metrics import every_buffer, snapshot
+from ..ops.metrics import every_buffer, snapshot
+from ..store.connection import redacted
 from ._common import add_json_argument, add_url_argument, connect_args, emit, format_bytes, safe
 
 

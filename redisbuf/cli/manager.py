@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..connection import redacted
+from ..store.connection import redacted
 from ._common import CommandError, add_json_argument, add_url_argument, connect_args, print_json
 
 
@@ -69,7 +69,7 @@ def register(subparsers: Any) -> None:
 
 
 def run_manager(args: argparse.Namespace) -> int:
-    from ..manager import ReplayBufferManager
+    from ..control.manager import ReplayBufferManager
 
     client, url = connect_args(args, "redisbuf manager")
     lines = sys.stderr if args.json else sys.stdout

@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from .._extras import require as require_extra
-from ..connection import redacted
+from ..store.connection import redacted
 from ._common import (
     CommandError,
     add_json_argument,
@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_extra("prometheus_client", "metrics", "redisbuf metrics")
-    from ..metrics import serve
+    from ..ops.metrics import serve
     for name in args.names:
         check_name(name)
     if not 0 <= args.port <= 65535:

@@ -3,7 +3,7 @@ history of a buffer, drawn with matplotlib (any format it writes: png, svg, pdf.
 
 The rate history is the capped series that the insert scripts of every buffer class
 keep in its meta hash (10-second buckets, the last hour; ``lua/_history.lua``), in the
-class's unit (items, steps, episodes or chunks: ``redisbuf.metrics.LAYOUTS``); the sample
+class's unit (items, steps, episodes or chunks: ``redisbuf.ops.metrics.LAYOUTS``); the sample
 rate there is the sampled counter as seen by the inserts of each bucket. Only a
 ReplayBuffer has log-rewards: for the other classes the histogram panel says so.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._extras import require as require_extra
-from ..connection import redacted
-from ..metrics import Histogram, Rate, history_rates, log_reward_histogram, snapshot
+from ..ops.metrics import Histogram, Rate, history_rates, log_reward_histogram, snapshot
+from ..store.connection import redacted
 from ._common import (
     CommandError,
     add_class_argument,

@@ -13,7 +13,7 @@ A sharded buffer (``ReplayBuffer(..., shards=N)``) is exported and imported whol
 :meth:`ShardedReplayBuffer.save` / :meth:`ShardedReplayBuffer.load`; ``import`` creates a
 missing target from a sharded file as a sharded buffer of the saved shard count (from a
 plain file, a plain buffer). On a sharded target the load is atomic per shard, not across
-shards (see the module docstring of :mod:`redisbuf.sharded`).
+shards (see the module docstring of :mod:`redisbuf.buffers.sharded`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 import msgpack
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..connection import redacted
-from ..keys import BufferKeys
+from ..store.connection import redacted
+from ..store.keys import BufferKeys
 from ._common import (
     CommandError,
     add_json_argument,
@@ -120,7 +120,7 @@ def run_export(args: argparse.Namespace) -> int:
             )
     finally:
         client.close()
-    from ..sharded import saved_shard_count
+    from ..buffers.checkpoint import saved_shard_count
 
     header = read_header(path)
     per = header.get("per") is not None
@@ -140,7 +140,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 def _open_whole(client: Any, name: str, url: str) -> Any:
     """The existing buffer ``name``: a sharded one whole, else as ``open_buffer``."""
-    from ..sharded import ShardedReplayBuffer
+    from ..buffers.sharded import ShardedReplayBuffer
 
     check_name(name)
     keys = BufferKeys(name)
@@ -156,7 +156,7 @@ def _kept(per: bool) -> str:
 
 def read_header(path: Path) -> dict[str, Any]:
     """The checked header of a save file (raises DecodeError / CommandError)."""
-    from ..buffer import _read_header
+    from ..buffers.checkpoint import _read_header
     from ..errors import DecodeError
 
     if not path.is_file():
@@ -172,9 +172,9 @@ def read_header(path: Path) -> dict[str, Any]:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from ..buffer import ReplayBuffer
-    from ..samplers import PERSampler
-    from ..sharded import saved_shard_count
+    from ..buffers.checkpoint import saved_shard_count
+    from ..buffers.replay import ReplayBuffer
+    from ..sampling.samplers import PERSampler
 
     path = Path(args.file)
     header = read_header(path)  # a newer format is refused before we connect

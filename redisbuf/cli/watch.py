@@ -2,7 +2,7 @@
 
 Rates are differences of the buffer's counters between two refreshes (the sampled
 counter included, so sampling needs no write of its own), in the buffer class's unit
-(items, steps, episodes or chunks: ``redisbuf.metrics.LAYOUTS``); every buffer class is
+(items, steps, episodes or chunks: ``redisbuf.ops.metrics.LAYOUTS``); every buffer class is
 shown, log-rewards, top items, use counts and model versions only for a ReplayBuffer.
 ``q`` (at a terminal) or Ctrl-C quits with exit code 0. ``--count N`` stops after N
 refreshes; with ``--json`` the N frames are printed as one JSON document at the end.
@@ -24,9 +24,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ..connection import redacted
 from ..errors import RedisBufError
-from ..metrics import (
+from ..ops.metrics import (
     Histogram,
     Snapshot,
     log_reward_histogram,
@@ -35,6 +34,7 @@ from ..metrics import (
     uses_summary,
     versions_summary,
 )
+from ..store.connection import redacted
 from ._common import (
     CommandError,
     add_class_argument,

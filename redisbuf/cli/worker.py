@@ -8,9 +8,9 @@ import signal
 import time
 from typing import Any
 
-from ..connection import redacted
-from ..demo import _MANAGER_WAIT, wait_for_manager_buffer
-from ..keys import BufferKeys
+from ..demos.processes import _MANAGER_WAIT, wait_for_manager_buffer
+from ..store.connection import redacted
+from ..store.keys import BufferKeys
 from ._common import (
     CommandError,
     add_json_argument,
@@ -53,7 +53,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._extras import check as check_extra
-    from ..demo import run_worker
+    from ..demos.processes import run_worker
 
     check_extra("torch", "torch", "redisbuf worker (HyperGrid's trajectories are tensors)")
     client, url = connect_args(args, "redisbuf worker")

@@ -2,7 +2,7 @@
 
 The same messages travel over every backend (MPI, Redis); a backend only moves opaque
 bytes tagged with a sender rank and a tag. Every message is one msgpack map (encoded with
-:func:`redisbuf.codec.packb`, never pickle).
+:func:`redisbuf.store.codec.packb`, never pickle).
 
 Worker -> manager, always on :data:`DATA_TAG`::
 
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..codec import packb, unpackb
 from ..errors import DecodeError, ProtocolError
+from ..store.codec import packb, unpackb
 
 DATA_TAG = 0
 METADATA_TAG = 1

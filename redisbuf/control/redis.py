@@ -40,10 +40,10 @@ from typing import Any
 
 import redis as redis_lib
 
-from ..codec import packb, unpackb
-from ..connection import as_client
 from ..errors import ControlTimeoutError, DecodeError, ProtocolError
-from ..keys import PREFIX, validate_name
+from ..store.codec import packb, unpackb
+from ..store.connection import as_client
+from ..store.keys import PREFIX, validate_name
 from .protocol import ANY_SOURCE
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _torch
-from ..containers import Trajectories
+from ..store import _torch
+from ..store.containers import Trajectories
 
 
 class HyperGrid:

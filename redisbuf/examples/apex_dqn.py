@@ -401,7 +401,7 @@ class _BufferIO:
 
 def _child_main(role: str, index: int, config: dict[str, Any], messages: Any,
                 stop: Any) -> None:
-    from redisbuf.demo import exit_with_parent
+    from redisbuf.demos.processes import exit_with_parent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
     exit_with_parent()
@@ -489,8 +489,8 @@ def run(config: ApexConfig, live: bool = True, console: Any = None) -> RunResult
 
     from rich.console import Console
 
-    from redisbuf.demo import _stop, reset_buffer
-    from redisbuf.ipc import MessageQueue
+    from redisbuf.control.ipc import MessageQueue
+    from redisbuf.demos.processes import _stop, reset_buffer
 
     console = console or Console()
     client = connect(config.url)
@@ -727,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     url = args.url or os.environ.get("REDISBUF_URL")
     server = None
     if url is None:
-        from redisbuf.server import EmbeddedServer
+        from redisbuf.servers.embedded import EmbeddedServer
 
         server = EmbeddedServer().start()
         url = server.url

@@ -2,7 +2,7 @@
 
     mpiexec -n 5 python -m redisbuf.examples.mpi_hypergrid [--iterations 50]
 
-Rank 0 runs the :class:`~redisbuf.manager.ReplayBufferManager`; every other rank draws
+Rank 0 runs the :class:`~redisbuf.control.manager.ReplayBufferManager`; every other rank draws
 trajectories of a random policy, ``add`` s them to the shared buffer in Redis (the data
 plane) and gets back the manager's score and baseline over MPI (the control plane: small
 msgpack messages, no pickle). Workers filter by the baseline, so once the buffer is full
@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from redisbuf import BufferKeys, ReplayBuffer, connect
+from redisbuf.control.manager import ReplayBufferManager
 from redisbuf.envs import HyperGrid
-from redisbuf.manager import ReplayBufferManager
 
 
 def make_scoring_function(env: HyperGrid) -> Any:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
     from redisbuf.control.mpi import broadcast_text
-    from redisbuf.server import EmbeddedServer
+    from redisbuf.servers.embedded import EmbeddedServer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--name", default="mpi-hypergrid")

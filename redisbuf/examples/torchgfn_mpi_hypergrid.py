@@ -27,7 +27,7 @@ from gfn.preprocessors import KHotPreprocessor
 from gfn.utils.common import set_seed
 from gfn.utils.modules import MLP
 
-from redisbuf.torchgfn import DEFAULT_MANAGER_NAME, ReplayBuffer, ReplayBufferManager
+from redisbuf.integrations.torchgfn import DEFAULT_MANAGER_NAME, ReplayBuffer, ReplayBufferManager
 
 
 def make_scoring_function(env: HyperGrid) -> Any:
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
     from redisbuf.control.mpi import broadcast_text
-    from redisbuf.server import EmbeddedServer
+    from redisbuf.servers.embedded import EmbeddedServer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--name", default=DEFAULT_MANAGER_NAME)

@@ -1,0 +1,795 @@
+"""Save, load and restore a buffer: the save format, and the methods that write and read it
+(:class:`Checkpointing` of ReplayBuffer, :class:`ShardedCheckpointing` of
+ShardedReplayBuffer).
+
+A save is a msgpack stream: a header map (``format``, ``version``, ``name``, ``capacity``,
+``eviction``, ``schema``, ``counters``, ``per``; a sharded buffer's also ``shards``), one
+``[id, log_reward, blob, per_priority, uses]`` record per item, then the trailer
+``{"end": count}``; ``state_dict`` holds the same as plain data. A load reads and checks
+the whole file before it writes anything, builds the items under staging keys and swaps
+them in with one script (``lua/restore.lua``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ..errors import (
+    ConfigMismatchError,
+    DecodeError,
+    PartialLoadError,
+    SchemaError,
+    ServerUnavailableError,
+)
+from ..store import codec
+from ..store.connection import retrying
+from ..store.containers import KINDS, describe_schema_difference, schema_to_json
+from ..store.keys import StagingKeys, decode_meta
+from .insert import _priority_text
+
+#: Version of the save format (``save`` / ``state_dict``). 1: records ``[id, log_reward,
+#: blob]``; 2: ``[id, log_reward, blob, per_priority, uses]`` and the header's ``per``.
+SAVE_FORMAT_VERSION = 2
+FILE_MAGIC = "redisbuf"
+_READ_CHUNK = 1000
+#: ``progress(done, total)`` of :meth:`ReplayBuffer.save` and :meth:`ReplayBuffer.load`.
+Progress = Callable[[int, int], None]
+# The counters a save header keeps, for the whole buffer and for each shard.
+_COUNTERS = ("inserted", "evicted", "sampled")
+_MAX_COUNTER = 2**53  # exact in Lua's doubles
+
+
+@dataclass
+class _Restore:
+    """A checked restore (see ReplayBuffer._prepare_restore): the records, the schema
+    and the swap script's arguments."""
+
+    records: list[tuple[Any, ...]]
+    schema_json: str | None
+    inserted: int
+    sampled: int
+    carry_per: bool
+    most_used: int
+
+
+
+class Checkpointing:
+    """Save, load, ``state_dict`` and ``load_state_dict`` of
+    :class:`~redisbuf.buffers.replay.ReplayBuffer` (a mixin: the buffer provides
+    ``client``, ``keys``, ``name``, ``capacity``, ``max_use``, ``_run``, ``_run_once``, its
+    schema cache and ``_decode``)."""
+
+    def _header(self) -> dict[str, Any]:
+        meta = decode_meta(self.client.hgetall(self.keys.meta))
+        if "capacity" not in meta:
+            raise ConfigMismatchError(f"buffer {self.name!r} does not exist (dropped?)")
+        per = None
+        if meta.get("tree_mass") == "per":
+            per = {
+                "alpha": float(meta["per_alpha"]),
+                "eps": float(meta["per_eps"]),
+                "initial_priority": float(meta["per_initial"]),
+            }
+        return {
+            "format": FILE_MAGIC,
+            "version": SAVE_FORMAT_VERSION,
+            "name": self.name,
+            "capacity": int(meta["capacity"]),
+            "eviction": meta["eviction"],
+            "schema": meta.get("schema"),
+            "counters": {k: int(meta.get(k, 0)) for k in ("inserted", "evicted", "sampled")},
+            "per": per,
+        }
+
+    def _records(self, per: bool = False) -> Iterator[tuple[int, float, bytes, float | None, int]]:
+        """(id, log-reward, blob, PER priority, use count) of every item, oldest first,
+        read in chunks, each chunk in one MULTI (a consistent view of its items). The PER
+        priority is None unless ``per``; then an item without one (PER was turned on or
+        off meanwhile) is left out, like an item evicted while we read."""
+        start = 0
+        while True:
+            members = self.client.zrange(self.keys.order, start, start + _READ_CHUNK - 1)
+            if not members:
+                return
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hmget(self.keys.items, members)
+            pipe.zmscore(self.keys.prio, members)
+            pipe.hmget(self.keys.uses, members)
+            if per:
+                pipe.zmscore(self.keys.per, members)
+            blobs, scores, uses, *rest = pipe.execute()
+            pers = rest[0] if per else [None] * len(members)
+            for member, blob, score, used, priority in zip(
+                members, blobs, scores, uses, pers, strict=True
+            ):
+                if blob is None or score is None or (per and priority is None):
+                    continue  # evicted while we read
+                yield int(member), float(score), blob, priority, int(used or 0)
+            start += len(members)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole buffer as plain data: the header (its ``per``: the PER settings, or
+        None without PER), then per item, oldest first: ``ids``, ``priorities``
+        (log-rewards), ``blobs``, ``per_priorities`` (None each without PER) and ``uses``
+        (times sampled)."""
+        header = self._header()
+        return _state_of(header, self._records(header["per"] is not None))
+
+    def load_state_dict(self, state: dict[str, Any], *, drop_per_priorities: bool = False) -> None:
+        """Replace the buffer's items with those of ``state`` (from :meth:`state_dict`),
+        keeping their order, log-rewards, PER priorities and use counts (they get new
+        ids); see :meth:`load` for what is checked, the PER rules and how the replacement
+        is atomic. A version-1 state (no ``per_priorities`` / ``uses``) loads as a
+        version-1 file."""
+        self._restore(state, _state_records(state), drop_per_priorities)
+
+    def save(self, path: str | Path, *, progress: Progress | None = None) -> int:
+        """Write the buffer to ``path`` as a msgpack stream: a header map (its ``per``:
+        the PER settings ``alpha``, ``eps``, ``initial_priority``, or None without PER),
+        one ``[id, log_reward, blob, per_priority, uses]`` record per item (oldest first;
+        ``per_priority`` None without PER, ``uses`` the times the item was sampled), then
+        a trailer map ``{"end": count}`` so a truncated file is detected. Returns the
+        number of items written. Not a consistent snapshot if other processes write
+        meanwhile.
+
+        The file is written beside ``path`` under a temporary name, fsynced, and renamed
+        over ``path`` only when complete: a save that fails (or a crash) leaves the
+        previous file as it was.
+
+        ``progress(done, total)``, when given, is called after every 1,000 records written
+        and once at the end, with ``total`` the length when the save began."""
+        total = len(self) if progress is not None else 0
+
+        def stream() -> Iterator[tuple[Any, ...]]:
+            header = self._header()
+            yield header
+            yield from self._records(header["per"] is not None)
+
+        return _write_save(path, stream(), progress, total)
+
+    def load(
+        self,
+        path: str | Path,
+        *,
+        drop_per_priorities: bool = False,
+        progress: Progress | None = None,
+    ) -> int:
+        """Replace the buffer's items with those saved at ``path``; returns their number.
+
+        The file is read and checked whole (records, schema, capacity, counters: integers
+        in [0, 2**53]; PER priorities: finite numbers >= 0; use counts: integers in [0,
+        2**53]) before anything is written. The items are then built under staging keys
+        and swapped in by one script: other processes see the old buffer or the restored
+        one, never a part. Counters: ``inserted`` is the saved one (at least the length),
+        ``evicted = inserted - length``, ``sampled`` the saved one. Restored items get new
+        ids, above every id handed out before or during the load, and keep their order,
+        log-rewards and use counts (``max_use`` counts on from them; a count at or over
+        this buffer's ``max_use`` raises :class:`ConfigMismatchError`).
+
+        PER: a file saved from a buffer with PER restores each item's PER priority, and
+        so the sampling probabilities and weights (this buffer's ``alpha``, ``eps`` and
+        ``initial_priority`` apply). Loading it into a buffer without PER raises
+        :class:`ConfigMismatchError` unless ``drop_per_priorities=True``, which loads the
+        items without them. A file without PER priorities (saved without PER, or in
+        format 1) loaded into a PER buffer gives every item ``initial_priority``, the
+        new-item rule with nothing else present.
+
+        A file saved from a sharded buffer (:meth:`ShardedReplayBuffer.save`) loads as
+        any other: its records in file order (shard by shard), its summed counters; the
+        header's ``shards`` is not used.
+
+        ``progress(done, total)``, when given, is called after every chunk of up to 1,000
+        items built under the staging keys, and once more after the swap."""
+        header, records = _read_save(path)
+        self._restore(header, records, drop_per_priorities, progress)
+        return len(records)
+
+    def _check_records(
+        self, records: list[tuple[Any, ...]], schema: dict[str, Any], per: bool
+    ) -> None:
+        """Refuse saved records that ``add`` would refuse: ids that are not integers,
+        priorities that are not numbers or are NaN, blobs that do not decode to
+        items of ``schema``; PER priorities that are not finite numbers >= 0 (``per``: the
+        file keeps them) or that are there when the file has no PER settings; use counts
+        that are not integers in [0, 2**53]."""
+        for item_id, priority, blob, per_priority, uses in records:
+            if isinstance(item_id, bool) or not isinstance(item_id, int):
+                raise DecodeError(f"saved record has id {item_id!r}, not an integer")
+            if isinstance(priority, bool) or not isinstance(priority, (int, float)):
+                raise DecodeError(f"saved record {item_id} has priority {priority!r}, not a number")
+            if math.isnan(priority):
+                raise DecodeError(f"saved record {item_id} has priority NaN")
+            if not isinstance(blob, bytes):
+                raise DecodeError(f"saved record {item_id} has no blob")
+            if not per and per_priority is not None:
+                raise DecodeError(
+                    f"saved record {item_id} has PER priority {per_priority!r:.40} but the "
+                    "header has no PER settings"
+                )
+            if per and (
+                isinstance(per_priority, bool)
+                or not isinstance(per_priority, (int, float))
+                or not (0 <= per_priority < math.inf)
+            ):
+                raise DecodeError(
+                    f"saved record {item_id} has PER priority {per_priority!r:.40}; PER "
+                    "priorities must be finite numbers >= 0"
+                )
+            if isinstance(uses, bool) or not isinstance(uses, int) or not (
+                0 <= uses <= _MAX_COUNTER
+            ):
+                raise DecodeError(
+                    f"saved record {item_id} has use count {uses!r:.40}; use counts must be "
+                    "integers in [0, 2**53]"
+                )
+        kind = KINDS.get(schema.get("kind"))
+        if kind is None:
+            raise DecodeError(f"saved schema names an unknown kind {schema.get('kind')!r}")
+        for start in range(0, len(records), _READ_CHUNK):
+            chunk = records[start : start + _READ_CHUNK]
+            with codec.gc_paused():
+                self._decode(kind, schema, [r[2] for r in chunk], [r[0] for r in chunk])
+
+    def _restore_args(
+        self, blobs: list[bytes], priorities: np.ndarray, schema_json: str
+    ) -> tuple[str, list[Any]]:
+        """The inserting script and its ARGV that store saved records as they are (a
+        buffer class that keeps more per item derives it here from the records)."""
+        args: list[Any] = [schema_json, len(blobs), ""]
+        for blob, priority in zip(blobs, priorities.tolist(), strict=True):
+            args += [blob, _priority_text(priority)]
+        return "add", args
+
+    def _restore(
+        self,
+        header: dict[str, Any],
+        records: Any,
+        drop_per_priorities: bool = False,
+        progress: Progress | None = None,
+    ) -> None:
+        self._apply_restore(self._prepare_restore(header, records, drop_per_priorities), progress)
+
+    def _prepare_restore(
+        self, header: dict[str, Any], records: Any, drop_per_priorities: bool = False
+    ) -> _Restore:
+        """Check saved ``records`` against ``header`` and this buffer (schema, capacity,
+        records, counters, PER, ``max_use``) and return what :meth:`_apply_restore`
+        writes; writes nothing."""
+        records = list(records)
+        schema_json = header.get("schema")
+        if records and not schema_json:
+            raise DecodeError("saved buffer has items but no schema")
+        if schema_json:
+            saved = _saved_schema(schema_json)
+            stored = self._stored_schema()
+            if stored is not None and schema_json != self._schema_json:
+                raise SchemaError(
+                    f"saved items do not fit buffer {self.name!r}: "
+                    f"{describe_schema_difference(stored, saved)}"
+                )
+        if len(records) > self.capacity:
+            raise ConfigMismatchError(
+                f"saved buffer holds {len(records)} items, over this buffer's capacity "
+                f"{self.capacity}"
+            )
+        saved_per = header.get("per") is not None
+        if records:
+            self._check_records(records, json.loads(schema_json), saved_per)
+        inserted, sampled = _saved_counters(header, len(records))
+        carry_per = saved_per and not drop_per_priorities
+        if carry_per and self.client.hget(self.keys.meta, "tree_mass") != b"per":
+            raise ConfigMismatchError(
+                f"the saved items carry PER priorities and buffer {self.name!r} does not use "
+                "PER: open it with sampler=PERSampler(...), or load with "
+                "drop_per_priorities=True (redisbuf import --drop-per-priorities) to leave "
+                "the priorities out"
+            )
+        most_used = max((record[4] for record in records), default=0)
+        if self.max_use is not None and most_used >= self.max_use:
+            raise ConfigMismatchError(
+                f"a saved item was sampled {most_used} times, at or over max_use="
+                f"{self.max_use} of buffer {self.name!r}"
+            )
+        return _Restore(records, schema_json, inserted, sampled, carry_per, most_used)
+
+    def _apply_restore(self, plan: _Restore, progress: Progress | None = None) -> None:
+        """Build the checked ``plan``'s items under staging keys and swap them in with one
+        script (see :meth:`load`)."""
+        records, schema_json, carry_per = plan.records, plan.schema_json, plan.carry_per
+        staging = StagingKeys(self.name, uuid.uuid4().hex[:16])
+        try:
+            self._run("restore_stage", [self.keys.meta, staging.meta], [len(records)])
+            for start in range(0, len(records), _READ_CHUNK):
+                chunk = records[start : start + _READ_CHUNK]
+                script, args = self._restore_args(
+                    [record[2] for record in chunk],
+                    np.array([record[1] for record in chunk], dtype=np.float64),
+                    schema_json,
+                )
+                reply = self._run_once(script, staging, staging.all_keys(), args)
+                if carry_per or any(record[4] for record in chunk):
+                    extra: list[Any] = [int(reply[0])]
+                    for record in chunk:
+                        extra += [repr(float(record[3])) if carry_per else "", str(record[4])]
+                    self._run("restore_items", staging.all_keys(), extra)
+                if progress is not None:
+                    progress(start + len(chunk), len(records))
+            self._run_once(
+                "restore",
+                self.keys,
+                [*self.keys.all_keys(), *staging.all_keys()],
+                [plan.inserted, plan.sampled, schema_json or "", int(carry_per),
+                 plan.most_used],
+            )
+            if progress is not None:
+                progress(len(records), len(records))
+        finally:
+            try:  # nothing left after a failure (DEL may repeat: retried)
+                retrying(lambda: self.client.delete(*staging.all_keys()), name=self.client)
+            except ServerUnavailableError:
+                pass  # the server is gone; the staging keys are only garbage
+            self._forget_schema()
+        self._stored_schema()
+
+
+
+class ShardedCheckpointing:
+    """Save, load, ``state_dict`` and ``load_state_dict`` of
+    :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer`, in the unsharded format plus
+    the header's ``shards``; each shard is restored by :class:`Checkpointing` (a mixin:
+    the buffer provides ``client``, ``keys``, ``name``, ``count``, ``shards``,
+    ``capacity`` and ``_on_shard``)."""
+
+    def _header(self) -> dict[str, Any]:
+        """The save header: the unsharded one's fields for the whole buffer (global
+        capacity, counters summed over the shards, ``per`` None) plus ``shards``: the
+        shard count, each shard's capacity and each shard's counters."""
+        headers = []
+        for k, shard in enumerate(self.shards):
+            with self._on_shard(k):
+                headers.append(shard._header())
+        raw = self.client.hget(self.keys.shards, "schema")
+        schema = raw.decode() if raw is not None else None
+        if schema is None:  # no add through the sharded buffer yet: a shard's, if any
+            schema = next((h["schema"] for h in headers if h["schema"]), None)
+        counters = [h["counters"] for h in headers]
+        return {
+            "format": FILE_MAGIC,
+            "version": SAVE_FORMAT_VERSION,
+            "name": self.name,
+            "capacity": self.capacity,
+            "eviction": "reward" if self.prioritized_capacity else "fifo",
+            "schema": schema,
+            "counters": {key: sum(c[key] for c in counters) for key in _COUNTERS},
+            "per": None,
+            "shards": {
+                "count": self.count,
+                "capacities": [shard.capacity for shard in self.shards],
+                "counters": counters,
+            },
+        }
+
+    def _records(self) -> Iterator[tuple[int, float, bytes, None, int]]:
+        """Every shard's records (see :meth:`ReplayBuffer._records`), shard by shard,
+        oldest first within a shard, with global ids."""
+        for k, shard in enumerate(self.shards):
+            with self._on_shard(k):
+                for item_id, log_reward, blob, _per, uses in shard._records():
+                    yield item_id * self.count + k, log_reward, blob, None, uses
+
+    def save(self, path: str | Path, *, progress: Progress | None = None) -> int:
+        """Write the buffer to ``path`` in the format of :meth:`ReplayBuffer.save`
+        (version 2, through the same temporary file, fsync and rename): the header
+        (global capacity, counters summed over the shards, ``per`` None, plus
+        ``shards``: ``count``, each shard's ``capacities`` and ``counters``), then
+        every shard's items, shard by shard, oldest first within a shard, with their
+        global ids (``local_id * count + shard``), then the trailer. Returns the number
+        of items written. The file loads into a plain :class:`ReplayBuffer` too (which
+        ignores ``shards``). Not a snapshot if other processes write meanwhile, neither
+        within a shard nor across shards. ``progress(done, total)`` as
+        :meth:`ReplayBuffer.save`."""
+        total = len(self) if progress is not None else 0
+
+        def stream() -> Iterator[Any]:
+            yield self._header()
+            yield from self._records()
+
+        return _write_save(path, stream(), progress, total)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole buffer as plain data: the header of :meth:`save` and the columns of
+        :meth:`ReplayBuffer.state_dict` (``ids`` global, ``per_priorities`` None), in
+        the order :meth:`save` writes the records."""
+        return _state_of(self._header(), self._records())
+
+    def load(
+        self,
+        path: str | Path,
+        *,
+        drop_per_priorities: bool = False,
+        progress: Progress | None = None,
+    ) -> int:
+        """Replace the buffer's items with those saved at ``path`` (by :meth:`save` or
+        :meth:`ReplayBuffer.save`); returns their number.
+
+        The whole file is read and checked first, every shard's part as
+        :meth:`ReplayBuffer.load` checks a file (schema, also against this buffer's,
+        capacity, counters, records), before anything is written. Where the records go:
+        a file saved from a sharded buffer of the same shard count gives shard ``k``
+        exactly its saved items (the records whose global id is ``k`` modulo the count)
+        and its saved counters; any other file (a plain buffer's, or another shard
+        count) gives record ``j`` (in file order) to shard ``j mod count``, and splits
+        the counters as the capacity is split: the items evicted before the save
+        (``inserted - length``) and ``sampled`` go ``// count`` to every shard, the first
+        ``% count`` shards one more. Each shard's counters then follow the unsharded
+        rule (``inserted`` at least its length, ``evicted = inserted - length``), so
+        the totals are the file's. A shard's part over that shard's capacity raises
+        :class:`ConfigMismatchError` naming the shard, before anything is written.
+        Items keep their order within a shard, log-rewards and use counts, and get new
+        ids (above every id their shard handed out before or during the load).
+
+        Then each shard is restored in turn by the unsharded machinery (staging keys,
+        then one swap script): each shard's swap is atomic, the whole is not. A failure
+        part way (a lost shard, say) raises :class:`PartialLoadError` naming the shards
+        already restored and the one that failed (which, and those after it, are as they
+        were); a failure on the first shard raises its own error, every shard as it was.
+
+        Sharded buffers have no PER: a file with PER priorities raises
+        :class:`ConfigMismatchError` unless ``drop_per_priorities=True``.
+        ``progress(done, total)`` counts the items of all shards (``total`` the file's).
+        """
+        header, records = _read_save(path)
+        self._restore(header, records, drop_per_priorities, progress)
+        return len(records)
+
+    def load_state_dict(self, state: dict[str, Any], *, drop_per_priorities: bool = False) -> None:
+        """Replace the buffer's items with those of ``state`` (from :meth:`state_dict` or
+        :meth:`ReplayBuffer.state_dict`), as :meth:`load` does with a file."""
+        self._restore(state, _state_records(state), drop_per_priorities)
+
+    def _parts(
+        self, header: dict[str, Any], records: list[tuple[Any, ...]]
+    ) -> tuple[list[list[tuple[Any, ...]]], list[dict[str, int]]]:
+        """Each shard's records and counters (see :meth:`load`)."""
+        count = self.count
+        saved_count = saved_shard_count(header)
+        inserted, sampled = _saved_counters(header, len(records))  # checked, both cases
+        if saved_count == count:
+            parts: list[list[tuple[Any, ...]]] = [[] for _ in range(count)]
+            for record in records:
+                item_id = record[0]
+                if isinstance(item_id, bool) or not isinstance(item_id, int):
+                    raise DecodeError(f"saved record has id {item_id!r:.40}, not an integer")
+                parts[item_id % count].append(record)
+            counters = header["shards"]["counters"]
+            for name in _COUNTERS:
+                whole = header.get("counters", {}).get(name, 0)
+                if sum(c.get(name, 0) for c in counters) != whole:
+                    raise DecodeError(
+                        f"saved shard counters {name} do not add up to the buffer's {whole}"
+                    )
+            return parts, [dict(c) for c in counters]
+        parts = [records[k::count] for k in range(count)]
+        evicted = inserted - len(records)
+        shares = []
+        for k, part in enumerate(parts):
+            gone = evicted // count + (1 if k < evicted % count else 0)
+            shares.append(
+                {
+                    "inserted": len(part) + gone,
+                    "evicted": gone,
+                    "sampled": sampled // count + (1 if k < sampled % count else 0),
+                }
+            )
+        return parts, shares
+
+    def _restore(
+        self,
+        header: dict[str, Any],
+        records: list[tuple[Any, ...]],
+        drop_per_priorities: bool = False,
+        progress: Progress | None = None,
+    ) -> None:
+        schema_json = header.get("schema")
+        if schema_json:
+            raw = self.client.hget(self.keys.shards, "schema")
+            if raw is not None and raw.decode() != schema_json:
+                raise SchemaError(
+                    f"saved items do not fit sharded buffer {self.name!r}: "
+                    f"{describe_schema_difference(json.loads(raw), _saved_schema(schema_json))}"
+                )
+        if header.get("per") is not None and not drop_per_priorities:
+            raise ConfigMismatchError(
+                f"the saved items carry PER priorities and sharded buffer {self.name!r} "
+                "has no PER: load with drop_per_priorities=True (redisbuf import "
+                "--drop-per-priorities) to leave them out"
+            )
+        parts, counters = self._parts(header, records)
+        spread = saved_shard_count(header) != self.count
+        for k, part in enumerate(parts):
+            if len(part) > self.shards[k].capacity:
+                how = (
+                    f"record j goes to shard j mod {self.count}"
+                    if spread
+                    else "each record goes back to its saved shard"
+                )
+                raise ConfigMismatchError(
+                    f"saved buffer holds {len(part)} items for shard {k} of sharded buffer "
+                    f"{self.name!r}, over that shard's capacity {self.shards[k].capacity} "
+                    f"({len(records)} items in all, global capacity {self.capacity}; {how})"
+                )
+        plans = []
+        for k, (shard, part) in enumerate(zip(self.shards, parts, strict=True)):
+            with self._on_shard(k):
+                plans.append(
+                    shard._prepare_restore(
+                        {**header, "counters": counters[k]}, part, drop_per_priorities
+                    )
+                )
+        total, done = len(records), 0
+        restored: list[int] = []
+        for k, (shard, plan) in enumerate(zip(self.shards, plans, strict=True)):
+            offset = done
+            try:
+                with self._on_shard(k):
+                    shard._apply_restore(
+                        plan,
+                        None if progress is None
+                        else lambda d, _t, offset=offset: progress(offset + d, total),
+                    )
+            except Exception as exc:
+                if not restored:
+                    raise
+                raise PartialLoadError(
+                    f"sharded buffer {self.name!r}: the load restored shard(s) "
+                    f"{', '.join(map(str, restored))} of {self.count}, then failed on shard "
+                    f"{k} ({exc}); shard {k} and those after it are as they were",
+                    restored,
+                    k,
+                ) from exc
+            restored.append(k)
+            done += len(plan.records)
+            if schema_json and len(restored) == 1:  # the shards now hold this schema
+                self.client.hsetnx(self.keys.shards, "schema", schema_json)
+        self._schema_json = None  # read again at the next add
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # not every platform opens directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_save(
+    path: str | Path,
+    stream: Iterator[Any],
+    progress: Progress | None = None,
+    total: int = 0,
+) -> int:
+    """Write a save file (see :meth:`ReplayBuffer.save`) from ``stream``: its first
+    element the header map, then the records (lists or tuples); append the trailer
+    ``{"end": count}``. The file is written beside ``path`` under a temporary name,
+    fsynced, and renamed over ``path`` only when complete (a failure, or a crash, leaves
+    the previous file as it was). ``progress(done, total)``, when given, is called after
+    every 1,000 records and once at the end. Returns the number of records."""
+    path = Path(path)
+    handle = tempfile.NamedTemporaryFile(
+        "wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+    )
+    count = 0
+    try:
+        with handle:
+            packer = msgpack.Packer(use_bin_type=True)
+            handle.write(packer.pack(next(stream)))
+            for record in stream:
+                handle.write(packer.pack(list(record)))
+                count += 1
+                if progress is not None and count % _READ_CHUNK == 0:
+                    progress(count, total)
+            handle.write(packer.pack({"end": count}))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)  # the rename itself survives a crash
+    if progress is not None:
+        progress(count, max(total, count))
+    return count
+
+
+def _read_header(unpacker: msgpack.Unpacker, path: str | Path) -> dict[str, Any]:
+    """The first object of a save file's stream, checked as its header; DecodeError for
+    an empty file or one that is not a redisbuf file."""
+    try:
+        header = next(unpacker)
+    except StopIteration:
+        raise DecodeError(f"{path}: empty file") from None
+    except Exception as exc:
+        raise DecodeError(f"{path}: not a redisbuf file ({exc})") from exc
+    _check_header(header)
+    return header
+
+
+def _read_save(path: str | Path) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    """The checked header and the records of the save file at ``path``, each record
+    ``(id, log_reward, blob, per_priority, uses)`` (a format-1 record gets None and 0);
+    DecodeError for an empty, corrupt or truncated file, a malformed record or data
+    after the trailer. The records' values are checked by the restore."""
+    with open(path, "rb") as handle:
+        unpacker = msgpack.Unpacker(handle, raw=False, max_buffer_size=2**31 - 1)
+        header = _read_header(unpacker, path)
+        width = 3 if header["version"] == 1 else 5
+        records: list[tuple[Any, ...]] = []
+        trailer = None
+        try:
+            for entry in unpacker:
+                if isinstance(entry, dict):
+                    trailer = entry
+                    break
+                if not isinstance(entry, list) or len(entry) != width:
+                    raise DecodeError(f"{path}: malformed record {entry!r:.80}")
+                if not isinstance(entry[2], bytes):
+                    raise DecodeError(f"{path}: record {entry[0]!r} has no blob")
+                # format 1 kept no PER priority nor use count
+                records.append(tuple(entry) if width == 5 else (*entry, None, 0))
+            extra = next(unpacker, None)
+        except DecodeError:
+            raise
+        except Exception as exc:
+            raise DecodeError(f"{path}: corrupt record stream ({exc})") from exc
+    if trailer is None or trailer.get("end") != len(records):
+        raise DecodeError(
+            f"{path}: truncated file: {len(records)} records read, "
+            f"trailer {'missing' if trailer is None else trailer}"
+        )
+    if extra is not None:
+        raise DecodeError(f"{path}: data after the trailer")
+    return header, records
+
+
+def _state_of(header: dict[str, Any], records: Iterable[tuple[Any, ...]]) -> dict[str, Any]:
+    """A state as :meth:`ReplayBuffer.state_dict` returns it: ``header`` and the columns
+    of ``records`` ``(id, log_reward, blob, per_priority, uses)``; see _state_records for
+    the way back."""
+    records = list(records)
+    return {
+        **header,
+        "ids": [r[0] for r in records],
+        "priorities": [r[1] for r in records],
+        "blobs": [r[2] for r in records],
+        "per_priorities": [r[3] for r in records],
+        "uses": [r[4] for r in records],
+    }
+
+
+def _state_records(state: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The records ``(id, log_reward, blob, per_priority, uses)`` of a state from
+    :meth:`ReplayBuffer.state_dict`, its header checked; a version-1 state (no
+    ``per_priorities`` / ``uses``) gets None and 0, as a version-1 file."""
+    _check_header(state)
+    columns = ["ids", "priorities", "blobs"]
+    if state["version"] >= 2:
+        columns += ["per_priorities", "uses"]
+    lists = [state.get(column) for column in columns]
+    for column, values in zip(columns, lists, strict=True):
+        if not isinstance(values, list):
+            raise DecodeError(f"saved state's {column!r} is not a list")
+        if len(values) != len(lists[0]):
+            raise DecodeError(
+                f"saved state has {len(values)} {column!r} for {len(lists[0])} ids"
+            )
+    if len(lists) == 3:
+        lists += [[None] * len(lists[0]), [0] * len(lists[0])]
+    return list(zip(*lists, strict=True))
+
+
+def _saved_schema(schema_json: Any) -> dict[str, Any]:
+    """The schema of a saved header, or DecodeError when it is not one redisbuf writes."""
+    try:
+        schema = json.loads(schema_json) if isinstance(schema_json, str) else None
+    except ValueError:
+        schema = None
+    if (
+        not isinstance(schema, dict)
+        or schema.get("kind") not in KINDS
+        or not isinstance(schema.get("fields"), dict)
+        or schema_to_json(schema) != schema_json
+    ):
+        raise DecodeError(f"saved schema {schema_json!r:.80} is not a redisbuf schema")
+    return schema
+
+
+def _saved_counters(header: dict[str, Any], length: int) -> tuple[int, int]:
+    """(inserted, sampled) of a saved header, checked: integers in [0, 2**53] (a file's
+    ``evicted`` is checked too but not used: the restore derives it from the length)."""
+    counters = header.get("counters", {})
+    if not isinstance(counters, dict):
+        raise DecodeError(f"saved counters {counters!r:.80} are not a map")
+    values = {}
+    for name in ("inserted", "evicted", "sampled"):
+        value = counters.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not (
+            0 <= value <= _MAX_COUNTER
+        ):
+            raise DecodeError(
+                f"saved counter {name}={value!r:.40} is not an integer in [0, 2**53]"
+            )
+        values[name] = value
+    return max(values["inserted"], length), values["sampled"]
+
+
+def _check_header(header: Any) -> None:
+    """Refuse a header that is not redisbuf's, of a newer save format, or (format 2) whose
+    ``per`` is neither None nor the PER settings (finite numbers >= 0)."""
+    if not isinstance(header, dict) or header.get("format") != FILE_MAGIC:
+        raise DecodeError("not a redisbuf save (missing format marker)")
+    version = header.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise DecodeError(f"saved with format version {version!r:.40}, not one redisbuf writes")
+    if version > SAVE_FORMAT_VERSION:
+        raise DecodeError(
+            f"saved with format version {version}, newer than this redisbuf reads "
+            f"({SAVE_FORMAT_VERSION}); upgrade redisbuf"
+        )
+    if version == 1:
+        if header.get("per") is not None:
+            raise DecodeError("a format 1 save has no PER settings, this header has some")
+        return
+    per = header.get("per")
+    if per is None:
+        return
+    if not isinstance(per, dict) or set(per) != {"alpha", "eps", "initial_priority"}:
+        raise DecodeError(
+            f"saved PER settings {per!r:.80} are not a map of alpha, eps, initial_priority"
+        )
+    for name, value in per.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            0 <= value < math.inf
+        ):
+            raise DecodeError(f"saved PER setting {name}={value!r:.40} is not a finite number >= 0")
+
+
+def saved_shard_count(header: dict[str, Any]) -> int | None:
+    """The shard count a save header (or state) records, None for a plain buffer's;
+    DecodeError when its ``shards`` is not one :meth:`ShardedReplayBuffer.save` writes
+    (a count >= 1 and that many capacities and counter maps, each counter an integer
+    in [0, 2**53])."""
+    layout = header.get("shards")
+    if layout is None:
+        return None
+    count = layout.get("count") if isinstance(layout, dict) else None
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise DecodeError(f"saved shard layout {layout!r:.80} has no valid shard count")
+    capacities, counters = layout.get("capacities"), layout.get("counters")
+    if (
+        not isinstance(capacities, list)
+        or not isinstance(counters, list)
+        or len(capacities) != count
+        or len(counters) != count
+    ):
+        raise DecodeError(
+            f"saved shard layout {layout!r:.80} does not have {count} capacities and counters"
+        )
+    for shard_counters in counters:
+        _saved_counters({"counters": shard_counters}, 0)
+    return count

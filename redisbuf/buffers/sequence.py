@@ -1,0 +1,647 @@
+"""Per-environment streams of steps (ALF's ``ReplayBuffer``), sampled as windows.
+
+Each environment appends one step at a time; its steps get positions 0, 1, 2, ... that
+only grow (``pos`` in ALF's terms), and the newest ``max_length`` of them are kept.
+``get_batch(batch_size, batch_length)`` draws windows of consecutive stored steps.
+
+Keys (all share the hash tag ``{name}``, so one Lua script may touch all of them):
+
+===============================  ======  ==================================================
+key                              type    content
+===============================  ======  ==================================================
+``rb:{name}:seq:meta``           hash    configuration, schema, counters (``size``,
+                                         ``added``, ``evicted``, ``sampled``: steps),
+                                         max priority, rate history (``hist:*``,
+                                         ``last_insert``; see redisbuf/ops/metrics.py)
+``rb:{name}:seq:steps``          hash    ``"env:pos"`` -> msgpack blob of one step
+``rb:{name}:seq:envs``           hash    ``next:e``, ``start:e``, ``cur:e``, ``first:e``,
+                                         ``ended:e``: the stream state of environment e
+``rb:{name}:seq:episodes``       zset    episode member -> number of its steps stored
+``rb:{name}:seq:begins``         zset    episode members, score 0 (lex order = env, begin)
+``rb:{name}:seq:rewards``        hash    ``"env:pos"`` -> reward (record_episodic_return)
+``rb:{name}:seq:returns``        hash    ``"env:pos"`` -> discounted return of ended episodes
+``rb:{name}:seq:tree``           hash    16-ary sum tree of priorities, leaf
+                                         ``env * max_length + pos % max_length``
+===============================  ======  ==================================================
+
+An episode member is ``"%06d:%015d" % (env, begin position)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..errors import DecodeError, EmptyBufferError, InvalidBatchError
+from ..store import _torch, codec, scripts
+from ..store.connection import as_client
+from ..store.keys import PREFIX, validate_name
+
+# ALF's StepType values
+FIRST, MID, LAST = 0, 1, 2
+_DISCOUNTED_RETURN = "discounted_return"
+_TRIES = 4  # candidate draws per window and call before rejection gives up
+_ROUNDS = 50  # draws before giving up on filling a batch (prioritized rejections, races)
+
+
+@dataclass(frozen=True)
+class SequenceKeys:
+    """The key names of the sequence buffer called ``name``."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        validate_name(self.name)
+
+    def _key(self, suffix: str) -> str:
+        return f"{PREFIX}:{{{self.name}}}:seq:{suffix}"
+
+    def all_keys(self) -> list[str]:
+        """meta, steps, envs, episodes, begins, rewards, returns, tree (the Lua order)."""
+        return [
+            self._key(s)
+            for s in ("meta", "steps", "envs", "episodes", "begins", "rewards", "returns", "tree")
+        ]
+
+    @property
+    def meta(self) -> str:
+        return self._key("meta")
+
+    def describe(self) -> dict[str, str]:
+        """Key name -> what it holds (the table of this module's docstring), for people
+        reading the buffer with redis-cli; in the order of :meth:`all_keys`."""
+        return dict(zip(self.all_keys(), (
+            "hash: configuration, schema, counters (size, added, evicted, sampled: steps)",
+            "hash: 'env:pos' -> msgpack blob of one step",
+            "hash: next/start/cur/first/ended:e -> stream state of environment e",
+            "zset: episode (env, begin) -> number of its steps stored",
+            "zset: episode members, score 0 (lex order = env, begin)",
+            "hash: 'env:pos' -> reward (record_episodic_return)",
+            "hash: 'env:pos' -> discounted return of ended episodes",
+            "hash: 16-ary sum tree of step priorities (prioritized_sampling)",
+        ), strict=True))
+
+
+class BatchInfo(NamedTuple):
+    """Where the windows of a batch come from (ALF's ``BatchInfo``), shapes ``[B]``.
+
+    ``importance_weights``: the window's first-step priority divided by the mean of the
+    non-zero priorities of the stored steps, as ALF (1.0 under uniform sampling).
+    """
+
+    env_ids: np.ndarray
+    positions: np.ndarray
+    importance_weights: np.ndarray
+
+
+def _flatten(batch: Any, prefix: str = "") -> dict[str, Any]:
+    """Field path ('.'-joined) -> array, from a dict, dataclass or NamedTuple nest."""
+    if is_dataclass(batch) and not isinstance(batch, type):
+        batch = {f.name: getattr(batch, f.name) for f in fields(batch)}
+    elif hasattr(batch, "_asdict"):
+        batch = batch._asdict()
+    if not isinstance(batch, Mapping):
+        raise InvalidBatchError(
+            f"a batch must be a dict of arrays (or a dataclass / NamedTuple), got {type(batch)}"
+        )
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if not isinstance(key, str) or "." in key or not key:
+            raise InvalidBatchError(f"field names must be non-empty str without '.', got {key!r}")
+        path = prefix + key
+        if (
+            isinstance(value, Mapping)
+            or hasattr(value, "_asdict")
+            or (is_dataclass(value) and not isinstance(value, type))
+        ):
+            out.update(_flatten(value, path + "."))
+        else:
+            if not (isinstance(value, np.ndarray) or _torch.is_tensor(value)):
+                value = np.asarray(value)
+            out[path] = value
+    return out
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        node = out
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def _as_int_array(values: Any, name: str) -> np.ndarray:
+    array = np.asarray(values.cpu() if _torch.is_tensor(values) else values)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise InvalidBatchError(f"{name} must be a 1-D array of integers, got {array!r:.80}")
+    return array.astype(np.int64)
+
+
+class SequenceBuffer:
+    """Per-environment ring buffers of steps in Redis, shared by every process using them.
+
+    Args:
+        redis_or_url: a ``redis.Redis`` client (``decode_responses=False``) or a URL.
+        name: buffer name (letters, digits, ``_ . -``).
+        num_environments: environments 0..num_environments-1 each own one stream.
+        max_length: steps kept per environment; older ones are evicted.
+        step_type_field: field holding ALF step types (FIRST=0, MID=1, LAST=2): a FIRST
+            step begins an episode, a LAST step ends one.
+        done_field: alternatively, a field that is true on the last step of an episode.
+            With neither, a stream is one episode (until dequeue empties it).
+        allow_cross_episode: ``get_batch`` windows may span episode boundaries.
+        prioritized_sampling: keep a sum tree of per-step priorities (stored with the
+            buffer); ``get_batch`` then draws valid windows with probability proportional
+            to their first step's priority, independently. New steps get
+            ``max(initial_priority, largest priority ever set)``. Setting the attribute
+            ``prioritized_sampling`` to False on one instance makes its draws uniform.
+        with_replacement: uniform draws may repeat a window; otherwise a batch holds
+            distinct windows whenever enough exist.
+        recent_data_ratio, recent_data_steps: as ALF, ``ceil(batch_size * ratio)`` windows
+            start among the last ``recent_data_steps`` possible starts of their environment
+            (drawn uniformly), when the average stream is long enough to need it.
+        num_earliest_frames_ignored: windows start at least this many steps after the
+            oldest stored step of their environment.
+        record_episodic_return, gamma, default_return, reward_field, reward_clip: when an
+            episode ends, each of its stored steps t except the last gets
+            ``G(t) = clip(r(t+1)) + gamma * G(t+1)`` (``G(last) = 0`` in the recursion);
+            returned as field ``discounted_return``, ``default_return`` until then.
+
+    Configuration other than the sampling options is stored with the buffer; opening it
+    with other values raises :class:`ConfigMismatchError`.
+    """
+
+    def __init__(
+        self,
+        redis_or_url: Any,
+        name: str,
+        num_environments: int,
+        max_length: int = 1024,
+        *,
+        step_type_field: str | None = None,
+        done_field: str | None = None,
+        allow_cross_episode: bool = False,
+        prioritized_sampling: bool = False,
+        initial_priority: float = 1.0,
+        with_replacement: bool = False,
+        recent_data_ratio: float = 0.0,
+        recent_data_steps: int = 1,
+        num_earliest_frames_ignored: int = 0,
+        record_episodic_return: bool = False,
+        gamma: float = 0.99,
+        default_return: float = -1000.0,
+        reward_field: str = "reward",
+        reward_clip: tuple[float, float] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        for label, value, low in (
+            ("num_environments", num_environments, 1),
+            ("max_length", max_length, 1),
+            ("recent_data_steps", recent_data_steps, 1),
+            ("num_earliest_frames_ignored", num_earliest_frames_ignored, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{label} must be an integer >= {low}, got {value!r}")
+        if num_environments >= 10**6:
+            raise ValueError("num_environments must be below 10**6")
+        if step_type_field is not None and done_field is not None:
+            raise ValueError("give step_type_field or done_field, not both")
+        if not 0.0 <= recent_data_ratio <= 1.0:
+            raise ValueError(f"recent_data_ratio must be in [0, 1], got {recent_data_ratio}")
+        if not (math.isfinite(initial_priority) and initial_priority > 0):
+            raise ValueError(f"initial_priority must be finite and > 0, got {initial_priority}")
+        if not (math.isfinite(gamma) and math.isfinite(default_return)):
+            raise ValueError("gamma and default_return must be finite")
+        low, high = reward_clip if reward_clip is not None else (-math.inf, math.inf)
+        if not low <= high:
+            raise ValueError(f"reward_clip must be (min, max) with min <= max, got {reward_clip}")
+        self.client = as_client(redis_or_url)
+        self.name = name
+        self.keys = SequenceKeys(name)
+        self._keys = self.keys.all_keys()
+        self.num_environments = num_environments
+        self.max_length = max_length
+        self.step_type_field = step_type_field
+        self.done_field = done_field
+        self.allow_cross_episode = allow_cross_episode
+        self.prioritized_sampling = prioritized_sampling
+        self.with_replacement = with_replacement
+        self.recent_data_ratio = recent_data_ratio
+        self.recent_data_steps = recent_data_steps
+        self.num_earliest_frames_ignored = num_earliest_frames_ignored
+        self.record_episodic_return = record_episodic_return
+        self.reward_field = reward_field
+        self.default_return = float(default_return)
+        self.rng = np.random.default_rng(seed)
+        self._schema: dict[str, Any] | None = None
+        config = {
+            "num_environments": num_environments,
+            "max_length": max_length,
+            "step_type_field": step_type_field,
+            "done_field": done_field,
+            "prioritized": prioritized_sampling,
+            "initial_priority": float(initial_priority),
+            "record_episodic_return": record_episodic_return,
+            "gamma": float(gamma),
+            "default_return": float(default_return),
+            "reward_field": reward_field,
+            "reward_clip": [float(low), float(high)] if reward_clip is not None else None,
+        }
+        depth, leaves = 1, 16
+        while leaves < num_environments * max_length:
+            depth, leaves = depth + 1, leaves * 16
+        stored = [
+            "num_environments",
+            num_environments,
+            "max_length",
+            max_length,
+            "returns",
+            int(record_episodic_return),
+            "gamma",
+            repr(float(gamma)),
+            "default_return",
+            repr(float(default_return)),
+            "clip_low",
+            _text(low),
+            "clip_high",
+            _text(high),
+            "prioritized",
+            int(prioritized_sampling),
+            "tree_depth",
+            depth,
+            "initial_priority",
+            repr(float(initial_priority)),
+        ]
+        self._run("seq_init", [self.keys.meta], [json.dumps(config, sort_keys=True), *stored])
+
+    def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        return scripts.load(script)(self.client, keys, args)
+
+    # -- adding ----------------------------------------------------------------------
+
+    def _env_ids(self, env_ids: Any, n: int) -> np.ndarray:
+        if env_ids is None:
+            if n != self.num_environments:
+                raise InvalidBatchError(
+                    f"without env_ids a batch needs {self.num_environments} steps (one per "
+                    f"environment), got {n}"
+                )
+            return np.arange(n, dtype=np.int64)
+        ids = _as_int_array(env_ids, "env_ids")
+        if len(ids) != n:
+            raise InvalidBatchError(f"{len(ids)} env_ids for a batch of {n} steps")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_environments):
+            raise InvalidBatchError(f"env_ids must be in [0, {self.num_environments})")
+        if len(np.unique(ids)) != len(ids):
+            raise InvalidBatchError("env_ids must not repeat within one batch")
+        return ids
+
+    def add_batch(self, batch: Any, env_ids: Any = None) -> np.ndarray:
+        """Append ``batch[i]`` to environment ``env_ids[i]`` (all environments when
+        ``env_ids`` is None); return the positions the steps got."""
+        flat = _flatten(batch)
+        if not flat:
+            raise InvalidBatchError("a batch needs at least one field")
+        sizes = {tuple(v.shape[:1]) for v in flat.values()}
+        if len(sizes) != 1 or () in sizes:
+            raise InvalidBatchError(
+                "every field needs the same leading dimension (the number of env ids): "
+                + ", ".join(f"{k}: {tuple(v.shape)}" for k, v in flat.items())
+            )
+        n = next(iter(sizes))[0]
+        ids = self._env_ids(env_ids, n)
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        schema = {
+            key: {
+                "dtype": codec.dtype_name(value),
+                "shape": list(value.shape[1:]),
+                "lib": "torch" if _torch.is_tensor(value) else "numpy",
+            }
+            for key, value in sorted(flat.items())
+        }
+        flags = np.zeros(n, dtype=np.int64)
+        if self.step_type_field is not None:
+            step_type = self._scalar_field(flat, self.step_type_field)
+            flags += (step_type == FIRST) + 2 * (step_type == LAST)
+        elif self.done_field is not None:
+            flags += 2 * (self._scalar_field(flat, self.done_field) != 0)
+        if self.record_episodic_return:
+            rewards = self._scalar_field(flat, self.reward_field).astype(np.float64)
+            if not np.isfinite(rewards).all():
+                raise InvalidBatchError(f"field {self.reward_field!r} holds a non-finite reward")
+            reward_text = [repr(float(r)) for r in rewards]
+        else:
+            reward_text = [""] * n
+        columns = [codec.Column(key, flat[key]) for key in schema]
+        blobs = codec.encode_columns(columns, n)
+        args: list[Any] = [json.dumps(schema, sort_keys=True), n]
+        for i in range(n):
+            args += [int(ids[i]), blobs[i], int(flags[i]), reward_text[i]]
+        positions = self._run("seq_add", self._keys, args)
+        self._schema = schema
+        return np.asarray(positions, dtype=np.int64)
+
+    @staticmethod
+    def _scalar_field(flat: dict[str, Any], name: str) -> np.ndarray:
+        if name not in flat:
+            raise InvalidBatchError(f"the batch has no field {name!r} (fields: {sorted(flat)})")
+        value = flat[name]
+        value = value.detach().cpu().numpy() if _torch.is_tensor(value) else value
+        if value.ndim != 1:
+            raise InvalidBatchError(f"field {name!r} must hold one number per step")
+        return np.asarray(value)
+
+    # -- decoding --------------------------------------------------------------------
+
+    def _stored_schema(self) -> dict[str, Any]:
+        if self._schema is None:
+            raw = self.client.hget(self.keys.meta, "schema")
+            if raw is None:
+                raise EmptyBufferError(f"sequence buffer {self.name!r} holds no step")
+            self._schema = json.loads(raw)
+        return self._schema
+
+    def _decode(self, blobs: list[bytes | None], shape: tuple[int, ...]) -> dict[str, Any]:
+        """Blobs of ``prod(shape)`` steps -> nested dict of arrays shaped ``shape + item``."""
+        schema = self._stored_schema()
+        count = int(np.prod(shape))
+        if count == 0:
+            columns: dict[str, Any] = {}
+        else:
+            if any(blob is None for blob in blobs):
+                raise DecodeError("a step read in one atomic call is missing")
+            columns = codec.decode_same_layout(blobs) or {}  # type: ignore[arg-type]
+            if not columns:
+                items = [codec.unpackb(blob) for blob in blobs]  # type: ignore[arg-type]
+                columns = {key: np.stack([np.asarray(i[key]) for i in items]) for key in schema}
+        out: dict[str, Any] = {}
+        for key, spec in schema.items():
+            item_shape = tuple(spec["shape"])
+            if count == 0:
+                array = np.zeros((*shape, *item_shape), dtype=_numpy_dtype(spec["dtype"]))
+            elif spec["dtype"] == "bfloat16" and not item_shape:
+                # a per-step bfloat16 number travels as a float64 msgpack number
+                torch = _torch.require()
+                values = torch.from_numpy(np.asarray(columns[key], dtype=np.float32))
+                out[key] = values.to(torch.bfloat16).reshape(shape)
+                continue
+            else:
+                array = np.array(columns[key], dtype=_numpy_dtype(spec["dtype"]))
+                array = array.reshape((*shape, *item_shape))
+            out[key] = codec.to_library(array, spec["lib"], spec["dtype"])
+        return _unflatten(out)
+
+    def _with_returns(self, data: dict[str, Any], raw: list[Any], shape: tuple[int, ...]) -> None:
+        if self.record_episodic_return:
+            default = self.default_return
+            values = [default if r is None else float(r) for r in raw]
+            data[_DISCOUNTED_RETURN] = np.array(values, dtype=np.float32).reshape(shape)
+
+    def _read_steps(self, names: list[str]) -> tuple[list[Any], list[Any]]:
+        """Blobs (None when not stored) and, when recorded, discounted returns of steps."""
+        if not names:
+            return [], []
+        if not self.record_episodic_return:
+            return self.client.hmget(self._keys[1], names), []
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hmget(self._keys[1], names)
+        pipe.hmget(self._keys[6], names)
+        blobs, returns = pipe.execute()
+        return blobs, returns
+
+    # -- sampling --------------------------------------------------------------------
+
+    def get_batch(self, batch_size: int, batch_length: int) -> tuple[dict[str, Any], BatchInfo]:
+        """``batch_size`` windows of ``batch_length`` consecutive stored steps: arrays
+        shaped ``[batch_size, batch_length, ...]`` and their :class:`BatchInfo`.
+
+        Windows are chosen in one Lua call; their steps are then read with one HMGET. A
+        step's field is never reused, so a window evicted in between reads as missing and
+        is drawn again: no window is torn or holds an evicted step. Uniform draws are
+        uniform over all valid windows (stored steps, at least
+        ``num_earliest_frames_ignored`` after the oldest, inside one episode unless
+        ``allow_cross_episode``). Raises :class:`EmptyBufferError` when none exists.
+        """
+        for label, value in (("batch_size", batch_size), ("batch_length", batch_length)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{label} must be a positive integer, got {value!r}")
+        self._stored_schema()
+        L = batch_length
+        envs: list[int] = []
+        positions: list[int] = []
+        priorities: list[float] = []
+        blobs: list[bytes] = []
+        returns: list[Any] = []
+        nonzero = 0
+        total = 0.0
+        wanted = batch_size
+        recent_ratio = self.recent_data_ratio
+        for _ in range(_ROUNDS):
+            draws = wanted * (_TRIES + 1)
+            packed = _packed_uniforms(self.rng, draws)
+            args = [
+                L,
+                wanted,
+                repr(float(recent_ratio)),
+                self.recent_data_steps,
+                int(self.allow_cross_episode),
+                int(self.with_replacement),
+                self.num_earliest_frames_ignored,
+                int(self.prioritized_sampling),
+                packed,
+                _TRIES,
+            ]
+            reply = self._run("seq_sample", self._keys, args)
+            k = int(reply[0]) + int(reply[1])
+            nonzero, total = int(reply[2]), float(reply[3])
+            drawn_envs = [int(x) for x in reply[4 : 4 + k]]
+            drawn_positions = [int(x) for x in reply[4 + k : 4 + 2 * k]]
+            drawn_priorities = [float(x) for x in reply[4 + 2 * k : 4 + 3 * k]]
+            names = [
+                f"{e}:{p + j}"
+                for e, p in zip(drawn_envs, drawn_positions, strict=True)
+                for j in range(L)
+            ]
+            got, got_returns = self._read_steps(names)
+            for w in range(k):
+                window = got[w * L : (w + 1) * L]
+                if any(blob is None for blob in window):
+                    continue  # evicted between the draw and the read: drawn again
+                envs.append(drawn_envs[w])
+                positions.append(drawn_positions[w])
+                priorities.append(drawn_priorities[w])
+                blobs += window
+                returns += got_returns[w * L : (w + 1) * L]
+            wanted = batch_size - len(envs)
+            recent_ratio = 0.0  # the recent part is drawn in full by the first call
+            if wanted == 0:
+                break
+        if wanted:
+            raise EmptyBufferError(
+                f"found only {batch_size - wanted} valid windows of {L} steps in {_ROUNDS} tries"
+            )
+        data = self._decode(blobs, (batch_size, L))
+        self._with_returns(data, returns, (batch_size, L))
+        weights = np.ones(batch_size, dtype=np.float32)
+        if self.prioritized_sampling and total > 0 and nonzero > 0:
+            # ALF: priority / mean non-zero priority (a zero excludes, never inflates)
+            weights = np.asarray(priorities, dtype=np.float64) * nonzero / total
+        info = BatchInfo(
+            np.asarray(envs, dtype=np.int64),
+            np.asarray(positions, dtype=np.int64),
+            np.asarray(weights, dtype=np.float32),
+        )
+        return data, info
+
+    def update_priority(self, env_ids: Any, positions: Any, priorities: Any) -> int:
+        """Set the priorities of steps ``(env_ids[i], positions[i])``; steps no longer
+        stored are skipped. Returns how many were set."""
+        ids = _as_int_array(env_ids, "env_ids")
+        pos = _as_int_array(positions, "positions")
+        prio = np.asarray(
+            priorities.detach().cpu() if _torch.is_tensor(priorities) else priorities,
+            dtype=np.float64,
+        ).reshape(-1)
+        if not len(ids) == len(pos) == len(prio):
+            raise InvalidBatchError("env_ids, positions and priorities differ in length")
+        if not (np.isfinite(prio).all() and (prio >= 0).all()):
+            raise InvalidBatchError("priorities must be finite and >= 0")
+        args: list[Any] = [len(ids)]
+        for e, p, q in zip(ids.tolist(), pos.tolist(), prio.tolist(), strict=True):
+            args += [e, p, repr(q)]
+        return int(self._run("seq_update_priority", self._keys, args))
+
+    # -- episode queries ---------------------------------------------------------------
+
+    def _episodes(self, pos: Any, env_ids: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ids = _as_int_array(env_ids, "env_ids")
+        p = _as_int_array(pos, "pos")
+        ids, p = np.broadcast_arrays(ids, p)
+        args: list[Any] = [len(p)]
+        for e, q in zip(ids.tolist(), p.tolist(), strict=True):
+            args += [e, q]
+        reply = np.asarray(self._run("seq_episode", self._keys, args), dtype=np.int64)
+        return p, reply[0::2], reply[1::2]
+
+    def get_episode_begin_position(self, pos: Any, env_ids: Any) -> np.ndarray:
+        """Position of the first step of each step's episode (maybe no longer stored)."""
+        return self._episodes(pos, env_ids)[1]
+
+    def steps_to_episode_end(self, pos: Any, env_ids: Any) -> np.ndarray:
+        """Steps from ``pos`` to the last stored step of its episode (its end once ended)."""
+        p, _, last = self._episodes(pos, env_ids)
+        return last - p
+
+    def get_field(self, field_name: str, env_ids: Any, positions: Any) -> Any:
+        """Field ``field_name`` ('.'-separated path, or ``discounted_return``) of stored steps,
+        shaped like the broadcast of ``env_ids`` and ``positions``."""
+        ids = _as_int_array(np.ravel(env_ids), "env_ids")
+        pos = _as_int_array(np.ravel(positions), "positions")
+        shape = np.broadcast_shapes(np.shape(env_ids), np.shape(positions))
+        ids, pos = (
+            a.reshape(-1)
+            for a in np.broadcast_arrays(
+                ids.reshape(np.shape(env_ids)), pos.reshape(np.shape(positions))
+            )
+        )
+        names = [f"{e}:{p}" for e, p in zip(ids.tolist(), pos.tolist(), strict=True)]
+        if field_name == _DISCOUNTED_RETURN and self.record_episodic_return:
+            blobs, raw = self._read_steps(names)
+            self._missing(blobs, names)
+            values = [self.default_return if r is None else float(r) for r in raw]
+            return np.asarray(values, dtype=np.float32).reshape(shape)
+        blobs = self.client.hmget(self._keys[1], names) if names else []
+        self._missing(blobs, names)
+        schema = self._stored_schema()
+        if field_name not in schema:
+            raise KeyError(f"no field {field_name!r}; fields: {sorted(schema)}")
+        data = self._decode(blobs, (len(names),))
+        for part in field_name.split("."):
+            data = data[part]
+        return data.reshape((*shape, *tuple(schema[field_name]["shape"])))
+
+    @staticmethod
+    def _missing(blobs: list[Any], names: list[str]) -> None:
+        gone = [name for name, blob in zip(names, blobs, strict=True) if blob is None]
+        if gone:
+            raise KeyError(f"steps not stored (env:pos): {gone[:5]}")
+
+    def _read(self, args: list[Any]) -> tuple[dict[str, Any], BatchInfo]:
+        reply = self._run("seq_read", self._keys, args)
+        count, b = int(reply[0]), int(reply[1])
+        envs = np.asarray(reply[2 : 2 + b], dtype=np.int64)
+        starts = np.asarray(reply[2 + b : 2 + 2 * b], dtype=np.int64)
+        at = 2 + 2 * b
+        data = self._decode(reply[at : at + b * count], (b, count))
+        self._with_returns(data, reply[at + b * count :], (b, count))
+        return data, BatchInfo(envs, starts, np.ones(b, dtype=np.float32))
+
+    def gather_all(self, ignore_earliest_frames: bool = False) -> tuple[dict[str, Any], BatchInfo]:
+        """Every stored step, shaped ``[num_environments, T, ...]`` (all environments must
+        hold the same number of steps), with ``positions`` = each env's first returned
+        step; ``ignore_earliest_frames`` leaves out the oldest
+        ``num_earliest_frames_ignored`` steps of each environment (ALF)."""
+        skip = self.num_earliest_frames_ignored if ignore_earliest_frames else 0
+        return self._read(["gather", skip])
+
+    def dequeue(self, n: int = 1, env_ids: Any = None) -> dict[str, Any]:
+        """Remove and return the oldest ``n`` steps of each environment in ``env_ids``
+        (all when None), shaped ``[len(env_ids), n, ...]`` (ALF returns no BatchInfo
+        here either). Raises :class:`EmptyBufferError`, removing nothing, when one holds
+        fewer than ``n``."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        ids = (
+            np.arange(self.num_environments)
+            if env_ids is None
+            else _as_int_array(env_ids, "env_ids")
+        )
+        return self._read(["dequeue", n, *ids.tolist()])[0]
+
+    # -- inspection --------------------------------------------------------------------
+
+    def env_range(self, env_id: int) -> tuple[int, int]:
+        """(oldest stored position, next position) of one environment."""
+        start, nxt = self.client.hmget(self._keys[2], f"start:{env_id}", f"next:{env_id}")
+        return int(start or 0), int(nxt or 0)
+
+    @property
+    def total_size(self) -> int:
+        """Steps stored over all environments."""
+        return int(self.client.hget(self.keys.meta, "size") or 0)
+
+    def __len__(self) -> int:
+        return self.total_size
+
+    def drop(self) -> None:
+        """Delete every key of the buffer."""
+        self.client.delete(*self._keys)
+
+
+def _text(value: float) -> str:
+    if value == math.inf:
+        return "inf"
+    if value == -math.inf:
+        return "-inf"
+    return repr(float(value))
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    return np.dtype("<u2") if name == "bfloat16" else np.dtype(name)
+
+
+def _packed_uniforms(rng: np.random.Generator, n: int) -> bytes:
+    values = rng.integers(0, 2**48, size=n, dtype=np.uint64)
+    return values.astype("<u8").view(np.uint8).reshape(n, 8)[:, :6].tobytes()
+
+
+__all__ = ["FIRST", "LAST", "MID", "BatchInfo", "SequenceBuffer", "SequenceKeys"]

@@ -1,0 +1,1 @@
+"""Operating a buffer: Prometheus metrics and rate history, per-buffer ACL roles."""

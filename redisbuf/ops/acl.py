@@ -1,0 +1,72 @@
+"""Per-buffer ACL roles: the ``ACL SETUSER`` rules of a user confined to one buffer.
+
+Redis ACLs restrict commands, key patterns (read and write apart: ``%R~`` / ``%W~``) and
+Pub/Sub channels, and check every key a script or function touches against the calling
+user. They cannot restrict which function ``FCALL`` runs (the function name is an
+argument, not a subcommand) nor which script ``EVALSHA`` runs. So a role is enforced as:
+
+* its keys: only the buffer's (``rb:{NAME}:*``) and its change channel;
+* what it may run: every command a function runs is checked against the calling user
+  too, so a user allowed ``FCALL rb_add`` must be allowed HSET, ZADD, HINCRBY... on the
+  buffer's keys, and can send them directly: actor and learner get the read and write
+  commands (not ``EVAL``, not the ``@dangerous`` ones such as FLUSHALL, KEYS) on their
+  buffer's keys only, so they can damage their own buffer's consistency but nothing
+  else, and ACL cannot keep an actor from drawing or re-prioritizing nor a learner from
+  adding (the two roles differ only in Pub/Sub, for blocking samples);
+* the operator reads only (keys granted read-only, native reads and ``FCALL_RO`` of the
+  ``no-writes`` functions; opening a Python ``ReplayBuffer`` runs configuration scripts,
+  which needs the admin role);
+* the admin may do everything the Python package does on that buffer (native commands
+  and scripts included) and nothing on other keys;
+* nobody but the server's own administrator may load or delete the library
+  (``FUNCTION LOAD`` runs code that other users' calls execute).
+"""
+
+from __future__ import annotations
+
+from ..store.keys import BufferKeys
+
+ROLES = ("actor", "learner", "operator", "admin")
+
+# commands every client library sends on connect (errors ignored by redis-py, node-redis)
+_CONNECT = "+ping +hello +auth +client|setname +client|getname +client|id +client|setinfo +echo"
+_NO_LIBRARY_CHANGES = (
+    "-function|load -function|delete -function|flush -function|restore -script|flush "
+    "-script|kill -function|kill"
+)
+
+
+def rules(name: str, role: str) -> list[str]:
+    """The ACL rules (after the user name) of ``role`` on buffer ``name``; the user is
+    reset first (``reset``), so nothing granted before survives. No password: add one."""
+    keys = BufferKeys(name)
+    pattern = keys.pattern  # rb:{NAME}:*
+    changed = keys.meta[: -len("meta")] + "changed"
+    if role in ("actor", "learner"):
+        extra = " +subscribe +unsubscribe" if role == "learner" else ""
+        text = (
+            f"reset on ~{pattern} resetchannels &{changed} -@all {_CONNECT} "
+            f"+fcall +fcall_ro +@read +@write +publish +time -@dangerous{extra} "
+            f"{_NO_LIBRARY_CHANGES}"
+        )
+    elif role == "operator":
+        text = (
+            f"reset on %R~{pattern} resetchannels &{changed} -@all {_CONNECT} +@read "
+            "-keys -scan -randomkey +fcall_ro +evalsha_ro +subscribe +unsubscribe +info "
+            "+memory|usage +time"
+        )
+    elif role == "admin":
+        text = (
+            f"reset on ~{pattern} resetchannels &{pattern} -@all +@read +@write +@scripting "
+            f"+@connection +@pubsub +info +memory|usage +time +multi +exec -keys -randomkey "
+            f"-flushall -flushdb -swapdb -move -copy {_NO_LIBRARY_CHANGES}"
+        )
+    else:
+        raise ValueError(f"unknown role {role!r}; choose from {', '.join(ROLES)}")
+    return text.split()
+
+
+def setuser_line(name: str, role: str, user: str) -> str:
+    """``ACL SETUSER USER RULES...`` as one line (without a password; redis-cli quoting)."""
+    return "ACL SETUSER " + " ".join([user, *(f"'{rule}'" if "{" in rule else rule
+                                               for rule in rules(name, role))])

@@ -1,0 +1,215 @@
+"""Rate limiters (Reverb's ``RateLimiter``): hold inserters or samplers back so that the
+ratio of samples to inserts stays near a target, counted globally in Redis.
+
+The state is the buffer's meta fields ``rl_inserts`` and ``rl_samples`` and its size; one
+script (``lua/rate_limit.lua``) decides and counts each call atomically, so the rule
+holds across every process sharing the buffer. With ``diff = inserts * samples_per_insert
+- samples``:
+
+- an insert is admitted while the size is below ``min_size_to_sample`` (after it) or
+  ``diff + samples_per_insert <= max_diff``;
+- a sample is admitted while ``size >= min_size_to_sample`` and ``diff - 1 >= min_diff``.
+
+A call of ``n`` items is admitted when one more item would be, then counts all ``n``.
+A side that is not admitted waits (woken by the other side's admissions, see
+:mod:`redisbuf.sampling.waiting`) up to the call's ``timeout`` where the call gives one, else the
+limiter's ``timeout`` seconds, then raises :class:`~redisbuf.errors.RateLimitTimeoutError`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigMismatchError, RateLimitTimeoutError
+from .waiting import UNSET, Unset, wait_for
+
+if TYPE_CHECKING:
+    from ..buffers.replay import ReplayBuffer
+
+DEFAULT_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class RateLimiter:
+    """Reverb's general limiter. ``timeout`` (seconds, None: no limit) is this process's
+    own patience; the other fields are stored with the buffer and shared."""
+
+    samples_per_insert: float
+    min_size_to_sample: int
+    min_diff: float
+    max_diff: float
+    timeout: float | None = DEFAULT_TIMEOUT
+
+    def __post_init__(self) -> None:
+        spi = self.samples_per_insert
+        if isinstance(spi, bool) or not isinstance(spi, (int, float)) or not (
+            math.isfinite(spi) and spi > 0
+        ):
+            raise ValueError(f"samples_per_insert must be a finite number > 0, got {spi!r}")
+        size = self.min_size_to_sample
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"min_size_to_sample must be an integer >= 1, got {size!r}")
+        for name in ("min_diff", "max_diff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+        if self.min_diff > self.max_diff:
+            raise ValueError(f"min_diff {self.min_diff} is above max_diff {self.max_diff}")
+        if self.timeout is not None and not self.timeout >= 0:
+            raise ValueError(f"timeout must be >= 0 or None, got {self.timeout!r}")
+
+    def _fields(self) -> list[str]:
+        return [repr(float(self.samples_per_insert)), str(self.min_size_to_sample),
+                _text(self.min_diff), _text(self.max_diff)]
+
+
+def SampleToInsertRatio(  # noqa: N802 - Reverb's name for a limiter constructor
+    samples_per_insert: float,
+    min_size_to_sample: int,
+    error_buffer: float | tuple[float, float],
+    timeout: float | None = DEFAULT_TIMEOUT,
+) -> RateLimiter:
+    """Keep ``samples / inserts`` near ``samples_per_insert`` once ``min_size_to_sample``
+    items are in. ``error_buffer`` (a number, or ``(min_diff, max_diff)``) is the slack
+    around ``samples_per_insert * min_size_to_sample``; as in Reverb, ``max_diff -
+    min_diff`` must be at least ``2 * max(1, samples_per_insert)`` so neither side can be
+    locked out."""
+    if isinstance(error_buffer, tuple):
+        min_diff, max_diff = error_buffer
+    else:
+        if isinstance(error_buffer, bool) or not isinstance(error_buffer, (int, float)):
+            raise ValueError(f"error_buffer must be a number or a pair, got {error_buffer!r}")
+        offset = float(samples_per_insert) * min_size_to_sample
+        min_diff, max_diff = offset - error_buffer, offset + error_buffer
+    limiter = RateLimiter(float(samples_per_insert), min_size_to_sample, float(min_diff),
+                          float(max_diff), timeout)
+    if not max_diff - min_diff >= 2 * max(1.0, limiter.samples_per_insert):
+        raise ValueError(
+            f"error_buffer {error_buffer!r} leaves max_diff - min_diff = {max_diff - min_diff:g}"
+            f", below 2 * max(1, samples_per_insert) = "
+            f"{2 * max(1.0, limiter.samples_per_insert):g}: a side could be locked out"
+        )
+    return limiter
+
+
+def MinSize(n: int, timeout: float | None = DEFAULT_TIMEOUT) -> RateLimiter:  # noqa: N802
+    """Samplers wait until the buffer holds ``n`` items; inserts are never held back."""
+    return RateLimiter(1.0, n, -math.inf, math.inf, timeout)
+
+
+def _text(value: float) -> str:
+    if value == math.inf:
+        return "inf"
+    if value == -math.inf:
+        return "-inf"
+    return repr(float(value))
+
+
+def _number(text: bytes | str) -> float:
+    text = text.decode() if isinstance(text, bytes) else text
+    return float(text)  # Python reads "inf" / "-inf" too
+
+
+def configure(buffer: ReplayBuffer, limiter: RateLimiter | None) -> RateLimiter | None:
+    """Store ``limiter`` on a new buffer, or check it against the stored one (None adopts
+    the stored limiter, with the default timeout). Returns the limiter in force."""
+    args = limiter._fields() if limiter is not None else ["", "", "", ""]
+    reply = buffer._run("limiter_config", [buffer.keys.meta], args)
+    if reply[0] in (b"", ""):
+        if limiter is not None:
+            raise ConfigMismatchError(
+                f"buffer {buffer.name!r} already holds items without a rate limiter (a rate "
+                "limiter is fixed when the buffer is created)"
+            )
+        return None
+    stored = RateLimiter(_number(reply[0]), int(reply[1]), _number(reply[2]), _number(reply[3]),
+                         DEFAULT_TIMEOUT if limiter is None else limiter.timeout)
+    if limiter is not None and stored != limiter:
+        raise ConfigMismatchError(
+            f"buffer {buffer.name!r} exists with rate limiter {_describe(stored)}, not "
+            f"{_describe(limiter)}"
+        )
+    return stored
+
+
+def _describe(limiter: RateLimiter) -> str:
+    return (f"(samples_per_insert={limiter.samples_per_insert}, min_size_to_sample="
+            f"{limiter.min_size_to_sample}, min_diff={limiter.min_diff}, "
+            f"max_diff={limiter.max_diff})")
+
+
+def _call(buffer: ReplayBuffer, op: str, n: int) -> list[Any]:
+    return buffer._run("rate_limit", [buffer.keys.meta, buffer.keys.order], [op, n])
+
+
+def _waited_for(limiter: RateLimiter, side: str, reply: list[Any]) -> str:
+    """What a refused call of ``side`` waits for, from the script's reply."""
+    inserts, samples, size = int(reply[1]), int(reply[2]), int(reply[3])
+    diff = inserts * limiter.samples_per_insert - samples
+    if side == "insert":
+        return (
+            f"samplers to catch up: one more insert would make inserts*samples_per_insert"
+            f" - samples = {diff + limiter.samples_per_insert:g}, above max_diff="
+            f"{limiter.max_diff:g} (inserts={inserts}, samples={samples}, "
+            f"samples_per_insert={limiter.samples_per_insert:g})"
+        )
+    if size < limiter.min_size_to_sample:
+        return (
+            f"inserts: the buffer holds {size} items, below min_size_to_sample="
+            f"{limiter.min_size_to_sample}"
+        )
+    return (
+        f"inserts: one more sample would make inserts*samples_per_insert - samples = "
+        f"{diff - 1:g}, below min_diff={limiter.min_diff:g} (inserts={inserts}, "
+        f"samples={samples}, samples_per_insert={limiter.samples_per_insert:g})"
+    )
+
+
+def acquire(
+    buffer: ReplayBuffer,
+    limiter: RateLimiter,
+    side: str,
+    n: int,
+    timeout: float | None | Unset = UNSET,
+) -> tuple[int, int]:
+    """Wait until ``side`` ("insert" or "sample") of ``n`` items is admitted and count it.
+    Returns the counters ``(inserts, samples)`` right after. A given ``timeout`` (None:
+    no limit) overrides the limiter's. Raises :class:`RateLimitTimeoutError` saying who
+    waited for what."""
+    last: list[Any] = []
+
+    def attempt() -> tuple[int, int] | None:
+        reply = _call(buffer, side, n)
+        last[:] = reply
+        if int(reply[0]) != 1:
+            return None
+        return int(reply[1]), int(reply[2])
+
+    def describe() -> str:
+        return (f"buffer {buffer.name!r}: {side} of {n} items waited {wait:g} s for "
+                f"{_waited_for(limiter, side, last)}")
+
+    wait = limiter.timeout if timeout is UNSET else timeout
+    return wait_for(buffer.client, buffer.keys.meta, attempt, wait, describe,
+                    error=RateLimitTimeoutError)
+
+
+def refusal(buffer: ReplayBuffer, limiter: RateLimiter, side: str, n: int) -> str | None:
+    """Admit and count ``side`` of ``n`` items if the limiter allows it now (None); else,
+    without waiting, what the call would wait for (e.g. ``"inserts: the buffer holds 2
+    items, below min_size_to_sample=5"``)."""
+    reply = _call(buffer, side, n)
+    return None if int(reply[0]) == 1 else _waited_for(limiter, side, reply)
+
+
+def release(buffer: ReplayBuffer, side: str, n: int) -> None:
+    """Take back an admitted call whose operation then failed (nothing inserted/drawn)."""
+    _call(buffer, "unsert" if side == "insert" else "unsample", n)
+
+
+__all__ = [
+    "MinSize", "RateLimiter", "SampleToInsertRatio", "acquire", "configure", "refusal",
+    "release",
+]

@@ -1,0 +1,74 @@
+"""Reverb's selectors as samplers: items in a fixed order instead of at random.
+
+``sample(n)`` returns the first ``n`` items of the order (the order repeats when ``n``
+exceeds the length), chosen and counted as drawn in one Lua call (lua/sample_select.lua).
+Nothing is removed: combine with a lifetime rule to consume items.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .samplers import Draw, _draw_then_fetch
+
+if TYPE_CHECKING:
+    from ..buffers.replay import ReplayBuffer
+
+_SCORES = ("log_reward", "priority")
+
+
+class _Selector:
+    name = ""
+    _order = ""
+    by = "log_reward"
+
+    def prepare(self, buffer: ReplayBuffer) -> None:
+        return None
+
+    def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
+        def parse(reply: list[Any], n: int) -> tuple[list[bytes], None, int]:
+            return reply[:n], None, n
+
+        return _draw_then_fetch(
+            buffer, "sample_select", buffer.keys.all_keys(), [n, self._order, self.by], n, b"",
+            parse,
+        )
+
+
+class FifoSampler(_Selector):
+    """The oldest items first (insertion order)."""
+
+    name, _order = "fifo", "fifo"
+
+
+class LifoSampler(_Selector):
+    """The newest items first."""
+
+    name, _order = "lifo", "lifo"
+
+
+class _Heap(_Selector):
+    def __init__(self, by: str = "log_reward") -> None:
+        if by not in _SCORES:
+            raise ValueError(f"by must be one of {_SCORES}, got {by!r}")
+        self.by = by
+
+
+class MaxHeapSampler(_Heap):
+    """The highest-scored items first, the oldest first among equals. ``by="log_reward"``
+    ranks by log-reward; ``by="priority"`` by PER priority (a buffer using
+    :class:`~redisbuf.sampling.samplers.PERSampler` in some process)."""
+
+    name, _order = "max_heap", "max"
+
+
+class MinHeapSampler(_Heap):
+    """The lowest-scored items first, the oldest first among equals; ``by`` as for
+    :class:`MaxHeapSampler`."""
+
+    name, _order = "min_heap", "min"
+
+
+__all__ = ["FifoSampler", "LifoSampler", "MaxHeapSampler", "MinHeapSampler"]

@@ -1,0 +1,1 @@
+"""Servers redisbuf starts: the embedded server (and its watchdog) and a local cluster."""

@@ -1,0 +1,216 @@
+"""Every Redis key of a buffer, in one place.
+
+All keys of a buffer share the hash tag ``{name}``, so a buffer lives in one Redis
+Cluster slot and one Lua script may touch all of them.
+
+=========================  ======  =====================================================
+key                        type    content
+=========================  ======  =====================================================
+``rb:{name}:meta``         hash    configuration, schema and counters
+``rb:{name}:items``        hash    item id -> msgpack blob
+``rb:{name}:prio``         zset    item id -> log-reward (priority)
+``rb:{name}:order``        zset    item id -> id (insertion order)
+``rb:{name}:per``          zset    item id -> PER priority (prioritized experience replay)
+``rb:{name}:uses``         hash    item id -> times sampled
+``rb:{name}:versions``     zset    item id -> model version it was produced with
+``rb:{name}:times``        hash    item id -> insertion time
+``rb:{name}:vecs``         hash    item id -> compact state vector (diversity checks)
+``rb:{name}:batches``      hash    batch id of a recent add -> its reply (see scripts.py)
+``rb:{name}:batches:old``  hash    the previous generation of ``batches``, then forgotten
+``rb:{name}:masslog``      list    recent score changes, for prioritized samplers' replicas
+``rb:{name}:shards``       hash    a sharded buffer's layout (see redisbuf/buffers/sharded.py)
+=========================  ======  =====================================================
+
+``tree``, ``tree:ids``, ``tree:slots`` and ``tree:free`` are left by versions that kept a
+sum tree in the server; turning prioritized sampling on (or clearing) deletes them.
+Other keys under the same tag: the control plane's ``rb:{name}:ctl:*``
+(redisbuf/control/redis.py) and a load's ``rb:{name}:staging:*``, which belong to the
+buffer too (``drop`` deletes them), and the keys of an EpisodeBuffer, SequenceBuffer or
+FragmentBuffer of the same name (``episodes:``, ``seq:``, ``fragments:``), which do not.
+
+Item ids are positive integers written as 12-digit zero-padded decimals, so that
+lexicographic order (Redis' tie-break inside a sorted set) is insertion order.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+PREFIX = "rb"
+# Key namespaces under a buffer's tag that belong to the other structures of the same name
+# (redisbuf/buffers/episodes.py, sequence.py, fragments.py), which ReplayBuffer.drop leaves alone.
+FOREIGN = ("episodes:", "seq:", "fragments:")
+ID_WIDTH = 12
+# fullmatch: "$" alone would also accept a name ending in a newline
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+
+
+def validate_name(name: str) -> str:
+    """Return ``name`` if it is a valid buffer name, else raise ValueError."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise ValueError(
+            f"invalid buffer name {name!r}: use 1-200 characters from A-Z a-z 0-9 _ . -"
+        )
+    return name
+
+
+def format_id(item_id: int) -> bytes:
+    return b"%012d" % item_id
+
+
+def decode_meta(raw: dict[Any, Any]) -> dict[str, str]:
+    """A buffer's meta hash (HGETALL) with its fields and values as text."""
+    return {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in raw.items()
+    }
+
+
+@dataclass(frozen=True)
+class BufferKeys:
+    """The key names of the buffer called ``name``."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        validate_name(self.name)
+
+    def _key(self, suffix: str) -> str:
+        return f"{PREFIX}:{{{self.name}}}:{suffix}"
+
+    @property
+    def meta(self) -> str:
+        return self._key("meta")
+
+    @property
+    def items(self) -> str:
+        return self._key("items")
+
+    @property
+    def prio(self) -> str:
+        return self._key("prio")
+
+    @property
+    def order(self) -> str:
+        return self._key("order")
+
+    @property
+    def tree(self) -> str:
+        return self._key("tree")
+
+    @property
+    def tree_ids(self) -> str:
+        return self._key("tree:ids")
+
+    @property
+    def tree_slots(self) -> str:
+        return self._key("tree:slots")
+
+    @property
+    def tree_free(self) -> str:
+        return self._key("tree:free")
+
+    @property
+    def per(self) -> str:
+        return self._key("per")
+
+    @property
+    def uses(self) -> str:
+        return self._key("uses")
+
+    @property
+    def versions(self) -> str:
+        return self._key("versions")
+
+    @property
+    def times(self) -> str:
+        return self._key("times")
+
+    @property
+    def vecs(self) -> str:
+        return self._key("vecs")
+
+    @property
+    def batches(self) -> str:
+        return self._key("batches")
+
+    @property
+    def batches_old(self) -> str:
+        """The previous generation of ``batches`` (see redisbuf/store/scripts.py, _REMEMBER)."""
+        return self._key("batches:old")
+
+    @property
+    def masslog(self) -> str:
+        """The log of score changes that prioritized samplers' replicas follow."""
+        return self._key("masslog")
+
+    @property
+    def shards(self) -> str:
+        """A sharded buffer's layout (shard names, capacity, schema); its shards are
+        buffers of their own, and no buffer ``name`` exists beside them."""
+        return self._key("shards")
+
+    def data_keys(self) -> list[str]:
+        """Keys holding items and sampling structures (everything but meta)."""
+        return [
+            self.items,
+            self.prio,
+            self.order,
+            self.tree,
+            self.tree_ids,
+            self.tree_slots,
+            self.tree_free,
+            self.per,
+            self.uses,
+            self.versions,
+            self.times,
+            self.vecs,
+            self.batches,
+            self.batches_old,
+            self.masslog,
+        ]
+
+    def all_keys(self) -> list[str]:
+        return [self.meta, *self.data_keys()]
+
+    @property
+    def pattern(self) -> str:
+        """SCAN pattern of every key under the buffer's tag (names hold no glob character)."""
+        return self._key("*")
+
+    def owns(self, key: str) -> bool:
+        """Whether ``key`` (under :attr:`pattern`) belongs to this buffer: not to another
+        structure of the same name, nor to the sharded buffer whose layout it would be."""
+        suffix = key[len(self._key("")) :]
+        return not suffix.startswith(FOREIGN) and suffix != "shards"
+
+    def describe(self) -> dict[str, str]:
+        """Key name -> what it holds, for people reading the buffer with redis-cli."""
+        return {
+            self.meta: "hash: configuration, schema, counters",
+            self.items: "hash: item id -> msgpack blob",
+            self.prio: "zset: item id -> log-reward",
+            self.order: "zset: item id -> insertion order",
+            self.per: "zset: item id -> PER priority",
+            self.uses: "hash: item id -> times sampled",
+            self.versions: "zset: item id -> model version",
+            self.times: "hash: item id -> insertion time",
+            self.vecs: "hash: item id -> compact state vector (diversity checks)",
+            self.batches: "hash: recent add's batch id -> its reply (retried adds)",
+            self.batches_old: "hash: the previous generation of the batch ids (then forgotten)",
+            self.masslog: "list: recent score changes, for prioritized samplers' replicas",
+        }
+
+
+@dataclass(frozen=True)
+class StagingKeys(BufferKeys):
+    """The keys a restore builds a buffer's new content under before swapping it in
+    (``rb:{name}:staging:TOKEN:...``): the same hash tag, so one script may rename them
+    over the buffer's own keys, and a token so that concurrent restores do not mix."""
+
+    token: str = "0"
+
+    def _key(self, suffix: str) -> str:
+        return f"{PREFIX}:{{{self.name}}}:staging:{self.token}:{suffix}"

@@ -1,0 +1,251 @@
+"""Loads the Lua scripts of ``lua/`` by name and runs them with EVALSHA.
+
+A line ``-- @include NAME`` in a script is replaced by ``lua/_NAME.lua`` (shared helpers),
+so every operation stays one self-contained script on the server. A NOSCRIPT reply
+(server restart, SCRIPT FLUSH) loads the script again and retries once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from .. import errors
+
+_INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.MULTILINE)
+
+
+def lua_dir() -> Path:
+    """The folder holding the .lua files: installed beside the package (``redisbuf/lua``),
+    or the checkout's top-level ``lua/``."""
+    here = Path(__file__).resolve().parent  # redisbuf/store
+    for candidate in (here.parent / "lua", here.parent.parent / "lua"):
+        if (candidate / "add.lua").is_file():
+            return candidate
+    raise FileNotFoundError(f"redisbuf's lua/ folder was not found near {here}")
+
+
+def _expand(source: str, seen: frozenset[str] = frozenset()) -> str:
+    def include(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in seen:
+            return ""
+        text = (lua_dir() / f"_{name}.lua").read_text()
+        return _expand(text, seen | {name})
+
+    return _INCLUDE.sub(include, source)
+
+
+# Error codes a script puts first in its error reply -> exception raised in Python.
+_ERROR_CODES: dict[str, type[Exception]] = {
+    "RB_EMPTY": errors.EmptyBufferError,
+    "RB_SCHEMA": errors.SchemaError,
+    "RB_NOBUF": errors.ConfigMismatchError,
+    "RB_NOTREE": errors.ConfigMismatchError,
+    "RB_CONFIG": errors.ConfigMismatchError,
+    "RB_SHARDED": errors.ConfigMismatchError,
+    "RB_UNSHARDED": errors.ConfigMismatchError,
+    "RB_INVALID": errors.InvalidBatchError,
+    "RB_UNDEFINED": errors.SamplingError,
+    "RB_BUSY": errors.ConfigMismatchError,
+}
+_ERROR_PATTERN = re.compile(r"\b(RB_[A-Z]+) ?(.*)", re.DOTALL)
+
+
+# Every script starts with this flag; the read-only variant sets it (see Script).
+_FLAG = "local RB_NO_WRITES = {}\n"
+# The remembering variant: the script's body becomes a function whose reply is kept under
+# the batch id (see Script.__call__). The two memory keys and the two extra ARGV are taken
+# off the ends of KEYS and ARGV first, so the body sees only its own.
+# Memory is two generations of one hash each instead of a hash and a time zset: an entry
+# costs one small hash field (the id, a tag and the reply's JSON), and forgetting is one
+# UNLINK + RENAME when the current generation (begun at its field "~since", server ms) is
+# older than the window, so an id is remembered for at least the window and at most about
+# twice it. The tag (one character per script, TAG below) keeps a script from taking
+# another's reply kept under the same id (add's two calls share one: the commit's reply
+# replaces the reservation's).
+_REMEMBER = """local rb_window_ms = tonumber(table.remove(ARGV))
+local rb_batch = table.remove(ARGV)
+local rb_older = table.remove(KEYS)
+local rb_memory = table.remove(KEYS)
+local rb_seen = redis.call('HGET', rb_memory, rb_batch)
+local rb_in_older = false
+if not rb_seen then
+  rb_seen = redis.call('HGET', rb_older, rb_batch)
+  rb_in_older = rb_seen ~= false
+end
+if rb_seen and string.sub(rb_seen, 1, 1) == 'TAG' then
+  return cjson.decode(string.sub(rb_seen, 2))
+end
+local function rb_body()
+BODY
+end
+local rb_reply = rb_body()
+if type(rb_reply) == 'table' and (rb_reply.err or rb_reply.ok) then return rb_reply end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local rb_time = redis.call('TIME')
+  local rb_now = tonumber(rb_time[1]) * 1000 + math.floor(tonumber(rb_time[2]) / 1000)
+  local rb_since = tonumber(redis.call('HGET', rb_memory, '~since'))
+  if rb_since and rb_now - rb_since >= rb_window_ms then
+    redis.call('UNLINK', rb_older)
+    redis.call('RENAME', rb_memory, rb_older)
+    rb_since = nil
+  elseif rb_in_older then
+    redis.call('HDEL', rb_older, rb_batch)
+  end
+  if not rb_since then redis.call('HSET', rb_memory, '~since', rb_now) end
+  redis.call('HSET', rb_memory, rb_batch, 'TAG' .. cjson.encode(rb_reply))
+end
+return rb_reply
+"""
+# The tag of a script's remembered replies (see _REMEMBER); "=" for the others.
+_TAGS = {"add_reserve": "r", "add_commit": "c"}
+
+
+def tag_of(name: str) -> str:
+    """The one-character tag the script ``name`` puts before the replies it remembers."""
+    return _TAGS.get(name, "=")
+
+
+def remembered(value: bytes | None, name: str) -> Any:
+    """The reply of script ``name`` in a batch memory entry ``value``, or None when the
+    entry is missing or another script's (see _REMEMBER)."""
+    if value is None or value[:1] != tag_of(name).encode():
+        return None
+    return json.loads(value[1:])
+
+# Errors a server gives scripts that may write when it refuses every write.
+_REFUSED_WRITES = (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError)
+
+
+class Script:
+    """One Lua operation: its expanded source, its SHA1, and a call that survives NOSCRIPT.
+
+    Each script also has a read-only variant, derived here rather than kept as a copy:
+    the same source under a ``#!lua flags=no-writes`` shebang with ``RB_NO_WRITES`` set,
+    which makes ``record_draws`` skip its counter writes. When a server refuses writes
+    (``maxmemory`` reached under ``noeviction``: OOM; a read-only replica: READONLY),
+    a call is retried once with the variant: a script whose only writes are that
+    bookkeeping (sampling) keeps working, any other raises the server's refusal.
+    """
+
+    def __init__(
+        self, name: str, source: str, read_only: bool = False, remembering: bool = False
+    ) -> None:
+        self.name = name
+        body = _FLAG.format("true" if read_only else "false") + source
+        if remembering:
+            body = _REMEMBER.replace("BODY\n", body).replace("'TAG'", repr(tag_of(name)))
+        self.source = f"#!lua flags=no-writes\n{body}" if read_only else body
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        self._expanded = source
+        self._read_only: Script | None = self if read_only else None
+        self._remembering: Script | None = self if remembering else None
+
+    @property
+    def remembering(self) -> Script:
+        """The variant that remembers its reply under a batch id (see ``__call__``)."""
+        if self._remembering is None:
+            self._remembering = Script(self.name, self._expanded, remembering=True)
+        return self._remembering
+
+    @property
+    def read_only(self) -> Script:
+        """The no-writes variant of this script."""
+        if self._read_only is None:
+            self._read_only = Script(self.name, self._expanded, read_only=True)
+        return self._read_only
+
+    def _eval(self, client: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            client.script_load(self.source)
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+
+    def _eval_then(
+        self, client: Any, keys: list[str], args: list[Any], then: tuple[Any, ...]
+    ) -> tuple[Any, Any]:
+        """The script, then the command ``then`` on the same connection (one pipeline):
+        WAIT and WAITAOF wait for the writes of their own connection only."""
+        for attempt in range(2):
+            pipe = client.pipeline(transaction=False)
+            pipe.evalsha(self.sha, len(keys), *keys, *args)
+            pipe.execute_command(*then)
+            reply, after = pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
+                client.script_load(self.source)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            return reply, after
+        raise AssertionError("unreachable")
+
+    def __call__(
+        self,
+        client: Any,
+        keys: list[str],
+        args: list[Any],
+        batch: tuple[str, list[str], float] | None = None,
+        then: tuple[Any, ...] | None = None,
+    ) -> Any:
+        """Run the script. With ``batch = (batch_id, [memory_key, older_key],
+        remember_seconds)`` it runs at most once per batch id: the reply is remembered
+        (a hash field of ``memory_key``, moved to ``older_key`` with the rest of its
+        generation, see _REMEMBER) for at least ``remember_seconds``, and a repeated call
+        returns it without running the script, so a call retried after a lost reply does
+        not insert twice. Error replies are not remembered, nor anything once the
+        buffer's meta (KEYS[1]) is gone.
+
+        With ``then`` (a command, e.g. ``("WAITAOF", 1, 0, 1000)``) it is sent right after
+        the script on the same connection and ``(reply, its reply)`` is returned; its
+        error reply is returned, not raised."""
+        if batch is not None:
+            batch_id, memory_keys, seconds = batch
+            return self.remembering(
+                client, [*keys, *memory_keys], [*args, batch_id, int(seconds * 1000)], then=then
+            )
+        try:
+            if then is not None:
+                return self._eval_then(client, keys, args, then)
+            return self._eval(client, keys, args)
+        except _REFUSED_WRITES as refused:
+            if self.read_only is self:
+                raise
+            try:
+                return self.read_only._eval(client, keys, args)
+            except redis.exceptions.ResponseError as exc:
+                if _ERROR_PATTERN.search(str(exc)):
+                    raise translate(exc) from exc
+                raise refused from None  # the script writes more than bookkeeping
+        except redis.exceptions.ResponseError as exc:
+            raise translate(exc) from exc
+
+
+def translate(exc: redis.exceptions.ResponseError) -> Exception:
+    """Turn a script's coded error reply into the redisbuf exception for its code.
+
+    The returned exception has ``code`` (e.g. ``"RB_EMPTY"``); replies without a code
+    come back unchanged.
+    """
+    match = _ERROR_PATTERN.search(str(exc))
+    if not match:
+        return exc
+    code, detail = match.group(1), match.group(2).strip()
+    detail = re.sub(r"\s*script: \w+, on @user_(?:script|function):\d+\.?$", "", detail)
+    error = _ERROR_CODES.get(code, errors.RedisBufError)(detail)
+    error.code = code  # type: ignore[attr-defined]
+    return error
+
+
+@cache
+def load(name: str) -> Script:
+    """The script ``lua/NAME.lua``, includes expanded."""
+    path = lua_dir() / f"{name}.lua"
+    return Script(name, _expand(path.read_text()))
