@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -665,12 +666,17 @@ def test_close_releases_the_connections_of_a_buffer_opened_by_url(own_server, bu
     given.close()
 
 
-# -- the ACL rule the README gives is enough ----------------------------------------------
+# -- the ACL rule docs/operators.md gives is enough ---------------------------------------
 
 ACL_RULE = (
     "~rb:* resetchannels &rb:* -@all +@read +@write +@scripting +@connection +@pubsub +info "
     "+memory|usage +time +multi +exec"
 )
+
+
+def test_the_acl_rule_tested_here_is_the_one_the_operators_page_gives():
+    page = (Path(__file__).resolve().parent.parent / "docs" / "operators.md").read_text()
+    assert ACL_RULE in " ".join(page.split()), "docs/operators.md no longer gives ACL_RULE"
 
 
 @pytest.mark.redis_server

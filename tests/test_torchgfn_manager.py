@@ -205,7 +205,8 @@ def test_redis_backend_metadata_and_what_the_manager_holds(redis_server, buffer_
     thread, errors = _manager_thread(manager)
     try:
         # a FIFO worker buffer of capacity 4: a batch of 10 leaves 4 for the manager to
-        # read. torchgfn would send all 10; the difference is documented in the README.
+        # read. torchgfn would send all 10; the difference is documented in
+        # docs/coming-from/torchgfn.md.
         worker = drop_in.ReplayBuffer(env, capacity=4, url=url, remote_manager_rank=0,
                                       communication_backend="redis", manager_name=buffer_name)
         score = worker.add(trajectories(env, 10, seed=1))
