@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from process_helpers import default_signals
 
 from redisbuf import EmptyBufferError, ReplayBuffer
 from redisbuf.errors import WaitTimeoutError
@@ -95,7 +96,8 @@ print("got", batch["x"].shape[0], flush=True)
 def _spawn(url: str, name: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-c", _SAMPLER, url, name], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=default_signals)  # the test sends SIGINT
     assert proc.stdout.readline().strip() == "ready"
     return proc
 

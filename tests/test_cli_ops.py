@@ -568,6 +568,7 @@ def test_watch_live_view_quits_on_q_and_on_ctrl_c(url, writers):
     for stop in (b"q", signal.SIGINT):
         pid, fd = pty.fork()
         if pid == 0:  # pragma: no cover - the child
+            default_signals()  # the SIGINT below must not meet an inherited ignore
             os.environ.update(_env(REDISBUF_URL=url, COLUMNS="120", LINES="60"))
             os.execv(sys.executable, [sys.executable, "-m", "redisbuf", "watch", "live",
                                       "--interval", "0.3"])
@@ -578,8 +579,14 @@ def test_watch_live_view_quits_on_q_and_on_ctrl_c(url, writers):
         else:
             os.kill(pid, stop)
         _read_until(fd, b"", timeout=20)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, output[-2000:]
+        deadline = time.monotonic() + 20
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(f"redisbuf watch did not exit on {stop!r}: {output[-2000:]!r}")
+        assert os.waitstatus_to_exitcode(done[1]) == 0, output[-2000:]
 
 
 def test_watch_bad_input(url, real_client, capsys):
@@ -762,6 +769,7 @@ def _start_metrics(url: str, *names: str) -> tuple[subprocess.Popen[str], int]:
         [sys.executable, "-m", "redisbuf", "metrics", "--port", "0", "--addr", "127.0.0.1",
          "--json", *names],
         env=_env(REDISBUF_URL=url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_signals,  # the test stops it with SIGINT
     )
     lines = []
     while True:  # one JSON document, printed when listening

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from process_helpers import default_signals
 
 from redisbuf import ReplayBuffer
 from redisbuf.errors import WaitTimeoutError
@@ -129,6 +130,7 @@ def _spawn_waiter(url: str, name: str, need: int) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-c", _WAITER, url, name, str(need)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=default_signals,  # the test sends SIGINT
     )
     assert proc.stdout.readline().strip() == "ready"
     return proc
