@@ -334,10 +334,10 @@ def _fixed_width_numbers(values: np.ndarray) -> list[Any]:
 def encode_columns(columns: list[Column], n: int) -> list[bytes]:
     """Encode ``n`` items, item ``i`` being the map ``{column.key: column[i]}``.
 
-    Decodes to what :func:`packb` would encode for the same dicts of arrays and numbers,
-    with one join per item instead of a Python hook per array. The bytes differ only in
-    that arrays are always ext 8/16/32, where msgpack writes a fixext for payloads of 1,
-    2, 4, 8 or 16 bytes.
+    Each blob decodes to the same dict as :func:`packb`'s encoding of it, with one join per
+    item instead of a Python hook per array. The bytes can differ: arrays are always ext
+    8/16/32 (msgpack writes a fixext for payloads of 1, 2, 4, 8 or 16 bytes) and numbers
+    always take 9 bytes.
     """
     if len(columns) >= 16:
         map_header = struct.pack(">BH", 0xDE, len(columns))
