@@ -1,4 +1,5 @@
-"""The exceptions redisbuf raises. Catch :class:`RedisBufError` for all of them."""
+"""redisbuf's own exceptions. Catch :class:`RedisBufError` for all of them; bad arguments
+may also raise plain ``ValueError`` / ``TypeError`` / ``KeyError``."""
 
 from __future__ import annotations
 

@@ -733,7 +733,8 @@ class ReplayBuffer(Inserting, Checkpointing):
         last priority wins. Returns how many distinct ids were updated. A priority that is
         NaN, negative or not finite raises :class:`InvalidBatchError` and changes nothing.
         The server's work is a sorted-set update and one log entry; samplers re-weigh the
-        items in their replicas (this process's own at once)."""
+        items in their replicas when they next draw (this process's replica at once, when
+        nothing else changed the buffer since it was current)."""
         id_list = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
         texts = _per_priority_texts(priorities, len(id_list))
         if not id_list:

@@ -1,4 +1,4 @@
-"""Samplers: each chooses items in one Lua call and returns their ids and blobs.
+"""Samplers: each chooses items, commits each draw in one Lua call and returns ids and blobs.
 
 A sampler is one part with one job; adding a sampling mode means adding one class here
 (and its script in ``lua/``), not editing the buffer.
