@@ -10,8 +10,9 @@ import sys
 import pytest
 from extras_helpers import ROOT, code_without, distribution, extras, redisbuf_without
 
-from redisbuf import _extras, _torch
+from redisbuf import _extras
 from redisbuf.errors import MissingExtraError, RedisBufError
+from redisbuf.store import _torch
 
 URL = "redis://127.0.0.1:1/0"  # never reached: the check comes first
 

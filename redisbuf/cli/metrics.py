@@ -46,6 +46,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     require_extra("prometheus_client", "metrics", "redisbuf metrics")
     from ..ops.metrics import serve
+
     for name in args.names:
         check_name(name)
     if not 0 <= args.port <= 65535:

@@ -38,8 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from redisbuf._extras import require as _require_extra
-
+from .._extras import require as _require_extra
 from ..buffers.replay import ReplayBuffer as _CoreBuffer
 from ..control.manager import ReplayBufferManager as _CoreManager
 from ..errors import EmptyBufferError, SchemaError

@@ -495,9 +495,9 @@ def serve(client: redis.Redis, names: Sequence[str], port: int, addr: str = "0.0
     """Serve the metrics of ``names`` (all buffers of every class when empty) over HTTP
     at ``/metrics`` (see :class:`BufferCollector`);
     returns the HTTP server (``server_port`` is the port, useful with ``port=0``)."""
-    from redisbuf._extras import require
+    from .._extras import require
 
-    require("prometheus_client", "metrics", "redisbuf.metrics.serve")
+    require("prometheus_client", "metrics", "redisbuf.ops.metrics.serve")
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry(auto_describe=False)

@@ -30,6 +30,6 @@ def require() -> ModuleType:
     torch = sys.modules.get("torch")
     if torch is not None:
         return torch
-    from redisbuf._extras import require as require_extra  # absolute: this module may move
+    from .._extras import require as require_extra
 
     return require_extra("torch", "torch", "working with tensors")
