@@ -60,7 +60,7 @@ end
 local function buffer_keys(keys)
   return {
     meta = keys[1], items = keys[2], prio = keys[3], order = keys[4],
-    tree = keys[5], tree_ids = keys[6], tree_slots = keys[7], tree_free = keys[8],
+    per_heap = keys[5],
     per = keys[9], uses = keys[10], versions = keys[11], times = keys[12], vecs = keys[13],
     masslog = keys[16],
   }

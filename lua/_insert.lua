@@ -58,26 +58,35 @@ local function commit_batch(K, conf, schema_json, options, ids, first, blobs, pr
     local kind = cjson.decode(schema_json)['kind']
     redis.call('HSET', meta, 'schema', schema_json, 'kind', kind)
   end
-  store_items(K, ids, blobs, priorities, first, vecs, options)
+  local scores = store_items(K, ids, blobs, priorities, first, vecs, options)
   redis.call('HINCRBY', meta, 'inserted', n)
 
-  local victims = {}
+  local victims, before = {}, nil
   local excess = redis.call('ZCARD', K.order) - capacity
   if excess > 0 then
     local source = K.order
     if conf[2] == 'reward' then source = K.prio end
     victims = redis.call('ZRANGE', source, 0, excess - 1)
-    delete_items(K, victims)
+    before = delete_items(K, victims)
     redis.call('HINCRBY', meta, 'evicted', #victims)
   end
-  if conf[4] == '1' then  -- new items first: a victim may be one of them
-    local scores = priorities
-    if per_enabled(K) then
-      scores = zmscore_chunked(K.per, ids)
-      for i = 1, n do scores[i] = scores[i] or '-inf' end
+  if conf[4] == '1' then  -- one entry: the new items, then the victims (maybe new ones)
+    if #victims == 0 then
+      masslog_append(K, ids, nil, scores)
+    else
+      local rows, old, new = {}, {}, {}
+      for i = 1, n do
+        rows[i] = ids[i]
+        old[i] = 'nan'
+        new[i] = scores[i] or scores[1]
+      end
+      for i = 1, #victims do
+        rows[n + i] = victims[i]
+        old[n + i] = before[i]
+        new[n + i] = 'nan'
+      end
+      masslog_append(K, rows, old, new)
     end
-    masslog_append(K, 'S', ids, scores)
-    masslog_append(K, 'R', victims)
   end
   record_history(meta)
   return {first, n, #victims}

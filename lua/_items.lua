@@ -34,65 +34,64 @@ local function admit_batch(K, n, options)
   return nil
 end
 
--- Prioritized experience replay (PER) keeps, besides the per zset, meta per_sum (with
+-- Prioritized experience replay (PER) keeps the items' priorities in the per hash (id ->
+-- priority as text: any item's priority is one HGET) and, in meta: per_sum (with
 -- per_comp, its Neumaier compensation, so long update sequences do not drift) and
--- per_nonzero, the number of non-zero priorities: the mean non-zero priority in O(1);
--- and per_mass (with per_mass_comp), the sum of the masses (p + eps)^alpha, which
--- lets lua/sample_prioritized.lua correct a stale draw to the current law (kept only
--- where the field exists: PER turned on, loaded or cleared by this version).
+-- per_nonzero, the number of non-zero priorities (the mean non-zero priority in O(1));
+-- per_max, the highest priority ever set since PER was turned on or the buffer cleared
+-- (a running max, as DI-engine and TorchRL keep: new items get it without a scan).
 local function per_enabled(K)
   return redis.call('HGET', K.meta, 'tree_mass') == 'per'
 end
 
--- The PER mass of a priority p: (p + eps)^alpha, 0 when p + eps <= 0.
-local function per_mass_of(p, alpha, eps)
-  local base = p + eps
-  if base <= 0 then return 0 end
-  return base ^ alpha
-end
-
 local function per_account(K, removed, added)
   if #removed == 0 and #added == 0 then return end
-  local conf = redis.call('HMGET', K.meta, 'per_sum', 'per_comp', 'per_nonzero', 'per_mass',
-    'per_mass_comp', 'per_alpha', 'per_eps')
+  local conf = redis.call('HMGET', K.meta, 'per_sum', 'per_comp', 'per_nonzero')
   local sum, comp, nonzero = tonumber(conf[1]) or 0, tonumber(conf[2]) or 0, tonumber(conf[3]) or 0
-  local mass, mass_comp = tonumber(conf[4]) or 0, tonumber(conf[5]) or 0
-  local alpha, eps = tonumber(conf[6]) or 1, tonumber(conf[7]) or 0
   local function push(x)
     local t = sum + x
     if math.abs(sum) >= math.abs(x) then comp = comp + ((sum - t) + x)
     else comp = comp + ((x - t) + sum) end
     sum = t
   end
-  local function push_mass(x)
-    local t = mass + x
-    if math.abs(mass) >= math.abs(x) then mass_comp = mass_comp + ((mass - t) + x)
-    else mass_comp = mass_comp + ((x - t) + mass) end
-    mass = t
-  end
-  local track = conf[4] and true or false
   for _, p in ipairs(removed) do
     if p ~= 0 then nonzero = nonzero - 1 push(-p) end
-    if track then push_mass(-per_mass_of(p, alpha, eps)) end
   end
   for _, p in ipairs(added) do
     if p ~= 0 then nonzero = nonzero + 1 push(p) end
-    if track then push_mass(per_mass_of(p, alpha, eps)) end
   end
   if nonzero <= 0 then sum, comp, nonzero = 0, 0, 0 end
   redis.call('HSET', K.meta, 'per_sum', fmt(sum), 'per_comp', fmt(comp), 'per_nonzero', nonzero)
-  if track then
-    if redis.call('ZCARD', K.order) == 0 then mass, mass_comp = 0, 0 end
-    redis.call('HSET', K.meta, 'per_mass', fmt(mass), 'per_mass_comp', fmt(mass_comp))
-  end
 end
 
--- The PER priorities (numbers) of ids; false for ids without one (one ZMSCORE per CHUNK
--- ids: a redis.call per id costs more than the lookups).
-local function per_scores(K, ids)
-  local out = zmscore_chunked(K.per, ids)
-  for i = 1, #out do out[i] = out[i] and tonumber(out[i]) end
-  return out
+-- Raise meta per_max to `value` (a number) when it is higher.
+local function per_raise_max(K, value)
+  local top = tonumber(redis.call('HGET', K.meta, 'per_max'))
+  if top == nil or value > top then redis.call('HSET', K.meta, 'per_max', fmt(value)) end
+end
+
+-- Keep the per_heap zset (PER priorities in order, for heap selectors) in step with the
+-- per hash: pairs {id, priority text, ...} set, or ids removed. Only once a heap selector
+-- by priority asked for it (meta per_heap = 1, lua/sample_select.lua): other buffers pay
+-- no O(log n) per change.
+local function per_heap_set(K, pairs_)
+  if redis.call('HGET', K.meta, 'per_heap') ~= '1' then return end
+  local scored = {}
+  for i = 1, #pairs_, 2 do
+    scored[i] = pairs_[i + 1]
+    scored[i + 1] = pairs_[i]
+  end
+  call_chunked('ZADD', K.per_heap, scored)
+end
+
+local function per_heap_remove(K, ids)
+  if redis.call('HGET', K.meta, 'per_heap') ~= '1' then return end
+  call_chunked('ZREM', K.per_heap, ids)
+end
+
+-- The PER priorities of ids as text (false for ids without one), one HMGET per CHUNK ids.
+local function per_texts(K, ids)
+  return hmget_chunked(K.per, ids)
 end
 
 -- A PER priority given as text: a finite number >= 0, or nil.
@@ -102,10 +101,11 @@ local function per_parse(text)
   return value
 end
 
--- The PER priorities (numbers) of n new items, or nil when PER is off:
--- options.per_priorities (text) when given, else max(per_initial, highest priority
--- present). Raises RB_INVALID (a priority that is not a finite number >= 0) or RB_CONFIG
--- (priorities without PER); insert_batch calls it before its first write for that.
+-- The PER priorities of n new items as {numbers, texts}, or nil when PER is off:
+-- options.per_priorities (text) when given, else max(per_initial, per_max) for all (texts
+-- then holds that one value). Raises RB_INVALID (a priority that is not a finite number
+-- >= 0) or RB_CONFIG (priorities without PER); insert_batch calls it before its first
+-- write for that.
 local function per_batch_priorities(K, n, options)
   local given = options and options.per_priorities
   if not per_enabled(K) then
@@ -118,28 +118,32 @@ local function per_batch_priorities(K, n, options)
   local out = {}
   if given then
     if #given ~= n then error('RB_INVALID ' .. #given .. ' priorities for ' .. n .. ' items') end
+    local texts = {}
     for i = 1, n do
       out[i] = per_parse(given[i])
       if out[i] == nil then
         error('RB_INVALID item ' .. (i - 1) .. ' has PER priority ' .. tostring(given[i])
           .. '; priorities must be finite and >= 0')
       end
+      texts[i] = fmt(out[i])
     end
-    return out
+    return {out, texts}
   end
-  local value = tonumber(redis.call('HGET', K.meta, 'per_initial')) or 1
-  local top = redis.call('ZREVRANGE', K.per, 0, 0, 'WITHSCORES')
-  if #top > 0 and tonumber(top[2]) > value then value = tonumber(top[2]) end
+  local conf = redis.call('HMGET', K.meta, 'per_initial', 'per_max')
+  local value = tonumber(conf[1]) or 1
+  local top = tonumber(conf[2])
+  if top and top > value then value = top end
   for i = 1, n do out[i] = value end
-  return out
+  return {out, {fmt(value)}}
 end
 
 -- Store new items: ids (strings; first .. first + #ids - 1), blobs and priorities (text)
 -- in batch order, when vecs is not nil each item's state vector (text, see
 -- lua/add_diverse.lua), and when PER is on their PER priorities (options.per_priorities,
--- else per_new_priorities). blobs nil: the blobs are in the items hash already, written by
--- a native HSET in the caller's transaction (lua/add_commit.lua), which spares carrying
--- them through Lua.
+-- else per_batch_priorities' default). blobs nil: the blobs are in the items hash already,
+-- written by a native HSET in the caller's transaction (lua/add_commit.lua), which spares
+-- carrying them through Lua. Returns the new items' scores for the mass log (text: their
+-- PER priorities under PER, one value when all share it, else their log-rewards).
 local function store_items(K, ids, blobs, priorities, first, vecs, options)
   local per_values = per_batch_priorities(K, #ids, options)
   local prio_pairs, order_pairs = {}, {}
@@ -175,14 +179,21 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
     end
     call_chunked('ZADD', K.versions, version_pairs)
   end
+  local scores = priorities
   if per_values then
+    local values, texts = per_values[1], per_values[2]
     local per_pairs = {}
     for i = 1, #ids do
-      per_pairs[2 * i - 1] = fmt(per_values[i])
-      per_pairs[2 * i] = ids[i]
+      per_pairs[2 * i - 1] = ids[i]
+      per_pairs[2 * i] = texts[i] or texts[1]
     end
-    call_chunked('ZADD', K.per, per_pairs)
-    per_account(K, {}, per_values)
+    call_chunked('HSET', K.per, per_pairs)
+    per_heap_set(K, per_pairs)
+    per_account(K, {}, values)
+    local top = values[1] or 0
+    for i = 2, #values do if values[i] > top then top = values[i] end end
+    per_raise_max(K, top)
+    scores = texts
   end
   if vecs then
     local vec_pairs = {}
@@ -193,11 +204,24 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
     call_chunked('HSET', K.vecs, vec_pairs)
   end
   notify_changed(K.meta)  -- wake blocked samplers (redisbuf/sampling/waiting.py)
+  return scores
 end
 
--- Delete items from every per-item structure (the mass log is remove_items' job).
+-- The scores the mass log holds for ids (text; "nan" for an id without one): PER
+-- priorities under PER, else log-rewards.
+local function logged_scores(K, ids)
+  local found
+  if per_enabled(K) then found = per_texts(K, ids) else found = zmscore_chunked(K.prio, ids) end
+  for i = 1, #ids do found[i] = found[i] or 'nan' end
+  return found
+end
+
+-- Delete items from every per-item structure. Returns their scores before (see
+-- logged_scores) when prioritized sampling is on, for the mass log entry (the caller's).
 local function delete_items(K, ids)
-  if #ids == 0 then return end
+  if #ids == 0 then return {} end
+  local before
+  if masslog_on(K) then before = logged_scores(K, ids) end
   local uses, used = hmget_chunked(K.uses, ids), 0
   for i = 1, #uses do
     if uses[i] then used = used + tonumber(uses[i]) end
@@ -211,51 +235,60 @@ local function delete_items(K, ids)
   call_chunked('HDEL', K.times, ids)
   call_chunked('ZREM', K.versions, ids)
   if per_enabled(K) then
-    local old, present = per_scores(K, ids), {}
+    local old, present = per_texts(K, ids), {}
     for i = 1, #ids do
-      if old[i] then present[#present + 1] = old[i] end
+      if old[i] then present[#present + 1] = tonumber(old[i]) end
     end
     per_account(K, present, {})
-    call_chunked('ZREM', K.per, ids)
+    call_chunked('HDEL', K.per, ids)
+    per_heap_remove(K, ids)
   end
   call_chunked('HDEL', K.items, ids)
   call_chunked('ZREM', K.prio, ids)
   call_chunked('ZREM', K.order, ids)
   call_chunked('HDEL', K.vecs, ids)
+  return before or {}
 end
 
 -- Delete items everywhere, and log their removal for prioritized samplers' replicas.
 local function remove_items(K, ids)
   if #ids == 0 then return end
-  delete_items(K, ids)
-  masslog_append(K, 'R', ids)
+  local before = delete_items(K, ids)
+  masslog_append(K, ids, before, nil)
 end
 
 -- Set the PER priorities of ids present (priorities as numbers; a later duplicate wins),
--- skipping ids no longer stored. Returns how many distinct ids were updated.
+-- skipping ids no longer stored: one HMGET, one HSET and one log entry for the whole call,
+-- whatever the buffer's size. Returns how many distinct ids were updated.
 local function set_priorities(K, ids, priorities)
   local latest, order = {}, {}
   for i = 1, #ids do
     if latest[ids[i]] == nil then order[#order + 1] = ids[i] end
     latest[ids[i]] = priorities[i]
   end
-  local old = per_scores(K, order)
-  local kept, values, removed, pairs_ = {}, {}, {}, {}
+  local old = per_texts(K, order)
+  local kept, values, removed, pairs_, before, after = {}, {}, {}, {}, {}, {}
+  local top = 0
   for i = 1, #order do
     if old[i] then
+      local value = latest[order[i]]
+      local text = fmt(value)
       kept[#kept + 1] = order[i]
-      values[#values + 1] = latest[order[i]]
-      removed[#removed + 1] = old[i]
-      pairs_[#pairs_ + 1] = fmt(latest[order[i]])
+      values[#values + 1] = value
+      removed[#removed + 1] = tonumber(old[i])
+      before[#before + 1] = old[i]
+      after[#after + 1] = text
       pairs_[#pairs_ + 1] = order[i]
+      pairs_[#pairs_ + 1] = text
+      if value > top then top = value end
     end
   end
   if #kept == 0 then return 0 end
-  call_chunked('ZADD', K.per, pairs_)
+  call_chunked('HSET', K.per, pairs_)
+  per_heap_set(K, pairs_)
   per_account(K, removed, values)
-  local texts = {}
-  for i = 1, #kept do texts[i] = pairs_[2 * i - 1] end
-  masslog_append(K, 'S', kept, texts)
+  per_raise_max(K, top)
+  masslog_append(K, kept, before, after)
   return #kept
 end
 

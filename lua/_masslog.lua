@@ -1,81 +1,136 @@
 -- The mass log, pasted in place of "-- @include masslog" (needs common).
 -- Prioritized sampling (softmax of log-rewards, or PER) draws in the sampling processes,
 -- each from its own replica of the items' scores (redisbuf/sampling/replica.py). The server keeps
--- the truth (the prio zset for softmax, the per zset for PER) and, while prioritized
+-- the truth (the prio zset for softmax, the per hash for PER) and, while prioritized
 -- sampling is on (meta tree = 1), this log of every change to it, appended by the same
 -- script that makes the change, so a replica catches up by reading the entries after the
 -- version it has. Writing a change costs one RPUSH whatever the buffer's size.
 --
--- The masslog list holds the newest entries, one a change:
---   "S|k|ids|scores"  k items (new or re-scored) now have these scores: ids 12 characters
---                     each, back to back; scores as text, comma-separated (log-rewards
---                     under softmax, PER priorities under PER)
---   "R|k|ids|"        k items were removed (unknown ids are ignored)
---   "X|0||"           everything changed (enabled, cleared, restored): read it all again
--- Meta: log_epoch (changes with every X, so a replica never mistakes a new log for its
--- old one), log_version (entries ever appended since that epoch; the last entry's
--- version), log_first (the version of the list's first entry), log_ids (ids named by the
--- entries in the list). The oldest entries are dropped while the list names more than
--- max(MASSLOG_MIN_IDS, capacity / 4) ids: a replica further behind reads everything again.
+-- The masslog list holds the newest entries, one per script that changed scores:
+--   "C|k|stamp|ids|old|new"  k rows: ids (decimal, comma-separated); each one's score
+--                     before the change and after it (log-rewards under softmax, PER
+--                     priorities under PER; "nan" for not present), comma-separated. An
+--                     empty old means all were absent (an add); an empty new, all are
+--                     removed; a new of one value when k > 1, all get that value. An id
+--                     may appear in several rows: they apply in order.
+--   "X|0|stamp"       everything changed (turned on, cleared, restored): read it all again
+-- The stamp (server time and version) differs between two histories, so a replica that
+-- finds another stamp at its version (the server restarted from an older state, or a
+-- failover lost writes) reads everything again.
+-- Meta: log_epoch (changes with every X), log_version (entries ever appended since that
+-- epoch; the last entry's version), log_first (the version of the list's first entry),
+-- log_ids (rows held), log_stamp (the last entry's stamp), log_pin / log_pin_until (a
+-- replica reading the whole buffer keeps the entries after log_pin until log_pin_until,
+-- server milliseconds). The oldest entries are dropped while the list holds more than
+-- max(MASSLOG_MIN_IDS, capacity / 4) rows (and none is pinned): a replica further behind
+-- reads everything again.
 local MASSLOG_MIN_IDS = 10000
+-- A reply never carries more than this many rows of entries (a replica further behind
+-- asks again), so no call's work grows with how far behind a replica is.
+local MASSLOG_REPLY_ROWS = 20000
+local MASSLOG_REPLY_ENTRIES = 256
 
 local function masslog_on(K)
   return redis.call('HGET', K.meta, 'tree') == '1'
 end
 
--- Delete what an earlier version's server-side sum tree left (keys tree, tree:ids,
--- tree:slots, tree:free and its meta fields). UNLINK frees large values in the background.
-local function drop_legacy_tree(K)
-  redis.call('UNLINK', K.tree, K.tree_ids, K.tree_slots, K.tree_free)
-  redis.call('HDEL', K.meta, 'tree_depth', 'tree_ref', 'tree_next_slot', 'tree_layout')
+local function server_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+
+local function new_stamp(version)
+  local now = redis.call('TIME')
+  return now[1] .. string.format('%06d', now[2]) .. '.' .. version
 end
 
 -- Start a new log (a new epoch) with one X entry: every replica reads everything again.
+-- The old list is unlinked (freed in the background, however long it was).
 local function masslog_reset(K)
   local now = redis.call('TIME')
-  drop_legacy_tree(K)
-  redis.call('DEL', K.masslog)
-  redis.call('RPUSH', K.masslog, 'X|0||')
+  local stamp = new_stamp(1)
+  redis.call('UNLINK', K.masslog)
+  redis.call('RPUSH', K.masslog, 'X|0|' .. stamp)
   redis.call('HSET', K.meta, 'log_epoch', now[1] .. string.format('%06d', now[2]),
-    'log_version', 1, 'log_first', 1, 'log_ids', 0)
+    'log_version', 1, 'log_first', 1, 'log_ids', 0, 'log_stamp', stamp)
+  redis.call('HDEL', K.meta, 'log_pin', 'log_pin_until')
 end
 
--- Append one entry: kind 'S' (ids and their scores as text) or 'R' (ids). No-op without
--- ids or while prioritized sampling is off.
-local function masslog_append(K, kind, ids, scores)
+-- The rows of an entry, as text: list joined by commas; nil -> '' (all absent / removed).
+local function joined(list)
+  if list == nil then return '' end
+  return table.concat(list, ',')
+end
+
+-- Append one C entry for rows ids (strings) with old and new scores (lists of text, or
+-- nil: all absent / all removed; new may hold one value for all). No-op without rows or
+-- while prioritized sampling is off.
+local function masslog_append(K, ids, old, new)
   if #ids == 0 or not masslog_on(K) then return end
-  local entry = kind .. '|' .. #ids .. '|' .. table.concat(ids) .. '|'
-  if scores then entry = entry .. table.concat(scores, ',') end
-  local conf = redis.call('HMGET', K.meta, 'log_version', 'log_first', 'log_ids', 'capacity')
-  if not conf[1] then  -- turned on by an earlier version: start the log now
+  local conf = redis.call('HMGET', K.meta, 'log_version', 'log_first', 'log_ids', 'capacity',
+    'log_pin', 'log_pin_until')
+  if not conf[1] then  -- no log yet (turned on by hand): start one
     masslog_reset(K)
     conf = redis.call('HMGET', K.meta, 'log_version', 'log_first', 'log_ids', 'capacity')
   end
-  local version, first, held = tonumber(conf[1]) + 1, tonumber(conf[2]), tonumber(conf[3]) + #ids
-  local length = redis.call('RPUSH', K.masslog, entry)
+  local version, first = tonumber(conf[1]) + 1, tonumber(conf[2])
+  local held = tonumber(conf[3]) + #ids
+  local stamp = new_stamp(version)
+  local length = redis.call('RPUSH', K.masslog, 'C|' .. #ids .. '|' .. stamp .. '|'
+    .. table.concat(ids, ',') .. '|' .. joined(old) .. '|' .. joined(new))
   local limit = math.max(MASSLOG_MIN_IDS, math.floor((tonumber(conf[4]) or 0) / 4))
-  while held > limit and length > 1 do
+  local pin = tonumber(conf[5])
+  if pin and (tonumber(conf[6]) or 0) < server_ms() then pin = nil end
+  while held > limit and length > 1 and (pin == nil or first <= pin) do
     local oldest = redis.call('LPOP', K.masslog)
     local bar = string.find(oldest, '|', 3, true)
     held = held - tonumber(string.sub(oldest, 3, bar - 1))
     first = first + 1
     length = length - 1
   end
-  redis.call('HSET', K.meta, 'log_version', version, 'log_first', first, 'log_ids', held)
+  redis.call('HSET', K.meta, 'log_version', version, 'log_first', first, 'log_ids', held,
+    'log_stamp', stamp)
 end
 
--- The reply a sampling script gives a replica that is not current: {0, epoch, version,
--- first, entries after `have` (the replica's version) if the list still holds them}.
--- A replica of another epoch, or too far behind, gets no entries and reads everything.
-local function masslog_behind(K, epoch, have)
-  local conf = redis.call('HMGET', K.meta, 'log_epoch', 'log_version', 'log_first')
-  local out = {0, conf[1] or '', conf[2] or '0', conf[3] or '0'}
+-- The stamp of an entry (its third field).
+local function entry_stamp(entry)
+  local a = string.find(entry, '|', 3, true)
+  local b = string.find(entry, '|', a + 1, true)
+  return string.sub(entry, a + 1, (b or #entry + 1) - 1)
+end
+
+-- The reply a replica that is not current gets: {0, epoch, version, stamp, entries after
+-- `have` (the replica's version, whose entry has stamp `have_stamp`)...}, at most
+-- MASSLOG_REPLY_ROWS rows (at least one entry) of them: the replica asks again from where
+-- they end. No entries when it cannot catch up from the log (another epoch, another
+-- history at its version, or further behind than the list holds): it reads everything.
+local function masslog_behind(K, epoch, have, have_stamp)
+  local conf = redis.call('HMGET', K.meta, 'log_epoch', 'log_version', 'log_first', 'log_stamp')
+  local out = {0, conf[1] or '', conf[2] or '0', conf[4] or ''}
   local version, first = tonumber(conf[2]) or 0, tonumber(conf[3]) or 0
-  if conf[1] == epoch and have >= first - 1 and have < version then
-    local entries = redis.call('LRANGE', K.masslog, have + 1 - first, -1)
-    for i = 1, #entries do out[4 + i] = entries[i] end
+  if conf[1] ~= epoch or have < first or have >= version then return out end
+  local entries = redis.call('LRANGE', K.masslog, have - first,
+    have - first + MASSLOG_REPLY_ENTRIES)
+  if entry_stamp(entries[1]) ~= have_stamp then return out end
+  local rows = 0
+  for i = 2, #entries do
+    local bar = string.find(entries[i], '|', 3, true)
+    rows = rows + tonumber(string.sub(entries[i], 3, bar - 1))
+    if rows > MASSLOG_REPLY_ROWS and i > 2 then break end
+    out[#out + 1] = entries[i]
   end
   return out
+end
+
+-- Keep the entries after version `pin` until `ms` milliseconds from now (a replica reading
+-- the whole buffer needs them afterwards, however fast the writers are).
+local function masslog_pin(K, pin, ms)
+  if RB_NO_WRITES then return end
+  local conf = redis.call('HMGET', K.meta, 'log_pin', 'log_pin_until')
+  local now = server_ms()
+  local current = tonumber(conf[1])
+  if current and (tonumber(conf[2]) or 0) >= now and current < pin then pin = current end
+  redis.call('HSET', K.meta, 'log_pin', pin, 'log_pin_until', now + ms)
 end
 
 -- Items of log-reward +inf: the softmax is undefined while any is present.

@@ -10,16 +10,14 @@ if not redis.call('HGET', K.meta, 'capacity') then
   return redis.error_reply('RB_NOBUF buffer meta ' .. K.meta .. ' does not exist')
 end
 local removed = redis.call('ZCARD', K.order)
-for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
+-- UNLINK: large hashes and sorted sets are freed in the background, so clearing a
+-- buffer of millions of items is no long command
+for i = 2, #KEYS do redis.call('UNLINK', KEYS[i]) end
 redis.call('HSET', K.meta, 'inserted', 0, 'evicted', 0, 'sampled', 0)
 -- data-lifetime counters (lua/_items.lua); the current version and session stay
 redis.call('HDEL', K.meta, 'present_uses', 'removed_uses', 'removed_items', 'retired',
   'stale_removed', 'rejected_stale', 'rejected_session', 'staleness_sum', 'staleness_count',
   'rl_inserts', 'rl_samples')  -- and the rate limiter's (lua/rate_limit.lua)
-redis.call('HDEL', K.meta, 'per_sum', 'per_comp', 'per_nonzero')
-if redis.call('HGET', K.meta, 'tree_mass') == 'per' then
-  redis.call('HSET', K.meta, 'per_mass', 0, 'per_mass_comp', 0)
-end
-drop_legacy_tree(K)
+redis.call('HDEL', K.meta, 'per_sum', 'per_comp', 'per_nonzero', 'per_max')
 if masslog_on(K) then masslog_reset(K) end
 return removed

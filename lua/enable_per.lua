@@ -1,4 +1,4 @@
--- Turn on prioritized experience replay (PER): PER priorities in the per zset, and from
+-- Turn on prioritized experience replay (PER): PER priorities in the per hash, and from
 -- now on every change to them appended to the mass log (lua/_masslog.lua) by add.lua,
 -- update_priority.lua and the removers, whichever process writes; PERSampler draws from a
 -- replica of them, with masses (priority + eps)^alpha (redisbuf/sampling/replica.py).
@@ -31,7 +31,7 @@ if conf[3] == 'per' then
       .. ', eps=' .. ARGV[2] .. ', initial_priority=' .. ARGV[3] .. ' (PER settings mismatch)')
   end
   if not conf[7] then
-    if conf[2] ~= '1' or not redis.call('HGET', K.meta, 'log_epoch') then  -- an earlier version's
+    if conf[2] ~= '1' or not redis.call('HGET', K.meta, 'log_stamp') then  -- no log yet
       redis.call('HSET', K.meta, 'tree', '1')
       masslog_reset(K)
     end
@@ -45,24 +45,22 @@ else
   conf[7] = '0'
   redis.call('HSET', K.meta, 'per_alpha', ARGV[1], 'per_eps', ARGV[2], 'per_initial', ARGV[3],
     'tree_mass', 'per', 'per_fill', 0, 'per_fill_end', conf[8] or 0)
-  redis.call('HDEL', K.meta, 'per_sum', 'per_comp', 'per_nonzero')
-  redis.call('HSET', K.meta, 'per_mass', 0, 'per_mass_comp', 0)
+  redis.call('HDEL', K.meta, 'per_sum', 'per_comp', 'per_nonzero', 'per_max')
 end
 local fill_end = redis.call('HGET', K.meta, 'per_fill_end')
 local ids = redis.call('ZRANGEBYSCORE', K.order, '(' .. conf[7], fill_end, 'LIMIT', 0, slice)
-local scores = zmscore_chunked(K.per, ids)
+local scores = per_texts(K, ids)
 local missing, values = {}, {}
 for i, id in ipairs(ids) do
-  if scores[i] then
-    values[#values + 1] = tonumber(scores[i])
-  else
-    missing[#missing + 1] = fmt(initial)
+  if not scores[i] then
     missing[#missing + 1] = id
+    missing[#missing + 1] = fmt(initial)
     values[#values + 1] = initial
   end
 end
-call_chunked('ZADD', K.per, missing)
+call_chunked('HSET', K.per, missing)
 per_account(K, {}, values)
+if #values > 0 then per_raise_max(K, initial) end
 if #ids == slice then
   redis.call('HSET', K.meta, 'per_fill', tonumber(ids[#ids]))
   return 2

@@ -1,8 +1,7 @@
 -- Turn on prioritized sampling by softmax of log-rewards: from now on every change to the
 -- prio zset is appended to the mass log (lua/_masslog.lua), whichever process writes, and
 -- samplers draw from replicas of it (redisbuf/sampling/replica.py). O(1): a replica reads the prio
--- zset itself. Sum-tree keys left by an earlier version are unlinked (freed in the
--- background) and its meta fields deleted.
+-- zset itself.
 -- @include common
 -- @include masslog
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order

@@ -57,27 +57,30 @@ redis.call('HSET', meta, 'inserted', string.format('%.0f', inserted),
   'evicted', string.format('%.0f', inserted - length), 'sampled', ARGV[2],
   'last_id', string.format('%.0f', last),
   'present_uses', string.format('%.0f', used))
-redis.call('HDEL', meta, 'per_sum', 'per_comp', 'per_nonzero')
-if per then redis.call('HSET', meta, 'per_mass', 0, 'per_mass_comp', 0) end
+redis.call('HDEL', meta, 'per_sum', 'per_comp', 'per_nonzero', 'per_max', 'per_heap')
 if ARGV[3] ~= '' then
   redis.call('HSET', meta, 'schema', ARGV[3], 'kind', cjson.decode(ARGV[3])['kind'])
 end
 if per then
-  if redis.call('ZCARD', K.per) ~= length then  -- not every item has a saved priority
+  if redis.call('HLEN', K.per) ~= length then  -- not every item has a saved priority
     local present, missing = redis.call('ZRANGE', K.order, 0, -1), {}
-    local scores = zmscore_chunked(K.per, present)
+    local scores = per_texts(K, present)
     for i = 1, #present do
       if not scores[i] then
-        missing[#missing + 1] = conf[6] or '1'
         missing[#missing + 1] = present[i]
+        missing[#missing + 1] = conf[6] or '1'
       end
     end
-    call_chunked('ZADD', K.per, missing)
+    call_chunked('HSET', K.per, missing)
   end
-  local values = {}
-  local entries = redis.call('ZRANGE', K.per, 0, -1, 'WITHSCORES')
-  for i = 2, #entries, 2 do values[#values + 1] = tonumber(entries[i]) end
+  local values, top = {}, 0
+  local entries = redis.call('HVALS', K.per)
+  for i = 1, #entries do
+    values[i] = tonumber(entries[i])
+    if values[i] > top then top = values[i] end
+  end
   per_account(K, {}, values)
+  if #values > 0 then per_raise_max(K, top) end
 end
 if per or conf[3] == '1' then  -- every replica reads the restored content
   redis.call('HSET', meta, 'tree', '1')

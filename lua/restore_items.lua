@@ -30,8 +30,8 @@ for k = 1, n do
       return fail('RB_INVALID', 'item ' .. ids[k] .. ' has PER priority ' .. text
         .. '; priorities must be finite and >= 0')
     end
-    per_pairs[#per_pairs + 1] = fmt(value)
     per_pairs[#per_pairs + 1] = ids[k]
+    per_pairs[#per_pairs + 1] = fmt(value)
   end
   -- compared as text: 2^53 + 1 would round to 2^53 as a number
   if not string.match(uses, '^%d+$') or #uses > 16
@@ -44,6 +44,6 @@ for k = 1, n do
     use_pairs[#use_pairs + 1] = uses
   end
 end
-call_chunked('ZADD', K.per, per_pairs)
+call_chunked('HSET', K.per, per_pairs)
 call_chunked('HSET', K.uses, use_pairs)
 return n

@@ -5,7 +5,9 @@
 -- @include items
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1] n  ARGV[2] order: "fifo" | "lifo" | "max" | "min"
--- ARGV[3] heap score: "log_reward" (prio zset) | "priority" (per zset, PER priorities)
+-- ARGV[3] heap score: "log_reward" (prio zset) | "priority" (PER priorities: the per_heap
+-- zset, built from the per hash on the first such call, O(length) once, and kept in step
+-- by every later change, see lua/_items.lua)
 -- ARGV[4] "1" = also return blobs  ARGV[5] unused (the samplers' uniforms slot)
 -- Returns the first n ids of the order, {id_1..id_n}, and, if asked, {blob_1..blob_n}
 -- after them: fifo = oldest first, lifo = newest first, max / min = highest / lowest score
@@ -20,7 +22,18 @@ if mode == 'max' or mode == 'min' then
     if redis.call('HGET', K.meta, 'tree_mass') ~= 'per' then
       return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' has no PER priorities (use PERSampler)')
     end
-    source = K.per
+    if redis.call('HGET', K.meta, 'per_heap') ~= '1' then
+      local flat = redis.call('HGETALL', K.per)
+      redis.call('UNLINK', K.per_heap)
+      local scored = {}
+      for i = 1, #flat, 2 do
+        scored[#scored + 1] = flat[i + 1]
+        scored[#scored + 1] = flat[i]
+      end
+      call_chunked('ZADD', K.per_heap, scored)
+      redis.call('HSET', K.meta, 'per_heap', '1')
+    end
+    source = K.per_heap
   end
 end
 local len = redis.call('ZCARD', K.order)

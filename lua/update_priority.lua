@@ -5,17 +5,18 @@
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1..] id_1, priority_1, ..., id_n, priority_n  (ids 12-digit, priorities as text)
 -- Ids no longer stored (evicted, removed) are skipped; for a repeated id the last priority
--- wins. O(1) server work per id besides the per zset's O(log n): one ZMSCORE, one ZADD and
--- one mass-log entry for the whole call (samplers' replicas re-weigh the items).
--- Returns {updated, log_epoch, log_version before, log_version after}: the number of
--- distinct ids updated, and what a replica at the version before needs to apply this
--- change itself (the versions differ by one when this call's entry is the only change).
+-- wins. O(1) server work per id: one HMGET and one HSET of the per hash and one mass-log
+-- entry for the whole call (samplers' replicas re-weigh the items).
+-- Returns {updated, log_epoch, log_version before, log_version after, log_stamp before,
+-- log_stamp after}: the number of distinct ids updated, and what a replica at the version
+-- before needs to apply this change itself (the versions differ by one when this call's
+-- entry is the only change).
 -- Errors: RB_NOBUF, RB_CONFIG (PER is not on), RB_BUSY (PER is being turned on: finish
 -- it with lua/enable_per.lua and call again), RB_INVALID (a priority that is NaN,
 -- negative or not finite; nothing is written).
 local K = buffer_keys(KEYS)
 local conf = redis.call('HMGET', K.meta, 'capacity', 'tree_mass', 'log_epoch', 'log_version',
-  'per_fill')
+  'per_fill', 'log_stamp')
 if not conf[1] then return fail('RB_NOBUF', 'buffer meta ' .. K.meta .. ' does not exist') end
 if conf[2] ~= 'per' then
   return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' has no PER priorities (use PERSampler)')
@@ -33,5 +34,5 @@ for i = 1, #ARGV / 2 do
   end
 end
 local updated = set_priorities(K, ids, values)
-local after = redis.call('HMGET', K.meta, 'log_epoch', 'log_version')
-return {updated, after[1] or '', conf[4] or '0', after[2] or '0'}
+local after = redis.call('HMGET', K.meta, 'log_epoch', 'log_version', 'log_stamp')
+return {updated, after[1] or '', conf[4] or '0', after[2] or '0', conf[6] or '', after[3] or ''}

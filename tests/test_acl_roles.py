@@ -95,10 +95,10 @@ def test_learner_samples_and_updates_priorities(setup, real_client):
     reply = _fcall(learner, "rb_sample_uniform", name, 2, 0, 1, bytes(12))
     assert reply[2:4] == [b"000000000001", b"000000000002"]
     assert _fcall(learner, "rb_update_priority", name, "000000000001", "3.5")[0] == 1
-    assert real_client.zscore(buffer.keys.per, "000000000001") == 3.5
+    assert float(real_client.hget(buffer.keys.per, "000000000001")) == 3.5
     _refused(
         real_client,
-        lambda: learner.zadd(BufferKeys(other).per, {"000000000002": 9}),
+        lambda: learner.hset(BufferKeys(other).per, "000000000002", 9),
         lambda: learner.flushdb(),
         lambda: _fcall(learner, "rb_update_priority", other, "000000000001", "1"),
         lambda: learner.execute_command("FUNCTION", "FLUSH"),

@@ -122,7 +122,7 @@ def test_apex_learns_cartpole_and_leaves_the_buffer_consistent(redis_server, rea
     stats = buffer.stats()
     assert stats["length"] <= capacity
     assert stats["inserted"] - stats["evicted"] == stats["length"] == result.buffer_length
-    per = dict(real_client.zrange(keys.per, 0, -1, withscores=True))
+    per = real_client.hgetall(keys.per)
     order = real_client.zrange(keys.order, 0, -1)
     assert len(per) == len(order) == real_client.hlen(keys.items) == stats["length"]
     assert set(per) == set(order)

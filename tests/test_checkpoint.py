@@ -49,7 +49,8 @@ def _rewards_in_order(client, name: str) -> list[float]:
 
 def _per_in_order(client, name: str) -> list[float]:
     keys = BufferKeys(name)
-    return client.zmscore(keys.per, client.zrange(keys.order, 0, -1))
+    return [None if v is None else float(v)
+            for v in client.hmget(keys.per, client.zrange(keys.order, 0, -1))]
 
 
 @pytest.fixture
@@ -202,7 +203,7 @@ def test_format_1_checkpoints_load_as_before(client, per_source, tmp_path, how):
         assert buffer.stats()["mean_use_present"] == 0.0
     assert _per_in_order(client, target.name) == [INITIAL] * 12
     assert_matches(client, target.name, per_scores(client, target.name), ALPHA, EPS)
-    assert client.zcard(plain.keys.per) == 0
+    assert client.hlen(plain.keys.per) == 0
 
 
 def test_format_1_records_of_format_2_width_are_refused(client, per_source, tmp_path):
@@ -249,7 +250,7 @@ def test_per_checkpoint_into_a_buffer_without_per(client, per_source, tmp_path, 
         _save_load(per_source, target, how, tmp_path)
     assert snapshot(client, target.name) == before
     _save_load(per_source, target, how, tmp_path, drop_per_priorities=True)
-    assert len(target) == 12 and client.zcard(target.keys.per) == 0
+    assert len(target) == 12 and client.hlen(target.keys.per) == 0
     assert _uses(client, target.name) == saved_uses
     if kind == "softmax":
         assert_tree_consistent(client, target.name)
@@ -432,4 +433,4 @@ def test_a_file_written_by_the_format_1_code_loads_as_before(client, buffer_name
         assert buffer.stats()["sampled"] == 3
     assert _per_in_order(client, per.name) == [INITIAL] * 4
     assert_matches(client, per.name, per_scores(client, per.name), ALPHA, EPS)
-    assert client.zcard(plain.keys.per) == 0
+    assert client.hlen(plain.keys.per) == 0

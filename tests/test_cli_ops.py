@@ -416,7 +416,7 @@ def test_export_import_keep_per_priorities_and_use_counts(url, real_client, tmp_
     def in_order(client, name):
         keys = BufferKeys(name)
         members = client.zrange(keys.order, 0, -1)
-        per = client.zmscore(keys.per, members)
+        per = [None if v is None else float(v) for v in client.hmget(keys.per, members)]
         return per, [int(u or 0) for u in client.hmget(keys.uses, members)]
 
     with EmbeddedServer() as other:

@@ -210,7 +210,7 @@ def test_rb_update_priority_moves_the_python_samplers_draws(client, buffer_name)
     assert _snapshot(client, buffer_name) == before
     # PER priorities given with rb_add (options JSON, as ReplayBuffer.add(priorities=))
     assert _fcall_add(client, buffer_name, _batch(1, 4), options='{"per_priorities":["7"]}')
-    assert client.zscore(buffer.keys.per, "000000000005") == 7.0
+    assert float(client.hget(buffer.keys.per, "000000000005")) == 7.0
 
 
 def test_a_user_without_function_permission_still_opens_buffers(real_client, buffer_name):

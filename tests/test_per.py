@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_bad_input import snapshot
-from tree_helpers import followed_masses, fresh_replica, replica_masses
+from tree_helpers import followed_masses
 
 from redisbuf import (
     BufferKeys,
@@ -40,7 +40,7 @@ def batch(values, rewards=None):
 
 
 def per_scores(client, name: str) -> dict[int, float]:
-    return {int(m): s for m, s in client.zrange(BufferKeys(name).per, 0, -1, withscores=True)}
+    return {int(m): float(s) for m, s in client.hgetall(BufferKeys(name).per).items()}
 
 
 def leaf_masses(client, name: str) -> dict[int, float]:
@@ -106,15 +106,15 @@ def test_priorities_follow_the_model_after_every_step(
     model: dict[int, float] = {}
     rewards: dict[int, float] = {}
     order: list[int] = []
+    running_max = initial  # the new-item rule: the highest priority ever set, or initial
     for op in ops:
         if op[0] == "add":
             values = op[1]
             explicit = [abs(v) * 1.25 for v in values] if op[2] else None
-            start = max(model.values(), default=0.0)
             result = buffer.add(batch(values), priorities=explicit)
             new = result.ids.tolist()
             for k, item_id in enumerate(new):
-                model[item_id] = explicit[k] if explicit else max(initial, start)
+                model[item_id] = explicit[k] if explicit else running_max
                 rewards[item_id] = float(values[k])
                 order.append(item_id)
             excess = len(order) - capacity
@@ -128,6 +128,7 @@ def test_priorities_follow_the_model_after_every_step(
                     del model[victim]
                     del rewards[victim]
             assert result.evicted == max(excess, 0)
+            running_max = max([running_max, *(explicit or [])])
         else:
             ids, values = op[1], op[2][: len(op[1])]
             latest = dict(zip(ids, values, strict=True))
@@ -136,10 +137,14 @@ def test_priorities_follow_the_model_after_every_step(
             for item_id, value in latest.items():
                 if item_id in model:
                     model[item_id] = value
+                    running_max = max(running_max, value)
         assert_matches(client, buffer_name, model, alpha, eps)
 
 
-def test_new_items_get_the_highest_priority_present(client, buffer_name):
+def test_new_items_get_the_highest_priority_ever_set(client, buffer_name):
+    """The new-item rule is a running max (DI-engine's and TorchRL's): max(initial
+    priority, the highest priority set since PER was turned on or the buffer cleared),
+    kept in meta ``per_max``, so an add never scans the priorities."""
     buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(initial_priority=2))
     first = buffer.add(batch([0, 1])).ids
     assert per_scores(client, buffer_name) == {int(i): 2.0 for i in first}
@@ -151,7 +156,11 @@ def test_new_items_get_the_highest_priority_present(client, buffer_name):
     third = buffer.add(batch([4]), priorities=[0.75]).ids
     assert per_scores(client, buffer_name)[int(third[0])] == 0.75
     fourth = buffer.add(batch([5])).ids
-    assert per_scores(client, buffer_name)[int(fourth[0])] == 2.0  # initial beats 1.0
+    assert per_scores(client, buffer_name)[int(fourth[0])] == 5.0  # 5.0 was set once
+    assert float(client.hget(BufferKeys(buffer_name).meta, "per_max")) == 5.0
+    buffer.clear()
+    fifth = buffer.add(batch([6])).ids
+    assert per_scores(client, buffer_name)[int(fifth[0])] == 2.0  # cleared: the initial
 
 
 def test_eviction_follows_log_rewards_not_per_priorities(client, buffer_name):
@@ -380,44 +389,3 @@ def test_draws_follow_priorities_after_evictions_reuse_slots(client, buffer_name
     assert chi2 < chi2_limit(len(ids) - 1), (observed, p * draws)
 
 
-def _to_earlier_layout(client, name: str) -> None:
-    """Make the buffer look as an earlier version left it: its sum tree in the server
-    (keys tree, tree:ids, tree:slots, tree:free and meta tree_layout), no mass log."""
-    keys = BufferKeys(name)
-    client.hset(keys.tree, mapping={0: b"x" * 384})
-    client.hset(keys.tree_ids, mapping={0: b"%012d" % 1})
-    client.hset(keys.tree_slots, mapping={0: b"%010d" % 0})
-    client.rpush(keys.tree_free, 3)
-    client.hset(keys.meta, mapping={"tree_layout": 2, "tree_depth": 2, "tree_ref": 0})
-    client.delete(keys.masslog)
-    client.hdel(keys.meta, "log_epoch", "log_version", "log_first", "log_ids")
-
-
-@pytest.mark.parametrize("first", ["sample", "add", "update_priority"])
-def test_a_buffer_of_the_server_side_tree_keeps_its_priorities(client, buffer_name, first):
-    """A buffer written by a version that kept the sum tree in the server: its first
-    prioritized operation deletes the tree's keys and starts the mass log; priorities and
-    the law of draws are kept."""
-    buffer = ReplayBuffer(client, buffer_name, capacity=30, sampler=PERSampler(eps=0.1), seed=4)
-    ids = buffer.add(batch(np.arange(12))).ids
-    buffer.update_priority(ids, np.arange(12) % 4)
-    _to_earlier_layout(client, buffer_name)
-    other = ReplayBuffer(client, buffer_name, capacity=None, seed=5)
-    other.sampler = PERSampler(eps=0.1)
-    if first == "sample":  # the replica finds no log: the sampler turns it on again
-        other.sample(5)
-    elif first == "add":
-        ids = np.concatenate([ids, buffer.add(batch(np.arange(3)), priorities=[5, 0, 1]).ids])
-    else:
-        buffer.update_priority(ids[:2], [3.0, 3.0])
-    keys = BufferKeys(buffer_name)
-    assert client.exists(keys.tree, keys.tree_ids, keys.tree_slots, keys.tree_free) == 0
-    assert client.hget(keys.meta, "tree_layout") is None
-    assert client.hget(keys.meta, "log_epoch") is not None
-    per = per_scores(client, buffer_name)
-    assert set(per) == {int(i) for i in ids}
-    masses = replica_masses(fresh_replica(client, buffer_name, "per"))
-    for i in per:
-        assert masses[i] == pytest.approx((per[i] + 0.1) ** 0.6, rel=1e-12)
-    info = other.sample_with_info(4)
-    assert set(info.ids.tolist()) <= set(per)

@@ -75,7 +75,7 @@ def test_concurrent_update_priority_stays_consistent(redis_server):
     errors = [r["error"] for r in reports if "error" in r]
     assert not errors, errors[0]
     keys = BufferKeys(name)
-    per = {int(m): s for m, s in client.zrange(keys.per, 0, -1, withscores=True)}
+    per = {int(m): float(s) for m, s in client.hgetall(keys.per).items()}
     present = {int(m) for m in client.zrange(keys.order, 0, -1)}
     assert set(per) == present and len(present) == CAPACITY
     written = {1000.0 * i + r + 1 for i in range(UPDATERS) for r in range(ROUNDS)}

@@ -27,17 +27,24 @@ def test_every_change_is_one_log_entry_and_a_follower_matches_a_fresh_read(clien
     keys = BufferKeys(buffer_name)
     followed_masses(client, buffer_name, "per")  # the follower starts here
     ids = buffer.add({"x": np.arange(8)}, priorities=np.arange(8.0)).ids
-    assert [e[:4] for e in client.lrange(keys.masslog, 0, -1)] == [b"X|0|", b"S|8|"]
-    buffer.add({"x": np.arange(4)})  # evicts 2: new items first, then the victims
-    assert [e[:4] for e in client.lrange(keys.masslog, -2, -1)] == [b"S|4|", b"R|2|"]
+    log = client.lrange(keys.masslog, 0, -1)
+    assert [e[:2] for e in log] == [b"X|", b"C|"] and log[1].startswith(b"C|8|")
+    buffer.add({"x": np.arange(4)})  # evicts 2: one entry, new items first, then the victims
+    entry = client.lrange(keys.masslog, -1, -1)[0]
+    _, count, _, rows, old, new = entry.split(b"|")
+    assert count == b"6" and rows.split(b",")[4:] == [b"%012d" % i for i in ids[:2]]
+    assert old.split(b",") == [b"nan"] * 4 + [b"0", b"1"]  # the victims' priorities before
+    assert new.split(b",") == [b"7"] * 4 + [b"nan"] * 2  # the running max, then removed
     buffer.update_priority(ids[2:5], [9.0, 0.0, 2.5])
-    assert client.lrange(keys.masslog, -1, -1)[0].startswith(b"S|3|")
+    entry = client.lrange(keys.masslog, -1, -1)[0]
+    assert entry.startswith(b"C|3|") and entry.endswith(b"|2,3,4|9,0,2.5")
     masses = followed_masses(client, buffer_name, "per")
     assert masses[int(ids[3])] == pytest.approx(1e-6**0.6)
     assert masses[int(ids[2])] == pytest.approx((9 + 1e-6) ** 0.6)
     assert int(ids[0]) not in masses and len(masses) == 10
     buffer.clear()  # a new epoch: the follower reads everything again
-    assert client.lrange(keys.masslog, 0, -1) == [b"X|0||"]
+    log = client.lrange(keys.masslog, 0, -1)
+    assert len(log) == 1 and log[0].startswith(b"X|0|")
     assert followed_masses(client, buffer_name, "per") == {}
 
 
@@ -213,13 +220,13 @@ def test_per_is_turned_on_a_slice_at_a_time(client, buffer_name, monkeypatch):
     args = ["0.6", "1e-06", "2.0", 7]
     assert plain._run("enable_per", keys.all_keys(), args) == 2  # 7 of 30 done
     assert client.hget(keys.meta, "per_fill") == str(ids[6]).encode()
-    assert client.zcard(keys.per) == 7 and client.hget(keys.meta, "tree") != b"1"
+    assert client.hlen(keys.per) == 7 and client.hget(keys.meta, "tree") != b"1"
     new = plain.add({"x": np.arange(2)}).ids  # a new item gets its priority at once
-    assert client.zscore(keys.per, b"%012d" % new[0]) == 2.0
+    assert float(client.hget(keys.per, b"%012d" % new[0])) == 2.0
     monkeypatch.setattr(samplers, "PER_FILL_SLICE", 7)
     assert plain.update_priority(ids[20:22], [5.0, 6.0]) == 2  # finished the fill first
     assert client.hget(keys.meta, "per_fill") is None and client.hget(keys.meta, "tree") == b"1"
-    per = {int(m): s for m, s in client.zrange(keys.per, 0, -1, withscores=True)}
+    per = {int(m): float(s) for m, s in client.hgetall(keys.per).items()}
     assert per == {**dict.fromkeys([int(i) for i in ids], 2.0), int(new[0]): 2.0,
                    int(new[1]): 2.0, int(ids[20]): 5.0, int(ids[21]): 6.0}
     meta = client.hmget(keys.meta, "per_sum", "per_comp", "per_nonzero")
@@ -260,21 +267,13 @@ def test_a_stale_draw_is_corrected_to_the_current_law(client, buffer_name):
 
 
 def _snapshot(replica: MassReplica) -> dict:
-    return {
-        "slot_of": dict(replica.slot_of), "ids": replica.ids.copy(),
-        "scores": replica.scores.copy(), "free": list(replica.free),
-        "next_slot": replica.next_slot, "sums": replica.tree.sums.copy(),
-        "mins": replica.tree.mins.copy(), "positive": replica.positive,
-        "version": replica.version,
-    }
+    return {key: (value.copy() if isinstance(value, np.ndarray) else value)
+            for key, value in vars(replica).items() if key != "lock"}
 
 
 def _restore(replica: MassReplica, state: dict) -> None:
-    replica.slot_of, replica.ids = dict(state["slot_of"]), state["ids"].copy()
-    replica.scores, replica.free = state["scores"].copy(), list(state["free"])
-    replica.next_slot, replica.positive = state["next_slot"], state["positive"]
-    replica.tree.sums, replica.tree.mins = state["sums"].copy(), state["mins"].copy()
-    replica.version, replica.fresh = state["version"], False
+    for key, value in state.items():
+        setattr(replica, key, value.copy() if isinstance(value, np.ndarray) else value)
 
 
 def test_the_server_corrects_a_stale_per_draw_to_the_current_law(
@@ -297,8 +296,7 @@ def test_the_server_corrects_a_stale_per_draw_to_the_current_law(
     other = _per_buffer(client, buffer_name, capacity=16, alpha=1.0, eps=0.0)
     added = other.add({"x": np.arange(6)}, priorities=[30.0, 1.0, 5.0, 2.0, 2.0, 2.0]).ids
     other.update_priority(ids[4:8], [0.0, 20.0, 2.0, 9.0])
-    per = {int(m): s for m, s in client.zrange(BufferKeys(buffer_name).per, 0, -1,
-                                                 withscores=True)}
+    per = {int(m): float(s) for m, s in client.hgetall(BufferKeys(buffer_name).per).items()}
     assert int(ids[0]) not in per and int(added[0]) in per  # 2 evicted by the add
     members = np.array(sorted(per))
     p = np.array([per[i] for i in members]) / sum(per.values())

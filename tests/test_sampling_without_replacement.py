@@ -230,7 +230,7 @@ def test_a_round_of_draws_keeps_first_occurrences_and_replaces_repeats(client, b
     assert probabilities == pytest.approx([0.25, 2 / 3, 1.0], rel=1e-12)
     # the replica's tree is as before the draws
     replica = replica_of(buffer, "softmax")
-    assert replica.tree.total == pytest.approx(2.0)  # masses relative to the largest
+    assert replica.total == pytest.approx(2.0)  # masses relative to the largest
 
 
 def test_repeats_replaced_in_rounds_keep_the_law_of_successive_draws(client, buffer_name):

@@ -24,29 +24,31 @@ def fresh_replica(client: Any, name: str, rule: str) -> MassReplica:
     return replica
 
 
+def _held(replica: MassReplica) -> np.ndarray:
+    return np.flatnonzero(~np.isnan(replica.scores[: replica.count]))
+
+
 def replica_scores(replica: MassReplica) -> dict[int, float]:
-    return {item: float(replica.scores[slot]) for item, slot in replica.slot_of.items()}
+    slots = _held(replica)
+    return dict(zip(replica.ids[slots].tolist(), replica.scores[slots].tolist(), strict=True))
 
 
 def replica_masses(replica: MassReplica) -> dict[int, float]:
-    return {
-        item: float(replica.tree.sums[slot + replica.tree.size])
-        for item, slot in replica.slot_of.items()
-    }
+    slots = _held(replica)
+    return dict(zip(replica.ids[slots].tolist(), replica.masses[slots].tolist(), strict=True))
 
 
 def assert_tree_sums(replica: MassReplica) -> None:
-    """Every internal node of the replica's trees is the sum (min) of its children, and
-    free leaves hold no mass."""
-    tree = replica.tree
-    size = tree.size
-    left = np.arange(2, 2 * size, 2)
-    np.testing.assert_allclose(tree.sums[1:size], tree.sums[left] + tree.sums[left + 1],
-                               rtol=1e-12, atol=1e-300)
-    assert (tree.mins[1:size] == np.minimum(tree.mins[left], tree.mins[left + 1])).all()
-    unused = replica.ids < 0
-    assert (tree.sums[size:][unused] == 0).all()
-    assert set(replica.ids[~unused].tolist()) == set(replica.slot_of)
+    """Every block's sum (and smallest non-zero mass) is that of its slots, holes and
+    unused slots hold no mass, and the ids in use are in ascending order."""
+    blocks = replica.masses.reshape(-1, 256)
+    np.testing.assert_allclose(replica.block_sums, blocks.sum(axis=1), rtol=1e-12,
+                               atol=1e-300)
+    assert (replica.block_mins == np.where(blocks > 0, blocks, np.inf).min(axis=1)).all()
+    holes = np.isnan(replica.scores)
+    assert (replica.masses[holes] == 0).all()
+    assert (np.diff(replica.ids[: replica.count]) > 0).all()
+    assert len(replica) == len(_held(replica))
 
 
 def followed_masses(client: Any, name: str, rule: str) -> dict[int, float]:

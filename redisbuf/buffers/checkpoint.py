@@ -107,7 +107,7 @@ class Checkpointing:
             pipe.zmscore(self.keys.prio, members)
             pipe.hmget(self.keys.uses, members)
             if per:
-                pipe.zmscore(self.keys.per, members)
+                pipe.hmget(self.keys.per, members)
             blobs, scores, uses, *rest = pipe.execute()
             pers = rest[0] if per else [None] * len(members)
             for member, blob, score, used, priority in zip(
@@ -115,7 +115,8 @@ class Checkpointing:
             ):
                 if blob is None or score is None or (per and priority is None):
                     continue  # evicted while we read
-                yield int(member), float(score), blob, priority, int(used or 0)
+                yield (int(member), float(score), blob,
+                       None if priority is None else float(priority), int(used or 0))
             start += len(members)
 
     def state_dict(self) -> dict[str, Any]:

@@ -732,9 +732,10 @@ class ReplayBuffer(Inserting, Checkpointing):
         the whole call. Ids no longer stored (evicted) are skipped; for a repeated id the
         last priority wins. Returns how many distinct ids were updated. A priority that is
         NaN, negative or not finite raises :class:`InvalidBatchError` and changes nothing.
-        The server's work is a sorted-set update and one log entry; samplers re-weigh the
-        items in their replicas when they next draw (this process's replica at once, when
-        nothing else changed the buffer since it was current)."""
+        The server's work is constant per id whatever the buffer's size (one HMGET and
+        one HSET of the ``per`` hash, one log entry); samplers re-weigh the items in their
+        replicas when they next draw (this process's replica at once, when nothing else
+        changed the buffer since it was current)."""
         id_list = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
         texts = _per_priority_texts(priorities, len(id_list))
         if not id_list:
@@ -749,20 +750,25 @@ class ReplayBuffer(Inserting, Checkpointing):
                 raise
             finish_turning_per_on(self)  # another process began turning PER on
             reply = self._run("update_priority", self.keys.all_keys(), args)
-        updated, epoch, before, after = reply
+        updated, epoch, before, after, stamp_before, stamp_after = reply
         replica = getattr(self, "_replicas", {}).get("per")
         if replica is not None:
             with replica.lock:
                 if (
                     replica.epoch == _text(epoch)
                     and replica.version == int(before)
+                    and replica.stamp == _text(stamp_before)
                     and int(after) == int(before) + 1
                 ):
                     # this call's entry is the only change since the replica's version
-                    latest = dict(zip(id_list, map(float, texts), strict=True))
-                    known = [i for i in latest if i in replica.slot_of]
-                    replica.set_scores(known, np.array([latest[i] for i in known]))
+                    id_array = np.array(id_list, dtype=np.int64)
+                    values = np.array(texts, dtype=np.float64)
+                    last = len(id_array) - 1 - np.unique(id_array[::-1], return_index=True)[1]
+                    id_array, values = id_array[last], values[last]
+                    held = replica.slots_of(id_array) >= 0
+                    replica.set_scores(id_array[held], values[held])
                     replica.version = int(after)
+                    replica.stamp = _text(stamp_after)
         return int(updated)
 
     def get(self, ids: list[int] | np.ndarray) -> Any:
@@ -868,8 +874,9 @@ class ReplayBuffer(Inserting, Checkpointing):
             for key in self.client.scan_iter(match=self.keys.pattern, count=1000)
         }
         extra = sorted(key for key in found - set(self.keys.all_keys()) if self.keys.owns(key))
-        # one DEL: the buffer's own keys and whatever else of it the SCAN found go together
-        self.client.delete(*self.keys.all_keys(), *extra)
+        # one UNLINK: the buffer's own keys and whatever else of it the SCAN found go
+        # together, and the server frees large values in the background (no long command)
+        self.client.unlink(*self.keys.all_keys(), *extra)
         self._forget_schema()
 
 def _text(value: Any) -> str:

@@ -425,7 +425,8 @@ class ShardedReplayBuffer(ShardedCheckpointing):
         def command(pipe: Any, shard: ReplayBuffer) -> None:
             replica = replicas[self.shards.index(shard)]
             keys = shard.keys.all_keys()
-            args = [replica.epoch, replica.version] if replica is not None else ["", 0]
+            args = ([replica.epoch, replica.version, replica.stamp] if replica is not None
+                    else ["", 0, ""])
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
 
         replies = self._per_shard(command)
@@ -465,8 +466,8 @@ class ShardedReplayBuffer(ShardedCheckpointing):
                     "log-reward +inf: the softmax of log-rewards is undefined; sample "
                     "uniformly or remove them"
                 )
-            if replica.tree.total > 0:
-                log_mass[k] = math.log(replica.tree.total) + replica.ref
+            if replica.total > 0:
+                log_mass[k] = math.log(replica.total) + replica.ref
         return sizes, drawable, log_mass
 
     def _shard_draw(self, k: int, n: int, replacement: bool) -> Draw:
@@ -579,7 +580,7 @@ class ShardedReplayBuffer(ShardedCheckpointing):
         sum of every shard's masses``; the counts per shard by multinomial over the
         shards' total masses, then each shard's draw, committed by that shard."""
         replicas = self._replicas("per")
-        totals = np.array([r.tree.total if r.positive else 0.0 for r in replicas])
+        totals = np.array([r.total if r.positive else 0.0 for r in replicas])
         grand = float(totals.sum())
         if grand <= 0:
             raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty (no item with a "
@@ -604,7 +605,7 @@ class ShardedReplayBuffer(ShardedCheckpointing):
         first = next(iter(drawn))
         mass = np.concatenate(masses)
         priority = np.concatenate(scores)
-        min_mass = min(r.tree.min_mass for r in replicas)
+        min_mass = min(r.min_mass for r in replicas)
         nonzero = sum(d.per_nonzero for d in drawn.values())
         mean = sum(d.per_sum for d in drawn.values()) / nonzero if nonzero else 0.0
         self._last_weights = (

@@ -19,6 +19,8 @@ import numbers
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..errors import ConfigMismatchError
 
 if TYPE_CHECKING:
@@ -139,24 +141,30 @@ def lifetime_stats(meta: dict[str, str], length: int) -> dict[str, Any]:
 
 
 def priority_stats(buffer: ReplayBuffer, meta: dict[str, str]) -> dict[str, Any]:
-    """Priority min / mean / max: of PER priorities when the buffer keeps them (the mean
-    from the running sum PER maintains), else min / max of the log-rewards (no mean: it
-    would need a scan)."""
+    """Priority min / mean / max: of PER priorities when the buffer keeps them (min and max
+    from this process's replica of them, caught up now, as the ``per`` hash keeps no
+    order; the mean from the running sum PER maintains), else min / max of the
+    log-rewards (no mean: it would need a scan)."""
     keys = buffer.keys
+    if meta.get("tree_mass") == "per" and meta.get("tree") == "1":
+        from .replica import replica_of
+
+        replica = replica_of(buffer, "per")
+        with replica.lock:
+            replica.sync(buffer)
+            scores = replica.scores[: replica.count]
+            scores = scores[~np.isnan(scores)]
+            if len(scores):
+                total = float(meta.get("per_sum", 0)) + float(meta.get("per_comp", 0))
+                return {
+                    "priority_min": float(scores.min()),
+                    "priority_mean": total / len(scores) if "per_sum" in meta else None,
+                    "priority_max": float(scores.max()),
+                }
     pipe = buffer.client.pipeline(transaction=False)
-    pipe.zcard(keys.per)
-    pipe.zrange(keys.per, 0, 0, withscores=True)
-    pipe.zrange(keys.per, -1, -1, withscores=True)
     pipe.zrange(keys.prio, 0, 0, withscores=True)
     pipe.zrange(keys.prio, -1, -1, withscores=True)
-    per_count, per_low, per_high, low, high = pipe.execute()
-    if per_count:
-        total = float(meta.get("per_sum", 0)) + float(meta.get("per_comp", 0))
-        return {
-            "priority_min": float(per_low[0][1]),
-            "priority_mean": total / per_count if "per_sum" in meta else None,
-            "priority_max": float(per_high[0][1]),
-        }
+    low, high = pipe.execute()
     return {
         "priority_min": float(low[0][1]) if low else None,
         "priority_mean": None,

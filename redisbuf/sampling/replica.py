@@ -1,20 +1,20 @@
 """A sampling process's replica of a buffer's scores, for prioritized draws.
 
 The server keeps the scores (log-rewards in the ``prio`` zset, PER priorities in the
-``per`` zset) and, while prioritized sampling is on, a log of every change to them
-(``lua/_masslog.lua``). A :class:`MassReplica` holds a copy of the scores with a sum tree
-(and a min tree) over their masses in numpy, brought up to date from that log, so a draw
-costs the server one check and the blob read however large the buffer is, and the
-descent happens in the process that samples. ``lua/sample_prioritized.lua`` commits a
-draw only when the replica was current (or, for a replica caught up after the sample
-began, when every drawn item is still present): draws always follow every change made
-before the sample began.
+``per`` hash) and, while prioritized sampling is on, a log of every change to them
+(``lua/_masslog.lua``). A :class:`MassReplica` holds a copy of the scores in dense numpy
+arrays sorted by item id (ids, scores, masses: 24 bytes an item) with the sum and the
+smallest non-zero mass of every block of 256 items, brought up to date from that log
+with vectorised numpy, so a draw costs the server one check and the blob read however
+large the buffer is. ``lua/sample_prioritized.lua`` commits a draw only when the replica
+was current, or corrects a draw with replacement to the law at the commit: draws always
+follow every change made before the commit.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,74 +28,49 @@ if TYPE_CHECKING:
 # ref by this much (exp stays far from overflow) or the mass underflows.
 _REBASE = 300.0
 _UNDERFLOW = float(np.exp(-_REBASE))
-_SCAN_COUNT = 5_000
-_MIN_LEAVES = 1024
+_BLOCK = 256
+# The first read: a SCAN step of this COUNT per call (lua/replica_read.lua), each call tens
+# of milliseconds of server time at most, and the log kept for the reader meanwhile.
+_SCAN_COUNT = 20_000
+_PIN_MS = 10_000
+_LOAD_ATTEMPTS = 20
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class _SumMinTree:
-    """Binary sum tree and min tree over ``size`` (a power of two) leaf masses; the root is
-    node 1 and leaf ``s`` is node ``size + s``. The min tree holds +inf for mass 0, so its
-    root is the smallest non-zero mass."""
+def _numbers(text: bytes, dtype: Any) -> np.ndarray:
+    """Comma-separated numbers (``nan``, ``inf`` and ``-inf`` too) as an array."""
+    if not text:
+        return np.empty(0, dtype=dtype)
+    return np.array(text.split(b","), dtype=dtype)
 
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.depth = size.bit_length() - 1
-        self.sums = np.zeros(2 * size)
-        self.mins = np.full(2 * size, np.inf)
 
-    def rebuild(self, masses: np.ndarray) -> None:
-        size = self.size
-        self.sums[size:] = masses
-        self.mins[size:] = np.where(masses > 0, masses, np.inf)
-        width = size // 2
-        while width >= 1:
-            left = np.arange(2 * width, 4 * width, 2)
-            self.sums[width : 2 * width] = self.sums[left] + self.sums[left + 1]
-            self.mins[width : 2 * width] = np.minimum(self.mins[left], self.mins[left + 1])
-            width //= 2
-
-    def set(self, slots: np.ndarray, masses: np.ndarray) -> None:
-        if len(slots) == 0:
-            return
-        nodes = slots + self.size
-        self.sums[nodes] = masses
-        self.mins[nodes] = np.where(masses > 0, masses, np.inf)
-        # a parent listed twice is recomputed twice from the same children: no dedup needed
-        for _ in range(self.depth):
-            nodes >>= 1
-            left = 2 * nodes
-            self.sums[nodes] = self.sums[left] + self.sums[left + 1]
-            self.mins[nodes] = np.minimum(self.mins[left], self.mins[left + 1])
-
-    @property
-    def total(self) -> float:
-        return float(self.sums[1])
-
-    @property
-    def min_mass(self) -> float:
-        return float(self.mins[1])
-
-    def descend(self, targets: np.ndarray) -> np.ndarray:
-        """The leaf each target (in [0, total)) falls in, all descents advancing together."""
-        nodes = np.ones(len(targets), dtype=np.int64)
-        targets = targets.copy()
-        while nodes[0] < self.size:
-            left = 2 * nodes
-            left_mass = self.sums[left]
-            right = targets >= left_mass
-            targets -= np.where(right, left_mass, 0.0)
-            nodes = left + right
-        return nodes - self.size
+def parse_entry(entry: bytes) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ids, new scores; NaN = removed) of one mass-log entry, rows in order; None for an
+    X entry (everything must be read again)."""
+    if entry[:1] == b"X":
+        return None
+    _, count, _, ids, _, new = entry.split(b"|", 5)
+    k = int(count)
+    id_array = _numbers(ids, np.int64)
+    if not new:
+        scores = np.full(k, np.nan)
+    else:
+        scores = _numbers(new, np.float64)
+        if len(scores) == 1 and k > 1:
+            scores = np.full(k, scores[0])
+    return id_array, scores
 
 
 class MassReplica:
     """Scores of one buffer's items under one mass rule, ``"softmax"`` (mass
     ``exp(log_reward)``) or ``"per"`` (mass ``(priority + eps) ** alpha``), as of log
-    version ``version`` of epoch ``epoch``."""
+    version ``version`` (entry stamp ``stamp``) of epoch ``epoch``.
+
+    Items live in slots in id order (``ids``, ``scores``, ``masses``); a removed item
+    leaves a hole (score NaN, mass 0) until the arrays are compacted."""
 
     def __init__(self, rule: str) -> None:
         if rule not in ("softmax", "per"):
@@ -106,30 +81,46 @@ class MassReplica:
         self.lock = threading.RLock()
         self.epoch = ""
         self.version = 0
-        # True once caught up after the current sample began: its draw may be committed
-        # by presence alone (see lua/sample_prioritized.lua)
-        self.fresh = False
-        #: spare draws the last PER commits needed (redisbuf/sampling/samplers.py _commit_corrected)
+        self.stamp = ""
+        #: spare draws the last PER commits needed (redisbuf/sampling/samplers.py)
         self.spares = 0
         self.alpha = 1.0
         self.eps = 0.0
         self.ref = 0.0
-        self._reset(_MIN_LEAVES)
+        self._set_arrays(np.empty(0, np.int64), np.empty(0))
 
-    def _reset(self, size: int) -> None:
-        self.slot_of: dict[int, int] = {}
-        self.ids = np.full(size, -1, dtype=np.int64)
-        self.scores = np.zeros(size)
-        self.free: list[int] = []
-        self.next_slot = 0
-        self.tree = _SumMinTree(size)
-        self.positive = 0  # items of nonzero mass
+    # -- storage ------------------------------------------------------------------------
+
+    def _set_arrays(self, ids: np.ndarray, scores: np.ndarray) -> None:
+        """Hold exactly these items (ids ascending, scores finite or +-inf)."""
+        count = len(ids)
+        size = max(_BLOCK, -(-int(count * 1.25 + _BLOCK) // _BLOCK) * _BLOCK)
+        self.ids = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)
+        self.scores = np.full(size, np.nan)
+        self.masses = np.zeros(size)
+        self.count = count  # slots in use (items and holes)
+        self.live = count
+        self.ids[:count] = ids
+        self.scores[:count] = scores
+        self.block_sums = np.zeros(size // _BLOCK)
+        self.block_mins = np.full(size // _BLOCK, np.inf)
+        self.positive = 0  # drawable items (finite log-reward; PER: mass > 0)
         self.infinite = 0  # items of log-reward +inf (softmax only)
+        self._count_scores(self.scores[:count], +1)
+        if self.rule == "softmax":
+            finite = scores[np.isfinite(scores)]
+            self.ref = float(finite.max()) if len(finite) else 0.0
+        self.masses[:count] = self.masses_of(scores)
+        self._refresh_blocks(0, len(self.block_sums))
 
     def __len__(self) -> int:
-        return len(self.slot_of)
+        return self.live
 
-    # -- masses -------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the replica's arrays."""
+        return sum(a.nbytes for a in (self.ids, self.scores, self.masses, self.block_sums,
+                                      self.block_mins))
 
     def masses_of(self, scores: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -138,191 +129,236 @@ class MassReplica:
                 out = np.where(base > 0, np.power(np.maximum(base, 0.0), self.alpha), 0.0)
             else:
                 out = np.where(np.isfinite(scores), np.exp(scores - self.ref), 0.0)
-        return out
+        return np.nan_to_num(out, nan=0.0)
 
-    def _rebase(self) -> None:
-        """Softmax: ref = the largest finite log-reward, every mass recomputed."""
-        used = self.ids >= 0
-        finite = used & np.isfinite(self.scores)
-        self.ref = float(self.scores[finite].max()) if finite.any() else 0.0
-        self.tree.rebuild(np.where(used, self.masses_of(self.scores), 0.0))
-
-    # -- changes ------------------------------------------------------------------------
-
-    def _grow(self, needed: int) -> None:
-        size = self.tree.size
-        while size < needed:
-            size *= 2
-        if size == self.tree.size:
-            return
-        ids, scores = self.ids, self.scores
-        self.ids = np.full(size, -1, dtype=np.int64)
-        self.ids[: len(ids)] = ids
-        self.scores = np.zeros(size)
-        self.scores[: len(scores)] = scores
-        self.tree = _SumMinTree(size)
-        used = self.ids >= 0
-        self.tree.rebuild(np.where(used, self.masses_of(self.scores), 0.0))
-
-    def _count(self, scores: np.ndarray, sign: int) -> None:
+    def _count_scores(self, scores: np.ndarray, sign: int) -> None:
+        scores = scores[~np.isnan(scores)]
         if self.rule == "per":
             drawable = scores + self.eps > 0
         else:
             drawable = np.isfinite(scores)
-        self.positive += sign * int(np.count_nonzero(drawable))
-        if self.rule == "softmax":
             self.infinite += sign * int(np.count_nonzero(scores == np.inf))
+        self.positive += sign * int(np.count_nonzero(drawable))
 
-    def set_scores(self, ids: Sequence[int], scores: np.ndarray) -> None:
-        """Items ``ids`` (new or present) now have ``scores``; a later duplicate wins."""
+    def _refresh_blocks(self, first: int, stop: int) -> None:
+        """Recompute the sums and minimums of blocks first .. stop - 1."""
+        if stop <= first:
+            return
+        view = self.masses[first * _BLOCK : stop * _BLOCK].reshape(-1, _BLOCK)
+        self.block_sums[first:stop] = view.sum(axis=1)
+        self.block_mins[first:stop] = np.where(view > 0, view, np.inf).min(axis=1)
+
+    def _refresh_slots(self, slots: np.ndarray) -> None:
+        for block in np.unique(slots // _BLOCK).tolist():
+            self._refresh_blocks(block, block + 1)
+
+    @property
+    def total(self) -> float:
+        return float(self.block_sums.sum())
+
+    @property
+    def min_mass(self) -> float:
+        return float(self.block_mins.min()) if len(self.block_mins) else float("inf")
+
+    def _rebase(self) -> None:
+        """Softmax: ref = the largest finite log-reward, every mass recomputed."""
+        scores = self.scores[: self.count]
+        finite = scores[np.isfinite(scores)]
+        self.ref = float(finite.max()) if len(finite) else 0.0
+        self.masses[: self.count] = self.masses_of(scores)
+        self._refresh_blocks(0, len(self.block_sums))
+
+    # -- changes ------------------------------------------------------------------------
+
+    def slots_of(self, ids: np.ndarray) -> np.ndarray:
+        """The slot of each id, -1 for an id not held."""
+        if self.count == 0 or len(ids) == 0:
+            return np.full(len(ids), -1, dtype=np.int64)
+        where = np.searchsorted(self.ids[: self.count], ids)
+        where = np.minimum(where, self.count - 1)
+        found = (self.ids[where] == ids) & ~np.isnan(self.scores[where])
+        return np.where(found, where, -1)
+
+    def _insert(self, ids: np.ndarray, scores: np.ndarray) -> None:
+        """Add items not held (ids distinct). Usually they follow every id held and are
+        appended; ids reserved by one writer and committed after another's go in place,
+        moving only the slots after them."""
+        order = np.argsort(ids, kind="stable")
+        ids, scores = ids[order], scores[order]
+        start = int(np.searchsorted(self.ids[: self.count], ids[0]))
+        needed = self.count + len(ids)
+        if needed > len(self.ids):
+            self._compact(extra=len(ids))
+            start = int(np.searchsorted(self.ids[: self.count], ids[0]))
+        tail_ids = self.ids[start : self.count].copy()
+        tail_scores = self.scores[start : self.count].copy()
+        merged_ids = np.concatenate([tail_ids, ids])
+        merged_scores = np.concatenate([tail_scores, scores])
+        if len(tail_ids):
+            order = np.argsort(merged_ids, kind="stable")
+            merged_ids, merged_scores = merged_ids[order], merged_scores[order]
+        stop = start + len(merged_ids)
+        self.ids[start:stop] = merged_ids
+        self.scores[start:stop] = merged_scores
+        self.masses[start:stop] = self.masses_of(merged_scores)
+        self.count = stop
+        self.live += len(ids)
+        self._count_scores(scores, +1)
+        self._refresh_blocks(start // _BLOCK, -(-stop // _BLOCK))
+
+    def _compact(self, extra: int = 0) -> None:
+        """Drop the holes (and make room for ``extra`` more items)."""
+        keep = ~np.isnan(self.scores[: self.count])
+        ids, scores = self.ids[: self.count][keep], self.scores[: self.count][keep]
+        ref = self.ref
+        count = len(ids)
+        size = max(_BLOCK, -(-int((count + extra) * 1.25 + _BLOCK) // _BLOCK) * _BLOCK)
+        self.ids = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)
+        self.scores = np.full(size, np.nan)
+        self.masses = np.zeros(size)
+        self.ids[:count], self.scores[:count] = ids, scores
+        self.ref = ref
+        self.masses[:count] = self.masses_of(scores)
+        self.count = count
+        self.block_sums = np.zeros(size // _BLOCK)
+        self.block_mins = np.full(size // _BLOCK, np.inf)
+        self._refresh_blocks(0, len(self.block_sums))
+
+    def set_scores(self, ids: np.ndarray, scores: np.ndarray) -> None:
+        """Items ``ids`` (distinct; new or held) now have ``scores`` (NaN: removed)."""
         if len(ids) == 0:
             return
-        slots = np.empty(len(ids), dtype=np.int64)
-        for j, item in enumerate(ids):
-            slot = self.slot_of.get(item)
-            if slot is None:
-                if self.free:
-                    slot = self.free.pop()
-                else:
-                    slot = self.next_slot
-                    self.next_slot += 1
-                self.slot_of[item] = slot
-            slots[j] = slot
-        if self.next_slot > self.tree.size:
-            self._grow(self.next_slot)
-        known = self.ids[slots] >= 0  # before this call (a repeated new id counts as new)
-        self._count(self.scores[np.unique(slots[known])], -1)
-        self.ids[slots] = np.asarray(ids, dtype=np.int64)
-        slots, last = np.unique(slots[::-1], return_index=True)  # the later duplicate wins
-        scores = np.asarray(scores, dtype=np.float64)[::-1][last]
-        self._count(scores, +1)
-        self.scores[slots] = scores
+        slots = self.slots_of(ids)
+        held = slots >= 0
+        gone = np.isnan(scores)
+        # re-scored or removed
+        where = slots[held]
+        if len(where):
+            self._count_scores(self.scores[where], -1)
+            new = scores[held]
+            self.scores[where] = new
+            self.masses[where] = self.masses_of(new)
+            self._count_scores(new, +1)
+            self.live -= int(np.count_nonzero(np.isnan(new)))
+            self._refresh_slots(where)
+        fresh = ~held & ~gone
+        if fresh.any():
+            self._insert(ids[fresh], scores[fresh])
         if self.rule == "softmax":
             finite = scores[np.isfinite(scores)]
             if len(finite) and float(finite.max()) > self.ref + _REBASE:
                 self._rebase()
-                return
-        self.tree.set(slots, self.masses_of(scores))
-        self._underflow_check()
+            elif self.positive > 0 and self.total < _UNDERFLOW:
+                self._rebase()
+        if self.count - self.live > max(self.live, 4 * _BLOCK):
+            self._compact()
 
-    def remove(self, ids: Iterable[int]) -> None:
-        slots = [self.slot_of.pop(item) for item in ids if item in self.slot_of]
-        if not slots:
-            return
-        where = np.array(slots, dtype=np.int64)
-        self._count(self.scores[where], -1)
-        self.ids[where] = -1
-        self.scores[where] = 0.0
-        self.free.extend(slots)
-        self.tree.set(where, np.zeros(len(where)))
-        self._underflow_check()
-
-    def _underflow_check(self) -> None:
-        """Softmax: re-base when the largest mass may have fallen below exp(-300)."""
-        if self.rule == "softmax" and self.positive > 0 and self.tree.total < _UNDERFLOW:
-            self._rebase()
-
-    def apply(self, entry: bytes) -> list[int] | None:
-        """Apply one log entry and return the ids it names; None for an X entry
-        (everything must be read again)."""
-        kind, _, rest = entry.partition(b"|")
-        _, _, rest = rest.partition(b"|")
-        packed, _, scores = rest.partition(b"|")
-        if kind == b"X":
+    def apply(self, entry: bytes) -> np.ndarray | None:
+        """Apply one log entry and return the ids it names; None for an X entry."""
+        parsed = parse_entry(entry)
+        if parsed is None:
             return None
-        ids = np.frombuffer(packed, dtype="S12").astype(np.int64).tolist()
-        if kind == b"S":
-            self.set_scores(ids, np.array(scores.split(b","), dtype=np.float64))
-        elif kind == b"R":
-            self.remove(ids)
+        ids, scores = parsed
+        # an id named twice in one entry (added, then evicted at once): its last row wins
+        last = len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]
+        self.set_scores(ids[last], scores[last])
         return ids
 
     # -- reading the buffer -------------------------------------------------------------
 
     def catch_up(self, buffer: ReplayBuffer, reply: Sequence[Any]) -> set[int] | None:
         """Bring the replica up to date from a masslog_behind reply ``{0, epoch, version,
-        first, entries...}`` (read everything when it cannot). Returns the ids the
-        entries named (added, re-scored or removed), or None when it read everything."""
-        epoch, version = _text(reply[1]), int(reply[2])
-        entries = reply[4:]
-        if epoch != self.epoch or len(entries) != version - self.version:
+        stamp, entries...}``, asking for more while the reply stops short, and reading
+        everything when the log cannot bring it up to date. Returns the ids the entries
+        named (added, re-scored or removed), or None when it read everything."""
+        touched = self._follow(buffer, reply)
+        if touched is None:
             self.load(buffer)
             return None
-        touched: set[int] = set()
-        for entry in entries:
-            ids = self.apply(entry)
-            if ids is None:
-                self.load(buffer)
+        return set(np.concatenate(touched).tolist()) if touched else set()
+
+    def _follow(self, buffer: ReplayBuffer, reply: Sequence[Any]) -> list[np.ndarray] | None:
+        """Apply a masslog_behind reply's entries, and the log's next ones while replies
+        stop short of the version they report. The ids each entry named; None when the
+        log cannot bring the replica up to date (another epoch or history, an X entry,
+        entries no longer held)."""
+        touched: list[np.ndarray] = []
+        while True:
+            epoch, version, stamp = _text(reply[1]), int(reply[2]), _text(reply[3])
+            if epoch == self.epoch and version == self.version and stamp == self.stamp:
+                return touched
+            entries = reply[4:]
+            if epoch != self.epoch or not entries:
                 return None
-            touched.update(ids)
-        self.version = version
-        self.fresh = True
-        return touched
+            for entry in entries:
+                ids = self.apply(entry)
+                if ids is None:
+                    return None
+                touched.append(ids)
+                self.version += 1
+                self.stamp = _text(entry.split(b"|", 3)[2])
+            reply = self._read_log(buffer)
+            if int(reply[0]) == 2:
+                raise _NotOn(self.rule, self.rule == "per")
+
+    def _read_log(self, buffer: ReplayBuffer, *extra: Any) -> list[Any]:
+        return buffer._run("masslog_read", buffer.keys.all_keys(),
+                           [self.epoch, self.version, self.stamp, *extra])
 
     def sync(self, buffer: ReplayBuffer) -> set[int] | None:
         """Catch up with the buffer now (one round trip when current or close behind);
         what :meth:`catch_up` returns."""
-        reply = buffer._run("masslog_read", buffer.keys.all_keys(), [self.epoch, self.version])
+        reply = self._read_log(buffer)
         if int(reply[0]) == 2:
             raise _NotOn(self.rule, self.rule == "per")
+        if _text(reply[1]) == self.epoch and int(reply[2]) == self.version \
+                and _text(reply[3]) == self.stamp:
+            return set()
         return self.catch_up(buffer, reply)
 
     def load(self, buffer: ReplayBuffer) -> None:
-        """Read every score and the mass rule, then the log entries written meanwhile.
-        Never one long server command: the scores are read by ZSCAN, a few thousand a call."""
+        """Read every score, then the log entries written meanwhile. The scores come in
+        slices of bounded cost (lua/replica_read.lua) while the server keeps the log's
+        entries after the version read first, so the read finishes however fast
+        writers change the buffer; only a clear (a new epoch) makes it start again."""
         keys = buffer.keys
-        client = buffer.client
-        for _ in range(20):
-            pipe = client.pipeline(transaction=True)
-            pipe.hmget(keys.meta, "tree", "tree_mass", "log_epoch", "log_version",
-                       "per_alpha", "per_eps")
-            (conf,) = pipe.execute()
-            tree, mass, epoch, version, alpha, eps = conf
+        all_keys = keys.all_keys()
+        for _ in range(_LOAD_ATTEMPTS):
+            conf = buffer.client.hmget(keys.meta, "tree", "tree_mass", "per_alpha", "per_eps")
+            tree, mass, alpha, eps = conf
             per = mass in (b"per", "per")
-            if tree not in (b"1", "1") or epoch is None or (self.rule == "per") != per:
+            if tree not in (b"1", "1") or (self.rule == "per") != per:
                 raise _NotOn(self.rule, per)
-            self.epoch, self.version = _text(epoch), int(version)
             if per:
                 self.alpha, self.eps = float(alpha), float(eps)
-            source = keys.per if per else keys.prio
-            members: list[int] = []
-            values: list[float] = []
-            for member, score in client.zscan_iter(source, count=_SCAN_COUNT):
-                members.append(int(member))
-                values.append(score)
-            size = _MIN_LEAVES
-            while size < len(members):
-                size *= 2
-            self._reset(size)
-            self.ref = 0.0
-            if members:
-                scores = np.array(values, dtype=np.float64)
-                if self.rule == "softmax":
-                    finite = scores[np.isfinite(scores)]
-                    self.ref = float(finite.max()) if len(finite) else 0.0
-                count = len(members)
-                self.slot_of = dict(zip(members, range(count), strict=True))
-                self.ids[:count] = members
-                self.scores[:count] = scores
-                self.next_slot = count
-                self._count(scores, +1)
-                masses = np.zeros(size)
-                masses[:count] = self.masses_of(scores)
-                self.tree.rebuild(masses)
-            reply = buffer._run("masslog_read", keys.all_keys(), [self.epoch, self.version])
+            start = buffer._run("masslog_read", all_keys, ["", 0, "", "pin", _PIN_MS])
+            if int(start[0]) == 2:
+                raise _NotOn(self.rule, per)
+            epoch, version, stamp = _text(start[1]), int(start[2]), _text(start[3])
+            id_texts: list[bytes] = []
+            score_texts: list[bytes] = []
+            cursor: Any = "0"
+            while True:
+                cursor, id_text, score_text = buffer._run(
+                    "replica_read", all_keys, [cursor, _SCAN_COUNT, _PIN_MS, version])
+                if id_text:
+                    id_texts.append(id_text)
+                    score_texts.append(score_text)
+                if _text(cursor) == "0":
+                    break
+            ids = _numbers(b",".join(id_texts), np.int64)
+            scores = np.array(b",".join(score_texts).split(b","), dtype=np.float64) \
+                if score_texts else np.empty(0)
+            ids, first = np.unique(ids, return_index=True)  # SCAN may return an id twice
+            self._set_arrays(ids, scores[first])
+            self.epoch, self.version, self.stamp = epoch, version, stamp
+            reply = self._read_log(buffer, "unpin", version)
             if int(reply[0]) == 2:
                 raise _NotOn(self.rule, per)
-            if _text(reply[1]) != self.epoch:
-                continue
-            entries = reply[4:]
-            if len(entries) != int(reply[2]) - self.version:
-                continue  # the log moved on past what it holds while we read: again
-            if all(self.apply(entry) is not None for entry in entries):
-                self.version = int(reply[2])
-                self.fresh = True
+            if self._follow(buffer, reply) is not None:
                 return
-        raise RuntimeError(f"buffer {buffer.name!r}: its scores kept changing faster than "
-                           "they could be read (prioritized sampling replica)")
+        raise SamplingError(f"buffer {buffer.name!r}: its scores could not be read "
+                            f"in {_LOAD_ATTEMPTS} attempts (it was cleared during each)")
 
     # -- drawing ------------------------------------------------------------------------
 
@@ -332,7 +368,7 @@ class MassReplica:
                 f"buffer {name!r}: {self.infinite} item(s) have log-reward +inf: the softmax "
                 "of log-rewards is undefined; sample uniformly or remove them"
             )
-        if self.positive == 0 or self.tree.total <= 0:
+        if self.positive == 0 or self.total <= 0:
             what = "PER mass" if self.rule == "per" else "finite log-reward"
             raise EmptyBufferError(f"buffer is empty (no item with a non-zero {what})")
         if not replace and n > self.positive:
@@ -342,17 +378,38 @@ class MassReplica:
                 "replacement=True"
             )
 
+    def _descend(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` slots, each drawn in proportion to its mass."""
+        sums = self.block_sums
+        cumulative = np.cumsum(sums)
+        total = cumulative[-1]
+        slots = np.empty(n, dtype=np.int64)
+        todo = np.arange(n)
+        while len(todo):
+            targets = rng.random(len(todo)) * total
+            blocks = np.minimum(np.searchsorted(cumulative, targets, side="right"),
+                                len(sums) - 1)
+            offsets = targets - (cumulative[blocks] - sums[blocks])
+            inner = self.masses[blocks[:, None] * _BLOCK + np.arange(_BLOCK)]
+            inner_cumulative = np.cumsum(inner, axis=1)
+            picks = (inner_cumulative <= offsets[:, None]).sum(axis=1)
+            picks = np.minimum(picks, _BLOCK - 1)
+            chosen = blocks * _BLOCK + picks
+            good = self.masses[chosen] > 0  # a target on a boundary, by rounding: again
+            slots[todo[good]] = chosen[good]
+            todo = todo[~good]
+        return slots
+
     def draw(
         self, n: int, rng: np.random.Generator, replace: bool
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(slots, probabilities, masses) of ``n`` draws: with replacement each from the
         whole distribution; without, successive draws among the items not drawn yet (the
         probability of each given the earlier ones)."""
-        tree = self.tree
         if replace:
             slots = self._descend(rng, n)
-            masses = tree.sums[slots + tree.size]
-            return slots, masses / tree.total, masses
+            masses = self.masses[slots]
+            return slots, masses / self.total, masses
         # Successive draws: draws with replacement, each kept unless its item was drawn
         # already, are exactly successive draws among the items not drawn yet; after each
         # round the drawn items' masses are zeroed (and restored at the end), so repeats
@@ -361,39 +418,58 @@ class MassReplica:
         taken: set[int] = set()
         probabilities: list[float] = []
         masses_out: list[float] = []
-        saved_slots: list[np.ndarray] = []
-        saved_masses: list[np.ndarray] = []
+        zeroed: list[tuple[np.ndarray, np.ndarray]] = []
+        ref = self.ref
         try:
             while len(chosen) < n:
-                remaining = tree.total
+                remaining = self.total
+                if remaining <= 0 and self.rule == "softmax":
+                    # the rest underflowed beside what was drawn: re-base among them
+                    self._rebase_without(np.array(sorted(taken), dtype=np.int64))
+                    remaining = self.total
                 batch = max(2 * (n - len(chosen)), 16)
-                slots = self._descend(rng, batch).tolist()
                 round_slots = []
-                for slot in slots:
+                for slot in self._descend(rng, batch).tolist():
                     if slot in taken:
                         continue
-                    mass = float(tree.sums[slot + tree.size])
+                    mass = float(self.masses[slot])
                     taken.add(slot)
                     chosen.append(slot)
                     round_slots.append(slot)
                     probabilities.append(mass / remaining)
-                    masses_out.append(mass)
+                    masses_out.append(mass * np.exp(self.ref - ref))
                     remaining -= mass
                     if len(chosen) == n:
                         break
                 if len(chosen) < n and round_slots:
                     where = np.array(round_slots, dtype=np.int64)
-                    saved_slots.append(where)
-                    saved_masses.append(tree.sums[where + tree.size].copy())
-                    tree.set(where, np.zeros(len(where)))
+                    zeroed.append((where, self.masses[where].copy()))
+                    self.masses[where] = 0.0
+                    self._refresh_slots(where)
         finally:
-            for where, masses in zip(reversed(saved_slots), reversed(saved_masses), strict=True):
-                tree.set(where, masses)
+            if self.ref != ref:  # re-based on what was left: every mass as it was
+                self.ref = ref
+                self.masses[: self.count] = self.masses_of(self.scores[: self.count])
+                self._refresh_blocks(0, len(self.block_sums))
+            else:
+                for where, masses in reversed(zeroed):
+                    self.masses[where] = masses
+                    self._refresh_slots(where)
         return (
             np.array(chosen, dtype=np.int64),
             np.array(probabilities),
             np.array(masses_out),
         )
+
+    def _rebase_without(self, taken: np.ndarray) -> None:
+        """Softmax, drawing without replacement: every mass left underflowed; re-base on
+        the largest log-reward among the items not drawn yet (masses of drawn ones 0)."""
+        scores = self.scores[: self.count].copy()
+        scores[taken] = np.nan
+        finite = scores[np.isfinite(scores)]
+        self.ref = float(finite.max()) if len(finite) else self.ref
+        self.masses[: self.count] = self.masses_of(scores)
+        self._refresh_blocks(0, len(self.block_sums))
 
     def correct(
         self, ids: np.ndarray, touched: set[int], rng: np.random.Generator
@@ -408,10 +484,11 @@ class MassReplica:
         laws are the current one restricted to the two parts, so the result is exactly
         a draw from the current distribution."""
         ids = np.array(ids, dtype=np.int64)
-        changed = [self.slot_of[i] for i in touched if i in self.slot_of]
-        changed_slots = np.array(changed, dtype=np.int64)
-        changed_mass = self.tree.sums[changed_slots + self.tree.size]
-        share = float(changed_mass.sum()) / self.tree.total
+        touched_array = np.fromiter(touched, dtype=np.int64, count=len(touched))
+        changed_slots = self.slots_of(touched_array)
+        changed_slots = changed_slots[changed_slots >= 0]
+        changed_mass = self.masses[changed_slots]
+        share = float(changed_mass.sum()) / self.total
         take_changed = rng.random(len(ids)) < share
         if take_changed.any():
             cumulative = np.cumsum(changed_mass)
@@ -420,7 +497,6 @@ class MassReplica:
             )
             picks = np.minimum(picks, len(changed_slots) - 1)
             ids[take_changed] = self.ids[changed_slots[picks]]
-        touched_array = np.fromiter(touched, dtype=np.int64, count=len(touched))
         redraw = ~take_changed & np.isin(ids, touched_array)
         while redraw.any():
             slots = self._descend(rng, int(redraw.sum()))
@@ -431,14 +507,11 @@ class MassReplica:
             redraw[where] = False
         return ids
 
-    def _descend(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        tree = self.tree
-        slots = tree.descend(rng.random(n) * tree.total)
-        bad = tree.sums[slots + tree.size] <= 0  # a target on a boundary, by rounding
-        while bad.any():
-            slots[bad] = tree.descend(rng.random(int(bad.sum())) * tree.total)
-            bad = tree.sums[slots + tree.size] <= 0
-        return slots
+    def mean_nonzero_score(self) -> float:
+        """The mean of the non-zero PER priorities held (0 without any)."""
+        scores = self.scores[: self.count]
+        nonzero = scores[(scores != 0) & ~np.isnan(scores)]
+        return float(nonzero.mean()) if len(nonzero) else 0.0
 
 
 class _NotOn(ConfigMismatchError):
@@ -476,4 +549,4 @@ def replica_of(buffer: ReplayBuffer, rule: str) -> MassReplica:
     return replica
 
 
-__all__ = ["MassReplica", "replica_of"]
+__all__ = ["MassReplica", "parse_entry", "replica_of"]

@@ -7,6 +7,7 @@ A sampler is one part with one job; adding a sampling mode means adding one clas
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -245,10 +246,15 @@ class UniformSampler:
         return Draw(ids, blobs, None, schema_json)
 
 
-# Attempts at committing a prioritized draw: the first from the replica as it is, each
-# later one from a replica caught up by the previous reply (a round trip each); many
-# suffice only while writers change the buffer between every draw and its commit.
+# Attempts at committing a prioritized draw with replacement: each later one from a
+# replica caught up by the previous reply. The server corrects such a draw to the current
+# law itself, so more than one attempt is needed only when a draw's candidates (its own
+# and the spares) were nearly all changed since the replica's version.
 _COMMIT_ATTEMPTS = 64
+# Draws without replacement stand only when the replica was current at the commit; under
+# writers that change the buffer between every draw and its commit they are drawn again
+# (one round trip each) for at most this long.
+_EXACT_SECONDS = 30.0
 
 
 @dataclass
@@ -268,96 +274,81 @@ def _replica_draw(
     buffer: ReplayBuffer, rule: str, n: int, rng: np.random.Generator, replacement: bool
 ) -> _ReplicaDraw:
     """Draw ``n`` items from the buffer's replica for ``rule`` and commit the draw with
-    lua/sample_prioritized.lua, in the same round trip as the blob read. A replica that
-    was behind is caught up from the script's reply (read after the sample began) and
-    draws again; its draw then stands if its items are still present."""
+    lua/sample_prioritized.lua, in the same round trip as the blob read."""
     replica = replica_of(buffer, rule)
     inline = bool(getattr(buffer, "fetch_inline", False))  # max_use: the script reads
     script = scripts.load("sample_prioritized")
     with replica.lock:
-        try:
-            return _commit_attempts(buffer, rule, n, rng, replacement, replica, inline, script)
-        except BaseException:
-            replica.fresh = False  # caught up for this sample, not for a later one
+        if replacement or n > len(replica):
+            return _commit_corrected(buffer, rule, n, rng, replica, inline, script)
+        return _commit_exact(buffer, rule, n, rng, replica, inline, script)
+
+
+def _draw_checked(
+    buffer: ReplayBuffer, replica: MassReplica, n: int, replace: bool, synced: bool
+) -> bool:
+    """Whether the replica can draw ``n`` (False: it was synced now, ask again); raises
+    when it cannot even after catching up with the buffer."""
+    try:
+        replica.check_drawable(buffer.name, n, replace)
+        return True
+    except (EmptyBufferError, SamplingError):
+        if synced:
             raise
+        replica.sync(buffer)  # it may be behind: decide on what the buffer holds now
+        return False
 
 
-def _commit_attempts(
+def _commit_exact(
     buffer: ReplayBuffer,
     rule: str,
     n: int,
     rng: np.random.Generator,
-    replacement: bool,
     replica: MassReplica,
     inline: bool,
     script: scripts.Script,
 ) -> _ReplicaDraw:
-    """Draws with replacement are committed only when the replica is current ("exact"):
-    a draw found stale is corrected to the law of the state the script reported
-    (MassReplica.correct changes only the draws the changes concern) and sent again, so
-    under concurrent writers each attempt costs one round trip and a few redraws. Draws
-    without replacement (successive draws) are drawn again in full, and committed by
-    presence once the replica was caught up after the sample began."""
-    if rule == "per" and replacement:
-        return _commit_corrected(buffer, n, rng, replica, inline, script)
-    keys = buffer.keys
-    all_keys = keys.all_keys()
-    ids: np.ndarray | None = None
-    draw_probabilities: np.ndarray | None = None
-    for _ in range(_COMMIT_ATTEMPTS):
-        replace = replacement or n > len(replica)
-        if ids is None or not replace:
-            mode = "present" if replica.fresh and not replace else "exact"
-            replica.fresh = False
-            try:
-                replica.check_drawable(buffer.name, n, replace)
-            except (EmptyBufferError, SamplingError):
-                if mode == "present":
-                    raise
-                replica.sync(buffer)  # it may be behind: decide on what the buffer holds now
-                ids = None
-                replica.fresh = not replace
-                if replace:
-                    replica.check_drawable(buffer.name, n, replace)
-                continue
-            slots, draw_probabilities, _ = replica.draw(n, rng, replace)
-            ids = replica.ids[slots]
-        else:
-            mode = "exact"
+    """Successive draws (without replacement) stand only when the replica was current at
+    the commit ("exact"): whether it was does not depend on what was drawn, so a draw
+    found stale is simply made again from the replica caught up by the reply, and the
+    one that stands follows the law of the buffer at its commit."""
+    all_keys = buffer.keys.all_keys()
+    deadline = time.monotonic() + _EXACT_SECONDS
+    synced = False
+    while True:
+        if not _draw_checked(buffer, replica, n, False, synced):
+            synced = True
+            continue
+        slots, probabilities, masses = replica.draw(n, rng, False)
+        ids = replica.ids[slots]
         members = [b"%012d" % i for i in ids.tolist()]
-        args = [rule, replica.epoch, replica.version, mode, int(inline), *members]
+        args = [rule, replica.epoch, replica.version, replica.stamp, "exact", int(inline),
+                *members]
         replies = _send_commit(buffer, script, args, None if inline else members)
         reply = replies[0]
-        touched: set[int] | None = None
         if int(reply[0]) != 1:
-            touched = replica.catch_up(buffer, reply)
-        else:
-            blobs = reply[8 : 8 + int(reply[7])] if inline else replies[1]
-            if all(blob is not None for blob in blobs):
-                slots = np.array([replica.slot_of[i] for i in ids.tolist()], dtype=np.int64)
-                masses = replica.tree.sums[slots + replica.tree.size]
-                probabilities = (
-                    masses / replica.tree.total if replace else draw_probabilities
-                )
-                return _ReplicaDraw(
-                    ids.tolist(), list(blobs), replies[-1], probabilities, masses,
-                    replica.scores[slots], replica.tree.min_mass, float(reply[2]),
-                    int(reply[3]),
-                )
+            replica.catch_up(buffer, reply)
+            synced = True
+            if time.monotonic() > deadline:
+                raise SamplingError(
+                    f"buffer {buffer.name!r}: a prioritized draw without replacement "
+                    f"could not be committed in {_EXACT_SECONDS:.0f} s: the buffer changed "
+                    "between every draw and its commit (draw with replacement, which the "
+                    "server corrects, or slow the writers)")
+            continue
+        blobs = reply[9 : 9 + int(reply[8])] if inline else replies[1]
+        if any(blob is None for blob in blobs):
             buffer._run("undo_draws", all_keys, members)  # gone before the HMGET: no draw
-            touched = replica.sync(buffer)
-        if replace and touched is not None and replica.positive > 0:
-            ids = replica.correct(ids, touched, rng)
-        else:
-            ids = None
-    raise SamplingError(
-        f"buffer {buffer.name!r}: a prioritized draw could not be committed in "
-        f"{_COMMIT_ATTEMPTS} attempts (the buffer changed before every commit)"
-    )
+            replica.sync(buffer)
+            continue
+        return _ReplicaDraw(
+            ids.tolist(), list(blobs), replies[-1], probabilities, masses,
+            replica.scores[slots], replica.min_mass, float(reply[2]), int(reply[3]),
+        )
 
 
-# Spare draws sent with each PER draw, for the server to use in its place when its item
-# changed since the replica's version (lua/sample_prioritized.lua, "correct" mode)
+# Spare draws sent with each draw with replacement, for the server to use in its place
+# when its item changed since the replica's version (lua/sample_prioritized.lua)
 _SPARES = 2
 
 
@@ -395,40 +386,33 @@ def _send_commit(
 
 def _commit_corrected(
     buffer: ReplayBuffer,
+    rule: str,
     n: int,
     rng: np.random.Generator,
     replica: MassReplica,
     inline: bool,
     script: scripts.Script,
 ) -> _ReplicaDraw:
-    """PER draws (with replacement) committed in "correct" mode: whatever changed since
-    the replica's version, the server corrects the draw to the law at the commit
+    """Draws with replacement committed in "correct" mode: whatever changed since the
+    replica's version, the server corrects the draw to the law at the commit
     (lua/sample_prioritized.lua, correct_draw) and returns the log entries the replica
     lacks, so a draw stands in one round trip however busy the writers are; the blobs of
     the few draws it replaced are read in a second."""
     keys = buffer.keys
     all_keys = keys.all_keys()
-    synced = replica.fresh  # read after this sample began
+    synced = False
     spares = max(_SPARES, replica.spares)
     for _ in range(_COMMIT_ATTEMPTS):
-        replica.fresh = False
-        try:
-            replica.check_drawable(buffer.name, n, True)
-        except (EmptyBufferError, SamplingError):
-            if synced:
-                raise
-            replica.sync(buffer)  # it may be behind: decide on what the buffer holds now
+        if not _draw_checked(buffer, replica, n, True, synced):
             synced = True
             continue
         slots, _, _ = replica.draw(n * (1 + spares), rng, True)
-        candidates = replica.ids[slots].reshape(n, 1 + spares)
-        primary = candidates[:, 0]
-        primary_slots = slots.reshape(n, 1 + spares)[:, 0]
-        packed = _id_text(candidates.reshape(-1))
-        members = [packed[k : k + 12] for k in range(0, len(packed), 12 * (1 + spares))]
+        candidates = [b"%012d" % i for i in replica.ids[slots].tolist()]
+        primary_slots = slots[:: 1 + spares]
+        members = candidates[:: 1 + spares]
         uniforms = packed_uniforms(rng, 2 * n)
-        args = ["per", replica.epoch, replica.version, "correct", int(inline), packed,
-                spares, uniforms]
+        args = [rule, replica.epoch, replica.version, replica.stamp, "correct", int(inline),
+                spares, uniforms, repr(replica.total), repr(replica.ref), *candidates]
         replies = _send_commit(buffer, script, args, None if inline else members)
         reply = replies[0]
         if int(reply[0]) != 1:
@@ -438,40 +422,32 @@ def _commit_corrected(
                 spares = _spares_for(replica, touched, n)
             continue
         replica.spares = max(_SPARES, int(spares * 0.9))  # slowly back to the default
-        count = int(reply[7])
-        blobs = list(reply[8 : 8 + count]) if inline else list(replies[1])
+        count = int(reply[8])
+        blobs = list(reply[9 : 9 + count]) if inline else list(replies[1])
+        final = members
         if reply[4]:  # corrected: catch up with the entries it went by
-            ids = np.frombuffer(reply[4], dtype="S12").astype(np.int64)
-            entries = reply[8 + count :]
-            replica.catch_up(buffer, [0, reply[5], reply[6], 0, *entries])
+            ids = np.array(reply[4].split(b","), dtype=np.int64)
+            final = [b"%012d" % i for i in ids.tolist()]
+            entries = reply[9 + count :]
+            if replica._follow(buffer, [0, reply[5], reply[6], reply[7], *entries]) is None:
+                replica.load(buffer)
             if not inline:
-                moved = np.flatnonzero(ids != primary)
-                if len(moved):
-                    fetched = buffer.client.hmget(keys.items, [
-                        b"%012d" % i for i in ids[moved].tolist()])
-                    for position, blob in zip(moved.tolist(), fetched, strict=True):
+                moved = [j for j in range(n) if final[j] != members[j]]
+                if moved:
+                    fetched = buffer.client.hmget(keys.items, [final[j] for j in moved])
+                    for position, blob in zip(moved, fetched, strict=True):
                         blobs[position] = blob
+            where = replica.slots_of(ids)
         else:
-            ids = primary
-        final = members if ids is primary else [b"%012d" % i for i in ids.tolist()]
-        if any(blob is None for blob in blobs):  # gone before the HMGET: not a draw
-            buffer._run("undo_draws", all_keys, final)
+            where = primary_slots
+        if any(blob is None for blob in blobs) or (where < 0).any():
+            buffer._run("undo_draws", all_keys, final)  # gone before the HMGET: not a draw
             replica.sync(buffer)
             continue
-        if replica.epoch != _text(reply[5]) or replica.version != int(reply[6]):
-            replica.sync(buffer)  # (a reload meanwhile) the masses as of now
-        if ids is primary:
-            where = primary_slots
-        else:
-            where = np.array([replica.slot_of.get(i, -1) for i in ids.tolist()],
-                             dtype=np.int64)
-        if (where < 0).any():
-            buffer._run("undo_draws", all_keys, final)
-            continue
-        masses = replica.tree.sums[where + replica.tree.size]
+        masses = replica.masses[where]
         return _ReplicaDraw(
-            ids.tolist(), blobs, replies[-1], masses / replica.tree.total, masses,
-            replica.scores[where], replica.tree.min_mass, float(reply[2]), int(reply[3]),
+            [int(i) for i in final], blobs, replies[-1], masses / replica.total, masses,
+            replica.scores[where], replica.min_mass, float(reply[2]), int(reply[3]),
         )
     raise SamplingError(
         f"buffer {buffer.name!r}: a prioritized draw could not be committed in "
@@ -483,30 +459,14 @@ def _spares_for(replica: MassReplica, touched: set[int], n: int) -> int:
     """Spare draws per draw such that all 1 + spares of some draw's candidates fall on
     changed items with probability about 1%, if as much changes before the next commit
     as the share of the mass that ``touched`` holds now (at most 64)."""
-    where = [replica.slot_of[i] for i in touched if i in replica.slot_of]
-    share = float(replica.tree.sums[np.array(where, dtype=np.int64) + replica.tree.size].sum())
-    share = min(max(share / replica.tree.total, 1e-9), 0.99) if replica.tree.total > 0 else 0.5
+    slots = replica.slots_of(np.fromiter(touched, dtype=np.int64, count=len(touched)))
+    share = float(replica.masses[slots[slots >= 0]].sum())
+    total = replica.total
+    share = min(max(share / total, 1e-9), 0.99) if total > 0 else 0.5
     needed = int(np.ceil(np.log(0.01 / n) / np.log(share))) - 1
     spares = min(64, max(_SPARES, needed))
     replica.spares = spares
     return spares
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-_DIGITS = 10 ** np.arange(11, -1, -1, dtype=np.int64)
-
-
-def _id_text(ids: np.ndarray) -> bytes:
-    """Ids (< 10^12) as 12-digit text, back to back (lua/_common.lua's id_str), without a
-    Python loop. The mass log packs ids 12 characters wide too (as the earlier sum tree's
-    slot maps did): prioritized sampling stops at id 10^12."""
-    if len(ids) and int(ids.max()) >= _ID_LIMIT:
-        raise SamplingError(f"prioritized sampling packs ids in 12 digits; id {int(ids.max())}")
-    digits = (ids.astype(np.int64)[:, None] // _DIGITS) % 10 + 48
-    return digits.astype(np.uint8).tobytes()
 
 
 class PrioritizedSampler:

@@ -10,7 +10,8 @@ key                        type    content
 ``rb:{name}:items``        hash    item id -> msgpack blob
 ``rb:{name}:prio``         zset    item id -> log-reward (priority)
 ``rb:{name}:order``        zset    item id -> id (insertion order)
-``rb:{name}:per``          zset    item id -> PER priority (prioritized experience replay)
+``rb:{name}:per``          hash    item id -> PER priority (prioritized experience replay)
+``rb:{name}:perheap``      zset    item id -> PER priority, only once a heap selector used it
 ``rb:{name}:uses``         hash    item id -> times sampled
 ``rb:{name}:versions``     zset    item id -> model version it was produced with
 ``rb:{name}:times``        hash    item id -> insertion time
@@ -21,8 +22,8 @@ key                        type    content
 ``rb:{name}:shards``       hash    a sharded buffer's layout (see redisbuf/buffers/sharded.py)
 =========================  ======  =====================================================
 
-``tree``, ``tree:ids``, ``tree:slots`` and ``tree:free`` are left by versions that kept a
-sum tree in the server; turning prioritized sampling on (or clearing) deletes them.
+``tree:ids``, ``tree:slots`` and ``tree:free`` are no longer written (their places in the
+scripts' key list remain until the key list is renumbered).
 Other keys under the same tag: the control plane's ``rb:{name}:ctl:*``
 (redisbuf/control/redis.py) and a load's ``rb:{name}:staging:*``, which belong to the
 buffer too (``drop`` deletes them), and the keys of an EpisodeBuffer, SequenceBuffer or
@@ -97,8 +98,10 @@ class BufferKeys:
         return self._key("order")
 
     @property
-    def tree(self) -> str:
-        return self._key("tree")
+    def per_heap(self) -> str:
+        """PER priorities in order (a sorted set), kept only once a heap selector by
+        priority has been used on the buffer (meta ``per_heap`` = 1)."""
+        return self._key("perheap")
 
     @property
     def tree_ids(self) -> str:
@@ -158,7 +161,7 @@ class BufferKeys:
             self.items,
             self.prio,
             self.order,
-            self.tree,
+            self.per_heap,
             self.tree_ids,
             self.tree_slots,
             self.tree_free,
@@ -193,7 +196,8 @@ class BufferKeys:
             self.items: "hash: item id -> msgpack blob",
             self.prio: "zset: item id -> log-reward",
             self.order: "zset: item id -> insertion order",
-            self.per: "zset: item id -> PER priority",
+            self.per: "hash: item id -> PER priority (HGET rb:{name}:per <12-digit id>)",
+            self.per_heap: "zset: item id -> PER priority (only once a heap selector used it)",
             self.uses: "hash: item id -> times sampled",
             self.versions: "zset: item id -> model version",
             self.times: "hash: item id -> insertion time",
