@@ -22,8 +22,12 @@
 -- blob_1..blob_count, entry_1..} when the draw stands: ids "" when it stands as sent,
 -- else the corrected draw (ids comma-separated), with the log entries after the
 -- replica's version (its catch-up) after the blobs (count of them, 0 unless asked);
--- per_sum / per_nonzero: the mean non-zero PER priority. Else the replica's catch-up
--- (masslog_behind): {0, epoch, version, stamp, entries...}. The work is bounded: a
+-- per_sum / per_nonzero: the mean non-zero PER priority. {3, epoch, version, stamp, ids,
+-- entries...} when a corrected draw has holes: ids as above with '' at each position
+-- whose candidates were all touched; nothing is recorded, and the caller, caught up by
+-- the entries, fills each hole with a draw among the items they do not name and commits
+-- the whole draw again. Else the replica's catch-up (masslog_behind): {0, epoch, version,
+-- stamp, entries...}. The work is bounded: a
 -- correction reads at most the entries one catch-up reply carries (masslog_behind).
 -- Errors: RB_NOTREE (prioritized sampling, or PER for "per", is not on), RB_CONFIG (the
 -- buffer samples by the other rule).
@@ -55,8 +59,10 @@ end
 -- touched item in proportion to its mass now (its first uniform decides, its second
 -- picks); else a candidate not touched: its own first, else the first unused one of the
 -- spare pool (every candidate is an independent draw of the replica, whose masses are
--- still those of the untouched items, so among them they follow the current law).
--- Nil when the untouched candidates run out, an entry is an X, or no mass is left.
+-- still those of the untouched items, so among them they follow the current law); when
+-- those run out too, a hole ('') that the caller fills with a draw among the untouched
+-- items (returned second: whether there is one). Nil when an entry is an X or no mass is
+-- left.
 local function correct_draw(entries, per, alpha, eps, ref, total, candidates, spares,
                             uniforms)
   local first_old, last_new, list = {}, {}, {}
@@ -91,7 +97,7 @@ local function correct_draw(entries, per, alpha, eps, ref, total, candidates, sp
   if total <= 0 or changed > total * (1 + 1e-9) then return nil end
   local width = 1 + spares
   local n = #candidates / width
-  local out, used, pool = {}, {}, 1
+  local out, used, pool, holes = {}, {}, 1, false
   local function untouched(k)
     local id = candidates[k]
     return first_old[id] == nil and not used[k]
@@ -114,12 +120,15 @@ local function correct_draw(entries, per, alpha, eps, ref, total, candidates, sp
       end
       if not out[j] then  -- its own candidates were all touched: one from the spare pool
         while pool <= #candidates and not untouched(pool) do pool = pool + 1 end
-        if pool > #candidates then return nil end
-        out[j], used[pool] = candidates[pool], true
+        if pool <= #candidates then
+          out[j], used[pool] = candidates[pool], true
+        else
+          out[j], holes = '', true  -- the caller fills it among the untouched items
+        end
       end
     end
   end
-  return out
+  return out, holes
 end
 
 local K = buffer_keys(KEYS)
@@ -145,13 +154,19 @@ if ARGV[5] == 'correct' then
     for j = 1, #candidates / width do ids[j] = candidates[width * (j - 1) + 1] end
   else
     local behind = masslog_behind(K, ARGV[2], tonumber(ARGV[3]), ARGV[4])
-    if #behind - 4 ~= tonumber(behind[3]) - tonumber(ARGV[3]) then
+    if #behind == 4 or #behind - 4 ~= tonumber(behind[3]) - tonumber(ARGV[3]) then
       return behind  -- cannot catch up from the log, or too far behind for one reply
     end
     for i = 5, #behind do entries[#entries + 1] = behind[i] end
-    ids = correct_draw(entries, per, tonumber(conf[9]) or 1, tonumber(conf[10]) or 0,
+    local holes
+    ids, holes = correct_draw(entries, per, tonumber(conf[9]) or 1, tonumber(conf[10]) or 0,
       tonumber(ARGV[10]), tonumber(ARGV[9]), candidates, spares, ARGV[8])
     if not ids then return behind end
+    if holes then  -- nothing is recorded: the caller completes the draw and commits it
+      local out = {3, conf[3] or '', conf[4] or '0', conf[5] or '', table.concat(ids, ',')}
+      for i = 1, #entries do out[#out + 1] = entries[i] end
+      return out
+    end
   end
 else
   if not current then

@@ -297,6 +297,8 @@ class MassReplica:
                 touched.append(ids)
                 self.version += 1
                 self.stamp = _text(entry.split(b"|", 3)[2])
+            if self.version >= version:  # as of the reply (the caller's moment)
+                return touched
             reply = self._read_log(buffer)
             if int(reply[0]) == 2:
                 raise _NotOn(self.rule, self.rule == "per")

@@ -402,24 +402,43 @@ def _commit_corrected(
     all_keys = keys.all_keys()
     synced = False
     spares = max(_SPARES, replica.spares)
+    carried: np.ndarray | None = None  # a draw of the replica as it is, to commit again
     for _ in range(_COMMIT_ATTEMPTS):
-        if not _draw_checked(buffer, replica, n, True, synced):
+        if carried is None and not _draw_checked(buffer, replica, n, True, synced):
             synced = True
             continue
-        slots, _, _ = replica.draw(n * (1 + spares), rng, True)
-        candidates = [b"%012d" % i for i in replica.ids[slots].tolist()]
-        primary_slots = slots[:: 1 + spares]
+        if carried is None:
+            slots, _, _ = replica.draw(n * (1 + spares), rng, True)
+            drawn = replica.ids[slots].reshape(n, 1 + spares)
+        else:
+            drawn = np.empty((n, 1 + spares), dtype=np.int64)
+            drawn[:, 0] = carried
+            slots, _, _ = replica.draw(n * spares, rng, True)
+            drawn[:, 1:] = replica.ids[slots].reshape(n, spares)
+        candidates = [b"%012d" % i for i in drawn.reshape(-1).tolist()]
         members = candidates[:: 1 + spares]
         uniforms = packed_uniforms(rng, 2 * n)
         args = [rule, replica.epoch, replica.version, replica.stamp, "correct", int(inline),
                 spares, uniforms, repr(replica.total), repr(replica.ref), *candidates]
         replies = _send_commit(buffer, script, args, None if inline else members)
         reply = replies[0]
-        if int(reply[0]) != 1:
-            touched = replica.catch_up(buffer, reply)
+        status = int(reply[0])
+        if status == 3:  # corrected, with holes to fill among the items not changed
+            touched = replica._follow(buffer, [0, reply[1], reply[2], reply[3], *reply[5:]])
+            if touched is None:  # (cannot happen: the reply carries every entry)
+                replica.load(buffer)
+                carried = None
+                continue
+            carried = _fill_holes(replica, reply[4], touched, rng)
             synced = True
-            if touched:  # some draw had every candidate changed: send more candidates
-                spares = _spares_for(replica, touched, n)
+            spares = _spares_for(replica, set(np.concatenate(touched).tolist()), n)
+            continue
+        carried = None
+        if status != 1:
+            touched_ids = replica.catch_up(buffer, reply)
+            synced = True
+            if touched_ids:
+                spares = _spares_for(replica, touched_ids, n)
             continue
         replica.spares = max(_SPARES, int(spares * 0.9))  # slowly back to the default
         count = int(reply[8])
@@ -437,9 +456,9 @@ def _commit_corrected(
                     fetched = buffer.client.hmget(keys.items, [final[j] for j in moved])
                     for position, blob in zip(moved, fetched, strict=True):
                         blobs[position] = blob
-            where = replica.slots_of(ids)
         else:
-            where = primary_slots
+            ids = drawn[:, 0]
+        where = replica.slots_of(ids)
         if any(blob is None for blob in blobs) or (where < 0).any():
             buffer._run("undo_draws", all_keys, final)  # gone before the HMGET: not a draw
             replica.sync(buffer)
@@ -453,6 +472,25 @@ def _commit_corrected(
         f"buffer {buffer.name!r}: a prioritized draw could not be committed in "
         f"{_COMMIT_ATTEMPTS} attempts"
     )
+
+
+def _fill_holes(
+    replica: MassReplica, packed: bytes, touched: list[np.ndarray], rng: np.random.Generator
+) -> np.ndarray:
+    """The draw a "correct" commit left with holes (packed ids, '' at each hole), each hole
+    filled with a draw of the replica (now at the commit's version) among the items the
+    entries since did not name: the server had decided that the hole's draw falls among
+    them, and there it follows the replica's masses."""
+    parts = packed.split(b",")
+    ids = np.array([int(p) if p else -1 for p in parts], dtype=np.int64)
+    excluded = np.unique(np.concatenate(touched)) if touched else np.empty(0, np.int64)
+    holes = np.flatnonzero(ids < 0)
+    while len(holes):
+        candidates = replica.ids[replica._descend(rng, len(holes))]
+        fine = ~np.isin(candidates, excluded)
+        ids[holes[fine]] = candidates[fine]
+        holes = holes[~fine]
+    return ids
 
 
 def _spares_for(replica: MassReplica, touched: set[int], n: int) -> int:

@@ -1,0 +1,78 @@
+"""A second, spawned process that acts on a buffer when the test says so: each command runs
+to completion in the peer before the call returns, so a test places another process's
+change at exactly the moment it means (between this process's draw and its commit, right
+after a clear, ...)."""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+import numpy as np
+
+
+def _serve(url: str, name: str, options: dict[str, Any], conn: Any) -> None:
+    from redisbuf import PERSampler, ReplayBuffer
+
+    sampler = PERSampler(**options["per"]) if "per" in options else None
+    buffer = ReplayBuffer(url, name, capacity=options.get("capacity", 1000), sampler=sampler,
+                          prioritized_sampling=options.get("softmax", False), seed=11)
+    while True:
+        command, args = conn.recv()
+        try:
+            if command == "stop":
+                conn.send(("ok", None))
+                return
+            if command == "add":
+                log_rewards = np.asarray(args["log_rewards"], dtype=np.float64)
+                result = buffer.add({"x": np.arange(len(log_rewards)),
+                                     "log_rewards": log_rewards},
+                                    priorities=args.get("priorities"))
+                conn.send(("ok", result.ids.tolist()))
+            elif command == "update_priority":
+                conn.send(("ok", buffer.update_priority(args["ids"], args["priorities"])))
+            elif command == "sample":
+                info = buffer.sample_with_info(args["n"], replacement=args.get("replacement"))
+                conn.send(("ok", [int(i) for i in info.ids]))
+            elif command == "clear":
+                conn.send(("ok", buffer.clear()))
+            elif command == "drop_and_create":
+                buffer.drop()
+                buffer = ReplayBuffer(url, name, capacity=options.get("capacity", 1000),
+                                      sampler=sampler,
+                                      prioritized_sampling=options.get("softmax", False))
+                conn.send(("ok", None))
+            else:
+                conn.send(("error", f"unknown command {command!r}"))
+        except Exception as exc:  # reported to the test, which fails on it
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class Peer:
+    """A spawned process holding its own ReplayBuffer (and so its own replica) of ``name``."""
+
+    def __init__(self, url: str, name: str, **options: Any) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(url, name, options, child), daemon=True)
+        self.process.start()
+
+    def __call__(self, command: str, **args: Any) -> Any:
+        self._conn.send((command, args))
+        if not self._conn.poll(120):
+            raise TimeoutError(f"peer did not answer {command!r} in 120 s")
+        status, value = self._conn.recv()
+        if status != "ok":
+            raise AssertionError(f"peer {command!r} failed: {value}")
+        return value
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            try:
+                self("stop")
+            except (TimeoutError, OSError, EOFError):
+                pass
+            self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(10)

@@ -1,0 +1,313 @@
+"""The prioritized engine under the interleavings an independent review found wrong: each
+test puts a second, spawned process's change at the worst moment for this process's
+draw (between its replica's catch-up and its commit, right after a clear) and checks the
+law (binomial / chi-square), the ids returned, or a time limit."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+
+import numpy as np
+import pytest
+from peer_process import Peer
+from test_sampling import chi2, chi2_limit
+
+from redisbuf import PERSampler, ReplayBuffer
+from redisbuf.sampling import replica as replica_module
+from redisbuf.sampling.replica import MassReplica, replica_of
+from redisbuf.store.keys import BufferKeys
+
+pytestmark = [pytest.mark.redis_server, pytest.mark.multiprocess]
+
+
+def _batch(log_rewards) -> dict:
+    log_rewards = np.asarray(log_rewards, dtype=np.float64)
+    return {"x": np.arange(len(log_rewards)), "log_rewards": log_rewards}
+
+
+@pytest.fixture
+def url(redis_server) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def peer_factory(url, buffer_name):
+    peers: list[Peer] = []
+
+    def make(**options) -> Peer:
+        peer = Peer(url, buffer_name, **options)
+        peers.append(peer)
+        return peer
+
+    yield make
+    for peer in peers:
+        peer.stop()
+
+
+@pytest.mark.parametrize("reset", ["clear", "drop_and_create"])
+def test_a_draw_of_an_earlier_epoch_never_commits(url, buffer_name, peer_factory, reset):
+    """B's replica is current; A clears (or drops and re-creates) the buffer and then makes
+    as many changes as B's replica had seen: B's next draws hold only items present now,
+    and the use counts land on them (none on ids that are gone)."""
+    per = {"alpha": 1.0, "eps": 0.0}
+    a = peer_factory(capacity=100, per=per)
+    b = ReplayBuffer(url, buffer_name, capacity=100, sampler=PERSampler(**per), seed=2)
+    b.add(_batch(np.zeros(10)))
+    b.update_priority(b.sample_with_info(4).ids, [1.0, 2.0, 3.0, 4.0])
+    b.sample_with_info(8)  # B's replica is current here
+    seen = replica_of(b, "per").version
+    a(reset)
+    present: set[int] = set()
+    while int(b.client.hget(b.keys.meta, "log_version")) < seen:
+        present.update(a("add", log_rewards=[0.0]))  # each add is one log entry
+    assert int(b.client.hget(b.keys.meta, "log_version")) == seen
+    for _ in range(5):
+        ids = b.sample_with_info(16).ids
+        assert set(ids.tolist()) <= present
+    uses = {int(k): int(v) for k, v in b.client.hgetall(b.keys.uses).items()}
+    assert set(uses) <= present and sum(uses.values()) == 5 * 16
+    assert b.stats()["sampled"] == 5 * 16
+
+
+def test_a_stale_draw_follows_the_law_after_another_process_cut_a_priority(
+    url, buffer_name, peer_factory
+):
+    """The review's scenario: right after another process cut a heavy item's priority from
+    9 to 0.5, a draw of 1 from a replica that has not seen the cut: the heavy item must come
+    with the current probability (0.5 / 1.5 = 1/3), not the 0.48 a redraw of the whole
+    batch gave; the returned probability says the same."""
+    per = {"alpha": 1.0, "eps": 0.0}
+    a = peer_factory(capacity=10, per=per)
+    sampler = ReplayBuffer(url, buffer_name, capacity=10, sampler=PERSampler(**per), seed=5)
+    ids = sampler.add(_batch([0.0, 0.0, 0.0]), priorities=[9.0, 0.5, 0.5]).ids.tolist()
+    heavy = ids[0]
+    rounds, hits = 400, 0
+    for _ in range(rounds):
+        sampler.update_priority([heavy], [9.0])  # this process's replica is current again
+        a("update_priority", ids=[heavy], priorities=[0.5])  # the worst moment
+        info = sampler.sample_with_info(1)
+        hits += int(info.ids[0] == heavy)
+        assert info.probabilities[0] == pytest.approx(1 / 3)
+    # within 4.5 standard deviations of the law (p ~ 7e-6); 0.48 is 6 of them away
+    assert abs(hits - rounds / 3) < 4.5 * np.sqrt(rounds * (1 / 3) * (2 / 3)), hits / rounds
+
+
+def test_a_stale_softmax_draw_without_replacement_follows_the_law(
+    url, buffer_name, peer_factory
+):
+    """Softmax, without replacement: another process changes the buffer between this
+    process's catch-up and its commit every time; the draw that stands follows the law of
+    the buffer at its commit (chi-square over which of 4 items comes first)."""
+    a = peer_factory(capacity=1000, softmax=True)
+    sampler = ReplayBuffer(url, buffer_name, capacity=1000, prioritized_sampling=True, seed=9)
+    log_rewards = np.log([1.0, 2.0, 3.0, 4.0])
+    ids = sampler.add(_batch(log_rewards)).ids.tolist()
+    rounds = 300
+    firsts = []
+    for _ in range(rounds):
+        sampler.sample(1)  # current
+        a("add", log_rewards=[-1e9])  # an item of ~0 mass: the law among the 4 stays
+        firsts.append(int(sampler.sample_with_info(2).ids[0]))
+    observed = np.array([firsts.count(i) for i in ids])
+    expected = np.array([1.0, 2.0, 3.0, 4.0]) / 10 * rounds
+    assert chi2(observed, expected) < chi2_limit(3), observed
+
+
+def test_an_item_added_before_a_draw_without_replacement_is_seen(
+    url, buffer_name, peer_factory
+):
+    """After a draw with replacement that the server had to correct, another process adds
+    an item of overwhelming log-reward; the next draw of 1 without replacement must see
+    it (the review found it missed in 20 of 20 rounds)."""
+    a = peer_factory(capacity=10_000, softmax=True)
+    sampler = ReplayBuffer(url, buffer_name, capacity=10_000, prioritized_sampling=True, seed=1)
+    sampler.add(_batch(np.zeros(20)))
+    for round_ in range(20):
+        sampler.sample(1)
+        a("add", log_rewards=[0.0])
+        sampler.sample(8, replacement=True)  # corrected by the server
+        # each round's item outweighs everything before it by e^60
+        heavy = a("add", log_rewards=[60.0 * (round_ + 1)])[0]
+        assert sampler.sample_with_info(1, replacement=False).ids.tolist() == [heavy]
+
+
+def test_softmax_without_replacement_over_rewards_far_apart_returns(url, buffer_name):
+    """Log-rewards that differ by more than ~745 (exp underflows to 0) used to make a draw
+    without replacement of every item spin forever: it returns, the item of the highest
+    log-reward first, the underflowed ones after, in the law among themselves."""
+    buffer = ReplayBuffer(url, buffer_name, capacity=100, prioritized_sampling=True, seed=3)
+    ids = buffer.add(_batch([0.0, -800.0, -800.0, -1600.0])).ids.tolist()
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(buffer.sample_with_info(4).ids),
+                              daemon=True)
+    thread.start()
+    thread.join(20)
+    assert done, "the draw without replacement did not return in 20 s"
+    drawn = done[0].tolist()
+    assert drawn[0] == ids[0] and drawn[3] == ids[3] and set(drawn[1:3]) == set(ids[1:3])
+
+
+def _add_forever(url: str, name: str, stop, counts, index: int) -> None:
+    buffer = ReplayBuffer(url, name, capacity=None)
+    rng = np.random.default_rng(index)
+    added = 0
+    while not stop.is_set():
+        buffer.add(_batch(rng.normal(size=16)))
+        added += 16
+    counts[index] = added
+
+
+def test_softmax_draws_with_replacement_stand_under_two_writers(url, buffer_name):
+    """Two processes add as fast as they can while this one draws 32 with replacement from a
+    softmax buffer 200 times: every draw stands (the review saw SamplingError in up to
+    30% of calls)."""
+    buffer = ReplayBuffer(url, buffer_name, capacity=5000, prioritized_sampling=True, seed=4)
+    buffer.add(_batch(np.zeros(64)))
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    counts = ctx.Array("l", 2)
+    writers = [ctx.Process(target=_add_forever, args=(url, buffer_name, stop, counts, k))
+               for k in range(2)]
+    for writer in writers:
+        writer.start()
+    try:
+        deadline = time.monotonic() + 60
+        while min(counts) == 0 and buffer.stats()["inserted"] < 64 + 2000:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for _ in range(200):
+            assert len(buffer.sample_with_info(32, replacement=True).ids) == 32
+    finally:
+        stop.set()
+        for writer in writers:
+            writer.join(30)
+    assert all(writer.exitcode == 0 for writer in writers)
+
+
+def test_a_first_read_finishes_while_two_processes_add(url, buffer_name, monkeypatch):
+    """A new replica of a full PER buffer reads it in slices while two processes add: the
+    log entries after the version it started from are kept for it, so it finishes (the
+    review's sampler restarted 20 times and gave up), and it then holds exactly what the
+    buffer holds."""
+    capacity = 30_000
+    buffer = ReplayBuffer(url, buffer_name, capacity=capacity, sampler=PERSampler(), seed=1)
+    for _ in range(capacity // 5000):
+        buffer.add(_batch(np.zeros(5000)))
+    monkeypatch.setattr(replica_module, "_SCAN_COUNT", 300)  # ~100 slices: a long read
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    counts = ctx.Array("l", 2)
+    writers = [ctx.Process(target=_add_forever, args=(url, buffer_name, stop, counts, k))
+               for k in range(2)]
+    for writer in writers:
+        writer.start()
+    try:
+        while min(counts) == 0 and buffer.stats()["inserted"] < capacity + 3000:
+            time.sleep(0.05)
+        replica = MassReplica("per")
+        started = time.monotonic()
+        replica.load(buffer)
+        assert time.monotonic() - started < 60
+        moved = buffer.stats()["inserted"]
+    finally:
+        stop.set()
+        for writer in writers:
+            writer.join(30)
+    assert moved > capacity + 3000  # writers kept adding during the read
+    replica.sync(buffer)
+    keys = BufferKeys(buffer_name)
+    truth = {int(k): float(v) for k, v in buffer.client.hgetall(keys.per).items()}
+    held = ~np.isnan(replica.scores[: replica.count])
+    mine = dict(zip(replica.ids[: replica.count][held].tolist(),
+                    replica.scores[: replica.count][held].tolist(), strict=True))
+    assert mine == truth
+
+
+def test_a_replica_far_behind_catches_up_in_bounded_replies(url, buffer_name):
+    """No reply carries more than a bounded number of logged rows, however far behind a
+    replica is: it catches up in several, and then matches a fresh read."""
+    buffer = ReplayBuffer(url, buffer_name, capacity=200_000, sampler=PERSampler(), seed=1)
+    buffer.add(_batch(np.zeros(10)))
+    buffer.sample(2)
+    replica = replica_of(buffer, "per")
+    other = ReplayBuffer(url, buffer_name, capacity=None)
+    for _ in range(30):
+        other.add(_batch(np.zeros(2000)))  # 60 000 rows behind
+    replies: list[int] = []
+    run = buffer._run
+
+    def counting(name, keys, args):
+        reply = run(name, keys, args)
+        if name == "masslog_read":
+            replies.append(sum(int(e.split(b"|")[1]) for e in reply[4:]))
+        return reply
+
+    buffer._run = counting
+    replica.sync(buffer)
+    assert len(replies) >= 3 and max(replies) <= 20_000 + 2000
+    fresh = MassReplica("per")
+    fresh.load(other)
+    assert len(replica) == len(fresh) == 60_010
+
+
+def test_the_replica_costs_at_most_32_bytes_an_item(url, buffer_name):
+    buffer = ReplayBuffer(url, buffer_name, capacity=100_000, sampler=PERSampler(), seed=1)
+    for _ in range(10):
+        buffer.add(_batch(np.zeros(10_000)))
+    replica = replica_of(buffer, "per")
+    assert len(replica) == 100_000
+    assert replica.nbytes / len(replica) <= 32
+
+
+def test_a_rolled_back_history_is_read_afresh(url, buffer_name):
+    """The server's log goes back to an earlier state and then on with other changes (a
+    restart from an older snapshot, a failover that lost writes), to the same version the
+    replica had: the stamps differ, so the replica reads everything again and never draws
+    an id the server no longer holds."""
+    buffer = ReplayBuffer(url, buffer_name, capacity=1000, sampler=PERSampler(), seed=1)
+    buffer.add(_batch(np.zeros(10)))
+    keys = BufferKeys(buffer_name)
+    saved = {key: buffer.client.dump(key) for key in keys.all_keys() if buffer.client.exists(key)}
+    buffer.sample(2)
+    buffer.add(_batch(np.zeros(5)))  # lost: ids 11-15
+    buffer.sample(2)  # the replica follows to the lost version
+    version = replica_of(buffer, "per").version
+    for key in keys.all_keys():  # the server back to the older state
+        buffer.client.delete(key)
+    for key, value in saved.items():
+        buffer.client.restore(key, 0, value)
+    other = ReplayBuffer(url, buffer_name, capacity=None)
+    other.add(_batch(np.zeros(2)))  # the same version in another history: ids 11-12
+    assert int(buffer.client.hget(keys.meta, "log_version")) == version
+    present = {int(m) for m in buffer.client.zrange(keys.order, 0, -1)}
+    for _ in range(10):
+        assert set(buffer.sample_with_info(20).ids.tolist()) <= present
+    assert len(replica_of(buffer, "per")) == len(present)
+
+
+def test_clear_and_drop_of_a_large_buffer_are_no_long_command(url, buffer_name):
+    """clear() and drop() unlink the large keys (freed in the background): the server's
+    SLOWLOG shows no command of theirs over 100 ms."""
+    buffer = ReplayBuffer(url, buffer_name, capacity=200_000, sampler=PERSampler(), seed=1)
+    client = buffer.client
+
+    def fill() -> None:
+        for _ in range(10):
+            buffer.add(_batch(np.zeros(20_000)))
+
+    fill()
+    # a DEL of these keys took 0.29 s here, the UNLINKs 2 ms
+    client.config_set("slowlog-log-slower-than", 100_000)
+    try:
+        client.slowlog_reset()
+        assert buffer.clear() == 200_000
+        after_clear = [entry["command"][:40] for entry in client.slowlog_get(128)]
+        fill()
+        client.slowlog_reset()
+        buffer.drop()
+        after_drop = [entry["command"][:40] for entry in client.slowlog_get(128)]
+    finally:
+        client.config_set("slowlog-log-slower-than", 10_000)
+    assert after_clear == [] and after_drop == []
