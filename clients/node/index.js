@@ -182,7 +182,7 @@ export function schemaOf(record) {
 /** The 16 keys every item function takes, in order (docs/wire-format.md). */
 export function bufferKeys(name) {
   const k = (suffix) => `rb:{${name}}:${suffix}`;
-  return ['meta', 'items', 'prio', 'order', 'tree', 'tree:ids', 'tree:slots', 'tree:free', 'per',
+  return ['meta', 'items', 'prio', 'order', 'perheap', 'tree:ids', 'tree:slots', 'tree:free', 'per',
     'uses', 'versions', 'times', 'vecs', 'batches', 'batches:old', 'masslog'].map(k);
 }
 
