@@ -9,8 +9,9 @@ The rules (docs and README authors rely on them):
   default a newcomer gets) uses it too. The working directory is a fresh temporary
   directory, so examples write files with relative paths.
 - ```bash blocks run with ``bash -euo pipefail`` in the same directory, with the same URL
-  replacement and ``$REDISBUF_URL``, and with this interpreter's ``python`` and ``redisbuf`` first on PATH
-  (and, where no ``redis-cli`` is installed, the bundled ``valkey-cli`` under that name).
+  replacement and ``$REDISBUF_URL``, and with this interpreter's ``python`` and
+  ``redisbuf`` first on PATH (and, where no ``redis-cli`` is installed, the bundled
+  ``valkey-cli`` under that name).
 - Other fences (```console, ```text, ```json, ```lua ...) are shown, never run. The
   aliases ```py, ```sh, ```shell, ```python3 are refused: they would look like code that
   runs while escaping this test.
