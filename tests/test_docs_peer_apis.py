@@ -166,17 +166,25 @@ def problems(text: str) -> list[str]:
         return [str(exc)]
     if arguments is None:
         return []
-    try:
-        signature = inspect.signature(obj)
-    except (TypeError, ValueError) as exc:
-        return [f"{path} has no signature to check arguments against ({exc})"]
+    # a class's own signature can be its metaclass's or __new__'s (*args, **kwargs)
+    # wrapper, as TorchRL's ReplayBuffer's is: its __init__ names the arguments too
+    callables = [obj, obj.__init__] if inspect.isclass(obj) else [obj]
+    signatures = []
+    for target in callables:
+        try:
+            signatures.append(inspect.signature(target))
+        except (TypeError, ValueError):
+            continue
+    if not signatures:
+        return [f"{path} has no signature to check arguments against"]
     explicit = {
         name
+        for signature in signatures
         for name, parameter in signature.parameters.items()
         if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
-    }
+    } - ({"self"} if inspect.isclass(obj) else set())
     return [
-        f"{path}{signature} has no parameter {argument!r}"
+        f"{path}{signatures[-1]} has no parameter {argument!r}"
         for argument in arguments
         if argument not in explicit
     ]
@@ -269,3 +277,10 @@ def test_checker_refuses_what_torchgfn_2_4_1_lacks() -> None:
     # accepted only through **kwargs: not an explicit parameter
     assert problems("gfn.containers.TerminatingStateBuffer(env, prioritized_capacity)")
     assert "no module" in problems("gfnx.containers.ReplayBuffer")[0]
+    assert problems("gfn.containers.ReplayBuffer(self)")  # __init__'s self is no argument
+
+
+def test_checker_reads_a_class_whose_own_signature_is_a_wrapper() -> None:
+    pytest.importorskip("torchrl", reason="torchrl is not installed")
+    assert problems("torchrl.data.ReplayBuffer(storage, sampler, prefetch, batch_size)") == []
+    assert problems("torchrl.data.ReplayBuffer(storages)")
