@@ -15,8 +15,8 @@ Both run here with the example's defaults, made small (height 8, 120 iterations,
 three seeds, the port over two. The port's final L1 distance to the true distribution must
 fall within the original's seed-to-seed range widened by that range's width on each side
 (seeded, the runs are deterministic; on the development machine the original ended at
-0.086-0.100 and the port at 0.080-0.085), and both must have learnt (an untrained sampler
-sits near L1 = 1.1 on this grid). About 25 s of CPU.
+0.086-0.100 and the port at 0.080-0.085), and both must have learnt (the untrained sampler
+of seed 0 is at L1 = 1.36 on this grid). About 25 s of CPU.
 """
 
 from __future__ import annotations
@@ -120,6 +120,6 @@ def test_ported_terminating_state_example_trains_like_the_original(redis_server)
     assert [r["stored"] for r in original + ported] == [1000] * 5
     low, high = min(theirs), max(theirs)
     spread = high - low
-    assert high < 0.9, theirs
+    assert high < 0.5, theirs
     for l1 in ours:
         assert low - spread <= l1 <= high + spread, (ours, theirs)
