@@ -10,13 +10,15 @@ those. The port changes what the page's table says to change, and nothing else:
 ``gfn.containers.TerminatingStateBuffer(env, capacity, ...)`` becomes
 ``redisbuf.torchgfn.TerminatingStateBuffer(env, capacity, ..., url=, name=)``.
 
-Both run here with the example's defaults, made small (height 8, 120 iterations, a
-10 000-sample validation) so the whole test takes seconds of CPU: the original over
-three seeds, the port over two. The port's final L1 distance to the true distribution must
-fall within the original's seed-to-seed range widened by that range's width on each side
-(seeded, the runs are deterministic; on the development machine the original ended at
-0.086-0.100 and the port at 0.080-0.085), and both must have learnt (the untrained sampler
-of seed 0 is at L1 = 1.36 on this grid). About 25 s of CPU.
+Both run here with the example's defaults (capacity 10 000, 10 prefill iterations,
+batches of 16, learning rates 1e-3 and 1e-1) except three that keep the test to seconds
+of CPU: height 8 (64), 120 iterations (1000) and a 10 000-sample validation (200 000).
+The original runs over three seeds, the port over two, and the means of their final L1
+distances to the true distribution must agree within 0.05, three standard deviations of
+that difference: over seeds, one run's L1 has a standard deviation of about 0.017 here
+(measured on 2026-11-27 over 9 seeds of the original, 0.086-0.135, mean 0.104, and 8 of
+the port, 0.076-0.132, mean 0.101). Every run must also have learnt: below 0.3, where
+the untrained sampler of seed 0 is at 1.36 on this grid. About 25 s of CPU.
 """
 
 from __future__ import annotations
@@ -68,17 +70,17 @@ def run(seed):
     forward, backward = Sampler(estimator=pf), Sampler(estimator=pb)
     optimizer = torch.optim.Adam(gflownet.pf_pb_parameters(), lr=1e-3)
     optimizer.add_param_group({"params": gflownet.logz_parameters(), "lr": 1e-1})
-    args = dict(capacity=1000, prioritized_capacity=False, prioritized_sampling=False)
+    args = dict(capacity=10_000, prioritized_capacity=False, prioritized_sampling=False)
     if variant == "torchgfn":
         buffer = TerminatingStateBuffer(env, **args)
     else:
         buffer = TerminatingStateBuffer(env, **args, url=url, name=f"ported-{seed}")
-    for _ in range(iterations):
+    for it in range(iterations):
         trajectories = forward.sample_trajectories(env, n=16, save_logprobs=True,
                                                    save_estimator_outputs=False)
         with torch.no_grad():
             buffer.add(trajectories)
-        if len(buffer) < 16:
+        if it < 10 or len(buffer) < 16:  # the example's --prefill 10
             continue
         optimizer.zero_grad()
         gflownet.loss(env, trajectories, recalculate_all_logprobs=False).backward()
@@ -116,10 +118,7 @@ def test_ported_terminating_state_example_trains_like_the_original(redis_server)
     ported = run("redisbuf", redis_server.url, [0, 1])
     theirs = [r["l1_dist"] for r in original]
     ours = [r["l1_dist"] for r in ported]
-    # the same number of terminating states kept: capacity 1000 of 120 x 16 added
-    assert [r["stored"] for r in original + ported] == [1000] * 5
-    low, high = min(theirs), max(theirs)
-    spread = high - low
-    assert high < 0.5, theirs
-    for l1 in ours:
-        assert low - spread <= l1 <= high + spread, (ours, theirs)
+    # every terminating state kept: 120 x 16 added, capacity 10 000
+    assert [r["stored"] for r in original + ported] == [ITERATIONS * 16] * 5
+    assert max(theirs + ours) < 0.3, (ours, theirs)
+    assert abs(sum(ours) / len(ours) - sum(theirs) / len(theirs)) <= 0.05, (ours, theirs)
