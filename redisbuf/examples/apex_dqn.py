@@ -713,8 +713,8 @@ def run(config: ApexConfig, live: bool = True, console: Any = None,
             code, pid = child.process.exitcode, child.process.pid
             why = describe_exit(code) + (f" ({child.error})" if child.error else "")
             if child.role == "learner":
-                raise ApexError(f"the learner (pid {pid}) {why}: the run cannot go on without "
-                                "it (its buffer stays in Redis)")
+                raise ApexError(f"the learner (pid {pid}) {why}: the run cannot go on "
+                                "without it")
             record = monitor.actors[child.index]
             restart = record.restarts < config.max_restarts
             record.deaths.append({
@@ -728,12 +728,13 @@ def run(config: ApexConfig, live: bool = True, console: Any = None,
                 record.state = "restarting"
                 console.print(f"apex-actor-{child.index} (pid {pid}) {why} at "
                               f"{now - started:.1f} s; restarting it in {delay:g} s (restart "
-                              f"{record.restarts + 1} of {config.max_restarts})")
+                              f"{record.restarts + 1} of {config.max_restarts})", soft_wrap=True)
             else:
                 record.state = "dead"
                 console.print(f"apex-actor-{child.index} (pid {pid}) {why} at "
                               f"{now - started:.1f} s; not restarted (--max-restarts "
-                              f"{config.max_restarts}), the other actors go on")
+                              f"{config.max_restarts}), the other actors go on",
+                              soft_wrap=True)
             if all(r.state == "dead" for r in monitor.actors):
                 raise ApexError("every actor has died and none may be restarted (--max-restarts "
                                 f"{config.max_restarts}): {monitor.death_summary()}")
