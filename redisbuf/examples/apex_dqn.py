@@ -498,6 +498,9 @@ class RunResult:
     actor_restarts: int = 0
     #: one :class:`ActorRecord` (as a dict) per actor
     actor_processes: list[dict[str, Any]] = field(default_factory=list)
+    #: the signal ("SIGINT", "SIGTERM") that ended the run before its target or time
+    #: limit, or None
+    stopped_by: str | None = None
 
 
 class ApexError(RuntimeError):
@@ -614,7 +617,8 @@ def _write_json(path: Path, document: Any) -> None:
 
 
 def run(config: ApexConfig, live: bool = True, console: Any = None,
-        status: Path | None = None) -> RunResult:
+        status: Path | None = None,
+        stop_requested: Callable[[], str | None] | None = None) -> RunResult:
     """One seed: reset buffer ``config.name``, start the learner and the actors, follow
     them until the target or the time limit, stop them and return the result. The
     buffer is left in place (``redisbuf watch`` / inspection afterwards).
@@ -626,6 +630,8 @@ def run(config: ApexConfig, live: bool = True, console: Any = None,
     sampling meanwhile. Raises :class:`ApexError` when the learner dies or when no actor
     is left running or waiting for a restart. ``status``: a JSON file rewritten every
     second with the actors' pids, frames, deaths and restarts (the learner's pid too).
+    ``stop_requested``: polled a few times a second; a non-empty answer (the reason, which
+    goes to ``stopped_by``) ends the run as its time limit would.
     """
     import multiprocessing as mp
     from multiprocessing.connection import wait
@@ -827,6 +833,9 @@ def run(config: ApexConfig, live: bool = True, console: Any = None,
                     break
                 if elapsed >= deadline_s:
                     break
+                if stop_requested is not None and (reason := stop_requested()):
+                    result.stopped_by = reason
+                    break
         finally:
             if live_view is not None:
                 live_view.update(view())
@@ -958,11 +967,23 @@ def main(argv: list[str] | None = None) -> int:
 
         server = EmbeddedServer().start()
         url = server.url
+    previous: dict[int, Any] = {}
     try:
         console.print(f"Buffer [bold]{args.name}[/] at {url}"
                       f"{' (embedded server, stops with this run)' if server else ''}; "
                       f"watch it with: redisbuf watch {args.name} --url {url}", soft_wrap=True)
         results = []
+        requested: list[str] = []
+
+        def request_stop(signum: int, frame: Any) -> None:
+            if requested:  # the second one: no more waiting
+                raise KeyboardInterrupt
+            requested.append(signal.Signals(signum).name)
+
+        # the first Ctrl-C (or SIGTERM) ends the run as its time limit would: results are
+        # written; the second stops at once
+        previous.update({sig: signal.signal(sig, request_stop)
+                         for sig in (signal.SIGINT, signal.SIGTERM)})
         for seed in args.seeds:
             config = ApexConfig(url=url, name=args.name, actors=args.actors, seed=seed,
                                 minutes=args.minutes, target=args.target,
@@ -971,7 +992,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 result = run(config, live=not args.no_live and console.is_terminal,
                              console=console,
-                             status=Path(args.status) if args.status else None)
+                             status=Path(args.status) if args.status else None,
+                             stop_requested=lambda: requested[0] if requested else None)
             except ApexError as exc:
                 console.print(f"[bold red]seed {seed} failed:[/] {exc}", soft_wrap=True)
                 return 1
@@ -988,7 +1010,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{result.samples_per_insert:.2f} samples per insert"
                 + (f"; {result.actor_deaths} actor deaths, {result.actor_restarts} restarts"
                    if result.actor_deaths else "")
+                + (f"; stopped by {result.stopped_by}" if result.stopped_by else ""),
+                soft_wrap=True,
             )
+            if result.stopped_by:
+                break
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         plot(results, out.with_suffix(".png"), args.target)
@@ -999,6 +1025,8 @@ def main(argv: list[str] | None = None) -> int:
         out.with_suffix(".json").write_text(json.dumps(_finite(document), indent=1) + "\n")
         console.print(f"wrote {out.with_suffix('.png')} and {out.with_suffix('.json')}")
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if server is not None:
             server.stop()
     return 0
