@@ -16,8 +16,16 @@ The parent starts the embedded server unless ``--url`` (or ``$REDISBUF_URL``) na
 shows a live view (rich) and at the end writes the learning curve (``--out``, PNG) and a
 JSON of the run. "Return" is the mean over the last 20 episodes of the greediest actor
 (the last one; with one actor, eps = 0.4). A run stops when that reaches ``--target``
-(475; 0: never) or after ``--minutes``. ``redisbuf watch NAME --url URL`` shows the buffer
-meanwhile.
+(475; 0: never), after ``--minutes``, or at the first Ctrl-C or SIGTERM (the files are
+written all the same; a second one stops at once). ``redisbuf watch NAME --url URL`` shows
+the buffer meanwhile.
+
+An actor that dies (a signal, an exception, any exit) does not end the run: it is
+restarted after ``--restart-delay`` seconds (doubled for each further restart of the same
+actor), at most ``--max-restarts`` times (3); after that, or with ``--max-restarts 0``, the
+other actors go on. The learner keeps training from the buffer meanwhile. A dead learner
+ends the run (exit status 1). Deaths and restarts appear in the live view and in the JSON
+(``actor_processes``); ``--status FILE`` keeps a JSON with every process's pid up to date.
 
 Actors need only numpy (their forward pass is three matrix products); the learner uses
 torch with one thread, as every process here shares the machine's cores.
