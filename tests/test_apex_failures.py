@@ -34,10 +34,10 @@ CAPACITY = 1_000_000
 
 
 def _start(tmp_path: Path, url: str, name: str, *extra: str,
-           minutes: float = 3.0) -> subprocess.Popen[str]:
+           minutes: float = 3.0, actors: int = 2) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     return subprocess.Popen(
-        [sys.executable, "-m", "redisbuf.examples.apex_dqn", "--actors", "2",
+        [sys.executable, "-m", "redisbuf.examples.apex_dqn", "--actors", str(actors),
          "--minutes", str(minutes), "--target", "0", "--no-live", "--name", name,
          "--url", url, "--capacity", str(CAPACITY), "--out", str(tmp_path / "run"),
          "--status", str(tmp_path / "status.json"), *extra],
@@ -217,3 +217,21 @@ def test_the_live_view_summarises_deaths_and_restarts():
     assert monitor.actor_summary() == "2 of 3 running, 1 dead; 2 deaths, 1 restarts"
     assert monitor.death_summary() == (
         "#0: 1 (last SIGKILL at 12 s, restarted); #2: 1 (last exit 1 at 20 s, not restarted)")
+
+
+@pytest.mark.redis_server
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_run_whose_last_actor_dies_for_good_ends_with_an_error(tmp_path, redis_server,
+                                                                  real_client):
+    process = _start(tmp_path, redis_server.url, "apex-alldead", "--max-restarts", "0",
+                     actors=1)
+    status = _wait_for(tmp_path, process, "adds from actor 0", _adding(0))
+    victim = status["actors"][0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    code, out = _finish(process, timeout=30)
+    assert code == 1, out
+    assert ("every actor has died and none may be restarted (--max-restarts 0): #0: 1 "
+            "(last SIGKILL at") in out
+    with pytest.raises(ProcessLookupError):  # the learner was stopped with the run
+        os.kill(status["learner"]["pid"], 0)
