@@ -468,7 +468,7 @@ class ActorRecord:
     #: transitions added by each of its processes: [first, after restart 1, ...]
     frames_per_start: list[int] = field(default_factory=list)
     #: one entry per death: ``at_s`` (seconds since the run started, the curve's clock),
-    #: ``pid``, ``exitcode`` (negative: the signal's number), ``signal`` (its name, or
+    #: ``pid``, ``exitcode`` (negative: minus the signal's number), ``signal`` (its name, or
     #: None), ``error`` (the exception it reported, or None: a signal leaves no word),
     #: ``frames`` (added by that process) and ``restarted``
     deaths: list[dict[str, Any]] = field(default_factory=list)
@@ -966,6 +966,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.restart_delay >= 0 and math.isfinite(args.restart_delay)):
         parser.error(f"--restart-delay must be 0 or more seconds, got {args.restart_delay}")
     BufferKeys(args.name)  # validates the name before anything starts
+    if args.status:
+        Path(args.status).parent.mkdir(parents=True, exist_ok=True)
 
     console = Console()
     url = args.url or os.environ.get("REDISBUF_URL")
