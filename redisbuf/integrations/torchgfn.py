@@ -331,8 +331,8 @@ class ReplayBuffer:
             not used).
         async_score, baseline_filtering, scoring_only, baseline_refresh_after: as on
             torchgfn's main branch (not in 2.4.1). ``async_comm=True`` means
-            ``async_score=True`` (sends never block here). ``lazy_sort`` is accepted and changes nothing: every add is sorted
-            into Redis at once.
+            ``async_score=True`` (sends never block here). ``lazy_sort`` is accepted and
+            changes nothing: every add is sorted into Redis at once.
         url: Redis URL or client (None: ``$REDISBUF_URL``).
         name: buffer name; processes that give the same name share one buffer. None
             (the default): a private buffer under a fresh name, dropped by :meth:`close`,
