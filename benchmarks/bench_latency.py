@@ -87,15 +87,15 @@ def run(url: str, items: int, dim: int, only: set[str]) -> None:
             (f"sample({n}) uniform, without replacement", lambda: buffer.sample(n)),
             (f"sample({n}, replacement=True) uniform",
              lambda: buffer.sample(n, replacement=True)),
-            (f"sample({n}, sample_range=slice(-{n}, None))",
-             lambda: buffer.sample(n, sample_range=slice(-n, None))),
+            (f"sample({n}, True, sample_range=slice(-{n}, None))",
+             lambda: buffer.sample(n, replacement=True, sample_range=slice(-n, None))),
             (f"get({n} ids)", lambda: buffer.get(some)),
             (f"top({n})", lambda: buffer.top(n)),
             ("stats()", lambda: buffer.stats()),
             (f"FCALL rb_sample_uniform n={n}",
              lambda: client.execute_command("FCALL", "rb_sample_uniform", len(keys), *keys,
                                             n, 0, 0, packed)),
-            ("add(4096 items)", lambda: buffer.add(batch(rng, 4096, dim))),
+            ("add(2048 items)", lambda: buffer.add(batch(rng, 2048, dim))),
         ]
 
     def prioritized_ops(buffer: ReplayBuffer) -> list[tuple[str, Callable[[], Any]]]:

@@ -357,7 +357,8 @@ def _draw_chunked(
         raise
     finally:
         try:
-            buffer.client.delete(drawn_key)
+            # UNLINK: freeing a set of 10^6 ids took 270 ms of the server's thread (DEL)
+            buffer.client.unlink(drawn_key)
         except Exception:
             pass  # it expires by itself
     if inline:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 #: Items one command may draw, read, add, rank or list (uniform draws, ``get``, ``add``,
 #: ``top``, selectors, windows, sequence and episode draws, exports).
-MAX_ITEMS_PER_COMMAND = 4096
+MAX_ITEMS_PER_COMMAND = 2048
 
 #: A batch ``add`` is one atomic command (readers see all of it or none), so it is
 #: refused above this many items instead of being split (:class:`RequestTooLargeError`).
