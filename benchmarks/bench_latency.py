@@ -35,8 +35,7 @@ except ImportError:  # a checkout from before the bound
 
 def fill(buffer: ReplayBuffer, items: int, dim: int, rng: np.random.Generator) -> None:
     """Add ``items`` items in batches the server takes in one command each."""
-    step = bounds.MAX_ADD_ITEMS if bounds is not None else 2000
-    step = min(step, 2000)
+    step = bounds.MAX_ADD_ITEMS if bounds is not None else 1000
     done = 0
     while done < items:
         k = min(step, items - done)
@@ -95,7 +94,7 @@ def run(url: str, items: int, dim: int, only: set[str]) -> None:
             (f"FCALL rb_sample_uniform n={n}",
              lambda: client.execute_command("FCALL", "rb_sample_uniform", len(keys), *keys,
                                             n, 0, 0, packed)),
-            ("add(2048 items)", lambda: buffer.add(batch(rng, 2048, dim))),
+            ("add(1024 items)", lambda: buffer.add(batch(rng, 1024, dim))),
         ]
 
     def prioritized_ops(buffer: ReplayBuffer) -> list[tuple[str, Callable[[], Any]]]:

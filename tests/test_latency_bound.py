@@ -31,7 +31,7 @@ def filled(redis_server):
     buffer = ReplayBuffer(client, "latency-bound", capacity=ITEMS, seed=0)
     buffer.clear()
     rng = np.random.default_rng(0)
-    for start, stop in bounds.chunks(ITEMS, 2000):
+    for start, stop in bounds.chunks(ITEMS, bounds.MAX_ADD_ITEMS):
         k = stop - start
         buffer.add({"obs": rng.standard_normal((k, 8)).astype(np.float32),
                     "log_rewards": rng.standard_normal(k)})

@@ -146,6 +146,9 @@ class UniformSampler:
     in one pipeline: one round trip, no drawing on the server. If the range moved
     meanwhile, the script records nothing and the draw is made again for the range it
     reports, so the ids are always those the script's own draw would give.
+
+    A draw of more than :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` items is
+    made as several commands of at most that many (``_draw_chunked``).
     """
 
     name = "uniform"

@@ -8,10 +8,11 @@ a get, ``top(k)``, a listing) into several commands, and the server's scripts an
 functions refuse a request above the bound with ``RB_LIMIT`` (:class:`RequestTooLargeError`
 in Python), so that a client that is not ours cannot stall the server either.
 
-The number comes from measurement (``benchmarks/bench_latency.py``; docs/performance.md):
-at 4 KiB items, on valkey 8.1, the costliest bounded command (a uniform draw of that many
-items from a buffer whose ids have holes, with its bookkeeping, or the HMGET of their
-blobs) takes about 10 ms of server time, so that no command of ours comes near 20 ms.
+The numbers come from measurement (``benchmarks/bench_latency.py``; docs/performance.md):
+at 4 KiB items, on valkey 8.1, on the 2-core development machine while other jobs kept
+its load average at 7, a bounded draw or read (a uniform draw of 2048 items from a buffer
+whose ids have holes, with its bookkeeping; the HMGET of their blobs) took 12-20 ms of
+server time, and an add of 1024 items 27 ms (median); a command of 4096 took twice that.
 The server's work per command also grows with the items' size (it copies the blobs into
 its reply): :data:`MAX_REPLY_BYTES` bounds what the client asks one command to return.
 """
@@ -24,7 +25,9 @@ MAX_ITEMS_PER_COMMAND = 2048
 
 #: A batch ``add`` is one atomic command (readers see all of it or none), so it is
 #: refused above this many items instead of being split (:class:`RequestTooLargeError`).
-MAX_ADD_ITEMS = MAX_ITEMS_PER_COMMAND
+#: Storing an item (order, log-reward, time, eviction of another) costs several times
+#: what drawing one does: 2048 took 38 ms at 4 KiB on the loaded development machine.
+MAX_ADD_ITEMS = 1024
 
 #: Blob bytes the client asks one read command to return: a chunk of a large ``get`` or
 #: sample holds at most this many bytes of blobs, as far as the first chunk's sizes tell.
