@@ -3,7 +3,8 @@
 Usage: python benchmarks/bench_latency.py [--url URL] [--items 2000000] [--dim 8]
                                           [--only NAME,NAME]
 
-A probe process PINGs the server every 2 ms while each operation runs once at a large
+Without --url it starts the bundled valkey 8 (as the tests do). A probe process PINGs
+the server every 2 ms while each operation runs once at a large
 size on a buffer of ``--items`` items (``dim`` float32 each; 2x10^6 by default, as issue
 35 asks); per operation it prints the probe's worst PING reply, the server's slowest
 command (SLOWLOG) and the operation's own wall time. The bound on one command's work
@@ -16,6 +17,7 @@ compared on one machine; operations the checkout lacks are skipped.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +27,7 @@ import redis
 
 from redisbuf import ReplayBuffer
 from redisbuf.ops.latency import LatencyProbe
-from redisbuf.servers.embedded import EmbeddedServer
+from redisbuf.servers.embedded import BIN_ENV, EmbeddedServer, bundled_server_binary
 
 try:
     from redisbuf.store import bounds
@@ -58,6 +60,9 @@ def main() -> None:
     server = None
     url = args.url
     if url is None:
+        # the bundled valkey 8, as the test suite, even when a redis-server is on PATH
+        if not os.environ.get(BIN_ENV) and bundled_server_binary():
+            os.environ[BIN_ENV] = bundled_server_binary()  # type: ignore[assignment]
         server = EmbeddedServer().start()
         url = server.url
     try:
