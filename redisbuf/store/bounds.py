@@ -9,7 +9,7 @@ functions refuse a request above the bound with ``RB_LIMIT`` (:class:`RequestToo
 in Python), so that a client that is not ours cannot stall the server either.
 
 The numbers come from measurement (``benchmarks/bench_latency.py``; docs/performance.md):
-at 4 KiB items, on valkey 8.1, on the 2-core development machine while other jobs kept
+at 4 KiB items, on Redis 7.0, on the 2-core development machine while other jobs kept
 its load average at 7, a bounded draw or read (a uniform draw of 2048 items from a buffer
 whose ids have holes, with its bookkeeping; the HMGET of their blobs) took 12-20 ms of
 server time, and an add of 1024 items 27 ms (median); a command of 4096 took twice that.
