@@ -41,12 +41,20 @@ def filled(redis_server):
     client.close()
 
 
-def _bounded(probe: LatencyProbe, op, what: str):
-    with probe.window() as seen:
-        result = op()
-    assert seen.server_worst < SERVER_LIMIT, (what, seen.server_worst, seen.server_command)
-    assert seen.probe_worst < PROBE_LIMIT, (what, seen.probe_worst)
-    return result
+def _bounded(probe: LatencyProbe, op, what: str, attempts: int = 3):
+    """Run ``op`` beside the probe: no command may exceed SERVER_LIMIT in any run, and the
+    probe's worst reply must stay under PROBE_LIMIT in one of ``attempts`` runs (a loaded
+    machine may keep the probe process itself off the CPU for a while; the server's
+    SLOWLOG says whether the server was the one holding it up)."""
+    probe_worst = []
+    for _ in range(attempts):
+        with probe.window() as seen:
+            result = op()
+        assert seen.server_worst < SERVER_LIMIT, (what, seen.server_worst, seen.server_command)
+        probe_worst.append(seen.probe_worst)
+        if seen.probe_worst < PROBE_LIMIT:
+            return result
+    raise AssertionError(f"{what}: the probe waited {max(probe_worst):.3f} s at worst")
 
 
 def test_large_uniform_samples_stay_bounded(filled):
@@ -78,12 +86,14 @@ def test_fcall_far_above_the_bound_is_refused_at_once(filled):
     functions.install(client)
     keys = buffer.keys.all_keys()
     n = 10 * bounds.MAX_ITEMS_PER_COMMAND
+    sampled_before = int(client.hget(buffer.keys.meta, "sampled") or 0)
     uniforms = np.random.default_rng(1).bytes(6 * n)
-    with probe.window() as seen:
+    def refused() -> float:
         started = time.perf_counter()
         with pytest.raises(redis.ResponseError, match="RB_LIMIT"):
             client.execute_command("FCALL", "rb_sample_uniform", len(keys), *keys,
                                    n, 1, 0, uniforms)
-        elapsed = time.perf_counter() - started
-    assert elapsed < 1.0 and seen.server_worst < SERVER_LIMIT
-    assert seen.probe_worst < PROBE_LIMIT
+        return time.perf_counter() - started
+
+    assert _bounded(probe, refused, "FCALL above the bound") < 1.0
+    assert int(client.hget(buffer.keys.meta, "sampled") or 0) == sampled_before
