@@ -33,10 +33,6 @@ MAX_ADD_ITEMS = 1024
 #: sample holds at most this many bytes of blobs, as far as the first chunk's sizes tell.
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 
-#: Candidate draws (uniforms) one chunk of a large uniform draw without replacement may
-#: try (see UniformSampler): each costs about what one drawn item does.
-MAX_TRIES_PER_COMMAND = MAX_ITEMS_PER_COMMAND
-
 
 #: Elements of a key MEMORY USAGE looks at (``stats()``, metrics): an estimate from this
 #: many, where ``SAMPLES 0`` (every element) took ~300 ms on a 2x10^6-item buffer.
@@ -61,7 +57,6 @@ __all__ = [
     "MAX_ADD_ITEMS",
     "MAX_ITEMS_PER_COMMAND",
     "MAX_REPLY_BYTES",
-    "MAX_TRIES_PER_COMMAND",
     "MEMORY_USAGE_SAMPLES",
     "chunks",
     "items_for_bytes",
