@@ -29,7 +29,7 @@ from redisbuf import PERSampler, ReplayBuffer
 from redisbuf.sampling.replica import MassReplica
 from redisbuf.servers.embedded import EmbeddedServer
 
-FILL = 50_000
+FILL = 1000  # items per add (one add is bounded: redisbuf/store/bounds.py)
 
 
 def _add_forever(url: str, name: str, stop: Any) -> None:

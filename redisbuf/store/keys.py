@@ -189,6 +189,11 @@ class BufferKeys:
         buffers of their own, and no buffer ``name`` exists beside them."""
         return self._key("shards")
 
+    def drawing(self, token: str) -> str:
+        """The set of ids one large uniform draw has returned so far (its chunks exclude
+        them; see UniformSampler): it expires 60 s after the draw's last chunk."""
+        return self._key(f"drawing:{token}")
+
     def data_keys(self) -> list[str]:
         """Keys holding items and sampling structures (everything but meta)."""
         return [
