@@ -3,8 +3,8 @@ share by URL and name, with TorchRL's own ``ReplayBuffer`` classes on top.
 
 Switch a TorchRL (0.14.1) buffer by its storage argument::
 
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100_000), batch_size=256)     # before
-    rb = TensorDictReplayBuffer(storage=RedisbufStorage(url, "dqn", 100_000), batch_size=256)  # after
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10**5), batch_size=256)  # before
+    rb = TensorDictReplayBuffer(storage=RedisbufStorage(url, "dqn", 10**5), batch_size=256)
 
 and a prioritized one by its class (TorchRL's builds a process-local priority tree)::
 
