@@ -23,7 +23,8 @@ What maps to what:
   sample and what ``update_priority`` takes is the id the server gave the item: unique
   in the buffer for its whole life (ids are never reused, not even after ``empty()``),
   the same in every process, and not a slot in ``[0, max_size)``. ``storage[ids]`` reads
-  the items with these ids (``KeyError`` for an id no longer stored), and a priority
+  the items with these ids (``KeyError`` for an id no longer stored), a slice reads
+  positions in insertion order (``rb[:]``: every item, oldest first), and a priority
   update of an evicted id is skipped, where a slot index would hit whatever item took
   the slot. After ``loads`` / ``load_state_dict`` the items have new ids.
 * :class:`RedisbufWriter` replaces TorchRL's ``RoundRobinWriter``, whose cursor is a
@@ -66,6 +67,7 @@ from .._extras import require as _require_extra
 from ..buffers.replay import ReplayBuffer as _CoreBuffer
 from ..errors import ConfigMismatchError, InvalidBatchError
 from ..sampling.samplers import PERSampler, UniformSampler
+from ..sampling.selectors import FifoSampler
 
 # torch, tensordict and torchrl come with the extra ``redisbuf[torchrl]``: without one,
 # importing this module raises MissingExtraError (an ImportError) naming it
@@ -217,6 +219,7 @@ class RedisbufStorage(Storage):
         super().__init__(max_size=self._buffer.capacity)
         self.device = torch.device(device)
         self._local = threading.local()
+        self._fifo: _CoreBuffer | None = None  # FIFO handle for slices (insertion order)
 
     @property
     def buffer(self) -> _CoreBuffer:
@@ -302,7 +305,8 @@ class RedisbufStorage(Storage):
 
     def get(self, index: Any) -> Any:
         """The items with ids ``index`` (an int: one item; a sequence or tensor: a
-        batch in that order). Right after a draw in this thread, the drawn items."""
+        batch in that order; a slice: positions in insertion order, oldest first, read
+        by fetching every item). Right after a draw in this thread, the drawn items."""
         pending = getattr(self._local, "pending", None)
         if pending is not None:
             self._local.pending = None
@@ -313,15 +317,25 @@ class RedisbufStorage(Storage):
             ):
                 return batch
         if isinstance(index, slice):
-            raise TypeError("RedisbufStorage is indexed by item ids, not by slices of slots")
+            return self.get(self._ids_in_order()[index])
         if isinstance(index, (int, np.integer)) or (
-            isinstance(index, torch.Tensor) and index.ndim == 0
+            isinstance(index, (torch.Tensor, np.ndarray)) and index.ndim == 0
         ):
             return self.get(torch.as_tensor([int(index)]))[0]
         ids_list = torch.as_tensor(index).reshape(-1).tolist()
         if not ids_list:
             raise ValueError("no ids to read")
         return _tensordict_of(self.buffer.get(ids_list), len(ids_list), self.device)
+
+    def _ids_in_order(self) -> list[int]:
+        """The ids of the items stored now, oldest first (one read of every item)."""
+        if self._fifo is None:
+            self._fifo = _CoreBuffer.open(self.buffer.client, self.name, sampler=FifoSampler())
+        n = len(self.buffer)
+        if n == 0:
+            return []
+        ids = self._fifo.sample_with_info(n).ids.tolist()
+        return list(dict.fromkeys(ids))  # n above the length now repeats the order
 
     def __len__(self) -> int:
         return len(self.buffer)
