@@ -290,3 +290,11 @@ def test_slices_and_keys_read_in_insertion_order(client, name):
     assert rb[:]["a"].tolist() == [2, 3, 4, 5]
     assert rb[1:3]["a"].tolist() == [3, 4]
     assert rb["a"].tolist() == [2, 3, 4, 5]
+
+
+def test_a_position_sampler_given_as_a_factory_is_refused_at_sampling(client, name):
+    rb = ReplayBuffer(storage=RedisbufStorage(client, name, 10),
+                      sampler=SamplerWithoutReplacement, batch_size=2)
+    rb.extend(torch.arange(4))
+    with pytest.raises(TypeError, match="positions"):
+        rb.sample()

@@ -167,6 +167,18 @@ def _tensordict_of(batch: Mapping[str, Any], n: int, device: torch.device) -> An
     return out
 
 
+def _check_sampler(sampler: Any) -> None:
+    """Refuse a TorchRL sampler that picks storage positions (a shared buffer has none)."""
+    if isinstance(sampler, Sampler) and not isinstance(
+        sampler, (RedisbufSampler, RedisbufPrioritizedSampler)
+    ) and type(sampler) is not RandomSampler:
+        raise TypeError(
+            f"RedisbufStorage samples with RedisbufSampler, RandomSampler or "
+            f"RedisbufPrioritizedSampler, not {type(sampler).__name__} (it picks storage "
+            "positions, which a shared buffer does not have)"
+        )
+
+
 # -- storage ------------------------------------------------------------------------------
 
 
@@ -257,14 +269,8 @@ class RedisbufStorage(Storage):
             buffer._init_sampler = RedisbufSampler()
         elif isinstance(sampler, RedisbufPrioritizedSampler):
             sampler._bind(self)
-        elif isinstance(sampler, Sampler) and not isinstance(
-            sampler, (RedisbufSampler, RandomSampler)
-        ) or type(sampler) is PrioritizedSampler:
-            raise TypeError(
-                f"RedisbufStorage samples with RedisbufSampler, RandomSampler or "
-                f"RedisbufPrioritizedSampler, not {type(sampler).__name__} (it picks storage "
-                "positions, which a shared buffer does not have)"
-            )
+        else:
+            _check_sampler(sampler)
         if buffer._init_collate_fn is None:
             buffer._init_collate_fn = _collate_id
 
@@ -316,6 +322,10 @@ class RedisbufStorage(Storage):
                 and torch.equal(index.cpu(), ids)
             ):
                 return batch
+        for entity in self._attached_entities:
+            # a sampler given as a factory was not seen by attach(): one that picks
+            # positions must not have them read as ids
+            _check_sampler(getattr(entity, "_sampler", None))
         if isinstance(index, slice):
             return self.get(self._ids_in_order()[index])
         if isinstance(index, (int, np.integer)) or (
