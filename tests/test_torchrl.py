@@ -298,3 +298,17 @@ def test_a_position_sampler_given_as_a_factory_is_refused_at_sampling(client, na
     rb.extend(torch.arange(4))
     with pytest.raises(TypeError, match="positions"):
         rb.sample()
+
+
+@pytest.mark.redis_server
+def test_a_pickled_prioritized_buffer_reopens_the_same_buffer(redis_server, name):
+    rb = TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5,
+                                           storage=RedisbufStorage(redis_server.url, name, 100),
+                                           batch_size=256)
+    rb.extend(frames(10))
+    clone = pickle.loads(pickle.dumps(rb))  # what a spawned process receives
+    assert len(clone) == 10
+    index = clone.extend(frames(3, start=10))
+    assert len(rb) == 13
+    clone.update_priority(index, torch.tensor([1e6, 1.0, 1.0]))
+    assert int((rb.sample()["index"] == index[0]).sum()) >= 200
