@@ -312,3 +312,16 @@ def test_a_pickled_prioritized_buffer_reopens_the_same_buffer(redis_server, name
     assert len(rb) == 13
     clone.update_priority(index, torch.tensor([1e6, 1.0, 1.0]))
     assert int((rb.sample()["index"] == index[0]).sum()) >= 200
+
+
+def test_prioritized_dumps_loads_keeps_priorities(client, name, tmp_path):
+    rb = per_buffer(client, name, batch_size=256)
+    rb.extend(frames(41))
+    last = rb.extend(frames(1, start=41))
+    rb.update_priority(last, torch.tensor([1e6]))
+    rb.dumps(tmp_path / "per")
+    rb.empty()
+    assert len(rb) == 0
+    rb.loads(tmp_path / "per")
+    assert len(rb) == 42
+    assert int((rb.sample()["a"] == 41).sum()) >= 200  # the priority came back with the item
