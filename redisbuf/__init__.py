@@ -130,6 +130,7 @@ _MOVED: dict[str, str] = {
     "metrics": "ops.metrics",
     "acl": "ops.acl",
     "torchgfn": "integrations.torchgfn",
+    "torchrl": "integrations.torchrl",
 }
 
 

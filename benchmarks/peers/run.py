@@ -13,6 +13,9 @@ The first run builds the peers' environments outside the project's venv, under
 * ``torchrl``: torch 2.14.1 and torchrl 0.14.1 (TorchRL's C++ part, which its
   prioritized sampler needs, does not load beside torch 2.13.0).
 
+TorchRL's ``StoreStorage`` (Redis, through tensordict) runs in the project's own venv
+(extra ``torchrl``), on an embedded server like redisbuf's.
+
 A peer whose environment cannot be built is left out of the run and the table says so.
 Each peer runs in its own process (``peer_*.py``), the order rotating from one repetition
 to the next; the load average is recorded around each. Every figure is the median over
@@ -66,6 +69,20 @@ PEERS: dict[str, tuple[str | None, str, str]] = {
     "cpprb MP": ("reverb", "peer_cpprb.py", "mp"),
     "TorchRL": ("torchrl", "peer_torch.py", "torchrl"),
     "torchgfn": ("torch", "peer_torch.py", "torchgfn"),
+    "TorchRL StoreStorage": (None, "peer_torchrl_store.py", ""),
+}
+
+# peer -> what independent processes share through it (the table's last row)
+SHARES: dict[str, str] = {
+    "redisbuf": "one buffer by URL and name: items, eviction, ids, priorities on the server",
+    "Reverb": "one table per server, by address and table name",
+    "cpprb": "nothing (one process)",
+    "cpprb MP": "shared memory with processes it starts (not independent ones)",
+    "TorchRL": "nothing by name: the processes a buffer is handed to, or a Ray / RPC "
+    "service holding it",
+    "torchgfn": "nothing by name (one process's, or a gloo manager process)",
+    "TorchRL StoreStorage": "nothing by name: data on the server under a random prefix per "
+    "storage; length, cursor, priorities per process",
 }
 
 
@@ -199,6 +216,7 @@ def print_table(console: Console, summary: dict[str, Any], peers: list[str],
         if row is None:
             continue
         table.add_row(label, unit, *row_cells(row, figure, peers))
+    table.add_row("shared across processes", "", *(SHARES.get(p, "") for p in peers))
     console.print(table)
     console.print(
         "(x) = ratio to Reverb in the same run (median; the range is over repetitions); "
@@ -215,6 +233,8 @@ def markdown(summary: dict[str, Any], peers: list[str]) -> str:
         if row is None:
             continue
         lines.append(f"| {label} | {unit} | " + " | ".join(row_cells(row, figure, peers)) + " |")
+    lines.append("| shared across processes | | " + " | ".join(SHARES.get(p, "") for p in peers)
+                 + " |")
     return "\n".join(lines) + "\n"
 
 

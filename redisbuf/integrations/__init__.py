@@ -1,1 +1,1 @@
-"""Drop-in replacements for other libraries' buffers (torchgfn)."""
+"""Drop-in replacements for other libraries' buffers (torchgfn, torchrl)."""

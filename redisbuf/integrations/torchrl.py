@@ -1,0 +1,733 @@
+"""TorchRL replay-buffer parts on a redisbuf buffer: one buffer that independent processes
+share by URL and name, with TorchRL's own ``ReplayBuffer`` classes on top.
+
+Switch a TorchRL (0.14.1) buffer by its storage argument::
+
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10**5), batch_size=256)  # before
+    rb = TensorDictReplayBuffer(storage=RedisbufStorage(url, "dqn", 10**5), batch_size=256)
+
+and a prioritized one by its class (TorchRL's builds a process-local priority tree)::
+
+    from redisbuf.torchrl import TensorDictPrioritizedReplayBuffer
+    rb = TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5,
+                                           storage=RedisbufStorage(url, "dqn", 100_000),
+                                           batch_size=256)
+
+What maps to what:
+
+* :class:`RedisbufStorage` is TorchRL's ``Storage``: the items of a redisbuf
+  :class:`~redisbuf.ReplayBuffer` called ``name`` at ``url``. Capacity (``max_size``),
+  eviction (oldest first) and length live on the server, so they hold for every process
+  that opens the name.
+* **Indices are redisbuf item ids.** What ``extend`` / ``add`` return, the ``index`` of a
+  sample and what ``update_priority`` takes is the id the server gave the item: unique
+  in the buffer for its whole life (ids are never reused, not even after ``empty()``),
+  the same in every process, and not a slot in ``[0, max_size)``. ``storage[ids]`` reads
+  the items with these ids (``KeyError`` for an id no longer stored), a slice reads
+  positions in insertion order (``rb[:]``: every item, oldest first), and a priority
+  update of an evicted id is skipped, where a slot index would hit whatever item took
+  the slot. After ``loads`` / ``load_state_dict`` the items have new ids.
+* :class:`RedisbufWriter` replaces TorchRL's ``RoundRobinWriter``, whose cursor is a
+  number in each process (two processes would write the same slots). Here the
+  server's id counter is the cursor and eviction happens in the same atomic step as the
+  insert. A TorchRL buffer built on a :class:`RedisbufStorage` without ``writer=`` gets
+  it; any other writer is refused (:class:`TypeError`).
+* :class:`RedisbufSampler` (the default sampler on a :class:`RedisbufStorage`) draws
+  uniformly with replacement, as TorchRL's ``RandomSampler``, which also works (its
+  random indices are drawn by the server). :class:`RedisbufPrioritizedSampler` is
+  TorchRL's ``PrioritizedSampler`` on redisbuf's :class:`~redisbuf.PERSampler`:
+  priorities live on the server, ``update_priority`` goes to the server, and every
+  process draws by the priorities any process set. Other TorchRL samplers pick storage
+  positions and are refused.
+* Sampling draws and reads in one round trip: the sampler's draw returns the items,
+  which the storage hands to the following ``get`` of the same indices (in the same
+  thread), so an item evicted between the draw and the read cannot be asked for.
+
+Data: TensorDicts of batch size ``[N]`` (nested keys become field names joined by
+``"."``, so a key may not contain ``"."``), plain tensors, or a mapping of tensors (read
+back as a TensorDict); any dtype redisbuf stores (bool, integers, float16/32/64,
+bfloat16). The first ``extend`` fixes keys, dtypes and shapes for every process. A key
+``log_rewards`` is redisbuf's log-reward field (a float per item, no NaN). Non-tensor
+entries and items with more than one batch dimension are refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._extras import require as _require_extra
+from ..buffers.replay import ReplayBuffer as _CoreBuffer
+from ..errors import ConfigMismatchError, InvalidBatchError
+from ..sampling.samplers import PERSampler, UniformSampler
+from ..sampling.selectors import FifoSampler
+
+# torch, tensordict and torchrl come with the extra ``redisbuf[torchrl]``: without one,
+# importing this module raises MissingExtraError (an ImportError) naming it
+_require_extra("torch", "torchrl", "redisbuf.torchrl")
+_require_extra("tensordict", "torchrl", "redisbuf.torchrl")
+_require_extra("torchrl.data", "torchrl", "redisbuf.torchrl", package="torchrl")
+import torch  # noqa: E402
+from tensordict import TensorDict, is_tensor_collection  # noqa: E402
+from torchrl.data import ReplayBuffer as _TorchRLReplayBuffer  # noqa: E402
+from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffer  # noqa: E402
+from torchrl.data.replay_buffers.samplers import (  # noqa: E402
+    PrioritizedSampler,
+    RandomSampler,
+    Sampler,
+)
+from torchrl.data.replay_buffers.storages import Storage  # noqa: E402
+from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter, Writer  # noqa: E402
+
+__all__ = [
+    "KEY_SEPARATOR",
+    "PrioritizedReplayBuffer",
+    "RedisbufPrioritizedSampler",
+    "RedisbufSampler",
+    "RedisbufStorage",
+    "RedisbufWriter",
+    "TensorDictPrioritizedReplayBuffer",
+]
+
+#: joins the parts of a nested TensorDict key into one redisbuf field name
+KEY_SEPARATOR = "."
+#: the field a plain tensor is stored under (``ReplayBuffer.extend(tensor)``)
+TENSOR_FIELD = "__tensor__"
+
+
+def _collate_id(batch: Any) -> Any:
+    """The collate function of a TorchRL buffer on a RedisbufStorage: a draw already
+    returns one stacked batch."""
+    return batch
+
+
+# -- TensorDicts <-> redisbuf batches -----------------------------------------------------
+
+
+def _fields_of(data: Any) -> dict[str, torch.Tensor]:
+    """One redisbuf dict batch (field name -> tensor with the leading batch dimension)
+    from a batch of TorchRL data: a TensorDict of batch size [N], a tensor, a mapping of
+    tensors, or a list of items (stacked)."""
+    if isinstance(data, list):
+        if not data:
+            raise InvalidBatchError("extend got an empty list")
+        data = torch.stack(data) if isinstance(data[0], torch.Tensor) else torch.stack(
+            [d if is_tensor_collection(d) else TensorDict(d, batch_size=[]) for d in data]
+        )
+    if isinstance(data, torch.Tensor) and not is_tensor_collection(data):
+        if data.ndim == 0:
+            raise InvalidBatchError("a tensor batch needs a leading batch dimension")
+        return {TENSOR_FIELD: data.detach().cpu()}
+    if isinstance(data, Mapping) and not is_tensor_collection(data):
+        first = next(iter(data.values()), None)
+        if not isinstance(first, torch.Tensor) or first.ndim == 0:
+            raise InvalidBatchError("a mapping batch needs tensors with a leading batch dimension")
+        data = TensorDict(dict(data), batch_size=first.shape[:1])
+    if not is_tensor_collection(data):
+        raise InvalidBatchError(
+            f"RedisbufStorage stores TensorDicts, tensors or mappings of tensors, not "
+            f"{type(data).__name__}"
+        )
+    if data.batch_dims != 1:
+        raise InvalidBatchError(
+            f"RedisbufStorage stores items with no batch dimension of their own: extend takes "
+            f"a TensorDict of batch size [N], got {list(data.batch_size)} (reshape(-1) it)"
+        )
+    fields: dict[str, torch.Tensor] = {}
+    for key, value in data.items(include_nested=True, leaves_only=True):
+        parts = (key,) if isinstance(key, str) else tuple(key)
+        bad = [part for part in parts if KEY_SEPARATOR in part]
+        if bad:
+            raise InvalidBatchError(
+                f"key {key!r}: {bad[0]!r} contains {KEY_SEPARATOR!r}, which joins the parts "
+                "of nested keys into field names"
+            )
+        if not isinstance(value, torch.Tensor) or is_tensor_collection(value):
+            raise InvalidBatchError(f"key {key!r} holds {type(value).__name__}, not a tensor")
+        fields[KEY_SEPARATOR.join(parts)] = value.detach().cpu().contiguous()
+    if not fields:
+        raise InvalidBatchError("the TensorDict has no tensor entries")
+    return fields
+
+
+def _tensordict_of(batch: Mapping[str, Any], n: int, device: torch.device) -> Any:
+    """The TorchRL batch of ``n`` items decoded from a redisbuf dict batch."""
+    if set(batch) == {TENSOR_FIELD}:
+        return torch.as_tensor(batch[TENSOR_FIELD]).to(device)
+    out = TensorDict({}, batch_size=[n], device=device)
+    for name, value in batch.items():
+        out.set(tuple(name.split(KEY_SEPARATOR)), torch.as_tensor(value))
+    return out
+
+
+def _check_sampler(sampler: Any) -> None:
+    """Refuse a TorchRL sampler that picks storage positions (a shared buffer has none)."""
+    if isinstance(sampler, Sampler) and not isinstance(
+        sampler, (RedisbufSampler, RedisbufPrioritizedSampler)
+    ) and type(sampler) is not RandomSampler:
+        raise TypeError(
+            f"RedisbufStorage samples with RedisbufSampler, RandomSampler or "
+            f"RedisbufPrioritizedSampler, not {type(sampler).__name__} (it picks storage "
+            "positions, which a shared buffer does not have)"
+        )
+
+
+# -- storage ------------------------------------------------------------------------------
+
+
+class RedisbufStorage(Storage):
+    """TorchRL storage on the redisbuf buffer ``name`` at ``url`` (created with capacity
+    ``max_size`` if it does not exist; ``max_size=None`` adopts the stored capacity, and
+    another capacity than the stored one raises :class:`~redisbuf.ConfigMismatchError`).
+    Opening never changes what is stored.
+
+    Args:
+        url: a Redis URL or a ``redis.Redis`` client (``None``: ``$REDISBUF_URL``).
+        name: the buffer's name; every process that opens it shares its items.
+        max_size: the buffer's capacity (items); when full, the oldest go first.
+        seed: seeds this process's draws (TorchRL's ``generator=`` is not used).
+        device: where sampled TensorDicts are put (they are read on the CPU).
+        **buffer_kwargs: further arguments of :class:`redisbuf.ReplayBuffer`
+            (e.g. ``prioritized_capacity=True``, ``max_item_bytes``).
+
+    ``len()`` is the number of items stored now, by every process; ``_empty()``
+    (TorchRL's ``rb.empty()``) removes every item for every process. ``state_dict()``
+    holds every item (redisbuf's ``ReplayBuffer.state_dict``) and ``load_state_dict``
+    replaces the buffer's items with them; ``dumps(path)`` / ``loads(path)`` do the same
+    through the file ``path/redisbuf.msgpack``. Pickling (a spawned process receiving the
+    storage) reopens the buffer by URL and name; a storage opened on a client object
+    cannot be pickled.
+    """
+
+    ndim = 1
+    _buffer: _CoreBuffer | None = None
+
+    def __init__(
+        self,
+        url: Any = None,
+        name: str = "torchrl",
+        max_size: int | None = None,
+        *,
+        seed: int | None = None,
+        device: Any = "cpu",
+        **buffer_kwargs: Any,
+    ) -> None:
+        if "sampler" in buffer_kwargs or "prioritized_sampling" in buffer_kwargs:
+            raise TypeError(
+                "RedisbufStorage takes no redisbuf sampler: pass TorchRL's sampler= "
+                "(RedisbufSampler, RedisbufPrioritizedSampler) to the TorchRL buffer"
+            )
+        self._url, self.name, self.seed = url, name, seed
+        self._buffer_kwargs = dict(buffer_kwargs)
+        self._buffer = _CoreBuffer(url, name, capacity=max_size, seed=seed,
+                                   sampler=UniformSampler(), **buffer_kwargs)
+        super().__init__(max_size=self._buffer.capacity)
+        self.device = torch.device(device)
+        self._local = threading.local()
+        self._fifo: _CoreBuffer | None = None  # FIFO handle for slices (insertion order)
+
+    @property
+    def buffer(self) -> _CoreBuffer:
+        """The redisbuf buffer holding the items (its uniform-sampling handle)."""
+        assert self._buffer is not None
+        return self._buffer
+
+    # TorchRL wiring -------------------------------------------------------------------
+
+    def attach(self, buffer: Any) -> None:
+        """Called by TorchRL's ``ReplayBuffer`` while it builds itself, before it makes
+        its writer, sampler and collate function: fills in this storage's defaults for
+        those not given (:class:`RedisbufWriter`, :class:`RedisbufSampler`, a collate
+        that returns the drawn batch) and refuses a writer or sampler that would address
+        storage slots of one process. Reads and sets the constructor's pending arguments
+        (``_init_writer``, ``_init_sampler``, ``_init_collate_fn``) of torchrl 0.14."""
+        super().attach(buffer)
+        if not hasattr(buffer, "_init_writer"):
+            return
+        writer = buffer._init_writer
+        if writer is None or (
+            isinstance(writer, functools.partial) and writer.func is TensorDictRoundRobinWriter
+        ):
+            buffer._init_writer = RedisbufWriter()
+        elif isinstance(writer, Writer) and not isinstance(writer, RedisbufWriter):
+            raise TypeError(
+                f"RedisbufStorage takes RedisbufWriter, not {type(writer).__name__}: TorchRL's "
+                "writers keep their cursor in the process, so two processes would write the "
+                "same slots; on a RedisbufStorage the server's id counter is the cursor and "
+                "eviction is the server's (prioritized_capacity=True evicts the lowest "
+                "log_rewards first)"
+            )
+        sampler = buffer._init_sampler
+        if sampler is None:
+            buffer._init_sampler = RedisbufSampler()
+        elif isinstance(sampler, RedisbufPrioritizedSampler):
+            sampler._bind(self)
+        else:
+            _check_sampler(sampler)
+        if buffer._init_collate_fn is None:
+            buffer._init_collate_fn = _collate_id
+
+    # writing --------------------------------------------------------------------------
+
+    def _append(self, data: Any) -> torch.Tensor:
+        """Add a batch of items; their ids (int64 tensor), in the batch's order."""
+        result = self.buffer.add(_fields_of(data))
+        if result.rejected is not None:
+            raise InvalidBatchError(f"buffer {self.name!r} refused the batch: {result.rejected}")
+        self._bump_mutation_revision()
+        return torch.as_tensor(np.asarray(result.ids, dtype=np.int64))
+
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        """Not supported: items are written by :class:`RedisbufWriter` (the server picks
+        their ids) and are immutable once stored."""
+        raise TypeError(
+            "RedisbufStorage is written through RedisbufWriter (the server picks ids and "
+            "evicts); stored items cannot be overwritten in place"
+        )
+
+    # reading --------------------------------------------------------------------------
+
+    def _draw(self, handle: _CoreBuffer, n: int, replacement: bool) -> tuple[torch.Tensor, Any]:
+        """Draw ``n`` items with ``handle`` (this buffer, opened with some sampler), keep
+        the decoded batch for the ``get`` of the same ids in this thread, and return the
+        ids and redisbuf's SampleInfo."""
+        info = handle.sample_with_info(int(n), replacement=replacement)
+        ids = torch.from_numpy(np.asarray(info.ids, dtype=np.int64))
+        self._local.pending = (ids, _tensordict_of(info.batch, len(ids), self.device))
+        return ids, info
+
+    def _rand_given_ndim(self, batch_size: int) -> torch.Tensor:
+        """TorchRL's ``RandomSampler`` asks the storage for random indices: a uniform
+        draw with replacement made by the server (its items kept for ``get``)."""
+        ids, _ = self._draw(self.buffer, batch_size, replacement=True)
+        return ids
+
+    def get(self, index: Any) -> Any:
+        """The items with ids ``index`` (an int: one item; a sequence or tensor: a
+        batch in that order; a slice: positions in insertion order, oldest first, read
+        by fetching every item). Right after a draw in this thread, the drawn items."""
+        pending = getattr(self._local, "pending", None)
+        if pending is not None:
+            self._local.pending = None
+            ids, batch = pending
+            if index is ids or (
+                isinstance(index, torch.Tensor) and index.shape == ids.shape
+                and torch.equal(index.cpu(), ids)
+            ):
+                return batch
+        for entity in self._attached_entities:
+            # a sampler given as a factory was not seen by attach(): one that picks
+            # positions must not have them read as ids
+            _check_sampler(getattr(entity, "_sampler", None))
+        if isinstance(index, slice):
+            return self.get(self._ids_in_order()[index])
+        if isinstance(index, (int, np.integer)) or (
+            isinstance(index, (torch.Tensor, np.ndarray)) and index.ndim == 0
+        ):
+            return self.get(torch.as_tensor([int(index)]))[0]
+        ids_list = torch.as_tensor(index).reshape(-1).tolist()
+        if not ids_list:
+            raise ValueError("no ids to read")
+        return _tensordict_of(self.buffer.get(ids_list), len(ids_list), self.device)
+
+    def _ids_in_order(self) -> list[int]:
+        """The ids of the items stored now, oldest first (one read of every item)."""
+        if self._fifo is None:
+            self._fifo = _CoreBuffer.open(self.buffer.client, self.name, sampler=FifoSampler())
+        n = len(self.buffer)
+        if n == 0:
+            return []
+        ids = self._fifo.sample_with_info(n).ids.tolist()
+        return list(dict.fromkeys(ids))  # n above the length now repeats the order
+
+    def __len__(self) -> int:
+        return len(self.buffer)
+
+    def contains(self, item: Any) -> Any:
+        """Whether the item with id ``item`` is stored (a bool tensor for a tensor)."""
+        if isinstance(item, torch.Tensor) and item.ndim:
+            return torch.tensor([bool(self.contains(int(i))) for i in item.reshape(-1)]).reshape(
+                item.shape
+            )
+        try:
+            self.buffer.get([int(item)])
+        except KeyError:
+            return False
+        return True
+
+    # lifecycle ------------------------------------------------------------------------
+
+    def _empty(self) -> None:
+        self.buffer.clear()
+        self._bump_mutation_revision()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "max_size": self.max_size, "redisbuf": self.buffer.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.buffer.load_state_dict(state_dict["redisbuf"])
+        self._bump_mutation_revision()
+
+    def dumps(self, path: Any) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.buffer.save(path / "redisbuf.msgpack")
+
+    def loads(self, path: Any) -> None:
+        self.buffer.load(Path(path) / "redisbuf.msgpack")
+        self._bump_mutation_revision()
+
+    def __getstate__(self) -> dict[str, Any]:
+        if not isinstance(self._url, str) and self._url is not None:
+            raise TypeError(
+                "a RedisbufStorage opened on a client object cannot be pickled: open it "
+                "with a URL, or open the buffer by name in the other process"
+            )
+        return {"url": self._url, "name": self.name, "max_size": self.max_size,
+                "seed": self.seed, "device": str(self.device), "kwargs": self._buffer_kwargs}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], state["name"], state["max_size"], seed=state["seed"],
+                      device=state["device"], **state["kwargs"])
+
+    def __repr__(self) -> str:
+        return (f"RedisbufStorage(name={self.name!r}, max_size={self.max_size}, "
+                f"len={len(self)})")
+
+
+# -- writer -------------------------------------------------------------------------------
+
+
+class RedisbufWriter(Writer):
+    """TorchRL writer of a :class:`RedisbufStorage`: ``extend`` adds the batch in one
+    atomic step on the server, which gives the items their ids (the shared cursor) and
+    evicts beyond capacity; it returns the ids. ``add`` adds one item and returns its id.
+    It keeps nothing in the process: its state is empty, and ``write_count`` is the
+    server's count of items inserted by every process since the last ``empty()``."""
+
+    def __init__(self) -> None:
+        super().__init__(compilable=False)
+
+    def register_storage(self, storage: Storage) -> None:
+        if not isinstance(storage, RedisbufStorage):
+            raise TypeError(
+                f"RedisbufWriter writes to a RedisbufStorage, not {type(storage).__name__}"
+            )
+        super().register_storage(storage)
+
+    def _redisbuf_storage(self) -> RedisbufStorage:
+        if not isinstance(self._storage, RedisbufStorage):
+            raise RuntimeError("RedisbufWriter has no RedisbufStorage registered")
+        return self._storage
+
+    def add(self, data: Any) -> int:
+        if isinstance(data, torch.Tensor) and not is_tensor_collection(data):
+            data = data.unsqueeze(0)
+        elif is_tensor_collection(data):
+            data = data.unsqueeze(0)
+        elif isinstance(data, Mapping):
+            data = TensorDict(dict(data), batch_size=[]).unsqueeze(0)
+        return int(self._redisbuf_storage()._append(data)[0])
+
+    def extend(self, data: Any) -> torch.Tensor:
+        return self._redisbuf_storage()._append(data)
+
+    @property
+    def _write_count(self) -> int:
+        return int(self._redisbuf_storage().buffer.stats()["inserted"])
+
+    def _empty(self, empty_write_count: bool = True) -> None:
+        return  # the storage's _empty clears the buffer (and its counters) on the server
+
+    def dumps(self, path: Any) -> None:
+        return
+
+    def loads(self, path: Any) -> None:
+        return
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return
+
+
+# -- samplers -----------------------------------------------------------------------------
+
+
+def _storage_of(storage: Any, who: str) -> RedisbufStorage:
+    if not isinstance(storage, RedisbufStorage):
+        raise TypeError(f"{who} samples a RedisbufStorage, not {type(storage).__name__}")
+    return storage
+
+
+class RedisbufSampler(Sampler):
+    """Uniform draws on a :class:`RedisbufStorage`, made by the server together with the
+    read: with replacement, as TorchRL's ``RandomSampler`` (the default of a TorchRL
+    buffer on a RedisbufStorage); ``distinct=True``: no item twice within one batch
+    (while the batch is not larger than the buffer). Nothing carries over between
+    batches, unlike TorchRL's ``SamplerWithoutReplacement``."""
+
+    def __init__(self, distinct: bool = False) -> None:
+        self.distinct = bool(distinct)
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        ids, _ = _storage_of(storage, "RedisbufSampler")._draw(
+            storage.buffer, batch_size, replacement=not self.distinct
+        )
+        return ids, {}
+
+    def _empty(self) -> None:
+        return
+
+    def dumps(self, path: Any) -> None:
+        return
+
+    def loads(self, path: Any) -> None:
+        return
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"distinct": self.distinct}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.distinct = bool(state_dict.get("distinct", self.distinct))
+
+    def __repr__(self) -> str:
+        return f"RedisbufSampler(distinct={self.distinct})"
+
+
+class RedisbufPrioritizedSampler(PrioritizedSampler):
+    """TorchRL's ``PrioritizedSampler`` (Schaul et al.'s PER) with the priorities on the
+    server: redisbuf's :class:`~redisbuf.PERSampler` on the storage's buffer.
+
+    Item ``i`` is drawn with probability ``(p_i + eps)^alpha / sum_j (p_j + eps)^alpha``,
+    with replacement; ``priority_weight`` is ``(m_i / m_min)^-beta`` with ``m = (p +
+    eps)^alpha`` and ``m_min`` over the whole buffer, as TorchRL's. ``alpha``, ``eps``
+    and ``initial_priority`` are the buffer's, fixed by the first process that samples it
+    with PER (another value raises :class:`~redisbuf.ConfigMismatchError`); ``beta`` is
+    this sampler's and may change between draws.
+
+    Differences from TorchRL's: a new item gets ``max(initial_priority, highest priority
+    stored now)`` from the server when it is inserted (TorchRL: the highest priority its
+    process has seen). ``update_priority(index, priority)`` sends the update to the
+    server, where every process's draws follow it; ids evicted meanwhile and negative
+    indices (TorchRL's "skip" mark) are skipped, and so are NaN priorities:
+    ``default_priority`` is NaN and means "keep the priority the server gave", which is
+    how TorchRL's default-priority paths (the priorities its buffer writes at
+    construction for the items already stored, ``add`` without a priority key) leave
+    stored priorities unchanged. ``max_capacity`` is accepted for TorchRL's signature
+    and not used (the storage's capacity applies); ``alpha`` cannot be changed once set.
+    """
+
+    def __init__(
+        self,
+        max_capacity: int | None = None,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-8,
+        reduction: str = "max",
+        *,
+        initial_priority: float = 1.0,
+    ) -> None:
+        # PrioritizedSampler.__init__ builds TorchRL's C++ trees: not called on purpose
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if beta < 0:
+            raise ValueError(f"beta must be >= 0, got {beta}")
+        self._max_capacity = max_capacity
+        self._alpha, self._beta, self._eps = float(alpha), float(beta), float(eps)
+        self._initial_priority = float(initial_priority)
+        self.reduction = reduction
+        self.dtype = torch.float64
+        self._max_priority_within_buffer = False
+        self._device = None
+        self._handle: _CoreBuffer | None = None
+        self._storage: RedisbufStorage | None = None
+
+    @property
+    def alpha(self) -> float:
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        if value != self._alpha:
+            raise ValueError("alpha is the buffer's (stored on the server) and cannot change")
+
+    @property
+    def beta(self) -> float:
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        if value < 0:
+            raise ValueError(f"beta must be >= 0, got {value}")
+        self._beta = float(value)
+        if self._handle is not None:
+            self._handle.sampler.beta = self._beta
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def default_priority(self) -> float:
+        return math.nan
+
+    def _bind(self, storage: RedisbufStorage) -> _CoreBuffer:
+        """This sampler's PER handle on ``storage``'s buffer (opened on the storage's
+        client; turning PER on for a buffer that has none gives the items present
+        ``initial_priority``)."""
+        if self._handle is None or self._storage is not storage:
+            seed = None if storage.seed is None else storage.seed + 1
+            self._handle = _CoreBuffer.open(
+                storage.buffer.client, storage.name, seed=seed,
+                sampler=PERSampler(alpha=self._alpha, beta=self._beta,
+                                   initial_priority=self._initial_priority, eps=self._eps),
+            )
+            self._storage = storage
+        return self._handle
+
+    def _bound(self, storage: Any) -> _CoreBuffer:
+        if storage is not None:
+            return self._bind(_storage_of(storage, type(self).__name__))
+        if self._handle is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a RedisbufStorage")
+        return self._handle
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        handle = self._bound(storage)
+        ids, info = self._storage._draw(handle, batch_size, replacement=True)  # type: ignore[union-attr]
+        weight = torch.as_tensor(np.asarray(info.weights, dtype=np.float32))
+        return ids, {"priority_weight": weight}
+
+    @torch.no_grad()
+    def update_priority(
+        self, index: Any, priority: Any, *, storage: Storage | None = None
+    ) -> None:
+        """Set the server's priorities of the items with ids ``index`` (one number, or
+        one per id). Negative ids, NaN priorities and ids no longer stored are skipped;
+        a negative or infinite priority raises :class:`~redisbuf.InvalidBatchError` and
+        changes nothing."""
+        handle = self._bound(storage)
+        if isinstance(index, tuple):
+            raise TypeError("RedisbufStorage indices are one id per item, not tuples")
+        ids = torch.as_tensor(index, dtype=torch.long).reshape(-1).cpu()
+        values = torch.as_tensor(priority).detach().to("cpu", torch.float64)
+        if values.numel() == 1:
+            values = values.reshape(1).expand(ids.numel())
+        values = values.reshape(-1)
+        if values.numel() != ids.numel():
+            raise InvalidBatchError(f"{values.numel()} priorities for {ids.numel()} indices")
+        keep = (ids >= 0) & ~torch.isnan(values)
+        if not bool(keep.any()):
+            return
+        handle.update_priority(ids[keep].numpy(), values[keep].numpy())
+
+    def mark_update(self, index: Any, *, storage: Storage | None = None) -> None:
+        return  # the server gives new items their priority when it inserts them
+
+    def add(self, index: Any) -> None:
+        return
+
+    def extend(self, index: Any) -> None:
+        return
+
+    def _empty(self) -> None:
+        return  # the storage's _empty clears the items and their priorities
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"alpha": self._alpha, "beta": self._beta, "eps": self._eps,
+                "initial_priority": self._initial_priority}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for key in ("alpha", "eps", "initial_priority"):
+            if float(state_dict[key]) != getattr(self, f"_{key}"):
+                raise ConfigMismatchError(
+                    f"state has {key}={state_dict[key]}, this sampler {getattr(self, f'_{key}')}"
+                )
+        self.beta = float(state_dict["beta"])
+
+    def dumps(self, path: Any) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "sampler.json").write_text(json.dumps(self.state_dict()))
+
+    def loads(self, path: Any) -> None:
+        self.load_state_dict(json.loads((Path(path) / "sampler.json").read_text()))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the PER handle (a Redis client and a replica) is reopened where it is used
+        state = dict(self.__dict__)
+        state["_handle"] = state["_storage"] = None
+        state["_rng"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return (f"RedisbufPrioritizedSampler(alpha={self._alpha}, beta={self._beta}, "
+                f"eps={self._eps})")
+
+
+# -- prioritized buffers --------------------------------------------------------------
+
+
+def _prioritized_storage(storage: Any) -> RedisbufStorage:
+    if not isinstance(storage, RedisbufStorage):
+        raise TypeError(
+            "this prioritized buffer keeps its priorities in a redisbuf buffer: pass "
+            f"storage=RedisbufStorage(url, name, max_size), not {type(storage).__name__}"
+        )
+    return storage
+
+
+class PrioritizedReplayBuffer(_TorchRLReplayBuffer):
+    """TorchRL's ``PrioritizedReplayBuffer`` on a :class:`RedisbufStorage`: TorchRL's
+    ``ReplayBuffer`` with a :class:`RedisbufPrioritizedSampler` (priorities on the
+    server). Takes TorchRL's arguments; ``storage`` must be a RedisbufStorage."""
+
+    def __init__(
+        self,
+        *,
+        alpha: float,
+        beta: float,
+        eps: float = 1e-8,
+        storage: RedisbufStorage,
+        reduction: str = "max",
+        **kwargs: Any,
+    ) -> None:
+        sampler = RedisbufPrioritizedSampler(
+            _prioritized_storage(storage).max_size, alpha, beta, eps, reduction
+        )
+        super().__init__(storage=storage, sampler=sampler, **kwargs)
+
+
+class TensorDictPrioritizedReplayBuffer(_TorchRLTensorDictReplayBuffer):
+    """TorchRL's ``TensorDictPrioritizedReplayBuffer`` on a :class:`RedisbufStorage`:
+    samples carry ``index`` (item ids) and ``priority_weight``;
+    ``update_tensordict_priority(td)`` sends ``td[priority_key]`` for ``td["index"]`` to
+    the server, and ``extend`` of a TensorDict holding ``priority_key`` sets the new
+    items' priorities from it. Takes TorchRL's arguments but ``sync``, ``sampler_device``
+    and ``sample_unit`` (there is no process-local tree to keep in sync); ``storage``
+    must be a RedisbufStorage."""
+
+    def __init__(
+        self,
+        *,
+        alpha: float,
+        beta: float,
+        priority_key: Any = "td_error",
+        eps: float = 1e-8,
+        storage: RedisbufStorage,
+        reduction: str = "max",
+        **kwargs: Any,
+    ) -> None:
+        sampler = RedisbufPrioritizedSampler(
+            _prioritized_storage(storage).max_size, alpha, beta, eps, reduction
+        )
+        super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, **kwargs)
