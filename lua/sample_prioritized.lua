@@ -22,7 +22,8 @@
 -- Returns {1, length, per_sum, per_nonzero, ids, epoch, version, stamp, count,
 -- blob_1..blob_count, entry_1..} when the draw stands: ids "" when it stands as sent,
 -- else the corrected draw (ids comma-separated), with the log entries after the
--- replica's version (its catch-up) after the blobs (count of them, 0 unless asked);
+-- replica's version (its catch-up) after the blobs (count of them: 0 unless asked, or
+-- for a corrected draw not asked, n, nil but where the draw moved from its candidate);
 -- per_sum / per_nonzero: the mean non-zero PER priority. {3, epoch, version, stamp, ids,
 -- entries...} when a corrected draw has holes: ids as above with '' at each position
 -- whose candidates were all touched; nothing is recorded, and the caller, caught up by
@@ -151,11 +152,12 @@ if ARGV[1] ~= 'per' and per then
     .. ' (PERSampler), not by log-rewards')
 end
 local current = conf[3] == ARGV[2] and conf[4] == ARGV[3] and conf[5] == ARGV[4]
-local entries, ids = {}, {}
+local entries, ids, primaries = {}, {}, {}
 if ARGV[5] == 'correct' then
   local spares = tonumber(ARGV[9])
   local candidates = unpack_ids(ARGV[7], tonumber(ARGV[8]))
   local width = 1 + spares
+  for j = 1, #candidates / width do primaries[j] = candidates[width * (j - 1) + 1] end
   if current then
     for j = 1, #candidates / width do ids[j] = candidates[width * (j - 1) + 1] end
   else
@@ -188,6 +190,18 @@ local out = {1, redis.call('ZCARD', K.order), fmt(sum), conf[8] or '0', correcte
 if ARGV[6] == '1' then
   local blobs = hmget_chunked(K.items, ids)
   for i = 1, #ids do out[#out + 1] = blobs[i] end
+  out[9] = #ids
+elseif #entries > 0 then  -- corrected: the blobs of the draws that moved, read here (atomic)
+  local moved, where = {}, {}
+  for j = 1, #ids do
+    if ids[j] ~= primaries[j] then
+      moved[#moved + 1] = ids[j]
+      where[#where + 1] = j
+    end
+  end
+  local blobs = hmget_chunked(K.items, moved)
+  for j = 1, #ids do out[9 + j] = false end
+  for k = 1, #moved do out[9 + where[k]] = blobs[k] end
   out[9] = #ids
 end
 for i = 1, #entries do out[#out + 1] = entries[i] end

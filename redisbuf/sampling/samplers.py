@@ -504,20 +504,27 @@ def _send_commit(
     buffer: ReplayBuffer, script: scripts.Script, args: list[Any], members: list[bytes] | None
 ) -> list[Any]:
     """The commit script, the HMGET of ``members`` (None: none) and the schema, in one
-    pipeline; the script's reply translated (the read-only variant on a server refusing
-    writes)."""
+    MULTI / EXEC, so the blobs are those of the items the commit recorded (another
+    process's eviction cannot fall between them); the script's reply translated (the
+    read-only variant on a server refusing writes, which also refuses the transaction:
+    then a plain pipeline, whose blob read may find an item gone and draw again)."""
     keys = buffer.keys
     all_keys = keys.all_keys()
+    transaction = True
 
     def send() -> list[Any]:
-        pipe = buffer.client.pipeline(transaction=False)
+        pipe = buffer.client.pipeline(transaction=transaction)
         pipe.evalsha(script.sha, len(all_keys), *all_keys, *args)
         if members is not None:
             pipe.hmget(keys.items, members)
         pipe.hget(keys.meta, "schema")
         return pipe.execute(raise_on_error=False)
 
-    replies = retrying(send, name=buffer.client)
+    try:
+        replies = retrying(send, name=buffer.client)
+    except (redis.exceptions.ExecAbortError, *scripts._REFUSED_WRITES):
+        transaction = False  # refused as a whole (e.g. above maxmemory): run it plainly
+        replies = retrying(send, name=buffer.client)
     if isinstance(replies[0], redis.exceptions.NoScriptError):
         buffer.client.script_load(script.source)
         replies = retrying(send, name=buffer.client)
@@ -598,11 +605,9 @@ def _commit_corrected(
             entries = reply[9 + count :]
             if replica._follow(buffer, [0, reply[5], reply[6], reply[7], *entries]) is None:
                 replica.load(buffer)
-            if not inline:
-                moved = [j for j in range(n) if final[j] != members[j]]
-                if moved:
-                    fetched = buffer.client.hmget(keys.items, [final[j] for j in moved])
-                    for position, blob in zip(moved, fetched, strict=True):
+            if not inline:  # the script read the blobs of the draws it moved (atomic)
+                for position, blob in enumerate(reply[9 : 9 + count]):
+                    if blob is not None:
                         blobs[position] = blob
         else:
             ids = drawn[:, 0]

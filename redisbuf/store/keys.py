@@ -244,7 +244,6 @@ class BufferKeys:
             self.batches: "hash: recent add's batch id -> its reply (retried adds)",
             self.batches_old: "hash: the previous generation of the batch ids (then forgotten)",
             self.masslog: "list: recent score changes, for prioritized samplers' replicas",
-            self.snap: "hash: a replica's snapshot of the scores (header, chunks c0, c1, ...)",
         }
 
 
