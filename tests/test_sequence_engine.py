@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from seq_peer import SequencePeer
 from test_sampling import chi2, chi2_limit
 
 from redisbuf import ConfigMismatchError, EmptyBufferError, SequenceBuffer
@@ -165,3 +166,82 @@ def test_a_sum_tree_buffer_of_an_older_redisbuf_is_refused(fake_client, buffer_n
     fake_client.hset(meta, "tree_depth", 1)
     with pytest.raises(ConfigMismatchError, match="sum tree"):
         SequenceBuffer(fake_client, buffer_name, 1, 4, prioritized_sampling=True)
+
+
+@pytest.mark.redis_server
+@pytest.mark.multiprocess
+def test_a_spawned_writer_between_draw_and_commit(redis_server, buffer_name):
+    """A spawned process adds a step to one environment and moves a priority of the other
+    right after this process drew from its replica and before its commit reaches the
+    server: the windows follow the streams and priorities at the commit (the new step
+    starts no window of 2 steps yet, the window ending at it is valid now), and the replica
+    has caught up afterwards."""
+    url = redis_server.url
+    options = {"num_environments": 2, "max_length": 6, "prioritized_sampling": True}
+    a = SequenceBuffer(url, buffer_name, seed=5, **options)
+    peer = SequencePeer(url, buffer_name, **options)
+    try:
+        for _ in range(4):
+            _add(a, [0, 1])  # positions 0..3 of each env, priority 1
+        a.get_batch(4, 2)  # A's replica is made and current
+        real_run = a._run
+        armed = [False]
+        moves: list[tuple[int, float, int]] = []  # (position of env 1 moved, value, new pos)
+
+        def racing_run(script, keys, args):
+            if script == "seq_sample" and len(args) > 10 and armed[0]:  # a prioritized commit
+                armed[0] = False  # the first of the call: the streams stay put afterwards
+                value = 50.0 if len(moves) % 2 == 0 else 0.02
+                moved = len(moves) % 3
+                new = peer("add", envs=[0])[0]
+                peer("update_priority", envs=[1], positions=[moved], priorities=[value])
+                moves.append((moved, value, new))
+            return real_run(script, keys, args)
+
+        a._run = racing_run  # type: ignore[method-assign]
+        stored = {(e, p): 1.0 for e in range(2) for p in range(4)}
+        top = 1.0  # the largest priority ever set: a new step's
+        counts: dict[tuple[int, int], int] = {}
+        expected: dict[tuple[int, int], float] = {}
+        moved_hits, moved_mean, moved_var = 0, 0.0, 0.0  # draws of the window just moved
+        for call in range(40):
+            armed[0] = True
+            _, info = a.get_batch(16, 2)
+            assert len(moves) == call + 1
+            moved, value, new = moves[call]
+            stored[(0, new)] = top  # added before the priority moved
+            stored[(1, moved)] = value
+            top = max(top, value)
+            start = max(0, new + 1 - 6)
+            for gone in [w for w in stored if w[0] == 0 and w[1] < start]:
+                del stored[gone]
+            valid = [(e, p) for (e, p) in stored if (e, p + 1) in stored]
+            law = np.array([stored[w] for w in valid])
+            pairs = list(zip(info.env_ids.tolist(), info.positions.tolist(), strict=True))
+            assert set(pairs) <= set(valid), (pairs, valid)
+            for w, prob in zip(valid, law / law.sum(), strict=True):
+                expected[w] = expected.get(w, 0.0) + 16 * prob
+            for w in pairs:
+                counts[w] = counts.get(w, 0) + 1
+            share = stored[(1, moved)] / law.sum()
+            moved_hits += pairs.count((1, moved))
+            moved_mean += 16 * share
+            moved_var += 16 * share * (1 - share)
+            nonzero = [v for v in stored.values() if v > 0]
+            np.testing.assert_allclose(
+                info.importance_weights,
+                [stored[w] * len(nonzero) / sum(nonzero) for w in pairs], rtol=1e-6)
+            replica = a._priorities._replicas["per"]  # type: ignore[attr-defined]
+            assert replica.version == int(a.client.hget(a.keys.meta, "log_version"))
+        # the window whose priority moved just before the commit: drawn by the law after
+        # the move (a draw by the law before it would take it about 0 or 40% of the time)
+        assert abs(moved_hits - moved_mean) < 5 * moved_var**0.5, (moved_hits, moved_mean)
+        keys = sorted(expected)
+        got = np.array([counts.get(w, 0) for w in keys], dtype=float)
+        want = np.array([expected[w] for w in keys])
+        big = want >= 5  # pool the rare windows into one cell
+        got = np.append(got[big], got[~big].sum())
+        want = np.append(want[big], want[~big].sum())
+        assert chi2(got, want) < chi2_limit(len(got) - 1), (got, want)
+    finally:
+        peer.stop()

@@ -60,10 +60,11 @@ FIRST, MID, LAST = 0, 1, 2
 _DISCOUNTED_RETURN = "discounted_return"
 _TRIES = 4  # candidate draws per window and call before rejection gives up
 _ROUNDS = 50  # draws before giving up on filling a batch (prioritized rejections, races)
-# Prioritized draws: spare draws sent per draw (lua/seq_sample.lua uses them in place of a
-# draw whose slot changed since the replica's version), commits tried per call, and the
-# most draws sent per window wanted (when few draws start valid windows)
-_SPARES = 2
+# Prioritized draws: the fewest spare draws sent per draw (lua/seq_sample.lua uses them in
+# place of a draw whose slot changed since the replica's version; the draws beyond those
+# a batch needs serve too, so none are sent until a correction ran short of them), commits
+# tried per call, and the most draws sent per window wanted (when few start valid windows)
+_SPARES = 0
 _COMMIT_ATTEMPTS = 64
 _MAX_DRAWS_PER_WINDOW = 8
 
@@ -470,7 +471,9 @@ class SequenceBuffer:
         wanted = batch_size
         recent_ratio = self.recent_data_ratio
         for _ in range(_ROUNDS):
-            draws = wanted * (_TRIES + 1)
+            # uniforms for the uniform parts (a prioritized batch's is the recent one)
+            uniform_part = not self.prioritized_sampling or recent_ratio > 0
+            draws = wanted * (_TRIES + 1) if uniform_part else 0
             packed = _packed_uniforms(self.rng, draws)
             args = [
                 L,
@@ -544,8 +547,9 @@ class SequenceBuffer:
         with the entries it returns), or drawn again from the replica caught up by the
         reply when the draws could not stand (as ``ReplayBuffer``'s PER commits,
         redisbuf/sampling/samplers.py)."""
-        source = self._priorities
-        replica = replica_of(source, "per")  # type: ignore[arg-type]
+        # what the replica reads a buffer through (it is typed for ReplayBuffer)
+        source: Any = self._priorities
+        replica = replica_of(source, "per")
         rng = self.rng
         with replica.lock:
             spares = max(_SPARES, replica.spares)
@@ -559,7 +563,7 @@ class SequenceBuffer:
                                 f"sequence buffer {self.name!r}: no stored step has a "
                                 "non-zero priority"
                             )
-                        replica.sync(source)  # type: ignore[arg-type]
+                        replica.sync(source)
                         synced = True
                         continue
                     count = self._draw_count(wanted, length)
@@ -578,10 +582,10 @@ class SequenceBuffer:
                 status = int(reply[0])
                 if status == 3:  # corrected with holes: fill them among the slots untouched
                     touched = replica._follow(
-                        source, [0, reply[1], reply[2], reply[3], *reply[5:]]  # type: ignore[arg-type]
+                        source, [0, reply[1], reply[2], reply[3], *reply[5:]]
                     )
                     if touched is None:
-                        replica.load(source)  # type: ignore[arg-type]
+                        replica.load(source)
                         carried = None
                         continue
                     carried = _fill_holes(replica, reply[4], touched, rng)
@@ -590,7 +594,7 @@ class SequenceBuffer:
                     continue
                 carried = None
                 if status != 1:
-                    touched_ids = replica.catch_up(source, reply)  # type: ignore[arg-type]
+                    touched_ids = replica.catch_up(source, reply)
                     synced = True
                     if touched_ids:
                         spares = _spares_for(replica, touched_ids, count)
@@ -604,10 +608,10 @@ class SequenceBuffer:
                 if reply[8] in (b"1", "1"):  # corrected: catch up with the entries it went by
                     entries = reply[10 + 3 * (k_recent + k_normal) :]
                     caught = replica._follow(
-                        source, [0, reply[5], reply[6], reply[7], *entries]  # type: ignore[arg-type]
+                        source, [0, reply[5], reply[6], reply[7], *entries]
                     )
                     if caught is None:
-                        replica.load(source)  # type: ignore[arg-type]
+                        replica.load(source)
                 return reply
         raise SamplingError(
             f"sequence buffer {self.name!r}: a prioritized draw could not be committed in "
