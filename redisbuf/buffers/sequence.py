@@ -454,7 +454,13 @@ class SequenceBuffer:
         is drawn again: no window is torn or holds an evicted step. Uniform draws are
         uniform over all valid windows (stored steps, at least
         ``num_earliest_frames_ignored`` after the oldest, inside one episode unless
-        ``allow_cross_episode``). Raises :class:`EmptyBufferError` when none exists.
+        ``allow_cross_episode``). Prioritized draws are independent, each valid window
+        drawn with probability proportional to its first step's priority at the Lua call
+        that chose it (drawn from this process's replica of the priorities, corrected by
+        that call when the replica was behind; a call whose draws cannot stand chooses
+        nothing and the draw is made again). Raises :class:`EmptyBufferError` when no
+        valid window exists, and when 50 calls do not fill the batch (prioritized: draws
+        falling on invalid windows; also when no stored step has a non-zero priority).
         """
         for label, value in (("batch_size", batch_size), ("batch_length", batch_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
