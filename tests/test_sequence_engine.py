@@ -245,3 +245,19 @@ def test_a_spawned_writer_between_draw_and_commit(redis_server, buffer_name):
         assert chi2(got, want) < chi2_limit(len(got) - 1), (got, want)
     finally:
         peer.stop()
+
+
+@pytest.mark.redis_server
+def test_prioritized_windows_on_a_cluster(cluster_client):
+    """Every key of a prioritized sequence buffer (the prio hash and the mass log too)
+    lives in its name's slot: the replica's reads and the commits run on a cluster."""
+    a = SequenceBuffer(cluster_client, "prio-seq", 2, 8, prioritized_sampling=True, seed=0)
+    b = SequenceBuffer(cluster_client, "prio-seq", 2, 8, prioritized_sampling=True)
+    for _ in range(4):
+        _add(a, [0, 1])
+    a.get_batch(4, 2)
+    b.update_priority([0, 0, 0, 1, 1, 1, 1], [0, 1, 2, 0, 1, 2, 3], [0, 0, 0, 0, 0, 2.0, 0])
+    _, info = a.get_batch(8, 2)  # the replica is behind: the draw is corrected
+    assert info.env_ids.tolist() == [1] * 8 and info.positions.tolist() == [2] * 8
+    # non-zero: 2.0 there and 1.0 on (0, 3), the last step of env 0 (it starts no window)
+    np.testing.assert_allclose(info.importance_weights, 2.0 * 2 / 3.0, rtol=1e-6)
