@@ -18,6 +18,20 @@ local function to_number(s)
   return tonumber(s)
 end
 
+-- Ids sent packed: `width` decimal digits each, back to back (one argument instead of one
+-- per id). Width 12 is the stored form itself (id_str); a wider one (ids from 10^12 on)
+-- is read as a number and written back in the stored form.
+local function unpack_ids(packed, width)
+  local ids = {}
+  for i = 1, #packed / width do
+    ids[i] = string.sub(packed, width * (i - 1) + 1, width * i)
+  end
+  if width ~= 12 then
+    for i = 1, #ids do ids[i] = id_str(tonumber(ids[i])) end
+  end
+  return ids
+end
+
 local function call_chunked(cmd, key, list, step)
   step = step or CHUNK
   for i = 1, #list, step do

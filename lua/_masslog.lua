@@ -63,10 +63,16 @@ local function joined(list)
 end
 
 -- Append one C entry for rows ids (strings) with old and new scores (lists of text, or
--- nil: all absent / all removed; new may hold one value for all). No-op without rows or
--- while prioritized sampling is off.
+-- nil: all absent / all removed; new may hold one value for all); a change of more rows
+-- than one reply may carry starts a new epoch instead (every replica reads everything
+-- again, in slices of bounded cost). No-op without rows or while prioritized sampling
+-- is off.
 local function masslog_append(K, ids, old, new)
   if #ids == 0 or not masslog_on(K) then return end
+  if #ids > MASSLOG_REPLY_ROWS then  -- more than one reply carries: read everything again
+    masslog_reset(K)
+    return
+  end
   local conf = redis.call('HMGET', K.meta, 'log_version', 'log_first', 'log_ids', 'capacity',
     'log_pin', 'log_pin_until')
   if not conf[1] then  -- no log yet (turned on by hand): start one

@@ -14,11 +14,12 @@
 --   "correct" (draws with replacement): as "exact" when nothing changed since; otherwise
 --   the draw is corrected here to the current law (see correct_draw) and stands
 -- ARGV[6] "1" = also return blobs
--- "exact": ARGV[7..] the drawn ids (12-digit; may repeat)
--- "correct": ARGV[7] S, the spare draws per draw  ARGV[8] two uniforms per draw, packed
---   6 bytes each (see uniform_at)  ARGV[9] the replica's total mass  ARGV[10] its softmax
---   reference (masses exp(log_reward - ref); "0" under PER)  ARGV[11..] the candidates:
---   1 + S per draw (the draw, then S more draws of the replica), draw after draw
+-- ARGV[7] the drawn ids, packed (see unpack_ids; may repeat)  ARGV[8] their width
+-- "correct": also ARGV[9] S, the spare draws per draw  ARGV[10] two uniforms per draw,
+--   packed 6 bytes each (see uniform_at)  ARGV[11] the replica's total mass  ARGV[12] its
+--   softmax reference (masses exp(log_reward - ref); "0" under PER); ARGV[7] then holds
+--   the candidates: 1 + S per draw (the draw, then S more draws of the replica), draw
+--   after draw
 -- Returns {1, length, per_sum, per_nonzero, ids, epoch, version, stamp, count,
 -- blob_1..blob_count, entry_1..} when the draw stands: ids "" when it stands as sent,
 -- else the corrected draw (ids comma-separated), with the log entries after the
@@ -48,9 +49,8 @@ end
 local current = conf[3] == ARGV[2] and conf[4] == ARGV[3] and conf[5] == ARGV[4]
 local entries, ids = {}, {}
 if ARGV[5] == 'correct' then
-  local spares = tonumber(ARGV[7])
-  local candidates = {}
-  for i = 11, #ARGV do candidates[#candidates + 1] = ARGV[i] end
+  local spares = tonumber(ARGV[9])
+  local candidates = unpack_ids(ARGV[7], tonumber(ARGV[8]))
   local width = 1 + spares
   if current then
     for j = 1, #candidates / width do ids[j] = candidates[width * (j - 1) + 1] end
@@ -62,7 +62,7 @@ if ARGV[5] == 'correct' then
     for i = 5, #behind do entries[#entries + 1] = behind[i] end
     local holes
     ids, holes = correct_draw(entries, per, tonumber(conf[9]) or 1, tonumber(conf[10]) or 0,
-      tonumber(ARGV[10]), tonumber(ARGV[9]), candidates, spares, ARGV[8])
+      tonumber(ARGV[12]), tonumber(ARGV[11]), candidates, spares, ARGV[10])
     if not ids then return behind end
     if holes then  -- nothing is recorded: the caller completes the draw and commits it
       local out = {3, conf[3] or '', conf[4] or '0', conf[5] or '', table.concat(ids, ',')}
@@ -74,7 +74,7 @@ else
   if not current then
     return masslog_behind(K, ARGV[2], tonumber(ARGV[3]), ARGV[4])
   end
-  for i = 7, #ARGV do ids[#ids + 1] = ARGV[i] end
+  ids = unpack_ids(ARGV[7], tonumber(ARGV[8]))
 end
 local sum = (tonumber(conf[6]) or 0) + (tonumber(conf[7]) or 0)
 local corrected = ''

@@ -3,7 +3,9 @@
 -- @include masslog
 -- @include items
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
--- ARGV[1..] id_1, priority_1, ..., id_n, priority_n  (ids 12-digit, priorities as text)
+-- ARGV[1..] id_1, priority_1, ..., id_n, priority_n  (ids 12-digit, priorities as text);
+-- or, packed (an odd count): ARGV[1] the ids (see unpack_ids)  ARGV[2] their width
+-- ARGV[3] the priorities as text, comma-separated
 -- Ids no longer stored (evicted, removed) are skipped; for a repeated id the last priority
 -- wins. O(1) server work per id: one HMGET and one HSET of the per hash and one mass-log
 -- entry for the whole call (samplers' replicas re-weigh the items).
@@ -24,12 +26,23 @@ end
 if conf[5] then
   return fail('RB_BUSY', 'PER is being turned on for ' .. K.meta .. ' (lua/enable_per.lua)')
 end
-local ids, values = {}, {}
-for i = 1, #ARGV / 2 do
-  ids[i] = ARGV[2 * i - 1]
-  values[i] = per_parse(ARGV[2 * i])
+local ids, texts, values = {}, {}, {}
+if #ARGV % 2 == 1 then
+  ids = unpack_ids(ARGV[1], tonumber(ARGV[2]))
+  for text in string.gmatch(ARGV[3], '[^,]+') do texts[#texts + 1] = text end
+  if #texts ~= #ids then
+    return fail('RB_INVALID', #texts .. ' priorities for ' .. #ids .. ' ids')
+  end
+else
+  for i = 1, #ARGV / 2 do
+    ids[i] = ARGV[2 * i - 1]
+    texts[i] = ARGV[2 * i]
+  end
+end
+for i = 1, #ids do
+  values[i] = per_parse(texts[i])
   if values[i] == nil then
-    return fail('RB_INVALID', 'priority ' .. (i - 1) .. ' is ' .. tostring(ARGV[2 * i])
+    return fail('RB_INVALID', 'priority ' .. (i - 1) .. ' is ' .. tostring(texts[i])
       .. '; priorities must be finite and >= 0')
   end
 end

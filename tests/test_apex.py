@@ -128,7 +128,7 @@ def test_apex_learns_cartpole_and_leaves_the_buffer_consistent(redis_server, rea
     assert set(per) == set(order)
     blobs = real_client.hmget(keys.items, list(per))
     assert all(blob is not None for blob in blobs)  # every prioritized id has its blob
-    priorities = np.array(list(per.values()))
+    priorities = np.array([float(v) for v in per.values()])
     assert np.isfinite(priorities).all() and (priorities >= 0).all()
     assert priorities.max() > 0
 

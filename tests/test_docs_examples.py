@@ -4,11 +4,14 @@ The rules (docs and README authors rely on them):
 
 - The ```python blocks of one page run in order in one namespace. The text
   ``redis://127.0.0.1:6379/0`` is replaced by the URL of an embedded server started for
-  that page (empty at the page's start). The working directory is a fresh temporary
+  that page (empty at the page's start), and ``$REDISBUF_URL`` names that server while
+  the page's blocks run, so an example that passes no URL (``None``, the embedded
+  default a newcomer gets) uses it too. The working directory is a fresh temporary
   directory, so examples write files with relative paths.
 - ```bash blocks run with ``bash -euo pipefail`` in the same directory, with the same URL
-  replacement, and with this interpreter's ``python`` and ``redisbuf`` first on PATH
-  (and, where no ``redis-cli`` is installed, the bundled ``valkey-cli`` under that name).
+  replacement and ``$REDISBUF_URL``, and with this interpreter's ``python`` and
+  ``redisbuf`` first on PATH (and, where no ``redis-cli`` is installed, the bundled
+  ``valkey-cli`` under that name).
 - Other fences (```console, ```text, ```json, ```lua ...) are shown, never run. The
   aliases ```py, ```sh, ```shell, ```python3 are refused: they would look like code that
   runs while escaping this test.
@@ -37,7 +40,7 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
-from redisbuf.servers.embedded import EmbeddedServer, bundled_server_binary
+from redisbuf.servers.embedded import URL_ENV, EmbeddedServer, bundled_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_URL = "redis://127.0.0.1:6379/0"
@@ -172,11 +175,17 @@ def run_python(block: Block, state: PageRun) -> None:
     # pad so a traceback's line numbers are the page's own
     compiled = compile("\n" * block.line + code, block.page, "exec")
     cwd = os.getcwd()
+    before = os.environ.get(URL_ENV)
     os.chdir(state.workdir.name)
+    os.environ[URL_ENV] = state.server.url
     try:
         exec(compiled, state.namespace)
     finally:
         os.chdir(cwd)
+        if before is None:
+            os.environ.pop(URL_ENV, None)
+        else:
+            os.environ[URL_ENV] = before
 
 
 def bash_path(workdir: str) -> str:
@@ -197,6 +206,7 @@ def bash_path(workdir: str) -> str:
 def run_bash(block: Block, state: PageRun) -> None:
     code = block.source.replace(DOC_URL, state.server.url)
     env = dict(os.environ)
+    env[URL_ENV] = state.server.url
     env["PATH"] = bash_path(state.workdir.name)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     done = subprocess.run(

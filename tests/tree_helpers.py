@@ -39,12 +39,15 @@ def replica_masses(replica: MassReplica) -> dict[int, float]:
 
 
 def assert_tree_sums(replica: MassReplica) -> None:
-    """Every block's sum (and smallest non-zero mass) is that of its slots, holes and
+    """Every block's and group's sum (and smallest non-zero mass) is that of its slots, holes and
     unused slots hold no mass, and the ids in use are in ascending order."""
-    blocks = replica.masses.reshape(-1, 256)
+    blocks = replica.masses.reshape(-1, 32)
     np.testing.assert_allclose(replica.block_sums, blocks.sum(axis=1), rtol=1e-12,
                                atol=1e-300)
     assert (replica.block_mins == np.where(blocks > 0, blocks, np.inf).min(axis=1)).all()
+    np.testing.assert_allclose(replica.group_sums, replica.block_sums.reshape(-1, 32).sum(1),
+                               rtol=1e-12, atol=1e-300)
+    assert (replica.group_mins == replica.block_mins.reshape(-1, 32).min(axis=1)).all()
     holes = np.isnan(replica.scores)
     assert (replica.masses[holes] == 0).all()
     assert (np.diff(replica.ids[: replica.count]) > 0).all()

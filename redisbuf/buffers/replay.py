@@ -48,7 +48,7 @@ from ..store.containers import (
     describe_schema_difference,
     kind_of,
 )
-from ..store.keys import BufferKeys, decode_meta, format_id
+from ..store.keys import BufferKeys, decode_meta, format_id, pack_ids
 
 # FILE_MAGIC, SAVE_FORMAT_VERSION, Progress: importable from here as from redisbuf.buffer
 from .checkpoint import FILE_MAGIC, SAVE_FORMAT_VERSION, Checkpointing, Progress  # noqa: F401
@@ -740,9 +740,8 @@ class ReplayBuffer(Inserting, Checkpointing):
         texts = _per_priority_texts(priorities, len(id_list))
         if not id_list:
             return 0
-        args: list[Any] = [None] * (2 * len(id_list))
-        args[0::2] = [b"%012d" % i for i in id_list]
-        args[1::2] = texts
+        packed, width = pack_ids(np.array(id_list, dtype=np.int64))
+        args: list[Any] = [packed, width, ",".join(texts)]
         try:
             reply = self._run("update_priority", self.keys.all_keys(), args)
         except ConfigMismatchError as exc:

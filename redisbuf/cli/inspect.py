@@ -350,7 +350,9 @@ def render(out: Console, url: str, report: dict[str, Any], cli_lines: list[str])
     table.add_row("eviction", safe(eviction))
     table.add_row("kind", safe(report["kind"] or "not fixed yet (no add so far)"))
     table.add_row(
-        "prioritized sampling", "sum tree built" if report["prioritized_sampling_ready"] else "off"
+        "prioritized sampling",
+        "on (changes logged for samplers' replicas)" if report["prioritized_sampling_ready"]
+        else "off",
     )
     table.add_row("memory in Redis", format_bytes(report["memory_bytes"]))
     if report["created_at"]:

@@ -324,13 +324,15 @@ class ReplayBuffer:
         env: the torchgfn environment of the containers.
         capacity, prioritized_capacity, prioritized_sampling: as torchgfn. Sampling
             draws without replacement whenever ``n <= len``, as torchgfn does.
-        remote_manager_rank, remote_buffer_freq, communication_backend, timing: as
-            torchgfn; ``communication_backend`` is ``"mpi"`` or ``"redis"`` (torch.distributed
-            is not used).
-        async_score, baseline_filtering, scoring_only, baseline_refresh_after: as
-            torchgfn. ``async_comm=True`` means ``async_score=True`` (sends never block
-            here). ``lazy_sort`` is accepted and changes nothing: every add is sorted
-            into Redis at once.
+        remote_manager_rank, remote_buffer_freq: as torchgfn 2.4.1.
+        communication_backend, timing: as on torchgfn's main branch (2.4.1 has
+            neither: its remote manager runs over torch.distributed with gloo);
+            ``communication_backend`` is ``"mpi"`` or ``"redis"`` (torch.distributed is
+            not used).
+        async_score, baseline_filtering, scoring_only, baseline_refresh_after: as on
+            torchgfn's main branch (not in 2.4.1). ``async_comm=True`` means
+            ``async_score=True`` (sends never block here). ``lazy_sort`` is accepted and
+            changes nothing: every add is sorted into Redis at once.
         url: Redis URL or client (None: ``$REDISBUF_URL``).
         name: buffer name; processes that give the same name share one buffer. None
             (the default): a private buffer under a fresh name, dropped by :meth:`close`,

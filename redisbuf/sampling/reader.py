@@ -2,8 +2,8 @@
 
 A learner that calls ``buffer.sample_with_info(256)`` waits for the draw (a round trip,
 the server's script, decoding) at every step. :class:`Prefetcher` keeps ``prefetch``
-draws in flight in one background thread, as Reverb's ``TrajectoryDataset`` /
-``ReplayDataset`` and TorchRL's ``ReplayBuffer(prefetch=k)`` do, so the learner's step
+draws in flight in one background thread, as Reverb's ``TrajectoryDataset`` and
+TorchRL's ``ReplayBuffer(prefetch=k)`` do, so the learner's step
 and the next draws overlap::
 
     with Prefetcher(buffer, 256, prefetch=2) as batches:

@@ -4,7 +4,8 @@ The server keeps the scores (log-rewards in the ``prio`` zset, PER priorities in
 ``per`` hash) and, while prioritized sampling is on, a log of every change to them
 (``lua/_masslog.lua``). A :class:`MassReplica` holds a copy of the scores in dense numpy
 arrays sorted by item id (ids, scores, masses: 24 bytes an item) with the sum and the
-smallest non-zero mass of every block of 256 items, brought up to date from that log
+smallest non-zero mass of every block of 32 items and of every group of 32 blocks,
+brought up to date from that log
 with vectorised numpy, so a draw costs the server one check and the blob read however
 large the buffer is. ``lua/sample_prioritized.lua`` commits a draw only when the replica
 was current, or corrects a draw with replacement to the law at the commit: draws always
@@ -28,7 +29,10 @@ if TYPE_CHECKING:
 # ref by this much (exp stays far from overflow) or the mass underflows.
 _REBASE = 300.0
 _UNDERFLOW = float(np.exp(-_REBASE))
-_BLOCK = 256
+# Masses are summed (and their smallest non-zero value kept) per block of _FAN slots, and
+# those per group of _FAN blocks: a draw reads _FAN block sums and _FAN masses.
+_FAN = 32
+_BLOCK = _FAN * _FAN  # slots per group; arrays are a whole number of groups
 # The first read: a SCAN step of this COUNT per call (lua/replica_read.lua), each call tens
 # of milliseconds of server time at most, and the log kept for the reader meanwhile.
 _SCAN_COUNT = 20_000
@@ -102,8 +106,7 @@ class MassReplica:
         self.live = count
         self.ids[:count] = ids
         self.scores[:count] = scores
-        self.block_sums = np.zeros(size // _BLOCK)
-        self.block_mins = np.full(size // _BLOCK, np.inf)
+        self._new_levels(size)
         self.positive = 0  # drawable items (finite log-reward; PER: mass > 0)
         self.infinite = 0  # items of log-reward +inf (softmax only)
         self._count_scores(self.scores[:count], +1)
@@ -120,7 +123,7 @@ class MassReplica:
     def nbytes(self) -> int:
         """Bytes held by the replica's arrays."""
         return sum(a.nbytes for a in (self.ids, self.scores, self.masses, self.block_sums,
-                                      self.block_mins))
+                                      self.block_mins, self.group_sums, self.group_mins))
 
     def masses_of(self, scores: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -140,25 +143,40 @@ class MassReplica:
             self.infinite += sign * int(np.count_nonzero(scores == np.inf))
         self.positive += sign * int(np.count_nonzero(drawable))
 
+    def _new_levels(self, size: int) -> None:
+        self.block_sums = np.zeros(size // _FAN)
+        self.block_mins = np.full(size // _FAN, np.inf)
+        self.group_sums = np.zeros(size // _BLOCK)
+        self.group_mins = np.full(size // _BLOCK, np.inf)
+
     def _refresh_blocks(self, first: int, stop: int) -> None:
-        """Recompute the sums and minimums of blocks first .. stop - 1."""
+        """Recompute the sums and minimums of groups first .. stop - 1 (of _BLOCK slots)."""
         if stop <= first:
             return
-        view = self.masses[first * _BLOCK : stop * _BLOCK].reshape(-1, _BLOCK)
-        self.block_sums[first:stop] = view.sum(axis=1)
-        self.block_mins[first:stop] = np.where(view > 0, view, np.inf).min(axis=1)
+        view = self.masses[first * _BLOCK : stop * _BLOCK].reshape(-1, _FAN)
+        blocks = slice(first * _FAN, stop * _FAN)
+        self.block_sums[blocks] = view.sum(axis=1)
+        self.block_mins[blocks] = np.where(view > 0, view, np.inf).min(axis=1)
+        self.group_sums[first:stop] = self.block_sums[blocks].reshape(-1, _FAN).sum(axis=1)
+        self.group_mins[first:stop] = self.block_mins[blocks].reshape(-1, _FAN).min(axis=1)
 
     def _refresh_slots(self, slots: np.ndarray) -> None:
-        for block in np.unique(slots // _BLOCK).tolist():
-            self._refresh_blocks(block, block + 1)
+        """Recompute the block and group sums and minimums over these slots."""
+        blocks = np.unique(slots // _FAN)
+        view = self.masses.reshape(-1, _FAN)[blocks]
+        self.block_sums[blocks] = view.sum(axis=1)
+        self.block_mins[blocks] = np.where(view > 0, view, np.inf).min(axis=1)
+        groups = np.unique(blocks // _FAN)
+        self.group_sums[groups] = self.block_sums.reshape(-1, _FAN)[groups].sum(axis=1)
+        self.group_mins[groups] = self.block_mins.reshape(-1, _FAN)[groups].min(axis=1)
 
     @property
     def total(self) -> float:
-        return float(self.block_sums.sum())
+        return float(self.group_sums.sum())
 
     @property
     def min_mass(self) -> float:
-        return float(self.block_mins.min()) if len(self.block_mins) else float("inf")
+        return float(self.group_mins.min()) if len(self.group_mins) else float("inf")
 
     def _rebase(self) -> None:
         """Softmax: ref = the largest finite log-reward, every mass recomputed."""
@@ -220,8 +238,7 @@ class MassReplica:
         self.ref = ref
         self.masses[:count] = self.masses_of(scores)
         self.count = count
-        self.block_sums = np.zeros(size // _BLOCK)
-        self.block_mins = np.full(size // _BLOCK, np.inf)
+        self._new_levels(size)
         self._refresh_blocks(0, len(self.block_sums))
 
     def set_scores(self, ids: np.ndarray, scores: np.ndarray) -> None:
@@ -250,7 +267,7 @@ class MassReplica:
                 self._rebase()
             elif self.positive > 0 and self.total < _UNDERFLOW:
                 self._rebase()
-        if self.count - self.live > max(self.live, 4 * _BLOCK):
+        if self.count - self.live > max(self.live, _BLOCK):
             self._compact()
 
     def apply(self, entry: bytes) -> np.ndarray | None:
@@ -382,21 +399,25 @@ class MassReplica:
 
     def _descend(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` slots, each drawn in proportion to its mass."""
-        sums = self.block_sums
+        sums = self.group_sums
         cumulative = np.cumsum(sums)
         total = cumulative[-1]
+        lanes = np.arange(_FAN)
         slots = np.empty(n, dtype=np.int64)
         todo = np.arange(n)
         while len(todo):
             targets = rng.random(len(todo)) * total
-            blocks = np.minimum(np.searchsorted(cumulative, targets, side="right"),
+            groups = np.minimum(np.searchsorted(cumulative, targets, side="right"),
                                 len(sums) - 1)
-            offsets = targets - (cumulative[blocks] - sums[blocks])
-            inner = self.masses[blocks[:, None] * _BLOCK + np.arange(_BLOCK)]
-            inner_cumulative = np.cumsum(inner, axis=1)
-            picks = (inner_cumulative <= offsets[:, None]).sum(axis=1)
-            picks = np.minimum(picks, _BLOCK - 1)
-            chosen = blocks * _BLOCK + picks
+            offsets = targets - (cumulative[groups] - sums[groups])
+            chosen = groups
+            for level in (self.block_sums, self.masses):  # within the group, then the block
+                row = level[chosen[:, None] * _FAN + lanes]
+                row_cumulative = np.cumsum(row, axis=1)
+                picks = np.minimum((row_cumulative <= offsets[:, None]).sum(axis=1), _FAN - 1)
+                offsets = offsets - (row_cumulative[np.arange(len(picks)), picks]
+                                     - row[np.arange(len(picks)), picks])
+                chosen = chosen * _FAN + picks
             good = self.masses[chosen] > 0  # a target on a boundary, by rounding: again
             slots[todo[good]] = chosen[good]
             todo = todo[~good]

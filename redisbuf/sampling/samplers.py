@@ -18,6 +18,7 @@ import redis
 from ..errors import ConfigMismatchError, EmptyBufferError, SamplingError
 from ..store import scripts
 from ..store.connection import retrying
+from ..store.keys import pack_ids, split_ids
 from .replica import MassReplica, replica_of
 
 if TYPE_CHECKING:
@@ -321,9 +322,10 @@ def _commit_exact(
             continue
         slots, probabilities, masses = replica.draw(n, rng, False)
         ids = replica.ids[slots]
-        members = [b"%012d" % i for i in ids.tolist()]
+        packed, width = pack_ids(ids)
+        members = split_ids(packed, width)
         args = [rule, replica.epoch, replica.version, replica.stamp, "exact", int(inline),
-                *members]
+                packed, width]
         replies = _send_commit(buffer, script, args, None if inline else members)
         reply = replies[0]
         if int(reply[0]) != 1:
@@ -415,11 +417,11 @@ def _commit_corrected(
             drawn[:, 0] = carried
             slots, _, _ = replica.draw(n * spares, rng, True)
             drawn[:, 1:] = replica.ids[slots].reshape(n, spares)
-        candidates = [b"%012d" % i for i in drawn.reshape(-1).tolist()]
-        members = candidates[:: 1 + spares]
+        packed, width = pack_ids(drawn.reshape(-1))
+        members = split_ids(*pack_ids(drawn[:, 0]))
         uniforms = packed_uniforms(rng, 2 * n)
         args = [rule, replica.epoch, replica.version, replica.stamp, "correct", int(inline),
-                spares, uniforms, repr(replica.total), repr(replica.ref), *candidates]
+                packed, width, spares, uniforms, repr(replica.total), repr(replica.ref)]
         replies = _send_commit(buffer, script, args, None if inline else members)
         reply = replies[0]
         status = int(reply[0])

@@ -37,7 +37,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PREFIX = "rb"
 # Key namespaces under a buffer's tag that belong to the other structures of the same name
@@ -59,6 +62,26 @@ def validate_name(name: str) -> str:
 
 def format_id(item_id: int) -> bytes:
     return b"%012d" % item_id
+
+
+def pack_ids(ids: np.ndarray) -> tuple[bytes, int]:
+    """Ids as decimal text of one width, back to back, and that width: 12 (the stored form,
+    :func:`format_id`) unless an id has more digits. One argument for a script instead of
+    one per id, built without a Python loop (``unpack_ids`` in lua/_common.lua)."""
+    import numpy as np  # not at import: `redisbuf --help` loads this module
+
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    width = max(ID_WIDTH, len(str(int(ids.max())))) if len(ids) else ID_WIDTH
+    powers = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
+    digits = (ids[:, None] // powers) % 10 + 48
+    return digits.astype(np.uint8).tobytes(), width
+
+
+def split_ids(packed: bytes, width: int) -> list[bytes]:
+    """The ids of :func:`pack_ids`'s text in their stored form (:func:`format_id`)."""
+    if width == ID_WIDTH:
+        return [packed[k : k + width] for k in range(0, len(packed), width)]
+    return [format_id(int(packed[k : k + width])) for k in range(0, len(packed), width)]
 
 
 def decode_meta(raw: dict[Any, Any]) -> dict[str, str]:
