@@ -7,7 +7,8 @@
 -- lex order of `begins` is (env, begin) order); `episodes` scores it with the number of
 -- its steps still stored.
 -- Prioritized buffers keep each stored step's priority in the prio hash under its slot
--- (slot_of: one fixed slot per ring index) and, as the replay buffer's prioritized
+-- (slot_of: one fixed slot per ring index; written as item ids are, 12 digits, id_str)
+-- and, as the replay buffer's prioritized
 -- sampling does, append every change to it to the mass log (lua/_masslog.lua: ids are
 -- slots, scores priorities, meta tree = 1 and tree_mass = per with alpha 1 and eps 0,
 -- so a slot's mass is its priority); samplers draw from replicas of it
@@ -85,7 +86,7 @@ local function seq_set_priorities(K, changes)
   end
   if #order == 0 then return {}, {} end
   local fields = {}
-  for i, slot in ipairs(order) do fields[i] = string.format('%d', slot) end
+  for i, slot in ipairs(order) do fields[i] = id_str(slot) end
   local olds = hmget_chunked(K.prio, fields)
   local conf = redis.call('HMGET', K.meta, 'nonzero', 'prio_sum', 'prio_comp')
   local nonzero, sum, comp = tonumber(conf[1]) or 0, tonumber(conf[2]) or 0, tonumber(conf[3]) or 0

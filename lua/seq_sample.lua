@@ -14,9 +14,9 @@
 -- enumeration (inside episodes)
 -- Prioritized only: ARGV[11] the replica's log_epoch  ARGV[12] its log_version
 -- ARGV[13] its log_stamp  ARGV[14] S, spare draws per draw  ARGV[15] two uniforms per
--- draw, packed  ARGV[16] the replica's total mass  ARGV[17..] the candidates: 1 + S per
--- draw (a slot drawn from the replica, then S more), draw after draw (as
--- lua/sample_prioritized.lua's "correct" mode)
+-- draw, packed  ARGV[16] the replica's total mass  ARGV[17] the candidates, packed (see
+-- unpack_ids): 1 + S slots per draw (one drawn from the replica, then S more), draw after
+-- draw (as lua/sample_prioritized.lua's "correct" mode)  ARGV[18] their width
 -- A window (e, p) is valid when steps p..p+L-1 are all stored, p >= oldest stored
 -- position + num_earliest_frames_ignored and (unless crossing is allowed) all lie in one
 -- episode. Recent windows also start among the last recent_data_steps possible starts of
@@ -210,8 +210,7 @@ local corrected, entries = '0', {}
 local function prioritized_draws()
   local spares = tonumber(ARGV[14])
   local width = 1 + spares
-  local sent = {}
-  for i = 17, #ARGV do sent[#sent + 1] = ARGV[i] end
+  local sent = unpack_ids(ARGV[17], tonumber(ARGV[18]))
   if conf[6] == ARGV[11] and conf[7] == ARGV[12] and conf[8] == ARGV[13] then
     local out = {}
     for j = 1, #sent / width do out[j] = sent[width * (j - 1) + 1] end

@@ -22,7 +22,7 @@ key                              type    content
 ``rb:{name}:seq:returns``        hash    ``"env:pos"`` -> discounted return of ended episodes
 ``rb:{name}:seq:prio``           hash    slot -> priority of the stored step there
                                          (prioritized), slot ``env * max_length +
-                                         pos % max_length``
+                                         pos % max_length`` in 12 digits, as item ids
 ``rb:{name}:seq:masslog``        list    the mass log of priority changes (prioritized;
                                          lua/_masslog.lua, ids = slots)
 ===============================  ======  ==================================================
@@ -53,7 +53,7 @@ from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import _fill_holes, _spares_for, packed_uniforms
 from ..store import _torch, codec, scripts
 from ..store.connection import as_client
-from ..store.keys import PREFIX, validate_name
+from ..store.keys import PREFIX, pack_ids, validate_name
 
 # ALF's StepType values
 FIRST, MID, LAST = 0, 1, 2
@@ -581,9 +581,9 @@ class SequenceBuffer:
                     drawn[:, 0] = carried
                     slots, _, _ = replica.draw(count * spares, rng, True)
                     drawn[:, 1:] = replica.ids[slots].reshape(count, spares)
+                packed, width = pack_ids(drawn.reshape(-1))
                 args = [*head, replica.epoch, replica.version, replica.stamp, spares,
-                        packed_uniforms(rng, 2 * count), repr(replica.total),
-                        *drawn.reshape(-1).tolist()]
+                        packed_uniforms(rng, 2 * count), repr(replica.total), packed, width]
                 reply = self._run("seq_sample", self._keys, args)
                 status = int(reply[0])
                 if status == 3:  # corrected with holes: fill them among the slots untouched
@@ -652,7 +652,7 @@ class SequenceBuffer:
                     and int(after) == int(before) + 1
                 ):
                     # this call's entry is the only change since the replica's version
-                    replica.set_scores(
+                    replica.set_scores(  # slots as 12-digit text, priorities as text
                         np.array(slots.split(b","), dtype=np.int64),
                         np.array(values.split(b","), dtype=np.float64),
                     )
