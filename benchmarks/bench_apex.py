@@ -38,7 +38,7 @@ from redisbuf import BufferKeys, PERSampler, ReplayBuffer, connect
 from redisbuf.servers.embedded import EmbeddedServer
 
 NAME = "bench-apex"
-ADD, SAMPLE, FILL = 256, 512, 10_000
+ADD, SAMPLE, FILL = 256, 512, 1000  # FILL: at most bounds.MAX_ADD_ITEMS an add
 TARGET_INSERTS, TARGET_SAMPLES = 12_500, 9_700
 
 

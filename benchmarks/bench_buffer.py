@@ -190,7 +190,7 @@ def bench_prioritized(
         client.delete(*BufferKeys(name).all_keys())
         filler = ReplayBuffer(client, name, capacity=size)
         rng = np.random.default_rng(size)
-        chunk = 5000
+        chunk = 1000  # one add stores at most bounds.MAX_ADD_ITEMS items
         for start in range(0, size, chunk):
             count = min(chunk, size - start)
             filler.add(

@@ -27,7 +27,7 @@ from rich.table import Table
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer, connect
 from redisbuf.servers.embedded import EmbeddedServer
 
-FILL = 10_000
+FILL = 1000  # one add stores at most bounds.MAX_ADD_ITEMS items
 
 
 def small(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:

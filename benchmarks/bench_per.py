@@ -64,7 +64,7 @@ def bench_size(url: str, size: int, rounds: int) -> dict[str, tuple[float, float
     client.delete(*BufferKeys(name).all_keys())
     filler = ReplayBuffer(client, name, capacity=size)
     rng = np.random.default_rng(size)
-    chunk = 10_000
+    chunk = 1000  # one add stores at most bounds.MAX_ADD_ITEMS items
     for start in range(0, size, chunk):
         count = min(chunk, size - start)
         filler.add({"x": np.arange(start, start + count, dtype=np.int32).reshape(-1, 1)})

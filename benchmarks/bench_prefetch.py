@@ -85,7 +85,7 @@ def fill(url: str, name: str, size: int) -> ReplayBuffer:
     client.delete(*BufferKeys(name).all_keys())
     buffer = ReplayBuffer(client, name, capacity=size, sampler=PERSampler(), seed=1)
     rng = np.random.default_rng(size)
-    chunk = 10_000
+    chunk = 1000  # one add stores at most bounds.MAX_ADD_ITEMS items
     for start in range(0, size, chunk):
         count = min(chunk, size - start)
         buffer.add(

@@ -15,11 +15,16 @@
 -- oldest first among equals ("reward", so +inf items go last). New items may be evicted at
 -- once under "reward" (see insert_batch in _insert.lua).
 -- Returns {first_id, n, evicted}. Errors: RB_NOBUF, RB_SCHEMA, RB_INVALID (a NaN or
--- non-numeric priority; nothing is written).
+-- non-numeric priority), RB_LIMIT (n above RB_MAX_ADD, redisbuf/store/bounds.py); nothing
+-- is written.
 local K = buffer_keys(KEYS)
 local conf, err = buffer_config(K)
 if err then return err end
 local n = tonumber(ARGV[2])
+if n == nil or n > RB_MAX_ADD then
+  return fail('RB_LIMIT', 'one add stores at most ' .. RB_MAX_ADD .. ' items, got '
+    .. tostring(ARGV[2]) .. ' (send several batches)')
+end
 local options = batch_options(ARGV[3])
 local blobs, priorities = {}, {}
 for i = 1, n do

@@ -13,12 +13,16 @@
 -- Checks what add.lua checks before its first write (schema, log-rewards, PER
 -- priorities), then asks admit_batch; an admitted batch gets n fresh ids (last_id += n).
 -- Returns {first_id, n}, or {0, 0, 0, reason} when admit_batch refuses the batch (only
--- its counter is written). Errors: RB_NOBUF, RB_SCHEMA, RB_INVALID, RB_CONFIG (nothing is
--- written).
+-- its counter is written). Errors: RB_NOBUF, RB_SCHEMA, RB_INVALID, RB_CONFIG, RB_LIMIT
+-- (n above RB_MAX_ADD, redisbuf/store/bounds.py; nothing is written).
 local K = buffer_keys(KEYS)
 local conf, err = buffer_config(K)
 if err then return err end
 local n = tonumber(ARGV[2])
+if n == nil or n > RB_MAX_ADD then
+  return fail('RB_LIMIT', 'one add stores at most ' .. RB_MAX_ADD .. ' items, got '
+    .. tostring(ARGV[2]) .. ' (send several batches)')
+end
 local options = batch_options(ARGV[3])
 local priorities = {}
 for i = 1, n do priorities[i] = ARGV[3 + i] end

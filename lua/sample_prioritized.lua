@@ -32,9 +32,15 @@
 -- stamp, entries...}. The work is bounded: a
 -- correction reads at most the entries one catch-up reply carries (masslog_behind).
 -- Errors: RB_NOTREE (prioritized sampling, or PER for "per", is not on), RB_CONFIG (the
--- buffer samples by the other rule).
+-- buffer samples by the other rule), RB_LIMIT (more than RB_MAX_ITEMS draws).
 
 local K = buffer_keys(KEYS)
+local draws = #ARGV[7] / tonumber(ARGV[8])
+if ARGV[5] == 'correct' then draws = draws / (1 + tonumber(ARGV[9])) end
+if draws > RB_MAX_ITEMS then
+  return fail('RB_LIMIT', 'one command commits at most ' .. RB_MAX_ITEMS .. ' draws, got '
+    .. draws .. ' (redisbuf/store/bounds.py)')
+end
 local conf = redis.call('HMGET', K.meta, 'tree', 'tree_mass', 'log_epoch', 'log_version',
   'log_stamp', 'per_sum', 'per_comp', 'per_nonzero', 'per_alpha', 'per_eps')
 local per = conf[2] == 'per'

@@ -12,9 +12,14 @@
 -- Returns the first n ids of the order, {id_1..id_n}, and, if asked, {blob_1..blob_n}
 -- after them: fifo = oldest first, lifo = newest first, max / min = highest / lowest score
 -- first with the oldest first among equal scores. When n exceeds the length the order
--- repeats. O(log len + n). Errors: RB_EMPTY, RB_CONFIG (no PER priorities).
+-- repeats. O(log len + n). Errors: RB_EMPTY, RB_CONFIG (no PER priorities), RB_LIMIT (n
+-- above RB_MAX_ITEMS, redisbuf/store/bounds.py).
 local K = buffer_keys(KEYS)
 local n, mode = tonumber(ARGV[1]), ARGV[2]
+if n == nil or n > RB_MAX_ITEMS then
+  return fail('RB_LIMIT', 'one command draws at most ' .. RB_MAX_ITEMS .. ' items, asked '
+    .. tostring(ARGV[1]))
+end
 local source = K.order
 if mode == 'max' or mode == 'min' then
   source = K.prio

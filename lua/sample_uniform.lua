@@ -24,6 +24,67 @@
 local K = buffer_keys(KEYS)
 local items, order = K.items, K.order
 local n = tonumber(ARGV[1])
+if n == nil or n < 0 or n ~= math.floor(n) then
+  return fail('RB_INVALID', 'ARGV[1] must be the number of draws, got ' .. tostring(ARGV[1]))
+end
+if n > RB_MAX_ITEMS and ARGV[5] ~= 'scan' then
+  return fail('RB_LIMIT', 'one command draws at most ' .. RB_MAX_ITEMS .. ' items, asked '
+    .. n .. ' (split the draw into several commands)')
+end
+if #ARGV[4] > 6 * RB_MAX_ITEMS then
+  return fail('RB_LIMIT', 'one command takes at most ' .. RB_MAX_ITEMS .. ' uniforms')
+end
+local chunk_mode = ARGV[5] == 'exclude' or ARGV[5] == 'scan'
+if chunk_mode then
+  if KEYS[17] == nil or ARGV[2] ~= '0' or #ARGV[4] % 6 ~= 0 then
+    return fail('RB_INVALID', 'chunk mode takes KEYS[17], ARGV[2] "0" and packed uniforms')
+  end
+  local len = redis.call('ZCARD', order)
+  if len == 0 then return fail('RB_EMPTY', 'buffer is empty') end
+  local drawn, count, kept, out = KEYS[17], #ARGV[4] / 6, {}, {}
+  local cursor = 0
+  if ARGV[5] == 'scan' then
+    cursor = tonumber(ARGV[6])
+    local ahead = redis.call('ZCOUNT', order, '(' .. cursor, '+inf')
+    local read = redis.call('ZRANGEBYSCORE', order, '(' .. cursor, '+inf', 'LIMIT', 0, count)
+    for i = 1, #read do
+      if #kept < n and uniform_at(ARGV[4], i) * ahead < n - #kept then
+        kept[#kept + 1] = read[i]
+      end
+      ahead = ahead - 1
+    end
+    if #read > 0 then cursor = tonumber(read[#read]) else cursor = -1 end
+  else
+    local first = tonumber(redis.call('ZRANGE', order, 0, 0)[1])
+    local last = tonumber(redis.call('ZRANGE', order, -1, -1)[1])
+    local contiguous = last - first + 1 == len
+    cursor = contiguous and first or -1
+    local seen = {}
+    for i = 1, count do
+      if #kept >= n then break end
+      local rank = math.floor(uniform_at(ARGV[4], i) * len)
+      local id
+      if contiguous then id = id_str(first + rank) else id = redis.call('ZRANGE', order, rank, rank)[1] end
+      if not seen[id] then
+        seen[id] = true
+        if redis.call('SISMEMBER', drawn, id) == 0 then kept[#kept + 1] = id end
+      end
+    end
+  end
+  local blobs
+  if ARGV[3] == '1' and #kept > 0 then blobs = hmget_chunked(items, kept) end
+  record_draws(K, kept)
+  if not RB_NO_WRITES and #kept > 0 then
+    call_chunked('SADD', drawn, kept)
+    redis.call('PEXPIRE', drawn, 60000)
+  end
+  out[1], out[2] = len, cursor
+  for i = 1, #kept do out[2 + i] = kept[i] end
+  if blobs then
+    for i = 1, #kept do out[2 + #kept + i] = blobs[i] end
+  end
+  return out
+end
 local guess = ARGV[5] ~= nil
 if guess and #ARGV[7] ~= 12 * n then return fail('RB_INVALID', 'expected ' .. n .. ' ids') end
 if not guess and #ARGV[4] ~= 6 * n then

@@ -11,9 +11,14 @@
 -- are resolved as Python's slice.indices(length) does, atomically with the draw. Without
 -- replacement (and n <= the window's size) every n-subset of the window is equally likely;
 -- otherwise draws are independent. Returns {id_1..id_n} and, if asked, {blob_1..blob_n}.
--- Errors: RB_EMPTY (nothing in the window), RB_INVALID.
+-- Errors: RB_EMPTY (nothing in the window), RB_INVALID, RB_LIMIT (n above RB_MAX_ITEMS,
+-- redisbuf/store/bounds.py).
 local K = buffer_keys(KEYS)
 local n = tonumber(ARGV[1])
+if n == nil or n > RB_MAX_ITEMS then
+  return fail('RB_LIMIT', 'one command draws at most ' .. RB_MAX_ITEMS .. ' items, asked '
+    .. tostring(ARGV[1]))
+end
 if #ARGV[7] ~= 6 * n then return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms') end
 local len = redis.call('ZCARD', K.order)
 local step = 1

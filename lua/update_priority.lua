@@ -15,7 +15,7 @@
 -- entry is the only change).
 -- Errors: RB_NOBUF, RB_CONFIG (PER is not on), RB_BUSY (PER is being turned on: finish
 -- it with lua/enable_per.lua and call again), RB_INVALID (a priority that is NaN,
--- negative or not finite; nothing is written).
+-- negative or not finite; nothing is written), RB_LIMIT (more than RB_MAX_ITEMS ids).
 local K = buffer_keys(KEYS)
 local conf = redis.call('HMGET', K.meta, 'capacity', 'tree_mass', 'log_epoch', 'log_version',
   'per_fill', 'log_stamp')
@@ -38,6 +38,10 @@ else
     ids[i] = ARGV[2 * i - 1]
     texts[i] = ARGV[2 * i]
   end
+end
+if #ids > RB_MAX_ITEMS then
+  return fail('RB_LIMIT', 'one command updates at most ' .. RB_MAX_ITEMS .. ' priorities, got '
+    .. #ids .. ' (redisbuf/store/bounds.py)')
 end
 for i = 1, #ids do
   values[i] = per_parse(texts[i])

@@ -26,6 +26,13 @@ class ItemTooLargeError(InvalidBatchError):
     """One encoded item is larger than the buffer's ``max_item_bytes``."""
 
 
+class RequestTooLargeError(InvalidBatchError):
+    """One call asked the server for more items than one command may touch
+    (:data:`redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`; a batch ``add`` above
+    :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS`); the message names the limit. Nothing
+    was written. The server's scripts and FCALL functions reply ``RB_LIMIT`` likewise."""
+
+
 class EmptyBufferError(RedisBufError, LookupError, ValueError):
     """Sampling was asked of a buffer that holds no item that can be drawn. Also a
     ValueError, which is what torchgfn's buffers raise (and its users catch) there."""

@@ -59,7 +59,8 @@ def test_a_failover_that_lost_writes_never_yields_a_missing_id():
         standby_client = redis.Redis.from_url(standby.url)
         standby_client.replicaof("127.0.0.1", primary.port)
         _wait_link(standby_client)
-        sampler = ReplayBuffer(primary.url, NAME, capacity=5000,
+        # no eviction: every id the new primary held stays, so "held" is well defined
+        sampler = ReplayBuffer(primary.url, NAME, capacity=10**6,
                                sampler=PERSampler(alpha=1.0, eps=0.0), seed=2)
         sampler.add(_batch(500))
         ctx = multiprocessing.get_context("spawn")

@@ -27,6 +27,12 @@ def _batch(log_rewards) -> dict:
     return {"x": np.arange(len(log_rewards)), "log_rewards": log_rewards}
 
 
+def _fill(buffer: ReplayBuffer, n: int, per_add: int = 1000) -> None:
+    """Add n items, ``per_add`` a call (one add is bounded, redisbuf/store/bounds.py)."""
+    for start in range(0, n, per_add):
+        buffer.add(_batch(np.zeros(min(per_add, n - start))))
+
+
 @pytest.fixture
 def url(redis_server) -> str:
     return redis_server.url
@@ -191,11 +197,10 @@ def test_a_first_read_finishes_while_two_processes_add(url, buffer_name, monkeyp
     log entries after the version it started from are kept for it, so it finishes (the
     review's sampler restarted 20 times and gave up), and it then holds exactly what the
     buffer holds."""
-    capacity = 30_000
+    capacity = 20_000  # the log keeps 10,000 rows: the writers pass that during the read
     buffer = ReplayBuffer(url, buffer_name, capacity=capacity, sampler=PERSampler(), seed=1)
-    for _ in range(capacity // 5000):
-        buffer.add(_batch(np.zeros(5000)))
-    monkeypatch.setattr(replica_module, "_SCAN_COUNT", 300)  # ~100 slices: a long read
+    _fill(buffer, capacity)
+    monkeypatch.setattr(replica_module, "_SCAN_COUNT", 100)  # ~200 slices: a long read
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     counts = ctx.Array("l", 2)
@@ -233,8 +238,7 @@ def test_a_replica_far_behind_catches_up_in_bounded_replies(url, buffer_name):
     buffer.sample(2)
     replica = replica_of(buffer, "per")
     other = ReplayBuffer(url, buffer_name, capacity=None)
-    for _ in range(30):
-        other.add(_batch(np.zeros(2000)))  # 60 000 rows behind
+    _fill(other, 60_000)  # 60 000 rows behind, 60 entries
     replies: list[int] = []
     run = buffer._run
 
@@ -246,7 +250,7 @@ def test_a_replica_far_behind_catches_up_in_bounded_replies(url, buffer_name):
 
     buffer._run = counting
     replica.sync(buffer)
-    assert len(replies) >= 3 and max(replies) <= 20_000 + 2000
+    assert len(replies) >= 3 and max(replies) <= 20_000 + 1000
     fresh = MassReplica("per")
     fresh.load(other)
     assert len(replica) == len(fresh) == 60_010
@@ -254,8 +258,7 @@ def test_a_replica_far_behind_catches_up_in_bounded_replies(url, buffer_name):
 
 def test_the_replica_costs_at_most_32_bytes_an_item(url, buffer_name):
     buffer = ReplayBuffer(url, buffer_name, capacity=100_000, sampler=PERSampler(), seed=1)
-    for _ in range(10):
-        buffer.add(_batch(np.zeros(10_000)))
+    _fill(buffer, 100_000)
     replica = replica_of(buffer, "per")
     assert len(replica) == 100_000
     assert replica.nbytes / len(replica) <= 32
@@ -294,8 +297,7 @@ def test_clear_and_drop_of_a_large_buffer_are_no_long_command(url, buffer_name):
     client = buffer.client
 
     def fill() -> None:
-        for _ in range(10):
-            buffer.add(_batch(np.zeros(20_000)))
+        _fill(buffer, 200_000)
 
     fill()
     # a DEL of these keys took 0.29 s here, the UNLINKs 2 ms

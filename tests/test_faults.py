@@ -296,7 +296,9 @@ def test_server_gone_mid_run_is_server_unavailable_naming_the_url(buffer_name, o
 
 def test_failed_save_keeps_the_previous_checkpoint(client, buffer_name, tmp_path):
     buffer = ReplayBuffer(client, buffer_name, capacity=2000)
-    buffer.add({"x": np.arange(3000, dtype=np.float32).reshape(1500, 2)})
+    values = np.arange(3000, dtype=np.float32).reshape(1500, 2)
+    buffer.add({"x": values[:750]})  # one add stores at most bounds.MAX_ADD_ITEMS items
+    buffer.add({"x": values[750:]})
     path = tmp_path / "ckpt.rb"
     assert buffer.save(path) == 1500
     before = path.read_bytes()
@@ -404,7 +406,8 @@ def test_restored_counters_keep_inserted_minus_evicted_equal_to_length(
 def test_readers_never_see_a_half_loaded_buffer(redis_server, buffer_name, tmp_path):
     client = redis.Redis.from_url(redis_server.url)
     source = ReplayBuffer(client, buffer_name + "-src", capacity=6000)
-    source.add({"x": np.ones((5000, 2), np.float32)})
+    for _ in range(5):  # one add stores at most bounds.MAX_ADD_ITEMS items
+        source.add({"x": np.ones((1000, 2), np.float32)})
     path = tmp_path / "big.rb"
     source.save(path)
     target = ReplayBuffer(client, buffer_name, capacity=6000)
@@ -441,7 +444,8 @@ def test_load_while_another_process_adds_keeps_the_counters_consistent(
 ):
     client = redis.Redis.from_url(redis_server.url)
     source = ReplayBuffer(client, buffer_name + "-src", capacity=3000)
-    source.add({"x": np.ones((2500, 2), np.float32)})
+    for _ in range(5):  # one add stores at most bounds.MAX_ADD_ITEMS items
+        source.add({"x": np.ones((500, 2), np.float32)})
     path = tmp_path / "ckpt.rb"
     source.save(path)
     target = ReplayBuffer(client, buffer_name, capacity=3000)

@@ -268,7 +268,9 @@ def test_loads_through_cut_connections_restore_exactly_the_file_or_nothing(tmp_p
         name = f"cutload-{uuid.uuid4().hex[:8]}"
         direct = redis.Redis.from_url(server.url)
         source = ReplayBuffer(direct, name + "-src", capacity=3000)
-        source.add({"tag": np.arange(2500, dtype=np.int64).reshape(2500, 1)})
+        for start in (0, 1000, 2000):  # one add stores at most bounds.MAX_ADD_ITEMS items
+            tags = np.arange(start, min(start + 1000, 2500), dtype=np.int64)
+            source.add({"tag": tags.reshape(-1, 1)})
         path = tmp_path / "ckpt.rb"
         source.save(path)
         proxy = LossyProxy(server.port, p=0.05, seed=11)

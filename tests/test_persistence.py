@@ -233,7 +233,8 @@ def test_file_that_does_not_fit_is_refused(client, source, tmp_path):
 
 def test_save_and_load_report_progress_per_chunk_of_1000(client, buffer_name, tmp_path):
     buffer = ReplayBuffer(client, buffer_name, capacity=3000)
-    buffer.add({"x": np.arange(2500, dtype=np.int64)})
+    for start in (0, 1000, 2000):  # one add stores at most bounds.MAX_ADD_ITEMS items
+        buffer.add({"x": np.arange(start, min(start + 1000, 2500), dtype=np.int64)})
     saved: list[tuple[int, int]] = []
     path = tmp_path / "big.rbuf"
     assert buffer.save(path, progress=lambda done, total: saved.append((done, total))) == 2500

@@ -85,16 +85,18 @@ def test_client_ranks_are_the_scripts_ranks(fake_client, length, n, replace, see
 
 def test_client_ranks_match_the_real_servers_lua_at_large_ranges(real_client):
     # Lua 5.1 (Redis) and 5.4 (fakeredis) must both agree with the numpy arithmetic
-    buffer = ReplayBuffer(real_client, "ranks-large", capacity=5000)
-    buffer.add(_items(0, 5000))
+    # (one command draws at most bounds.MAX_ITEMS_PER_COMMAND = 2048 items)
+    buffer = ReplayBuffer(real_client, "ranks-large", capacity=2000)
+    buffer.add(_items(0, 1000))  # at most bounds.MAX_ADD_ITEMS (1024) an add
+    buffer.add(_items(1000, 1000))
     rng = np.random.default_rng(3)
-    for n, replace in ((256, False), (256, True), (5000, False), (6000, False)):
+    for n, replace in ((256, False), (256, True), (2000, False), (2048, False)):
         words = samplers._uniform_words(rng, n)
         reply = buffer._run(
             "sample_uniform", buffer.keys.all_keys(), [n, int(replace), 0,
                                                       samplers._pack_words(words)]
         )
-        ranks = samplers._uniform_ranks(words, 5000, replace or n > 5000)
+        ranks = samplers._uniform_ranks(words, 2000, replace or n > 2000)
         assert (ranks + 1).tolist() == [int(i) for i in reply[2:]]
 
 

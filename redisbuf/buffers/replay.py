@@ -19,6 +19,7 @@ from ..errors import (
     InvalidBatchError,
     ItemTooLargeError,
     RateLimitTimeoutError,
+    RequestTooLargeError,
     SchemaError,
     ShardedBufferError,
     WaitTimeoutError,
@@ -33,7 +34,7 @@ from ..sampling.samplers import (
 )
 from ..sampling.waiting import UNSET, Unset, wait_for
 from ..sampling.windows import WindowSampler, joined, recent_batch_size
-from ..store import codec, functions, scripts
+from ..store import bounds, codec, functions, scripts
 from ..store.connection import (
     as_client,
     check_durability_support,
@@ -472,7 +473,8 @@ class ReplayBuffer(Inserting, Checkpointing):
         Log-rewards may be -inf or +inf (+inf items are evicted last; prioritized sampling
         refuses to draw while one is present, as the softmax is undefined).
         A batch that is rejected (wrong kind or schema, NaN log-rewards, an item
-        over ``max_item_bytes``) raises and leaves the buffer unchanged.
+        over ``max_item_bytes``, more than :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS`
+        items: :class:`RequestTooLargeError`) raises and leaves the buffer unchanged.
 
         ``priorities`` (one finite number >= 0 per item) sets the items' PER priorities
         on a buffer using :class:`PERSampler`; without it they get
@@ -484,6 +486,12 @@ class ReplayBuffer(Inserting, Checkpointing):
         """
         options = lifetime.add_options(model_version, session_id)
         blobs, log_rewards, schema = self.encode(batch)
+        if len(blobs) > bounds.MAX_ADD_ITEMS:
+            raise RequestTooLargeError(
+                f"buffer {self.name!r}: one add stores at most {bounds.MAX_ADD_ITEMS} items "
+                f"(redisbuf.store.bounds.MAX_ADD_ITEMS, so that no command stalls the "
+                f"server), got {len(blobs)}: add it in several batches; nothing was written"
+            )
         if priorities is not None:
             options["per_priorities"] = _per_priority_texts(priorities, len(blobs))
             if self.client.hget(self.keys.meta, "tree_mass") != b"per":
@@ -702,6 +710,14 @@ class ReplayBuffer(Inserting, Checkpointing):
         probability). ``sample_range`` (a slice over insertion order, e.g.
         ``slice(-10_000, None)`` for the newest 10 000; DI-engine's ``sample_range``) draws
         uniformly among those items instead, whatever the sampler.
+
+        No command holds the server for long (:mod:`redisbuf.store.bounds`): a uniform
+        draw of more than ``MAX_ITEMS_PER_COMMAND`` (2048) items is made as several
+        commands, one atomic draw each; without replacement the items are still distinct,
+        each command drawing uniformly among the items present then that the earlier ones
+        did not return, so every n-subset is equally likely when no other process changes
+        the buffer meanwhile. A ``sample_range`` or selector draw of more than that many
+        without replacement raises :class:`RequestTooLargeError`.
         """
         draw = self._draw(n, replacement, sample_range, block, timeout, min_size)
         return self.decode(draw.blobs, draw.ids, draw.schema_json)
@@ -729,8 +745,11 @@ class ReplayBuffer(Inserting, Checkpointing):
 
     def update_priority(self, ids: Any, priorities: Any) -> int:
         """Set the PER priorities of items ``ids`` (:class:`PERSampler`), atomically for
-        the whole call. Ids no longer stored (evicted) are skipped; for a repeated id the
-        last priority wins. Returns how many distinct ids were updated. A priority that is
+        the whole call when it names at most
+        :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` ids (a larger call is one
+        atomic command per slice of that many, in order). Ids no longer stored (evicted)
+        are skipped; for a repeated id the last priority wins (across slices too, as they
+        apply in order). Returns how many distinct ids were updated. A priority that is
         NaN, negative or not finite raises :class:`InvalidBatchError` and changes nothing.
         The server's work is constant per id whatever the buffer's size (one HMGET and
         one HSET of the ``per`` hash, one log entry); samplers re-weigh the items in their
@@ -740,6 +759,9 @@ class ReplayBuffer(Inserting, Checkpointing):
         texts = _per_priority_texts(priorities, len(id_list))
         if not id_list:
             return 0
+        if len(id_list) > bounds.MAX_ITEMS_PER_COMMAND:  # one command per slice
+            return sum(self.update_priority(id_list[start:stop], texts[start:stop])
+                       for start, stop in bounds.chunks(len(id_list)))
         packed, width = pack_ids(np.array(id_list, dtype=np.int64))
         args: list[Any] = [packed, width, ",".join(texts)]
         try:
@@ -771,12 +793,25 @@ class ReplayBuffer(Inserting, Checkpointing):
         return int(updated)
 
     def get(self, ids: list[int] | np.ndarray) -> Any:
-        """The items with these ids, as one batch (KeyError names any id not present)."""
+        """The items with these ids, as one batch (KeyError names any id not present).
+
+        Read by HMGETs of at most :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`
+        ids (and about :data:`~redisbuf.store.bounds.MAX_REPLY_BYTES` of blobs) each, so
+        a large call never holds the server for long; it is then not one atomic read:
+        an item evicted between two of them is named by the KeyError."""
         ids = [int(i) for i in ids]
+        members = [format_id(i) for i in ids]
+        step = bounds.MAX_ITEMS_PER_COMMAND
         pipe = self.client.pipeline(transaction=False)
-        pipe.hmget(self.keys.items, [format_id(i) for i in ids])
+        pipe.hmget(self.keys.items, members[:step])
         pipe.hget(self.keys.meta, "schema")
         blobs, schema_json = pipe.execute()
+        start = len(blobs)
+        while start < len(members):
+            present = [len(blob) for blob in blobs if blob is not None]
+            step = bounds.items_for_bytes(sum(present) / len(present) if present else 0)
+            blobs += self.client.hmget(self.keys.items, members[start : start + step])
+            start += step
         missing = [i for i, blob in zip(ids, blobs, strict=True) if blob is None]
         if missing:
             raise KeyError(f"ids not in buffer {self.name!r}: {missing[:10]}")
@@ -804,10 +839,22 @@ class ReplayBuffer(Inserting, Checkpointing):
         )
 
     def top(self, k: int = 10) -> list[tuple[int, float]]:
-        """The ``k`` items of highest log-reward (priority) as ``(id, log_reward)``."""
+        """The ``k`` items of highest log-reward (priority) as ``(id, log_reward)``.
+
+        Read :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` ranks per command: a
+        ``k`` above that is not one atomic read (items added or evicted meanwhile shift
+        the later ranks)."""
         if k <= 0:
             return []
-        rows = self.client.zrevrange(self.keys.prio, 0, k - 1, withscores=True)
+        rows: list[Any] = []
+        step = bounds.MAX_ITEMS_PER_COMMAND
+        while len(rows) < k:
+            start = len(rows)
+            part = self.client.zrevrange(
+                self.keys.prio, start, min(start + step, k) - 1, withscores=True)
+            rows += part
+            if len(part) < min(step, k - start):
+                break
         return [(int(member), float(score)) for member, score in rows]
 
     def stats(self) -> dict[str, Any]:
@@ -846,11 +893,14 @@ class ReplayBuffer(Inserting, Checkpointing):
         return lifetime.update_model_version(self, session_id, model_version)
 
     def memory_usage(self) -> int | None:
-        """Bytes Redis reports for this buffer's keys (None if the server cannot say)."""
+        """Bytes Redis reports for this buffer's keys (None if the server cannot say):
+        its estimate from :data:`~redisbuf.store.bounds.MEMORY_USAGE_SAMPLES` elements of
+        each key, exact for keys of no more elements (counting every element of a key of
+        millions would hold the server for hundreds of milliseconds)."""
         total = 0
         try:
             for key in self.keys.all_keys():
-                used = self.client.memory_usage(key, samples=0)
+                used = self.client.memory_usage(key, samples=bounds.MEMORY_USAGE_SAMPLES)
                 total += int(used or 0)
         except redis.exceptions.ResponseError:
             return None

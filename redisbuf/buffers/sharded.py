@@ -84,7 +84,7 @@ from ..errors import (
 from ..sampling import samplers
 from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import Draw, PERSampler
-from ..store import scripts
+from ..store import bounds, scripts
 from ..store.connection import LOST, as_client, guarded, is_cluster
 from ..store.containers import kind_of, schema_to_json
 from ..store.keys import BufferKeys
@@ -730,11 +730,15 @@ class ShardedReplayBuffer(ShardedCheckpointing):
         for k in sorted({i % self.count for i in ids}):
             positions = [p for p, i in enumerate(ids) if i % self.count == k]
             shard = self.shards[k]
+            members = [b"%012d" % (ids[p] // self.count) for p in positions]
             with self._on_shard(k):
                 pipe = shard.client.pipeline(transaction=False)
-                pipe.hmget(shard.keys.items, [b"%012d" % (ids[p] // self.count) for p in positions])
+                # HMGETs of at most MAX_ITEMS_PER_COMMAND ids: none holds the server long
+                for start, stop in bounds.chunks(len(members)):
+                    pipe.hmget(shard.keys.items, members[start:stop])
                 pipe.hget(shard.keys.meta, "schema")
-                found, schema_json = pipe.execute()
+                *parts, schema_json = pipe.execute()
+            found = [blob for part in parts for blob in part]
             for p, blob in zip(positions, found, strict=True):
                 blobs[p] = blob
             decoder = k

@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from ..store import bounds
 from ..store.keys import PREFIX, BufferKeys
 
 HIST_STEP = 10  # seconds per history bucket; the same as lua/_history.lua
@@ -210,7 +211,7 @@ def every_buffer(client: redis.Redis) -> list[tuple[str, str]]:
 def _memory(client: redis.Redis, keys: Iterable[str]) -> int | None:
     pipe = client.pipeline(transaction=False)
     for key in keys:
-        pipe.memory_usage(key, samples=0)
+        pipe.memory_usage(key, samples=bounds.MEMORY_USAGE_SAMPLES)  # not all: bounded
     try:
         return sum(int(used or 0) for used in pipe.execute())
     except redis.exceptions.ResponseError:

@@ -14,6 +14,8 @@ follow every change made before the commit.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -33,11 +35,15 @@ _UNDERFLOW = float(np.exp(-_REBASE))
 # those per group of _FAN blocks: a draw reads _FAN block sums and _FAN masses.
 _FAN = 32
 _BLOCK = _FAN * _FAN  # slots per group; arrays are a whole number of groups
-# The first read: a SCAN step of this COUNT per call (lua/replica_read.lua), each call tens
-# of milliseconds of server time at most, and the log kept for the reader meanwhile.
-_SCAN_COUNT = 20_000
+# A first read without a snapshot: a SCAN step of this COUNT per call (lua/replica_read.lua),
+# each call a few milliseconds of server time, and the log kept for the reader meanwhile.
+_SCAN_COUNT = 5_000
 _PIN_MS = 10_000
 _LOAD_ATTEMPTS = 20
+# A snapshot holds this many items a chunk (16 bytes each: a 1 MiB field), and a replica
+# writes a new one after applying max(_SNAP_ROWS, half its length) logged rows.
+_SNAP_CHUNK = 65_536
+_SNAP_ROWS = 20_000
 
 
 def _text(value: Any) -> str:
@@ -91,6 +97,7 @@ class MassReplica:
         self.alpha = 1.0
         self.eps = 0.0
         self.ref = 0.0
+        self.rows_applied = 0  # log rows applied since the last snapshot read or written
         self._set_arrays(np.empty(0, np.int64), np.empty(0))
 
     # -- storage ------------------------------------------------------------------------
@@ -276,6 +283,7 @@ class MassReplica:
         if parsed is None:
             return None
         ids, scores = parsed
+        self.rows_applied += len(ids)
         # an id named twice in one entry (added, then evicted at once): its last row wins
         last = len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]
         self.set_scores(ids[last], scores[last])
@@ -315,6 +323,8 @@ class MassReplica:
                 self.version += 1
                 self.stamp = _text(entry.split(b"|", 3)[2])
             if self.version >= version:  # as of the reply (the caller's moment)
+                if self.rows_applied > max(_SNAP_ROWS, self.live // 2):
+                    self.write_snapshot(buffer)
                 return touched
             reply = self._read_log(buffer)
             if int(reply[0]) == 2:
@@ -350,6 +360,8 @@ class MassReplica:
                 raise _NotOn(self.rule, per)
             if per:
                 self.alpha, self.eps = float(alpha), float(eps)
+            if self._load_snapshot(buffer):
+                return
             start = buffer._run("masslog_read", all_keys, ["", 0, "", "pin", _PIN_MS])
             if int(start[0]) == 2:
                 raise _NotOn(self.rule, per)
@@ -375,9 +387,78 @@ class MassReplica:
             if int(reply[0]) == 2:
                 raise _NotOn(self.rule, per)
             if self._follow(buffer, reply) is not None:
+                self.write_snapshot(buffer)  # the next replica reads that instead
                 return
         raise SamplingError(f"buffer {buffer.name!r}: its scores could not be read "
                             f"in {_LOAD_ATTEMPTS} attempts (it was cleared during each)")
+
+    # -- snapshots ----------------------------------------------------------------------
+
+    def write_snapshot(self, buffer: ReplayBuffer) -> bool:
+        """Publish this replica's scores as the buffer's snapshot (``rb:{name}:snap``): a
+        header and chunks of ids and scores packed as little-endian int64 and float64, each
+        chunk led by the snapshot's token, written under a staging key and swapped in by
+        lua/snapshot_commit.lua when it is newer than the one there. A new replica reads it
+        in a few large replies and follows the log from its version. Whether it was
+        published."""
+        self.rows_applied = 0
+        count = self.count
+        held = ~np.isnan(self.scores[:count])
+        ids, scores = self.ids[:count][held], self.scores[:count][held]
+        token = os.urandom(8)
+        keys = buffer.keys
+        staging = keys.snap_staging(token.hex())
+        chunks = -(-len(ids) // _SNAP_CHUNK)
+        pipe = buffer.client.pipeline(transaction=False)
+        for k in range(chunks):
+            part = slice(k * _SNAP_CHUNK, (k + 1) * _SNAP_CHUNK)
+            pipe.hset(staging, f"c{k}", token + ids[part].astype("<i8").tobytes()
+                      + scores[part].astype("<f8").tobytes())
+        pipe.execute()
+        header = json.dumps({"token": token.hex(), "epoch": self.epoch, "version": self.version,
+                             "stamp": self.stamp, "rule": self.rule, "count": len(ids),
+                             "chunks": chunks})
+        published = buffer._run("snapshot_commit", [keys.meta, staging, keys.snap],
+                                [header, self.epoch, self.version])
+        return bool(int(published))
+
+    def _load_snapshot(self, buffer: ReplayBuffer) -> bool:
+        """Read the buffer's snapshot and the log entries after it; False when there is
+        none of this rule, or the log no longer reaches back to it."""
+        keys = buffer.keys
+        header_text = buffer.client.hget(keys.snap, "header")
+        if header_text is None:
+            return False
+        header = json.loads(header_text)
+        if header["rule"] != self.rule:
+            return False
+        epoch, version, stamp = header["epoch"], int(header["version"]), header["stamp"]
+        reply = buffer._run("masslog_read", keys.all_keys(),
+                            [epoch, version, stamp, "pin_at", _PIN_MS])
+        if int(reply[0]) == 2:
+            raise _NotOn(self.rule, self.rule == "per")
+        current = (_text(reply[1]), int(reply[2]), _text(reply[3])) == (epoch, version, stamp)
+        if not current and len(reply) == 4:
+            return False
+        pipe = buffer.client.pipeline(transaction=False)
+        for k in range(int(header["chunks"])):
+            pipe.hget(keys.snap, f"c{k}")
+        token = bytes.fromhex(header["token"])
+        id_parts, score_parts = [], []
+        for chunk in pipe.execute():
+            if chunk is None or chunk[:8] != token:
+                return False  # replaced by a newer snapshot meanwhile: read it again
+            k = (len(chunk) - 8) // 16
+            id_parts.append(np.frombuffer(chunk, dtype="<i8", count=k, offset=8))
+            score_parts.append(np.frombuffer(chunk, dtype="<f8", count=k, offset=8 + 8 * k))
+        ids = np.concatenate(id_parts) if id_parts else np.empty(0, np.int64)
+        scores = np.concatenate(score_parts) if score_parts else np.empty(0)
+        self._set_arrays(ids.astype(np.int64), scores.astype(np.float64))
+        self.epoch, self.version, self.stamp = epoch, version, stamp
+        self.rows_applied = 0
+        followed = current or self._follow(buffer, reply) is not None
+        self._read_log(buffer, "unpin", version)
+        return followed
 
     # -- drawing ------------------------------------------------------------------------
 

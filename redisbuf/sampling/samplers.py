@@ -7,6 +7,7 @@ A sampler is one part with one job; adding a sampling mode means adding one clas
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,8 +16,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import redis
 
-from ..errors import ConfigMismatchError, EmptyBufferError, SamplingError
-from ..store import scripts
+from ..errors import (
+    ConfigMismatchError,
+    EmptyBufferError,
+    RequestTooLargeError,
+    SamplingError,
+)
+from ..store import bounds, scripts
 from ..store.connection import retrying
 from ..store.keys import pack_ids, split_ids
 from .replica import MassReplica, replica_of
@@ -147,6 +153,9 @@ class UniformSampler:
     in one pipeline: one round trip, no drawing on the server. If the range moved
     meanwhile, the script records nothing and the draw is made again for the range it
     reports, so the ids are always those the script's own draw would give.
+
+    A draw of more than :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` items is
+    made as several commands of at most that many (``_draw_chunked``).
     """
 
     name = "uniform"
@@ -158,6 +167,8 @@ class UniformSampler:
         return None
 
     def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
+        if n > bounds.MAX_ITEMS_PER_COMMAND:
+            return _draw_chunked(buffer, n, rng, self.replacement)
         keys = buffer.keys
         # kept on the buffer: a sampler made per call (replacement=...) shares it
         seen: _IdRange | None = getattr(buffer, "_uniform_ids", None)
@@ -247,6 +258,128 @@ class UniformSampler:
         return Draw(ids, blobs, None, schema_json)
 
 
+def _joined(parts: list[Draw]) -> Draw:
+    """One Draw of several draws' items, in order (their probabilities unknown)."""
+    return Draw(
+        [i for part in parts for i in part.ids],
+        [blob for part in parts for blob in part.blobs],
+        None,
+        next((part.schema_json for part in reversed(parts) if part.schema_json), None),
+    )
+
+
+# Rounds in a row in which a chunk of a draw without replacement kept nothing before it
+# concludes that the buffer no longer holds enough items it has not returned yet.
+_IDLE_ROUNDS = 64
+
+
+def _draw_chunked(
+    buffer: ReplayBuffer, n: int, rng: np.random.Generator, replacement: bool
+) -> Draw:
+    """A uniform draw of more items than one command may take
+    (:data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`), as successive commands.
+
+    With replacement (or ``n`` above the length) each chunk is an independent uniform
+    draw, so the whole is one. Without replacement every chunk draws among the items
+    present when it runs that the earlier chunks did not return (lua/sample_uniform.lua's
+    chunk modes, which keep the returned ids in a set of the draw's own): the ``n`` items
+    are distinct, and when no other process changes the buffer during the call every
+    ``n``-subset is equally likely, in uniformly random order. When ``n`` is at most half
+    the length, each chunk keeps uniform candidates that are not in that set (rejection:
+    fewer than 1.4 candidates per item); above, a scan of the insertion order keeps each
+    item with probability (items still wanted) / (items not yet read) (selection
+    sampling), then the result is shuffled."""
+    limit = bounds.MAX_ITEMS_PER_COMMAND
+    length = len(buffer)
+    if length == 0:
+        raise EmptyBufferError("buffer is empty")
+    if replacement or n > length:
+        sampler = UniformSampler(True)
+        return _joined([sampler.draw(buffer, stop - start, rng)
+                        for start, stop in bounds.chunks(n, limit)])
+    drawn_key = buffer.keys.drawing(os.urandom(8).hex())
+    keys = [*buffer.keys.all_keys(), drawn_key]
+    inline = bool(getattr(buffer, "fetch_inline", False))
+    ids: list[int] = []
+    blobs: list[bytes] = []
+    have: set[int] = set()
+    schema_json: bytes | None = None
+    scanned = scan = n > length // 2
+    cursor, idle, per_read = 0, 0, limit
+    try:
+        while len(ids) < n:
+            need = n - len(ids)
+            if scan:
+                count = per_read
+                args: list[Any] = [need, 0, int(inline), packed_uniforms(rng, count), "scan",
+                                   cursor]
+            else:
+                want = min(need, per_read)
+                free = max(length - len(have), 1)
+                count = min(limit, int(want * length / free * 1.2) + 16)
+                args = [want, 0, int(inline), packed_uniforms(rng, count), "exclude"]
+            reply = buffer._run("sample_uniform", keys, args)
+            length = int(reply[0])
+            body = reply[2:]
+            k = len(body) // 2 if inline else len(body)
+            members = list(body[:k])
+            if scan:
+                cursor = int(reply[1])
+                scan = cursor >= 0  # the scan reached the end: the rest by rejection
+            if inline:
+                got = list(body[k:])
+            elif members:
+                pipe = buffer.client.pipeline(transaction=False)
+                pipe.hmget(buffer.keys.items, members)
+                pipe.hget(buffer.keys.meta, "schema")
+                got, schema_json = pipe.execute()
+                gone = [m for m, blob in zip(members, got, strict=True) if blob is None]
+                if gone:  # evicted before the HMGET: not drawn
+                    buffer._run("undo_draws", buffer.keys.all_keys(), gone)
+            else:
+                got = []
+            kept = 0
+            for member, blob in zip(members, got, strict=True):
+                item = int(member)
+                # the read-only variant cannot keep the set: its repeats are dropped here
+                if blob is None or item in have:
+                    continue
+                have.add(item)
+                ids.append(item)
+                blobs.append(blob)
+                kept += 1
+            if kept and blobs:
+                per_read = bounds.items_for_bytes(
+                    sum(len(b) for b in blobs[-kept:]) / kept)
+            idle = 0 if kept or scan else idle + 1
+            if idle >= _IDLE_ROUNDS:
+                raise SamplingError(
+                    f"a draw of {n} items without replacement found only {len(ids)}: the "
+                    "buffer lost items while it was being drawn from"
+                )
+    except BaseException:
+        for start, stop in bounds.chunks(len(ids), limit):  # best effort: not a draw
+            try:
+                buffer._run("undo_draws", buffer.keys.all_keys(),
+                            [b"%012d" % i for i in ids[start:stop]])
+            except Exception:
+                break
+        raise
+    finally:
+        try:
+            # UNLINK: freeing a set of 10^6 ids took 270 ms of the server's thread (DEL)
+            buffer.client.unlink(drawn_key)
+        except Exception:
+            pass  # it expires by itself
+    if inline:
+        schema_json = buffer.client.hget(buffer.keys.meta, "schema")
+    if scanned:
+        order = rng.permutation(len(ids)).tolist()
+        ids = [ids[i] for i in order]
+        blobs = [blobs[i] for i in order]
+    return Draw(ids, blobs, None, schema_json)
+
+
 # Attempts at committing a prioritized draw with replacement: each later one from a
 # replica caught up by the previous reply. The server corrects such a draw to the current
 # law itself, so more than one attempt is needed only when a draw's candidates (its own
@@ -280,9 +413,22 @@ def _replica_draw(
     inline = bool(getattr(buffer, "fetch_inline", False))  # max_use: the script reads
     script = scripts.load("sample_prioritized")
     with replica.lock:
-        if replacement or n > len(replica):
-            return _commit_corrected(buffer, rule, n, rng, replica, inline, script)
-        return _commit_exact(buffer, rule, n, rng, replica, inline, script)
+        if not (replacement or n > len(replica)):
+            if n > bounds.MAX_ITEMS_PER_COMMAND:
+                raise RequestTooLargeError(
+                    f"buffer {buffer.name!r}: a prioritized draw of {n} without replacement "
+                    f"is one command, of at most {bounds.MAX_ITEMS_PER_COMMAND} draws "
+                    "(redisbuf/store/bounds.py); draw fewer, or with replacement")
+            return _commit_exact(buffer, rule, n, rng, replica, inline, script)
+        # with replacement the draws are independent: a larger draw is several commits
+        parts = [_commit_corrected(buffer, rule, stop - start, rng, replica, inline, script)
+                 for start, stop in bounds.chunks(n)]
+        return parts[0] if len(parts) == 1 else _ReplicaDraw(
+            [i for p in parts for i in p.ids], [b for p in parts for b in p.blobs],
+            parts[-1].schema_json, np.concatenate([p.probabilities for p in parts]),
+            np.concatenate([p.masses for p in parts]),
+            np.concatenate([p.scores for p in parts]), min(p.min_mass for p in parts),
+            parts[-1].per_sum, parts[-1].per_nonzero)
 
 
 def _draw_checked(

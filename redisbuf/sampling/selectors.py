@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import RequestTooLargeError
+from ..store import bounds
 from .samplers import Draw, _draw_then_fetch
 
 if TYPE_CHECKING:
@@ -28,6 +30,16 @@ class _Selector:
         return None
 
     def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
+        """The first ``n`` items of the order (repeating it when ``n`` exceeds the
+        length), read by one command: ``n`` above
+        :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` raises
+        :class:`RequestTooLargeError`."""
+        if n > bounds.MAX_ITEMS_PER_COMMAND:
+            raise RequestTooLargeError(
+                f"{self.name} selection takes at most {bounds.MAX_ITEMS_PER_COMMAND} items "
+                f"per call (redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND), asked {n}"
+            )
+
         def parse(reply: list[Any], n: int) -> tuple[list[bytes], None, int]:
             return reply[:n], None, n
 

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .samplers import Draw, _draw_then_fetch, packed_uniforms
+from ..errors import RequestTooLargeError
+from ..store import bounds
+from .samplers import Draw, _draw_then_fetch, _joined, packed_uniforms
 
 if TYPE_CHECKING:
     from ..buffers.replay import ReplayBuffer
@@ -48,6 +50,22 @@ class WindowSampler:
         return None
 
     def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
+        """Draw ``n`` items. Above :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`,
+        draws with replacement are made as several independent commands (the same law);
+        without replacement such a draw raises :class:`RequestTooLargeError` (one
+        command resolves the window and keeps the draws distinct)."""
+        limit = bounds.MAX_ITEMS_PER_COMMAND
+        if n > limit:
+            if not self.replacement:
+                raise RequestTooLargeError(
+                    f"sample_range draws without replacement take at most {limit} items "
+                    f"per call (redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND), asked {n}: "
+                    "draw in several calls, or with replacement=True"
+                )
+            part = WindowSampler(self.window, True)
+            return _joined([part.draw(buffer, stop - start, rng)
+                            for start, stop in bounds.chunks(n, limit)])
+
         def parse(reply: list[Any], n: int) -> tuple[list[bytes], None, int]:
             return reply[:n], None, n
 

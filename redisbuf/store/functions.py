@@ -39,7 +39,7 @@ from typing import Any
 import redis
 import redis.cluster
 
-from . import scripts
+from . import bounds, scripts
 from .connection import Guarded
 
 LIBRARY = "redisbuf"
@@ -68,6 +68,10 @@ local function rb_add_checked(keys, args)
   if n == nil or n < 1 or n ~= math.floor(n) then
     return redis.error_reply('RB_INVALID ARGV[2] must be the number of items (>= 1), got '
       .. tostring(args[2]))
+  end
+  if n > RB_MAX_ADD then
+    return redis.error_reply('RB_LIMIT one add stores at most ' .. RB_MAX_ADD
+      .. ' items, got ' .. n .. ' (send several batches)')
   end
   local extra = #args - (3 + 2 * n)
   if extra ~= 0 and extra ~= 1 then
@@ -118,7 +122,10 @@ def library_source() -> str:
     """The library's Lua source (``#!lua name=redisbuf``), built from lua/."""
     from ..buffers.replay import DEFAULT_RETRY_WINDOW
 
-    parts = [f"local DEFAULT_WINDOW = {DEFAULT_RETRY_WINDOW!r}\n"]
+    parts = [
+        f"local DEFAULT_WINDOW = {DEFAULT_RETRY_WINDOW!r}\n",
+        f"local RB_MAX_ADD = {bounds.MAX_ADD_ITEMS}\n",
+    ]
     add = scripts.load("add")
     parts.append(_wrap("rb_op_add", add))
     parts.append(_wrap("rb_op_add_once", add.remembering))

@@ -19,6 +19,7 @@ key                        type    content
 ``rb:{name}:batches``      hash    batch id of a recent add -> its reply (see scripts.py)
 ``rb:{name}:batches:old``  hash    the previous generation of ``batches``, then forgotten
 ``rb:{name}:masslog``      list    recent score changes, for prioritized samplers' replicas
+``rb:{name}:snap``         hash    a replica's snapshot of the scores, for new replicas
 ``rb:{name}:shards``       hash    a sharded buffer's layout (see redisbuf/buffers/sharded.py)
 =========================  ======  =====================================================
 
@@ -173,10 +174,25 @@ class BufferKeys:
         return self._key("masslog")
 
     @property
+    def snap(self) -> str:
+        """A replica's snapshot of the scores (chunks of packed ids and scores), which a new
+        replica reads instead of scanning every item (redisbuf/sampling/replica.py)."""
+        return self._key("snap")
+
+    def snap_staging(self, token: str) -> str:
+        """Where a snapshot is written before it replaces :attr:`snap`."""
+        return self._key(f"snap:staging:{token}")
+
+    @property
     def shards(self) -> str:
         """A sharded buffer's layout (shard names, capacity, schema); its shards are
         buffers of their own, and no buffer ``name`` exists beside them."""
         return self._key("shards")
+
+    def drawing(self, token: str) -> str:
+        """The set of ids one large uniform draw has returned so far (its chunks exclude
+        them; see UniformSampler): it expires 60 s after the draw's last chunk."""
+        return self._key(f"drawing:{token}")
 
     def data_keys(self) -> list[str]:
         """Keys holding items and sampling structures (everything but meta)."""
@@ -228,6 +244,7 @@ class BufferKeys:
             self.batches: "hash: recent add's batch id -> its reply (retried adds)",
             self.batches_old: "hash: the previous generation of the batch ids (then forgotten)",
             self.masslog: "list: recent score changes, for prioritized samplers' replicas",
+            self.snap: "hash: a replica's snapshot of the scores (header, chunks c0, c1, ...)",
         }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from .. import errors
+from . import bounds
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.MULTILINE)
 
@@ -54,12 +55,16 @@ _ERROR_CODES: dict[str, type[Exception]] = {
     "RB_INVALID": errors.InvalidBatchError,
     "RB_UNDEFINED": errors.SamplingError,
     "RB_BUSY": errors.ConfigMismatchError,
+    "RB_LIMIT": errors.RequestTooLargeError,
 }
 _ERROR_PATTERN = re.compile(r"\b(RB_[A-Z]+) ?(.*)", re.DOTALL)
 
 
-# Every script starts with this flag; the read-only variant sets it (see Script).
-_FLAG = "local RB_NO_WRITES = {}\n"
+# Every script starts with this flag (the read-only variant sets it, see Script) and the
+# bound on one command's items (redisbuf/store/bounds.py), which scripts enforce.
+_FLAG = "local RB_NO_WRITES = {}\n" + (
+    f"local RB_MAX_ITEMS, RB_MAX_ADD = {bounds.MAX_ITEMS_PER_COMMAND}, {bounds.MAX_ADD_ITEMS}\n"
+)
 # The remembering variant: the script's body becomes a function whose reply is kept under
 # the batch id (see Script.__call__). The two memory keys and the two extra ARGV are taken
 # off the ends of KEYS and ARGV first, so the body sees only its own.

@@ -1,0 +1,156 @@
+"""How long each operation makes every other client of the server wait.
+
+Usage: python benchmarks/bench_latency.py [--url URL] [--items 2000000] [--dim 8]
+                                          [--only NAME,NAME]
+
+Without --url it starts the bundled valkey 8 (as the tests do). A probe process PINGs
+the server every 2 ms while each operation runs once at a large
+size on a buffer of ``--items`` items (``dim`` float32 each; 2x10^6 by default, as issue
+35 asks); per operation it prints the probe's worst PING reply, the server's slowest
+command (SLOWLOG) and the operation's own wall time. The bound on one command's work
+(:mod:`redisbuf.store.bounds`) keeps the first two in the tens of milliseconds whatever
+the request; the third grows with the request. Runs against any redisbuf checkout
+(``PYTHONPATH=/path/to/checkout``) so that the numbers before and after a change can be
+compared on one machine; operations the checkout lacks are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import redis
+
+from redisbuf import ReplayBuffer
+from redisbuf.ops.latency import LatencyProbe
+from redisbuf.servers.embedded import BIN_ENV, EmbeddedServer, bundled_server_binary
+
+try:
+    from redisbuf.store import bounds
+except ImportError:  # a checkout from before the bound
+    bounds = None  # type: ignore[assignment]
+
+
+def fill(buffer: ReplayBuffer, items: int, dim: int, rng: np.random.Generator) -> None:
+    """Add ``items`` items in batches the server takes in one command each."""
+    step = bounds.MAX_ADD_ITEMS if bounds is not None else 1000
+    done = 0
+    while done < items:
+        k = min(step, items - done)
+        buffer.add(batch(rng, k, dim))
+        done += k
+
+
+def batch(rng: np.random.Generator, k: int, dim: int) -> dict[str, np.ndarray]:
+    return {"obs": rng.standard_normal((k, dim)).astype(np.float32),
+            "log_rewards": rng.standard_normal(k)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url")
+    parser.add_argument("--items", type=int, default=2_000_000)
+    parser.add_argument("--dim", type=int, default=8)
+    parser.add_argument("--only", default="")
+    args = parser.parse_args()
+    server = None
+    url = args.url
+    if url is None:
+        # the bundled valkey 8, as the test suite, even when a redis-server is on PATH
+        if not os.environ.get(BIN_ENV) and bundled_server_binary():
+            os.environ[BIN_ENV] = bundled_server_binary()  # type: ignore[assignment]
+        server = EmbeddedServer().start()
+        url = server.url
+    try:
+        run(url, args.items, args.dim, {s for s in args.only.split(",") if s})
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def run(url: str, items: int, dim: int, only: set[str]) -> None:
+    from redisbuf import PERSampler
+
+    client = redis.Redis.from_url(url)
+    client.config_set("busy-reply-threshold" if _has(client, "busy-reply-threshold")
+                      else "lua-time-limit", 60_000)  # never cut a long script short here
+    rng = np.random.default_rng(0)
+    n = min(items, 1_000_000)
+    k = min(n, 150_000)
+    some = rng.choice(np.arange(1, items + 1), n, replace=False)
+    uniforms = rng.integers(0, 2**48, n, dtype=np.uint64).astype("<u8").view(np.uint8)
+    packed = uniforms.reshape(n, 8)[:, :6].tobytes()
+
+    def uniform_ops(buffer: ReplayBuffer) -> list[tuple[str, Callable[[], Any]]]:
+        keys = buffer.keys.all_keys()
+        return [
+            (f"sample({n}) uniform, without replacement", lambda: buffer.sample(n)),
+            (f"sample({n}, replacement=True) uniform",
+             lambda: buffer.sample(n, replacement=True)),
+            (f"sample({n}, True, sample_range=slice(-{n}, None))",
+             lambda: buffer.sample(n, replacement=True, sample_range=slice(-n, None))),
+            (f"get({n} ids)", lambda: buffer.get(some)),
+            (f"top({n})", lambda: buffer.top(n)),
+            ("stats()", lambda: buffer.stats()),
+            (f"FCALL rb_sample_uniform n={n}",
+             lambda: client.execute_command("FCALL", "rb_sample_uniform", len(keys), *keys,
+                                            n, 0, 0, packed)),
+            ("add(1024 items)", lambda: buffer.add(batch(rng, 1024, dim))),
+        ]
+
+    def prioritized_ops(buffer: ReplayBuffer) -> list[tuple[str, Callable[[], Any]]]:
+        return [(f"prioritized sample({k})", lambda: buffer.sample(k))]
+
+    def per_ops(buffer: ReplayBuffer) -> list[tuple[str, Callable[[], Any]]]:
+        m = min(n, 100_000)
+        return [
+            (f"PER sample_with_info({k})", lambda: buffer.sample_with_info(k)),
+            (f"update_priority({m} ids)",
+             lambda: buffer.update_priority(some[:m], rng.random(m))),
+        ]
+
+    print(f"{'operation':48s} {'probe worst':>12s} {'server worst':>13s} {'wall':>8s}  "
+          "slowest command")
+    setups = [
+        ("uniform", {}, uniform_ops),
+        ("prioritized", {"prioritized_sampling": True}, prioritized_ops),
+        ("per", {"sampler": PERSampler()}, per_ops),
+    ]
+    with LatencyProbe(url) as probe:
+        for label, options, make in setups:
+            buffer = ReplayBuffer(client, f"latency-{label}", capacity=items, seed=1,
+                                  **options)
+            ops = [(name, op) for name, op in make(buffer)
+                   if not only or any(word in name for word in only)]
+            if not ops:
+                continue
+            started = time.perf_counter()
+            fill(buffer, items - len(buffer), dim, rng)
+            print(f"({label}: {len(buffer)} items of {dim} float32 filled in "
+                  f"{time.perf_counter() - started:.0f} s)", flush=True)
+            for name, op in ops:
+                started = time.perf_counter()
+                try:
+                    with probe.window() as seen:
+                        op()
+                    status = ""
+                except Exception as exc:  # a refusal is a result here
+                    status = f"  raised {type(exc).__name__}: {str(exc)[:70]}"
+                wall = time.perf_counter() - started
+                print(f"{name:48s} {seen.probe_worst * 1e3:9.1f} ms "
+                      f"{seen.server_worst * 1e3:10.1f} ms {wall:7.2f}s  "
+                      f"{' '.join(seen.server_command)}{status}", flush=True)
+            # UNLINK: freeing 2x10^6 items is for a background thread, not the server's
+            client.unlink(*buffer.keys.all_keys())
+
+
+def _has(client: redis.Redis, setting: str) -> bool:
+    return bool(client.config_get(setting))
+
+
+if __name__ == "__main__":
+    main()

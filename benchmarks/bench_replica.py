@@ -1,0 +1,130 @@
+"""A sampling process's replica of a PER buffer: its first read and its size.
+
+Usage: python benchmarks/bench_replica.py [--url URL] [--sizes 1e5,1e6,2e6] [--writers 0]
+
+Without --url an embedded server is started. For each size, a PER buffer of that many
+small items (random priorities) is filled, then a fresh replica (what a new sampling
+process builds on its first prioritized draw, ``MassReplica.load``) reads it, with
+``--writers`` other processes adding meanwhile: first with no snapshot there (a scan in
+slices, after which it writes one), then again (a new process's replica: the snapshot
+and the log after it). Printed per size: each read's wall time and server calls, the
+replica's bytes per item (its arrays) and the first read's resident-memory growth per
+item, and the longest command the server ran meanwhile (SLOWLOG). Targets (issue 31):
+<= 32 B per item, <= 1 s at 2x10^6 items, no command over 100 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import resource
+import time
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from redisbuf import PERSampler, ReplayBuffer
+from redisbuf.sampling.replica import MassReplica
+from redisbuf.servers.embedded import EmbeddedServer
+
+FILL = 1000  # items per add (one add is bounded: redisbuf/store/bounds.py)
+
+
+def _add_forever(url: str, name: str, stop: Any) -> None:
+    buffer = ReplayBuffer(url, name, capacity=None)
+    while not stop.is_set():
+        buffer.add({"x": np.zeros(64, dtype=np.float32)}, priorities=np.random.rand(64))
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def measure(url: str, size: int, writers: int) -> dict[str, float]:
+    name = f"bench-replica-{size}"
+    buffer = ReplayBuffer(url, name, capacity=size, sampler=PERSampler(), seed=0)
+    buffer.drop()
+    buffer = ReplayBuffer(url, name, capacity=size, sampler=PERSampler(), seed=0)
+    for start in range(0, size, FILL):
+        count = min(FILL, size - start)
+        buffer.add({"x": np.zeros(count, dtype=np.float32)}, priorities=np.random.rand(count))
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    procs = [ctx.Process(target=_add_forever, args=(url, name, stop)) for _ in range(writers)]
+    for proc in procs:
+        proc.start()
+    time.sleep(2.0 if writers else 0.0)
+    client = buffer.client
+    client.config_set("slowlog-log-slower-than", 0)
+    client.slowlog_reset()
+    calls = 0
+    run = buffer._run
+
+    def counting(script: str, keys: list[str], args: list[Any]) -> Any:
+        nonlocal calls
+        calls += 1
+        return run(script, keys, args)
+
+    buffer._run = counting  # type: ignore[method-assign]
+    before = _rss_bytes()
+    replica = MassReplica("per")
+    started = time.perf_counter()
+    replica.load(buffer)  # no snapshot yet: a scan, then it writes one
+    scan_seconds = time.perf_counter() - started
+    grown = _rss_bytes() - before
+    scan_calls = calls
+    calls = 0
+    again = MassReplica("per")
+    started = time.perf_counter()
+    again.load(buffer)  # a new process's replica: the snapshot and the log after it
+    seconds = time.perf_counter() - started
+    longest = max((e["duration"] for e in client.slowlog_get(1024)), default=0) / 1000
+    client.config_set("slowlog-log-slower-than", 10_000)
+    stop.set()
+    for proc in procs:
+        proc.join(30)
+    out = {
+        "items": float(len(again)), "seconds": seconds, "scan_seconds": scan_seconds,
+        "scan_calls": float(scan_calls),
+        "bytes_per_item": replica.nbytes / max(len(replica), 1),
+        "rss_per_item": grown / max(len(replica), 1), "calls": float(calls),
+        "longest_ms": longest,
+    }
+    buffer.drop()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url")
+    parser.add_argument("--sizes", default="1e5,1e6,2e6")
+    parser.add_argument("--writers", type=int, default=0)
+    args = parser.parse_args()
+    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    server = None if args.url else EmbeddedServer().start()
+    url = args.url or server.url
+    try:
+        table = Table(title=f"First read of a PER replica ({args.writers} writers meanwhile)")
+        for column in ("items", "read s (snapshot)", "calls", "read s (scan)", "calls",
+                       "B/item (arrays)", "B/item (RSS)", "longest command ms"):
+            table.add_column(column, justify="right")
+        for size in sizes:
+            r = measure(url, size, args.writers)
+            table.add_row(f"{int(r['items']):,}", f"{r['seconds']:.2f}", f"{int(r['calls'])}",
+                          f"{r['scan_seconds']:.2f}", f"{int(r['scan_calls'])}",
+                          f"{r['bytes_per_item']:.1f}", f"{r['rss_per_item']:.1f}",
+                          f"{r['longest_ms']:.1f}")
+        Console().print(table)
+        with open("/proc/loadavg") as f:
+            print("load average:", " ".join(f.read().split()[:3]))
+    finally:
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""No single call stalls the server (issue 35): while each operation runs at a size far
+above one command's bound, a probe process PINGs the server every 2 ms.
+
+The primary check is the server's own account: no command in its SLOWLOG took longer
+than SERVER_LIMIT while the operation ran (a loaded 2-core machine slows the probe's
+clock far more than the server's). The probe's worst reply is checked too, against a
+generous PROBE_LIMIT. benchmarks/bench_latency.py runs the 2x10^6-item version."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import redis
+
+from redisbuf import ReplayBuffer
+from redisbuf.ops.latency import LatencyProbe
+from redisbuf.store import bounds, functions
+
+pytestmark = pytest.mark.redis_server
+
+ITEMS = 60_000
+SERVER_LIMIT = 0.05  # seconds: ~5x what a bounded command takes on an idle machine
+PROBE_LIMIT = 0.1
+
+
+@pytest.fixture(scope="module")
+def filled(redis_server):
+    client = redis.Redis.from_url(redis_server.url)
+    buffer = ReplayBuffer(client, "latency-bound", capacity=ITEMS, seed=0)
+    buffer.clear()
+    rng = np.random.default_rng(0)
+    for start, stop in bounds.chunks(ITEMS, bounds.MAX_ADD_ITEMS):
+        k = stop - start
+        buffer.add({"obs": rng.standard_normal((k, 8)).astype(np.float32),
+                    "log_rewards": rng.standard_normal(k)})
+    with LatencyProbe(redis_server.url) as probe:
+        yield buffer, probe
+    buffer.drop()
+    client.close()
+
+
+def _bounded(probe: LatencyProbe, op, what: str, attempts: int = 3):
+    """Run ``op`` beside the probe: no command may exceed SERVER_LIMIT in any run, and the
+    probe's worst reply must stay under PROBE_LIMIT in one of ``attempts`` runs (a loaded
+    machine may keep the probe process itself off the CPU for a while; the server's
+    SLOWLOG says whether the server was the one holding it up)."""
+    probe_worst = []
+    for _ in range(attempts):
+        with probe.window() as seen:
+            result = op()
+        assert seen.server_worst < SERVER_LIMIT, (what, seen.server_worst, seen.server_command)
+        probe_worst.append(seen.probe_worst)
+        if seen.probe_worst < PROBE_LIMIT:
+            return result
+    raise AssertionError(f"{what}: the probe waited {max(probe_worst):.3f} s at worst")
+
+
+def test_large_uniform_samples_stay_bounded(filled):
+    buffer, probe = filled
+    n = ITEMS // 2  # above the bound ~7 times, half the buffer: the rejection chunks
+    info = _bounded(probe, lambda: buffer.sample_with_info(n), "sample(n)")
+    assert len(set(info.ids.tolist())) == n
+    n = ITEMS - 10  # nearly all of it: the scan
+    info = _bounded(probe, lambda: buffer.sample_with_info(n), "sample(nearly all)")
+    assert len(set(info.ids.tolist())) == n and len(info.batch["obs"]) == n
+    info = _bounded(probe, lambda: buffer.sample_with_info(2 * ITEMS), "sample(2 len)")
+    assert len(info.ids) == 2 * ITEMS  # more than the length: with replacement
+
+
+def test_get_top_stats_stay_bounded(filled):
+    buffer, probe = filled
+    ids = np.arange(1, ITEMS + 1)
+    batch = _bounded(probe, lambda: buffer.get(ids), "get")
+    assert len(batch["obs"]) == ITEMS
+    top = _bounded(probe, lambda: buffer.top(ITEMS), "top")
+    assert len(top) == ITEMS and top[0][1] >= top[-1][1]
+    stats = _bounded(probe, buffer.stats, "stats")
+    assert stats["length"] == ITEMS and stats["memory_bytes"] > 0
+
+
+def test_fcall_far_above_the_bound_is_refused_at_once(filled):
+    buffer, probe = filled
+    client = buffer.client
+    functions.install(client)
+    keys = buffer.keys.all_keys()
+    n = 10 * bounds.MAX_ITEMS_PER_COMMAND
+    sampled_before = int(client.hget(buffer.keys.meta, "sampled") or 0)
+    uniforms = np.random.default_rng(1).bytes(6 * n)
+    def refused() -> float:
+        started = time.perf_counter()
+        with pytest.raises(redis.ResponseError, match="RB_LIMIT"):
+            client.execute_command("FCALL", "rb_sample_uniform", len(keys), *keys,
+                                   n, 1, 0, uniforms)
+        return time.perf_counter() - started
+
+    assert _bounded(probe, refused, "FCALL above the bound") < 1.0
+    assert int(client.hget(buffer.keys.meta, "sampled") or 0) == sampled_before
