@@ -1,7 +1,7 @@
 -- Per-environment streams (SequenceBuffer), pasted in place of "-- @include seq" (needs
 -- common and masslog). Not an operation of its own.
 -- Keys (redisbuf/buffers/sequence.py, SequenceKeys.all_keys() order): meta, steps, envs, episodes,
--- begins, rewards, returns, prio, masslog. A step is named by its environment e and its
+-- begins, rewards, returns, prio, masslog, snap. A step is named by its environment e and its
 -- position p (positions only grow); its fields are "e:p". An episode is named by the member
 -- "eeeeee:ppppppppppppppp" (env and the position it began at, zero-padded so that the
 -- lex order of `begins` is (env, begin) order); `episodes` scores it with the number of
@@ -17,7 +17,7 @@
 local function seq_keys(keys)
   return {
     meta = keys[1], steps = keys[2], envs = keys[3], episodes = keys[4], begins = keys[5],
-    rewards = keys[6], returns = keys[7], prio = keys[8], masslog = keys[9],
+    rewards = keys[6], returns = keys[7], prio = keys[8], masslog = keys[9], snap = keys[10],
   }
 end
 

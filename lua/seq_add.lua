@@ -3,7 +3,8 @@
 -- @include masslog
 -- @include seq
 -- @include history
--- KEYS[1] meta  KEYS[2..9] steps, envs, episodes, begins, rewards, returns, prio, masslog
+-- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
+-- masslog, snap
 -- (SequenceKeys.all_keys() order, see seq_keys in _seq.lua)
 -- ARGV[1] schema (canonical JSON; set by the first add, must match afterwards)
 -- ARGV[2] n, the number of steps

@@ -2,7 +2,8 @@
 -- @include common
 -- @include masslog
 -- @include seq
--- KEYS[1] meta  KEYS[2..9] steps, envs, episodes, begins, rewards, returns, prio, masslog
+-- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
+-- masslog, snap
 -- ARGV[1] configuration as canonical JSON
 -- ARGV[2..] field, value pairs stored in meta on creation (numbers the scripts read)
 -- A prioritized buffer (meta prioritized = 1) is created with its mass log on (meta tree

@@ -2,7 +2,8 @@
 -- @include common
 -- @include masslog
 -- @include seq
--- KEYS[1] meta  KEYS[2..9] steps, envs, episodes, begins, rewards, returns, prio, masslog
+-- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
+-- masslog, snap
 -- ARGV[1] mode: "gather" (every stored step of every environment but the oldest ARGV[2];
 -- all must hold the same number) or "dequeue" (the oldest ARGV[2] steps of each env in
 -- ARGV[3..], removed)

@@ -6,7 +6,8 @@
 -- @include common
 -- @include masslog
 -- @include seq
--- KEYS[1] meta  KEYS[2..9] steps, envs, episodes, begins, rewards, returns, prio, masslog
+-- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
+-- masslog, snap
 -- ARGV[1] the SCAN cursor ("0" to start)  ARGV[2] COUNT  ARGV[3] pin milliseconds
 -- ARGV[4] the version pinned (the log_version read before the first slice)
 -- Returns {next cursor, slots (comma-separated), priorities (comma-separated)}; the read

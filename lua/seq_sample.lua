@@ -4,7 +4,8 @@
 -- @include masslog
 -- @include correct
 -- @include seq
--- KEYS[1] meta  KEYS[2..9] steps, envs, episodes, begins, rewards, returns, prio, masslog
+-- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
+-- masslog, snap
 -- ARGV[1] L, the window length  ARGV[2] batch size  ARGV[3] recent_data_ratio (text)
 -- ARGV[4] recent_data_steps  ARGV[5] "1" = windows may cross episode boundaries
 -- ARGV[6] "1" = with replacement  ARGV[7] num_earliest_frames_ignored

@@ -2,7 +2,8 @@
 -- @include common
 -- @include masslog
 -- @include seq
--- KEYS[1] meta  KEYS[2..9] steps, envs, episodes, begins, rewards, returns, prio, masslog
+-- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
+-- masslog, snap
 -- ARGV[1] n  ARGV[2..] per step: env id, position, priority (text, finite and >= 0)
 -- Steps no longer stored (evicted, dequeued) are skipped, as in ALF. O(1) server work per
 -- step (see seq_set_priorities): one mass-log entry for the call.

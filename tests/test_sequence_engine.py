@@ -261,3 +261,33 @@ def test_prioritized_windows_on_a_cluster(cluster_client):
     assert info.env_ids.tolist() == [1] * 8 and info.positions.tolist() == [2] * 8
     # non-zero: 2.0 there and 1.0 on (0, 3), the last step of env 0 (it starts no window)
     np.testing.assert_allclose(info.importance_weights, 2.0 * 2 / 3.0, rtol=1e-6)
+
+
+def test_a_new_replica_reads_the_snapshot_of_an_earlier_one(client, buffer_name):
+    """The first replica scans the prio hash and publishes a snapshot (rb:{name}:seq:snap);
+    the next process's replica reads that and the log after it, not the hash, and holds
+    the same priorities; drop() deletes the snapshot with the rest."""
+    a = SequenceBuffer(client, buffer_name, 2, 6, prioritized_sampling=True, seed=1)
+    for _ in range(8):
+        _add(a, [0, 1])
+    a.update_priority([0, 1], [3, 4], [5.0, 0.0])
+    a.get_batch(4, 1)
+    assert client.exists(a.keys.snap)
+    a.update_priority([0], [5], [7.0])  # after the snapshot: read from the log
+    b = SequenceBuffer(client, buffer_name, 2, 6, prioritized_sampling=True, seed=2)
+    ran: list[str] = []
+    real_run = b._run
+
+    def spying_run(script, keys, args):
+        ran.append(script)
+        return real_run(script, keys, args)
+
+    b._run = spying_run  # type: ignore[method-assign]
+    _, info = b.get_batch(8, 1)
+    assert "seq_replica_read" not in ran and "seq_masslog_read" in ran
+    stored = {int(k): float(v) for k, v in client.hgetall(b.keys.all_keys()[7]).items()}
+    assert _held(b._priorities._replicas["per"]) == stored  # type: ignore[attr-defined]
+    assert stored[0 * 6 + 5] == 7.0 and stored[1 * 6 + 4] == 0.0
+    b.drop()
+    assert not any(client.exists(key) for key in b.keys.all_keys())
+    assert not list(client.scan_iter(match=b.keys.snap_staging("*")))

@@ -25,6 +25,8 @@ key                              type    content
                                          pos % max_length`` in 12 digits, as item ids
 ``rb:{name}:seq:masslog``        list    the mass log of priority changes (prioritized;
                                          lua/_masslog.lua, ids = slots)
+``rb:{name}:seq:snap``           hash    a replica's snapshot of the priorities (header,
+                                         chunks c0, c1, ...), read by new replicas
 ===============================  ======  ==================================================
 
 An episode member is ``"%06d:%015d" % (env, begin position)``.
@@ -52,6 +54,7 @@ from ..errors import DecodeError, EmptyBufferError, InvalidBatchError, SamplingE
 from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import _fill_holes, _spares_for, packed_uniforms
 from ..store import _torch, codec, scripts
+from ..store.bounds import MAX_ITEMS_PER_COMMAND
 from ..store.connection import as_client
 from ..store.keys import PREFIX, pack_ids, validate_name
 
@@ -82,17 +85,27 @@ class SequenceKeys:
         return f"{PREFIX}:{{{self.name}}}:seq:{suffix}"
 
     def all_keys(self) -> list[str]:
-        """meta, steps, envs, episodes, begins, rewards, returns, prio, masslog (the Lua
-        order)."""
+        """meta, steps, envs, episodes, begins, rewards, returns, prio, masslog, snap (the
+        Lua order)."""
         return [
             self._key(s)
             for s in ("meta", "steps", "envs", "episodes", "begins", "rewards", "returns",
-                      "prio", "masslog")
+                      "prio", "masslog", "snap")
         ]
 
     @property
     def meta(self) -> str:
         return self._key("meta")
+
+    @property
+    def snap(self) -> str:
+        """A replica's snapshot of the step priorities, which a new replica reads instead
+        of scanning the ``prio`` hash (redisbuf/sampling/replica.py)."""
+        return self._key("snap")
+
+    def snap_staging(self, token: str) -> str:
+        """Where a snapshot is written before it replaces :attr:`snap`."""
+        return self._key(f"snap:staging:{token}")
 
     def describe(self) -> dict[str, str]:
         """Key name -> what it holds (the table of this module's docstring), for people
@@ -108,6 +121,8 @@ class SequenceKeys:
             "hash: slot (env * max_length + pos % max_length) -> step priority"
             " (prioritized_sampling)",
             "list: mass log of priority changes, read by samplers' replicas"
+            " (prioritized_sampling)",
+            "hash: a replica's snapshot of the step priorities, for new replicas"
             " (prioritized_sampling)",
         ), strict=True))
 
@@ -572,11 +587,15 @@ class SequenceBuffer:
                         replica.sync(source)
                         synced = True
                         continue
-                    count = self._draw_count(wanted, length)
+                    # one command's candidates are bounded (redisbuf/store/bounds.py): a
+                    # larger batch takes more calls
+                    count = min(self._draw_count(wanted, length),
+                                max(1, MAX_ITEMS_PER_COMMAND // (1 + spares)))
                     slots, _, _ = replica.draw(count * (1 + spares), rng, True)
                     drawn = replica.ids[slots].reshape(count, 1 + spares)
                 else:
                     count = len(carried)
+                    spares = min(spares, max(0, MAX_ITEMS_PER_COMMAND // count - 1))
                     drawn = np.empty((count, 1 + spares), dtype=np.int64)
                     drawn[:, 0] = carried
                     slots, _, _ = replica.draw(count * spares, rng, True)
@@ -763,8 +782,9 @@ class SequenceBuffer:
         return self.total_size
 
     def drop(self) -> None:
-        """Delete every key of the buffer."""
-        self.client.delete(*self._keys)
+        """Delete every key of the buffer (and any snapshot a replica was writing)."""
+        staged = list(self.client.scan_iter(match=self.keys.snap_staging("*"), count=1000))
+        self.client.delete(*self._keys, *staged)
 
 
 def _text(value: float) -> str:
@@ -786,7 +806,8 @@ class _PrioritySource:
     scripts are run as their sequence-buffer counterparts, which read the ``prio`` hash
     and the sequence buffer's mass log. The replica is kept here (``_replicas``)."""
 
-    _SCRIPTS = {"masslog_read": "seq_masslog_read", "replica_read": "seq_replica_read"}
+    _SCRIPTS = {"masslog_read": "seq_masslog_read", "replica_read": "seq_replica_read",
+                "snapshot_commit": "snapshot_commit"}
 
     def __init__(self, buffer: SequenceBuffer) -> None:
         self.name = buffer.name
