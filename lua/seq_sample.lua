@@ -32,14 +32,15 @@
 -- proportion to their first step's priority (exact conditional sampling); fewer come back
 -- when the draws run out (the caller draws the rest in another call).
 -- Returns {1, k_recent, k_normal, nonzero, prio_sum, epoch, version, stamp, corrected,
--- examined, env_1..env_k, pos_1..pos_k, priority_1..priority_k, entry_1...}: nonzero is meta
--- "nonzero", the stored steps of non-zero priority (prio_sum / nonzero is their mean);
--- epoch, version and stamp the log's ("" and 0 when not prioritized); corrected "1" when
--- the draws were corrected, the log entries after the replica's version following (its
--- catch-up); examined the prioritized draws looked at (kept or not). A prioritized draw that cannot stand returns what lua/sample_prioritized.lua
--- returns then, recording nothing: {3, epoch, version, stamp, slots with holes, entries...}
--- (the caller fills the holes, see there) or the replica's catch-up {0, epoch, version,
--- stamp, entries...}.
+-- examined, env_1..env_k, pos_1..pos_k, priority_1..priority_k, entry_1...}: nonzero is
+-- meta "nonzero", the stored steps of non-zero priority (prio_sum / nonzero is their
+-- mean); epoch, version and stamp the log's ("" and 0 when the buffer is not
+-- prioritized); corrected "1" when the draws were corrected, the log entries after the
+-- replica's version following (its catch-up); examined the prioritized draws looked at
+-- (kept or not). A prioritized draw that cannot stand returns what
+-- lua/sample_prioritized.lua returns then, recording nothing: {3, epoch, version, stamp,
+-- slots with holes, entries...} (the caller fills the holes, see there) or the replica's
+-- catch-up {0, epoch, version, stamp, entries...}.
 -- The caller reads the steps with HMGET afterwards: a field "e:p" only ever names step p
 -- of env e (positions are never reused) and a window's episode membership never changes,
 -- so that read finds the drawn window or, if it was evicted meanwhile, a missing step.
