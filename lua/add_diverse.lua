@@ -20,8 +20,9 @@
 -- (dropped or not, as torchgfn), or of any stored item. The survivors are inserted in
 -- batch order with reward eviction (insert_batch). Vectors are kept in the vecs hash.
 -- Returns {first_id, kept, evicted, position_1..position_kept} (0-based batch positions of
--- the inserted items; first_id is 0 when none was). Errors: RB_NOBUF, RB_SCHEMA,
--- RB_INVALID, RB_CONFIG (not reward eviction, or stored items without a vector).
+-- the inserted items; first_id is 0 when none was). Errors: RB_LIMIT (n above
+-- RB_MAX_ADD), RB_NOBUF, RB_SCHEMA, RB_INVALID, RB_CONFIG (not reward eviction, or stored
+-- items without a vector).
 local K = buffer_keys(KEYS)
 local conf, err = buffer_config(K)
 if err then return err end
@@ -30,6 +31,10 @@ if conf[2] ~= 'reward' then
     .. 'prioritized_capacity (this one is ' .. conf[2] .. ')')
 end
 local n = tonumber(ARGV[2])
+if n == nil or n > RB_MAX_ADD then  -- redisbuf/store/bounds.py
+  return fail('RB_LIMIT', 'one add stores at most ' .. RB_MAX_ADD .. ' items, got '
+    .. tostring(ARGV[2]))
+end
 local options = batch_options(ARGV[3])
 local cutoff, p = to_number(ARGV[4]), to_number(ARGV[5])
 local blobs, priorities, vec_texts = {}, {}, {}

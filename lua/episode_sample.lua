@@ -11,9 +11,14 @@
 -- an episode's positions finds all its steps or none)
 -- Returns {schema text, entry_1..entry_n}, one entry per draw: {episode id, position of
 -- its first step, number of steps, blob_1..blob_T if asked}.
--- Errors: RB_EMPTY (no episode, or fewer than n without replacement), RB_INVALID.
+-- Errors: RB_EMPTY (no episode, or fewer than n without replacement), RB_INVALID, RB_LIMIT
+-- (n above RB_MAX_ITEMS).
 local meta, index, lens, steps = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local n = tonumber(ARGV[1])
+if n == nil or n > RB_MAX_ITEMS then  -- redisbuf/store/bounds.py
+  return fail('RB_LIMIT', 'one command draws at most ' .. RB_MAX_ITEMS .. ' episodes, asked '
+    .. tostring(ARGV[1]))
+end
 if #ARGV[3] ~= 6 * n then return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms') end
 local count = redis.call('ZCARD', index)
 if count == 0 then return fail('RB_EMPTY', 'episode buffer is empty') end

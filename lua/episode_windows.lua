@@ -13,10 +13,15 @@
 -- a window's positions finds all its steps or none)
 -- Returns {schema text, entry_1..entry_n}, one entry per window: {episode id, offset of
 -- its first step in the episode, position of that step, blob_1..blob_length if asked}.
--- Errors: RB_EMPTY (no stored episode has `length` steps), RB_INVALID.
+-- Errors: RB_EMPTY (no stored episode has `length` steps), RB_INVALID, RB_LIMIT (n * length
+-- above RB_MAX_ITEMS).
 local meta, index, lens, steps = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local n, length, tries = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local U = ARGV[4]
+if n == nil or length == nil or n * length > RB_MAX_ITEMS then  -- redisbuf/store/bounds.py
+  return fail('RB_LIMIT', 'one command reads at most ' .. RB_MAX_ITEMS .. ' steps, asked '
+    .. tostring(ARGV[1]) .. ' windows of ' .. tostring(ARGV[2]))
+end
 if #U ~= 6 * n * (tries + 1) then
   return fail('RB_INVALID', 'expected ' .. n * (tries + 1) .. ' packed uniforms')
 end

@@ -8,9 +8,13 @@
 -- Returns {chunks stored} when fewer than n chunks are stored (nothing changes then but
 -- the stale drop), else {n, entry_1..entry_n}, entry = {chunk id, chunk info JSON with
 -- the use just counted, current model version, fragment blobs...}.
--- Errors: RB_NOBUF (meta missing), RB_INVALID.
+-- Errors: RB_NOBUF (meta missing), RB_INVALID, RB_LIMIT (n above RB_MAX_ITEMS).
 local F = fragment_keys(KEYS)
 local n = tonumber(ARGV[1])
+if n == nil or n > RB_MAX_ITEMS then  -- redisbuf/store/bounds.py
+  return fail('RB_LIMIT', 'one command fetches at most ' .. RB_MAX_ITEMS .. ' chunks, asked '
+    .. tostring(ARGV[1]))
+end
 if not redis.call('HGET', F.meta, 'version') then
   return fail('RB_NOBUF', 'fragment buffer meta ' .. F.meta .. ' does not exist')
 end

@@ -19,5 +19,6 @@ if epoch ~= ARGV[2] or version > (tonumber(current[1]) or 0)
 end
 redis.call('HSET', KEYS[2], 'header', ARGV[1])
 redis.call('RENAME', KEYS[2], KEYS[3])
+redis.call('PERSIST', KEYS[3])  -- the staged hash expires if its writer dies halfway
 redis.call('HSET', KEYS[1], 'snap_epoch', epoch, 'snap_version', version)
 return 1

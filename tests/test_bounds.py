@@ -149,3 +149,31 @@ def test_scripts_and_functions_refuse_above_the_bound(real_client, buffer_name):
             buffer._run(script, keys, argv)
     assert len(buffer) == 10 and int(real_client.hget(buffer.keys.meta, "sampled") or 0) == 0
     assert real_client.hget(buffer.keys.items, format_id(11)) is None
+
+
+def test_episode_fragment_and_diverse_requests_above_the_bound_are_refused(client, buffer_name):
+    """The other buffer kinds' commands are bounded too: an episode draw, a window read, a
+    fragment fetch above the bound and a diverse add above the add bound are refused
+    (RB_LIMIT, RequestTooLargeError) and change nothing."""
+    from redisbuf import NormBasedDiversePrioritizedReplayBuffer, States
+    from redisbuf.buffers.episodes import EpisodeBuffer
+    from redisbuf.buffers.fragments import FragmentBuffer
+
+    episodes = EpisodeBuffer(client, f"{buffer_name}-e", capacity_episodes=10, seed=0)
+    episodes.push({"t": np.arange(4, dtype=np.int64)})
+    with pytest.raises(RequestTooLargeError, match=str(bounds.MAX_ITEMS_PER_COMMAND)):
+        episodes.sample(bounds.MAX_ITEMS_PER_COMMAND + 1, replace=True)
+    with pytest.raises(RequestTooLargeError, match=str(bounds.MAX_ITEMS_PER_COMMAND)):
+        episodes.sample_windows(bounds.MAX_ITEMS_PER_COMMAND // 2 + 1, 2)
+    assert len(episodes.sample(2, replace=True)) == 2
+    fragments = FragmentBuffer(client, f"{buffer_name}-f", max_chunks=5000,
+                               fragments_per_chunk=1, max_staleness=0, max_reuse=1, seed=0)
+    fragments.update_model_version("s", 0)
+    fragments.add_fragment(b"x", 0, "s", "a")
+    with pytest.raises(RequestTooLargeError, match=str(bounds.MAX_ITEMS_PER_COMMAND)):
+        fragments.fetch(bounds.MAX_ITEMS_PER_COMMAND + 1, timeout=0)
+    diverse = NormBasedDiversePrioritizedReplayBuffer(client, f"{buffer_name}-d", capacity=10)
+    n = bounds.MAX_ADD_ITEMS + 1
+    with pytest.raises(RequestTooLargeError, match=str(bounds.MAX_ADD_ITEMS)):
+        diverse.add(States(np.arange(n, dtype=np.float64)[:, None], log_rewards=np.zeros(n)))
+    assert len(diverse) == 0

@@ -5,6 +5,7 @@ law (binomial / chi-square), the ids returned, or a time limit."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import threading
 import time
@@ -155,14 +156,34 @@ def test_softmax_without_replacement_over_rewards_far_apart_returns(url, buffer_
     assert drawn[0] == ids[0] and drawn[3] == ids[3] and set(drawn[1:3]) == set(ids[1:3])
 
 
-def _add_forever(url: str, name: str, stop, counts, index: int) -> None:
+def _add_forever(url: str, name: str, stop, index: int) -> None:
     buffer = ReplayBuffer(url, name, capacity=None)
     rng = np.random.default_rng(index)
-    added = 0
     while not stop.is_set():
         buffer.add(_batch(rng.normal(size=16)))
-        added += 16
-    counts[index] = added
+
+
+@contextlib.contextmanager
+def _two_writers(url: str, buffer: ReplayBuffer, until_inserted: int):
+    """Two spawned processes adding to ``buffer`` as fast as they can, from when the buffer
+    has had ``until_inserted`` inserts until the block ends (they must exit cleanly)."""
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    writers = [ctx.Process(target=_add_forever, args=(url, buffer.name, stop, k))
+               for k in range(2)]
+    for writer in writers:
+        writer.start()
+    try:
+        deadline = time.monotonic() + 60
+        while buffer.stats()["inserted"] < until_inserted:
+            assert time.monotonic() < deadline, "the writers did not start adding"
+            time.sleep(0.05)
+        yield
+    finally:
+        stop.set()
+        for writer in writers:
+            writer.join(30)
+    assert all(writer.exitcode == 0 for writer in writers)
 
 
 def test_softmax_draws_with_replacement_stand_under_two_writers(url, buffer_name):
@@ -171,25 +192,9 @@ def test_softmax_draws_with_replacement_stand_under_two_writers(url, buffer_name
     30% of calls)."""
     buffer = ReplayBuffer(url, buffer_name, capacity=5000, prioritized_sampling=True, seed=4)
     buffer.add(_batch(np.zeros(64)))
-    ctx = multiprocessing.get_context("spawn")
-    stop = ctx.Event()
-    counts = ctx.Array("l", 2)
-    writers = [ctx.Process(target=_add_forever, args=(url, buffer_name, stop, counts, k))
-               for k in range(2)]
-    for writer in writers:
-        writer.start()
-    try:
-        deadline = time.monotonic() + 60
-        while min(counts) == 0 and buffer.stats()["inserted"] < 64 + 2000:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    with _two_writers(url, buffer, 64 + 2000):
         for _ in range(200):
             assert len(buffer.sample_with_info(32, replacement=True).ids) == 32
-    finally:
-        stop.set()
-        for writer in writers:
-            writer.join(30)
-    assert all(writer.exitcode == 0 for writer in writers)
 
 
 def test_a_first_read_finishes_while_two_processes_add(url, buffer_name, monkeypatch):
@@ -201,25 +206,12 @@ def test_a_first_read_finishes_while_two_processes_add(url, buffer_name, monkeyp
     buffer = ReplayBuffer(url, buffer_name, capacity=capacity, sampler=PERSampler(), seed=1)
     _fill(buffer, capacity)
     monkeypatch.setattr(replica_module, "_SCAN_COUNT", 100)  # ~200 slices: a long read
-    ctx = multiprocessing.get_context("spawn")
-    stop = ctx.Event()
-    counts = ctx.Array("l", 2)
-    writers = [ctx.Process(target=_add_forever, args=(url, buffer_name, stop, counts, k))
-               for k in range(2)]
-    for writer in writers:
-        writer.start()
-    try:
-        while min(counts) == 0 and buffer.stats()["inserted"] < capacity + 3000:
-            time.sleep(0.05)
+    with _two_writers(url, buffer, capacity + 3000):
         replica = MassReplica("per")
         started = time.monotonic()
         replica.load(buffer)
         assert time.monotonic() - started < 60
         moved = buffer.stats()["inserted"]
-    finally:
-        stop.set()
-        for writer in writers:
-            writer.join(30)
     assert moved > capacity + 3000  # writers kept adding during the read
     replica.sync(buffer)
     keys = BufferKeys(buffer_name)

@@ -5,6 +5,7 @@ across processes on a real server."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import traceback
 import uuid
@@ -318,3 +319,63 @@ def test_the_server_corrects_a_stale_per_draw_to_the_current_law(
     observed = np.array([counts[i] for i in members.tolist()])
     live = p > 0
     assert chi2(observed[live], p[live] * draws) < chi2_limit(int(live.sum()) - 1)
+
+
+def test_a_new_replica_reads_the_snapshot_and_the_log_after_it(client, buffer_name):
+    """After a first read (a scan) a replica publishes a snapshot; a new replica reads it
+    and the entries logged after it, and holds exactly what a scan reads."""
+    buffer = _per_buffer(client, buffer_name, capacity=100)
+    ids = buffer.add({"x": np.arange(40)}, priorities=np.arange(40.0)).ids
+    keys = BufferKeys(buffer_name)
+    first = MassReplica("per")
+    first.load(buffer)  # no snapshot yet: a scan, then it writes one
+    header = json.loads(client.hget(keys.snap, "header"))
+    assert (header["version"], header["count"]) == (first.version, 40)
+    buffer.update_priority(ids[:5], [7.0] * 5)  # logged after the snapshot
+    buffer.add({"x": np.arange(3)})
+    calls: list[str] = []
+    run = buffer._run
+    buffer._run = lambda name, k, a: calls.append(name) or run(name, k, a)
+    second = MassReplica("per")
+    second.load(buffer)
+    assert "replica_read" not in calls  # no scan
+    assert replica_scores(second) == replica_scores(fresh_replica(client, buffer_name, "per"))
+    assert second.version == int(client.hget(keys.meta, "log_version"))
+
+
+def test_a_snapshot_the_log_no_longer_reaches_or_of_another_epoch_is_not_used(
+    client, buffer_name
+):
+    buffer = _per_buffer(client, buffer_name, capacity=40_000)
+    buffer.add({"x": np.arange(10)})
+    MassReplica("per").load(buffer)  # writes a snapshot at this version
+    keys = BufferKeys(buffer_name)
+    for _ in range(12):  # 12,000 rows: the log (10,000 rows kept) no longer reaches it
+        buffer.add({"x": np.arange(1000)})
+    assert int(client.hget(keys.meta, "log_first")) > json.loads(
+        client.hget(keys.snap, "header"))["version"] + 1
+    later = MassReplica("per")
+    later.load(buffer)  # falls back to a scan, and is right
+    assert len(later) == 12_010
+    buffer.clear()  # a new epoch: the snapshot (of the old one) is not read either
+    buffer.add({"x": np.arange(4)})
+    again = MassReplica("per")
+    again.load(buffer)
+    assert len(again) == 4
+
+
+def test_a_snapshot_replaced_while_read_is_read_again(client, buffer_name, monkeypatch):
+    """The header and the chunks are separate reads: chunks of a newer snapshot (another
+    token) are never mixed with an older header."""
+    from redisbuf.sampling import replica as replica_module
+
+    monkeypatch.setattr(replica_module, "_SNAP_CHUNK", 4)
+    buffer = _per_buffer(client, buffer_name, capacity=100)
+    buffer.add({"x": np.arange(10)}, priorities=np.arange(10.0))
+    MassReplica("per").load(buffer)
+    keys = BufferKeys(buffer_name)
+    client.hset(keys.snap, "c1", b"\0" * 8 + b"\1" * 64)  # a chunk of another snapshot
+    reader = MassReplica("per")
+    assert not reader._load_snapshot(buffer)
+    reader.load(buffer)  # then a scan
+    assert replica_scores(reader) == {int(i): float(i - 1) for i in range(1, 11)}

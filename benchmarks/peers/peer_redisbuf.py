@@ -25,6 +25,7 @@ from common import (
 
 from redisbuf import PERSampler, ReplayBuffer
 from redisbuf.servers.embedded import EmbeddedServer
+from redisbuf.store.bounds import MAX_ADD_ITEMS
 
 PRE = 8  # pre-made batches cycled through by each writer
 PATH = "ReplayBuffer.add / sample (dict of arrays), PERSampler + update_priority"
@@ -37,7 +38,7 @@ def open_buffer(url: str, name: str, capacity: int, prio: bool) -> ReplayBuffer:
 
 def fill(buf: ReplayBuffer, layout: str, count: int, prio: bool) -> None:
     """Add ``count`` items in large batches (not timed)."""
-    chunk = 2048 if layout == "4k" else 20_000
+    chunk = MAX_ADD_ITEMS  # one add is bounded (redisbuf/store/bounds.py)
     rng = np.random.default_rng(1)
     template = batches(layout, 1, n=chunk, seed=1)[0]
     done = 0

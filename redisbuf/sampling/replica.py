@@ -414,6 +414,7 @@ class MassReplica:
             part = slice(k * _SNAP_CHUNK, (k + 1) * _SNAP_CHUNK)
             pipe.hset(staging, f"c{k}", token + ids[part].astype("<i8").tobytes()
                       + scores[part].astype("<f8").tobytes())
+        pipe.expire(staging, 600)  # gone if this process dies before the commit
         pipe.execute()
         header = json.dumps({"token": token.hex(), "epoch": self.epoch, "version": self.version,
                              "stamp": self.stamp, "rule": self.rule, "count": len(ids),
