@@ -1,16 +1,23 @@
 -- Per-environment streams (SequenceBuffer), pasted in place of "-- @include seq" (needs
--- common and tree). Not an operation of its own.
+-- common and masslog). Not an operation of its own.
 -- Keys (redisbuf/buffers/sequence.py, SequenceKeys.all_keys() order): meta, steps, envs, episodes,
--- begins, rewards, returns, tree. A step is named by its environment e and its position p
--- (positions only grow); its fields are "e:p". An episode is named by the member
+-- begins, rewards, returns, prio, masslog, snap. A step is named by its environment e and its
+-- position p (positions only grow); its fields are "e:p". An episode is named by the member
 -- "eeeeee:ppppppppppppppp" (env and the position it began at, zero-padded so that the
 -- lex order of `begins` is (env, begin) order); `episodes` scores it with the number of
 -- its steps still stored.
+-- Prioritized buffers keep each stored step's priority in the prio hash under its slot
+-- (slot_of: one fixed slot per ring index, written as item ids are: 12 digits, id_str)
+-- and, as the replay buffer's prioritized sampling does, append every change to it to
+-- the mass log (lua/_masslog.lua: ids are slots, scores priorities; meta tree = 1 and
+-- tree_mass = per with alpha 1 and eps 0, so a slot's mass is its priority); samplers
+-- draw from replicas of it (redisbuf/sampling/replica.py) and lua/seq_sample.lua checks
+-- the draws.
 
 local function seq_keys(keys)
   return {
     meta = keys[1], steps = keys[2], envs = keys[3], episodes = keys[4], begins = keys[5],
-    rewards = keys[6], returns = keys[7], tree = keys[8],
+    rewards = keys[6], returns = keys[7], prio = keys[8], masslog = keys[9], snap = keys[10],
   }
 end
 
@@ -29,15 +36,13 @@ end
 -- The configuration fields every script reads, as numbers / flags.
 local function seq_conf(K)
   local raw = redis.call('HMGET', K.meta, 'num_environments', 'max_length', 'returns',
-    'gamma', 'default_return', 'clip_low', 'clip_high', 'prioritized', 'tree_depth',
-    'initial_priority')
+    'gamma', 'default_return', 'clip_low', 'clip_high', 'prioritized', 'initial_priority')
   if not raw[1] then return nil end
   return {
     num_envs = tonumber(raw[1]), max_length = tonumber(raw[2]), returns = raw[3] == '1',
     gamma = tonumber(raw[4]), default_return = tonumber(raw[5]),
     clip_low = to_number(raw[6]), clip_high = to_number(raw[7]),
-    prioritized = raw[8] == '1', depth = tonumber(raw[9]),
-    initial_priority = tonumber(raw[10]),
+    prioritized = raw[8] == '1', initial_priority = tonumber(raw[9]),
   }
 end
 
@@ -58,39 +63,72 @@ local function save_env_state(K, e, S)
     'cur:' .. e, S.cur, 'first:' .. e, S.first, 'ended:' .. e, S.ended and 1 or 0)
 end
 
--- The sum-tree leaf of (e, p): one fixed slot per ring index.
-local function leaf_slot(C, e, p)
+-- The slot of step (e, p) in the prio hash and the mass log: one fixed slot per ring
+-- index, so a step that evicts another takes its slot.
+local function slot_of(C, e, p)
   return e * C.max_length + p % C.max_length
 end
 
--- Set sum-tree leaves (list of {node, mass}, a later entry for a node winning) as
--- tree_set_nodes does, and move meta "nonzero", the number of stored steps of non-zero
--- priority, by the leaves that become or stop being non-zero: importance weights divide
--- by the mean non-zero priority (ALF), so that a priority set to 0 (ALF's way to exclude
--- a window) does not inflate the others. A leaf's old mass is read from its parent's chunk.
-local function seq_set_leaves(K, leaves)
-  local final, nodes, parents = {}, {}, {}
-  for _, leaf in ipairs(leaves) do
-    if final[leaf[1]] == nil then
-      nodes[#nodes + 1] = leaf[1]
-      parents[#parents + 1] = math.floor((leaf[1] - 1) / FANOUT)
+-- Set step priorities: changes is a list of {slot, priority (a number) or false (the
+-- step is gone)}, a later entry for a slot winning. One HMGET and one HSET / HDEL of the
+-- prio hash and one mass-log entry (old and new priority of each slot, "nan" for none)
+-- for the whole call, whatever the buffer's size. Keeps meta "nonzero" (stored steps of
+-- non-zero priority: importance weights divide by the mean non-zero priority, as ALF,
+-- so that a priority set to 0, ALF's way to exclude a window, does not inflate the
+-- others) and "prio_sum" (their sum, with its Neumaier compensation "prio_comp", so long
+-- update sequences do not drift). Returns the slots set (text) and their new priorities
+-- (text, "nan" for gone), as logged.
+local function seq_set_priorities(K, changes)
+  local final, order = {}, {}
+  for _, change in ipairs(changes) do
+    if final[change[1]] == nil then order[#order + 1] = change[1] end
+    final[change[1]] = change[2]
+  end
+  if #order == 0 then return {}, {} end
+  local fields = {}
+  for i, slot in ipairs(order) do fields[i] = id_str(slot) end
+  local olds = hmget_chunked(K.prio, fields)
+  local conf = redis.call('HMGET', K.meta, 'nonzero', 'prio_sum', 'prio_comp')
+  local nonzero, sum, comp = tonumber(conf[1]) or 0, tonumber(conf[2]) or 0, tonumber(conf[3]) or 0
+  local function push(x)
+    local t = sum + x
+    if math.abs(sum) >= math.abs(x) then comp = comp + ((sum - t) + x)
+    else comp = comp + ((x - t) + sum) end
+    sum = t
+  end
+  local set_pairs, gone, old_texts, new_texts = {}, {}, {}, {}
+  for i, field in ipairs(fields) do
+    local old, new = tonumber(olds[i]), final[order[i]]
+    if old and old > 0 then
+      nonzero = nonzero - 1
+      push(-old)
     end
-    final[leaf[1]] = leaf[2]
+    old_texts[i] = olds[i] or 'nan'
+    if new then
+      local text = fmt(new)
+      if new > 0 then
+        nonzero = nonzero + 1
+        push(new)
+      end
+      set_pairs[#set_pairs + 1] = field
+      set_pairs[#set_pairs + 1] = text
+      new_texts[i] = text
+    else
+      gone[#gone + 1] = field
+      new_texts[i] = 'nan'
+    end
   end
-  local chunks = hmget_chunked(K.tree, parents)
-  local change = 0
-  for i, node in ipairs(nodes) do
-    local old = chunks[i] and chunk_entry(chunks[i], (node - 1) % FANOUT) or 0
-    if old > 0 then change = change - 1 end
-    if final[node] > 0 then change = change + 1 end
-  end
-  if change ~= 0 then redis.call('HINCRBY', K.meta, 'nonzero', change) end
-  tree_set_nodes(K.tree, leaves)
+  if nonzero <= 0 then nonzero, sum, comp = 0, 0, 0 end
+  call_chunked('HSET', K.prio, set_pairs)
+  call_chunked('HDEL', K.prio, gone)
+  redis.call('HSET', K.meta, 'nonzero', nonzero, 'prio_sum', fmt(sum), 'prio_comp', fmt(comp))
+  masslog_append(K, fields, old_texts, new_texts)
+  return fields, new_texts
 end
 
--- Remove the oldest stored step of e (S.start) from every structure; the tree leaf is
--- zeroed into `leaves` (list of {node, mass}) when given.
-local function evict_oldest(K, C, e, S, leaves)
+-- Remove the oldest stored step of e (S.start) from every structure; its priority's
+-- removal is added to `changes` (see seq_set_priorities) when given.
+local function evict_oldest(K, C, e, S, changes)
   local s = S.start
   local field = step_field(e, s)
   redis.call('HDEL', K.steps, field)
@@ -98,9 +136,7 @@ local function evict_oldest(K, C, e, S, leaves)
     redis.call('HDEL', K.rewards, field)
     redis.call('HDEL', K.returns, field)
   end
-  if leaves then
-    leaves[#leaves + 1] = {first_leaf(C.depth) + leaf_slot(C, e, s), 0}
-  end
+  if changes then changes[#changes + 1] = {slot_of(C, e, s), false} end
   local member = episode_member(e, S.first)
   local left = tonumber(redis.call('ZINCRBY', K.episodes, -1, member))
   if left <= 0 then

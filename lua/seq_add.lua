@@ -1,9 +1,10 @@
 -- Append one step per listed environment, evict beyond max_length, atomically.
 -- @include common
--- @include tree
+-- @include masslog
 -- @include seq
 -- @include history
--- KEYS[1] meta  KEYS[2..8] steps, envs, episodes, begins, rewards, returns, tree
+-- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
+-- masslog, snap
 -- (SequenceKeys.all_keys() order, see seq_keys in _seq.lua)
 -- ARGV[1] schema (canonical JSON; set by the first add, must match afterwards)
 -- ARGV[2] n, the number of steps
@@ -35,10 +36,9 @@ elseif schema ~= ARGV[1] then
 end
 
 local states, touched = {}, {}
-local leaves = {}
-local leaf0, initial
+local changes = {}
+local initial
 if C.prioritized then
-  leaf0 = first_leaf(C.depth)
   initial = math.max(C.initial_priority, tonumber(redis.call('HGET', K.meta, 'max_priority')) or 0)
 end
 local positions = {}
@@ -64,12 +64,12 @@ for i = 1, n do
   local field = step_field(e, p)
   redis.call('HSET', K.steps, field, blob)
   if C.returns then redis.call('HSET', K.rewards, field, reward) end
-  if C.prioritized then leaves[#leaves + 1] = {leaf0 + leaf_slot(C, e, p), initial} end
+  if C.prioritized then changes[#changes + 1] = {slot_of(C, e, p), initial} end
   S.next = p + 1
   S.ended = flags >= 2
   redis.call('HINCRBY', K.meta, 'size', 1)
   if S.next - S.start > C.max_length then
-    -- the new step took the evicted step's leaf: no zeroing
+    -- the new step took the evicted step's slot: its priority replaces the old one
     evict_oldest(K, C, e, S, nil)
     redis.call('HINCRBY', K.meta, 'evicted', 1)
   end
@@ -94,5 +94,5 @@ end
 for _, e in ipairs(touched) do save_env_state(K, e, states[e]) end
 redis.call('HINCRBY', K.meta, 'added', n)
 record_history(K.meta, {'added', 'evicted', 'sampled'})
-if C.prioritized and #leaves > 0 then seq_set_leaves(K, leaves) end
+if C.prioritized then seq_set_priorities(K, changes) end
 return positions

@@ -1,8 +1,9 @@
 -- Episode of stored steps: where it began and its last stored step.
 -- @include common
--- @include tree
+-- @include masslog
 -- @include seq
--- KEYS[1] meta  KEYS[2..8] steps, envs, episodes, begins, rewards, returns, tree
+-- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
+-- masslog, snap
 -- ARGV[1] n  ARGV[2..] per step: env id, position
 -- Returns {begin_1, last_1, ..., begin_n, last_n}: the position the step's episode began
 -- at (possibly no longer stored) and the position of its newest stored step (the episode's

@@ -1,8 +1,9 @@
 -- Read (and, for dequeue, remove) the oldest steps of environments, atomically.
 -- @include common
--- @include tree
+-- @include masslog
 -- @include seq
--- KEYS[1] meta  KEYS[2..8] steps, envs, episodes, begins, rewards, returns, tree
+-- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
+-- masslog, snap
 -- ARGV[1] mode: "gather" (every stored step of every environment but the oldest ARGV[2];
 -- all must hold the same number) or "dequeue" (the oldest ARGV[2] steps of each env in
 -- ARGV[3..], removed)
@@ -56,12 +57,12 @@ if C.returns then
   for i = 1, #fields do out[#out + 1] = returns[i] or fmt(C.default_return) end
 end
 if ARGV[1] == 'dequeue' then
-  local leaves = C.prioritized and {} or nil
+  local changes = C.prioritized and {} or nil
   for _, e in ipairs(envs) do
     local S = states[e]
-    for _ = 1, count do evict_oldest(K, C, e, S, leaves) end
+    for _ = 1, count do evict_oldest(K, C, e, S, changes) end
     save_env_state(K, e, S)
   end
-  if leaves and #leaves > 0 then seq_set_leaves(K, leaves) end
+  if changes then seq_set_priorities(K, changes) end
 end
 return out

@@ -1,30 +1,52 @@
--- Draw windows of consecutive stored steps.
+-- Draw windows of consecutive stored steps; for prioritized draws, check and record the
+-- window starts a sampling process drew from its replica of the step priorities.
 -- @include common
--- @include tree
+-- @include masslog
+-- @include correct
 -- @include seq
--- KEYS[1] meta  KEYS[2..8] steps, envs, episodes, begins, rewards, returns, tree
+-- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
+-- masslog, snap
 -- ARGV[1] L, the window length  ARGV[2] batch size  ARGV[3] recent_data_ratio (text)
 -- ARGV[4] recent_data_steps  ARGV[5] "1" = windows may cross episode boundaries
 -- ARGV[6] "1" = with replacement  ARGV[7] num_earliest_frames_ignored
 -- ARGV[8] "1" = prioritized draws for the non-recent part
 -- ARGV[9] packed uniforms (see uniform_at): batch size * (ARGV[10] + 1) of them suffice
--- ARGV[10] tries: candidate draws per window before a part gives up (prioritized) or
--- switches to exact enumeration (uniform, inside episodes)
+-- ARGV[10] tries: candidate draws per window before the uniform part switches to exact
+-- enumeration (inside episodes)
+-- Prioritized only: ARGV[11] the replica's log_epoch  ARGV[12] its log_version
+-- ARGV[13] its log_stamp  ARGV[14] S, spare draws per draw  ARGV[15] two uniforms per
+-- draw, packed  ARGV[16] the replica's total mass  ARGV[17] the candidates, packed (see
+-- unpack_ids): 1 + S slots per draw (one drawn from the replica, then S more), draw after
+-- draw (as lua/sample_prioritized.lua's "correct" mode)  ARGV[18] their width
 -- A window (e, p) is valid when steps p..p+L-1 are all stored, p >= oldest stored
 -- position + num_earliest_frames_ignored and (unless crossing is allowed) all lie in one
 -- episode. Recent windows also start among the last recent_data_steps possible starts of
 -- their environment (ALF). Uniform parts draw uniformly among all valid windows (see
--- draw_uniform), without replacement when asked and possible; the prioritized part draws window starts in
--- proportion to their priority and rejects invalid ones (exact conditional sampling),
--- returning fewer windows when the tries run out.
--- Returns {k_recent, k_normal, nonzero, tree_total, env_1..env_k, pos_1..pos_k,
--- priority_1..priority_k}: nonzero is meta "nonzero", the stored steps of non-zero
--- priority (tree_total / nonzero is their mean). The caller reads the steps with HMGET afterwards: a field
--- "e:p" only ever names step p of env e (positions are never reused) and a window's
--- episode membership never changes, so that read finds the drawn window or, if it was
--- evicted meanwhile, a missing step.
+-- draw_uniform), without replacement when asked and possible.
+-- The prioritized part: the process drew slots (see slot_of) in proportion to their
+-- priority from its replica, at some version of the mass log. When the log has moved on
+-- since, the draws are corrected to the priorities now (correct_draw, lua/_correct.lua):
+-- each is then exactly an independent draw in proportion to the current priorities. The
+-- draws are then taken in order, each kept when its slot's step starts a valid window,
+-- until the part is full: the kept ones are independent draws of valid windows in
+-- proportion to their first step's priority (exact conditional sampling); fewer come back
+-- when the draws run out (the caller draws the rest in another call).
+-- Returns {1, k_recent, k_normal, nonzero, prio_sum, epoch, version, stamp, corrected,
+-- examined, env_1..env_k, pos_1..pos_k, priority_1..priority_k, entry_1...}: nonzero is
+-- meta "nonzero", the stored steps of non-zero priority (prio_sum / nonzero is their
+-- mean); epoch, version and stamp the log's ("" and 0 when the buffer is not
+-- prioritized); corrected "1" when the draws were corrected, the log entries after the
+-- replica's version following (its catch-up); examined the prioritized draws looked at
+-- (kept or not). A prioritized draw that cannot stand returns what
+-- lua/sample_prioritized.lua returns then, recording nothing: {3, epoch, version, stamp,
+-- slots with holes, entries...} (the caller fills the holes, see there) or the replica's
+-- catch-up {0, epoch, version, stamp, entries...}.
+-- The caller reads the steps with HMGET afterwards: a field "e:p" only ever names step p
+-- of env e (positions are never reused) and a window's episode membership never changes,
+-- so that read finds the drawn window or, if it was evicted meanwhile, a missing step.
 -- Adds k * L to meta "sampled" (steps drawn; not in the read-only variant).
--- Errors: RB_NOBUF, RB_EMPTY (no valid window), RB_INVALID.
+-- Errors: RB_NOBUF, RB_EMPTY (no valid window), RB_INVALID, RB_NOTREE (prioritized draws
+-- from a buffer that is not prioritized).
 local K = seq_keys(KEYS)
 local C = seq_conf(K)
 if not C then return fail('RB_NOBUF', 'sequence buffer meta ' .. K.meta .. ' does not exist') end
@@ -38,10 +60,14 @@ local ignored = tonumber(ARGV[7])
 local prioritized = ARGV[8] == '1'
 local packed = ARGV[9]
 local tries = tonumber(ARGV[10])
-local counts = redis.call('HMGET', K.meta, 'size', 'nonzero')
-local size = tonumber(counts[1]) or 0
--- steps of non-zero priority (a buffer made before this count: every stored step)
-local nonzero = tonumber(counts[2]) or size
+local conf = redis.call('HMGET', K.meta, 'size', 'nonzero', 'prio_sum', 'prio_comp', 'tree',
+  'log_epoch', 'log_version', 'log_stamp', 'per_alpha', 'per_eps')
+local size = tonumber(conf[1]) or 0
+local nonzero = tonumber(conf[2]) or 0
+local prio_sum = (tonumber(conf[3]) or 0) + (tonumber(conf[4]) or 0)
+if prioritized and conf[5] ~= '1' then
+  return fail('RB_NOTREE', 'sequence buffer ' .. K.meta .. ' is not prioritized')
+end
 
 local starts, nexts = {}, {}
 do
@@ -180,39 +206,69 @@ local function valid_start(e, p)
   return cross or in_one_episode(e, p)
 end
 
-local tree_total = 0
--- Windows by first-step priority, invalid ones rejected: rounds of 1.5 descents per
--- missing window (each round one HMGET per tree level), n * tries descents at most.
-local function draw_prioritized(n)
-  local root = redis.call('HGET', K.tree, 0)
-  tree_total = root and chunk_sum(root) or 0
-  if tree_total <= 0 then return false end
-  local accepted, budget = 0, n * tries
-  while accepted < n and budget > 0 do
-    local targets = {}
-    for i = 1, math.min(budget, math.ceil((n - accepted) * 1.5)) do
-      local u = next_uniform()
-      if u == nil then return short end
-      targets[i] = u * tree_total
-    end
-    budget = budget - #targets
-    local slots, masses = tree_descend(K.tree, C.depth, targets)
-    for i = 1, #slots do
-      if accepted == n then break end
-      local e = math.floor(slots[i] / C.max_length)
-      local index = slots[i] % C.max_length
-      if e < C.num_envs and masses[i] > 0 then
-        local p = starts[e] + (index - starts[e]) % C.max_length
-        if p < nexts[e] and valid_start(e, p) then
-          accepted = accepted + 1
-          envs[#envs + 1] = e
-          positions[#positions + 1] = p
-          priorities[#priorities + 1] = fmt(masses[i])
-        end
+-- The prioritized draws as they stand at this call: the replica's own when its version
+-- is current, else corrected (nil and a reply to return when they cannot stand).
+local corrected, entries = '0', {}
+local function prioritized_draws()
+  local spares = tonumber(ARGV[14])
+  local width = 1 + spares
+  local sent = unpack_ids(ARGV[17], tonumber(ARGV[18]))
+  if conf[6] == ARGV[11] and conf[7] == ARGV[12] and conf[8] == ARGV[13] then
+    local out = {}
+    for j = 1, #sent / width do out[j] = sent[width * (j - 1) + 1] end
+    return out
+  end
+  local behind = masslog_behind(K, ARGV[11], tonumber(ARGV[12]), ARGV[13])
+  if #behind == 4 or #behind - 4 ~= tonumber(behind[3]) - tonumber(ARGV[12]) then
+    return nil, behind  -- cannot catch up from the log, or too far behind for one reply
+  end
+  for i = 5, #behind do entries[#entries + 1] = behind[i] end
+  local out, holes = correct_draw(entries, true, tonumber(conf[9]) or 1,
+    tonumber(conf[10]) or 0, 0, tonumber(ARGV[16]), sent, spares, ARGV[15])
+  if not out then return nil, behind end
+  if holes then
+    local reply = {3, conf[6] or '', conf[7] or '0', conf[8] or '', table.concat(out, ',')}
+    for i = 1, #entries do reply[#reply + 1] = entries[i] end
+    return nil, reply
+  end
+  corrected = '1'
+  return out
+end
+
+-- Keep the draws (slots, in order) whose steps start valid windows, n at most.
+local examined = 0
+local function keep_valid(n, slots)
+  local kept = {}
+  for _, text in ipairs(slots) do
+    if #kept == n then break end
+    examined = examined + 1
+    local slot = tonumber(text)
+    local e = math.floor(slot / C.max_length)
+    local index = slot % C.max_length
+    if e < C.num_envs then
+      local p = starts[e] + (index - starts[e]) % C.max_length
+      if p < nexts[e] and valid_start(e, p) then
+        kept[#kept + 1] = text
+        envs[#envs + 1] = e
+        positions[#positions + 1] = p
       end
     end
   end
-  return true
+  local found = hmget_chunked(K.prio, kept)
+  for i = 1, #kept do priorities[#priorities + 1] = found[i] or '0' end
+end
+
+local drawn
+if prioritized then
+  -- no window at all (every constraint but the episode one): nothing to draw
+  local _, total = candidates(false, false)
+  if total == 0 then
+    return fail('RB_EMPTY', 'no stored window of ' .. L .. ' steps'
+      .. (cross and '' or ' inside one episode'))
+  end
+  local stand
+  drawn, stand = prioritized_draws()
+  if not drawn then return stand end
 end
 
 local ok = draw_uniform(n_recent, true)
@@ -222,7 +278,8 @@ if not ok then
   n_recent, n_normal = 0, batch
 end
 if prioritized then
-  ok = draw_prioritized(n_normal)
+  keep_valid(n_normal, drawn)
+  ok = true
 else
   ok = draw_uniform(n_normal, false)
 end
@@ -236,8 +293,10 @@ local k = #envs
 -- meta "sampled" counts the steps of the windows drawn, for the rate history (steps, as
 -- seq_add counts); the read-only variant (full server, replica) counts nothing
 if not RB_NO_WRITES then redis.call('HINCRBY', K.meta, 'sampled', k * L) end
-local out = {n_recent, k - n_recent, nonzero, fmt(tree_total)}
+local out = {1, n_recent, k - n_recent, nonzero, fmt(prio_sum), conf[6] or '', conf[7] or '0',
+  conf[8] or '', corrected, examined}
 for w = 1, k do out[#out + 1] = envs[w] end
 for w = 1, k do out[#out + 1] = positions[w] end
 for w = 1, k do out[#out + 1] = priorities[w] end
+for i = 1, #entries do out[#out + 1] = entries[i] end
 return out

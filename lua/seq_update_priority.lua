@@ -1,11 +1,17 @@
 -- Set the priorities of stored steps (ALF's update_priority), atomically.
 -- @include common
--- @include tree
+-- @include masslog
 -- @include seq
--- KEYS[1] meta  KEYS[2..8] steps, envs, episodes, begins, rewards, returns, tree
+-- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
+-- masslog, snap
 -- ARGV[1] n  ARGV[2..] per step: env id, position, priority (text, finite and >= 0)
--- Steps no longer stored (evicted, dequeued) are skipped, as in ALF. Returns the number of
--- priorities set. Errors: RB_NOBUF, RB_CONFIG (not prioritized), RB_INVALID.
+-- Steps no longer stored (evicted, dequeued) are skipped, as in ALF. O(1) server work per
+-- step (see seq_set_priorities): one mass-log entry for the call.
+-- Returns {set, log_epoch, log_version before, log_version after, log_stamp before,
+-- log_stamp after, slots, priorities}: the number of priorities set, what a replica at the
+-- version before needs to apply this change itself (the versions differ by one when this
+-- call's entry is the only change), and the entry's slots and new priorities
+-- (comma-separated). Errors: RB_NOBUF, RB_CONFIG (not prioritized), RB_INVALID.
 local K = seq_keys(KEYS)
 local C = seq_conf(K)
 if not C then return fail('RB_NOBUF', 'sequence buffer meta ' .. K.meta .. ' does not exist') end
@@ -21,8 +27,7 @@ for i = 1, n do
       .. ' is not a finite number >= 0')
   end
 end
-local leaf0 = first_leaf(C.depth)
-local leaves, states, top = {}, {}, 0
+local changes, states, top = {}, {}, 0
 for i = 1, n do
   local e, p, priority = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
   local S = states[e]
@@ -31,11 +36,13 @@ for i = 1, n do
     states[e] = S
   end
   if p >= S.start and p < S.next then
-    leaves[#leaves + 1] = {leaf0 + leaf_slot(C, e, p), priority}
+    changes[#changes + 1] = {slot_of(C, e, p), priority}
     if priority > top then top = priority end
   end
 end
-local stored = tonumber(redis.call('HGET', K.meta, 'max_priority')) or 0
-if top > stored then redis.call('HSET', K.meta, 'max_priority', fmt(top)) end
-seq_set_leaves(K, leaves)
-return #leaves
+local conf = redis.call('HMGET', K.meta, 'max_priority', 'log_epoch', 'log_version', 'log_stamp')
+if top > (tonumber(conf[1]) or 0) then redis.call('HSET', K.meta, 'max_priority', fmt(top)) end
+local slots, values = seq_set_priorities(K, changes)
+local after = redis.call('HMGET', K.meta, 'log_version', 'log_stamp')
+return {#changes, conf[2] or '', conf[3] or '0', after[1] or '0', conf[4] or '', after[2] or '',
+  table.concat(slots, ','), table.concat(values, ',')}

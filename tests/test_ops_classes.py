@@ -71,7 +71,9 @@ def test_sequence_report(fake_client):
     assert report["schema"] == {"x": {"dtype": "float32", "lib": "numpy", "shape": []}}
     keys = report["keys"]
     assert list(keys) == class_keys("sequence", "s").all_keys()
-    assert keys["rb:{s}:seq:steps"]["exists"] and not keys["rb:{s}:seq:tree"]["exists"]
+    assert keys["rb:{s}:seq:steps"]["exists"]
+    # not prioritized: no step priorities and no mass log
+    assert not keys["rb:{s}:seq:prio"]["exists"] and not keys["rb:{s}:seq:masslog"]["exists"]
     assert "top" not in report and "prioritized_sampling_ready" not in report
 
 

@@ -457,7 +457,7 @@ def test_prioritized_initial_priority_dequeue_and_bad_input(client, buffer_name)
         with pytest.raises(InvalidBatchError):
             buf.update_priority([0], [0], bad)
     assert snapshot(client, buffer_name) == before
-    # dequeue removes the oldest two (priorities 2 and 6) from the tree
+    # dequeue removes the oldest two (priorities 2 and 6) from the priorities
     buf.dequeue(2)
     _, info = buf.get_batch(3, 1)
     stored = {2: 2.0, 3: 2.0, 4: 6.0}

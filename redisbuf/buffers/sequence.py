@@ -20,11 +20,24 @@ key                              type    content
 ``rb:{name}:seq:begins``         zset    episode members, score 0 (lex order = env, begin)
 ``rb:{name}:seq:rewards``        hash    ``"env:pos"`` -> reward (record_episodic_return)
 ``rb:{name}:seq:returns``        hash    ``"env:pos"`` -> discounted return of ended episodes
-``rb:{name}:seq:tree``           hash    16-ary sum tree of priorities, leaf
-                                         ``env * max_length + pos % max_length``
+``rb:{name}:seq:prio``           hash    slot -> priority of the stored step there
+                                         (prioritized), slot ``env * max_length +
+                                         pos % max_length`` in 12 digits, as item ids
+``rb:{name}:seq:masslog``        list    the mass log of priority changes (prioritized;
+                                         lua/_masslog.lua, ids = slots)
+``rb:{name}:seq:snap``           hash    a replica's snapshot of the priorities (header,
+                                         chunks c0, c1, ...), read by new replicas
 ===============================  ======  ==================================================
 
 An episode member is ``"%06d:%015d" % (env, begin position)``.
+
+Prioritized draws are made by the prioritized engine the replay buffer's PER uses
+(docs/sampling.md, "How prioritized draws are made"): each process draws window starts in
+proportion to their priority from its replica of the ``prio`` hash
+(:class:`~redisbuf.sampling.replica.MassReplica`, rule ``"per"`` with alpha 1 and eps 0,
+so a slot's mass is its priority), and ``lua/seq_sample.lua`` corrects the draws to the
+priorities at the call when the replica was behind, then keeps those that start valid
+windows.
 """
 
 from __future__ import annotations
@@ -37,16 +50,26 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import DecodeError, EmptyBufferError, InvalidBatchError
+from ..errors import DecodeError, EmptyBufferError, InvalidBatchError, SamplingError
+from ..sampling.replica import MassReplica, replica_of
+from ..sampling.samplers import _fill_holes, _spares_for, packed_uniforms
 from ..store import _torch, codec, scripts
+from ..store.bounds import MAX_ITEMS_PER_COMMAND
 from ..store.connection import as_client
-from ..store.keys import PREFIX, validate_name
+from ..store.keys import PREFIX, pack_ids, validate_name
 
 # ALF's StepType values
 FIRST, MID, LAST = 0, 1, 2
 _DISCOUNTED_RETURN = "discounted_return"
 _TRIES = 4  # candidate draws per window and call before rejection gives up
 _ROUNDS = 50  # draws before giving up on filling a batch (prioritized rejections, races)
+# Prioritized draws: the fewest spare draws sent per draw (lua/seq_sample.lua uses them in
+# place of a draw whose slot changed since the replica's version; the draws beyond those
+# a batch needs serve too, so none are sent until a correction ran short of them), commits
+# tried per call, and the most draws sent per window wanted (when few start valid windows)
+_SPARES = 0
+_COMMIT_ATTEMPTS = 64
+_MAX_DRAWS_PER_WINDOW = 8
 
 
 @dataclass(frozen=True)
@@ -62,15 +85,27 @@ class SequenceKeys:
         return f"{PREFIX}:{{{self.name}}}:seq:{suffix}"
 
     def all_keys(self) -> list[str]:
-        """meta, steps, envs, episodes, begins, rewards, returns, tree (the Lua order)."""
+        """meta, steps, envs, episodes, begins, rewards, returns, prio, masslog, snap (the
+        Lua order)."""
         return [
             self._key(s)
-            for s in ("meta", "steps", "envs", "episodes", "begins", "rewards", "returns", "tree")
+            for s in ("meta", "steps", "envs", "episodes", "begins", "rewards", "returns",
+                      "prio", "masslog", "snap")
         ]
 
     @property
     def meta(self) -> str:
         return self._key("meta")
+
+    @property
+    def snap(self) -> str:
+        """A replica's snapshot of the step priorities, which a new replica reads instead
+        of scanning the ``prio`` hash (redisbuf/sampling/replica.py)."""
+        return self._key("snap")
+
+    def snap_staging(self, token: str) -> str:
+        """Where a snapshot is written before it replaces :attr:`snap`."""
+        return self._key(f"snap:staging:{token}")
 
     def describe(self) -> dict[str, str]:
         """Key name -> what it holds (the table of this module's docstring), for people
@@ -83,7 +118,12 @@ class SequenceKeys:
             "zset: episode members, score 0 (lex order = env, begin)",
             "hash: 'env:pos' -> reward (record_episodic_return)",
             "hash: 'env:pos' -> discounted return of ended episodes",
-            "hash: 16-ary sum tree of step priorities (prioritized_sampling)",
+            "hash: slot (env * max_length + pos % max_length) -> step priority"
+            " (prioritized_sampling)",
+            "list: mass log of priority changes, read by samplers' replicas"
+            " (prioritized_sampling)",
+            "hash: a replica's snapshot of the step priorities, for new replicas"
+            " (prioritized_sampling)",
         ), strict=True))
 
 
@@ -158,9 +198,9 @@ class SequenceBuffer:
         done_field: alternatively, a field that is true on the last step of an episode.
             With neither, a stream is one episode (until dequeue empties it).
         allow_cross_episode: ``get_batch`` windows may span episode boundaries.
-        prioritized_sampling: keep a sum tree of per-step priorities (stored with the
-            buffer); ``get_batch`` then draws valid windows with probability proportional
-            to their first step's priority, independently. New steps get
+        prioritized_sampling: keep per-step priorities (stored with the buffer);
+            ``get_batch`` then draws valid windows with probability proportional to their
+            first step's priority, independently. New steps get
             ``max(initial_priority, largest priority ever set)``. Setting the attribute
             ``prioritized_sampling`` to False on one instance makes its draws uniform.
         with_replacement: uniform draws may repeat a window; otherwise a batch holds
@@ -255,9 +295,6 @@ class SequenceBuffer:
             "reward_field": reward_field,
             "reward_clip": [float(low), float(high)] if reward_clip is not None else None,
         }
-        depth, leaves = 1, 16
-        while leaves < num_environments * max_length:
-            depth, leaves = depth + 1, leaves * 16
         stored = [
             "num_environments",
             num_environments,
@@ -275,12 +312,15 @@ class SequenceBuffer:
             _text(high),
             "prioritized",
             int(prioritized_sampling),
-            "tree_depth",
-            depth,
             "initial_priority",
             repr(float(initial_priority)),
+            # the mass log keeps max(10 000, capacity / 4) rows (lua/_masslog.lua)
+            "capacity",
+            num_environments * max_length,
         ]
-        self._run("seq_init", [self.keys.meta], [json.dumps(config, sort_keys=True), *stored])
+        self._run("seq_init", self._keys, [json.dumps(config, sort_keys=True), *stored])
+        self._priorities = _PrioritySource(self)
+        self._acceptance: dict[int, float] = {}  # window length -> share of draws kept
 
     def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         return scripts.load(script)(self.client, keys, args)
@@ -429,7 +469,13 @@ class SequenceBuffer:
         is drawn again: no window is torn or holds an evicted step. Uniform draws are
         uniform over all valid windows (stored steps, at least
         ``num_earliest_frames_ignored`` after the oldest, inside one episode unless
-        ``allow_cross_episode``). Raises :class:`EmptyBufferError` when none exists.
+        ``allow_cross_episode``). Prioritized draws are independent, each valid window
+        drawn with probability proportional to its first step's priority at the Lua call
+        that chose it (drawn from this process's replica of the priorities, corrected by
+        that call when the replica was behind; a call whose draws cannot stand chooses
+        nothing and the draw is made again). Raises :class:`EmptyBufferError` when no
+        valid window exists, and when 50 calls do not fill the batch (prioritized: draws
+        falling on invalid windows; also when no stored step has a non-zero priority).
         """
         for label, value in (("batch_size", batch_size), ("batch_length", batch_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -446,7 +492,9 @@ class SequenceBuffer:
         wanted = batch_size
         recent_ratio = self.recent_data_ratio
         for _ in range(_ROUNDS):
-            draws = wanted * (_TRIES + 1)
+            # uniforms for the uniform parts (a prioritized batch's is the recent one)
+            uniform_part = not self.prioritized_sampling or recent_ratio > 0
+            draws = wanted * (_TRIES + 1) if uniform_part else 0
             packed = _packed_uniforms(self.rng, draws)
             args = [
                 L,
@@ -460,12 +508,16 @@ class SequenceBuffer:
                 packed,
                 _TRIES,
             ]
-            reply = self._run("seq_sample", self._keys, args)
-            k = int(reply[0]) + int(reply[1])
-            nonzero, total = int(reply[2]), float(reply[3])
-            drawn_envs = [int(x) for x in reply[4 : 4 + k]]
-            drawn_positions = [int(x) for x in reply[4 + k : 4 + 2 * k]]
-            drawn_priorities = [float(x) for x in reply[4 + 2 * k : 4 + 3 * k]]
+            if self.prioritized_sampling:
+                reply = self._commit_prioritized(args, wanted, L)
+            else:
+                reply = self._run("seq_sample", self._keys, args)
+            k = int(reply[1]) + int(reply[2])
+            nonzero, total = int(reply[3]), float(reply[4])
+            at = 10
+            drawn_envs = [int(x) for x in reply[at : at + k]]
+            drawn_positions = [int(x) for x in reply[at + k : at + 2 * k]]
+            drawn_priorities = [float(x) for x in reply[at + 2 * k : at + 3 * k]]
             names = [
                 f"{e}:{p + j}"
                 for e, p in zip(drawn_envs, drawn_positions, strict=True)
@@ -502,6 +554,95 @@ class SequenceBuffer:
         )
         return data, info
 
+    def _draw_count(self, wanted: int, length: int) -> int:
+        """Draws to send for ``wanted`` windows of ``length`` steps: enough that the share
+        kept so far (draws starting valid windows) fills the batch in one call, mostly."""
+        share = self._acceptance.get(length, 1.0)
+        count = math.ceil(wanted * 1.2 / max(share, 1.0 / _MAX_DRAWS_PER_WINDOW)) + 2
+        return min(count, wanted * _MAX_DRAWS_PER_WINDOW)
+
+    def _commit_prioritized(self, head: list[Any], wanted: int, length: int) -> list[Any]:
+        """One lua/seq_sample.lua call that stands, with window starts drawn from this
+        process's replica of the step priorities: corrected by the server to the
+        priorities at the call when the replica was behind (the replica then catches up
+        with the entries it returns), or drawn again from the replica caught up by the
+        reply when the draws could not stand (as ``ReplayBuffer``'s PER commits,
+        redisbuf/sampling/samplers.py)."""
+        # what the replica reads a buffer through (it is typed for ReplayBuffer)
+        source: Any = self._priorities
+        replica = replica_of(source, "per")
+        rng = self.rng
+        with replica.lock:
+            spares = max(_SPARES, replica.spares)
+            synced = False
+            carried: np.ndarray | None = None  # draws of the replica as it is, to send again
+            for _ in range(_COMMIT_ATTEMPTS):
+                if carried is None:
+                    if replica.positive == 0 or replica.total <= 0:
+                        if synced:
+                            raise EmptyBufferError(
+                                f"sequence buffer {self.name!r}: no stored step has a "
+                                "non-zero priority"
+                            )
+                        replica.sync(source)
+                        synced = True
+                        continue
+                    # one command's candidates are bounded (redisbuf/store/bounds.py): a
+                    # larger batch takes more calls
+                    count = min(self._draw_count(wanted, length),
+                                max(1, MAX_ITEMS_PER_COMMAND // (1 + spares)))
+                    slots, _, _ = replica.draw(count * (1 + spares), rng, True)
+                    drawn = replica.ids[slots].reshape(count, 1 + spares)
+                else:
+                    count = len(carried)
+                    spares = min(spares, max(0, MAX_ITEMS_PER_COMMAND // count - 1))
+                    drawn = np.empty((count, 1 + spares), dtype=np.int64)
+                    drawn[:, 0] = carried
+                    slots, _, _ = replica.draw(count * spares, rng, True)
+                    drawn[:, 1:] = replica.ids[slots].reshape(count, spares)
+                packed, width = pack_ids(drawn.reshape(-1))
+                args = [*head, replica.epoch, replica.version, replica.stamp, spares,
+                        packed_uniforms(rng, 2 * count), repr(replica.total), packed, width]
+                reply = self._run("seq_sample", self._keys, args)
+                status = int(reply[0])
+                if status == 3:  # corrected with holes: fill them among the slots untouched
+                    touched = replica._follow(
+                        source, [0, reply[1], reply[2], reply[3], *reply[5:]]
+                    )
+                    if touched is None:
+                        replica.load(source)
+                        carried = None
+                        continue
+                    carried = _fill_holes(replica, reply[4], touched, rng)
+                    synced = True
+                    spares = _spares_for(replica, set(np.concatenate(touched).tolist()), count)
+                    continue
+                carried = None
+                if status != 1:
+                    touched_ids = replica.catch_up(source, reply)
+                    synced = True
+                    if touched_ids:
+                        spares = _spares_for(replica, touched_ids, count)
+                    continue
+                replica.spares = max(_SPARES, int(spares * 0.9))  # slowly back to the default
+                k_recent, k_normal, examined = int(reply[1]), int(reply[2]), int(reply[9])
+                if examined:
+                    share = k_normal / examined
+                    previous = self._acceptance.get(length, share)
+                    self._acceptance[length] = 0.5 * previous + 0.5 * share
+                if reply[8] in (b"1", "1"):  # corrected: catch up with the entries it went by
+                    entries = reply[10 + 3 * (k_recent + k_normal) :]
+                    caught = replica._follow(
+                        source, [0, reply[5], reply[6], reply[7], *entries]
+                    )
+                    if caught is None:
+                        replica.load(source)
+                return reply
+        raise SamplingError(
+            f"sequence buffer {self.name!r}: a prioritized draw could not be committed in "
+            f"{_COMMIT_ATTEMPTS} attempts"
+        )
+
     def update_priority(self, env_ids: Any, positions: Any, priorities: Any) -> int:
         """Set the priorities of steps ``(env_ids[i], positions[i])``; steps no longer
         stored are skipped. Returns how many were set."""
@@ -518,7 +659,25 @@ class SequenceBuffer:
         args: list[Any] = [len(ids)]
         for e, p, q in zip(ids.tolist(), pos.tolist(), prio.tolist(), strict=True):
             args += [e, p, repr(q)]
-        return int(self._run("seq_update_priority", self._keys, args))
+        reply = self._run("seq_update_priority", self._keys, args)
+        updated, epoch, before, after, stamp_before, stamp_after, slots, values = reply
+        replica: MassReplica | None = getattr(self._priorities, "_replicas", {}).get("per")
+        if replica is not None and slots:
+            with replica.lock:
+                if (
+                    replica.epoch == _str(epoch)
+                    and replica.version == int(before)
+                    and replica.stamp == _str(stamp_before)
+                    and int(after) == int(before) + 1
+                ):
+                    # this call's entry is the only change since the replica's version
+                    replica.set_scores(  # slots as 12-digit text, priorities as text
+                        np.array(slots.split(b","), dtype=np.int64),
+                        np.array(values.split(b","), dtype=np.float64),
+                    )
+                    replica.version = int(after)
+                    replica.stamp = _str(stamp_after)
+        return int(updated)
 
     # -- episode queries ---------------------------------------------------------------
 
@@ -623,8 +782,9 @@ class SequenceBuffer:
         return self.total_size
 
     def drop(self) -> None:
-        """Delete every key of the buffer."""
-        self.client.delete(*self._keys)
+        """Delete every key of the buffer (and any snapshot a replica was writing)."""
+        staged = list(self.client.scan_iter(match=self.keys.snap_staging("*"), count=1000))
+        self.client.delete(*self._keys, *staged)
 
 
 def _text(value: float) -> str:
@@ -633,6 +793,30 @@ def _text(value: float) -> str:
     if value == -math.inf:
         return "-inf"
     return repr(float(value))
+
+
+def _str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _PrioritySource:
+    """A prioritized sequence buffer's step priorities as a
+    :class:`~redisbuf.sampling.replica.MassReplica` reads a buffer's scores (``name``,
+    ``client``, ``keys`` with ``meta`` and ``all_keys()``, ``_run``): the replica's
+    scripts are run as their sequence-buffer counterparts, which read the ``prio`` hash
+    and the sequence buffer's mass log. The replica is kept here (``_replicas``)."""
+
+    _SCRIPTS = {"masslog_read": "seq_masslog_read", "replica_read": "seq_replica_read",
+                "snapshot_commit": "snapshot_commit"}
+
+    def __init__(self, buffer: SequenceBuffer) -> None:
+        self.name = buffer.name
+        self.client = buffer.client
+        self.keys = buffer.keys
+        self._buffer = buffer
+
+    def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        return self._buffer._run(self._SCRIPTS[script], keys, args)
 
 
 def _numpy_dtype(name: str) -> np.dtype:

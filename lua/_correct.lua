@@ -1,0 +1,103 @@
+-- Correcting a replica's draw with replacement to the law at the commit, pasted in place
+-- of "-- @include correct" (needs common). Used by lua/sample_prioritized.lua (items) and
+-- lua/seq_sample.lua (SequenceBuffer's window starts): the ids are whatever the mass log's
+-- entries name (item ids, step slots), compared as text.
+
+local function split(text)
+  local out = {}
+  for part in string.gmatch(text, '[^,]+') do out[#out + 1] = part end
+  return out
+end
+
+-- The mass of a logged score (text; "nan": not present) under the rule.
+local function mass_of(text, per, alpha, eps, ref)
+  if text == 'nan' then return 0 end
+  local score = to_number(text)
+  if per then
+    local base = score + eps
+    if base <= 0 then return 0 end
+    return base ^ alpha
+  end
+  if score == -math.huge then return 0 end
+  return math.exp(score - ref)
+end
+
+-- The draw of a replica at an earlier version corrected to the current law, given the
+-- log entries since that version: the items they name ("touched": added, re-scored or
+-- removed) are the only ones whose mass changed, and the entries give each one's score
+-- at that version (its first row's old) and now (its last row's new). Each draw
+-- independently: with probability (mass now of the touched items) / (total mass now), a
+-- touched item in proportion to its mass now (its first uniform decides, its second
+-- picks); else a candidate not touched: its own first, else the first unused one of the
+-- spare pool (every candidate is an independent draw of the replica, whose masses are
+-- still those of the untouched items, so among them they follow the current law); when
+-- those run out too, a hole ('') that the caller fills with a draw among the untouched
+-- items (returned second: whether there is one). Nil when an entry is an X or no mass is
+-- left.
+local function correct_draw(entries, per, alpha, eps, ref, total, candidates, spares,
+                            uniforms)
+  local first_old, last_new, list = {}, {}, {}
+  for _, entry in ipairs(entries) do
+    if string.sub(entry, 1, 1) == 'X' then return nil end
+    local p1 = string.find(entry, '|', 3, true)
+    local p2 = string.find(entry, '|', p1 + 1, true)
+    local p3 = string.find(entry, '|', p2 + 1, true)
+    local p4 = string.find(entry, '|', p3 + 1, true)
+    local ids = split(string.sub(entry, p2 + 1, p3 - 1))
+    local old = split(string.sub(entry, p3 + 1, p4 - 1))
+    local new = split(string.sub(entry, p4 + 1))
+    for i, id in ipairs(ids) do
+      if first_old[id] == nil then
+        first_old[id] = old[i] or 'nan'
+        list[#list + 1] = id
+      end
+      last_new[id] = new[i] or new[1] or 'nan'
+    end
+  end
+  local live, cumulative, changed = {}, {}, 0
+  for _, id in ipairs(list) do
+    total = total + mass_of(last_new[id], per, alpha, eps, ref)
+      - mass_of(first_old[id], per, alpha, eps, ref)
+    local m = mass_of(last_new[id], per, alpha, eps, ref)
+    if m > 0 then
+      changed = changed + m
+      live[#live + 1] = id
+      cumulative[#live] = changed
+    end
+  end
+  if total <= 0 or changed > total * (1 + 1e-9) then return nil end
+  local width = 1 + spares
+  local n = #candidates / width
+  local out, used, pool, holes = {}, {}, 1, false
+  local function untouched(k)
+    local id = candidates[k]
+    return first_old[id] == nil and not used[k]
+  end
+  for j = 1, n do
+    if #live > 0 and uniform_at(uniforms, 2 * j - 1) * total < changed then
+      local target = uniform_at(uniforms, 2 * j) * changed
+      local lo, hi = 1, #live
+      while lo < hi do  -- the first cumulative mass above the target
+        local mid = math.floor((lo + hi) / 2)
+        if cumulative[mid] > target then hi = mid else lo = mid + 1 end
+      end
+      out[j] = live[lo]
+    else
+      for k = width * (j - 1) + 1, width * j do
+        if untouched(k) then
+          out[j], used[k] = candidates[k], true
+          break
+        end
+      end
+      if not out[j] then  -- its own candidates were all touched: one from the spare pool
+        while pool <= #candidates and not untouched(pool) do pool = pool + 1 end
+        if pool <= #candidates then
+          out[j], used[pool] = candidates[pool], true
+        else
+          out[j], holes = '', true  -- the caller fills it among the untouched items
+        end
+      end
+    end
+  end
+  return out, holes
+end
