@@ -257,14 +257,21 @@ local function remove_items(K, ids)
   masslog_append(K, ids, before, nil)
 end
 
--- Set the PER priorities of ids present (priorities as numbers; a later duplicate wins),
--- skipping ids no longer stored: one HMGET, one HSET and one log entry for the whole call,
+-- Set the PER priorities of ids present (priorities as numbers, and optionally as the
+-- text they were given in; a later duplicate wins), skipping ids no longer stored: one HMGET, one HSET and one log entry for the whole call,
 -- whatever the buffer's size. Returns how many distinct ids were updated.
-local function set_priorities(K, ids, priorities)
-  local latest, order = {}, {}
+local function set_priorities(K, ids, priorities, texts)
+  local latest, order, given = {}, {}, {}
   for i = 1, #ids do
     if latest[ids[i]] == nil then order[#order + 1] = ids[i] end
     latest[ids[i]] = priorities[i]
+    -- a plain decimal as sent is stored as it is (numpy and Lua read it alike); any
+    -- other spelling of the number (hex, spaces) is written anew
+    if texts and string.find(texts[i], '^[%d%.eE%+%-]+$') then
+      given[ids[i]] = texts[i]
+    else
+      given[ids[i]] = nil
+    end
   end
   local old = per_texts(K, order)
   local kept, values, removed, pairs_, before, after = {}, {}, {}, {}, {}, {}
@@ -272,7 +279,7 @@ local function set_priorities(K, ids, priorities)
   for i = 1, #order do
     if old[i] then
       local value = latest[order[i]]
-      local text = fmt(value)
+      local text = given[order[i]] or fmt(value)
       kept[#kept + 1] = order[i]
       values[#values + 1] = value
       removed[#removed + 1] = tonumber(old[i])

@@ -50,6 +50,6 @@ for i = 1, #ids do
       .. '; priorities must be finite and >= 0')
   end
 end
-local updated = set_priorities(K, ids, values)
+local updated = set_priorities(K, ids, values, texts)
 local after = redis.call('HMGET', K.meta, 'log_epoch', 'log_version', 'log_stamp')
 return {updated, after[1] or '', conf[4] or '0', after[2] or '0', conf[6] or '', after[3] or ''}

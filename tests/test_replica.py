@@ -321,9 +321,13 @@ def test_the_server_corrects_a_stale_per_draw_to_the_current_law(
     assert chi2(observed[live], p[live] * draws) < chi2_limit(int(live.sum()) - 1)
 
 
-def test_a_new_replica_reads_the_snapshot_and_the_log_after_it(client, buffer_name):
+def test_a_new_replica_reads_the_snapshot_and_the_log_after_it(client, buffer_name,
+                                                               monkeypatch):
     """After a first read (a scan) a replica publishes a snapshot; a new replica reads it
     and the entries logged after it, and holds exactly what a scan reads."""
+    from redisbuf.sampling import replica as replica_module
+
+    monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)
     buffer = _per_buffer(client, buffer_name, capacity=100)
     ids = buffer.add({"x": np.arange(40)}, priorities=np.arange(40.0)).ids
     keys = BufferKeys(buffer_name)
@@ -344,8 +348,11 @@ def test_a_new_replica_reads_the_snapshot_and_the_log_after_it(client, buffer_na
 
 
 def test_a_snapshot_the_log_no_longer_reaches_or_of_another_epoch_is_not_used(
-    client, buffer_name
+    client, buffer_name, monkeypatch
 ):
+    from redisbuf.sampling import replica as replica_module
+
+    monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)
     buffer = _per_buffer(client, buffer_name, capacity=40_000)
     buffer.add({"x": np.arange(10)})
     MassReplica("per").load(buffer)  # writes a snapshot at this version
@@ -370,6 +377,7 @@ def test_a_snapshot_replaced_while_read_is_read_again(client, buffer_name, monke
     from redisbuf.sampling import replica as replica_module
 
     monkeypatch.setattr(replica_module, "_SNAP_CHUNK", 4)
+    monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)
     buffer = _per_buffer(client, buffer_name, capacity=100)
     buffer.add({"x": np.arange(10)}, priorities=np.arange(10.0))
     MassReplica("per").load(buffer)

@@ -44,6 +44,8 @@ _LOAD_ATTEMPTS = 20
 # writes a new one after applying max(_SNAP_ROWS, half its length) logged rows.
 _SNAP_CHUNK = 65_536
 _SNAP_ROWS = 20_000
+# Below this many items a scan is a few calls: no snapshot is written (nor read)
+_SNAP_MIN_ITEMS = 50_000
 
 
 def _text(value: Any) -> str:
@@ -395,13 +397,16 @@ class MassReplica:
     # -- snapshots ----------------------------------------------------------------------
 
     def write_snapshot(self, buffer: ReplayBuffer) -> bool:
-        """Publish this replica's scores as the buffer's snapshot (``rb:{name}:snap``): a
+        """Publish this replica's scores (when it holds at least ``_SNAP_MIN_ITEMS``) as
+        the buffer's snapshot (``rb:{name}:snap``): a
         header and chunks of ids and scores packed as little-endian int64 and float64, each
         chunk led by the snapshot's token, written under a staging key and swapped in by
         lua/snapshot_commit.lua when it is newer than the one there. A new replica reads it
         in a few large replies and follows the log from its version. Whether it was
         published."""
         self.rows_applied = 0
+        if self.live < _SNAP_MIN_ITEMS:
+            return False
         count = self.count
         held = ~np.isnan(self.scores[:count])
         ids, scores = self.ids[:count][held], self.scores[:count][held]
