@@ -157,8 +157,8 @@ def test_a_new_manager_starts_a_fresh_ema(client, buffer_name):
 
 def test_baseline_reads_two_order_statistics_by_rank(real_client, buffer_name):
     buffer = ReplayBuffer(real_client, buffer_name, capacity=20000, prioritized_capacity=True)
-    for start in range(0, 20000, 5000):
-        _fill(buffer, np.linspace(start, start + 1, 5000))
+    for start in range(0, 20000, 1000):
+        _fill(buffer, np.linspace(start, start + 1, 1000))
     manager = _manager(buffer, baseline_strategy="percentile", baseline_percentile=0.25)
     real_client.config_resetstat()
     manager.update_baseline(np.array([1.0]))
