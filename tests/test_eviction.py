@@ -152,29 +152,34 @@ def test_prioritized_capacity_keeps_the_best_of_a_large_batch(client, buffer_nam
     assert kept == sorted((np.argsort(rewards)[-20:] + 1).tolist())
 
 
-def test_large_batches_cross_the_lua_unpack_limit(client, buffer_name):
-    # more than ~8000 values per command fails in Lua's unpack(): the scripts chunk
-    _large_batches(client, buffer_name, prioritized=True)
+def test_large_removals_cross_the_lua_unpack_limit(client, buffer_name):
+    # more than ~8000 values per command fails in Lua's unpack(): the scripts chunk. One
+    # add is bounded (1024 items), so the large change is a removal of 9000 stale items
+    _large_removal(client, buffer_name, prioritized=True)
 
 
 @pytest.mark.redis_server
-def test_large_fifo_batches_cross_the_lua_unpack_limit(real_client, buffer_name):
+def test_large_fifo_removals_cross_the_lua_unpack_limit(real_client, buffer_name):
     # (FIFO on the real server only: fakeredis' Lua takes seconds at this size)
-    _large_batches(real_client, buffer_name, prioritized=False)
+    _large_removal(real_client, buffer_name, prioritized=False)
 
 
-def _large_batches(client, buffer_name, prioritized):
+def _large_removal(client, buffer_name, prioritized):
     n = 9000
     buffer = ReplayBuffer(
-        client, buffer_name, capacity=8500, prioritized_capacity=prioritized,
-        prioritized_sampling=True,
+        client, buffer_name, capacity=10_000, prioritized_capacity=prioritized,
+        prioritized_sampling=True, max_staleness=0,
     )
+    buffer.update_model_version("s", 0)
     rewards = np.linspace(-5, 5, n)
-    result = buffer.add({"v": np.arange(n, dtype=np.int32), "log_rewards": rewards})
-    assert result.evicted == 500 and len(buffer) == 8500
-    second = buffer.add({"v": np.arange(n, dtype=np.int32), "log_rewards": rewards[::-1]})
-    assert second.evicted == n and len(buffer) == 8500
-    model = Model(8500, prioritized)
-    model.add(rewards.tolist())
-    model.add(rewards[::-1].tolist())
-    assert _state(client, buffer_name)[0] == sorted(model.items)
+    for start in range(0, n, 1000):
+        part = slice(start, start + 1000)
+        buffer.add({"v": np.arange(n, dtype=np.int32)[part], "log_rewards": rewards[part]},
+                   model_version=0)
+    assert len(buffer) == n
+    assert buffer.update_model_version("s", 1) == n  # every item is stale now: one script
+    assert len(buffer) == 0 and buffer.stats()["stale_removed"] == n
+    keys = BufferKeys(buffer_name)
+    assert client.hlen(keys.items) == client.zcard(keys.prio) == client.hlen(keys.times) == 0
+    entry = client.lrange(keys.masslog, -1, -1)[0]
+    assert entry.startswith(b"C|%d|" % n)  # one log entry names them all

@@ -38,7 +38,7 @@ def test_every_change_is_one_log_entry_and_a_follower_matches_a_fresh_read(clien
     assert new.split(b",") == [b"7"] * 4 + [b"nan"] * 2  # the running max, then removed
     buffer.update_priority(ids[2:5], [9.0, 0.0, 2.5])
     entry = client.lrange(keys.masslog, -1, -1)[0]
-    assert entry.startswith(b"C|3|") and entry.endswith(b"|2,3,4|9,0,2.5")
+    assert entry.startswith(b"C|3|") and entry.endswith(b"|2,3,4|9.0,0.0,2.5")  # as sent
     masses = followed_masses(client, buffer_name, "per")
     assert masses[int(ids[3])] == pytest.approx(1e-6**0.6)
     assert masses[int(ids[2])] == pytest.approx((9 + 1e-6) ** 0.6)

@@ -381,39 +381,3 @@ return out
 """
 
 
-@pytest.mark.parametrize("drift", [0.0, 1e-14, -1e-14])
-def test_chunk_child_from_the_upper_end_finds_the_forward_scans_child(client, drift):
-    # given the node's mass, chunk_child searches a target in the upper half of a node
-    # from its last child down: the same child as its forward scan, except within
-    # rounding of a boundary (mass = the node's entry in its parent, which may differ
-    # from its chunk's sum by rounding: drift)
-    from redisbuf.store.scripts import _expand
-
-    source = _expand("-- @include common\n-- @include tree\n" + _CHILD_PROBE)
-    rng = np.random.default_rng(7)
-    checked = 0
-    for case in range(30):
-        masses = np.exp(rng.normal(0, 1 + case % 4, 16))
-        masses[rng.random(16) < 0.3] = 0.0
-        if case % 5 == 0:
-            masses[:] = 0.0
-            masses[rng.integers(16)] = 1.5
-        text = "".join(f"{m:24.17g}" for m in masses)
-        parsed = np.array([float(text[24 * k : 24 * k + 24]) for k in range(16)])
-        total = 0.0
-        for m in parsed:
-            total += m
-        mass = total * (1 + drift)
-        bounds = np.cumsum(parsed)
-        targets = list(rng.random(40) * total) + [b for b in bounds if b < total]
-        targets += [b * (1 - 1e-15) for b in bounds if 0 < b < total]
-        replies = client.eval(source, 0, text, repr(mass), *[repr(float(t)) for t in targets])
-        for target, reply in zip(targets, replies, strict=True):
-            forward, lazy, whole = (int(x) for x in reply.split())
-            assert lazy == whole
-            if lazy != forward:
-                gap = np.min(np.abs(bounds - target))
-                assert gap <= 1e-12 * total, (case, target, forward, lazy)
-            else:
-                checked += 1
-    assert checked > 1000

@@ -263,10 +263,13 @@ def test_prioritized_windows_on_a_cluster(cluster_client):
     np.testing.assert_allclose(info.importance_weights, 2.0 * 2 / 3.0, rtol=1e-6)
 
 
-def test_a_new_replica_reads_the_snapshot_of_an_earlier_one(client, buffer_name):
+def test_a_new_replica_reads_the_snapshot_of_an_earlier_one(client, buffer_name, monkeypatch):
     """The first replica scans the prio hash and publishes a snapshot (rb:{name}:seq:snap);
     the next process's replica reads that and the log after it, not the hash, and holds
     the same priorities; drop() deletes the snapshot with the rest."""
+    from redisbuf.sampling import replica as replica_module
+
+    monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)  # snapshots for small ones too
     a = SequenceBuffer(client, buffer_name, 2, 6, prioritized_sampling=True, seed=1)
     for _ in range(8):
         _add(a, [0, 1])
