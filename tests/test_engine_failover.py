@@ -81,6 +81,8 @@ def test_a_failover_that_lost_writes_never_yields_a_missing_id():
             standby_client.replicaof("no", "one")  # promoted: writes after this are lost
             promoted_at = time.monotonic()
             primary_client = sampler.client
+            sampler.add(_batch(1000))  # lost: only the old primary has these
+            sampler.add(_batch(1000))
             while time.monotonic() - promoted_at < 0.3:  # the old primary goes on a while
                 sampler.sample(64)
             switch.set()
