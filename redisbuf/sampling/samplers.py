@@ -522,8 +522,11 @@ def _send_commit(
 
     try:
         replies = retrying(send, name=buffer.client)
-    except (redis.exceptions.ExecAbortError, *scripts._REFUSED_WRITES):
-        transaction = False  # refused as a whole (e.g. above maxmemory): run it plainly
+    except (redis.exceptions.ExecAbortError, redis.exceptions.RedisClusterException,
+            *scripts._REFUSED_WRITES):
+        # refused as a whole (above maxmemory; a cluster client of redis-py < 6 has no
+        # transactions): run it plainly
+        transaction = False
         replies = retrying(send, name=buffer.client)
     if isinstance(replies[0], redis.exceptions.NoScriptError):
         buffer.client.script_load(script.source)
