@@ -290,3 +290,36 @@ def test_prioritized_sampling_refuses_undefined_draws(fake_client, buffer_name):
     buffer.add(items([4], [np.inf]))
     with pytest.raises(SamplingError, match="log-reward \\+inf"):
         buffer.sample(1)
+
+
+def test_a_shard_that_fails_its_draw_leaves_no_draw_recorded_on_the_others(
+    fake_client, buffer_name, monkeypatch
+):
+    """A PER sample over shards commits one draw per shard; when one shard's commit fails
+    (here: emptied meanwhile), the draws the other shards committed are taken back, so the
+    failed sample leaves no count and no use anywhere."""
+    from redisbuf import EmptyBufferError, PERSampler
+    from redisbuf.sampling import samplers
+
+    buffer = ReplayBuffer(fake_client, buffer_name, capacity=60, shards=3, seed=5,
+                          sampler=PERSampler(alpha=1.0, eps=0.0))
+    for _ in range(9):  # a batch goes to one shard: several batches fill them all
+        buffer.add({"x": np.arange(5)})
+    assert all(len(shard) > 0 for shard in buffer.shards)
+    buffer.sample_with_info(8)  # replicas made; this sample is recorded
+    before = [(fake_client.hget(s.keys.meta, "sampled"), fake_client.hgetall(s.keys.uses))
+              for s in buffer.shards]
+    failing = buffer.shards[1]
+    draw = samplers._replica_draw
+
+    def fails_on_one_shard(shard, *args, **kwargs):
+        if shard is failing:
+            raise EmptyBufferError("emptied between the shard choice and its commit")
+        return draw(shard, *args, **kwargs)
+
+    monkeypatch.setattr(samplers, "_replica_draw", fails_on_one_shard)
+    with pytest.raises(EmptyBufferError, match="emptied"):
+        buffer.sample_with_info(60)  # every shard gets some draws
+    after = [(fake_client.hget(s.keys.meta, "sampled"), fake_client.hgetall(s.keys.uses))
+             for s in buffer.shards]
+    assert after == before

@@ -592,7 +592,8 @@ class ShardedReplayBuffer(ShardedCheckpointing):
                 return samplers._replica_draw(self.shards[k], "per", count, self.shards[k].rng,
                                               True)
 
-        drawn = self._in_parallel({k: (one, (k, c)) for k, c in enumerate(counts.tolist()) if c})
+        drawn = self._all_or_none(
+            {k: (one, (k, c)) for k, c in enumerate(counts.tolist()) if c})
         ids: list[int] = []
         blobs: list[bytes] = []
         masses: list[np.ndarray] = []
@@ -620,6 +621,29 @@ class ShardedReplayBuffer(ShardedCheckpointing):
             (mass / grand)[order],
             (first, drawn[first].schema_json),
         )
+
+    def _all_or_none(self, calls: dict[int, tuple[Any, tuple[Any, ...]]]) -> dict[int, Any]:
+        """Each shard's draw (see :meth:`_in_parallel`); when one fails, the draws the
+        others committed are taken back (lua/undo_draws.lua: their counts and use counts)
+        before the error is raised, so a failed sample records nothing anywhere."""
+        done: dict[int, Any] = {}
+        failures: list[BaseException] = []
+
+        def attempt(k: int, fn: Any, args: tuple[Any, ...]) -> Any:
+            try:
+                done[k] = fn(*args)
+            except BaseException as exc:  # kept, raised once the others are undone
+                failures.append(exc)
+            return None
+
+        self._in_parallel({k: (attempt, (k, fn, args)) for k, (fn, args) in calls.items()})
+        if failures:
+            for k, draw in done.items():
+                members = [b"%012d" % i for i in draw.ids]
+                with self._on_shard(k):
+                    self.shards[k]._run("undo_draws", self.shards[k].keys.all_keys(), members)
+            raise failures[0]
+        return done
 
     def _in_parallel(self, calls: dict[int, tuple[Any, tuple[Any, ...]]]) -> dict[int, Any]:
         """``fn(*args)`` for each shard ``k`` of ``calls[k] = (fn, args)``, one thread each."""
