@@ -238,35 +238,6 @@ def test_per_is_turned_on_a_slice_at_a_time(client, buffer_name, monkeypatch):
     assert replica_scores(replica_of(sampler, "per")) == per
 
 
-def test_a_stale_draw_is_corrected_to_the_current_law(client, buffer_name):
-    """MassReplica.correct: a draw from the replica before some items were added,
-    re-scored or removed, corrected, follows the law after the changes (chi-square)."""
-    buffer = _per_buffer(client, buffer_name, capacity=30, alpha=1.0, eps=0.0)
-    ids = buffer.add({"x": np.arange(12)}, priorities=np.arange(1.0, 13.0)).ids
-    buffer.sample(2)
-    replica = replica_of(buffer, "per")
-    rng = np.random.default_rng(8)
-    draws = 20_000
-    old = replica.ids[replica.draw(draws, rng, True)[0]]
-    other = _per_buffer(client, buffer_name, capacity=30, alpha=1.0, eps=0.0)
-    added = other.add({"x": np.arange(3)}, priorities=[30.0, 1.0, 5.0]).ids
-    other.update_priority(ids[:4], [0.0, 20.0, 2.0, 9.0])
-    other.update_priority(ids[4:6], [0.0, 0.0])
-    touched = replica.sync(buffer)
-    assert touched == {int(i) for i in [*added, *ids[:6]]}
-    corrected = replica.correct(old, touched, rng)
-    # an untouched item's draw is kept unless the touched items' share (now 55%) takes it
-    kept = np.mean(corrected == old)
-    assert 0.25 < kept < 0.45
-    per = replica_scores(replica)
-    members = np.array(sorted(per))
-    p = np.array([per[i] for i in members]) / sum(per.values())
-    observed = np.array([np.sum(corrected == i) for i in members])
-    assert observed[p == 0].sum() == 0
-    live = p > 0
-    assert chi2(observed[live], p[live] * draws) < chi2_limit(int(live.sum()) - 1)
-
-
 def _snapshot(replica: MassReplica) -> dict:
     return {key: (value.copy() if isinstance(value, np.ndarray) else value)
             for key, value in vars(replica).items() if key != "lock"}

@@ -123,7 +123,7 @@ class MassReplica:
             finite = scores[np.isfinite(scores)]
             self.ref = float(finite.max()) if len(finite) else 0.0
         self.masses[:count] = self.masses_of(scores)
-        self._refresh_blocks(0, len(self.block_sums))
+        self._refresh_blocks(0, len(self.group_sums))
 
     def __len__(self) -> int:
         return self.live
@@ -193,7 +193,7 @@ class MassReplica:
         finite = scores[np.isfinite(scores)]
         self.ref = float(finite.max()) if len(finite) else 0.0
         self.masses[: self.count] = self.masses_of(scores)
-        self._refresh_blocks(0, len(self.block_sums))
+        self._refresh_blocks(0, len(self.group_sums))
 
     # -- changes ------------------------------------------------------------------------
 
@@ -248,7 +248,7 @@ class MassReplica:
         self.masses[:count] = self.masses_of(scores)
         self.count = count
         self._new_levels(size)
-        self._refresh_blocks(0, len(self.block_sums))
+        self._refresh_blocks(0, len(self.group_sums))
 
     def set_scores(self, ids: np.ndarray, scores: np.ndarray) -> None:
         """Items ``ids`` (distinct; new or held) now have ``scores`` (NaN: removed)."""
@@ -560,7 +560,7 @@ class MassReplica:
             if self.ref != ref:  # re-based on what was left: every mass as it was
                 self.ref = ref
                 self.masses[: self.count] = self.masses_of(self.scores[: self.count])
-                self._refresh_blocks(0, len(self.block_sums))
+                self._refresh_blocks(0, len(self.group_sums))
             else:
                 for where, masses in reversed(zeroed):
                     self.masses[where] = masses
@@ -579,49 +579,7 @@ class MassReplica:
         finite = scores[np.isfinite(scores)]
         self.ref = float(finite.max()) if len(finite) else self.ref
         self.masses[: self.count] = self.masses_of(scores)
-        self._refresh_blocks(0, len(self.block_sums))
-
-    def correct(
-        self, ids: np.ndarray, touched: set[int], rng: np.random.Generator
-    ) -> np.ndarray:
-        """Turn ``ids``, a draw with replacement from this replica as it was before the
-        changes to ``touched`` (items added, re-scored or removed since), into a draw
-        from the replica as it is now, changing only what must change. Each draw is
-        independently: with probability (mass now of the touched items present) / (total
-        now), an item drawn among the touched ones in proportion to their masses; else
-        the old draw if its item was not touched (its mass is unchanged, and so is its
-        share among the untouched items), or a new draw among the untouched items. Both
-        laws are the current one restricted to the two parts, so the result is exactly
-        a draw from the current distribution."""
-        ids = np.array(ids, dtype=np.int64)
-        touched_array = np.fromiter(touched, dtype=np.int64, count=len(touched))
-        changed_slots = self.slots_of(touched_array)
-        changed_slots = changed_slots[changed_slots >= 0]
-        changed_mass = self.masses[changed_slots]
-        share = float(changed_mass.sum()) / self.total
-        take_changed = rng.random(len(ids)) < share
-        if take_changed.any():
-            cumulative = np.cumsum(changed_mass)
-            picks = np.searchsorted(
-                cumulative, rng.random(int(take_changed.sum())) * cumulative[-1], side="right"
-            )
-            picks = np.minimum(picks, len(changed_slots) - 1)
-            ids[take_changed] = self.ids[changed_slots[picks]]
-        redraw = ~take_changed & np.isin(ids, touched_array)
-        while redraw.any():
-            slots = self._descend(rng, int(redraw.sum()))
-            candidates = self.ids[slots]
-            fine = ~np.isin(candidates, touched_array)
-            where = np.flatnonzero(redraw)[fine]
-            ids[where] = candidates[fine]
-            redraw[where] = False
-        return ids
-
-    def mean_nonzero_score(self) -> float:
-        """The mean of the non-zero PER priorities held (0 without any)."""
-        scores = self.scores[: self.count]
-        nonzero = scores[(scores != 0) & ~np.isnan(scores)]
-        return float(nonzero.mean()) if len(nonzero) else 0.0
+        self._refresh_blocks(0, len(self.group_sums))
 
 
 class _NotOn(ConfigMismatchError):
