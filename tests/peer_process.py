@@ -11,50 +11,62 @@ from typing import Any
 import numpy as np
 
 
-def _serve(url: str, name: str, options: dict[str, Any], conn: Any) -> None:
-    from redisbuf import PERSampler, ReplayBuffer
-
-    sampler = PERSampler(**options["per"]) if "per" in options else None
-    buffer = ReplayBuffer(url, name, capacity=options.get("capacity", 1000), sampler=sampler,
-                          prioritized_sampling=options.get("softmax", False), seed=11)
+def serve_commands(conn: Any, handle: Any) -> None:
+    """Answer the test's commands on ``conn`` until "stop": each is ``handle(command,
+    args)``, run to completion; an exception goes back as an error the test fails on."""
     while True:
         command, args = conn.recv()
+        if command == "stop":
+            conn.send(("ok", None))
+            return
         try:
-            if command == "stop":
-                conn.send(("ok", None))
-                return
-            if command == "add":
-                log_rewards = np.asarray(args["log_rewards"], dtype=np.float64)
-                result = buffer.add({"x": np.arange(len(log_rewards)),
-                                     "log_rewards": log_rewards},
-                                    priorities=args.get("priorities"))
-                conn.send(("ok", result.ids.tolist()))
-            elif command == "update_priority":
-                conn.send(("ok", buffer.update_priority(args["ids"], args["priorities"])))
-            elif command == "sample":
-                info = buffer.sample_with_info(args["n"], replacement=args.get("replacement"))
-                conn.send(("ok", [int(i) for i in info.ids]))
-            elif command == "clear":
-                conn.send(("ok", buffer.clear()))
-            elif command == "drop_and_create":
-                buffer.drop()
-                buffer = ReplayBuffer(url, name, capacity=options.get("capacity", 1000),
-                                      sampler=sampler,
-                                      prioritized_sampling=options.get("softmax", False))
-                conn.send(("ok", None))
-            else:
-                conn.send(("error", f"unknown command {command!r}"))
+            conn.send(("ok", handle(command, args)))
         except Exception as exc:  # reported to the test, which fails on it
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
-class Peer:
-    """A spawned process holding its own ReplayBuffer (and so its own replica) of ``name``."""
+def _serve(url: str, name: str, options: dict[str, Any], conn: Any) -> None:
+    from redisbuf import PERSampler, ReplayBuffer
 
-    def __init__(self, url: str, name: str, **options: Any) -> None:
+    sampler = PERSampler(**options["per"]) if "per" in options else None
+
+    def make() -> ReplayBuffer:
+        return ReplayBuffer(url, name, capacity=options.get("capacity", 1000),
+                            sampler=sampler, prioritized_sampling=options.get("softmax", False),
+                            seed=11)
+
+    buffer = make()
+
+    def handle(command: str, args: dict[str, Any]) -> Any:
+        nonlocal buffer
+        if command == "add":
+            log_rewards = np.asarray(args["log_rewards"], dtype=np.float64)
+            return buffer.add({"x": np.arange(len(log_rewards)), "log_rewards": log_rewards},
+                              priorities=args.get("priorities")).ids.tolist()
+        if command == "update_priority":
+            return buffer.update_priority(args["ids"], args["priorities"])
+        if command == "sample":
+            info = buffer.sample_with_info(args["n"], replacement=args.get("replacement"))
+            return [int(i) for i in info.ids]
+        if command == "clear":
+            return buffer.clear()
+        if command == "drop_and_create":
+            buffer.drop()
+            buffer = make()
+            return None
+        raise ValueError(f"unknown command {command!r}")
+
+    serve_commands(conn, handle)
+
+
+class Peer:
+    """A spawned process holding its own buffer (and so its own replica) of ``name``:
+    a ReplayBuffer, or what ``serve`` (a module-level function, as spawning needs) makes."""
+
+    def __init__(self, url: str, name: str, serve: Any = _serve, **options: Any) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(url, name, options, child), daemon=True)
+        self.process = ctx.Process(target=serve, args=(url, name, options, child), daemon=True)
         self.process.start()
 
     def __call__(self, command: str, **args: Any) -> Any:
