@@ -112,7 +112,7 @@ class EmbeddedServer:
         return self._server_pid if self.process is not None else None
 
     def start(self) -> EmbeddedServer:
-        """Start the server and wait until it answers PING on its port.
+        """Start the server and wait until it answers on its port with its data loaded.
 
         The server runs under a small watchdog process (:mod:`redisbuf.servers._watchdog`) that
         stops it and removes its directory when this process closes the pipe to it or
@@ -192,7 +192,11 @@ class EmbeddedServer:
             try:
                 # the port may answer for another server (busy port, or a race after
                 # free_port): only our own process counts
-                if int(client.info("server")["process_id"]) == self._server_pid:
+                # a server restarted on an AOF or RDB file answers INFO while it loads
+                # but refuses data commands with LOADING until it is done
+                if int(client.info("server")["process_id"]) == self._server_pid and not int(
+                    client.info("persistence").get("loading", 0)
+                ):
                     break
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                 pass
