@@ -163,14 +163,10 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
   end
   call_chunked('ZADD', K.prio, prio_pairs)
   call_chunked('ZADD', K.order, order_pairs)
+  -- One insertion-time entry per add, not per item (an add's items share its time and
+  -- hold contiguous ids): member "<first id>|<unix time>", scored by the first id.
   local now = redis.call('TIME')
-  local stamp = now[1] .. '.' .. string.format('%06d', now[2])
-  local time_pairs = {}
-  for i = 1, #ids do
-    time_pairs[2 * i - 1] = ids[i]
-    time_pairs[2 * i] = stamp
-  end
-  call_chunked('HSET', K.times, time_pairs)
+  redis.call('ZADD', K.times, first, ids[1] .. '|' .. now[1] .. '.' .. string.format('%06d', now[2]))
   if options and options.model_version ~= nil then
     local version_pairs = {}
     for i = 1, #ids do
@@ -216,6 +212,19 @@ local function logged_scores(K, ids)
   return found
 end
 
+-- Drop the insertion-time entries of adds older than the oldest item left (the order
+-- zset scores items by id): the entry covering it, and every later one, stay.
+local function trim_times(K)
+  local oldest = redis.call('ZRANGE', K.order, 0, 0, 'WITHSCORES')
+  if #oldest == 0 then
+    redis.call('UNLINK', K.times)
+    return
+  end
+  local cover = redis.call('ZREVRANGEBYSCORE', K.times, oldest[2], '-inf', 'WITHSCORES',
+    'LIMIT', 0, 1)
+  if #cover > 0 then redis.call('ZREMRANGEBYSCORE', K.times, '-inf', '(' .. cover[2]) end
+end
+
 -- Delete items from every per-item structure. Returns their scores before (see
 -- logged_scores) when prioritized sampling is on, for the mass log entry (the caller's).
 local function delete_items(K, ids)
@@ -232,7 +241,6 @@ local function delete_items(K, ids)
     redis.call('HINCRBY', K.meta, 'present_uses', -used)
   end
   call_chunked('HDEL', K.uses, ids)
-  call_chunked('HDEL', K.times, ids)
   call_chunked('ZREM', K.versions, ids)
   if per_enabled(K) then
     local old, present = per_texts(K, ids), {}
@@ -247,6 +255,7 @@ local function delete_items(K, ids)
   call_chunked('ZREM', K.prio, ids)
   call_chunked('ZREM', K.order, ids)
   call_chunked('HDEL', K.vecs, ids)
+  trim_times(K)
   return before or {}
 end
 

@@ -180,6 +180,6 @@ def _large_removal(client, buffer_name, prioritized):
     assert buffer.update_model_version("s", 1) == n  # every item is stale now: one script
     assert len(buffer) == 0 and buffer.stats()["stale_removed"] == n
     keys = BufferKeys(buffer_name)
-    assert client.hlen(keys.items) == client.zcard(keys.prio) == client.hlen(keys.times) == 0
+    assert client.hlen(keys.items) == client.zcard(keys.prio) == client.zcard(keys.times) == 0
     entry = client.lrange(keys.masslog, -1, -1)[0]
     assert entry.startswith(b"C|%d|" % n)  # one log entry names them all

@@ -109,8 +109,14 @@ def _check(client, buf: ReplayBuffer, model: Model) -> None:
     assert uses == {i: u for i, (u, _) in model.items.items() if u > 0}
     versions = {int(m): int(s) for m, s in client.zrange(keys.versions, 0, -1, withscores=True)}
     assert versions == {i: v for i, (_, v) in model.items.items() if v is not None}
-    times = {int(k) for k in client.hkeys(keys.times)}
-    assert times == set(model.items)
+    # one entry per add, scored by its first id: each item is covered by one, and the
+    # oldest entry covers the oldest item (older ones are trimmed)
+    firsts = [int(s) for _, s in client.zrange(keys.times, 0, -1, withscores=True)]
+    if model.items:
+        assert firsts and firsts[0] <= min(model.items)
+        assert len(firsts) == 1 or firsts[1] > min(model.items)
+    else:
+        assert firsts == []
     stats = buf.stats()
     assert stats["used_up"] == model.used_up
     assert stats["stale_removed"] == model.stale_removed
@@ -254,12 +260,30 @@ def test_a_refused_batch_is_counted_and_not_stored(client, buffer_name) -> None:
     assert (stats["rejected_stale"], stats["rejected_session"], stats["inserted"]) == (3, 2, 0)
 
 
-def test_insertion_time_is_recorded(client, buffer_name) -> None:
-    buf = ReplayBuffer(client, buffer_name, capacity=10)
+def _insertion_time(client, keys, item_id: int) -> float:
+    """The documented lookup: the entry with the greatest first id <= the item's id."""
+    (entry,) = client.zrevrangebyscore(keys.times, item_id, "-inf", start=0, num=1)
+    first, stamp = entry.decode().split("|")
+    assert int(first) <= item_id
+    return float(stamp)
+
+
+def test_insertion_time_is_recorded_once_per_add(client, buffer_name) -> None:
+    buf = ReplayBuffer(client, buffer_name, capacity=5)
     before = time.time()
-    buf.add(_batch(2))
-    stamps = [float(v) for v in client.hvals(buf.keys.times)]
-    assert len(stamps) == 2 and all(before - 5 <= s <= time.time() + 5 for s in stamps)
+    first = buf.add(_batch(3)).ids.tolist()
+    time.sleep(0.01)
+    second = buf.add(_batch(2)).ids.tolist()
+    assert client.zcard(buf.keys.times) == 2
+    t1 = {_insertion_time(client, buf.keys, i) for i in first}
+    t2 = {_insertion_time(client, buf.keys, i) for i in second}
+    assert len(t1) == len(t2) == 1 and before - 5 <= t1.pop() < t2.pop() <= time.time() + 5
+    buf.add(_batch(3))  # evicts the first add whole: its entry goes
+    assert client.zcard(buf.keys.times) == 2
+    assert client.zscore(buf.keys.times, client.zrange(buf.keys.times, 0, 0)[0]) == second[0]
+    buf.add(_batch(1))  # evicts one item of the second add: its entry stays
+    assert client.zcard(buf.keys.times) == 3
+    _insertion_time(client, buf.keys, second[1])
 
 
 def test_clear_resets_the_lifetime_counters(client, buffer_name) -> None:
@@ -269,7 +293,7 @@ def test_clear_resets_the_lifetime_counters(client, buffer_name) -> None:
     buf.clear()
     stats = buf.stats()
     assert (stats["used_up"], stats["removed_items"], stats["mean_use_present"]) == (0, 0, None)
-    assert client.hlen(buf.keys.uses) == 0 and client.hlen(buf.keys.times) == 0
+    assert client.hlen(buf.keys.uses) == 0 and client.zcard(buf.keys.times) == 0
 
 
 def test_rates_come_from_the_global_counters(client, buffer_name) -> None:

@@ -14,7 +14,7 @@ key                        type    content
 ``rb:{name}:perheap``      zset    item id -> PER priority, only once a heap selector used it
 ``rb:{name}:uses``         hash    item id -> times sampled
 ``rb:{name}:versions``     zset    item id -> model version it was produced with
-``rb:{name}:times``        hash    item id -> insertion time
+``rb:{name}:times``        zset    one entry per add: "<first id>|<unix time>" scored by first id
 ``rb:{name}:vecs``         hash    item id -> compact state vector (diversity checks)
 ``rb:{name}:batches``      hash    batch id of a recent add -> its reply (see scripts.py)
 ``rb:{name}:batches:old``  hash    the previous generation of ``batches``, then forgotten
@@ -239,7 +239,7 @@ class BufferKeys:
             self.per_heap: "zset: item id -> PER priority (only once a heap selector used it)",
             self.uses: "hash: item id -> times sampled",
             self.versions: "zset: item id -> model version",
-            self.times: "hash: item id -> insertion time",
+            self.times: "zset: one entry per add, \"<first id>|<unix time>\" by first id",
             self.vecs: "hash: item id -> compact state vector (diversity checks)",
             self.batches: "hash: recent add's batch id -> its reply (retried adds)",
             self.batches_old: "hash: the previous generation of the batch ids (then forgotten)",
