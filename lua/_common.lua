@@ -58,6 +58,25 @@ local function zmscore_chunked(key, members)
   return read_chunked('ZMSCORE', key, members)
 end
 
+-- Whether the prio zset holds the items' log-rewards. A buffer whose schema has no
+-- log_rewards field (meta rewards = 0, set with the schema) keeps no prio zset: every
+-- item's log-reward is 0, so reward order is insertion order (the order zset) and a
+-- reward read answers 0 for an item present.
+local function rewards_kept(K)
+  return redis.call('HGET', K.meta, 'rewards') ~= '0'
+end
+
+-- The meta rewards flag for a schema (JSON): 0 when it lists fields and log_rewards is
+-- not one of them, else 1.
+local function schema_rewards(schema_json)
+  local ok, schema = pcall(cjson.decode, schema_json)
+  if ok and type(schema) == 'table' and type(schema['fields']) == 'table'
+      and schema['fields']['log_rewards'] == nil then
+    return '0'
+  end
+  return '1'
+end
+
 local function fail(code, message)
   return redis.error_reply(code .. ' ' .. message)
 end

@@ -29,9 +29,19 @@ local function buffer_config(K)
   return conf, nil
 end
 
--- Nil, or an error reply when the stored schema differs from schema_json (none stored: ok).
-local function check_schema(conf, schema_json)
+-- Nil, or an error reply when the stored schema differs from schema_json (none stored: ok)
+-- or, for a schema without log_rewards (whose items' log-rewards are all 0, see
+-- rewards_kept), when a log-reward in priorities is not 0.
+local function check_schema(conf, schema_json, priorities)
   if conf[3] and conf[3] ~= schema_json then return fail('RB_SCHEMA', conf[3]) end
+  if priorities and schema_rewards(schema_json) == '0' then
+    for i = 1, #priorities do
+      if to_number(priorities[i]) ~= 0 then
+        return fail('RB_INVALID', 'item ' .. (i - 1) .. ' has log-reward ' .. priorities[i]
+          .. ' but the schema has no log_rewards field (its items\' log-rewards are 0)')
+      end
+    end
+  end
   return nil
 end
 
@@ -56,7 +66,8 @@ local function commit_batch(K, conf, schema_json, options, ids, first, blobs, pr
   local n = #ids
   if not conf[3] then
     local kind = cjson.decode(schema_json)['kind']
-    redis.call('HSET', meta, 'schema', schema_json, 'kind', kind)
+    redis.call('HSET', meta, 'schema', schema_json, 'kind', kind, 'rewards',
+      schema_rewards(schema_json))
   end
   local scores = store_items(K, ids, blobs, priorities, first, vecs, options)
   redis.call('HINCRBY', meta, 'inserted', n)
@@ -65,7 +76,7 @@ local function commit_batch(K, conf, schema_json, options, ids, first, blobs, pr
   local excess = redis.call('ZCARD', K.order) - capacity
   if excess > 0 then
     local source = K.order
-    if conf[2] == 'reward' then source = K.prio end
+    if conf[2] == 'reward' and rewards_kept(K) then source = K.prio end
     victims = redis.call('ZRANGE', source, 0, excess - 1)
     before = delete_items(K, victims)
     redis.call('HINCRBY', meta, 'evicted', #victims)

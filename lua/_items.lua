@@ -161,7 +161,7 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
     end
     call_chunked('HSET', K.items, item_pairs)
   end
-  call_chunked('ZADD', K.prio, prio_pairs)
+  if rewards_kept(K) then call_chunked('ZADD', K.prio, prio_pairs) end
   call_chunked('ZADD', K.order, order_pairs)
   -- One insertion-time entry per add, not per item (an add's items share its time and
   -- hold contiguous ids): member "<first id>|<unix time>", scored by the first id.
@@ -207,7 +207,14 @@ end
 -- priorities under PER, else log-rewards.
 local function logged_scores(K, ids)
   local found
-  if per_enabled(K) then found = per_texts(K, ids) else found = zmscore_chunked(K.prio, ids) end
+  if per_enabled(K) then
+    found = per_texts(K, ids)
+  elseif rewards_kept(K) then
+    found = zmscore_chunked(K.prio, ids)
+  else
+    found = zmscore_chunked(K.order, ids)
+    for i = 1, #ids do if found[i] then found[i] = '0' end end
+  end
   for i = 1, #ids do found[i] = found[i] or 'nan' end
   return found
 end

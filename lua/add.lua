@@ -32,6 +32,6 @@ for i = 1, n do
   priorities[i] = ARGV[3 + 2 * i]
 end
 -- check everything before the first write: a script that fails halfway is not undone
-err = check_priorities(priorities) or check_schema(conf, ARGV[1])
+err = check_priorities(priorities) or check_schema(conf, ARGV[1], priorities)
 if err then return err end
 return insert_batch(K, conf, ARGV[1], options, blobs, priorities, nil)

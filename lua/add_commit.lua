@@ -39,7 +39,7 @@ end
 
 local conf, err = buffer_config(K)
 if err then return refuse(err) end
-err = check_priorities(priorities) or check_schema(conf, ARGV[1])
+err = check_priorities(priorities) or check_schema(conf, ARGV[1], priorities)
 if err then return refuse(err) end
 -- PER may have been switched on or off since the reservation: check before any write
 local ok, problem = pcall(per_batch_priorities, K, n, options)

@@ -43,7 +43,7 @@ for i = 1, n do
   priorities[i] = ARGV[4 + 3 * i]
   vec_texts[i] = ARGV[5 + 3 * i]
 end
-err = check_priorities(priorities) or check_schema(conf, ARGV[1])
+err = check_priorities(priorities) or check_schema(conf, ARGV[1], priorities)
 if err then return err end
 
 local abs, huge = math.abs, math.huge
@@ -203,7 +203,10 @@ else
     return fail('RB_CONFIG', (count - with_vec) .. ' stored item(s) have no state vector '
       .. '(added by a plain ReplayBuffer?): a diverse buffer must be filled by diverse adds')
   end
-  local lowest = to_number(redis.call('ZRANGE', K.prio, 0, 0, 'WITHSCORES')[2])
+  local lowest = 0  -- no log-rewards stored: every item's is 0
+  if rewards_kept(K) then
+    lowest = to_number(redis.call('ZRANGE', K.prio, 0, 0, 'WITHSCORES')[2])
+  end
   local ranked, reward = {}, {}
   for i = 1, n do
     reward[i] = to_number(priorities[i])

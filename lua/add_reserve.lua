@@ -26,7 +26,7 @@ end
 local options = batch_options(ARGV[3])
 local priorities = {}
 for i = 1, n do priorities[i] = ARGV[3 + i] end
-err = check_priorities(priorities) or check_schema(conf, ARGV[1])
+err = check_priorities(priorities) or check_schema(conf, ARGV[1], priorities)
 if err then return err end
 local first, refused = reserve_ids(K, n, options)
 if refused then return {0, 0, 0, refused} end

@@ -47,7 +47,7 @@ if ARGV[6] == '1' and #blobs > 0 then
     return fail('RB_NOBUF', 'buffer meta ' .. source_meta .. ' holds no schema')
   end
   -- check everything before the first write: a script that fails halfway is not undone
-  err = check_priorities(priorities) or check_schema(conf, schema)
+  err = check_priorities(priorities) or check_schema(conf, schema, priorities)
   if err then return err end
   insert_batch(K, conf, schema, {}, blobs, priorities, nil)
 end

@@ -20,8 +20,11 @@ local ids, scores = {}, {}
 local reply
 if redis.call('HGET', K.meta, 'tree_mass') == 'per' then
   reply = redis.call('HSCAN', K.per, ARGV[1], 'COUNT', ARGV[2])
-else
+elseif rewards_kept(K) then
   reply = redis.call('ZSCAN', K.prio, ARGV[1], 'COUNT', ARGV[2])
+else  -- no log-rewards stored: every item's is 0
+  reply = redis.call('ZSCAN', K.order, ARGV[1], 'COUNT', ARGV[2])
+  for i = 2, #reply[2], 2 do reply[2][i] = '0' end
 end
 local flat = reply[2]
 for i = 1, #flat, 2 do

@@ -59,7 +59,8 @@ redis.call('HSET', meta, 'inserted', string.format('%.0f', inserted),
   'present_uses', string.format('%.0f', used))
 redis.call('HDEL', meta, 'per_sum', 'per_comp', 'per_nonzero', 'per_max', 'per_heap')
 if ARGV[3] ~= '' then
-  redis.call('HSET', meta, 'schema', ARGV[3], 'kind', cjson.decode(ARGV[3])['kind'])
+  redis.call('HSET', meta, 'schema', ARGV[3], 'kind', cjson.decode(ARGV[3])['kind'], 'rewards',
+    schema_rewards(ARGV[3]))
 end
 if per then
   if redis.call('HLEN', K.per) ~= length then  -- not every item has a saved priority

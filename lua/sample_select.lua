@@ -21,7 +21,9 @@ if n == nil or n > RB_MAX_ITEMS then
     .. tostring(ARGV[1]))
 end
 local source = K.order
-if mode == 'max' or mode == 'min' then
+if (mode == 'max' or mode == 'min') and ARGV[3] ~= 'priority' and not rewards_kept(K) then
+  mode = 'fifo'  -- no log-rewards stored: all are 0, and equal scores go oldest first
+elseif mode == 'max' or mode == 'min' then
   source = K.prio
   if ARGV[3] == 'priority' then
     if redis.call('HGET', K.meta, 'tree_mass') ~= 'per' then

@@ -20,6 +20,7 @@ import msgpack
 import numpy as np
 import pytest
 import redis
+from key_contents import key_contents
 from process_helpers import default_signals
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -96,9 +97,8 @@ def fill(client: redis.Redis, name: str, n: int, capacity: int = 1000, **kw) -> 
     return buffer
 
 
-def dump_all(client: redis.Redis, name: str) -> dict[str, bytes | None]:
-    keys = BufferKeys(name).all_keys()
-    return {key: client.dump(key) for key in keys}
+def dump_all(client: redis.Redis, name: str) -> dict[str, object]:
+    return key_contents(client, BufferKeys(name).all_keys())
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from ..errors import (
 from ..store import codec
 from ..store.connection import retrying
 from ..store.containers import KINDS, describe_schema_difference, schema_to_json
-from ..store.keys import StagingKeys, decode_meta
+from ..store.keys import StagingKeys, decode_meta, keeps_rewards
 from .insert import _priority_text
 
 #: Version of the save format (``save`` / ``state_dict``). 1: records ``[id, log_reward,
@@ -98,13 +98,15 @@ class Checkpointing:
         priority is None unless ``per``; then an item without one (PER was turned on or
         off meanwhile) is left out, like an item evicted while we read."""
         start = 0
+        # without log-rewards stored (every item's is 0), order answers "present" instead
+        kept = keeps_rewards(self.client, self.keys)
         while True:
             members = self.client.zrange(self.keys.order, start, start + _READ_CHUNK - 1)
             if not members:
                 return
             pipe = self.client.pipeline(transaction=True)
             pipe.hmget(self.keys.items, members)
-            pipe.zmscore(self.keys.prio, members)
+            pipe.zmscore(self.keys.prio if kept else self.keys.order, members)
             pipe.hmget(self.keys.uses, members)
             if per:
                 pipe.hmget(self.keys.per, members)
@@ -115,7 +117,7 @@ class Checkpointing:
             ):
                 if blob is None or score is None or (per and priority is None):
                     continue  # evicted while we read
-                yield (int(member), float(score), blob,
+                yield (int(member), float(score) if kept else 0.0, blob,
                        None if priority is None else float(priority), int(used or 0))
             start += len(members)
 

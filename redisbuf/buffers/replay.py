@@ -49,7 +49,7 @@ from ..store.containers import (
     describe_schema_difference,
     kind_of,
 )
-from ..store.keys import BufferKeys, decode_meta, format_id, pack_ids
+from ..store.keys import BufferKeys, decode_meta, format_id, keeps_rewards, pack_ids
 
 # FILE_MAGIC, SAVE_FORMAT_VERSION, Progress: importable from here as from redisbuf.buffer
 from .checkpoint import FILE_MAGIC, SAVE_FORMAT_VERSION, Checkpointing, Progress  # noqa: F401
@@ -846,16 +846,17 @@ class ReplayBuffer(Inserting, Checkpointing):
         the later ranks)."""
         if k <= 0:
             return []
+        kept = keeps_rewards(self.client, self.keys)  # else all 0: the newest first
         rows: list[Any] = []
         step = bounds.MAX_ITEMS_PER_COMMAND
         while len(rows) < k:
             start = len(rows)
-            part = self.client.zrevrange(
-                self.keys.prio, start, min(start + step, k) - 1, withscores=True)
+            part = self.client.zrevrange(self.keys.prio if kept else self.keys.order, start,
+                                         min(start + step, k) - 1, withscores=True)
             rows += part
             if len(part) < min(step, k - start):
                 break
-        return [(int(member), float(score)) for member, score in rows]
+        return [(int(member), float(score) if kept else 0.0) for member, score in rows]
 
     def stats(self) -> dict[str, Any]:
         """Counters, length, capacity and configuration, plus Redis memory of the keys;

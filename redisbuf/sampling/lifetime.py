@@ -161,6 +161,10 @@ def priority_stats(buffer: ReplayBuffer, meta: dict[str, str]) -> dict[str, Any]
                     "priority_mean": total / len(scores) if "per_sum" in meta else None,
                     "priority_max": float(scores.max()),
                 }
+    if meta.get("rewards") == "0":  # no log-rewards stored: every item's is 0
+        present = buffer.client.zcard(keys.order) > 0
+        return {"priority_min": 0.0 if present else None, "priority_mean": None,
+                "priority_max": 0.0 if present else None}
     pipe = buffer.client.pipeline(transaction=False)
     pipe.zrange(keys.prio, 0, 0, withscores=True)
     pipe.zrange(keys.prio, -1, -1, withscores=True)

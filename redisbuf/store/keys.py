@@ -8,7 +8,7 @@ key                        type    content
 =========================  ======  =====================================================
 ``rb:{name}:meta``         hash    configuration, schema and counters
 ``rb:{name}:items``        hash    item id -> msgpack blob
-``rb:{name}:prio``         zset    item id -> log-reward (priority)
+``rb:{name}:prio``         zset    item id -> log-reward (priority); none without log_rewards
 ``rb:{name}:order``        zset    item id -> id (insertion order)
 ``rb:{name}:per``          hash    item id -> PER priority (prioritized experience replay)
 ``rb:{name}:perheap``      zset    item id -> PER priority, only once a heap selector used it
@@ -91,6 +91,13 @@ def decode_meta(raw: dict[Any, Any]) -> dict[str, str]:
         (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
         for k, v in raw.items()
     }
+
+
+def keeps_rewards(client: Any, keys: BufferKeys) -> bool:
+    """Whether the ``prio`` zset holds the items' log-rewards: not for a buffer whose
+    schema has no ``log_rewards`` field (meta ``rewards`` = 0), whose items' log-rewards
+    are all 0 (reward order is then insertion order, the ``order`` zset)."""
+    return client.hget(keys.meta, "rewards") not in (b"0", "0")
 
 
 @dataclass(frozen=True)
