@@ -240,7 +240,7 @@ export class ReplayBuffer {
 
   /** Add items (objects of array() / scalar() fields) in one atomic step, evicting beyond
    * capacity. logRewards: one number per item (default: each item's log_rewards field,
-   * else 0). priorities: PER priorities (a buffer with PER). batchId: a retried call with
+   * else 0; it must be 0 when the schema has no log_rewards field). priorities: PER priorities (a buffer with PER). batchId: a retried call with
    * the same id stores nothing twice (default: a fresh id). Returns {ids, evicted,
    * rejected}. */
   async add(records, { logRewards, priorities, batchId, modelVersion, sessionId, schema } = {}) {
