@@ -334,7 +334,7 @@ def reload(client: Any, script: Script) -> None:
 
     target = functions.unwrapped(client)
     if uses_functions(client):
-        if functions.available(target, force=True):
+        if functions.available(target):
             return
         try:
             _modes[target] = False
