@@ -24,6 +24,10 @@ argument, not a subcommand) nor which script ``EVALSHA`` runs. So a role is enfo
 
 from __future__ import annotations
 
+from typing import Any
+
+import redis
+
 from ..store.keys import BufferKeys
 
 ROLES = ("actor", "learner", "operator", "admin")
@@ -36,24 +40,39 @@ _NO_LIBRARY_CHANGES = (
 )
 
 
+def grant_channel(name: str, grant: str) -> str:
+    """The channel whose PUBLISH permission the library's functions ask of a caller before
+    an operation of kind ``grant`` (add, sample, priority, admin) on buffer ``name``
+    (redisbuf/store/functions.py, GRANTS): a role is granted the channels of its kinds."""
+    return BufferKeys(name).meta[: -len("meta")] + f"grant:{grant}"
+
+
+# the operation kinds each writing role is granted (its grant channels)
+GRANTED = {"actor": ("add",), "learner": ("sample", "priority")}
+
+
 def rules(name: str, role: str) -> list[str]:
     """The ACL rules (after the user name) of ``role`` on buffer ``name``; the user is
-    reset first (``reset``), so nothing granted before survives. No password: add one."""
+    reset first (``reset``), so nothing granted before survives. No password: add one.
+
+    They name every command the newest servers know (``client|setinfo``, Redis >= 7.2);
+    :func:`supported` drops those a given server does not."""
     keys = BufferKeys(name)
     pattern = keys.pattern  # rb:{NAME}:*
     changed = keys.meta[: -len("meta")] + "changed"
-    if role in ("actor", "learner"):
+    if role in GRANTED:
+        channels = " ".join(f"&{grant_channel(name, grant)}" for grant in GRANTED[role])
         extra = " +subscribe +unsubscribe" if role == "learner" else ""
         text = (
-            f"reset on ~{pattern} resetchannels &{changed} -@all {_CONNECT} "
-            f"+fcall +fcall_ro +@read +@write +publish +time -@dangerous{extra} "
+            f"reset on ~{pattern} resetchannels &{changed} {channels} -@all {_CONNECT} "
+            f"+fcall +fcall_ro +@read +@write +publish +multi +exec +time -@dangerous{extra} "
             f"{_NO_LIBRARY_CHANGES}"
         )
     elif role == "operator":
         text = (
             f"reset on %R~{pattern} resetchannels &{changed} -@all {_CONNECT} +@read "
-            "-keys -scan -randomkey +fcall_ro +evalsha_ro +subscribe +unsubscribe +info "
-            "+memory|usage +time"
+            "-keys -scan -randomkey +fcall_ro +subscribe +unsubscribe +info "
+            "+memory|usage +time +multi +exec"
         )
     elif role == "admin":
         text = (
@@ -64,6 +83,28 @@ def rules(name: str, role: str) -> list[str]:
     else:
         raise ValueError(f"unknown role {role!r}; choose from {', '.join(ROLES)}")
     return text.split()
+
+
+def supported(client: Any, rules: list[str]) -> tuple[list[str], list[str]]:
+    """``rules`` without the commands and subcommands (``+client|setinfo``) that
+    ``client``'s server does not know, which ``ACL SETUSER`` would refuse whole (Redis 7.0
+    has no ``client|setinfo``), asked with one ``COMMAND INFO``; and those dropped."""
+    named = [rule for rule in rules if rule[:1] in "+-" and rule[1:2] != "@"]
+    if not named:
+        return list(rules), []
+    # redis-py's parser of COMMAND INFO fails on the nil reply of an unknown command: a
+    # client on the same connections without reply parsing
+    raw = redis.Redis(connection_pool=_unwrapped(client).connection_pool)
+    raw.response_callbacks = {}
+    replies = raw.execute_command("COMMAND", "INFO", *(rule[1:] for rule in named))
+    unknown = {rule for rule, reply in zip(named, replies, strict=True) if reply is None}
+    return [rule for rule in rules if rule not in unknown], [r for r in rules if r in unknown]
+
+
+def _unwrapped(client: Any) -> Any:
+    from ..store.functions import unwrapped
+
+    return unwrapped(client)
 
 
 def setuser_line(name: str, role: str, user: str) -> str:

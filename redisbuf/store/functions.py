@@ -61,20 +61,25 @@ READ_ONLY = frozenset({"rb_version", "rb_sample_uniform_ro", "rb_len", "rb_stats
 # with every channel (the default user) or the buffer's (rb:{NAME}:*, the admin role)
 # passes every check. Read-only variants and the scripts of scripts.READS ask nothing.
 # "rate": rate_limit.lua admits inserts (actor) and samples (learner): ARGV[1] says which.
+# "config": the settings every opening process passes (lifetime, rate limiter): "admin"
+# when one is given (each is stored only on a new buffer), nothing when none is.
 GRANTS: dict[str, str] = {
     **dict.fromkeys(("add", "add_reserve", "add_commit", "add_release", "add_diverse",
                      "episode_push", "fragment_add", "seq_add", "seq_episode"), "add"),
+    # a sampler's own set-up (PER, the softmax mass log) is its drawer's: the learner's
     **dict.fromkeys(("sample_uniform", "sample_prioritized", "sample_select", "sample_window",
                      "undo_draws", "episode_sample", "episode_windows", "fragment_fetch",
                      "masslog_read", "replica_read", "seq_read", "seq_sample",
-                     "seq_masslog_read", "seq_replica_read"), "sample"),
+                     "seq_masslog_read", "seq_replica_read", "enable_per", "enable_tree"),
+                    "sample"),
     **dict.fromkeys(("update_priority", "seq_update_priority"), "priority"),
     "rate_limit": "rate",
-    **dict.fromkeys(("baseline", "clear", "enable_per", "enable_tree", "episode_clear",
-                     "episode_init", "fragment_clear", "fragment_init", "fragment_stats",
-                     "fragment_update_version", "init", "lifetime_config", "limiter_config",
-                     "manager_score", "restore", "restore_items", "restore_stage", "seq_init",
-                     "shard_layout", "snapshot_commit", "update_model_version"), "admin"),
+    **dict.fromkeys(("lifetime_config", "limiter_config"), "config"),
+    **dict.fromkeys(("baseline", "clear", "drop", "episode_clear", "episode_init",
+                     "fragment_clear", "fragment_init", "fragment_stats",
+                     "fragment_update_version", "init", "manager_score", "restore",
+                     "restore_items", "restore_stage", "seq_init", "shard_layout",
+                     "snapshot_commit", "update_model_version"), "admin"),
 }
 
 _GRANT_CHECK = """
@@ -83,6 +88,12 @@ local RB_GRANT_VERBS = {add = 'add to', sample = 'sample from',
 local function rb_refused(keys, args, grant)
   if grant == 'rate' then
     grant = (args[1] == 'insert' or args[1] == 'unsert') and 'add' or 'sample'
+  elseif grant == 'config' then
+    -- every process opening the buffer calls it; with nothing asked it only reads
+    local asked = false
+    for i = 1, #args do asked = asked or args[i] ~= '' end
+    if not asked then return nil end
+    grant = 'admin'
   end
   local prefix = string.match(tostring(keys[1]), '^rb:{[^}]*}:')
   if not prefix then

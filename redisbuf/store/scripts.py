@@ -187,6 +187,12 @@ class Script:
         suffix = {"plain": "", "ro": "_ro", "once": "_once"}[self.variant]
         return f"rbs_{self.name}{suffix}_{self.sha[:12]}"
 
+    def read(self, client: Any, keys: list[str], args: list[Any]) -> Any:
+        """Run this script for arguments with which it writes nothing: as its read-only
+        variant (``FCALL_RO``, which a user whose keys are read-only may call) where
+        functions run, else as itself (EVALSHA: before Redis 7 no script is no-writes)."""
+        return (self.read_only if uses_functions(client) else self)(client, keys, args)
+
     def _eval(self, client: Any, keys: list[str], args: list[Any]) -> Any:
         try:
             return client.execute_command(*command(client, self, keys, args))
