@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import redis
 import torch
-from _report import record
+from _report import record, script_stats
 from rich.console import Console
 from rich.table import Table
 
@@ -210,7 +210,7 @@ def bench_prioritized(
                 for _ in range(20):
                     buffer.sample(BATCH, replacement=replacement)
                 times.append((time.perf_counter() - start) / 20 * 1e3)
-                stats = client.info("commandstats").get("cmdstat_evalsha", {})
+                stats = script_stats(client)
                 server.append(stats.get("usec_per_call", float("nan")) / 1e3)
             row += [statistics.median(times), statistics.median(server)]
         out.append(tuple(row))

@@ -318,9 +318,8 @@ class ReplayBuffer(Inserting, Checkpointing):
 
     def _run(self, script: str, keys: list[str], args: list[Any], read: bool = False) -> Any:
         # read: these arguments make the script write nothing (Script.read)
-        run = scripts.load(script)
-        if read:
-            run = run.read_only if scripts.uses_functions(self.client) else run
+        loaded = scripts.load(script)
+        run = loaded.read if read else loaded
         # a draw counts uses under max_use (and may remove items): a repeat is not harmless
         repeatable_draw = script.startswith("sample") and getattr(self, "max_use", None) is None
         if repeatable_draw or script in _REPEATABLE_SCRIPTS:

@@ -5,17 +5,24 @@ Pub/Sub channels, and check every key a script or function touches against the c
 user. They cannot restrict which function ``FCALL`` runs (the function name is an
 argument, not a subcommand) nor which script ``EVALSHA`` runs. So a role is enforced as:
 
-* its keys: only the buffer's (``rb:{NAME}:*``) and its change channel;
-* what it may run: every command a function runs is checked against the calling user
-  too, so a user allowed ``FCALL rb_add`` must be allowed HSET, ZADD, HINCRBY... on the
-  buffer's keys, and can send them directly: actor and learner get the read and write
-  commands (not ``EVAL``, not the ``@dangerous`` ones such as FLUSHALL, KEYS) on their
-  buffer's keys only, so they can damage their own buffer's consistency but nothing
-  else, and ACL cannot keep an actor from drawing or re-prioritizing nor a learner from
-  adding (the two roles differ only in Pub/Sub, for blocking samples);
-* the operator reads only (keys granted read-only, native reads and ``FCALL_RO`` of the
-  ``no-writes`` functions; opening a Python ``ReplayBuffer`` runs configuration scripts,
-  which needs the admin role);
+* its keys: only the buffer's (``rb:{NAME}:*``) and its channels;
+* which operations: every function of the library that changes a buffer checks, with
+  ``redis.acl_check_cmd``, that its caller may PUBLISH on the buffer's grant channel for
+  that kind of operation (:func:`grant_channel`; redisbuf/store/functions.py, GRANTS)
+  and replies NOPERM before any write otherwise: the actor is granted ``add``, the
+  learner ``sample`` and ``priority``, the admin all (``rb:{NAME}:*``). The Python
+  package runs its scripts as those functions (redisbuf/store/scripts.py), so the roles
+  hold for it, for the ``redisbuf`` command and for FCALL from any language; ``EVAL`` /
+  ``EVALSHA`` are refused to all roles but the admin;
+* what ACL cannot enforce: every command a function runs is checked against the calling
+  user too, so a user allowed ``FCALL rb_add`` must be allowed HSET, ZADD, HINCRBY... on
+  the buffer's keys, and can send them directly: actor and learner get the read and
+  write commands (not the ``@dangerous`` ones such as FLUSHALL, KEYS) on their buffer's
+  keys only, so a hand-written client can damage its own buffer's consistency but
+  nothing else;
+* the operator reads only (keys granted read-only, native reads, ``FCALL_RO`` of the
+  ``no-writes`` functions, MULTI/EXEC for consistent reads): ``inspect``, ``watch``,
+  ``export``;
 * the admin may do everything the Python package does on that buffer (native commands
   and scripts included) and nothing on other keys;
 * nobody but the server's own administrator may load or delete the library

@@ -1,12 +1,16 @@
 """The ``redisbuf`` Redis Functions library: the buffer's operations for any client.
 
 ``FUNCTION LOAD`` (Redis >= 7, Valkey) installs a library that every client calls by
-name with ``FCALL`` (``redis-cli``, Node, Go...), under the same atomicity and invariants
-as the Python path, because it is built here from the same ``lua/`` files: each
-operation's script, its ``-- @include`` lines expanded, becomes one local Lua function
-taking ``(KEYS, ARGV)`` (so the scripts' globals and top-level ``return`` keep their
-meaning, and each operation's helpers are locals of its own function: no limit on locals
-or upvalues is shared between operations), registered under ``rb_NAME``.
+name with ``FCALL`` (``redis-cli``, Node, Go...), and through which the Python client runs
+every script (redisbuf/store/scripts.py), because it is built here from the ``lua/``
+files: each script, its ``-- @include`` lines expanded, becomes one Lua function
+``OP.NAME(KEYS, ARGV, RB_NO_WRITES)`` (so the scripts' globals and top-level ``return``
+keep their meaning, and each operation's helpers are locals of its own function: no limit
+on locals or upvalues is shared between operations), with ``ONCE.NAME`` around it (the
+remembering variant, scripts._REMEMBER). Registered: the public functions below, and
+for Python each script's three variants under ``Script.function``
+(``rbs_NAME[_ro|_once]_SHA``). Every registered function that changes a buffer first
+checks its caller's grant (GRANTS below; the roles of redisbuf/ops/acl.py).
 
 =====================  =========  ==============================  ========================
 function               script     KEYS                            flags
@@ -230,6 +234,17 @@ def library_source() -> str:
                       _callback(f"ONCE.{name}(keys, args)", grant), False),
         ]
     return f"#!lua name={LIBRARY}\n-- redisbuf {version}\n{body}{''.join(registrations)}"
+
+
+@cache
+def script_functions() -> frozenset[str]:
+    """The names (``Script.function``) of the script variants the library holds; a script
+    made otherwise (not from lua/) runs with EVALSHA."""
+    out = set()
+    for name in script_names():
+        script = scripts.load(name)
+        out |= {script.function, script.read_only.function, script.remembering.function}
+    return frozenset(out)
 
 
 def version() -> str:

@@ -142,7 +142,8 @@ _REFUSED_WRITES = (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryE
 
 
 class Script:
-    """One Lua operation: its expanded source, its SHA1, and a call that survives NOSCRIPT.
+    """One Lua operation: its expanded source, its SHA1, its function in the library, and a
+    call that survives a missing script or function (see the module docstring).
 
     Each script also has a read-only variant, derived here rather than kept as a copy:
     the same source under a ``#!lua flags=no-writes`` shebang with ``RB_NO_WRITES`` set,
@@ -163,6 +164,9 @@ class Script:
             body = _REMEMBER.replace("BODY\n", body).replace("'TAG'", repr(tag_of(name)))
         self.source = f"#!lua flags=no-writes\n{body}" if read_only else body
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        # this variant's function in the ``redisbuf`` library (redisbuf/store/functions.py)
+        suffix = {"plain": "", "ro": "_ro", "once": "_once"}[self.variant]
+        self.function = f"rbs_{name}{suffix}_{self.sha[:12]}"
         self._expanded = source
         self._read_only: Script | None = self if read_only else None
         self._remembering: Script | None = self if remembering else None
@@ -180,12 +184,6 @@ class Script:
         if self._read_only is None:
             self._read_only = Script(self.name, self._expanded, read_only=True)
         return self._read_only
-
-    @property
-    def function(self) -> str:
-        """The name of this variant's function in the ``redisbuf`` library."""
-        suffix = {"plain": "", "ro": "_ro", "once": "_once"}[self.variant]
-        return f"rbs_{self.name}{suffix}_{self.sha[:12]}"
 
     def read(self, client: Any, keys: list[str], args: list[Any]) -> Any:
         """Run this script for arguments with which it writes nothing: as its read-only
@@ -306,8 +304,11 @@ def uses_functions(client: Any) -> bool:
 
 def command(client: Any, script: Script, keys: list[str], args: list[Any]) -> list[Any]:
     """The command that runs ``script`` on ``client``: ``FCALL`` / ``FCALL_RO`` of its
-    function where the library is there (see :func:`uses_functions`), else ``EVALSHA``."""
-    if uses_functions(client):
+    function where the library is there (see :func:`uses_functions`) and holds it (every
+    script of lua/ in each variant), else ``EVALSHA``."""
+    from .functions import script_functions
+
+    if script.function in script_functions() and uses_functions(client):
         if script.name in READS and script.variant == "plain":
             script = script.read_only
         verb = "FCALL_RO" if script.variant == "ro" else "FCALL"
@@ -339,7 +340,7 @@ def reload(client: Any, script: Script) -> None:
     from . import functions
 
     target = functions.unwrapped(client)
-    if uses_functions(client):
+    if script.function in functions.script_functions() and uses_functions(client):
         if functions.available(target):
             return
         try:
