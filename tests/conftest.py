@@ -84,6 +84,6 @@ def flush_scripts(request: pytest.FixtureRequest, client: redis.Redis):
     from redisbuf.store import scripts
 
     if request.param == "evalsha":
-        scripts._modes[client] = False
+        scripts.run_as_functions(client, False)
         return client.script_flush
     return lambda: client.execute_command("FUNCTION", "FLUSH")

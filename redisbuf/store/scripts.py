@@ -302,6 +302,16 @@ def uses_functions(client: Any) -> bool:
     return known
 
 
+def run_as_functions(client: Any, enabled: bool) -> None:
+    """Make ``client``'s scripts run as functions (``enabled``, where the library loads: what
+    :func:`uses_functions` finds) or with EVALSHA, from now on: for tests and benchmarks
+    that compare the two."""
+    from . import functions
+
+    target = functions.unwrapped(client)
+    _modes[target] = functions.available(target) if enabled else False
+
+
 def command(client: Any, script: Script, keys: list[str], args: list[Any]) -> list[Any]:
     """The command that runs ``script`` on ``client``: ``FCALL`` / ``FCALL_RO`` of its
     function where the library is there (see :func:`uses_functions`) and holds it (every
