@@ -367,3 +367,24 @@ def test_the_roles_table(any_server, role, operation, tmp_path, capsys):
         for key in admin.scan_iter(match=f"rb:{{{name}*"):
             admin.delete(key)
         admin.close()
+
+
+def test_apply_leaves_out_only_what_the_server_does_not_know(any_server, tmp_path, capsys):
+    admin = redis.Redis.from_url(any_server.url)
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret-pw\n")
+    version = tuple(int(part) for part in admin.info("server")["redis_version"].split(".")[:2])
+    capsys.readouterr()
+    assert cli.main(["acl", "demo", "--role", "actor", "--user", "omit-probe", "--apply",
+                     "--url", any_server.url, "--password-file", str(secret), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    try:
+        assert document["omitted"] == ([] if version >= (7, 2) else ["+client|setinfo"])
+        assert document["rules"] == [rule for rule in acl.rules("demo", "actor")
+                                     if rule not in document["omitted"]]
+        # what was applied is what the server holds (ACL GETUSER lists the channels)
+        channels = admin.acl_getuser("omit-probe")["channels"]
+        assert set(channels) == {"&rb:{demo}:changed", "&rb:{demo}:grant:add"}
+    finally:
+        admin.execute_command("ACL", "DELUSER", "omit-probe")
+        admin.close()

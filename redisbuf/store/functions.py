@@ -230,8 +230,9 @@ def library_source() -> str:
                       False),
             _register(script.read_only.function,
                       _callback(f"OP.{name}(keys, args, true)", None), True),
+            # remembering writes the batch memory even around a read: not for every caller
             _register(script.remembering.function,
-                      _callback(f"ONCE.{name}(keys, args)", grant), False),
+                      _callback(f"ONCE.{name}(keys, args)", grant or "admin"), False),
         ]
     return f"#!lua name={LIBRARY}\n-- redisbuf {version}\n{body}{''.join(registrations)}"
 
