@@ -248,6 +248,10 @@ def _py_clear(ctx: Context) -> None:
         mine.clear()
 
 
+def _py_set_lifetime(ctx: Context) -> None:
+    ReplayBuffer.open(ctx.url, ctx.name, max_use=3)
+
+
 def _py_create(ctx: Context) -> None:
     ReplayBuffer(ctx.url, ctx.name + "-new", capacity=8)
 
@@ -315,6 +319,7 @@ TABLE: dict[str, tuple[Callable[[Context], None], frozenset[str]]] = {
     "python len, stats": (_py_inspect, EVERYONE),
     "python clear": (_py_clear, frozenset()),
     "python create a buffer": (_py_create, frozenset()),
+    "python open asking for a lifetime setting": (_py_set_lifetime, frozenset()),
     "redisbuf inspect": (_cli_inspect, EVERYONE),
     "redisbuf watch": (_cli_watch, EVERYONE),
     "redisbuf export": (_cli_export, EVERYONE),
