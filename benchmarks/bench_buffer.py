@@ -38,7 +38,7 @@ from _report import record, script_stats
 from rich.console import Console
 from rich.table import Table
 
-from redisbuf import BufferKeys, ReplayBuffer, Trajectories, connect
+from redisbuf import BufferKeys, PERSampler, ReplayBuffer, Trajectories, connect
 from redisbuf.servers.embedded import EmbeddedServer
 from redisbuf.store import scripts
 
@@ -182,9 +182,9 @@ def bench_add_and_sample(
 
 
 def bench_runners(url: str, rounds: int, repeat: int) -> list[tuple[str, float, float, float]]:
-    """add and sample(256) of fixed-length trajectories with the scripts run as functions
-    of the library (FCALL) against the same calls with EVALSHA, paired round by round on
-    one buffer (redisbuf/store/scripts.py, run_as_functions)."""
+    """add, uniform sample(256) and PER sample(256) of fixed-length trajectories with the
+    scripts run as functions of the library (FCALL) against the same calls with EVALSHA,
+    paired round by round on one buffer (redisbuf/store/scripts.py, run_as_functions)."""
     rng = np.random.default_rng(0)
     client = connect(url)
     name = "bench-runners"
@@ -194,6 +194,9 @@ def bench_runners(url: str, rounds: int, repeat: int) -> list[tuple[str, float, 
     batch = trajectories(rng, False)
     for _ in range(capacity // BATCH + 1):  # reach capacity so every add evicts
         buffer.add(batch)
+    # the same items drawn by PER priority (its draws commit through lua/sample_prioritized)
+    per = ReplayBuffer.open(client, name, sampler=PERSampler(), seed=2)
+    per.update_priority(np.arange(1, 1 + capacity) + BATCH, rng.exponential(size=capacity))
 
     def with_runner(functions: bool, fn: Callable[[], Any]) -> float:
         scripts.run_as_functions(client, functions)
@@ -201,7 +204,8 @@ def bench_runners(url: str, rounds: int, repeat: int) -> list[tuple[str, float, 
 
     rows = []
     for label, fn in (("add", lambda: buffer.add(batch)),
-                      ("sample uniform", lambda: buffer.sample(BATCH))):
+                      ("sample uniform", lambda: buffer.sample(BATCH)),
+                      ("sample by PER priority", lambda: per.sample(BATCH))):
         rows.append((f"{label} (items/s)",
                      *paired(lambda fn=fn: with_runner(True, fn),
                              lambda fn=fn: with_runner(False, fn), rounds)))
