@@ -86,3 +86,16 @@ def record(
     }
     with open(path, "a", encoding="utf-8") as out:
         out.write(json.dumps(row) + "\n")
+
+
+SCRIPT_COMMANDS = ("fcall", "fcall_ro", "evalsha", "evalsha_ro")
+
+
+def script_stats(client: Any) -> dict[str, float]:
+    """The server's ``INFO commandstats`` of script calls, whichever way redisbuf runs them
+    (FCALL / FCALL_RO of the library, or EVALSHA; redisbuf/store/scripts.py): ``calls``,
+    ``usec`` and ``usec_per_call`` (NaN when there was none)."""
+    stats = client.info("commandstats")
+    calls = sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in SCRIPT_COMMANDS)
+    usec = sum(stats.get(f"cmdstat_{name}", {}).get("usec", 0) for name in SCRIPT_COMMANDS)
+    return {"calls": calls, "usec": usec, "usec_per_call": usec / calls if calls else float("nan")}

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _report import record
+from _report import record, script_stats
 from rich.console import Console
 from rich.table import Table
 
@@ -177,7 +177,7 @@ def solo_server_ms(url: str, items: int) -> dict[str, tuple[float, float]]:
         for _ in range(20):
             fn()
         cpu = (server_cpu(client) - cpu) / 20 * 1e3
-        stats = client.info("commandstats").get("cmdstat_evalsha", {})
+        stats = script_stats(client)
         out[label] = (stats.get("usec_per_call", float("nan")) / 1e3, cpu)
     # The same adds with the sum tree left alone (meta tree = 0: add skips tree_update;
     # the buffer is dropped afterwards, its tree no longer matching): the difference is
@@ -188,7 +188,7 @@ def solo_server_ms(url: str, items: int) -> dict[str, tuple[float, float]]:
     for _ in range(20):
         buffer.add(batch, priorities=rng.exponential(size=ADD))
     cpu = (server_cpu(client) - cpu) / 20 * 1e3
-    stats = client.info("commandstats").get("cmdstat_evalsha", {})
+    stats = script_stats(client)
     untreed = stats.get("usec_per_call", float("nan")) / 1e3
     out["add(256) tree maintenance"] = (out["add(256)"][0] - untreed, out["add(256)"][1] - cpu)
     return out

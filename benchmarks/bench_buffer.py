@@ -1,7 +1,7 @@
 """Throughput of add and sample next to raw redis-py on the same bytes, measured in one run.
 
 Usage: python benchmarks/bench_buffer.py [--url URL] [--rounds 7] [--quick]
-                                         [--add-only | --no-prioritized]
+                                         [--add-only | --no-prioritized | --runners]
 
 Without --url an embedded server is started. Every figure is the median over rounds, and
 each round measures redisbuf and its baseline back to back, so the printed ratios hold
@@ -19,6 +19,8 @@ on a noisy shared machine even when the absolute numbers move.
   bookkeeping and blobs, left undecoded) against the same HMGET.
 * prioritized: cost of ``sample`` with ``prioritized_sampling=True`` at 10^4 and 10^6 items,
   without replacement (the default) and with.
+* ``--runners`` (only): add and sample with the scripts run as functions of the library
+  (FCALL, the default where it loads) against EVALSHA, paired round by round.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ from typing import Any
 import numpy as np
 import redis
 import torch
-from _report import record
+from _report import record, script_stats
 from rich.console import Console
 from rich.table import Table
 
-from redisbuf import BufferKeys, ReplayBuffer, Trajectories, connect
+from redisbuf import BufferKeys, PERSampler, ReplayBuffer, Trajectories, connect
 from redisbuf.servers.embedded import EmbeddedServer
+from redisbuf.store import scripts
 
 BATCH = 256
 HORIZON = 60  # states (61, 16) float32 + actions (60,) int8 + log_reward: 4036-byte blobs
@@ -178,6 +181,39 @@ def bench_add_and_sample(
     ]
 
 
+def bench_runners(url: str, rounds: int, repeat: int) -> list[tuple[str, float, float, float]]:
+    """add, uniform sample(256) and PER sample(256) of fixed-length trajectories with the
+    scripts run as functions of the library (FCALL) against the same calls with EVALSHA,
+    paired round by round on one buffer (redisbuf/store/scripts.py, run_as_functions)."""
+    rng = np.random.default_rng(0)
+    client = connect(url)
+    name = "bench-runners"
+    client.delete(*BufferKeys(name).all_keys())
+    capacity = 20 * BATCH
+    buffer = ReplayBuffer(client, name, capacity=capacity, seed=1)
+    batch = trajectories(rng, False)
+    for _ in range(capacity // BATCH + 1):  # reach capacity so every add evicts
+        buffer.add(batch)
+    # the same items drawn by PER priority (its draws commit through lua/sample_prioritized)
+    per = ReplayBuffer.open(client, name, sampler=PERSampler(), seed=2)
+    per.update_priority(np.arange(1, 1 + capacity) + BATCH, rng.exponential(size=capacity))
+
+    def with_runner(functions: bool, fn: Callable[[], Any]) -> float:
+        scripts.run_as_functions(client, functions)
+        return rate(fn, BATCH, repeat)
+
+    rows = []
+    for label, fn in (("add", lambda: buffer.add(batch)),
+                      ("sample uniform", lambda: buffer.sample(BATCH)),
+                      ("sample by PER priority", lambda: per.sample(BATCH))):
+        rows.append((f"{label} (items/s)",
+                     *paired(lambda fn=fn: with_runner(True, fn),
+                             lambda fn=fn: with_runner(False, fn), rounds)))
+    scripts.run_as_functions(client, True)
+    buffer.drop()
+    return rows
+
+
 def bench_prioritized(
     url: str, sizes: list[int], rounds: int
 ) -> list[tuple[int, float, float, float, float]]:
@@ -210,7 +246,7 @@ def bench_prioritized(
                 for _ in range(20):
                     buffer.sample(BATCH, replacement=replacement)
                 times.append((time.perf_counter() - start) / 20 * 1e3)
-                stats = client.info("commandstats").get("cmdstat_evalsha", {})
+                stats = script_stats(client)
                 server.append(stats.get("usec_per_call", float("nan")) / 1e3)
             row += [statistics.median(times), statistics.median(server)]
         out.append(tuple(row))
@@ -231,12 +267,24 @@ def main() -> None:
     parser.add_argument(
         "--no-prioritized", action="store_true", help="only the add and sample table"
     )
+    parser.add_argument("--runners", action="store_true",
+                        help="only add and sample run as FCALL against EVALSHA")
     args = parser.parse_args()
     console = Console()
     server = None if args.url else EmbeddedServer().start()
     url = args.url or server.url
     try:
         console.print(f"[bold]redisbuf benchmarks[/] on {url}, {args.rounds} rounds, batch {BATCH}")
+        if args.runners:
+            table = Table(title="scripts as functions (FCALL) vs EVALSHA, fixed-length (medians)")
+            for column in ("operation", "FCALL", "EVALSHA", "ratio"):
+                table.add_column(column, justify="right" if column != "operation" else "left")
+            for label, fcall, evalsha, ratio in bench_runners(url, args.rounds, args.repeat):
+                table.add_row(label, f"{fcall:,.0f}", f"{evalsha:,.0f}", f"{ratio:.2f}")
+                record(f"{label} FCALL vs EVALSHA", fcall, "items/s", baseline=evalsha,
+                       ratio=ratio)
+            console.print(table)
+            return
         rows = bench_add_and_sample(url, args.rounds, args.repeat, False, args.add_only)
         rows += bench_add_and_sample(url, args.rounds, args.repeat, True, args.add_only)
         table = Table(title="redisbuf vs raw redis-py on the same bytes (medians)")

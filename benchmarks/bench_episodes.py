@@ -19,7 +19,7 @@ import statistics
 import time
 
 import numpy as np
-from _report import record
+from _report import record, script_stats
 
 from redisbuf import EpisodeBuffer, connect
 from redisbuf.buffers.episodes import EpisodeKeys
@@ -91,10 +91,8 @@ def main() -> None:
                     result = call()
                     total += rows_of(result)
                 a = total / (time.perf_counter() - t0)
-                stats = client.info("commandstats")
-                server_us = sum(
-                    stats.get(f"cmdstat_{cmd}", {}).get("usec", 0) for cmd in ("evalsha", "hmget")
-                )
+                hmget = client.info("commandstats").get("cmdstat_hmget", {})
+                server_us = script_stats(client)["usec"] + hmget.get("usec", 0)
                 server_ms.append(server_us / 1e3 / args.repeat)
                 fields = fields_of(result)  # the last call's steps, read raw
                 t0 = time.perf_counter()

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _report import record
+from _report import record, script_stats
 from rich.console import Console
 from rich.table import Table
 
@@ -53,7 +53,7 @@ def timed(client: Any, fn: Callable[[], Any], rounds: int) -> tuple[float, float
         for _ in range(CALLS):
             fn()
         times.append((time.perf_counter() - start) / CALLS * 1e3)
-        stats = client.info("commandstats").get("cmdstat_evalsha", {})
+        stats = script_stats(client)
         server.append(stats.get("usec_per_call", float("nan")) / 1e3)
     return statistics.median(times), statistics.median(server)
 

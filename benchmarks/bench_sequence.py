@@ -19,7 +19,7 @@ import statistics
 import time
 
 import numpy as np
-from _report import record
+from _report import record, script_stats
 from rich.console import Console
 from rich.table import Table
 
@@ -105,7 +105,7 @@ def main() -> None:
                 for _ in range(args.repeat):
                     buf.get_batch(BATCH, LENGTH)
                 a = BATCH * args.repeat / (time.perf_counter() - t0)
-                stats = client.info("commandstats").get("cmdstat_evalsha", {})
+                stats = script_stats(client)
                 server_ms.append(stats.get("usec_per_call", float("nan")) / 1e3)
                 t0 = time.perf_counter()
                 for _ in range(args.repeat):

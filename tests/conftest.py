@@ -74,3 +74,16 @@ def cluster_client(redis_cluster: LocalCluster) -> Iterator[redis.cluster.RedisC
     client.flushall()
     yield client
     client.close()
+
+
+@pytest.fixture(params=["fcall", "evalsha"])
+def flush_scripts(request: pytest.FixtureRequest, client: redis.Redis):
+    """Runs the test with ``client``'s scripts as functions of the library, then as
+    EVALSHA (redisbuf/store/scripts.py, the runner); returns what takes them off the
+    server, as a restart would: FUNCTION FLUSH, or SCRIPT FLUSH."""
+    from redisbuf.store import scripts
+
+    if request.param == "evalsha":
+        scripts.run_as_functions(client, False)
+        return client.script_flush
+    return lambda: client.execute_command("FUNCTION", "FLUSH")

@@ -3,7 +3,12 @@ its job; what it may not do is refused with NoPermissionError and changes no key
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +16,7 @@ import redis
 
 from redisbuf import PERSampler, ReplayBuffer, cli
 from redisbuf.ops import acl
+from redisbuf.servers.embedded import EmbeddedServer
 from redisbuf.store import functions
 from redisbuf.store.keys import BufferKeys
 
@@ -152,3 +158,238 @@ def test_the_printed_line_is_the_applied_rules(capsys):
     assert line.startswith("ACL SETUSER op reset on '%R~rb:{demo}:*'")
     assert line == acl.setuser_line("demo", "operator", "op")
     assert "s3cret" not in line and ">" not in line
+
+
+# -- the roles' table, on every kind of server at hand ------------------------------------
+
+DEBIAN_SERVER = "/usr/bin/redis-server"
+ROLE_NAMES = ("actor", "learner", "operator")
+EVERYONE = frozenset(ROLE_NAMES)
+
+
+@pytest.fixture(scope="module")
+def debian_server():
+    if not os.path.exists(DEBIAN_SERVER):
+        pytest.skip(f"needs Debian's redis-server (7.0) at {DEBIAN_SERVER}; .ci/test installs it")
+    with EmbeddedServer(binary=DEBIAN_SERVER) as server:
+        yield server
+
+
+@pytest.fixture(params=["valkey", "debian-redis"])
+def any_server(request):
+    """The bundled valkey 8.1 (the suite's server), then Debian's redis-server 7.0."""
+    return request.getfixturevalue("redis_server" if request.param == "valkey" else "debian_server")
+
+
+class Refused(Exception):
+    """A `redisbuf` command that failed for want of permission."""
+
+
+@dataclass
+class Context:
+    url: str  # the role user's
+    user: redis.Redis
+    name: str
+    admin: redis.Redis
+    tmp_path: Path
+    capsys: pytest.CaptureFixture[str]
+
+
+def _cli(ctx: Context, *argv: str) -> str:
+    ctx.capsys.readouterr()
+    code = cli.main([*argv, "--url", ctx.url])
+    out, err = ctx.capsys.readouterr()
+    if code != 0:
+        if "permission" in err.lower() or "may not" in err:
+            raise Refused(err)
+        raise AssertionError(f"redisbuf {' '.join(argv)} failed otherwise: {err}")
+    return out
+
+
+def _user_fcall(ctx: Context, function: str, *args: object, read_only: bool = False) -> object:
+    keys = BufferKeys(ctx.name).all_keys()
+    call = ctx.user.fcall_ro if read_only else ctx.user.fcall
+    return call(function, len(keys), *keys, *args)
+
+
+def _py_add(ctx: Context) -> None:
+    with ReplayBuffer.open(ctx.url, ctx.name) as mine:
+        assert mine.add(_items(2)).ids.tolist() == [5, 6]
+    assert ctx.admin.zcard(BufferKeys(ctx.name).order) == 6
+
+
+def _py_sample_uniform(ctx: Context) -> None:
+    with ReplayBuffer.open(ctx.url, ctx.name) as mine:
+        assert mine.sample(3)["x"].shape == (3, 2)
+    assert int(ctx.admin.hget(BufferKeys(ctx.name).meta, "sampled")) == 3
+
+
+def _py_sample_per_and_update(ctx: Context) -> None:
+    with ReplayBuffer.open(ctx.url, ctx.name, sampler=PERSampler()) as mine:
+        info = mine.sample_with_info(2)
+        mine.update_priority(info.ids, [7.0, 7.0])
+    per = BufferKeys(ctx.name).per
+    assert [float(ctx.admin.hget(per, b"%012d" % i)) for i in info.ids] == [7.0, 7.0]
+
+
+def _py_update(ctx: Context) -> None:
+    with ReplayBuffer.open(ctx.url, ctx.name, sampler=PERSampler()) as mine:
+        mine.update_priority([1, 2], [3.0, 4.0])
+    assert float(ctx.admin.hget(BufferKeys(ctx.name).per, "000000000002")) == 4.0
+
+
+def _py_inspect(ctx: Context) -> None:
+    with ReplayBuffer.open(ctx.url, ctx.name) as mine:
+        assert len(mine) == 4 and mine.stats()["length"] == 4
+
+
+def _py_clear(ctx: Context) -> None:
+    with ReplayBuffer.open(ctx.url, ctx.name) as mine:
+        mine.clear()
+
+
+def _py_set_lifetime(ctx: Context) -> None:
+    ReplayBuffer.open(ctx.url, ctx.name, max_use=3)
+
+
+def _py_create(ctx: Context) -> None:
+    ReplayBuffer(ctx.url, ctx.name + "-new", capacity=8)
+
+
+def _cli_inspect(ctx: Context) -> None:
+    assert json.loads(_cli(ctx, "inspect", ctx.name, "--json"))["length"] == 4
+
+
+def _cli_watch(ctx: Context) -> None:
+    out = _cli(ctx, "watch", ctx.name, "--json", "--count", "1", "--interval", "0.05")
+    assert json.loads(out)["name"] == ctx.name
+
+
+def _cli_export(ctx: Context) -> None:
+    target = ctx.tmp_path / "export.rbuf"
+    _cli(ctx, "export", ctx.name, str(target))
+    copy = ReplayBuffer(ctx.admin, ctx.name + "-copy", capacity=8, sampler=PERSampler())
+    assert copy.load(target) == 4
+
+
+def _cli_drop(ctx: Context) -> None:
+    _cli(ctx, "drop", ctx.name, "--yes")
+
+
+def _cli_import(ctx: Context) -> None:
+    saved = ctx.tmp_path / "saved.rbuf"
+    ReplayBuffer.open(ctx.admin, ctx.name).save(saved)
+    _cli(ctx, "import", str(saved), ctx.name, "--yes")
+
+
+def _fcall_add(ctx: Context) -> None:
+    buffer = ReplayBuffer.open(ctx.admin, ctx.name)
+    assert _user_fcall(ctx, "rb_add", *_add_args(buffer))[:2] == [5, 1]
+
+
+def _fcall_sample(ctx: Context) -> None:
+    reply = _user_fcall(ctx, "rb_sample_uniform", 2, 0, 1, bytes(12))
+    assert reply[2:4] == [b"000000000001", b"000000000002"]
+
+
+def _fcall_update(ctx: Context) -> None:
+    assert _user_fcall(ctx, "rb_update_priority", "000000000001", "3.5")[0] == 1
+
+
+def _fcall_read(ctx: Context) -> None:
+    keys = BufferKeys(ctx.name)
+    assert ctx.user.fcall_ro("rb_len", 2, keys.meta, keys.order) == 4
+    assert b"length" in ctx.user.fcall_ro("rb_stats", 2, keys.meta, keys.order)
+    assert len(_user_fcall(ctx, "rb_sample_uniform_ro", 1, 0, 1, bytes(6), read_only=True)) == 4
+
+
+def _fcall_init(ctx: Context) -> None:
+    keys = BufferKeys(ctx.name + "-new")
+    ctx.user.fcall("rb_init", 2, keys.meta, keys.shards, 8, "fifo", 1, 0, "600.0")
+
+
+# operation -> the roles (besides admin) that may run it; everyone else is refused with
+# every key unchanged. Reading is everyone's: each role may read its buffer's keys.
+TABLE: dict[str, tuple[Callable[[Context], None], frozenset[str]]] = {
+    "python add": (_py_add, frozenset({"actor"})),
+    "python sample (uniform)": (_py_sample_uniform, frozenset({"learner"})),
+    "python sample by priority, update priorities": (_py_sample_per_and_update,
+                                                     frozenset({"learner"})),
+    "python update priorities": (_py_update, frozenset({"learner"})),
+    "python len, stats": (_py_inspect, EVERYONE),
+    "python clear": (_py_clear, frozenset()),
+    "python create a buffer": (_py_create, frozenset()),
+    "python open asking for a lifetime setting": (_py_set_lifetime, frozenset()),
+    "redisbuf inspect": (_cli_inspect, EVERYONE),
+    "redisbuf watch": (_cli_watch, EVERYONE),
+    "redisbuf export": (_cli_export, EVERYONE),
+    "redisbuf drop": (_cli_drop, frozenset()),
+    "redisbuf import": (_cli_import, frozenset()),
+    "FCALL rb_add": (_fcall_add, frozenset({"actor"})),
+    "FCALL rb_sample_uniform": (_fcall_sample, frozenset({"learner"})),
+    "FCALL rb_update_priority": (_fcall_update, frozenset({"learner"})),
+    "FCALL_RO rb_len, rb_stats, rb_sample_uniform_ro": (_fcall_read, EVERYONE),
+    "FCALL rb_init": (_fcall_init, frozenset()),
+}
+
+
+def _items(n: int) -> dict[str, np.ndarray]:
+    return {"x": np.ones((n, 2), np.float32), "log_rewards": np.zeros(n)}
+
+
+@pytest.mark.parametrize("role", ROLE_NAMES)
+@pytest.mark.parametrize("operation", list(TABLE))
+def test_the_roles_table(any_server, role, operation, tmp_path, capsys):
+    """Each role runs its operations from Python, the command and FCALL, and is refused
+    every other change (NoPermissionError, or the command's permission error) with every
+    key unchanged, on valkey and on Redis 7.0."""
+    admin = redis.Redis.from_url(any_server.url)
+    functions.install(admin)  # the administrator's `redisbuf functions install`
+    name = f"t-{uuid.uuid4().hex[:6]}"
+    buffer = ReplayBuffer(admin, name, capacity=16, sampler=PERSampler())
+    buffer.add(_items(4))
+    username = f"{role}-{uuid.uuid4().hex[:6]}"
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret-pw\n")
+    assert cli.main(["acl", name, "--role", role, "--user", username, "--apply",
+                     "--url", any_server.url, "--password-file", str(secret)]) == 0
+    url = f"redis://{username}:s3cret-pw@127.0.0.1:{any_server.port}/0"
+    user = redis.Redis.from_url(url)
+    ctx = Context(url, user, name, admin, tmp_path, capsys)
+    run, allowed = TABLE[operation]
+    try:
+        if role in allowed:
+            run(ctx)
+        else:
+            before = _snapshot(admin)
+            with pytest.raises((redis.exceptions.NoPermissionError, Refused)) as refused:
+                run(ctx)
+            assert "permission" in str(refused.value).lower() or "may not" in str(refused.value)
+            assert _snapshot(admin) == before
+    finally:
+        user.close()
+        admin.execute_command("ACL", "DELUSER", username)
+        for key in admin.scan_iter(match=f"rb:{{{name}*"):
+            admin.delete(key)
+        admin.close()
+
+
+def test_apply_leaves_out_only_what_the_server_does_not_know(any_server, tmp_path, capsys):
+    admin = redis.Redis.from_url(any_server.url)
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret-pw\n")
+    version = tuple(int(part) for part in admin.info("server")["redis_version"].split(".")[:2])
+    capsys.readouterr()
+    assert cli.main(["acl", "demo", "--role", "actor", "--user", "omit-probe", "--apply",
+                     "--url", any_server.url, "--password-file", str(secret), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    try:
+        assert document["omitted"] == ([] if version >= (7, 2) else ["+client|setinfo"])
+        assert document["rules"] == [rule for rule in acl.rules("demo", "actor")
+                                     if rule not in document["omitted"]]
+        # what was applied is what the server holds (ACL GETUSER lists the channels)
+        channels = admin.acl_getuser("omit-probe")["channels"]
+        assert set(channels) == {"&rb:{demo}:changed", "&rb:{demo}:grant:add"}
+    finally:
+        admin.execute_command("ACL", "DELUSER", "omit-probe")
+        admin.close()

@@ -110,12 +110,12 @@ def test_a_buffer_dropped_between_reserve_and_commit_gets_no_key_back(client, bu
 
 
 def test_noscript_inside_the_transaction_reruns_it_and_stores_the_batch_once(
-    client, buffer_name
+    client, buffer_name, flush_scripts
 ):
     buffer = ReplayBuffer(client, buffer_name, capacity=8)
     buffer.add(_batch(0, 3))
     first, blobs, texts, schema_json = _reserve(buffer, _batch(3, 2))
-    client.script_flush()  # a restarted server: the HSET runs, the EVALSHA gets NOSCRIPT
+    flush_scripts()  # a restarted server: the HSET runs, the script call finds nothing
     reply = buffer._commit(first, blobs, texts, schema_json, "", uuid.uuid4().hex)
     assert [int(v) for v in reply] == [4, 2, 0]
     items, order, _ = _members(client, buffer)

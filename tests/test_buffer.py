@@ -9,6 +9,7 @@ import redis
 
 from redisbuf import AddResult, BufferKeys, ConfigMismatchError, ReplayBuffer, States, Trajectories
 from redisbuf.errors import SchemaError
+from redisbuf.store import scripts
 
 
 def _batch(values, log_rewards=None):
@@ -135,8 +136,11 @@ def test_add_is_a_reserving_script_then_one_transaction(client, buffer_name, mon
 
     monkeypatch.setattr(redis.client.Pipeline, "execute", recording)
     result = buffer.add(_batch(np.arange(8), np.zeros(8)))
-    assert log.names == []  # two round trips, each one pipeline:
-    assert trips == [["EVALSHA", "SCRIPT"], ["MULTI", "HSET", "EVALSHA", "EXEC"]]
+    # two round trips: the reserving function (with EVALSHA: the script and SCRIPT EXISTS
+    # of the commit, one pipeline), then one transaction
+    assert scripts.uses_functions(client)
+    assert log.names == ["FCALL"]
+    assert trips == [["MULTI", "HSET", "FCALL", "EXEC"]]
     assert isinstance(result, AddResult)
     assert result.ids.dtype == np.int64
     assert result.ids.tolist() == list(range(2, 10))

@@ -296,7 +296,8 @@ def test_fetch_sleeps_until_enough_chunks_arrive(redis_server, real_client, buff
 
     def script_calls():
         stats = real_client.info("commandstats")
-        return sum(stats.get(k, {}).get("calls", 0) for k in ("cmdstat_evalsha", "cmdstat_eval"))
+        return sum(stats.get(k, {}).get("calls", 0) for k in ("cmdstat_fcall", "cmdstat_fcall_ro",
+                                                             "cmdstat_evalsha", "cmdstat_eval"))
 
     thread = threading.Thread(target=learner)
     thread.start()

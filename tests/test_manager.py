@@ -388,7 +388,7 @@ def test_a_request_costs_the_manager_one_server_call(real_client, buffer_name):
     stats = real_client.info("commandstats")
     # the worker's add (a reserve call, then the commit inside MULTI/EXEC) and one call
     # for the manager's read + copy + baseline
-    assert stats["cmdstat_evalsha"]["calls"] == 3
+    assert stats["cmdstat_fcall"]["calls"] == 3
     assert stats["cmdstat_exec"]["calls"] == 1
     assert len(manager.buffer) == 4
 

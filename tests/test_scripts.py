@@ -87,18 +87,19 @@ def test_every_script_compiles_on_the_server(client, name):
     assert client.script_exists(script.sha) == [True]
 
 
-def test_noscript_recovery(client, buffer_name):
+def test_noscript_recovery(client, buffer_name, flush_scripts):
     buffer = ReplayBuffer(client, buffer_name, capacity=4, prioritized_sampling=True, seed=0)
     buffer.add({"x": np.arange(3), "log_rewards": np.zeros(3)})
-    client.script_flush()
-    assert client.script_exists(scripts.load("add_commit").remembering.sha) == [False]
+    flush_scripts()
+    if not scripts.uses_functions(client):
+        assert client.script_exists(scripts.load("add_commit").remembering.sha) == [False]
     result = buffer.add({"x": np.arange(3), "log_rewards": np.zeros(3)})
     assert result.ids.tolist() == [4, 5, 6] and result.evicted == 2
-    client.script_flush()
+    flush_scripts()
     assert len(buffer.sample(3)["x"]) == 3
-    client.script_flush()
+    flush_scripts()
     assert len(ReplayBuffer(client, buffer_name, capacity=4).sample(2)["x"]) == 2
-    client.script_flush()
+    flush_scripts()
     assert buffer.clear() == 4
 
 
@@ -137,3 +138,77 @@ def test_script_errors_reach_python_as_redisbuf_exceptions(client, buffer_name):
     assert info.value.code == "RB_NOBUF"
     with pytest.raises(EmptyBufferError, match="buffer is empty"):
         buffer.sample(1)
+
+
+# -- the runner: functions where the library loads, EVALSHA where it cannot -----------------
+
+
+def _script_calls(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0)
+            for name in ("fcall", "fcall_ro", "evalsha")}
+
+
+def test_the_library_holds_every_script_in_its_three_variants():
+    from redisbuf.store import functions
+
+    source = functions.library_source()
+    for name in OPERATIONS:
+        script = scripts.load(name)
+        for variant in (script, script.read_only, script.remembering):
+            assert f"function_name = '{variant.function}'" in source
+            assert variant.function in functions.script_functions()
+        assert f"function_name = '{script.read_only.function}', callback = " \
+               f"function(keys, args) return OP.{name}(keys, args, true) end, " \
+               "flags = {'no-writes'}" in source
+
+
+@pytest.mark.redis_server
+def test_a_buffer_runs_functions_and_reads_with_fcall_ro(real_client, buffer_name):
+    buffer = ReplayBuffer(real_client, buffer_name, capacity=8, seed=0)
+    buffer.add({"x": np.arange(4), "log_rewards": np.zeros(4)})
+    real_client.config_resetstat()
+    buffer.add({"x": np.arange(4), "log_rewards": np.zeros(4)})
+    buffer.sample(2)
+    assert scripts.load("len")(real_client, [buffer.keys.meta, buffer.keys.order], []) == 8
+    calls = _script_calls(real_client)
+    assert calls["evalsha"] == 0 and calls["fcall"] >= 3  # reserve, commit, draw
+    assert calls["fcall_ro"] == 1  # len: a read, which a read-only user may call
+
+
+@pytest.mark.redis_server
+def test_a_script_not_from_lua_runs_with_evalsha(real_client):
+    odd = scripts.Script("len", "return 41 + 1")
+    real_client.config_resetstat()
+    assert odd(real_client, ["rb:{x}:meta", "rb:{x}:order"], []) == 42  # loaded, then run
+    calls = _script_calls(real_client)
+    assert calls["evalsha"] >= 1 and calls["fcall"] == calls["fcall_ro"] == 0
+
+
+@pytest.mark.redis_server
+def test_without_the_library_scripts_run_with_evalsha_and_say_how_to_get_it(
+    real_client, buffer_name
+):
+    """A user who may not load the library, on a server without it: EVALSHA (all the same
+    behaviour); a user who may not run EVALSHA either is told to install the library."""
+    real_client.execute_command("FUNCTION", "FLUSH")
+    port = real_client.connection_pool.connection_kwargs["port"]
+    real_client.execute_command("ACL", "SETUSER", "noload", "on", ">pw", "~*", "&*", "+@all",
+                                "-function|load")
+    real_client.execute_command("ACL", "SETUSER", "noeval", "on", ">pw", "~*", "&*", "+@all",
+                                "-function|load", "-evalsha")
+    try:
+        noload = redis.Redis(port=port, username="noload", password="pw")
+        real_client.config_resetstat()
+        with ReplayBuffer(noload, buffer_name, capacity=4) as buffer:
+            assert buffer.add({"x": np.arange(3), "log_rewards": np.zeros(3)}).ids.tolist() == [
+                1, 2, 3]
+            assert len(buffer.sample(2)["x"]) == 2
+        calls = _script_calls(real_client)
+        assert calls["fcall"] == 0 and calls["evalsha"] >= 3
+        noeval = redis.Redis(port=port, username="noeval", password="pw")
+        with pytest.raises(redis.exceptions.NoPermissionError, match="redisbuf functions install"):
+            ReplayBuffer.open(noeval, buffer_name).sample(1)
+    finally:
+        for user in ("noload", "noeval"):
+            real_client.execute_command("ACL", "DELUSER", user)

@@ -187,11 +187,13 @@ def test_max_use_draws_stay_in_the_script(client, buffer_name, monkeypatch):
     assert buffer.stats()["sampled"] == 12
 
 
-def test_a_flushed_script_is_loaded_again_by_the_guess(client, buffer_name, monkeypatch):
+def test_a_flushed_script_is_loaded_again_by_the_guess(
+    client, buffer_name, monkeypatch, flush_scripts
+):
     buffer = ReplayBuffer(client, buffer_name, capacity=10, seed=1)
     buffer.add(_items(0, 10))
     buffer.sample(2)
-    client.script_flush()  # e.g. a restarted server
+    flush_scripts()  # e.g. a restarted server
     paths = _Paths(monkeypatch)
     info = buffer.sample_with_info(5)
     assert (info.batch["v"] + 1).tolist() == info.ids.tolist()

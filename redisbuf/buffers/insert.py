@@ -105,24 +105,28 @@ class Inserting:
         batch = self._memory(self.keys)
         batch_id = batch[0]
         reserve, commit = scripts.load("add_reserve"), scripts.load("add_commit").remembering
+        # the commit script must be on the server before its transaction, whose HSET would
+        # run even if the script was missing: with EVALSHA, SCRIPT EXISTS in the reserve's
+        # round trip says; a function ran the reserve, so the library (commit included) is on
+        exists = None if scripts.uses_functions(self.client) else ("SCRIPT", "EXISTS", commit.sha)
         try:
-            # SCRIPT EXISTS in the same round trip: the commit script must be on the server
-            # before its transaction, whose HSET would run even if its EVALSHA failed
-            reply, loaded = retrying(
+            reply = retrying(
                 lambda: reserve(
                     self.client,
                     self.keys.all_keys(),
                     [schema_json, len(blobs), options_json, *texts],
                     batch=batch,
-                    then=("SCRIPT", "EXISTS", commit.sha),
+                    then=exists,
                 ),
                 name=self.client,
             )
+            if exists is not None:
+                reply, loaded = reply
+                if isinstance(loaded, Exception) or not loaded[0]:
+                    self.client.script_load(commit.source)
             refused = _refusal(reply)
             if refused is not None:
                 return AddResult(np.arange(0, dtype=np.int64), 0, rejected=refused)
-            if isinstance(loaded, Exception) or not loaded[0]:
-                self.client.script_load(commit.source)
             first = int(reply[0])
             reply = self._commit(first, blobs, texts, schema_json, options_json, batch_id)
         except SchemaError:
@@ -141,11 +145,11 @@ class Inserting:
         options_json: str,
         batch_id: str,
     ) -> list[Any]:
-        """MULTI, HSET of the blobs under their reserved ids, EVALSHA ``add_commit``, EXEC
+        """MULTI, HSET of the blobs under their reserved ids, ``add_commit``, EXEC
         (then the durability wait, on the same connection). Returns the script's reply.
 
-        The script is loaded before (see ``_insert``); a NOSCRIPT inside EXEC all the same
-        (the server restarted or flushed its scripts in between: the HSET ran, the script
+        The script is loaded before (see ``_insert``); a missing script inside EXEC all the
+        same (the server restarted or flushed its scripts in between: the HSET ran, the script
         did not) loads it and sends the whole transaction again, the HSET rewriting the
         same fields; until then readers could see those blobs in the items hash, but no
         item of them (ids are drawn from the other keys). After a lost
@@ -177,11 +181,11 @@ class Inserting:
                     return list(done)
             for load in (False, True):
                 if load:
-                    self.client.script_load(script.source)
+                    scripts.reload(self.client, script)
                 pipe = self.client.pipeline(transaction=False)
                 pipe.execute_command("MULTI")
                 pipe.execute_command("HSET", self.keys.items, *fields)
-                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                scripts.queue(pipe, self.client, script, keys, args)
                 pipe.execute_command("EXEC")
                 if wait is not None:
                     pipe.execute_command(*wait)
@@ -193,7 +197,7 @@ class Inserting:
                     self._release(first, len(blobs), batch_id, give_back=True)
                     raise (refused or [executed])[0]
                 reply = executed[1]
-                if isinstance(reply, redis.exceptions.NoScriptError) and not load:
+                if scripts.missing(reply) and not load:
                     continue
                 if isinstance(reply, redis.exceptions.ResponseError):
                     # the script deleted the blobs and gave the ids back itself

@@ -316,8 +316,10 @@ class ReplayBuffer(Inserting, Checkpointing):
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        run = scripts.load(script)
+    def _run(self, script: str, keys: list[str], args: list[Any], read: bool = False) -> Any:
+        # read: these arguments make the script write nothing (Script.read)
+        loaded = scripts.load(script)
+        run = loaded.read if read else loaded
         # a draw counts uses under max_use (and may remove items): a repeat is not harmless
         repeatable_draw = script.startswith("sample") and getattr(self, "max_use", None) is None
         if repeatable_draw or script in _REPEATABLE_SCRIPTS:
@@ -924,9 +926,9 @@ class ReplayBuffer(Inserting, Checkpointing):
             for key in self.client.scan_iter(match=self.keys.pattern, count=1000)
         }
         extra = sorted(key for key in found - set(self.keys.all_keys()) if self.keys.owns(key))
-        # one UNLINK: the buffer's own keys and whatever else of it the SCAN found go
-        # together, and the server frees large values in the background (no long command)
-        self.client.unlink(*self.keys.all_keys(), *extra)
+        # one script (lua/drop.lua): the buffer's own keys and whatever else of it the SCAN
+        # found go together, and the server frees large values in the background
+        self._run("drop", [*self.keys.all_keys(), *extra], [])
         self._forget_schema()
 
 def _text(value: Any) -> str:

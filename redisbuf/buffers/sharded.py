@@ -427,11 +427,11 @@ class ShardedReplayBuffer(ShardedCheckpointing):
             keys = shard.keys.all_keys()
             args = ([replica.epoch, replica.version, replica.stamp] if replica is not None
                     else ["", 0, ""])
-            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            scripts.queue(pipe, self.client, script, keys, args)
 
         replies = self._per_shard(command)
-        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-            self.client.script_load(script.source)  # every master (cluster: primaries)
+        if any(scripts.missing(r) for r in replies):
+            scripts.reload(self.client, script)  # every master (cluster: primaries)
             replies = self._per_shard(command)
         out = []
         for k, (shard, reply) in enumerate(zip(self.shards, replies, strict=True)):

@@ -63,11 +63,17 @@ def run(args: argparse.Namespace) -> int:
         password = _password(args)
         client, url = connect_args(args, "redisbuf acl --apply")
         try:
-            client.execute_command("ACL", "SETUSER", args.user, *rules, f">{password}")
+            applied, omitted = acl.supported(client, rules)
+            client.execute_command("ACL", "SETUSER", args.user, *applied, f">{password}")
         finally:
             client.close()
-        document.update(applied=True, url=redacted(url))
-    return emit(args, document, lambda out: out.print(
-        safe(line) + ("" if not args.apply else f"\napplied at {redacted(document['url'])}"),
-        soft_wrap=True,  # one line, to copy into redis-cli
-    ))
+        document.update(applied=True, url=redacted(url), rules=applied, omitted=omitted)
+
+    def text() -> str:
+        if not args.apply:
+            return safe(line)
+        note = (f" without {' '.join(document['omitted'])} (unknown to that server)"
+                if document["omitted"] else "")
+        return f"{safe(line)}\napplied at {redacted(document['url'])}{note}"
+
+    return emit(args, document, lambda out: out.print(text(), soft_wrap=True))

@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import redis
 
 from ..errors import ConfigMismatchError
 
@@ -60,6 +61,7 @@ def configure(
         "lifetime_config",
         [buffer.keys.meta],
         ["" if max_use is None else max_use, "" if max_staleness is None else max_staleness],
+        read=max_use is None and max_staleness is None,  # then it stores nothing
     )
     stored = tuple(int(v) if v not in (b"", "") else None for v in reply)
     asked_for = (max_use, max_staleness)
@@ -149,18 +151,24 @@ def priority_stats(buffer: ReplayBuffer, meta: dict[str, str]) -> dict[str, Any]
     if meta.get("tree_mass") == "per" and meta.get("tree") == "1":
         from .replica import replica_of
 
-        replica = replica_of(buffer, "per")
-        with replica.lock:
-            replica.sync(buffer)
-            scores = replica.scores[: replica.count]
-            scores = scores[~np.isnan(scores)]
-            if len(scores):
-                total = float(meta.get("per_sum", 0)) + float(meta.get("per_comp", 0))
-                return {
-                    "priority_min": float(scores.min()),
-                    "priority_mean": total / len(scores) if "per_sum" in meta else None,
-                    "priority_max": float(scores.max()),
-                }
+        try:
+            replica = replica_of(buffer, "per")
+            with replica.lock:
+                replica.sync(buffer)
+                scores = replica.scores[: replica.count]
+        except redis.exceptions.NoPermissionError:
+            # a user who may not pin the mass log for a replica (the actor and operator
+            # roles, redisbuf/ops/acl.py) reads the priorities whole: exact, O(n)
+            scores = np.array([float(value) for _, value in
+                               buffer.client.hscan_iter(keys.per, count=10_000)])
+        scores = scores[~np.isnan(scores)]
+        if len(scores):
+            total = float(meta.get("per_sum", 0)) + float(meta.get("per_comp", 0))
+            return {
+                "priority_min": float(scores.min()),
+                "priority_mean": total / len(scores) if "per_sum" in meta else None,
+                "priority_max": float(scores.max()),
+            }
     if meta.get("rewards") == "0":  # no log-rewards stored: every item's is 0
         present = buffer.client.zcard(keys.order) > 0
         return {"priority_min": 0.0 if present else None, "priority_mean": None,

@@ -116,7 +116,7 @@ def configure(buffer: ReplayBuffer, limiter: RateLimiter | None) -> RateLimiter 
     """Store ``limiter`` on a new buffer, or check it against the stored one (None adopts
     the stored limiter, with the default timeout). Returns the limiter in force."""
     args = limiter._fields() if limiter is not None else ["", "", "", ""]
-    reply = buffer._run("limiter_config", [buffer.keys.meta], args)
+    reply = buffer._run("limiter_config", [buffer.keys.meta], args, read=limiter is None)
     if reply[0] in (b"", ""):
         if limiter is not None:
             raise ConfigMismatchError(

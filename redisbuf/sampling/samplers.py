@@ -227,7 +227,7 @@ class UniformSampler:
 
         def send(script: scripts.Script) -> list[Any]:
             pipe = buffer.client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(all_keys), *all_keys, *args)
+            scripts.queue(pipe, buffer.client, script, all_keys, args)
             pipe.hmget(keys.items, members)
             pipe.hget(keys.meta, "schema")
             return pipe.execute(raise_on_error=False)
@@ -239,8 +239,8 @@ class UniformSampler:
             # as the plain path does (tried anew each draw: the server may recover)
             script = script.read_only
             reply, blobs, schema_json = retrying(lambda: send(script), name=buffer.client)
-        if isinstance(reply, redis.exceptions.NoScriptError):
-            buffer.client.script_load(script.source)
+        if scripts.missing(reply):
+            scripts.reload(buffer.client, script)
             reply, blobs, schema_json = retrying(lambda: send(script), name=buffer.client)
         if isinstance(reply, Exception):
             # NOSCRIPT, an empty buffer, any other error: the plain path runs the script
@@ -514,7 +514,7 @@ def _send_commit(
 
     def send() -> list[Any]:
         pipe = buffer.client.pipeline(transaction=transaction)
-        pipe.evalsha(script.sha, len(all_keys), *all_keys, *args)
+        scripts.queue(pipe, buffer.client, script, all_keys, args)
         if members is not None:
             pipe.hmget(keys.items, members)
         pipe.hget(keys.meta, "schema")
@@ -528,8 +528,8 @@ def _send_commit(
         # transactions): run it plainly
         transaction = False
         replies = retrying(send, name=buffer.client)
-    if isinstance(replies[0], redis.exceptions.NoScriptError):
-        buffer.client.script_load(script.source)
+    if scripts.missing(replies[0]):
+        scripts.reload(buffer.client, script)
         replies = retrying(send, name=buffer.client)
     reply = replies[0]
     if isinstance(reply, redis.exceptions.ResponseError):

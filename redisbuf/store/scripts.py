@@ -1,8 +1,19 @@
-"""Loads the Lua scripts of ``lua/`` by name and runs them with EVALSHA.
+"""Loads the Lua scripts of ``lua/`` by name and runs them: the one script runner.
 
 A line ``-- @include NAME`` in a script is replaced by ``lua/_NAME.lua`` (shared helpers),
-so every operation stays one self-contained script on the server. A NOSCRIPT reply
-(server restart, SCRIPT FLUSH) loads the script again and retries once.
+so every operation stays one self-contained script on the server.
+
+Where the server has Redis Functions (Redis >= 7, valkey) every script runs as a function
+of the ``redisbuf`` library (redisbuf/store/functions.py), which holds each script's
+three variants (plain, read-only, remembering) under a name ending in the variant's SHA1:
+``FCALL``, or ``FCALL_RO`` for the read-only variant and for the scripts that only read
+(``len``, ``stats``). That is what lets a per-buffer ACL role (redisbuf/ops/acl.py) run
+the Python package: the roles refuse ``EVALSHA``, whose script no rule can restrict. The
+library is installed on a client's first script call when this version is missing; where
+it cannot be (fakeredis, Redis < 7, a user without ``FUNCTION LOAD`` on a server holding
+another version) scripts run with ``EVALSHA``. A missing script or function (server
+restart, ``SCRIPT FLUSH``, ``FUNCTION FLUSH``, another version's library loaded since) is
+loaded again and the call retried once.
 """
 
 from __future__ import annotations
@@ -10,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import weakref
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -130,7 +142,8 @@ _REFUSED_WRITES = (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryE
 
 
 class Script:
-    """One Lua operation: its expanded source, its SHA1, and a call that survives NOSCRIPT.
+    """One Lua operation: its expanded source, its SHA1, its function in the library, and a
+    call that survives a missing script or function (see the module docstring).
 
     Each script also has a read-only variant, derived here rather than kept as a copy:
     the same source under a ``#!lua flags=no-writes`` shebang with ``RB_NO_WRITES`` set,
@@ -144,11 +157,16 @@ class Script:
         self, name: str, source: str, read_only: bool = False, remembering: bool = False
     ) -> None:
         self.name = name
+        # which of the three variants this is (the library registers each, see functions.py)
+        self.variant = "ro" if read_only else "once" if remembering else "plain"
         body = _FLAG.format("true" if read_only else "false") + source
         if remembering:
             body = _REMEMBER.replace("BODY\n", body).replace("'TAG'", repr(tag_of(name)))
         self.source = f"#!lua flags=no-writes\n{body}" if read_only else body
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        # this variant's function in the ``redisbuf`` library (redisbuf/store/functions.py)
+        suffix = {"plain": "", "ro": "_ro", "once": "_once"}[self.variant]
+        self.function = f"rbs_{name}{suffix}_{self.sha[:12]}"
         self._expanded = source
         self._read_only: Script | None = self if read_only else None
         self._remembering: Script | None = self if remembering else None
@@ -167,12 +185,23 @@ class Script:
             self._read_only = Script(self.name, self._expanded, read_only=True)
         return self._read_only
 
+    def read(self, client: Any, keys: list[str], args: list[Any]) -> Any:
+        """Run this script for arguments with which it writes nothing: as its read-only
+        variant (``FCALL_RO``, which a user whose keys are read-only may call) where
+        functions run, else as itself (EVALSHA: before Redis 7 no script is no-writes)."""
+        return (self.read_only if uses_functions(client) else self)(client, keys, args)
+
     def _eval(self, client: Any, keys: list[str], args: list[Any]) -> Any:
         try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
-        except redis.exceptions.NoScriptError:
-            client.script_load(self.source)
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+            return client.execute_command(*command(client, self, keys, args))
+        except redis.exceptions.ResponseError as exc:
+            if not missing(exc):
+                explained = _explained(client, exc)
+                if explained is exc:
+                    raise
+                raise explained from exc
+            reload(client, self)
+            return client.execute_command(*command(client, self, keys, args))
 
     def _eval_then(
         self, client: Any, keys: list[str], args: list[Any], then: tuple[Any, ...]
@@ -181,14 +210,14 @@ class Script:
         WAIT and WAITAOF wait for the writes of their own connection only."""
         for attempt in range(2):
             pipe = client.pipeline(transaction=False)
-            pipe.evalsha(self.sha, len(keys), *keys, *args)
+            queue(pipe, client, self, keys, args)
             pipe.execute_command(*then)
             reply, after = pipe.execute(raise_on_error=False)
-            if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
-                client.script_load(self.source)
+            if missing(reply) and attempt == 0:
+                reload(client, self)
                 continue
             if isinstance(reply, Exception):
-                raise reply
+                raise _explained(client, reply)
             return reply, after
         raise AssertionError("unreachable")
 
@@ -247,6 +276,100 @@ def translate(exc: redis.exceptions.ResponseError) -> Exception:
     error = _ERROR_CODES.get(code, errors.RedisBufError)(detail)
     error.code = code  # type: ignore[attr-defined]
     return error
+
+
+# Scripts that never write: where functions run, they run as their read-only variant
+# (FCALL_RO), which a user whose keys are read-only (the operator role) may call.
+READS = frozenset({"len", "stats"})
+
+# client (unwrapped) -> whether its server runs this version's library (see uses_functions)
+_modes: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def uses_functions(client: Any) -> bool:
+    """Whether scripts run on ``client`` as functions of the ``redisbuf`` library: found
+    once per client, by checking the installed version and installing this one when it
+    differs (False when that fails: no FUNCTION command, or a user not allowed to load)."""
+    from . import functions
+
+    target = functions.unwrapped(client)
+    try:
+        known = _modes.get(target)
+    except TypeError:  # not weakly referenceable: ask every time
+        return functions.available(target)
+    if known is None:
+        known = _modes[target] = functions.available(target)
+    return known
+
+
+def run_as_functions(client: Any, enabled: bool) -> None:
+    """Make ``client``'s scripts run as functions (``enabled``, where the library loads: what
+    :func:`uses_functions` finds) or with EVALSHA, from now on: for tests and benchmarks
+    that compare the two."""
+    from . import functions
+
+    target = functions.unwrapped(client)
+    _modes[target] = functions.available(target) if enabled else False
+
+
+def command(client: Any, script: Script, keys: list[str], args: list[Any]) -> list[Any]:
+    """The command that runs ``script`` on ``client``: ``FCALL`` / ``FCALL_RO`` of its
+    function where the library is there (see :func:`uses_functions`) and holds it (every
+    script of lua/ in each variant), else ``EVALSHA``."""
+    from .functions import script_functions
+
+    if script.function in script_functions() and uses_functions(client):
+        if script.name in READS and script.variant == "plain":
+            script = script.read_only
+        verb = "FCALL_RO" if script.variant == "ro" else "FCALL"
+        return [verb, script.function, len(keys), *keys, *args]
+    return ["EVALSHA", script.sha, len(keys), *keys, *args]
+
+
+def queue(pipe: Any, client: Any, script: Script, keys: list[str], args: list[Any]) -> None:
+    """Queue ``script`` into ``pipe`` (a pipeline of ``client``); its reply is the script's.
+    A reply for which :func:`missing` holds asks for :func:`reload` and a resend."""
+    pipe.execute_command(*command(client, script, keys, args))
+
+
+def missing(reply: Any) -> bool:
+    """Whether ``reply`` (an exception or a reply) says the script or function is not on
+    the server (NOSCRIPT; ``Function not found``): :func:`reload`, then send it again."""
+    if isinstance(reply, redis.exceptions.NoScriptError):
+        return True
+    return isinstance(reply, redis.exceptions.ResponseError) and (
+        "function not found" in str(reply).lower()
+    )
+
+
+def reload(client: Any, script: Script) -> None:
+    """Put ``script`` back on ``client``'s server after a :func:`missing` reply: the
+    library of this version (where functions run), else the script (SCRIPT LOAD; on a
+    cluster client, on every primary). When the library cannot be loaded any more, the
+    client's later calls use EVALSHA."""
+    from . import functions
+
+    target = functions.unwrapped(client)
+    if script.function in functions.script_functions() and uses_functions(client):
+        if functions.available(target):
+            return
+        try:
+            _modes[target] = False
+        except TypeError:
+            pass
+    client.script_load(script.source)
+
+
+def _explained(client: Any, exc: Exception) -> Exception:
+    """``exc``, or for EVALSHA refused by ACL, the same refusal saying how to get the
+    library, which the per-buffer roles need."""
+    if isinstance(exc, redis.exceptions.NoPermissionError) and "evalsha" in str(exc).lower():
+        return redis.exceptions.NoPermissionError(
+            f"{exc} (redisbuf runs its scripts as functions of the 'redisbuf' library where "
+            "that library's version is on the server; it is not, and this user may not load "
+            "it: run `redisbuf functions install` as an administrator)"
+        )
+    return exc
 
 
 @cache
