@@ -13,11 +13,13 @@ import redis
 
 from ..control.remote import RemoteScorer
 from ..errors import (
+    BufferShardedError,
     ConfigMismatchError,
     DecodeError,
     EmptyBufferError,
     InvalidBatchError,
     ItemTooLargeError,
+    PerBusyError,
     RateLimitTimeoutError,
     RequestTooLargeError,
     SchemaError,
@@ -340,9 +342,8 @@ class ReplayBuffer(Inserting, Checkpointing):
                     [self.keys.meta, self.keys.shards],
                     [capacity, eviction, FORMAT_VERSION, int(time.time()), repr(float(window))],
                 )
-            except ConfigMismatchError as exc:
-                if getattr(exc, "code", None) == "RB_SHARDED":
-                    self._refuse_sharded()
+            except BufferShardedError:
+                self._refuse_sharded()
                 raise
             meta = decode_meta(dict(zip(reply[::2], reply[1::2], strict=True)))
         if "capacity" not in meta or "eviction" not in meta:
@@ -766,9 +767,7 @@ class ReplayBuffer(Inserting, Checkpointing):
         args: list[Any] = [packed, width, ",".join(texts)]
         try:
             reply = self._run("update_priority", self.keys.all_keys(), args)
-        except ConfigMismatchError as exc:
-            if getattr(exc, "code", None) != "RB_BUSY":
-                raise
+        except PerBusyError:
             finish_turning_per_on(self)  # another process began turning PER on
             reply = self._run("update_priority", self.keys.all_keys(), args)
         updated, epoch, before, after, stamp_before, stamp_after = reply

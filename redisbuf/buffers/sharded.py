@@ -73,6 +73,7 @@ import redis
 import redis.crc
 
 from ..errors import (
+    BufferNotShardedError,
     ConfigMismatchError,
     EmptyBufferError,
     SamplingError,
@@ -259,9 +260,7 @@ class ShardedReplayBuffer(ShardedCheckpointing):
             raw = scripts.load("shard_layout")(
                 self.client, [self.keys.shards, self.keys.meta], [layout]
             )
-        except ConfigMismatchError as exc:
-            if getattr(exc, "code", None) != "RB_UNSHARDED":
-                raise
+        except BufferNotShardedError:
             raise ConfigMismatchError(
                 f"buffer {self.name!r} exists unsharded; it cannot be opened with shards= "
                 "(shards mismatch); nothing was written"

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ConfigMismatchError, EmptyBufferError, SamplingError
+from ..errors import EmptyBufferError, PrioritizedSamplingOffError, SamplingError
 
 if TYPE_CHECKING:
     from ..buffers.replay import ReplayBuffer
@@ -582,10 +582,8 @@ class MassReplica:
         self._refresh_blocks(0, len(self.group_sums))
 
 
-class _NotOn(ConfigMismatchError):
+class _NotOn(PrioritizedSamplingOffError):
     """Prioritized sampling by this rule is not on (the sampler turns it on)."""
-
-    code = "RB_NOTREE"
 
     def __init__(self, rule: str, per: bool) -> None:
         super().__init__(

@@ -17,8 +17,8 @@ import numpy as np
 import redis
 
 from ..errors import (
-    ConfigMismatchError,
     EmptyBufferError,
+    PrioritizedSamplingOffError,
     RequestTooLargeError,
     SamplingError,
 )
@@ -688,9 +688,7 @@ class PrioritizedSampler:
     def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
         try:
             drawn = _replica_draw(buffer, "softmax", n, rng, self.replacement)
-        except ConfigMismatchError as exc:
-            if getattr(exc, "code", None) != "RB_NOTREE":
-                raise
+        except PrioritizedSamplingOffError:
             self.prepare(buffer)  # turned off (dropped and made again): turn it back on
             drawn = _replica_draw(buffer, "softmax", n, rng, self.replacement)
         return Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
@@ -768,9 +766,7 @@ class PERSampler:
     def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
         try:
             drawn = _replica_draw(buffer, "per", n, rng, True)
-        except ConfigMismatchError as exc:
-            if getattr(exc, "code", None) != "RB_NOTREE":
-                raise
+        except PrioritizedSamplingOffError:
             self.prepare(buffer)  # the buffer was dropped and made again: turn PER back on
             drawn = _replica_draw(buffer, "per", n, rng, True)
         draw = Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
