@@ -111,6 +111,13 @@ class DecodeError(RedisBufError, ValueError):
     """A stored blob is not a valid redisbuf item."""
 
 
+class QuarantinedRecordWarning(RuntimeWarning):
+    """A sample drew a stored record that does not decode (another client wrote it, e.g.
+    with FCALL ``rb_add``); it was set aside in the buffer's quarantine hash
+    (``rb:{name}:quarantine``) and the draw made again without it. The message names the
+    buffer, the item id and the decode error."""
+
+
 class ServerUnavailableError(RedisBufError, redis.exceptions.ConnectionError, ConnectionError):
     """The Redis server cannot be reached, or was lost (the message names the URL, without
     its password). Also a redis-py ``ConnectionError``, for code that catches those."""
@@ -118,6 +125,13 @@ class ServerUnavailableError(RedisBufError, redis.exceptions.ConnectionError, Co
 
 class ServerConfigError(RedisBufError):
     """The server is configured in a way that can lose a buffer (``strict=True``)."""
+
+
+class ServerFullError(RedisBufError, redis.exceptions.OutOfMemoryError):
+    """The server refused an add because its memory is above ``maxmemory`` and its policy
+    (``noeviction``) evicts nothing; the message names the buffer. Nothing of the batch
+    was written. Reads and draws keep working on such a server. Also a redis-py
+    ``OutOfMemoryError``, for code that catches those."""
 
 
 class DurabilityError(RedisBufError):
