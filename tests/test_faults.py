@@ -254,8 +254,8 @@ def test_every_read_and_draw_works_on_a_server_filled_to_maxmemory(
     """Issue 33: a learner kept drawing by priority only while nothing queued its reads
     in a MULTI (refused whole above maxmemory, reads too). Filled to the limit: PER,
     softmax and uniform draws, a fresh learner (its replica's snapshot write is refused),
-    sequence windows (prioritized, with returns), state_dict; an add fails naming the
-    buffer; and none of it changes a key."""
+    sequence windows (prioritized, with returns), a sharded PER buffer, state_dict; an
+    add fails naming the buffer; and none of it changes a key."""
     from redisbuf.sampling import replica as replica_module
 
     monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 8)  # a new replica publishes
@@ -275,8 +275,11 @@ def _every_read_at_maxmemory(client, buffer_name: str) -> None:
     soft = ReplayBuffer(client, buffer_name + "-soft", capacity=10**6,
                         prioritized_sampling=True)
     uniform = ReplayBuffer(client, buffer_name + "-uni", capacity=10**6)
-    for buffer in (per, soft, uniform):
+    sharded = ReplayBuffer(client, buffer_name + "-sh", capacity=10**6, shards=2,
+                           sampler=PERSampler())
+    for buffer in (per, soft, uniform, sharded, sharded):  # one add per shard
         buffer.add(batch(64))
+    sharded.sample(4)
     per.update_priority(np.arange(1, 65), rng.random(64) + 0.1)
     per.sample(4)
     soft.sample(4)
@@ -304,6 +307,8 @@ def _every_read_at_maxmemory(client, buffer_name: str) -> None:
     for replacement in (False, True):
         info = uniform.sample_with_info(8, replacement=replacement)
         assert np.array_equal(uniform.get(info.ids)["x"], info.batch["x"])
+    info = sharded.sample_with_info(16)
+    assert np.array_equal(sharded.get(info.ids)["x"], info.batch["x"])
     # fresh learners: their replicas load, and the snapshot they would publish is refused
     fresh = ReplayBuffer(client, buffer_name + "-per", capacity=10**6, sampler=PERSampler())
     assert fresh.sample(8)["x"].shape == (8, 4)
