@@ -69,7 +69,12 @@ def undecodable(buffer: ReplayBuffer, blobs: list[bytes]) -> list[tuple[int, Exc
 def set_aside(buffer: ReplayBuffer, bad: list[tuple[int, bytes, Exception]]) -> bool:
     """Write the records ``(item id, blob, decode error)`` to the buffer's quarantine hash
     and remove those still stored from the buffer (lua/quarantine.lua), and warn naming
-    each. False when the server refuses writes: the records then stay where they are."""
+    each once (a draw with replacement may hold one twice). False when the server refuses
+    writes: the records then stay where they are."""
+    unique: dict[int, tuple[int, bytes, Exception]] = {}
+    for record in bad:
+        unique.setdefault(record[0], record)
+    bad = list(unique.values())
     keys = [*buffer.keys.all_keys(), buffer.keys.quarantine]
     moved = True
     for start, stop in bounds.chunks(len(bad)):
