@@ -7,19 +7,72 @@ import redis.exceptions
 
 
 class RedisBufError(Exception):
-    """Base class of every redisbuf error."""
+    """Base class of every redisbuf error.
+
+    ``code`` (a class attribute) is the ``RB_*`` code of the server scripts' and FCALL
+    functions' error reply that the class stands for (:data:`SCRIPT_ERRORS`), whether
+    the error came from the server or was raised in Python; None for classes that stand
+    for no code. A reply with a code no class has becomes a plain ``RedisBufError``
+    whose instance ``code`` is that code. Tell errors apart by class
+    (``except NoSuchBufferError``), not by comparing codes."""
+
+    code: str | None = None
 
 
 class ConfigMismatchError(RedisBufError, ValueError):
-    """The buffer's stored configuration differs from the one asked for."""
+    """The buffer's stored configuration differs from the one asked for (a script's
+    ``RB_CONFIG``: e.g. PER priorities for a buffer without PER). The subclasses below
+    are the script replies a caller must tell apart; ``except ConfigMismatchError``
+    catches them all."""
+
+    code = "RB_CONFIG"
+
+
+class NoSuchBufferError(ConfigMismatchError):
+    """The buffer does not exist (a script's ``RB_NOBUF``: it was dropped, or never
+    made); scripts that meet it write nothing, so a dropped buffer is not recreated."""
+
+    code = "RB_NOBUF"
+
+
+class PrioritizedSamplingOffError(ConfigMismatchError):
+    """Prioritized sampling (softmax or PER) is not on for the buffer (``RB_NOTREE``):
+    the buffer was dropped and made again, or turned on for the other rule. The
+    samplers turn it back on when they meet it."""
+
+    code = "RB_NOTREE"
+
+
+class PerBusyError(ConfigMismatchError):
+    """PER is being turned on by another process, a slice at a time (``RB_BUSY``):
+    finish turning it on (any process may) and retry."""
+
+    code = "RB_BUSY"
+
+
+class BufferShardedError(ConfigMismatchError):
+    """The name is a sharded buffer's (``RB_SHARDED``): a plain buffer of that name
+    would hide it, so none is made."""
+
+    code = "RB_SHARDED"
+
+
+class BufferNotShardedError(ConfigMismatchError):
+    """The name is a plain buffer's, asked for as a sharded one (``RB_UNSHARDED``)."""
+
+    code = "RB_UNSHARDED"
 
 
 class SchemaError(RedisBufError, ValueError):
     """A batch's container kind, field dtypes or trailing shapes do not fit the buffer."""
 
+    code = "RB_SCHEMA"
+
 
 class InvalidBatchError(RedisBufError, ValueError):
     """A batch is malformed: mismatched lengths, NaN log-rewards, bad values."""
+
+    code = "RB_INVALID"
 
 
 class ItemTooLargeError(InvalidBatchError):
@@ -32,15 +85,21 @@ class RequestTooLargeError(InvalidBatchError):
     :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS`); the message names the limit. Nothing
     was written. The server's scripts and FCALL functions reply ``RB_LIMIT`` likewise."""
 
+    code = "RB_LIMIT"
+
 
 class EmptyBufferError(RedisBufError, LookupError, ValueError):
     """Sampling was asked of a buffer that holds no item that can be drawn. Also a
     ValueError, which is what torchgfn's buffers raise (and its users catch) there."""
 
+    code = "RB_EMPTY"
+
 
 class SamplingError(RedisBufError, ValueError):
     """The asked-for draw is undefined: a softmax over log-rewards that include +inf, or
     more draws without replacement than items of nonzero probability."""
+
+    code = "RB_UNDEFINED"
 
 
 class MissingExtraError(RedisBufError, ImportError):
@@ -52,6 +111,13 @@ class DecodeError(RedisBufError, ValueError):
     """A stored blob is not a valid redisbuf item."""
 
 
+class QuarantinedRecordWarning(RuntimeWarning):
+    """A sample drew a stored record that does not decode (another client wrote it, e.g.
+    with FCALL ``rb_add``); it was set aside in the buffer's quarantine hash
+    (``rb:{name}:quarantine``) and the draw made again without it. The message names the
+    buffer, the item id and the decode error."""
+
+
 class ServerUnavailableError(RedisBufError, redis.exceptions.ConnectionError, ConnectionError):
     """The Redis server cannot be reached, or was lost (the message names the URL, without
     its password). Also a redis-py ``ConnectionError``, for code that catches those."""
@@ -59,6 +125,13 @@ class ServerUnavailableError(RedisBufError, redis.exceptions.ConnectionError, Co
 
 class ServerConfigError(RedisBufError):
     """The server is configured in a way that can lose a buffer (``strict=True``)."""
+
+
+class ServerFullError(RedisBufError, redis.exceptions.OutOfMemoryError):
+    """The server refused an add because its memory is above ``maxmemory`` and its policy
+    (``noeviction``) evicts nothing; the message names the buffer. Nothing of the batch
+    was written. Reads and draws keep working on such a server. Also a redis-py
+    ``OutOfMemoryError``, for code that catches those."""
 
 
 class DurabilityError(RedisBufError):
@@ -113,3 +186,24 @@ class PartialLoadError(RedisBufError):
         super().__init__(message)
         self.restored = restored
         self.failed = failed
+
+
+# The one mapping of script error codes to exceptions: a script's or FCALL function's
+# error reply that starts with a code becomes an instance of its class here
+# (redisbuf/store/scripts.py, translate).
+SCRIPT_ERRORS: dict[str, type[RedisBufError]] = {
+    cls.code: cls  # type: ignore[misc]
+    for cls in (
+        EmptyBufferError,
+        SchemaError,
+        ConfigMismatchError,
+        NoSuchBufferError,
+        PrioritizedSamplingOffError,
+        PerBusyError,
+        BufferShardedError,
+        BufferNotShardedError,
+        InvalidBatchError,
+        SamplingError,
+        RequestTooLargeError,
+    )
+}

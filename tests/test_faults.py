@@ -23,6 +23,7 @@ from redisbuf.errors import (
     EmptyBufferError,
     SchemaError,
     ServerConfigError,
+    ServerFullError,
     ServerUnavailableError,
 )
 from redisbuf.servers.embedded import EmbeddedServer
@@ -212,6 +213,115 @@ def test_sampling_works_on_a_server_at_maxmemory(own_server, buffer_name, priori
     assert ReplayBuffer(client, buffer_name, capacity=64).sample(2)["x"].shape == (2, 2)
     client.config_set("maxmemory", 0)
     assert buffer.stats()["sampled"] == 0  # read-only draws are not counted
+
+
+def _fill_to_maxmemory(client, add) -> int:
+    """Set ``maxmemory`` (``noeviction``) a little above what the server uses now,
+    ``add()`` until the server refuses one (ServerFullError), then lower ``maxmemory``
+    below the memory used: right after a refusal the server may be just under its limit
+    again (the refused request's buffers freed), and every command is to meet it over.
+    The number of adds made."""
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", client.info("memory")["used_memory"] + 256 * 1024)
+    for made in range(10_000):
+        try:
+            add()
+        except ServerFullError:
+            used = client.info("memory")["used_memory"]
+            client.config_set("maxmemory", used - 128 * 1024)
+            return made
+    raise AssertionError("the server never refused an add")
+
+
+def _all_keys_dumped(client) -> dict[bytes, bytes]:
+    return {key: client.dump(key) for key in client.scan_iter(match="rb:*")}
+
+
+# Debian 12's Redis 7.0 (installed by .ci/setup) refuses every command queued in a MULTI
+# above maxmemory, reads too; the bundled valkey 8.1 lets reads through.
+DEBIAN_SERVER = "/usr/bin/redis-server"
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize("server", [
+    "bundled",
+    pytest.param("redis-7.0", marks=pytest.mark.skipif(
+        not Path(DEBIAN_SERVER).exists(), reason="needs Debian's redis-server")),
+])
+def test_every_read_and_draw_works_on_a_server_filled_to_maxmemory(
+    server, buffer_name, monkeypatch
+):
+    """Issue 33: a learner kept drawing by priority only while nothing queued its reads
+    in a MULTI (refused whole above maxmemory, reads too). Filled to the limit: PER,
+    softmax and uniform draws, a fresh learner (its replica's snapshot write is refused),
+    sequence windows (prioritized, with returns), a sharded PER buffer, state_dict; an
+    add fails naming the buffer; and none of it changes a key."""
+    from redisbuf.sampling import replica as replica_module
+
+    monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 8)  # a new replica publishes
+    with EmbeddedServer(binary=DEBIAN_SERVER if server == "redis-7.0" else None) as own:
+        _every_read_at_maxmemory(redis.Redis.from_url(own.url), buffer_name)
+
+
+def _every_read_at_maxmemory(client, buffer_name: str) -> None:
+    from redisbuf import PERSampler, SequenceBuffer
+
+    rng = np.random.default_rng(0)
+
+    def batch(n: int) -> dict:
+        return {"x": rng.random((n, 4), dtype=np.float32), "log_rewards": rng.random(n)}
+
+    per = ReplayBuffer(client, buffer_name + "-per", capacity=10**6, sampler=PERSampler())
+    soft = ReplayBuffer(client, buffer_name + "-soft", capacity=10**6,
+                        prioritized_sampling=True)
+    uniform = ReplayBuffer(client, buffer_name + "-uni", capacity=10**6)
+    sharded = ReplayBuffer(client, buffer_name + "-sh", capacity=10**6, shards=2,
+                           sampler=PERSampler())
+    for buffer in (per, soft, uniform, sharded, sharded):  # one add per shard
+        buffer.add(batch(64))
+    sharded.sample(4)
+    per.update_priority(np.arange(1, 65), rng.random(64) + 0.1)
+    per.sample(4)
+    soft.sample(4)
+    sequences = SequenceBuffer(client, buffer_name + "-seq", 2, 64, done_field="done",
+                               prioritized_sampling=True, record_episodic_return=True, seed=0)
+    for t in range(40):
+        sequences.add_batch({"obs": np.full((2, 3), t, np.float32),
+                             "done": np.array([t % 10 == 9] * 2),
+                             "reward": np.ones(2, np.float32)})
+    assert _fill_to_maxmemory(client, lambda: uniform.add(batch(256))) > 0
+    before = _all_keys_dumped(client)
+    length = len(per)
+
+    with pytest.raises(ServerFullError, match=f"buffer '{buffer_name}-per'.*maxmemory") as info:
+        per.add(batch(8))
+    assert isinstance(info.value, redis.exceptions.OutOfMemoryError)  # what callers caught
+    assert _all_keys_dumped(client) == before and len(per) == length
+
+    drawn = per.sample_with_info(16)
+    assert np.array_equal(per.get(drawn.ids)["x"], drawn.batch["x"])
+    assert drawn.weights is not None and np.all(drawn.weights > 0)
+    assert per.sample(32)["x"].shape == (32, 4)
+    assert soft.sample(8)["x"].shape == (8, 4)
+    assert soft.sample(8, replacement=True)["x"].shape == (8, 4)
+    for replacement in (False, True):
+        info = uniform.sample_with_info(8, replacement=replacement)
+        assert np.array_equal(uniform.get(info.ids)["x"], info.batch["x"])
+    info = sharded.sample_with_info(16)
+    assert np.array_equal(sharded.get(info.ids)["x"], info.batch["x"])
+    # fresh learners: their replicas load, and the snapshot they would publish is refused
+    fresh = ReplayBuffer(client, buffer_name + "-per", capacity=10**6, sampler=PERSampler())
+    assert fresh.sample(8)["x"].shape == (8, 4)
+    assert ReplayBuffer(client, buffer_name + "-soft", capacity=10**6,
+                        prioritized_sampling=True).sample(8)["x"].shape == (8, 4)
+    data, windows = sequences.get_batch(4, 3)
+    assert data["obs"].shape == (4, 3, 3) and "discounted_return" in data
+    np.testing.assert_array_equal(data["obs"][:, :, 0], windows.positions[:, None] + np.arange(3))
+    state = per.state_dict()
+    assert len(state["ids"]) == length and all(p is not None for p in state["per_priorities"])
+    assert _all_keys_dumped(client) == before  # read-only draws record nothing
+    client.config_set("maxmemory", 0)
+    assert per.add(batch(1)).ids.tolist() == [length + 1]
 
 
 @pytest.mark.redis_server

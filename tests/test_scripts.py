@@ -4,6 +4,7 @@ servers, NOSCRIPT recovery, and error codes that become redisbuf exceptions."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from redisbuf import (
     RedisBufError,
     ReplayBuffer,
     SchemaError,
+    errors,
 )
 from redisbuf.store import scripts
 
@@ -108,10 +110,15 @@ def test_noscript_recovery(client, buffer_name, flush_scripts):
     [
         ("RB_EMPTY", EmptyBufferError),
         ("RB_SCHEMA", SchemaError),
-        ("RB_NOBUF", ConfigMismatchError),
-        ("RB_NOTREE", ConfigMismatchError),
+        ("RB_NOBUF", errors.NoSuchBufferError),
+        ("RB_NOTREE", errors.PrioritizedSamplingOffError),
         ("RB_CONFIG", ConfigMismatchError),
+        ("RB_BUSY", errors.PerBusyError),
+        ("RB_SHARDED", errors.BufferShardedError),
+        ("RB_UNSHARDED", errors.BufferNotShardedError),
         ("RB_INVALID", InvalidBatchError),
+        ("RB_UNDEFINED", errors.SamplingError),
+        ("RB_LIMIT", errors.RequestTooLargeError),
         ("RB_SOMETHINGNEW", RedisBufError),
     ],
 )
@@ -123,6 +130,26 @@ def test_error_codes_become_redisbuf_exceptions(code, error):
     assert type(translated) is error
     assert translated.code == code
     assert str(translated) == "the detail here"
+    if error is not RedisBufError:
+        assert error.code == code  # the class's own, not set on the instance
+        assert "code" not in vars(translated)
+        assert errors.SCRIPT_ERRORS[code] is error
+
+
+def test_every_code_a_script_replies_has_its_own_class():
+    """Each RB_* code in lua/ and the FCALL library maps to one class, and no two codes
+    share one (a caller tells them apart with except, never by comparing codes)."""
+    from redisbuf.store import functions
+
+    sources = [path.read_text() for path in scripts.lua_dir().glob("*.lua")]
+    sources.append(Path(functions.__file__).read_text())
+    used = set(re.findall(r"'(RB_[A-Z]+)[' ]", "\n".join(sources)))
+    assert used and used <= set(errors.SCRIPT_ERRORS), used - set(errors.SCRIPT_ERRORS)
+    classes = list(errors.SCRIPT_ERRORS.values())
+    assert len(set(classes)) == len(classes)
+    # the subclasses keep working where ConfigMismatchError was caught before
+    for code in ("RB_NOBUF", "RB_NOTREE", "RB_BUSY", "RB_SHARDED", "RB_UNSHARDED"):
+        assert issubclass(errors.SCRIPT_ERRORS[code], ConfigMismatchError)
 
 
 def test_uncoded_errors_pass_through():
@@ -133,9 +160,9 @@ def test_uncoded_errors_pass_through():
 def test_script_errors_reach_python_as_redisbuf_exceptions(client, buffer_name):
     buffer = ReplayBuffer(client, buffer_name, capacity=3)
     buffer.drop()  # meta gone: the add script answers RB_NOBUF
-    with pytest.raises(ConfigMismatchError, match="does not exist") as info:
+    with pytest.raises(errors.NoSuchBufferError, match="does not exist") as info:
         buffer.add({"x": np.zeros(1)})
-    assert info.value.code == "RB_NOBUF"
+    assert isinstance(info.value, ConfigMismatchError) and info.value.code == "RB_NOBUF"
     with pytest.raises(EmptyBufferError, match="buffer is empty"):
         buffer.sample(1)
 

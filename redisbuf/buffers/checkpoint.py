@@ -94,9 +94,11 @@ class Checkpointing:
 
     def _records(self, per: bool = False) -> Iterator[tuple[int, float, bytes, float | None, int]]:
         """(id, log-reward, blob, PER priority, use count) of every item, oldest first,
-        read in chunks, each chunk in one MULTI (a consistent view of its items). The PER
-        priority is None unless ``per``; then an item without one (PER was turned on or
-        off meanwhile) is left out, like an item evicted while we read."""
+        read in chunks, each chunk in one plain pipeline (not a MULTI, which a server at
+        ``maxmemory`` refuses, reads too) whose blob read comes last: an item whose blob
+        it finds was present at the chunk's earlier reads (ids are never reused), and one
+        evicted while we read is left out. The PER priority is None unless ``per``; then
+        an item without one (PER was turned on or off meanwhile) is left out too."""
         start = 0
         # without log-rewards stored (every item's is 0), order answers "present" instead
         kept = keeps_rewards(self.client, self.keys)
@@ -104,13 +106,13 @@ class Checkpointing:
             members = self.client.zrange(self.keys.order, start, start + _READ_CHUNK - 1)
             if not members:
                 return
-            pipe = self.client.pipeline(transaction=True)
-            pipe.hmget(self.keys.items, members)
+            pipe = self.client.pipeline(transaction=False)
             pipe.zmscore(self.keys.prio if kept else self.keys.order, members)
             pipe.hmget(self.keys.uses, members)
             if per:
                 pipe.hmget(self.keys.per, members)
-            blobs, scores, uses, *rest = pipe.execute()
+            pipe.hmget(self.keys.items, members)
+            scores, uses, *rest, blobs = pipe.execute()
             pers = rest[0] if per else [None] * len(members)
             for member, blob, score, used, priority in zip(
                 members, blobs, scores, uses, pers, strict=True

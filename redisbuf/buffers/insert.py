@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from ..errors import SchemaError, ServerUnavailableError
+from ..errors import SchemaError, ServerFullError, ServerUnavailableError
 from ..store import scripts
 from ..store.connection import check_durability, durability_wait, retrying
 from ..store.containers import schema_to_json
@@ -131,6 +131,8 @@ class Inserting:
             reply = self._commit(first, blobs, texts, schema_json, options_json, batch_id)
         except SchemaError:
             raise self._schema_refusal(schema) from None
+        except redis.exceptions.OutOfMemoryError as exc:
+            raise self._full(exc) from exc
         if self._schema is None:
             self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
         first, count, evicted = (int(value) for value in reply)
@@ -210,6 +212,17 @@ class Inserting:
 
         return retrying(attempt, name=self.client)
 
+    def _full(self, refusal: redis.exceptions.OutOfMemoryError) -> ServerFullError:
+        """The error for an add the server refused above ``maxmemory``."""
+        if isinstance(refusal, ServerFullError):
+            return refusal
+        return ServerFullError(
+            f"buffer {self.keys.name!r}: the server refused the add, its memory is above "
+            "maxmemory and its policy evicts nothing (noeviction); nothing was written. "
+            "Free memory (clear or drop a buffer) or raise maxmemory. The server said: "
+            f"{refusal}"
+        )
+
     def _release(self, first: int, n: int, batch_id: str, give_back: bool) -> None:
         """Undo a reservation whose commit the server refused (``lua/add_release.lua``),
         so that the refused batch leaves ``last_id`` and the batch memory as they were.
@@ -242,6 +255,8 @@ class Inserting:
                 check_durability(self.durability, confirmation, self.client)
         except SchemaError:
             raise self._schema_refusal(schema) from None
+        except redis.exceptions.OutOfMemoryError as exc:
+            raise self._full(exc) from exc
         if self._schema is None and _refusal(reply) is None:
             self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
         return reply

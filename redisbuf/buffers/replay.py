@@ -13,11 +13,13 @@ import redis
 
 from ..control.remote import RemoteScorer
 from ..errors import (
+    BufferShardedError,
     ConfigMismatchError,
     DecodeError,
     EmptyBufferError,
     InvalidBatchError,
     ItemTooLargeError,
+    PerBusyError,
     RateLimitTimeoutError,
     RequestTooLargeError,
     SchemaError,
@@ -50,6 +52,7 @@ from ..store.containers import (
     kind_of,
 )
 from ..store.keys import BufferKeys, decode_meta, format_id, keeps_rewards, pack_ids
+from . import quarantine
 
 # FILE_MAGIC, SAVE_FORMAT_VERSION, Progress: importable from here as from redisbuf.buffer
 from .checkpoint import FILE_MAGIC, SAVE_FORMAT_VERSION, Checkpointing, Progress  # noqa: F401
@@ -342,9 +345,8 @@ class ReplayBuffer(Inserting, Checkpointing):
                     [self.keys.meta, self.keys.shards],
                     [capacity, eviction, FORMAT_VERSION, int(time.time()), repr(float(window))],
                 )
-            except ConfigMismatchError as exc:
-                if getattr(exc, "code", None) == "RB_SHARDED":
-                    self._refuse_sharded()
+            except BufferShardedError:
+                self._refuse_sharded()
                 raise
             meta = decode_meta(dict(zip(reply[::2], reply[1::2], strict=True)))
         if "capacity" not in meta or "eviction" not in meta:
@@ -720,9 +722,28 @@ class ReplayBuffer(Inserting, Checkpointing):
         did not return, so every n-subset is equally likely when no other process changes
         the buffer meanwhile. A ``sample_range`` or selector draw of more than that many
         without replacement raises :class:`RequestTooLargeError`.
+
+        A drawn record that does not decode (another client stored it) is set aside in
+        the buffer's quarantine hash (``rb:{name}:quarantine``), counted in
+        ``stats()["quarantined"]``, named in a
+        :class:`~redisbuf.errors.QuarantinedRecordWarning`, and the draw is made again
+        without it (:mod:`redisbuf.buffers.quarantine`).
         """
+        return self._sample(n, replacement, sample_range, block, timeout, min_size)[1]
+
+    def _sample(
+        self,
+        n: int,
+        replacement: bool | None,
+        sample_range: slice | None,
+        block: bool,
+        timeout: float | None | Unset,
+        min_size: int | None,
+    ) -> tuple[Draw, Any]:
+        """A draw and its decoded batch, records that do not decode set aside."""
         draw = self._draw(n, replacement, sample_range, block, timeout, min_size)
-        return self.decode(draw.blobs, draw.ids, draw.schema_json)
+        return quarantine.decode_draw(
+            self, draw, lambda count: self._draw_now(count, replacement, sample_range))
 
     def sample_with_info(
         self,
@@ -736,9 +757,9 @@ class ReplayBuffer(Inserting, Checkpointing):
     ) -> SampleInfo:
         """Like :meth:`sample`, also returning item ids and draw probabilities (None for
         ``sample_range`` and for batches with recent data)."""
-        draw = self._draw(n, replacement, sample_range, block, timeout, min_size)
+        draw, batch = self._sample(n, replacement, sample_range, block, timeout, min_size)
         return SampleInfo(
-            self.decode(draw.blobs, draw.ids, draw.schema_json),
+            batch,
             np.array(draw.ids, dtype=np.int64),
             draw.probabilities,
             draw.weights,
@@ -768,9 +789,7 @@ class ReplayBuffer(Inserting, Checkpointing):
         args: list[Any] = [packed, width, ",".join(texts)]
         try:
             reply = self._run("update_priority", self.keys.all_keys(), args)
-        except ConfigMismatchError as exc:
-            if getattr(exc, "code", None) != "RB_BUSY":
-                raise
+        except PerBusyError:
             finish_turning_per_on(self)  # another process began turning PER on
             reply = self._run("update_priority", self.keys.all_keys(), args)
         updated, epoch, before, after, stamp_before, stamp_after = reply
@@ -882,6 +901,7 @@ class ReplayBuffer(Inserting, Checkpointing):
             "kind": meta.get("kind"),
             "eviction": meta.get("eviction"),
             "prioritized_sampling_ready": meta.get("tree") == "1",
+            "quarantined": int(meta.get("quarantined", 0)),
             "memory_bytes": self.memory_usage(),
             **lifetime.lifetime_stats(meta, int(length)),
             **lifetime.priority_stats(self, meta),

@@ -452,10 +452,14 @@ class SequenceBuffer:
             return [], []
         if not self.record_episodic_return:
             return self.client.hmget(self._keys[1], names), []
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hmget(self._keys[1], names)
+        # one plain pipeline, returns first (a MULTI is refused at maxmemory, reads too):
+        # a step whose blob the second read finds was stored at the first (step names
+        # are never reused), so every window read whole pairs its blobs with the returns
+        # of one moment; a step evicted in between reads as missing, and is drawn again
+        pipe = self.client.pipeline(transaction=False)
         pipe.hmget(self._keys[6], names)
-        blobs, returns = pipe.execute()
+        pipe.hmget(self._keys[1], names)
+        returns, blobs = pipe.execute()
         return blobs, returns
 
     # -- sampling --------------------------------------------------------------------

@@ -73,7 +73,9 @@ import redis
 import redis.crc
 
 from ..errors import (
+    BufferNotShardedError,
     ConfigMismatchError,
+    DecodeError,
     EmptyBufferError,
     SamplingError,
     SchemaError,
@@ -88,6 +90,7 @@ from ..store import bounds, scripts
 from ..store.connection import LOST, as_client, guarded, is_cluster
 from ..store.containers import kind_of, schema_to_json
 from ..store.keys import BufferKeys
+from . import quarantine
 from .checkpoint import ShardedCheckpointing, saved_shard_count
 from .replay import AddResult, ReplayBuffer, SampleInfo
 
@@ -259,9 +262,7 @@ class ShardedReplayBuffer(ShardedCheckpointing):
             raw = scripts.load("shard_layout")(
                 self.client, [self.keys.shards, self.keys.meta], [layout]
             )
-        except ConfigMismatchError as exc:
-            if getattr(exc, "code", None) != "RB_UNSHARDED":
-                raise
+        except BufferNotShardedError:
             raise ConfigMismatchError(
                 f"buffer {self.name!r} exists unsharded; it cannot be opened with shards= "
                 "(shards mismatch); nothing was written"
@@ -689,7 +690,8 @@ class ShardedReplayBuffer(ShardedCheckpointing):
         ``prioritized_sampling``, or PER with ``sampler=PERSampler(...)``; without
         replacement unless ``replacement=True`` or ``n`` exceeds the length, PER always
         with); one batch of the buffer's kind. ``block``, ``timeout`` and ``min_size``
-        as :meth:`ReplayBuffer.sample`."""
+        as :meth:`ReplayBuffer.sample`. A drawn record that does not decode is set aside in its
+        shard's quarantine hash and the draw made again, as there."""
         return self.sample_with_info(
             n, replacement, block=block, timeout=timeout, min_size=min_size
         ).batch
@@ -708,17 +710,43 @@ class ShardedReplayBuffer(ShardedCheckpointing):
         replacement); with PER also ``weights`` and ``importance_weights`` over the
         whole buffer (the lowest mass and the mean non-zero priority of every shard)."""
         if block:
-            ids, blobs, probabilities, (k, schema_json) = self._wait_and_draw(
-                n, replacement, timeout, min_size
-            )
+            drawn = self._wait_and_draw(n, replacement, timeout, min_size)
         else:
-            ids, blobs, probabilities, (k, schema_json) = self._draw(n, replacement)
-        batch = self.shards[k].decode(blobs, ids, schema_json)
+            drawn = self._draw(n, replacement)
+        (ids, _, probabilities, _), batch = self._decoded(drawn, n, replacement)
         if self.per is not None:
             weights, importance = self._last_weights
             return SampleInfo(batch, np.array(ids, dtype=np.int64), probabilities, weights,
                               importance)
         return SampleInfo(batch, np.array(ids, dtype=np.int64), probabilities)
+
+    def _decoded(self, drawn: Any, n: int, replacement: bool | None) -> tuple[Any, Any]:
+        """A draw of :meth:`_draw` and its batch. Records that do not decode are set aside
+        in their shard's quarantine hash and the draw is taken back and made again, as
+        :meth:`ReplayBuffer.sample` does (redisbuf/buffers/quarantine.py)."""
+        for _ in range(quarantine.ROUNDS):
+            ids, blobs, _, (k, schema_json) = drawn
+            try:
+                return drawn, self.shards[k].decode(blobs, ids, schema_json)
+            except DecodeError as exc:
+                failure = exc
+            bad = quarantine.undecodable(self.shards[k], blobs)
+            if not bad:
+                raise failure
+            local: dict[int, list[int]] = {}
+            for item in ids:
+                local.setdefault(item % self.count, []).append(item // self.count)
+            for shard, items in local.items():
+                with self._on_shard(shard):
+                    quarantine.take_back(self.shards[shard], items)
+            for position, error in bad:
+                shard = ids[position] % self.count
+                with self._on_shard(shard):
+                    quarantine.set_aside(self.shards[shard], [
+                        (ids[position] // self.count, blobs[position], error)])
+            drawn = self._draw(n, replacement)
+        ids, blobs, _, (k, schema_json) = drawn
+        return drawn, self.shards[k].decode(blobs, ids, schema_json)
 
     def _wait_and_draw(
         self, n: int, replacement: bool | None, timeout: float | None, min_size: int | None
@@ -781,8 +809,9 @@ class ShardedReplayBuffer(ShardedCheckpointing):
         return sorted(rows, key=lambda row: -row[1])[: max(k, 0)]
 
     def stats(self) -> dict[str, Any]:
-        """Totals over the shards (length, capacity, inserted, evicted, sampled, memory)
-        and each shard's own :meth:`ReplayBuffer.stats` under ``"shards"``."""
+        """Totals over the shards (length, capacity, inserted, evicted, sampled,
+        quarantined, memory) and each shard's own :meth:`ReplayBuffer.stats` under
+        ``"shards"``."""
         per_shard = []
         for k, shard in enumerate(self.shards):
             with self._on_shard(k):
@@ -794,7 +823,7 @@ class ShardedReplayBuffer(ShardedCheckpointing):
             "capacity": sum(int(s["capacity"]) for s in per_shard),
             **{
                 key: sum(int(s[key]) for s in per_shard)
-                for key in ("length", "inserted", "evicted", "sampled")
+                for key in ("length", "inserted", "evicted", "sampled", "quarantined")
             },
             "kind": next((s["kind"] for s in per_shard if s["kind"]), None),
             "eviction": per_shard[0]["eviction"],

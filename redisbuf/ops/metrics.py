@@ -77,6 +77,9 @@ class Snapshot:
     history: list[HistoryPoint] = field(default_factory=list)
     buffer_class: str = "buffer"  # a key of LAYOUTS
     unit: str = "items"  # what length, capacity, the counters and the history count
+    # records set aside because they do not decode (a ReplayBuffer's meta quarantined,
+    # redisbuf/buffers/quarantine.py); 0 for the other classes
+    quarantined: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -349,6 +352,7 @@ def snapshot(
         manager_running=bool(manager),
         workers_alive=alive,
         history=parse_history(meta),
+        quarantined=_int(meta.get("quarantined")),
     )
 
 
@@ -429,6 +433,8 @@ class BufferCollector:
     ``redisbuf_sampled_total``. Length, capacity and the counters are in the class's
     unit (:attr:`Layout.unit`: items, steps, episodes, chunks; the counters are the meta
     fields the layout names, which only a ReplayBuffer's ``clear()`` restarts).
+    ``redisbuf_quarantined_total`` (ReplayBuffers only): records set aside because they
+    do not decode (:mod:`redisbuf.buffers.quarantine`), which no ``clear()`` restarts.
     ``redisbuf_up`` (no labels) is 1 when Redis answered this scrape.
     """
 
@@ -490,6 +496,15 @@ class BufferCollector:
             for snap in snaps:
                 family.add_metric([snap.name, snap.buffer_class], float(getattr(snap, metric)))
             yield family
+        family = CounterMetricFamily(
+            "redisbuf_quarantined",
+            "records set aside because they do not decode, since creation (items)",
+            labels=labels,
+        )
+        for snap in snaps:
+            if snap.buffer_class == "buffer":
+                family.add_metric([snap.name, snap.buffer_class], float(snap.quarantined))
+        yield family
 
 
 def serve(client: redis.Redis, names: Sequence[str], port: int, addr: str = "0.0.0.0") -> Any:

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import redis
 
-from ..errors import ConfigMismatchError, EmptyBufferError, SamplingError
+from ..errors import EmptyBufferError, PrioritizedSamplingOffError, SamplingError
 
 if TYPE_CHECKING:
     from ..buffers.replay import ReplayBuffer
@@ -46,6 +47,8 @@ _SNAP_CHUNK = 65_536
 _SNAP_ROWS = 20_000
 # Below this many items a scan is a few calls: no snapshot is written (nor read)
 _SNAP_MIN_ITEMS = 50_000
+# What a server that refuses every write answers one (redisbuf/store/scripts.py)
+_REFUSED_WRITES = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
 
 
 def _text(value: Any) -> str:
@@ -403,7 +406,9 @@ class MassReplica:
         chunk led by the snapshot's token, written under a staging key and swapped in by
         lua/snapshot_commit.lua when it is newer than the one there. A new replica reads it
         in a few large replies and follows the log from its version. Whether it was
-        published."""
+        published: not when the server refuses writes (``maxmemory`` reached under
+        ``noeviction``, a read-only replica), where the snapshot, a shortcut for later
+        replicas, is skipped and the draw goes on."""
         self.rows_applied = 0
         if self.live < _SNAP_MIN_ITEMS:
             return False
@@ -420,12 +425,15 @@ class MassReplica:
             pipe.hset(staging, f"c{k}", token + ids[part].astype("<i8").tobytes()
                       + scores[part].astype("<f8").tobytes())
         pipe.expire(staging, 600)  # gone if this process dies before the commit
-        pipe.execute()
         header = json.dumps({"token": token.hex(), "epoch": self.epoch, "version": self.version,
                              "stamp": self.stamp, "rule": self.rule, "count": len(ids),
                              "chunks": chunks})
-        published = buffer._run("snapshot_commit", [keys.meta, staging, keys.snap],
-                                [header, self.epoch, self.version])
+        try:
+            pipe.execute()
+            published = buffer._run("snapshot_commit", [keys.meta, staging, keys.snap],
+                                    [header, self.epoch, self.version])
+        except _REFUSED_WRITES:
+            return False  # a part written before the refusal expires with the staging key
         return bool(int(published))
 
     def _load_snapshot(self, buffer: ReplayBuffer) -> bool:
@@ -582,10 +590,8 @@ class MassReplica:
         self._refresh_blocks(0, len(self.group_sums))
 
 
-class _NotOn(ConfigMismatchError):
+class _NotOn(PrioritizedSamplingOffError):
     """Prioritized sampling by this rule is not on (the sampler turns it on)."""
-
-    code = "RB_NOTREE"
 
     def __init__(self, rule: str, per: bool) -> None:
         super().__init__(

@@ -17,8 +17,8 @@ import numpy as np
 import redis
 
 from ..errors import (
-    ConfigMismatchError,
     EmptyBufferError,
+    PrioritizedSamplingOffError,
     RequestTooLargeError,
     SamplingError,
 )
@@ -503,31 +503,29 @@ _SPARES = 2
 def _send_commit(
     buffer: ReplayBuffer, script: scripts.Script, args: list[Any], members: list[bytes] | None
 ) -> list[Any]:
-    """The commit script, the HMGET of ``members`` (None: none) and the schema, in one
-    MULTI / EXEC, so the blobs are those of the items the commit recorded (another
-    process's eviction cannot fall between them); the script's reply translated (the
-    read-only variant on a server refusing writes, which also refuses the transaction:
-    then a plain pipeline, whose blob read may find an item gone and draw again)."""
+    """The commit script, then the HMGET of ``members`` (None: none) and the schema, in
+    one plain pipeline (one round trip); the script's reply translated (the read-only
+    variant on a server refusing writes).
+
+    Not a MULTI: a server at ``maxmemory`` refuses every command queued in a transaction,
+    reads too, and the reads must work there. The reads run after the commit on the same
+    connection, so a blob read is that of the item the commit recorded (ids are never
+    reused) unless another process removed the item in between: its blob then reads as
+    None, and the callers take the draw back (lua/undo_draws.lua) and draw again, as for
+    any item gone before its read. The blobs of the draws a correcting commit moved come
+    from the script itself (atomic with the commit)."""
     keys = buffer.keys
     all_keys = keys.all_keys()
-    transaction = True
 
     def send() -> list[Any]:
-        pipe = buffer.client.pipeline(transaction=transaction)
+        pipe = buffer.client.pipeline(transaction=False)
         scripts.queue(pipe, buffer.client, script, all_keys, args)
         if members is not None:
             pipe.hmget(keys.items, members)
         pipe.hget(keys.meta, "schema")
         return pipe.execute(raise_on_error=False)
 
-    try:
-        replies = retrying(send, name=buffer.client)
-    except (redis.exceptions.ExecAbortError, redis.exceptions.RedisClusterException,
-            *scripts._REFUSED_WRITES):
-        # refused as a whole (above maxmemory; a cluster client of redis-py < 6 has no
-        # transactions): run it plainly
-        transaction = False
-        replies = retrying(send, name=buffer.client)
+    replies = retrying(send, name=buffer.client)
     if scripts.missing(replies[0]):
         scripts.reload(buffer.client, script)
         replies = retrying(send, name=buffer.client)
@@ -539,6 +537,9 @@ def _send_commit(
             raise scripts.translate(reply)
     elif isinstance(reply, Exception):
         raise reply
+    for read in replies[1:]:
+        if isinstance(read, Exception):
+            raise read
     return replies
 
 
@@ -688,9 +689,7 @@ class PrioritizedSampler:
     def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
         try:
             drawn = _replica_draw(buffer, "softmax", n, rng, self.replacement)
-        except ConfigMismatchError as exc:
-            if getattr(exc, "code", None) != "RB_NOTREE":
-                raise
+        except PrioritizedSamplingOffError:
             self.prepare(buffer)  # turned off (dropped and made again): turn it back on
             drawn = _replica_draw(buffer, "softmax", n, rng, self.replacement)
         return Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
@@ -768,9 +767,7 @@ class PERSampler:
     def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
         try:
             drawn = _replica_draw(buffer, "per", n, rng, True)
-        except ConfigMismatchError as exc:
-            if getattr(exc, "code", None) != "RB_NOTREE":
-                raise
+        except PrioritizedSamplingOffError:
             self.prepare(buffer)  # the buffer was dropped and made again: turn PER back on
             drawn = _replica_draw(buffer, "per", n, rng, True)
         draw = Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)

@@ -74,7 +74,10 @@ GRANTS: dict[str, str] = {
     **dict.fromkeys(("sample_uniform", "sample_prioritized", "sample_select", "sample_window",
                      "undo_draws", "episode_sample", "episode_windows", "fragment_fetch",
                      "masslog_read", "replica_read", "seq_read", "seq_sample",
-                     "seq_masslog_read", "seq_replica_read", "enable_per", "enable_tree"),
+                     "seq_masslog_read", "seq_replica_read", "enable_per", "enable_tree",
+                     # a learner's replica publishes snapshots; its draws set aside
+                     # records that do not decode
+                     "snapshot_commit", "quarantine"),
                     "sample"),
     **dict.fromkeys(("update_priority", "seq_update_priority"), "priority"),
     "rate_limit": "rate",
@@ -83,7 +86,7 @@ GRANTS: dict[str, str] = {
                      "fragment_clear", "fragment_init", "fragment_stats",
                      "fragment_update_version", "init", "manager_score", "restore",
                      "restore_items", "restore_stage", "seq_init", "shard_layout",
-                     "snapshot_commit", "update_model_version"), "admin"),
+                     "update_model_version"), "admin"),
 }
 
 _GRANT_CHECK = """

@@ -21,6 +21,7 @@ key                        type    content
 ``rb:{name}:masslog``      list    recent score changes, for prioritized samplers' replicas
 ``rb:{name}:snap``         hash    a replica's snapshot of the scores, for new replicas
 ``rb:{name}:shards``       hash    a sharded buffer's layout (see redisbuf/buffers/sharded.py)
+``rb:{name}:quarantine``   hash    item id -> blob of a record set aside: it did not decode
 =========================  ======  =====================================================
 
 ``tree:ids``, ``tree:slots`` and ``tree:free`` are no longer written (their places in the
@@ -195,6 +196,14 @@ class BufferKeys:
         """A sharded buffer's layout (shard names, capacity, schema); its shards are
         buffers of their own, and no buffer ``name`` exists beside them."""
         return self._key("shards")
+
+    @property
+    def quarantine(self) -> str:
+        """Records set aside because they do not decode (item id -> blob, as stored),
+        moved there by lua/quarantine.lua when a sample drew them
+        (redisbuf/buffers/quarantine.py). Not among :meth:`all_keys`: only that script
+        takes it; ``clear`` keeps it, ``drop`` deletes it."""
+        return self._key("quarantine")
 
     def drawing(self, token: str) -> str:
         """The set of ids one large uniform draw has returned so far (its chunks exclude

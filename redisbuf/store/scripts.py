@@ -55,20 +55,9 @@ def _expand(source: str, seen: frozenset[str] = frozenset()) -> str:
     return _INCLUDE.sub(include, source)
 
 
-# Error codes a script puts first in its error reply -> exception raised in Python.
-_ERROR_CODES: dict[str, type[Exception]] = {
-    "RB_EMPTY": errors.EmptyBufferError,
-    "RB_SCHEMA": errors.SchemaError,
-    "RB_NOBUF": errors.ConfigMismatchError,
-    "RB_NOTREE": errors.ConfigMismatchError,
-    "RB_CONFIG": errors.ConfigMismatchError,
-    "RB_SHARDED": errors.ConfigMismatchError,
-    "RB_UNSHARDED": errors.ConfigMismatchError,
-    "RB_INVALID": errors.InvalidBatchError,
-    "RB_UNDEFINED": errors.SamplingError,
-    "RB_BUSY": errors.ConfigMismatchError,
-    "RB_LIMIT": errors.RequestTooLargeError,
-}
+# Error codes a script puts first in its error reply -> exception raised in Python
+# (one mapping, in redisbuf/errors.py).
+_ERROR_CODES: dict[str, type[errors.RedisBufError]] = errors.SCRIPT_ERRORS
 _ERROR_PATTERN = re.compile(r"\b(RB_[A-Z]+) ?(.*)", re.DOTALL)
 
 
@@ -265,17 +254,22 @@ class Script:
 def translate(exc: redis.exceptions.ResponseError) -> Exception:
     """Turn a script's coded error reply into the redisbuf exception for its code.
 
-    The returned exception has ``code`` (e.g. ``"RB_EMPTY"``); replies without a code
-    come back unchanged.
+    The returned exception is an instance of the code's class in
+    :data:`redisbuf.errors.SCRIPT_ERRORS` (its ``code``, e.g. ``"RB_EMPTY"``, a class
+    attribute), or a plain ``RedisBufError`` carrying an unknown code; replies without a
+    code come back unchanged.
     """
     match = _ERROR_PATTERN.search(str(exc))
     if not match:
         return exc
     code, detail = match.group(1), match.group(2).strip()
     detail = re.sub(r"\s*script: \w+, on @user_(?:script|function):\d+\.?$", "", detail)
-    error = _ERROR_CODES.get(code, errors.RedisBufError)(detail)
-    error.code = code  # type: ignore[attr-defined]
-    return error
+    kind = _ERROR_CODES.get(code)
+    if kind is None:
+        error = errors.RedisBufError(detail)
+        error.code = code
+        return error
+    return kind(detail)
 
 
 # Scripts that never write: where functions run, they run as their read-only variant
