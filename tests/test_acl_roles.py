@@ -393,3 +393,31 @@ def test_apply_leaves_out_only_what_the_server_does_not_know(any_server, tmp_pat
     finally:
         admin.execute_command("ACL", "DELUSER", "omit-probe")
         admin.close()
+
+
+
+def test_a_learner_on_a_large_buffer_publishes_the_snapshot(redis_server, real_client, tmp_path):
+    """From _SNAP_MIN_ITEMS items on, a learner's first draw writes the buffer's snapshot
+    (lua/snapshot_commit.lua): part of sampling, so the learner role may do it."""
+    from redisbuf.sampling.replica import _SNAP_MIN_ITEMS
+
+    functions.install(real_client)
+    name, total = f"aclbig-{uuid.uuid4().hex[:6]}", _SNAP_MIN_ITEMS + 10
+    big = ReplayBuffer(real_client, name, capacity=total, sampler=PERSampler())
+    for start in range(0, total, 1000):
+        big.add({"x": np.zeros((min(1000, total - start), 1), np.float32)})
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret-pw\n")
+    username = f"learner-{uuid.uuid4().hex[:6]}"
+    assert cli.main(["acl", name, "--role", "learner", "--user", username, "--apply",
+                     "--url", redis_server.url, "--password-file", str(secret)]) == 0
+    try:
+        learner = redis.Redis(host="127.0.0.1", port=redis_server.port, username=username,
+                              password="s3cret-pw")
+        # as every process of a run opens it: with the capacity (an existing buffer's
+        # meta is only read, which needs no admin grant)
+        own = ReplayBuffer(learner, name, capacity=total, sampler=PERSampler())
+        assert own.sample(64)["x"].shape == (64, 1)
+        assert real_client.hget(big.keys.snap, "header") is not None
+    finally:
+        real_client.execute_command("ACL", "DELUSER", username)

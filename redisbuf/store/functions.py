@@ -67,6 +67,7 @@ READ_ONLY = frozenset({"rb_version", "rb_sample_uniform_ro", "rb_len", "rb_stats
 # "rate": rate_limit.lua admits inserts (actor) and samples (learner): ARGV[1] says which.
 # "config": the settings every opening process passes (lifetime, rate limiter): "admin"
 # when one is given (each is stored only on a new buffer), nothing when none is.
+# "create": opening with a capacity: "admin" when the buffer does not exist yet.
 GRANTS: dict[str, str] = {
     **dict.fromkeys(("add", "add_reserve", "add_commit", "add_release", "add_diverse",
                      "episode_push", "fragment_add", "seq_add", "seq_episode"), "add"),
@@ -82,9 +83,11 @@ GRANTS: dict[str, str] = {
     **dict.fromkeys(("update_priority", "seq_update_priority"), "priority"),
     "rate_limit": "rate",
     **dict.fromkeys(("lifetime_config", "limiter_config"), "config"),
+    # "create": init.lua makes a buffer (admin) or, when it exists, only reads its meta
+    "init": "create",
     **dict.fromkeys(("baseline", "clear", "drop", "episode_clear", "episode_init",
                      "fragment_clear", "fragment_init", "fragment_stats",
-                     "fragment_update_version", "init", "manager_score", "restore",
+                     "fragment_update_version", "manager_score", "restore",
                      "restore_items", "restore_stage", "seq_init", "shard_layout",
                      "update_model_version"), "admin"),
 }
@@ -100,6 +103,11 @@ local function rb_refused(keys, args, grant)
     local asked = false
     for i = 1, #args do asked = asked or args[i] ~= '' end
     if not asked then return nil end
+    grant = 'admin'
+  elseif grant == 'create' then
+    -- every process opening the buffer with a capacity calls it; on an existing buffer it
+    -- only reads (the caller compares the settings)
+    if redis.call('EXISTS', keys[1]) == 1 then return nil end
     grant = 'admin'
   end
   local prefix = string.match(tostring(keys[1]), '^rb:{[^}]*}:')
