@@ -222,6 +222,7 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
         self._known: tuple[np.ndarray | None, int, int] = (None, 0, 0)
+        self._fill = np.zeros(shards)
         self._last_weights = (np.empty(0), np.empty(0))
 
     # -- layout -------------------------------------------------------------------------

@@ -103,6 +103,9 @@ class ShardedSampling:
         _last_weights: tuple[np.ndarray, np.ndarray]
         #: (shard sizes the last uniform draws reported, misses in a row, draws to skip)
         _known: tuple[np.ndarray | None, int, int]
+        capacity: int
+        #: each shard's fill (items over the largest shard capacity) as last seen
+        _fill: np.ndarray
 
         def _on_shard(self, k: int) -> Any: ...
 
@@ -227,17 +230,51 @@ class ShardedSampling:
                 # the sizes moved (a filling buffer): ask them first for a while
                 misses += 1
                 self._known = (self._known[0], misses, min(2**misses, 64) - 1)
+        if local and n <= bounds.MAX_ITEMS_PER_COMMAND and self._fill.mean() >= 0.5:
+            drawn = self._draw_one_by_rejection(n, replacement)
+            if drawn is not None:
+                return drawn
         sizes = self._sizes()
         if local:
-            replace = bool(replacement) or n > int(sizes.sum())
-            if replace or not ((sizes > 0) & (sizes < n)).any():
-                k = self._choose(sizes)
-                draw = self._shard_draw(k, n, replace)
-                return [i * self.count + k for i in draw.ids], draw.blobs, None, (
-                    k, draw.schema_json)
+            total = int(sizes.sum())
+            if total == 0:
+                raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty")
+            self._fill = sizes / -(-self.capacity // self.count)
+            k = self._choose(sizes)
+            # n above the shard's size: with replacement there, as a buffer of that size
+            draw = self._shard_draw(k, n, bool(replacement) or n > total)
+            return [i * self.count + k for i in draw.ids], draw.blobs, None, (
+                k, draw.schema_json)
         drawn = self._draw_uniform_on(sizes, n, replacement, check=False)
         assert drawn is not None  # only a checked draw is refused
         return drawn
+
+    def _draw_one_by_rejection(self, n: int, replacement: bool | None) -> Drawn | None:
+        """A shard-local uniform batch without asking every shard's size: a shard chosen
+        uniformly draws the batch, which stands with probability its size (as its script
+        reported it) over the largest shard capacity, else is taken back and another
+        shard chosen. Each try that stands picks shard ``k`` with probability
+        proportional to its size at that try, so every item's chance is the same; a try
+        does not depend on the earlier ones, so whatever the number of tries the batch
+        that stands has that law. None (nothing recorded) after a few refused tries."""
+        bound = -(-self.capacity // self.count)  # the largest shard's capacity
+        for _ in range(4):
+            k = int(self.rng.integers(self.count))
+            try:
+                draw = self._shard_draw(k, n, bool(replacement))
+            except EmptyBufferError:
+                continue  # size 0: taken with probability 0
+            seen = getattr(self.shards[k], "_uniform_ids", None)
+            if seen is None:  # its size unknown: ask every shard's
+                self._undo({k: draw})
+                return None
+            size = min(int(seen.length), bound)  # a shard never holds more
+            self._fill[k] = size / bound
+            if self.rng.random() * bound < size:
+                return [i * self.count + k for i in draw.ids], draw.blobs, None, (
+                    k, draw.schema_json)
+            self._undo({k: draw})
+        return None
 
     def _draw_uniform_on(
         self, sizes: np.ndarray, n: int, replacement: bool | None, check: bool
