@@ -58,7 +58,7 @@ from ..sampling import samplers
 from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import Draw
 from ..store import bounds, scripts
-from ..store.connection import LOST
+from ..store.connection import LOST, is_cluster
 from .replay import ReplayBuffer, SampleInfo
 
 if TYPE_CHECKING:
@@ -157,10 +157,23 @@ class ShardedSampling:
                     else ["", 0, ""])
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
 
-        replies = self._per_shard(command)
-        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-            self.client.script_load(script.source)  # every master (cluster: primaries)
+        def read(k: int) -> Any:
+            replica, shard = replicas[k], self.shards[k]
+            args = ([replica.epoch, replica.version, replica.stamp] if replica is not None
+                    else ["", 0, ""])
+            with self._on_shard(k):
+                return shard._run("masslog_read", shard.keys.all_keys(), args)
+
+        if is_cluster(self.client):
+            # each shard's master through its own client, at once: a cluster pipeline
+            # would first ask a node for the keys of every EVALSHA (COMMAND GETKEYS)
+            replies = list(self._in_parallel({k: (read, (k,)) for k in range(self.count)})
+                           .values())
+        else:
             replies = self._per_shard(command)
+            if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+                self.client.script_load(script.source)
+                replies = self._per_shard(command)
         out = []
         for k, (shard, reply) in enumerate(zip(self.shards, replies, strict=True)):
             if isinstance(reply, redis.exceptions.ResponseError):
