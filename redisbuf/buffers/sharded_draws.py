@@ -15,27 +15,33 @@ A sharded buffer draws a batch in one of two laws, chosen by its ``batch_law``:
 
   Uniform draws of at most ``MAX_ITEMS_PER_COMMAND`` items skip the round trip that asks
   every shard's size: the counts are chosen from the sizes the shards reported at the
-  previous draw, and the draw stands only if every shard's reply reports that same size
-  and every shard was asked (else it is taken back and made again from sizes asked
-  now). Whether it stands depends on the sizes alone, never on the items drawn, so a
-  draw that stands has the law of the sizes at the draw.
+  previous draw, and the draw stands only if every shard reports that same size (a shard
+  that gives nothing is asked its size at the same time); else it is taken back and made
+  again from sizes asked now, and the next ``2^k - 1`` draws (``k`` misses in a row, at
+  most 63) ask the sizes first. Whether it stands depends on the sizes alone, never on
+  the items drawn, so a draw that stands has the law of the sizes at the draw.
 
 * ``"shard_local"``: each batch comes whole from ONE shard, chosen with probability its
   mass over the buffer's (its size for uniform draws, its total softmax or PER mass for
-  prioritized ones), then drawn within that shard by the shard's own rule. Every single
-  draw (with replacement), and every item's chance to be in a batch (uniform without
-  replacement: ``n / len``), is exactly the global law's; only the joint law of a batch
-  differs (its items share a shard). Without replacement the items of a batch are
-  distinct; when a shard of nonzero mass holds fewer drawable items than ``n``, that
-  batch is drawn by the global law instead (the choice depends on the sizes only, so
-  the marginals stay exact). Prioritized (softmax) draws without replacement are the
-  chosen shard's successive draws: the first item's probability is the global one, the
-  later ones' are the shard's successive probabilities times the shard's share. Only
-  the chosen shard is asked to draw, which is why its server cost per drawn item falls
-  as shards are added.
+  prioritized ones), and is that shard's own draw of ``n``. Every single draw therefore
+  has the global law (item ``i`` of shard ``k``: ``mass_k / total * mass_i / mass_k``);
+  only the joint law of a batch differs (its items share a shard). Uniform without
+  replacement: a uniform ``n``-subset of the chosen shard, or, when ``n`` exceeds that
+  shard's size, a draw with replacement there (the unsharded rule); each position stays
+  uniform over the whole buffer, and when every shard holds at least ``n`` items every
+  item's chance to be in a batch is ``n / len`` as in the global law. Once the buffer
+  was at least half full at the last look, the shard is chosen without asking every
+  shard's size (:meth:`ShardedSampling._draw_one_by_rejection`). Prioritized (softmax)
+  without replacement: the chosen shard's successive draws (the first item's law is the
+  global one, the later ones' the shard's successive law, reported as the shard's share
+  times the shard's probability); when a shard of nonzero mass holds fewer drawable
+  items than ``n``, that batch is drawn by the global law (a choice made on the masses
+  alone). Only the chosen shard draws, which is why the server cost per drawn item
+  falls as shards are added.
 
 In both laws, a prioritized draw reads every shard's masses from this process's
-replicas, caught up in one pipeline when the sample begins; each drawn item's reported
+replicas, caught up when the sample begins (one pipeline; on a cluster, every master
+through its shard's own client, at once); each drawn item's reported
 probability is its mass over the whole buffer's; PER ``weights`` are ``(lowest mass of
 the whole buffer / mass)^beta`` and ``importance_weights`` the item's priority over the
 mean non-zero priority of the whole buffer (the drawn shards' sums as their commits
