@@ -341,3 +341,14 @@ def test_global_uniform_draws_from_sizes_that_moved_are_made_again(where, buffer
         seen.update(buffer.sample_with_info(1).ids.tolist())
     assert chi2(seen, dict.fromkeys(ids, 30.0)) < chi2_limit(11)
     assert buffer.stats()["sampled"] == 360
+
+
+def test_a_cleared_shard_local_buffer_is_empty_and_fills_again(where, buffer_name):
+    buffer, _ = uneven(where, buffer_name)
+    buffer.sample(2)
+    buffer.clear()
+    with pytest.raises(EmptyBufferError, match="empty"):
+        buffer.sample(2)
+    assert buffer._fill.mean() < 0.5  # the sizes are asked again
+    buffer.add(items([20, 21]))
+    assert sorted(buffer.sample(2)["v"].tolist()) == [20, 21]

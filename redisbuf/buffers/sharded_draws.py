@@ -256,9 +256,9 @@ class ShardedSampling:
         sizes = self._sizes()
         if local:
             total = int(sizes.sum())
+            self._fill = sizes / -(-self.capacity // self.count)
             if total == 0:
                 raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty")
-            self._fill = sizes / -(-self.capacity // self.count)
             k = self._choose(sizes)
             # n above the shard's size: with replacement there, as a buffer of that size
             draw = self._shard_draw(k, n, bool(replacement) or n > total)
@@ -282,6 +282,7 @@ class ShardedSampling:
             try:
                 draw = self._shard_draw(k, n, bool(replacement))
             except EmptyBufferError:
+                self._fill[k] = 0.0
                 continue  # size 0: taken with probability 0
             seen = getattr(self.shards[k], "_uniform_ids", None)
             if seen is None:  # its size unknown: ask every shard's
