@@ -20,16 +20,10 @@ shards sit on different masters, and each shard's scripts stay atomic on its one
 * ``add``: a whole batch goes to one shard, the shards taken in turn from a random start
   (per process). Ids are global: item ``i`` of shard ``k`` is ``i * N + k``.
 * ``len`` / ``stats`` / ``top`` aggregate over the shards.
-* Sampling reproduces the unsharded distribution: uniform draws first choose how many
-  items each shard gives (multinomial over the shards' sizes with replacement,
-  multivariate hypergeometric without), then draw within the shards, then shuffle;
-  prioritized draws with replacement choose the counts by multinomial over the shards'
-  total softmax masses. Prioritized draws without replacement draw a successive
-  (without-replacement) sequence of ``min(n, drawable items)`` from every shard, then
-  replay the global successive draw over them: each step picks a shard with probability
-  its remaining mass over the total remaining mass and takes that shard's next item,
-  which is exactly torch.multinomial's distribution, at the cost of reading up to ``N``
-  times ``n`` items. The shards are asked at once, one thread each.
+* Sampling: by the buffer's ``batch_law``, ``"global"`` (the default: the distribution
+  of an unsharded buffer over every shard's items) or ``"shard_local"`` (each batch whole
+  from one shard chosen by its mass, every draw's marginal law the global one): see
+  :mod:`redisbuf.buffers.sharded_draws`.
 * A shard whose server is lost raises :class:`~redisbuf.errors.ShardUnavailableError`
   naming the buffer, the shard and its node; the other shards keep working for
   operations that address only them (``add`` to them, ``get`` of their ids, their own
@@ -45,13 +39,12 @@ shards sit on different masters, and each shard's scripts stay atomic on its one
   capacity is split. Each shard is then restored by the unsharded machinery (staging
   keys, one swap script): atomic per shard, not across shards; a failure after some
   shards were restored raises :class:`~redisbuf.errors.PartialLoadError` naming them.
-* PER (``sampler=PERSampler(...)``, the same settings on every shard): draws with
-  replacement choose the counts per shard by multinomial over the shards' total PER
-  masses, so item ``i`` is drawn with probability ``mass_i / sum of all masses``;
+* PER (``sampler=PERSampler(...)``, the same settings on every shard): item ``i`` is
+  drawn with probability ``mass_i / sum of all masses`` in either batch law;
   ``weights`` and ``importance_weights`` are over the whole buffer. ``update_priority``
   routes each global id to its shard (atomic per shard). Prioritized draws read every
-  shard's masses from this process's replicas (:mod:`redisbuf.sampling.replica`), caught up in one
-  pipeline when the sample begins.
+  shard's masses from this process's replicas (:mod:`redisbuf.sampling.replica`),
+  caught up in one pipeline when the sample begins.
 * ``sample(..., block=True)`` waits (polling) until the shards hold ``min_size`` items.
 * Not supported: other custom samplers, ``max_use``, ``max_staleness``, rate limiters,
   remote managers, ``sample_range``.
@@ -60,9 +53,7 @@ shards sit on different masters, and each shard's scripts stay atomic on its one
 from __future__ import annotations
 
 import json
-import math
 import os
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -75,24 +66,18 @@ import redis.crc
 from ..errors import (
     BufferNotShardedError,
     ConfigMismatchError,
-    DecodeError,
-    EmptyBufferError,
-    SamplingError,
     SchemaError,
-    ServerUnavailableError,
     ShardUnavailableError,
-    WaitTimeoutError,
 )
-from ..sampling import samplers
-from ..sampling.replica import MassReplica, replica_of
-from ..sampling.samplers import Draw, PERSampler
+from ..sampling.samplers import PERSampler
 from ..store import bounds, scripts
-from ..store.connection import LOST, as_client, guarded, is_cluster
+from ..store.connection import as_client, guarded, is_cluster
 from ..store.containers import kind_of, schema_to_json
 from ..store.keys import BufferKeys
-from . import quarantine
 from .checkpoint import ShardedCheckpointing, saved_shard_count
-from .replay import AddResult, ReplayBuffer, SampleInfo
+from .replay import AddResult, ReplayBuffer
+from .sharded_draws import BATCH_LAWS, ShardedSampling
+from .sharded_draws import SHARD_LOST as _SHARD_LOST
 
 SLOTS = 16384
 LAYOUT_VERSION = 1
@@ -100,19 +85,6 @@ LAYOUT_VERSION = 1
 _SHARD_OPTIONS = (
     "kind", "max_item_bytes", "strict", "durability", "durability_timeout", "retry_window"
 )
-# Errors that mean a shard's server is gone or its slot has no master right now (CLUSTERDOWN
-# while a restarted master rejoins, MASTERDOWN, TRYAGAIN while its slot migrates). A
-# pipeline reply may be one of these instead of raising it: see _per_shard.
-_SHARD_LOST = (
-    ServerUnavailableError,
-    *LOST,
-    redis.exceptions.ClusterDownError,  # MasterDownError is one
-    redis.exceptions.TryAgainError,
-    redis.exceptions.SlotNotCoveredError,
-    redis.exceptions.MaxConnectionsError,
-)
-
-
 def _slot(tag: str) -> int:
     return int(redis.crc.key_slot(tag.encode()))
 
@@ -156,14 +128,18 @@ def shard_names(client: Any, name: str, shards: int) -> list[str]:
     return names
 
 
-class ShardedReplayBuffer(ShardedCheckpointing):
+class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
     """A replay buffer of global ``capacity`` stored as ``shards`` buffers (see the
     module docstring for layout, sampling and failure semantics).
 
     Args: as :class:`ReplayBuffer` (``redis_or_url``, ``name``, ``capacity``,
     ``prioritized_capacity``, ``prioritized_sampling``, ``seed``, and ``kind``,
     ``max_item_bytes``, ``strict``, ``durability``, ``durability_timeout``, which every
-    shard gets), plus ``shards``: the number of shards (>= 1, at most ``capacity``).
+    shard gets), plus ``shards``: the number of shards (>= 1, at most ``capacity``),
+    and ``batch_law``: ``"global"`` (default; each batch has the law of an unsharded
+    buffer's) or ``"shard_local"`` (each batch from one shard chosen by its mass; every
+    draw's marginal law exact; see :mod:`redisbuf.buffers.sharded_draws`). The batch
+    law is this object's own (not stored) and may be changed between calls.
     Opening an existing sharded buffer with another shard count, capacity or eviction
     policy raises :class:`ConfigMismatchError`; ``capacity=None`` adopts the stored one.
     """
@@ -178,10 +154,18 @@ class ShardedReplayBuffer(ShardedCheckpointing):
         *,
         shards: int,
         seed: int | None = None,
+        batch_law: str = "global",
         **options: Any,
     ) -> None:
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
             raise ValueError(f"shards must be a positive integer, got {shards!r}")
+        if batch_law not in BATCH_LAWS:
+            raise ValueError(
+                f"batch_law must be one of {', '.join(map(repr, BATCH_LAWS))}, got "
+                f"{batch_law!r}"
+            )
+        #: "global" or "shard_local" (see redisbuf.buffers.sharded_draws)
+        self.batch_law = batch_law
         sampler = options.pop("sampler", None)
         if sampler is not None and not isinstance(sampler, PERSampler):
             raise ValueError(
@@ -242,6 +226,9 @@ class ShardedReplayBuffer(ShardedCheckpointing):
         self.parallel = True
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
+        self._known: tuple[np.ndarray | None, int, int] = (None, 0, 0)
+        self._fill = np.zeros(shards)
+        self._last_weights = (np.empty(0), np.empty(0))
 
     # -- layout -------------------------------------------------------------------------
 
@@ -384,278 +371,6 @@ class ShardedReplayBuffer(ShardedCheckpointing):
     def __len__(self) -> int:
         return int(sum(self._sizes()))
 
-    def _per_shard(self, command: Any) -> list[Any]:
-        """``command(pipe, shard)`` (one command) for every shard in one pipeline (a cluster client
-        sends each master its part at once) and the replies in shard order. When a
-        server is lost, the shards are asked one by one, so that the error names the
-        shard that failed; a reply that is such an error (a cluster pipeline returns
-        CLUSTERDOWN and the like as replies) raises it as its shard's
-        ShardUnavailableError too."""
-        pipe = self.client.pipeline(transaction=False)
-        for shard in self.shards:
-            command(pipe, shard)
-        try:
-            replies = list(pipe.execute(raise_on_error=False))
-        except _SHARD_LOST:
-            replies = []
-            for k, shard in enumerate(self.shards):
-                with self._on_shard(k):
-                    alone = self.client.pipeline(transaction=False)
-                    command(alone, shard)
-                    replies += alone.execute(raise_on_error=False)
-        for k, reply in enumerate(replies):
-            if isinstance(reply, _SHARD_LOST):
-                with self._on_shard(k):
-                    raise reply
-        return replies
-
-    def _sizes(self) -> np.ndarray:
-        replies = self._per_shard(lambda pipe, shard: pipe.zcard(shard.keys.order))
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return np.array([int(r) for r in replies], dtype=np.int64)
-
-    def _replicas(self, rule: str) -> list[MassReplica]:
-        """Every shard's replica for ``rule``, caught up now (one pipeline over the
-        shards): the shards' masses as of this call, and draws from them that follow
-        every change made before it."""
-        script = scripts.load("masslog_read")
-        replicas = [getattr(shard, "_replicas", {}).get(rule) for shard in self.shards]
-
-        def command(pipe: Any, shard: ReplayBuffer) -> None:
-            replica = replicas[self.shards.index(shard)]
-            keys = shard.keys.all_keys()
-            args = ([replica.epoch, replica.version, replica.stamp] if replica is not None
-                    else ["", 0, ""])
-            scripts.queue(pipe, self.client, script, keys, args)
-
-        replies = self._per_shard(command)
-        if any(scripts.missing(r) for r in replies):
-            scripts.reload(self.client, script)  # every master (cluster: primaries)
-            replies = self._per_shard(command)
-        out = []
-        for k, (shard, reply) in enumerate(zip(self.shards, replies, strict=True)):
-            if isinstance(reply, redis.exceptions.ResponseError):
-                raise scripts.translate(reply)
-            if isinstance(reply, Exception):
-                raise reply
-            with self._on_shard(k):
-                if int(reply[0]) == 2:  # not on in this shard (made again): turn it on
-                    shard.sampler.prepare(shard)
-                    replicas[k] = None
-                if replicas[k] is None:
-                    replica = replica_of(shard, rule)  # reads the shard
-                else:
-                    replica = replicas[k]
-                    with replica.lock:
-                        replica.catch_up(shard, reply)
-            out.append(replica)
-        return out
-
-    def _masses(self, rule: str = "softmax") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(sizes, drawable counts, log masses) of the shards, for prioritized draws, from
-        their replicas (caught up now)."""
-        replicas = self._replicas(rule)
-        sizes = np.array([len(r) for r in replicas], dtype=np.int64)
-        drawable = np.array([r.positive for r in replicas], dtype=np.int64)
-        log_mass = np.full(self.count, -math.inf)
-        for k, replica in enumerate(replicas):
-            if replica.infinite > 0:
-                raise SamplingError(
-                    f"buffer {self.name!r}: shard {k} holds {replica.infinite} item(s) of "
-                    "log-reward +inf: the softmax of log-rewards is undefined; sample "
-                    "uniformly or remove them"
-                )
-            if replica.total > 0:
-                log_mass[k] = math.log(replica.total) + replica.ref
-        return sizes, drawable, log_mass
-
-    def _shard_draw(self, k: int, n: int, replacement: bool) -> Draw:
-        with self._on_shard(k):
-            return self.shards[k]._draw(n, replacement)
-
-    def _draw(self, n: int, replacement: bool | None) -> tuple[list[int], list[bytes], Any, Any]:
-        """(global ids, blobs, probabilities or None, (shard, schema_json) to decode by)."""
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
-            raise ValueError(f"n must be a positive integer, got {n!r}")
-        n = int(n)
-        if self.per is not None:
-            return self._draw_per(n)
-        if self.prioritized_sampling:
-            return self._draw_prioritized(n, bool(replacement))
-        sizes = self._sizes()
-        total = int(sizes.sum())
-        if total == 0:
-            raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty")
-        replace = bool(replacement) or n > total
-        if replace:
-            counts = self.rng.multinomial(n, sizes / total)
-        else:
-            counts = self.rng.multivariate_hypergeometric(sizes, n)
-        ids, blobs, source = self._gather(counts, replace)
-        order = self.rng.permutation(len(ids))  # a shard's draws are not a block
-        return [ids[i] for i in order], [blobs[i] for i in order], None, source
-
-    def _draws(self, wanted: dict[int, tuple[int, bool]]) -> dict[int, Draw]:
-        """Shard ``k``'s draw of ``wanted[k] = (n, replacement)`` for each ``k``, the
-        shards asked at once (one thread each: their round trips overlap)."""
-        if len(wanted) == 1 or not self.parallel:
-            return {k: self._shard_draw(k, n, r) for k, (n, r) in wanted.items()}
-        if self._pool is None or self._pool_pid != os.getpid():  # none survives a fork
-            self._pool = ThreadPoolExecutor(self.count, thread_name_prefix="redisbuf-shard")
-            self._pool_pid = os.getpid()
-        futures = {k: self._pool.submit(self._shard_draw, k, n, r) for k, (n, r) in wanted.items()}
-        return {k: future.result() for k, future in futures.items()}
-
-    def _gather(self, counts: np.ndarray, replace: bool) -> tuple[list[int], list[bytes], Any]:
-        ids: list[int] = []
-        blobs: list[bytes] = []
-        source = None
-        draws = self._draws({k: (c, replace) for k, c in enumerate(counts.tolist()) if c})
-        for k, draw in draws.items():
-            ids += [i * self.count + k for i in draw.ids]
-            blobs += list(draw.blobs)
-            source = source or (k, draw.schema_json)
-        return ids, blobs, source
-
-    def _draw_prioritized(
-        self, n: int, replacement: bool
-    ) -> tuple[list[int], list[bytes], Any, Any]:
-        sizes, drawable, log_mass = self._masses()
-        if int(sizes.sum()) == 0 or not np.isfinite(log_mass).any():
-            raise EmptyBufferError(
-                f"buffer {self.name!r}: buffer is empty (no item with a finite log-reward)"
-            )
-        top = log_mass.max()
-        mass = np.exp(log_mass - top)  # relative shard masses, the largest 1
-        share = mass / mass.sum()
-        if replacement or n > int(sizes.sum()):
-            counts = self.rng.multinomial(n, share)
-            ids, blobs, source = [], [], None
-            probabilities: list[float] = []
-            draws = self._draws({k: (c, True) for k, c in enumerate(counts.tolist()) if c})
-            for k, draw in draws.items():
-                ids += [i * self.count + k for i in draw.ids]
-                blobs += list(draw.blobs)
-                probabilities += (np.asarray(draw.probabilities) * share[k]).tolist()
-                source = source or (k, draw.schema_json)
-            order = self.rng.permutation(len(ids))
-            return (
-                [ids[i] for i in order],
-                [blobs[i] for i in order],
-                np.array(probabilities)[order],
-                source,
-            )
-        if n > int(drawable.sum()):
-            raise SamplingError(
-                f"buffer {self.name!r}: {n} draws without replacement but only "
-                f"{int(drawable.sum())} items have nonzero probability"
-            )
-        # every shard's own successive draw, then the global successive draw over them
-        sequences = self._draws(
-            {
-                k: (min(n, int(drawable[k])), False)
-                for k in range(self.count)
-                if mass[k] > 0 and drawable[k] > 0
-            }
-        )
-        remaining = mass.copy()
-        taken = dict.fromkeys(sequences, 0)
-        ids, blobs, out = [], [], []
-        for _ in range(n):
-            live = remaining.clip(min=0)
-            k = int(self.rng.choice(self.count, p=live / live.sum()))
-            draw, j = sequences[k], taken[k]
-            item_mass = float(draw.probabilities[j]) * remaining[k]  # type: ignore[index]
-            out.append(item_mass / live.sum())
-            remaining[k] = remaining[k] - item_mass if j + 1 < len(draw.ids) else 0.0
-            taken[k] = j + 1
-            ids.append(draw.ids[j] * self.count + k)
-            blobs.append(draw.blobs[j])
-        first = next(iter(sequences))
-        return ids, blobs, np.array(out), (first, sequences[first].schema_json)
-
-    def _draw_per(self, n: int) -> tuple[list[int], list[bytes], Any, Any]:
-        """PER with replacement over all shards: item ``i`` with probability ``mass_i /
-        sum of every shard's masses``; the counts per shard by multinomial over the
-        shards' total masses, then each shard's draw, committed by that shard."""
-        replicas = self._replicas("per")
-        totals = np.array([r.total if r.positive else 0.0 for r in replicas])
-        grand = float(totals.sum())
-        if grand <= 0:
-            raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty (no item with a "
-                                   "non-zero PER mass)")
-        counts = self.rng.multinomial(n, totals / grand)
-
-        def one(k: int, count: int) -> Any:
-            with self._on_shard(k):
-                return samplers._replica_draw(self.shards[k], "per", count, self.shards[k].rng,
-                                              True)
-
-        drawn = self._all_or_none(
-            {k: (one, (k, c)) for k, c in enumerate(counts.tolist()) if c})
-        ids: list[int] = []
-        blobs: list[bytes] = []
-        masses: list[np.ndarray] = []
-        scores: list[np.ndarray] = []
-        for k, draw in drawn.items():
-            ids += [i * self.count + k for i in draw.ids]
-            blobs += list(draw.blobs)
-            masses.append(draw.masses)
-            scores.append(draw.scores)
-        first = next(iter(drawn))
-        mass = np.concatenate(masses)
-        priority = np.concatenate(scores)
-        min_mass = min(r.min_mass for r in replicas)
-        nonzero = sum(d.per_nonzero for d in drawn.values())
-        mean = sum(d.per_sum for d in drawn.values()) / nonzero if nonzero else 0.0
-        self._last_weights = (
-            (min_mass / mass) ** self.per.beta,
-            priority / mean if mean > 0 else np.ones(n),
-        )
-        order = self.rng.permutation(len(ids))
-        self._last_weights = tuple(w[order] for w in self._last_weights)
-        return (
-            [ids[i] for i in order],
-            [blobs[i] for i in order],
-            (mass / grand)[order],
-            (first, drawn[first].schema_json),
-        )
-
-    def _all_or_none(self, calls: dict[int, tuple[Any, tuple[Any, ...]]]) -> dict[int, Any]:
-        """Each shard's draw (see :meth:`_in_parallel`); when one fails, the draws the
-        others committed are taken back (lua/undo_draws.lua: their counts and use counts)
-        before the error is raised, so a failed sample records nothing anywhere."""
-        done: dict[int, Any] = {}
-        failures: list[BaseException] = []
-
-        def attempt(k: int, fn: Any, args: tuple[Any, ...]) -> Any:
-            try:
-                done[k] = fn(*args)
-            except BaseException as exc:  # kept, raised once the others are undone
-                failures.append(exc)
-            return None
-
-        self._in_parallel({k: (attempt, (k, fn, args)) for k, (fn, args) in calls.items()})
-        if failures:
-            for k, draw in done.items():
-                members = [b"%012d" % i for i in draw.ids]
-                with self._on_shard(k):
-                    self.shards[k]._run("undo_draws", self.shards[k].keys.all_keys(), members)
-            raise failures[0]
-        return done
-
-    def _in_parallel(self, calls: dict[int, tuple[Any, tuple[Any, ...]]]) -> dict[int, Any]:
-        """``fn(*args)`` for each shard ``k`` of ``calls[k] = (fn, args)``, one thread each."""
-        if len(calls) == 1 or not self.parallel:
-            return {k: fn(*args) for k, (fn, args) in calls.items()}
-        if self._pool is None or self._pool_pid != os.getpid():  # none survives a fork
-            self._pool = ThreadPoolExecutor(self.count, thread_name_prefix="redisbuf-shard")
-            self._pool_pid = os.getpid()
-        futures = {k: self._pool.submit(fn, *args) for k, (fn, args) in calls.items()}
-        return {k: future.result() for k, future in futures.items()}
-
     def update_priority(self, ids: Any, priorities: Any) -> int:
         """Set the PER priorities of items ``ids`` (global ids), each on its shard (see
         :meth:`ReplayBuffer.update_priority`; atomic per shard, not across shards).
@@ -675,101 +390,6 @@ class ShardedReplayBuffer(ShardedCheckpointing):
                 updated += self.shards[k].update_priority(id_array[mine] // self.count,
                                                           values[mine])
         return updated
-
-    def sample(
-        self,
-        n: int,
-        replacement: bool | None = None,
-        *,
-        block: bool = False,
-        timeout: float | None = 30.0,
-        min_size: int | None = None,
-    ) -> Any:
-        """Draw ``n`` items over all shards with the distribution of an unsharded
-        :meth:`ReplayBuffer.sample` (uniform, softmax of log-rewards with
-        ``prioritized_sampling``, or PER with ``sampler=PERSampler(...)``; without
-        replacement unless ``replacement=True`` or ``n`` exceeds the length, PER always
-        with); one batch of the buffer's kind. ``block``, ``timeout`` and ``min_size``
-        as :meth:`ReplayBuffer.sample`. A drawn record that does not decode is set aside in its
-        shard's quarantine hash and the draw made again, as there."""
-        return self.sample_with_info(
-            n, replacement, block=block, timeout=timeout, min_size=min_size
-        ).batch
-
-    def sample_with_info(
-        self,
-        n: int,
-        replacement: bool | None = None,
-        *,
-        block: bool = False,
-        timeout: float | None = 30.0,
-        min_size: int | None = None,
-    ) -> SampleInfo:
-        """Like :meth:`sample`, also returning the global ids and, for prioritized
-        sampling, each draw's probability (given the earlier draws, without
-        replacement); with PER also ``weights`` and ``importance_weights`` over the
-        whole buffer (the lowest mass and the mean non-zero priority of every shard)."""
-        if block:
-            drawn = self._wait_and_draw(n, replacement, timeout, min_size)
-        else:
-            drawn = self._draw(n, replacement)
-        (ids, _, probabilities, _), batch = self._decoded(drawn, n, replacement)
-        if self.per is not None:
-            weights, importance = self._last_weights
-            return SampleInfo(batch, np.array(ids, dtype=np.int64), probabilities, weights,
-                              importance)
-        return SampleInfo(batch, np.array(ids, dtype=np.int64), probabilities)
-
-    def _decoded(self, drawn: Any, n: int, replacement: bool | None) -> tuple[Any, Any]:
-        """A draw of :meth:`_draw` and its batch. Records that do not decode are set aside
-        in their shard's quarantine hash and the draw is taken back and made again, as
-        :meth:`ReplayBuffer.sample` does (redisbuf/buffers/quarantine.py)."""
-        for _ in range(quarantine.ROUNDS):
-            ids, blobs, _, (k, schema_json) = drawn
-            try:
-                return drawn, self.shards[k].decode(blobs, ids, schema_json)
-            except DecodeError as exc:
-                failure = exc
-            bad = quarantine.undecodable(self.shards[k], blobs)
-            if not bad:
-                raise failure
-            local: dict[int, list[int]] = {}
-            for item in ids:
-                local.setdefault(item % self.count, []).append(item // self.count)
-            for shard, items in local.items():
-                with self._on_shard(shard):
-                    quarantine.take_back(self.shards[shard], items)
-            for position, error in bad:
-                shard = ids[position] % self.count
-                with self._on_shard(shard):
-                    quarantine.set_aside(self.shards[shard], [
-                        (ids[position] // self.count, blobs[position], error)])
-            drawn = self._draw(n, replacement)
-        ids, blobs, _, (k, schema_json) = drawn
-        return drawn, self.shards[k].decode(blobs, ids, schema_json)
-
-    def _wait_and_draw(
-        self, n: int, replacement: bool | None, timeout: float | None, min_size: int | None
-    ) -> tuple[list[int], list[bytes], Any, Any]:
-        """Wait until the shards hold ``min_size`` (default ``n``) items and a draw
-        succeeds, polling (5 ms doubling to 100 ms); WaitTimeoutError after ``timeout``."""
-        need = n if min_size is None else int(min_size)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.005
-        while True:
-            if len(self) >= need:
-                try:
-                    return self._draw(n, replacement)
-                except EmptyBufferError:
-                    pass
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeoutError(
-                    f"buffer {self.name!r}: sample({n}) waited {timeout} s for {need} "
-                    f"drawable items; it holds {len(self)}"
-                )
-            wait = pause if deadline is None else min(pause, max(deadline - time.monotonic(), 0))
-            time.sleep(wait)
-            pause = min(2 * pause, 0.1)
 
     def get(self, ids: Any) -> Any:
         """The items with these global ids, as one batch (KeyError names any id not

@@ -1,0 +1,647 @@
+"""How a :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer` draws: the batch laws.
+
+A sharded buffer draws a batch in one of two laws, chosen by its ``batch_law``:
+
+* ``"global"`` (the default): the batch has the distribution of an unsharded
+  :meth:`~redisbuf.ReplayBuffer.sample` over every shard's items. Uniform draws choose how
+  many items each shard gives (multinomial over the shards' sizes with replacement,
+  multivariate hypergeometric without), draw within the shards, then shuffle; prioritized
+  and PER draws with replacement choose the counts by multinomial over the shards' total
+  masses; prioritized draws without replacement draw a successive sequence of ``min(n,
+  drawable items)`` from every shard and replay the global successive draw over them
+  (torch.multinomial's distribution, at the cost of reading up to ``N`` times ``n``
+  items). Every shard that gives items is asked, at once (one thread each); a PER draw
+  that fails on one shard takes back the parts the others committed.
+
+  Uniform draws of at most ``MAX_ITEMS_PER_COMMAND`` items skip the round trip that asks
+  every shard's size: the counts are chosen from the sizes the shards reported at the
+  previous draw, and the draw stands only if every shard reports that same size (a shard
+  that gives nothing is asked its size at the same time); else it is taken back and made
+  again from sizes asked now, and the next ``2^k - 1`` draws (``k`` misses in a row, at
+  most 63) ask the sizes first. Whether it stands depends on the sizes alone, never on
+  the items drawn, so a draw that stands has the law of the sizes at the draw.
+
+* ``"shard_local"``: each batch comes whole from ONE shard, chosen with probability its
+  mass over the buffer's (its size for uniform draws, its total softmax or PER mass for
+  prioritized ones), and is that shard's own draw of ``n``. Every single draw therefore
+  has the global law (item ``i`` of shard ``k``: ``mass_k / total * mass_i / mass_k``);
+  only the joint law of a batch differs (its items share a shard). Uniform without
+  replacement: a uniform ``n``-subset of the chosen shard, or, when ``n`` exceeds that
+  shard's size, a draw with replacement there (the unsharded rule); each position stays
+  uniform over the whole buffer, and when every shard holds at least ``n`` items every
+  item's chance to be in a batch is ``n / len`` as in the global law. Once the buffer
+  was at least half full at the last look, the shard is chosen without asking every
+  shard's size (:meth:`ShardedSampling._draw_one_by_rejection`). Prioritized (softmax)
+  without replacement: the chosen shard's successive draws (the first item's law is the
+  global one, the later ones' the shard's successive law, reported as the shard's share
+  times the shard's probability); when a shard of nonzero mass holds fewer drawable
+  items than ``n``, that batch is drawn by the global law (a choice made on the masses
+  alone). Only the chosen shard draws, which is why the server cost per drawn item
+  falls as shards are added.
+
+In both laws, a prioritized draw reads every shard's masses from this process's
+replicas, caught up when the sample begins (one pipeline; on a cluster, every master
+through its shard's own client, at once); each drawn item's reported
+probability is its mass over the whole buffer's; PER ``weights`` are ``(lowest mass of
+the whole buffer / mass)^beta`` and ``importance_weights`` the item's priority over the
+mean non-zero priority of the whole buffer (the drawn shards' sums as their commits
+report them, the other shards' from the replicas).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import redis
+
+from ..errors import (
+    DecodeError,
+    EmptyBufferError,
+    SamplingError,
+    ServerUnavailableError,
+    WaitTimeoutError,
+)
+from ..sampling import samplers
+from ..sampling.replica import MassReplica, replica_of
+from ..sampling.samplers import Draw
+from ..store import bounds, scripts
+from ..store.connection import LOST, is_cluster
+from . import quarantine
+from .replay import ReplayBuffer, SampleInfo
+
+if TYPE_CHECKING:
+    from ..sampling.samplers import PERSampler
+
+#: the batch laws a sharded buffer draws by (see the module docstring)
+BATCH_LAWS = ("global", "shard_local")
+
+# Errors that mean a shard's server is gone or its slot has no master right now (CLUSTERDOWN
+# while a restarted master rejoins, MASTERDOWN, TRYAGAIN while its slot migrates). A
+# pipeline reply may be one of these instead of raising it: see _per_shard.
+SHARD_LOST = (
+    ServerUnavailableError,
+    *LOST,
+    redis.exceptions.ClusterDownError,  # MasterDownError is one
+    redis.exceptions.TryAgainError,
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.MaxConnectionsError,
+)
+
+# (global ids, blobs, probabilities or None, (shard, schema_json) to decode by)
+Drawn = tuple[list[int], list[bytes], Any, Any]
+
+
+class ShardedSampling:
+    """Sampling of :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer` (a mixin: the
+    buffer provides ``client``, ``name``, ``count``, ``shards``, ``rng``, ``per``,
+    ``prioritized_sampling``, ``batch_law``, ``parallel`` and ``_on_shard``)."""
+
+    if TYPE_CHECKING:
+        client: Any
+        name: str
+        count: int
+        shards: list[ReplayBuffer]
+        rng: np.random.Generator
+        per: PERSampler | None
+        prioritized_sampling: bool
+        batch_law: str
+        parallel: bool
+        _pool: ThreadPoolExecutor | None
+        _pool_pid: int
+        _last_weights: tuple[np.ndarray, np.ndarray]
+        #: (shard sizes the last uniform draws reported, misses in a row, draws to skip)
+        _known: tuple[np.ndarray | None, int, int]
+        capacity: int
+        #: each shard's fill (items over the largest shard capacity) as last seen
+        _fill: np.ndarray
+
+        def _on_shard(self, k: int) -> Any: ...
+
+    # -- the shards' state --------------------------------------------------------------
+
+    def _per_shard(self, command: Any) -> list[Any]:
+        """``command(pipe, shard)`` (one command) for every shard in one pipeline (a
+        cluster client sends each master its part at once) and the replies in shard
+        order. When a server is lost, the shards are asked one by one, so that the error
+        names the shard that failed; a reply that is such an error (a cluster pipeline
+        returns CLUSTERDOWN and the like as replies) raises it as its shard's
+        ShardUnavailableError too."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.shards:
+            command(pipe, shard)
+        try:
+            replies = list(pipe.execute(raise_on_error=False))
+        except SHARD_LOST:
+            replies = []
+            for k, shard in enumerate(self.shards):
+                with self._on_shard(k):
+                    alone = self.client.pipeline(transaction=False)
+                    command(alone, shard)
+                    replies += alone.execute(raise_on_error=False)
+        for k, reply in enumerate(replies):
+            if isinstance(reply, SHARD_LOST):
+                with self._on_shard(k):
+                    raise reply
+        return replies
+
+    def _sizes(self) -> np.ndarray:
+        replies = self._per_shard(lambda pipe, shard: pipe.zcard(shard.keys.order))
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return np.array([int(r) for r in replies], dtype=np.int64)
+
+    def _replicas(self, rule: str) -> list[MassReplica]:
+        """Every shard's replica for ``rule``, caught up now (one pipeline over the
+        shards): the shards' masses as of this call, and draws from them that follow
+        every change made before it."""
+        script = scripts.load("masslog_read")
+        replicas = [getattr(shard, "_replicas", {}).get(rule) for shard in self.shards]
+
+        def command(pipe: Any, shard: ReplayBuffer) -> None:
+            replica = replicas[self.shards.index(shard)]
+            keys = shard.keys.all_keys()
+            args = ([replica.epoch, replica.version, replica.stamp] if replica is not None
+                    else ["", 0, ""])
+            scripts.queue(pipe, self.client, script, keys, args)
+
+        def read(k: int) -> Any:
+            replica, shard = replicas[k], self.shards[k]
+            args = ([replica.epoch, replica.version, replica.stamp] if replica is not None
+                    else ["", 0, ""])
+            with self._on_shard(k):
+                return shard._run("masslog_read", shard.keys.all_keys(), args)
+
+        if is_cluster(self.client):
+            # each shard's master through its own client, at once: a cluster pipeline
+            # would first ask a node for the keys of every EVALSHA (COMMAND GETKEYS)
+            replies = list(self._in_parallel({k: (read, (k,)) for k in range(self.count)})
+                           .values())
+        else:
+            replies = self._per_shard(command)
+            if any(scripts.missing(r) for r in replies):
+                scripts.reload(self.client, script)  # every master
+                replies = self._per_shard(command)
+        out = []
+        for k, (shard, reply) in enumerate(zip(self.shards, replies, strict=True)):
+            if isinstance(reply, redis.exceptions.ResponseError):
+                raise scripts.translate(reply)
+            if isinstance(reply, Exception):
+                raise reply
+            with self._on_shard(k):
+                if int(reply[0]) == 2:  # not on in this shard (made again): turn it on
+                    shard.sampler.prepare(shard)
+                    replicas[k] = None
+                if replicas[k] is None:
+                    replica = replica_of(shard, rule)  # reads the shard
+                else:
+                    replica = replicas[k]
+                    with replica.lock:
+                        replica.catch_up(shard, reply)
+            out.append(replica)
+        return out
+
+    def _masses(self, rule: str = "softmax") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(sizes, drawable counts, log masses) of the shards, for prioritized draws, from
+        their replicas (caught up now)."""
+        replicas = self._replicas(rule)
+        sizes = np.array([len(r) for r in replicas], dtype=np.int64)
+        drawable = np.array([r.positive for r in replicas], dtype=np.int64)
+        log_mass = np.full(self.count, -math.inf)
+        for k, replica in enumerate(replicas):
+            if replica.infinite > 0:
+                raise SamplingError(
+                    f"buffer {self.name!r}: shard {k} holds {replica.infinite} item(s) of "
+                    "log-reward +inf: the softmax of log-rewards is undefined; sample "
+                    "uniformly or remove them"
+                )
+            if replica.total > 0:
+                log_mass[k] = math.log(replica.total) + replica.ref
+        return sizes, drawable, log_mass
+
+    # -- drawing ------------------------------------------------------------------------
+
+    def _shard_draw(self, k: int, n: int, replacement: bool) -> Draw:
+        with self._on_shard(k):
+            return self.shards[k]._draw(n, replacement)
+
+    def _draw(self, n: int, replacement: bool | None) -> Drawn:
+        """(global ids, blobs, probabilities or None, (shard, schema_json) to decode by)
+        of a batch of ``n`` by the buffer's ``batch_law``."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        n = int(n)
+        local = self.batch_law == "shard_local"
+        if self.per is not None:
+            return self._draw_per(n, local)
+        if self.prioritized_sampling:
+            return self._draw_prioritized(n, bool(replacement), local)
+        return self._draw_uniform(n, replacement, local)
+
+    def _draw_uniform(self, n: int, replacement: bool | None, local: bool) -> Drawn:
+        if not local and n <= bounds.MAX_ITEMS_PER_COMMAND:
+            known, misses, skip = self._known
+            if skip > 0:
+                self._known = (known, misses, skip - 1)
+            elif known is not None and (known >= 0).all():
+                drawn = self._draw_uniform_on(known, n, replacement, check=True)
+                if drawn is not None:
+                    self._known = (self._known[0], 0, 0)
+                    return drawn
+                # the sizes moved (a filling buffer): ask them first for a while
+                misses += 1
+                self._known = (self._known[0], misses, min(2**misses, 64) - 1)
+        if local and n <= bounds.MAX_ITEMS_PER_COMMAND and self._fill.mean() >= 0.5:
+            drawn = self._draw_one_by_rejection(n, replacement)
+            if drawn is not None:
+                return drawn
+        sizes = self._sizes()
+        if local:
+            total = int(sizes.sum())
+            self._fill = sizes / -(-self.capacity // self.count)
+            if total == 0:
+                raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty")
+            k = self._choose(sizes)
+            # n above the shard's size: with replacement there, as a buffer of that size
+            draw = self._shard_draw(k, n, bool(replacement) or n > total)
+            return [i * self.count + k for i in draw.ids], draw.blobs, None, (
+                k, draw.schema_json)
+        drawn = self._draw_uniform_on(sizes, n, replacement, check=False)
+        assert drawn is not None  # only a checked draw is refused
+        return drawn
+
+    def _draw_one_by_rejection(self, n: int, replacement: bool | None) -> Drawn | None:
+        """A shard-local uniform batch without asking every shard's size: a shard chosen
+        uniformly draws the batch, which stands with probability its size (as its script
+        reported it) over the largest shard capacity, else is taken back and another
+        shard chosen. Each try that stands picks shard ``k`` with probability
+        proportional to its size at that try, so every item's chance is the same; a try
+        does not depend on the earlier ones, so whatever the number of tries the batch
+        that stands has that law. None (nothing recorded) after a few refused tries."""
+        bound = -(-self.capacity // self.count)  # the largest shard's capacity
+        for _ in range(4):
+            k = int(self.rng.integers(self.count))
+            try:
+                draw = self._shard_draw(k, n, bool(replacement))
+            except EmptyBufferError:
+                self._fill[k] = 0.0
+                continue  # size 0: taken with probability 0
+            seen = getattr(self.shards[k], "_uniform_ids", None)
+            if seen is None:  # its size unknown: ask every shard's
+                self._undo({k: draw})
+                return None
+            size = min(int(seen.length), bound)  # a shard never holds more
+            self._fill[k] = size / bound
+            if self.rng.random() * bound < size:
+                return [i * self.count + k for i in draw.ids], draw.blobs, None, (
+                    k, draw.schema_json)
+            self._undo({k: draw})
+        return None
+
+    def _draw_uniform_on(
+        self, sizes: np.ndarray, n: int, replacement: bool | None, check: bool
+    ) -> Drawn | None:
+        """The global uniform draw for shard sizes ``sizes``; with ``check``, None (and
+        nothing recorded) unless every shard is asked and reports exactly those sizes."""
+        total = int(sizes.sum())
+        if total == 0:
+            if check:
+                return None
+            raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty")
+        replace = bool(replacement) or n > total
+        if replace:
+            counts = self.rng.multinomial(n, sizes / total)
+        else:
+            counts = self.rng.multivariate_hypergeometric(sizes, n)
+        wanted = {k: (c, replace) for k, c in enumerate(counts.tolist()) if c}
+        if check:
+            # a shard that gives nothing is asked its size, so that whether the draw
+            # stands depends on every shard's size and on nothing drawn
+            calls = {k: (self._shard_draw, (k, int(c), replace)) if c
+                     else (self._shard_size, (k,)) for k, c in enumerate(counts.tolist())}
+            try:
+                replies = self._all_or_none(calls)
+            except (EmptyBufferError, SamplingError):
+                self._known = (None, *self._known[1:])
+                return None
+            draws = {k: r for k, r in replies.items() if isinstance(r, Draw)}
+            reported = self._reported(draws, sizes)
+            for k, reply in replies.items():
+                if not isinstance(reply, Draw):
+                    reported[k] = reply
+            self._known = (reported, *self._known[1:])
+            if not np.array_equal(reported, sizes):
+                self._undo(draws)
+                return None
+        else:
+            draws = self._draws(wanted)
+            if n <= bounds.MAX_ITEMS_PER_COMMAND:
+                self._known = (self._reported(draws, sizes), *self._known[1:])
+        ids: list[int] = []
+        blobs: list[bytes] = []
+        source = None
+        for k, draw in draws.items():
+            ids += [i * self.count + k for i in draw.ids]
+            blobs += list(draw.blobs)
+            source = source or (k, draw.schema_json)
+        order = self.rng.permutation(len(ids))  # a shard's draws are not a block
+        return [ids[i] for i in order], [blobs[i] for i in order], None, source
+
+    def _shard_size(self, k: int) -> int:
+        with self._on_shard(k):
+            return int(self.shards[k].client.zcard(self.shards[k].keys.order))
+
+    def _reported(self, draws: dict[int, Draw], sizes: np.ndarray) -> np.ndarray:
+        """The shards' sizes as the scripts of ``draws`` reported them (each asked
+        shard's uniform draw notes its length), ``sizes`` for the others."""
+        out = sizes.copy()
+        for k in draws:
+            seen = getattr(self.shards[k], "_uniform_ids", None)
+            out[k] = -1 if seen is None else seen.length
+        return out
+
+    def _choose(self, mass: np.ndarray) -> int:
+        """A shard with probability its share of ``mass`` (shard-local batches)."""
+        return int(self.rng.choice(self.count, p=mass / mass.sum()))
+
+    def _draws(self, wanted: dict[int, tuple[int, bool]]) -> dict[int, Draw]:
+        """Shard ``k``'s draw of ``wanted[k] = (n, replacement)`` for each ``k``, the
+        shards asked at once (one thread each: their round trips overlap)."""
+        return self._in_parallel({k: (self._shard_draw, (k, n, r))
+                                  for k, (n, r) in wanted.items()})
+
+    def _draw_prioritized(self, n: int, replacement: bool, local: bool) -> Drawn:
+        sizes, drawable, log_mass = self._masses()
+        if int(sizes.sum()) == 0 or not np.isfinite(log_mass).any():
+            raise EmptyBufferError(
+                f"buffer {self.name!r}: buffer is empty (no item with a finite log-reward)"
+            )
+        top = log_mass.max()
+        mass = np.exp(log_mass - top)  # relative shard masses, the largest 1
+        share = mass / mass.sum()
+        replace = replacement or n > int(sizes.sum())
+        if not replace and n > int(drawable.sum()):
+            raise SamplingError(
+                f"buffer {self.name!r}: {n} draws without replacement but only "
+                f"{int(drawable.sum())} items have nonzero probability"
+            )
+        if local and (replace or not ((mass > 0) & (drawable < n)).any()):
+            k = self._choose(mass)
+            draw = self._shard_draw(k, n, replace)
+            return (
+                [i * self.count + k for i in draw.ids],
+                draw.blobs,
+                np.asarray(draw.probabilities) * share[k],
+                (k, draw.schema_json),
+            )
+        if replace:
+            counts = self.rng.multinomial(n, share)
+            ids, blobs, source = [], [], None
+            probabilities: list[float] = []
+            draws = self._draws({k: (c, True) for k, c in enumerate(counts.tolist()) if c})
+            for k, draw in draws.items():
+                ids += [i * self.count + k for i in draw.ids]
+                blobs += list(draw.blobs)
+                probabilities += (np.asarray(draw.probabilities) * share[k]).tolist()
+                source = source or (k, draw.schema_json)
+            order = self.rng.permutation(len(ids))
+            return (
+                [ids[i] for i in order],
+                [blobs[i] for i in order],
+                np.array(probabilities)[order],
+                source,
+            )
+        # every shard's own successive draw, then the global successive draw over them
+        sequences = self._draws(
+            {
+                k: (min(n, int(drawable[k])), False)
+                for k in range(self.count)
+                if mass[k] > 0 and drawable[k] > 0
+            }
+        )
+        remaining = mass.copy()
+        taken = dict.fromkeys(sequences, 0)
+        ids, blobs, out = [], [], []
+        for _ in range(n):
+            live = remaining.clip(min=0)
+            k = int(self.rng.choice(self.count, p=live / live.sum()))
+            draw, j = sequences[k], taken[k]
+            item_mass = float(draw.probabilities[j]) * remaining[k]  # type: ignore[index]
+            out.append(item_mass / live.sum())
+            remaining[k] = remaining[k] - item_mass if j + 1 < len(draw.ids) else 0.0
+            taken[k] = j + 1
+            ids.append(draw.ids[j] * self.count + k)
+            blobs.append(draw.blobs[j])
+        first = next(iter(sequences))
+        return ids, blobs, np.array(out), (first, sequences[first].schema_json)
+
+    def _draw_per(self, n: int, local: bool) -> Drawn:
+        """PER with replacement: item ``i`` with probability ``mass_i / sum of all
+        masses``. Global: the counts per shard by multinomial over the shards' total
+        masses, then each shard's draw, committed by that shard. Shard-local: one shard
+        by its total mass, all ``n`` drawn and committed there."""
+        assert self.per is not None
+        replicas = self._replicas("per")
+        totals = np.array([r.total if r.positive else 0.0 for r in replicas])
+        grand = float(totals.sum())
+        if grand <= 0:
+            raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty (no item with a "
+                                   "non-zero PER mass)")
+        if local:
+            counts = np.zeros(self.count, dtype=np.int64)
+            counts[self._choose(totals)] = n
+        else:
+            counts = self.rng.multinomial(n, totals / grand)
+
+        def one(k: int, count: int) -> Any:
+            with self._on_shard(k):
+                return samplers._replica_draw(self.shards[k], "per", count, self.shards[k].rng,
+                                              True)
+
+        drawn = self._all_or_none(
+            {k: (one, (k, c)) for k, c in enumerate(counts.tolist()) if c})
+        ids: list[int] = []
+        blobs: list[bytes] = []
+        masses: list[np.ndarray] = []
+        scores: list[np.ndarray] = []
+        for k, draw in drawn.items():
+            ids += [i * self.count + k for i in draw.ids]
+            blobs += list(draw.blobs)
+            masses.append(draw.masses)
+            scores.append(draw.scores)
+        first = next(iter(drawn))
+        mass = np.concatenate(masses)
+        priority = np.concatenate(scores)
+        min_mass = min(r.min_mass for r in replicas)
+        # the whole buffer's mean non-zero priority: a drawn shard's sums as its commit
+        # reports them (as an unsharded buffer's), the others' from their replicas
+        per_sum, nonzero = 0.0, 0
+        for k, replica in enumerate(replicas):
+            if k in drawn:
+                per_sum += drawn[k].per_sum
+                nonzero += drawn[k].per_nonzero
+            else:
+                with replica.lock:
+                    present = replica.scores[: replica.count]
+                    positive = present[present > 0]
+                per_sum += float(positive.sum())
+                nonzero += len(positive)
+        mean = per_sum / nonzero if nonzero else 0.0
+        weights = ((min_mass / mass) ** self.per.beta,
+                   priority / mean if mean > 0 else np.ones(n))
+        if len(drawn) == 1:  # one shard's draw is already in random order
+            self._last_weights = weights
+            return ids, blobs, mass / grand, (first, drawn[first].schema_json)
+        order = self.rng.permutation(len(ids))
+        self._last_weights = (weights[0][order], weights[1][order])
+        return (
+            [ids[i] for i in order],
+            [blobs[i] for i in order],
+            (mass / grand)[order],
+            (first, drawn[first].schema_json),
+        )
+
+    def _undo(self, draws: dict[int, Any]) -> None:
+        """Take back the draws the shards recorded (lua/undo_draws.lua: their counts and
+        use counts)."""
+        for k, draw in draws.items():
+            if not hasattr(draw, "ids"):  # a size, not a draw
+                continue
+            members = [b"%012d" % i for i in draw.ids]
+            with self._on_shard(k):
+                self.shards[k]._run("undo_draws", self.shards[k].keys.all_keys(), members)
+
+    def _all_or_none(self, calls: dict[int, tuple[Any, tuple[Any, ...]]]) -> dict[int, Any]:
+        """Each shard's draw (see :meth:`_in_parallel`); when one fails, the draws the
+        others committed are taken back (lua/undo_draws.lua: their counts and use counts)
+        before the error is raised, so a failed sample records nothing anywhere."""
+        done: dict[int, Any] = {}
+        failures: list[BaseException] = []
+
+        def attempt(k: int, fn: Any, args: tuple[Any, ...]) -> Any:
+            try:
+                done[k] = fn(*args)
+            except BaseException as exc:  # kept, raised once the others are undone
+                failures.append(exc)
+            return None
+
+        self._in_parallel({k: (attempt, (k, fn, args)) for k, (fn, args) in calls.items()})
+        if failures:
+            self._undo(done)
+            raise failures[0]
+        return {k: done[k] for k in calls}
+
+    def _in_parallel(self, calls: dict[int, tuple[Any, tuple[Any, ...]]]) -> dict[int, Any]:
+        """``fn(*args)`` for each shard ``k`` of ``calls[k] = (fn, args)``, one thread each."""
+        if len(calls) == 1 or not self.parallel:
+            return {k: fn(*args) for k, (fn, args) in calls.items()}
+        if self._pool is None or self._pool_pid != os.getpid():  # none survives a fork
+            self._pool = ThreadPoolExecutor(self.count, thread_name_prefix="redisbuf-shard")
+            self._pool_pid = os.getpid()
+        futures = {k: self._pool.submit(fn, *args) for k, (fn, args) in calls.items()}
+        return {k: future.result() for k, future in futures.items()}
+
+    def sample(
+        self,
+        n: int,
+        replacement: bool | None = None,
+        *,
+        block: bool = False,
+        timeout: float | None = 30.0,
+        min_size: int | None = None,
+    ) -> Any:
+        """Draw ``n`` items over all shards (uniform, softmax of log-rewards with
+        ``prioritized_sampling``, or PER with ``sampler=PERSampler(...)``; without
+        replacement unless ``replacement=True`` or ``n`` exceeds the length, PER always
+        with) by the buffer's ``batch_law``: ``"global"``, the distribution of an
+        unsharded :meth:`ReplayBuffer.sample`; ``"shard_local"``, the whole batch from
+        one shard chosen by its mass, every draw's marginal law the global one (see
+        :mod:`redisbuf.buffers.sharded_draws`). One batch of the buffer's kind.
+        ``block``, ``timeout`` and ``min_size`` as :meth:`ReplayBuffer.sample`. A drawn
+        record that does not decode is set aside in its shard's quarantine hash and the
+        draw made again, as there."""
+        return self.sample_with_info(
+            n, replacement, block=block, timeout=timeout, min_size=min_size
+        ).batch
+
+    def sample_with_info(
+        self,
+        n: int,
+        replacement: bool | None = None,
+        *,
+        block: bool = False,
+        timeout: float | None = 30.0,
+        min_size: int | None = None,
+    ) -> SampleInfo:
+        """Like :meth:`sample`, also returning the global ids and, for prioritized
+        sampling, each draw's probability (its mass over the whole buffer's; without
+        replacement, given the earlier draws: for a ``"shard_local"`` batch, the chosen
+        shard's share of the mass times the shard's own successive probability); with
+        PER also ``weights`` and ``importance_weights`` over the whole buffer (the
+        lowest mass and the mean non-zero priority of every shard), in either law."""
+        if block:
+            drawn = self._wait_and_draw(n, replacement, timeout, min_size)
+        else:
+            drawn = self._draw(n, replacement)
+        (ids, _, probabilities, _), batch = self._decoded(drawn, n, replacement)
+        if self.per is not None:
+            weights, importance = self._last_weights
+            return SampleInfo(batch, np.array(ids, dtype=np.int64), probabilities, weights,
+                              importance)
+        return SampleInfo(batch, np.array(ids, dtype=np.int64), probabilities)
+
+    def _decoded(self, drawn: Any, n: int, replacement: bool | None) -> tuple[Any, Any]:
+        """A draw of :meth:`_draw` and its batch. Records that do not decode are set aside
+        in their shard's quarantine hash and the draw is taken back and made again, as
+        :meth:`ReplayBuffer.sample` does (redisbuf/buffers/quarantine.py)."""
+        for _ in range(quarantine.ROUNDS):
+            ids, blobs, _, (k, schema_json) = drawn
+            try:
+                return drawn, self.shards[k].decode(blobs, ids, schema_json)
+            except DecodeError as exc:
+                failure = exc
+            bad = quarantine.undecodable(self.shards[k], blobs)
+            if not bad:
+                raise failure
+            local: dict[int, list[int]] = {}
+            for item in ids:
+                local.setdefault(item % self.count, []).append(item // self.count)
+            for shard, items in local.items():
+                with self._on_shard(shard):
+                    quarantine.take_back(self.shards[shard], items)
+            for position, error in bad:
+                shard = ids[position] % self.count
+                with self._on_shard(shard):
+                    quarantine.set_aside(self.shards[shard], [
+                        (ids[position] // self.count, blobs[position], error)])
+            drawn = self._draw(n, replacement)
+        ids, blobs, _, (k, schema_json) = drawn
+        return drawn, self.shards[k].decode(blobs, ids, schema_json)
+
+    def _wait_and_draw(
+        self, n: int, replacement: bool | None, timeout: float | None, min_size: int | None
+    ) -> tuple[list[int], list[bytes], Any, Any]:
+        """Wait until the shards hold ``min_size`` (default ``n``) items and a draw
+        succeeds, polling (5 ms doubling to 100 ms); WaitTimeoutError after ``timeout``."""
+        need = n if min_size is None else int(min_size)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.005
+        while True:
+            if len(self) >= need:
+                try:
+                    return self._draw(n, replacement)
+                except EmptyBufferError:
+                    pass
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeoutError(
+                    f"buffer {self.name!r}: sample({n}) waited {timeout} s for {need} "
+                    f"drawable items; it holds {len(self)}"
+                )
+            wait = pause if deadline is None else min(pause, max(deadline - time.monotonic(), 0))
+            time.sleep(wait)
+            pause = min(2 * pause, 0.1)
