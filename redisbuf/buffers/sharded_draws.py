@@ -187,6 +187,11 @@ class ShardedSampling:
             if any(scripts.missing(r) for r in replies):
                 scripts.reload(self.client, script)  # every master
                 replies = self._per_shard(command)
+            if any(isinstance(r, scripts._REFUSED_WRITES) for r in replies):
+                # a server refusing writes (maxmemory) refuses a function not flagged
+                # read-only before it runs: each shard through the runner, which falls
+                # back to the read-only variant
+                replies = [read(k) for k in range(self.count)]
         out = []
         for k, (shard, reply) in enumerate(zip(self.shards, replies, strict=True)):
             if isinstance(reply, redis.exceptions.ResponseError):
