@@ -1,0 +1,195 @@
+"""Issue 35 for the sequence buffer and the lifetime rules: reads of many steps go in
+commands of at most the bound (redisbuf/store/bounds.py) with the same result, an atomic
+removal above the bound is refused having removed nothing, and stale removals go in
+bounded commands. Every command the client sends is recorded (at the serializer, so
+pipelined commands count one by one) and checked against the bound, which is lowered
+here so that small buffers exercise the splits; the scripts keep theirs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import redis.connection
+
+from redisbuf import RequestTooLargeError
+from redisbuf.buffers.sequence import SequenceBuffer, SequenceKeys
+from redisbuf.store import bounds
+
+BOUND = 6
+
+
+class Recorder:
+    """Every command packed for the server while recording (name, argument count)."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, ...]] = []
+        self.on = False
+
+    def fields(self, name: str, key_suffix: str) -> list[int]:
+        """Field counts of each recorded ``name`` command on a key ending in ``key_suffix``."""
+        return [len(c) - 2 for c in self.commands
+                if c[0].upper() == name and str(c[1]).endswith(key_suffix)]
+
+    def scripts(self) -> int:
+        return sum(1 for c in self.commands if c[0].upper() in ("EVALSHA", "EVAL", "FCALL"))
+
+
+@pytest.fixture
+def recorder(monkeypatch) -> Iterator[Recorder]:
+    rec = Recorder()
+    for cls in (redis.connection.PythonRespSerializer, redis.connection.HiredisRespSerializer):
+        original = cls.pack
+
+        def pack(self, *args, _original=original):
+            if rec.on:
+                rec.commands.append(tuple(
+                    a.decode(errors="replace") if isinstance(a, bytes) else str(a)
+                    for a in args))
+            return _original(self, *args)
+
+        monkeypatch.setattr(cls, "pack", pack)
+    yield rec
+
+
+def _steps(buf: SequenceBuffer, envs: int, steps: int, episode: int = 0) -> None:
+    for t in range(steps):
+        batch = {"pos": np.full(envs, t, dtype=np.int64),
+                 "env": np.arange(envs, dtype=np.int64),
+                 "reward": np.full(envs, 0.5 + t)}
+        if episode:
+            batch["done"] = (np.arange(envs) + t) % episode == episode - 1
+        buf.add_batch(batch)
+
+
+@pytest.mark.parametrize("returns", [False, True])
+def test_window_reads_are_bounded_and_unchanged(client, buffer_name, recorder, monkeypatch,
+                                                returns):
+    kwargs = dict(done_field="done", record_episodic_return=returns, gamma=0.5)
+    buf = SequenceBuffer(client, buffer_name, 3, 40, seed=5, **kwargs)
+    _steps(buf, 3, 40, episode=13)
+    expected, expected_info = SequenceBuffer(client, buffer_name, 3, 40, seed=7,
+                                             **kwargs).get_batch(9, 4)
+    monkeypatch.setattr(bounds, "MAX_ITEMS_PER_COMMAND", BOUND)
+    same = SequenceBuffer(client, buffer_name, 3, 40, seed=7, **kwargs)
+    recorder.on = True
+    data, info = same.get_batch(9, 4)  # 36 steps: 6 commands of one window (4 fields) each
+    recorder.on = False
+    reads = recorder.fields("HMGET", ":seq:steps")
+    assert reads and max(reads) <= BOUND and sum(reads) == 36 and len(reads) == 9
+    if returns:
+        assert recorder.fields("HMGET", ":seq:returns") == reads
+        np.testing.assert_array_equal(data["discounted_return"],
+                                      expected["discounted_return"])
+        assert (data["discounted_return"] != -1000.0).any()
+    for key in ("pos", "env", "reward"):
+        np.testing.assert_array_equal(data[key], expected[key])
+    np.testing.assert_array_equal(info.positions, expected_info.positions)
+    # each window is whole and holds its steps
+    assert (data["pos"] == info.positions[:, None] + np.arange(4)).all()
+    # a window longer than the bound is read in several commands
+    recorder.commands.clear()
+    recorder.on = True
+    long, long_info = same.get_batch(2, 9)
+    recorder.on = False
+    reads = recorder.fields("HMGET", ":seq:steps")
+    assert max(reads) <= BOUND and sum(reads) == 18
+    assert (long["pos"] == long_info.positions[:, None] + np.arange(9)).all()
+
+
+def test_get_field_is_bounded(client, buffer_name, recorder, monkeypatch):
+    buf = SequenceBuffer(client, buffer_name, 2, 30)
+    _steps(buf, 2, 30)
+    monkeypatch.setattr(bounds, "MAX_ITEMS_PER_COMMAND", BOUND)
+    envs, positions = np.repeat([0, 1], 20), np.tile(np.arange(5, 25), 2)
+    recorder.on = True
+    got = buf.get_field("pos", envs, positions)
+    recorder.on = False
+    assert got.tolist() == positions.tolist()
+    reads = recorder.fields("HMGET", ":seq:steps")
+    assert max(reads) <= BOUND and sum(reads) == 40
+
+
+@pytest.mark.parametrize("returns", [False, True])
+def test_gather_all_above_the_bound_reads_in_parts_the_same(client, buffer_name, recorder,
+                                                           monkeypatch, returns):
+    kwargs = dict(done_field="done", record_episodic_return=returns,
+                  num_earliest_frames_ignored=2)
+    buf = SequenceBuffer(client, buffer_name, 3, 8, **kwargs)
+    _steps(buf, 3, 11, episode=4)  # 3 evicted per env: 8 stored each
+    expected, expected_info = buf.gather_all(ignore_earliest_frames=True)  # one script
+    assert expected["pos"].shape == (3, 6)
+    monkeypatch.setattr(bounds, "MAX_ITEMS_PER_COMMAND", BOUND)
+    recorder.on = True
+    data, info = buf.gather_all(ignore_earliest_frames=True)
+    recorder.on = False
+    assert recorder.scripts() == 0  # 18 steps > 6: read by the client in parts
+    reads = recorder.fields("HMGET", ":seq:steps")
+    assert max(reads) <= BOUND and sum(reads) == 18
+    assert max(recorder.fields("HMGET", ":seq:envs")) <= BOUND
+    for key in expected:
+        np.testing.assert_array_equal(data[key], expected[key])
+    for a, b in zip(info, expected_info, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert info.positions.tolist() == [5, 5, 5]
+
+
+def test_gather_all_reads_again_when_a_step_is_evicted_meanwhile(client, buffer_name,
+                                                                 monkeypatch):
+    buf = SequenceBuffer(client, buffer_name, 2, 8)
+    _steps(buf, 2, 8)
+    monkeypatch.setattr(bounds, "MAX_ITEMS_PER_COMMAND", BOUND)
+    read = buf._read_steps
+    calls = []
+
+    def racing(names, *args, **kwargs):
+        if not calls:  # another process adds one step per env: the oldest are evicted
+            _steps(SequenceBuffer(client, buffer_name, 2, 8), 2, 1)
+        calls.append(names)
+        return read(names, *args, **kwargs)
+
+    monkeypatch.setattr(buf, "_read_steps", racing)
+    data, info = buf.gather_all()
+    assert len(calls) == 2  # the first read found the evicted steps missing
+    assert info.positions.tolist() == [1, 1]
+    assert data["pos"].tolist() == [[*range(1, 8), 0]] * 2  # the new step says pos 0
+
+
+def test_gather_all_with_unequal_environments_is_refused_in_parts_too(client, buffer_name,
+                                                                       monkeypatch):
+    from redisbuf import InvalidBatchError
+
+    buf = SequenceBuffer(client, buffer_name, 2, 8)
+    _steps(buf, 2, 5)
+    buf.add_batch({"pos": np.array([5]), "env": np.array([0]), "reward": np.array([0.0])},
+                  env_ids=[0])
+    monkeypatch.setattr(bounds, "MAX_ITEMS_PER_COMMAND", BOUND)
+    with pytest.raises(InvalidBatchError, match="different numbers of steps"):
+        buf.gather_all()
+
+
+def test_dequeue_above_the_bound_is_refused_removing_nothing(client, buffer_name,
+                                                              monkeypatch):
+    buf = SequenceBuffer(client, buffer_name, 4, 10, prioritized_sampling=True)
+    _steps(buf, 4, 10)
+    monkeypatch.setattr(bounds, "MAX_ADD_ITEMS", 8)
+    before = {k: client.dump(k) for k in SequenceKeys(buffer_name).all_keys()}
+    with pytest.raises(RequestTooLargeError, match="at most 8 steps"):
+        buf.dequeue(3)  # 12 steps
+    assert {k: client.dump(k) for k in SequenceKeys(buffer_name).all_keys()} == before
+    got = buf.dequeue(4, env_ids=[1, 3])  # 8 steps: one atomic command
+    assert got["pos"].tolist() == [[0, 1, 2, 3]] * 2 and got["env"][:, 0].tolist() == [1, 3]
+    assert len(buf) == 32
+    # the script refuses too (its own bound), whatever the client
+    # the script refuses too (with its own bound, the real one), whatever the client
+    monkeypatch.undo()
+    keys = SequenceKeys(buffer_name).all_keys()
+    before = {k: client.dump(k) for k in keys}
+    big = bounds.MAX_ADD_ITEMS // 4 + 1
+    with pytest.raises(RequestTooLargeError, match=f"at most {bounds.MAX_ADD_ITEMS} steps"):
+        buf._run("seq_read", keys, ["dequeue", big, 0, 1, 2, 3])
+    with pytest.raises(RequestTooLargeError, match=f"at most {bounds.MAX_ITEMS_PER_COMMAND}"):
+        many = SequenceBuffer(client, f"{buffer_name}-many", bounds.MAX_ITEMS_PER_COMMAND + 1, 2)
+        many._run("seq_read", many._keys, ["gather", 0])
+    assert {k: client.dump(k) for k in keys} == before
