@@ -888,8 +888,12 @@ class ReplayBuffer(Inserting, Checkpointing):
     def update_model_version(self, session_id: str, model_version: int) -> int:
         """Make ``model_version`` of ``session_id`` current, for every process (MineStudio's
         argument order). A new session removes every item; with ``max_staleness``, items
-        whose version is below ``model_version - max_staleness`` are removed. Later adds
-        are checked against these. Returns the number of items removed."""
+        whose version is below ``model_version - max_staleness`` are removed, lowest
+        versions first, in commands of at most :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS`
+        items each (redisbuf/store/bounds.py): until the last of them, other processes may
+        still draw an item being removed, and a version another process makes current
+        meanwhile governs the removals left. Later adds are checked against these. Returns
+        the number of items removed."""
         return lifetime.update_model_version(self, session_id, model_version)
 
     def memory_usage(self) -> int | None:

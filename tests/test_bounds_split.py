@@ -193,3 +193,40 @@ def test_dequeue_above_the_bound_is_refused_removing_nothing(client, buffer_name
         many = SequenceBuffer(client, f"{buffer_name}-many", bounds.MAX_ITEMS_PER_COMMAND + 1, 2)
         many._run("seq_read", many._keys, ["gather", 0])
     assert {k: client.dump(k) for k in keys} == before
+
+
+def test_stale_removals_go_in_bounded_commands(client, buffer_name, recorder):
+    from redisbuf import ReplayBuffer
+
+    n = 2 * bounds.MAX_ADD_ITEMS + 100
+    buffer = ReplayBuffer(client, buffer_name, capacity=n + 10, max_staleness=1)
+    buffer.update_model_version("s", 0)
+    for start, stop in bounds.chunks(n, bounds.MAX_ADD_ITEMS):
+        buffer.add({"x": np.arange(start, stop, dtype=np.int64),
+                    "log_rewards": np.zeros(stop - start)}, model_version=0)
+    fresh = buffer.add({"x": np.arange(n, n + 10, dtype=np.int64),
+                        "log_rewards": np.zeros(10)}, model_version=1).ids
+    recorder.on = True
+    assert buffer.update_model_version("s", 2) == n  # version 0 is stale at 2
+    recorder.on = False
+    assert recorder.scripts() == 3  # 1024 + 1024 + 100
+    assert len(buffer) == 10 and buffer.stats()["stale_removed"] == n
+    assert sorted(buffer.get(fresh)["x"].tolist()) == list(range(n, n + 10))
+    assert buffer.update_model_version("s", 2) == 0
+
+
+def test_stale_removals_left_follow_the_version_current_then(client, buffer_name):
+    from redisbuf import ReplayBuffer
+
+    buffer = ReplayBuffer(client, buffer_name, capacity=100, max_staleness=0)
+    buffer.update_model_version("s", 0)
+    for version in range(3):
+        buffer.add({"x": np.full(3, version, dtype=np.int64), "log_rewards": np.zeros(3)},
+                   model_version=version)
+    keys = buffer.keys.all_keys()
+    # another process made version 2 current and removed what was stale then
+    assert buffer._run("update_model_version", keys, ["s", 2, ""]) == [6, 0]
+    # a continuation ("more") goes by the current version, not the one it was started for
+    assert buffer._run("update_model_version", keys, ["", 1, "more"]) == [0, 0]
+    assert len(buffer) == 3
+    assert client.hget(buffer.keys.meta, "cur_version") == b"2"
