@@ -230,3 +230,43 @@ def test_stale_removals_left_follow_the_version_current_then(client, buffer_name
     assert buffer._run("update_model_version", keys, ["", 1, "more"]) == [0, 0]
     assert len(buffer) == 3
     assert client.hget(buffer.keys.meta, "cur_version") == b"2"
+
+
+@pytest.mark.parametrize("saved_with_per", [False, True])
+def test_load_swap_keeps_the_sums_it_no_longer_counts(client, buffer_name, tmp_path,
+                                                      saved_with_per):
+    """lua/restore.lua no longer iterates the items (UNLINK and RENAME per key, sums kept
+    by restore_items.lua while staging): the PER sums, max and use total it writes are
+    those of the restored items, whether they carry saved priorities or get the new-item
+    one, over a buffer that held other items."""
+    from redisbuf import PERSampler, ReplayBuffer
+
+    n = 2500  # three staging chunks
+    source = ReplayBuffer(client, f"{buffer_name}-src", capacity=n,
+                          sampler=PERSampler(alpha=1.0) if saved_with_per else None, seed=0)
+    for start, stop in bounds.chunks(n, bounds.MAX_ADD_ITEMS):
+        source.add({"x": np.arange(start, stop, dtype=np.int64),
+                    "log_rewards": np.zeros(stop - start)})
+    if saved_with_per:
+        ids = np.arange(1, n + 1)
+        source.update_priority(ids, np.where(ids % 7 == 0, 0.0, ids / 100.0))
+    for _ in range(3):
+        source.sample(500)
+    source.save(tmp_path / "b.rbuf")
+    target = ReplayBuffer(client, buffer_name, capacity=n,
+                          sampler=PERSampler(alpha=1.0, initial_priority=2.5))
+    target.add({"x": np.arange(10, dtype=np.int64), "log_rewards": np.zeros(10)})
+    assert target.load(tmp_path / "b.rbuf") == n
+    meta = {k.decode(): v.decode() for k, v in client.hgetall(target.keys.meta).items()}
+    per = np.array([float(v) for v in client.hvals(target.keys.per)])
+    uses = sum(int(v) for v in client.hvals(target.keys.uses))
+    assert len(per) == n and len(target) == n
+    if not saved_with_per:
+        assert (per == 2.5).all()
+    assert float(meta["per_sum"]) + float(meta["per_comp"]) == pytest.approx(per.sum(),
+                                                                             rel=1e-12)
+    assert int(meta["per_nonzero"]) == int((per > 0).sum())
+    assert float(meta["per_max"]) == per.max()
+    assert int(meta["present_uses"]) == uses == 1500
+    assert not [k for k in meta if k.startswith(("uses:", "per:"))]
+    assert not list(client.scan_iter(match=f"rb:{{{buffer_name}}}:staging:*"))

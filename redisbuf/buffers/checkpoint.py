@@ -172,7 +172,11 @@ class Checkpointing:
         in [0, 2**53]; PER priorities: finite numbers >= 0; use counts: integers in [0,
         2**53]) before anything is written. The items are then built under staging keys
         and swapped in by one script: other processes see the old buffer or the restored
-        one, never a part. Counters: ``inserted`` is the saved one (at least the length),
+        one, never a part. Every command of the load is bounded (redisbuf/store/bounds.py):
+        the items are staged 1,000 at a time, and the swap costs the server the same
+        whatever their number (each key is unlinked, freed in the background, and its
+        staged twin renamed in its place; the sums it needs were kept while staging).
+        Counters: ``inserted`` is the saved one (at least the length),
         ``evicted = inserted - length``, ``sampled`` the saved one. Restored items get new
         ids, above every id handed out before or during the load, and keep their order,
         log-rewards and use counts (``max_use`` counts on from them; a count at or over
@@ -306,9 +310,13 @@ class Checkpointing:
 
     def _apply_restore(self, plan: _Restore, progress: Progress | None = None) -> None:
         """Build the checked ``plan``'s items under staging keys and swap them in with one
-        script (see :meth:`load`)."""
+        script of bounded cost, whatever the number of items (lua/restore.lua: UNLINK and
+        RENAME per key, sums kept while staging; see :meth:`load`)."""
         records, schema_json, carry_per = plan.records, plan.schema_json, plan.carry_per
         staging = StagingKeys(self.name, uuid.uuid4().hex[:16])
+        # under PER every staged item gets its priority (saved, else the new-item one) and
+        # restore_items.lua sums them per chunk: the swap then iterates no item
+        per = self.client.hget(self.keys.meta, "tree_mass") == b"per"
         try:
             self._run("restore_stage", [self.keys.meta, staging.meta], [len(records)])
             for start in range(0, len(records), _READ_CHUNK):
@@ -319,7 +327,7 @@ class Checkpointing:
                     schema_json,
                 )
                 reply = self._run_once(script, staging, staging.all_keys(), args)
-                if carry_per or any(record[4] for record in chunk):
+                if per or carry_per or any(record[4] for record in chunk):
                     extra: list[Any] = [int(reply[0])]
                     for record in chunk:
                         extra += [repr(float(record[3])) if carry_per else "", str(record[4])]
