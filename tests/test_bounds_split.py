@@ -270,3 +270,63 @@ def test_load_swap_keeps_the_sums_it_no_longer_counts(client, buffer_name, tmp_p
     assert int(meta["present_uses"]) == uses == 1500
     assert not [k for k in meta if k.startswith(("uses:", "per:"))]
     assert not list(client.scan_iter(match=f"rb:{{{buffer_name}}}:staging:*"))
+
+
+def test_add_slices_keep_items_and_bytes_under_the_bounds():
+    big, cap = bounds.MAX_ADD_BYTES, bounds.MAX_ADD_ITEMS
+    assert bounds.add_slices([]) == []
+    assert bounds.add_slices([10] * (cap + 1)) == [(0, cap), (cap, cap + 1)]
+    assert bounds.add_slices([big // 2] * 5) == [(0, 2), (2, 4), (4, 5)]
+    assert bounds.add_slices([1, big + 1, 1]) == [(0, 1), (1, 2), (2, 3)]  # alone if larger
+    assert bounds.add_refusal(2, big) is None and bounds.add_refusal(1, 10 * big) is None
+    assert "MAX_ADD_BYTES" in bounds.add_refusal(2, big + 1)
+    assert "MAX_ADD_ITEMS" in bounds.add_refusal(cap + 1, 0)
+
+
+def test_an_add_above_the_byte_bound_is_refused_and_writes_nothing(client, buffer_name):
+    from redisbuf import ReplayBuffer
+    from redisbuf.store import scripts
+
+    buffer = ReplayBuffer(client, buffer_name, capacity=100)
+    dim = bounds.MAX_ADD_BYTES // 4 // 2  # two items of about half the bound, plus headers
+    half = {"x": np.zeros((2, dim), np.float32), "log_rewards": np.zeros(2)}
+    buffer.add({"x": np.zeros((1, dim), np.float32), "log_rewards": np.zeros(1)})
+    keys = buffer.keys.all_keys()
+    before = {k: client.dump(k) for k in keys}
+    with pytest.raises(RequestTooLargeError, match="MAX_ADD_BYTES"):
+        buffer.add(half)
+    # the script refuses it too, from any client
+    blobs, _, _ = buffer.encode(half)
+    with pytest.raises(RequestTooLargeError, match=f"at most {bounds.MAX_ADD_BYTES} bytes"):
+        scripts.load("add")(client, keys, [buffer._schema_json, 2, "",
+                                           blobs[0], "0", blobs[1], "0"])
+    assert {k: client.dump(k) for k in keys} == before
+    # one item alone may be larger than the byte bound; a batch at the bound is stored
+    one = {"x": np.zeros((1, 2 * dim + 10), np.float32), "log_rewards": np.zeros(1)}
+    other = ReplayBuffer(client, f"{buffer_name}-one", capacity=10)
+    assert len(other.add(one).ids) == 1
+    under = ReplayBuffer(client, f"{buffer_name}-under", capacity=10)
+    fits = {"x": np.zeros((2, dim - 64), np.float32), "log_rewards": np.zeros(2)}
+    assert sum(len(b) for b in under.encode(fits)[0]) <= bounds.MAX_ADD_BYTES
+    assert len(under.add(fits).ids) == 2
+
+
+def test_a_load_of_large_items_is_staged_in_adds_under_the_byte_bound(client, buffer_name,
+                                                                      tmp_path, recorder):
+    from redisbuf import ReplayBuffer
+
+    dim = 1024  # 4 KiB items: 1000 of them would be 4 MiB, over the byte bound
+    n = 1500
+    source = ReplayBuffer(client, f"{buffer_name}-src", capacity=n)
+    rows = np.arange(n, dtype=np.float32)[:, None] * np.ones(dim, np.float32)
+    for start, stop in bounds.add_slices([dim * 4 + 64] * n):
+        source.add({"x": rows[start:stop], "log_rewards": np.zeros(stop - start)})
+    source.save(tmp_path / "big.rbuf")
+    target = ReplayBuffer(client, buffer_name, capacity=n)
+    recorder.on = True
+    assert target.load(tmp_path / "big.rbuf") == n
+    recorder.on = False
+    adds = [c for c in recorder.commands if c[0] == "EVALSHA" and len(c) > 40]
+    assert len(adds) >= 3 and all((len(c) - 20) // 2 <= 1000 for c in adds)
+    ids = [int(i) for i in client.zrange(target.keys.order, 0, -1)]
+    assert target.get(ids)["x"][:, 0].tolist() == list(range(n))  # the file's order

@@ -32,7 +32,7 @@ from ..errors import (
     SchemaError,
     ServerUnavailableError,
 )
-from ..store import codec
+from ..store import bounds, codec
 from ..store.connection import retrying
 from ..store.containers import KINDS, describe_schema_difference, schema_to_json
 from ..store.keys import StagingKeys, decode_meta
@@ -173,7 +173,7 @@ class Checkpointing:
         2**53]) before anything is written. The items are then built under staging keys
         and swapped in by one script: other processes see the old buffer or the restored
         one, never a part. Every command of the load is bounded (redisbuf/store/bounds.py):
-        the items are staged 1,000 at a time, and the swap costs the server the same
+        the items are staged up to 1,000 at a time, and the swap costs the server the same
         whatever their number (each key is unlinked, freed in the background, and its
         staged twin renamed in its place; the sums it needs were kept while staging).
         Counters: ``inserted`` is the saved one (at least the length),
@@ -319,8 +319,14 @@ class Checkpointing:
         per = self.client.hget(self.keys.meta, "tree_mass") == b"per"
         try:
             self._run("restore_stage", [self.keys.meta, staging.meta], [len(records)])
-            for start in range(0, len(records), _READ_CHUNK):
-                chunk = records[start : start + _READ_CHUNK]
+            # up to 1,000 items a chunk, and no more than one add may store (its bytes)
+            slices = [
+                (start + a, start + b)
+                for start, stop in bounds.chunks(len(records), _READ_CHUNK)
+                for a, b in bounds.add_slices([len(r[2]) for r in records[start:stop]])
+            ]
+            for start, stop in slices:
+                chunk = records[start:stop]
                 script, args = self._restore_args(
                     [record[2] for record in chunk],
                     np.array([record[1] for record in chunk], dtype=np.float64),

@@ -70,6 +70,17 @@ _REPEATABLE_SCRIPTS = frozenset(
 )
 
 
+def _check_add_bound(name: str, blobs: list[bytes]) -> None:
+    """Refuse a batch one add command may not store (redisbuf/store/bounds.py): an add is
+    atomic, so it is refused, not split."""
+    refusal = bounds.add_refusal(len(blobs), sum(len(blob) for blob in blobs))
+    if refusal is not None:
+        raise RequestTooLargeError(
+            f"buffer {name!r}: {refusal}, so that no command stalls the server: add it in "
+            "several batches (redisbuf.store.bounds.add_slices); nothing was written"
+        )
+
+
 @dataclass
 class SampleInfo:
     """A sampled batch with the ids of its items and, for prioritized sampling, the
@@ -474,7 +485,9 @@ class ReplayBuffer(Inserting, Checkpointing):
         refuses to draw while one is present, as the softmax is undefined).
         A batch that is rejected (wrong kind or schema, NaN log-rewards, an item
         over ``max_item_bytes``, more than :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS`
-        items: :class:`RequestTooLargeError`) raises and leaves the buffer unchanged.
+        items or, with more than one item, more than
+        :data:`~redisbuf.store.bounds.MAX_ADD_BYTES` of encoded items:
+        :class:`RequestTooLargeError`) raises and leaves the buffer unchanged.
 
         ``priorities`` (one finite number >= 0 per item) sets the items' PER priorities
         on a buffer using :class:`PERSampler`; without it they get
@@ -486,12 +499,7 @@ class ReplayBuffer(Inserting, Checkpointing):
         """
         options = lifetime.add_options(model_version, session_id)
         blobs, log_rewards, schema = self.encode(batch)
-        if len(blobs) > bounds.MAX_ADD_ITEMS:
-            raise RequestTooLargeError(
-                f"buffer {self.name!r}: one add stores at most {bounds.MAX_ADD_ITEMS} items "
-                f"(redisbuf.store.bounds.MAX_ADD_ITEMS, so that no command stalls the "
-                f"server), got {len(blobs)}: add it in several batches; nothing was written"
-            )
+        _check_add_bound(self.name, blobs)
         if priorities is not None:
             options["per_priorities"] = _per_priority_texts(priorities, len(blobs))
             if self.client.hget(self.keys.meta, "tree_mass") != b"per":

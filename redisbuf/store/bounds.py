@@ -29,6 +29,16 @@ MAX_ITEMS_PER_COMMAND = 2048
 #: what drawing one does: 2048 took 38 ms at 4 KiB on the loaded development machine.
 MAX_ADD_ITEMS = 1024
 
+#: Blob bytes one ``add`` of more than one item may store (2 MiB): the server's time for an
+#: add grows with its bytes as well as its items (it copies the blobs in, and at capacity
+#: frees as many bytes of evicted ones). Measured on the 2-core development machine
+#: (valkey 8.1, load average 3, 2026-11-27, ``benchmarks/bench_latency.py --only add``):
+#: an add of 1024 items of 4 KiB at capacity held the server 20-25 ms (its commit script
+#: 15 ms median, the blobs' HSET 5-10 ms), 512 of them 10-14 ms, 1024 items of 32 B 8 ms.
+#: A batch above it is refused like one above :data:`MAX_ADD_ITEMS` (the add is atomic);
+#: one item alone may be larger (up to the buffer's ``max_item_bytes``).
+MAX_ADD_BYTES = 2 * 1024 * 1024
+
 #: Blob bytes the client asks one read command to return: a chunk of a large ``get`` or
 #: sample holds at most this many bytes of blobs, as far as the first chunk's sizes tell.
 MAX_REPLY_BYTES = 16 * 1024 * 1024
@@ -47,6 +57,34 @@ def items_for_bytes(bytes_per_item: float) -> int:
     return max(1, min(MAX_ITEMS_PER_COMMAND, int(MAX_REPLY_BYTES // bytes_per_item)))
 
 
+def add_slices(sizes: list[int]) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive batches of items whose encoded sizes are ``sizes``,
+    each an add the bounds allow: at most :data:`MAX_ADD_ITEMS` items and
+    :data:`MAX_ADD_BYTES` bytes (an item larger than that alone)."""
+    slices: list[tuple[int, int]] = []
+    start, held = 0, 0
+    for index, size in enumerate(sizes):
+        if index > start and (index - start >= MAX_ADD_ITEMS or held + size > MAX_ADD_BYTES):
+            slices.append((start, index))
+            start, held = index, 0
+        held += size
+    if start < len(sizes):
+        slices.append((start, len(sizes)))
+    return slices
+
+
+def add_refusal(count: int, size: int) -> str | None:
+    """Why an add of ``count`` items of ``size`` blob bytes in all is above the bounds
+    (a message naming the limit), or None when one command may store it."""
+    if count > MAX_ADD_ITEMS:
+        return (f"one add stores at most {MAX_ADD_ITEMS} items "
+                f"(redisbuf.store.bounds.MAX_ADD_ITEMS), got {count}")
+    if count > 1 and size > MAX_ADD_BYTES:
+        return (f"one add of more than one item stores at most {MAX_ADD_BYTES} bytes of "
+                f"items (redisbuf.store.bounds.MAX_ADD_BYTES), got {size} in {count} items")
+    return None
+
+
 def chunks(total: int, size: int = MAX_ITEMS_PER_COMMAND) -> list[tuple[int, int]]:
     """``(start, stop)`` of consecutive slices of ``range(total)``, ``size`` long each
     (the last shorter)."""
@@ -54,10 +92,13 @@ def chunks(total: int, size: int = MAX_ITEMS_PER_COMMAND) -> list[tuple[int, int
 
 
 __all__ = [
+    "MAX_ADD_BYTES",
     "MAX_ADD_ITEMS",
     "MAX_ITEMS_PER_COMMAND",
     "MAX_REPLY_BYTES",
     "MEMORY_USAGE_SAMPLES",
+    "add_refusal",
+    "add_slices",
     "chunks",
     "items_for_bytes",
 ]
