@@ -125,7 +125,7 @@ def run(url: str, items: int, dim: int, only: set[str]) -> None:
 
     def add_ops(buffer: ReplayBuffer) -> list[tuple[str, Callable[[], Any]]]:
         # 4 KiB items at capacity (each add evicts as many): the example size
-        wide = [batch(rng, count, 1024) for count in (1024, 512, 256)]
+        wide = [batch(rng, count, 1024) for count in (1024, 768, 512, 256)]
         ops: list[tuple[str, Callable[[], Any]]] = []
         for part in wide:
             count = len(part["obs"])
