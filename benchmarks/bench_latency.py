@@ -103,6 +103,8 @@ def run(url: str, items: int, dim: int, only: set[str]) -> None:
              lambda: buffer.sample(n, replacement=True)),
             (f"sample({n}, True, sample_range=slice(-{n}, None))",
              lambda: buffer.sample(n, replacement=True, sample_range=slice(-n, None))),
+            (f"sample({n}, sample_range=slice(-{n}, None)) without replacement",
+             lambda: buffer.sample(n, sample_range=slice(-n, None))),
             (f"get({n} ids)", lambda: buffer.get(some)),
             (f"top({n})", lambda: buffer.top(n)),
             ("stats()", lambda: buffer.stats()),

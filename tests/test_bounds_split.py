@@ -7,6 +7,7 @@ here so that small buffers exercise the splits; the scripts keep theirs."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 import numpy as np
@@ -330,3 +331,48 @@ def test_a_load_of_large_items_is_staged_in_adds_under_the_byte_bound(client, bu
     assert len(adds) >= 3 and all((len(c) - 20) // 2 <= 1000 for c in adds)
     ids = [int(i) for i in client.zrange(target.keys.order, 0, -1)]
     assert target.get(ids)["x"][:, 0].tolist() == list(range(n))  # the file's order
+
+
+@pytest.mark.parametrize("holes", [False, True])
+def test_chunked_window_draw_without_replacement_is_a_uniform_subset(client, buffer_name,
+                                                                     monkeypatch, recorder,
+                                                                     holes):
+    import itertools
+    import math
+
+    from test_sampling import chi2, chi2_limit
+
+    from redisbuf import ReplayBuffer
+
+    if holes:  # reward eviction took some low ids: the window's ranks are not ids
+        buffer = ReplayBuffer(client, buffer_name, capacity=10, prioritized_capacity=True,
+                              seed=1)
+        rewards = [0.0, -5, 0, 0, -5, 0, 0, 0, 0, 0, -5, 0, 0]
+        buffer.add({"x": np.arange(13, dtype=np.int64), "log_rewards": np.array(rewards)})
+    else:
+        buffer = ReplayBuffer(client, buffer_name, capacity=10, seed=1)
+        buffer.add({"x": np.arange(10, dtype=np.int64), "log_rewards": np.zeros(10)})
+    present = [int(m) for m in client.zrange(buffer.keys.order, 0, -1)]
+    window = present[-6:]
+    assert len(present) == 10 and (not holes or window[-1] - window[0] > 5)
+    monkeypatch.setattr(bounds, "MAX_ITEMS_PER_COMMAND", 2)
+    trials, n = 900, 4
+    subsets, firsts = Counter(), Counter()
+    recorder.on = True
+    for _ in range(trials):
+        ids = buffer.sample_with_info(n, sample_range=slice(-6, None)).ids.tolist()
+        assert len(set(ids)) == n and set(ids) <= set(window)
+        subsets[tuple(sorted(ids))] += 1
+        firsts[ids[0]] += 1
+    recorder.on = False
+    cells = list(itertools.combinations(window, n))
+    observed = np.array([subsets[c] for c in cells], dtype=float)
+    assert chi2(observed, np.full(len(cells), trials / math.comb(6, n))) < chi2_limit(
+        len(cells) - 1)
+    observed = np.array([firsts[i] for i in window], dtype=float)
+    assert chi2(observed, np.full(6, trials / 6)) < chi2_limit(5)
+    assert int(client.hget(buffer.keys.meta, "sampled")) == trials * n  # each once
+    assert not list(client.scan_iter(match=buffer.keys.drawing("*")))
+    # the draws went in commands of at most the (lowered) bound: 4 = 2 + 2 at least
+    windows = [c for c in recorder.commands if c[0] == "EVALSHA" and c[-1] == "exclude"]
+    assert len(windows) >= trials * 2 and max(int(c[-8]) for c in windows) == 2

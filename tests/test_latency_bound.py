@@ -138,3 +138,12 @@ def test_sequence_reads_stay_bounded(redis_server, filled):
     finally:
         seq.drop()
         client.close()
+
+
+def test_large_window_draws_without_replacement_stay_bounded(filled):
+    buffer, probe = filled
+    n, window = ITEMS // 2, slice(-(ITEMS - 100), None)
+    info = _bounded(probe, lambda: buffer.sample_with_info(n, sample_range=window),
+                    "sample_range without replacement")
+    ids = info.ids.tolist()
+    assert len(set(ids)) == n and min(ids) > 100 and len(info.batch["obs"]) == n

@@ -720,12 +720,13 @@ class ReplayBuffer(Inserting, Checkpointing):
         uniformly among those items instead, whatever the sampler.
 
         No command holds the server for long (:mod:`redisbuf.store.bounds`): a uniform
-        draw of more than ``MAX_ITEMS_PER_COMMAND`` (2048) items is made as several
-        commands, one atomic draw each; without replacement the items are still distinct,
-        each command drawing uniformly among the items present then that the earlier ones
-        did not return, so every n-subset is equally likely when no other process changes
-        the buffer meanwhile. A ``sample_range`` or selector draw of more than that many
-        without replacement raises :class:`RequestTooLargeError`.
+        draw of more than ``MAX_ITEMS_PER_COMMAND`` (2048) items, ``sample_range``'s
+        included, is made as several commands, one atomic draw each; without replacement
+        the items are still distinct, each command drawing uniformly among the items
+        present then (in the window as it is then) that the earlier ones did not return,
+        so every n-subset is equally likely when no other process changes the buffer
+        meanwhile. A selector's draw of more than that many raises
+        :class:`RequestTooLargeError`.
         """
         draw = self._draw(n, replacement, sample_range, block, timeout, min_size)
         return self.decode(draw.blobs, draw.ids, draw.schema_json)
