@@ -376,3 +376,20 @@ def test_chunked_window_draw_without_replacement_is_a_uniform_subset(client, buf
     # the draws went in commands of at most the (lowered) bound: 4 = 2 + 2 at least
     windows = [c for c in recorder.commands if c[0] == "EVALSHA" and c[-1] == "exclude"]
     assert len(windows) >= trials * 2 and max(int(c[-8]) for c in windows) == 2
+
+
+@pytest.mark.redis_server
+def test_fcall_add_above_the_byte_bound_is_refused(real_client, buffer_name):
+    import redis as redis_py
+
+    from redisbuf import ReplayBuffer
+    from redisbuf.store import functions
+
+    buffer = ReplayBuffer(real_client, buffer_name, capacity=10)
+    functions.install(real_client)
+    keys = buffer.keys.all_keys()
+    half = b"x" * (bounds.MAX_ADD_BYTES // 2 + 1)
+    args = ['{"kind":"dict","fields":{}}', 2, "", half, "0", half, "0"]
+    with pytest.raises(redis_py.ResponseError, match="RB_LIMIT .*bytes"):
+        real_client.execute_command("FCALL", "rb_add", len(keys), *keys, *args)
+    assert len(buffer) == 0 and real_client.hlen(buffer.keys.items) == 0
