@@ -4,7 +4,8 @@ Usage: python benchmarks/bench_latency.py [--url URL] [--items 2000000] [--dim 8
                                           [--only NAME,NAME]
 
 ``--only`` keeps the operations whose name holds one of the words, or whole setups by
-name: uniform, prioritized, per, add (4 KiB items at capacity 16384), lifetime
+name: uniform, prioritized, per, add (4 KiB items at capacity 16384), add64 (64 KiB
+items at capacity 2048), lifetime
 (``update_model_version`` removing half the buffer as stale), load (save, then load over
 a PER buffer of up to 500 000 items).
 
@@ -125,16 +126,19 @@ def run(url: str, items: int, dim: int, only: set[str]) -> None:
              lambda: buffer.update_priority(some[:m], rng.random(m))),
         ]
 
-    def add_ops(buffer: ReplayBuffer) -> list[tuple[str, Callable[[], Any]]]:
-        # 4 KiB items at capacity (each add evicts as many): the example size
-        wide = [batch(rng, count, 1024) for count in (1024, 768, 512, 256)]
+    def add_ops(buffer: ReplayBuffer, dim: int = 1024,
+                counts: tuple[int, ...] = (1024, 512, 256)) -> list[tuple[str, Callable[[], Any]]]:
+        # items at capacity (each add evicts as many): 4 KiB is the example size
         ops: list[tuple[str, Callable[[], Any]]] = []
-        for part in wide:
-            count = len(part["obs"])
+        for count in counts:
+            part = batch(rng, count, dim)
             for rep in range(3):
-                ops.append((f"add({count} x 4 KiB) at capacity #{rep + 1}",
+                ops.append((f"add({count} x {dim // 256} KiB) at capacity #{rep + 1}",
                             lambda part=part: buffer.add(part)))
         return ops
+
+    def add64_ops(buffer: ReplayBuffer) -> list[tuple[str, Callable[[], Any]]]:
+        return add_ops(buffer, 16384, (1024, 512, 256))
 
     def lifetime_ops(buffer: ReplayBuffer) -> list[tuple[str, Callable[[], Any]]]:
         return [(f"update_model_version removing {items // 2} stale items",
@@ -160,6 +164,7 @@ def run(url: str, items: int, dim: int, only: set[str]) -> None:
         ("prioritized", {"prioritized_sampling": True}, prioritized_ops),
         ("per", {"sampler": PERSampler()}, per_ops),
         ("add", {"capacity": 16384, "dim": 1024}, add_ops),
+        ("add64", {"capacity": 2048, "dim": 16384}, add64_ops),
         ("lifetime", {"max_staleness": 0}, lifetime_ops),
         ("load", {"sampler": PERSampler(), "capacity": min(items, 500_000)}, load_ops),
     ]

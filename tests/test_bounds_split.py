@@ -284,23 +284,20 @@ def test_add_slices_keep_items_and_bytes_under_the_bounds():
     assert "MAX_ADD_ITEMS" in bounds.add_refusal(cap + 1, 0)
 
 
-def test_an_add_above_the_byte_bound_is_refused_and_writes_nothing(client, buffer_name):
+def test_an_add_above_the_byte_bound_is_refused_and_writes_nothing(client, buffer_name,
+                                                                   monkeypatch):
     from redisbuf import ReplayBuffer
-    from redisbuf.store import scripts
 
+    # the client's bound lowered (the scripts keep theirs: test_fcall_add_above_...)
+    monkeypatch.setattr(bounds, "MAX_ADD_BYTES", 64 * 1024)
     buffer = ReplayBuffer(client, buffer_name, capacity=100)
-    dim = bounds.MAX_ADD_BYTES // 4 // 2  # two items of about half the bound, plus headers
+    dim = 64 * 1024 // 4 // 2  # two items of about half the bound, plus headers
     half = {"x": np.zeros((2, dim), np.float32), "log_rewards": np.zeros(2)}
     buffer.add({"x": np.zeros((1, dim), np.float32), "log_rewards": np.zeros(1)})
     keys = buffer.keys.all_keys()
     before = {k: client.dump(k) for k in keys}
     with pytest.raises(RequestTooLargeError, match="MAX_ADD_BYTES"):
         buffer.add(half)
-    # the script refuses it too, from any client
-    blobs, _, _ = buffer.encode(half)
-    with pytest.raises(RequestTooLargeError, match=f"at most {bounds.MAX_ADD_BYTES} bytes"):
-        scripts.load("add")(client, keys, [buffer._schema_json, 2, "",
-                                           blobs[0], "0", blobs[1], "0"])
     assert {k: client.dump(k) for k in keys} == before
     # one item alone may be larger than the byte bound; a batch at the bound is stored
     one = {"x": np.zeros((1, 2 * dim + 10), np.float32), "log_rewards": np.zeros(1)}
@@ -313,10 +310,12 @@ def test_an_add_above_the_byte_bound_is_refused_and_writes_nothing(client, buffe
 
 
 def test_a_load_of_large_items_is_staged_in_adds_under_the_byte_bound(client, buffer_name,
-                                                                      tmp_path, recorder):
+                                                                      tmp_path, recorder,
+                                                                      monkeypatch):
     from redisbuf import ReplayBuffer
 
-    dim = 1024  # 4 KiB items: 1000 of them would be 4 MiB, over the byte bound
+    monkeypatch.setattr(bounds, "MAX_ADD_BYTES", 2 * 1024 * 1024)  # the client's
+    dim = 1024  # 4 KiB items: 1000 of them would be 4 MiB, over that byte bound
     n = 1500
     source = ReplayBuffer(client, f"{buffer_name}-src", capacity=n)
     rows = np.arange(n, dtype=np.float32)[:, None] * np.ones(dim, np.float32)

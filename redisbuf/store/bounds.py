@@ -29,17 +29,17 @@ MAX_ITEMS_PER_COMMAND = 2048
 #: what drawing one does: 2048 took 38 ms at 4 KiB on the loaded development machine.
 MAX_ADD_ITEMS = 1024
 
-#: Blob bytes one ``add`` of more than one item may store (3 MiB, about 740 items of
-#: 4 KiB): the server's time for an add grows with its bytes as well as its items (it
-#: copies the blobs in and, at capacity, frees as many bytes of evicted ones).
-#: ``benchmarks/bench_latency.py --items 20000 --only add`` on the 2-core development
-#: machine (valkey 8.1, load average 6, 2026-11-27), adds of 4 KiB items to a full buffer
-#: of 16384, three each, what a PINGing probe waited at worst: 1024 items 16-26 ms, 768
-#: 15-18 ms, 512 6-16 ms, 256 4-9 ms; 1024 items of 32 B (no byte bound reached) 43 ms at
-#: load 7 with 500 000 items present. A batch above it is refused like one above
-#: :data:`MAX_ADD_ITEMS` (the add is atomic); one item alone may be larger (up to the
-#: buffer's ``max_item_bytes``).
-MAX_ADD_BYTES = 3 * 1024 * 1024
+#: Blob bytes one ``add`` of more than one item may store (32 MiB; about 500 items of
+#: 64 KiB): the server's time for an add grows with its bytes as well as its items (it
+#: copies the blobs in and, at capacity, frees as many bytes of evicted ones). Measured
+#: with ``benchmarks/bench_latency.py --items 20000 --only add`` on the 2-core development
+#: machine (valkey 8.1, load average 1.6-2.5, 2026-11-27), adds to a full buffer, three
+#: each, without this bound, what a PINGing probe waited at worst (the slowest command in
+#: SLOWLOG): 1024 items of 4 KiB 8-15 ms (8-10 ms), 1024 of 64 KiB 18-40 ms (10-32 ms),
+#: 512 of 64 KiB 10-24 ms (5-17 ms), 256 of 64 KiB 4-8 ms (3-4 ms). A batch above it is
+#: refused like one above :data:`MAX_ADD_ITEMS` (the add is atomic); one item alone may
+#: be larger (up to the buffer's ``max_item_bytes``).
+MAX_ADD_BYTES = 32 * 1024 * 1024
 
 #: Blob bytes the client asks one read command to return: a chunk of a large ``get`` or
 #: sample holds at most this many bytes of blobs, as far as the first chunk's sizes tell.
