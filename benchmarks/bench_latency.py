@@ -3,6 +3,12 @@
 Usage: python benchmarks/bench_latency.py [--url URL] [--items 2000000] [--dim 8]
                                           [--only NAME,NAME]
 
+``--only`` keeps the operations whose name holds one of the words, or whole setups by
+name: uniform, prioritized, per, add (4 KiB items at capacity 16384), add64 (64 KiB
+items at capacity 2048), lifetime
+(``update_model_version`` removing half the buffer as stale), load (save, then load over
+a PER buffer of up to 500 000 items).
+
 Without --url it starts the bundled valkey 8 (as the tests do). A probe process PINGs
 the server every 2 ms while each operation runs once at a large
 size on a buffer of ``--items`` items (``dim`` float32 each; 2x10^6 by default, as issue
@@ -35,13 +41,18 @@ except ImportError:  # a checkout from before the bound
     bounds = None  # type: ignore[assignment]
 
 
-def fill(buffer: ReplayBuffer, items: int, dim: int, rng: np.random.Generator) -> None:
+def fill(buffer: ReplayBuffer, items: int, dim: int, rng: np.random.Generator,
+         **options: Any) -> None:
     """Add ``items`` items in batches the server takes in one command each."""
     step = bounds.MAX_ADD_ITEMS if bounds is not None else 1000
+    if bounds is not None and hasattr(bounds, "MAX_ADD_BYTES"):
+        step = max(1, min(step, bounds.MAX_ADD_BYTES // (4 * dim + 64)))
+    elif dim >= 1024:
+        step = 256
     done = 0
     while done < items:
         k = min(step, items - done)
-        buffer.add(batch(rng, k, dim))
+        buffer.add(batch(rng, k, dim), **options)
         done += k
 
 
@@ -93,6 +104,8 @@ def run(url: str, items: int, dim: int, only: set[str]) -> None:
              lambda: buffer.sample(n, replacement=True)),
             (f"sample({n}, True, sample_range=slice(-{n}, None))",
              lambda: buffer.sample(n, replacement=True, sample_range=slice(-n, None))),
+            (f"sample({n}, sample_range=slice(-{n}, None)) without replacement",
+             lambda: buffer.sample(n, sample_range=slice(-n, None))),
             (f"get({n} ids)", lambda: buffer.get(some)),
             (f"top({n})", lambda: buffer.top(n)),
             ("stats()", lambda: buffer.stats()),
@@ -113,24 +126,67 @@ def run(url: str, items: int, dim: int, only: set[str]) -> None:
              lambda: buffer.update_priority(some[:m], rng.random(m))),
         ]
 
+    def add_ops(buffer: ReplayBuffer, dim: int = 1024,
+                counts: tuple[int, ...] = (1024, 512, 256)) -> list[tuple[str, Callable[[], Any]]]:
+        # items at capacity (each add evicts as many): 4 KiB is the issue's example size
+        ops: list[tuple[str, Callable[[], Any]]] = []
+        for count in counts:
+            part = batch(rng, count, dim)
+            for rep in range(3):
+                ops.append((f"add({count} x {dim // 256} KiB) at capacity #{rep + 1}",
+                            lambda part=part: buffer.add(part)))
+        return ops
+
+    def add64_ops(buffer: ReplayBuffer) -> list[tuple[str, Callable[[], Any]]]:
+        return add_ops(buffer, 16384, (1024, 512, 256))
+
+    def lifetime_ops(buffer: ReplayBuffer) -> list[tuple[str, Callable[[], Any]]]:
+        return [(f"update_model_version removing {items // 2} stale items",
+                 lambda: buffer.update_model_version("s", 1))]
+
+    def load_ops(buffer: ReplayBuffer) -> list[tuple[str, Callable[[], Any]]]:
+        path = f"/tmp/bench-latency-{os.getpid()}.rbuf"
+
+        def load() -> Any:
+            try:
+                return buffer.load(path)
+            finally:
+                os.unlink(path)
+
+        size = min(items, 500_000)
+        return [(f"save({size} items)", lambda: buffer.save(path)),
+                (f"load over {size} PER items", load)]
+
     print(f"{'operation':48s} {'probe worst':>12s} {'server worst':>13s} {'wall':>8s}  "
           "slowest command")
     setups = [
         ("uniform", {}, uniform_ops),
         ("prioritized", {"prioritized_sampling": True}, prioritized_ops),
         ("per", {"sampler": PERSampler()}, per_ops),
+        ("add", {"capacity": 16384, "dim": 1024}, add_ops),
+        ("add64", {"capacity": 2048, "dim": 16384}, add64_ops),
+        ("lifetime", {"max_staleness": 0}, lifetime_ops),
+        ("load", {"sampler": PERSampler(), "capacity": min(items, 500_000)}, load_ops),
     ]
     with LatencyProbe(url) as probe:
         for label, options, make in setups:
-            buffer = ReplayBuffer(client, f"latency-{label}", capacity=items, seed=1,
+            options = dict(options)
+            size, width = options.pop("capacity", items), options.pop("dim", dim)
+            buffer = ReplayBuffer(client, f"latency-{label}", capacity=size, seed=1,
                                   **options)
             ops = [(name, op) for name, op in make(buffer)
-                   if not only or any(word in name for word in only)]
+                   if not only or label in only or any(word in name for word in only)]
             if not ops:
+                client.unlink(*buffer.keys.all_keys())
                 continue
             started = time.perf_counter()
-            fill(buffer, items - len(buffer), dim, rng)
-            print(f"({label}: {len(buffer)} items of {dim} float32 filled in "
+            if label == "lifetime":  # half the items stale at version 1
+                buffer.update_model_version("s", 0)
+                fill(buffer, size // 2, width, rng, model_version=0)
+                fill(buffer, size - len(buffer), width, rng, model_version=1)
+            else:
+                fill(buffer, size - len(buffer), width, rng)
+            print(f"({label}: {len(buffer)} items of {width} float32 filled in "
                   f"{time.perf_counter() - started:.0f} s)", flush=True)
             for name, op in ops:
                 started = time.perf_counter()

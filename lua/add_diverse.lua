@@ -21,7 +21,7 @@
 -- batch order with reward eviction (insert_batch). Vectors are kept in the vecs hash.
 -- Returns {first_id, kept, evicted, position_1..position_kept} (0-based batch positions of
 -- the inserted items; first_id is 0 when none was). Errors: RB_LIMIT (n above
--- RB_MAX_ADD), RB_NOBUF, RB_SCHEMA, RB_INVALID, RB_CONFIG (not reward eviction, or stored
+-- RB_MAX_ADD, or more than one item of more than RB_MAX_ADD_BYTES in all), RB_NOBUF, RB_SCHEMA, RB_INVALID, RB_CONFIG (not reward eviction, or stored
 -- items without a vector).
 local K = buffer_keys(KEYS)
 local conf, err = buffer_config(K)
@@ -37,11 +37,16 @@ if n == nil or n > RB_MAX_ADD then  -- redisbuf/store/bounds.py
 end
 local options = batch_options(ARGV[3])
 local cutoff, p = to_number(ARGV[4]), to_number(ARGV[5])
-local blobs, priorities, vec_texts = {}, {}, {}
+local blobs, priorities, vec_texts, bytes = {}, {}, {}, 0
 for i = 1, n do
   blobs[i] = ARGV[3 + 3 * i]
   priorities[i] = ARGV[4 + 3 * i]
   vec_texts[i] = ARGV[5 + 3 * i]
+  bytes = bytes + #(blobs[i] or '')
+end
+if n > 1 and bytes > RB_MAX_ADD_BYTES then
+  return fail('RB_LIMIT', 'one add of more than one item stores at most ' .. RB_MAX_ADD_BYTES
+    .. ' bytes of items, got ' .. bytes)
 end
 err = check_priorities(priorities) or check_schema(conf, ARGV[1], priorities)
 if err then return err end

@@ -10,16 +10,21 @@
 -- ARGV[2] sampled count from the file  ARGV[3] schema JSON, or "" to keep the buffer's
 -- ARGV[4] "1" when the staged items carry PER priorities, else "0"
 -- ARGV[5] the largest staged use count (0 when none)
--- Every data key of the buffer is replaced by its staged twin (deleted if there is none);
--- meta keeps its configuration and gets inserted, evicted = inserted - length, sampled,
--- and last_id = the larger of both (ids are never reused), present_uses = the sum of the
--- staged use counts. Under PER (meta tree_mass = per) items without a staged priority get
--- per_initial (the new-item rule, nothing else being present), the PER sum and non-zero
--- count are recomputed; with prioritized sampling (or PER) the mass log starts a new
--- epoch, so every sampler's replica reads the restored content. The staged keys are gone afterwards.
+-- Every data key of the buffer is replaced by its staged twin (deleted if there is none):
+-- the old key is UNLINKed (freed in the background) and the staged one RENAMEd onto the
+-- free name, O(1) each; nothing here iterates the items (redisbuf/store/bounds.py), the
+-- sums coming from the staged meta (restore_items.lua). Meta keeps its configuration and
+-- gets inserted, evicted = inserted - length, sampled, and last_id = the larger of both
+-- (ids are never reused), present_uses = the sum of the staged use counts. Under PER
+-- (meta tree_mass = per) every staged item carries a priority (its saved one, else
+-- per_initial as restore_stage.lua found it: the new-item rule, nothing else being
+-- present), and the PER sum, non-zero count and max are the staged ones; with prioritized
+-- sampling (or PER) the mass log starts a new epoch, so every sampler's replica reads the
+-- restored content. The staged keys are gone afterwards.
 -- Returns the new length. Errors (checked before any write): RB_NOBUF (the buffer was
 -- dropped), RB_CONFIG (the staged keys are missing or were made for another capacity;
--- staged PER priorities for a buffer without PER; a use count at or over max_use).
+-- staged PER priorities for a buffer without PER; the buffer's PER setting is not the one
+-- the items were staged for; a use count at or over max_use).
 local m = #KEYS / 2
 local meta, staged_meta = KEYS[1], KEYS[m + 1]
 local conf = redis.call('HMGET', meta, 'capacity', 'last_id', 'tree', 'tree_mass', 'max_use',
@@ -38,21 +43,45 @@ if conf[5] and tonumber(ARGV[5]) >= tonumber(conf[5]) then
   return fail('RB_CONFIG', 'a saved item was sampled ' .. ARGV[5] .. ' times, at or over'
     .. ' max_use=' .. conf[5] .. ' of buffer ' .. meta)
 end
-for i = 2, m do
-  if redis.call('EXISTS', KEYS[m + i]) == 1 then
-    redis.call('RENAME', KEYS[m + i], KEYS[i])
-  else
-    redis.call('DEL', KEYS[i])
+-- The sums restore_items.lua kept per call of the staged items (see there): a field per
+-- thousand items, so that nothing below iterates the items themselves.
+local used, count, sum, comp, nonzero, top = 0, 0, 0, 0, 0, nil
+local sums = redis.call('HGETALL', staged_meta)
+for i = 1, #sums, 2 do
+  local name, value = sums[i], sums[i + 1]
+  if string.sub(name, 1, 5) == 'uses:' then
+    used = used + tonumber(value)
+  elseif string.sub(name, 1, 4) == 'per:' then
+    local c, s, z, t = string.match(value, '^([^,]+),([^,]+),([^,]+),([^,]+)$')
+    count, nonzero = count + tonumber(c), nonzero + tonumber(z)
+    local x, total = tonumber(s), sum + tonumber(s)
+    if math.abs(sum) >= math.abs(x) then comp = comp + ((sum - total) + x)
+    else comp = comp + ((x - total) + sum) end
+    sum = total
+    if top == nil or tonumber(t) > top then top = tonumber(t) end
   end
 end
-redis.call('DEL', staged_meta)
+local staged_keys = {}
+for i = 1, m do staged_keys[i] = KEYS[m + i] end
+local length = redis.call('ZCARD', buffer_keys(staged_keys).order)
+if per ~= (redis.call('HEXISTS', staged_meta, 'per_default') == 1) or (per and count ~= length) then
+  return fail('RB_CONFIG', 'staged restore ' .. staged_meta .. ' has PER priorities for '
+    .. count .. ' of its ' .. length .. ' items (the buffer\'s PER setting changed during the '
+    .. 'load); load again')
+end
+-- O(1) per key: the old content is unlinked (freed in the background), then the staged
+-- key renamed onto the now absent name
+for i = 2, m do
+  redis.call('UNLINK', KEYS[i])
+  if redis.call('EXISTS', KEYS[m + i]) == 1 then
+    redis.call('RENAME', KEYS[m + i], KEYS[i])
+  end
+end
+redis.call('UNLINK', staged_meta)
 local K = buffer_keys(KEYS)
-local length = redis.call('ZCARD', K.order)
+length = redis.call('ZCARD', K.order)
 local inserted = math.max(tonumber(ARGV[1]), length)
 local last = math.max(tonumber(conf[2] or '0'), tonumber(staged[2] or '0'))
-local used = 0
-local counts = redis.call('HVALS', K.uses)
-for i = 1, #counts do used = used + tonumber(counts[i]) end
 redis.call('HSET', meta, 'inserted', string.format('%.0f', inserted),
   'evicted', string.format('%.0f', inserted - length), 'sampled', ARGV[2],
   'last_id', string.format('%.0f', last),
@@ -62,27 +91,10 @@ if ARGV[3] ~= '' then
   redis.call('HSET', meta, 'schema', ARGV[3], 'kind', cjson.decode(ARGV[3])['kind'], 'rewards',
     schema_rewards(ARGV[3]))
 end
-if per then
-  if redis.call('HLEN', K.per) ~= length then  -- not every item has a saved priority
-    local present, missing = redis.call('ZRANGE', K.order, 0, -1), {}
-    local scores = per_texts(K, present)
-    for i = 1, #present do
-      if not scores[i] then
-        missing[#missing + 1] = present[i]
-        missing[#missing + 1] = conf[6] or '1'
-      end
-    end
-    call_chunked('HSET', K.per, missing)
-  end
-  local values, top = {}, 0
-  local entries = redis.call('HVALS', K.per)
-  for i = 1, #entries do
-    values[i] = tonumber(entries[i])
-    if values[i] > top then top = values[i] end
-  end
-  per_account(K, {}, values)
-  if #values > 0 then per_raise_max(K, top) end
+if per and nonzero > 0 then
+  redis.call('HSET', meta, 'per_sum', fmt(sum), 'per_comp', fmt(comp), 'per_nonzero', nonzero)
 end
+if per and top ~= nil then per_raise_max(K, top) end
 if per or conf[3] == '1' then  -- every replica reads the restored content
   redis.call('HSET', meta, 'tree', '1')
   masslog_reset(K)

@@ -5,8 +5,11 @@
 -- ARGV[1] n, the number of items to restore
 -- The buffer's last_id grows by n now, so ids handed to concurrent adds are never given
 -- to a restored item; the staged meta's last_id is set just below the reserved block.
+-- When the buffer uses PER, the staged meta's per_default is its new-item priority
+-- (per_initial, else 1): restore_items.lua gives it to the items saved without one.
 -- Returns the first reserved id. Errors: RB_NOBUF.
-local conf = redis.call('HMGET', KEYS[1], 'capacity', 'eviction', 'format_version', 'created_at')
+local conf = redis.call('HMGET', KEYS[1], 'capacity', 'eviction', 'format_version', 'created_at',
+  'tree_mass', 'per_initial')
 if not conf[1] then return fail('RB_NOBUF', 'buffer meta ' .. KEYS[1] .. ' does not exist') end
 local n = tonumber(ARGV[1])
 local last = redis.call('HINCRBY', KEYS[1], 'last_id', n)
@@ -14,4 +17,5 @@ redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], 'capacity', conf[1], 'eviction', conf[2],
   'format_version', conf[3] or '1', 'created_at', conf[4] or '0', 'last_id', last - n,
   'inserted', 0, 'evicted', 0, 'sampled', 0, 'tree', 0)
+if conf[5] == 'per' then redis.call('HSET', KEYS[2], 'per_default', conf[6] or '1') end
 return last - n + 1

@@ -11,6 +11,14 @@
 -- are resolved as Python's slice.indices(length) does, atomically with the draw. Without
 -- replacement (and n <= the window's size) every n-subset of the window is equally likely;
 -- otherwise draws are independent. Returns {id_1..id_n} and, if asked, {blob_1..blob_n}.
+-- Chunk mode, ARGV[8] "exclude" (one command of a larger draw without replacement,
+-- WindowSampler in redisbuf/sampling/windows.py): KEYS[17] is the draw's set of the ids
+-- returned so far (under the buffer's tag; PEXPIRE 60 s), ARGV[2] is "0" and ARGV[7]
+-- holds up to RB_MAX_ITEMS uniforms, each a candidate position of the window; the
+-- candidates not in the set (nor taken already by this command) are kept, in order, up
+-- to n of them, recorded as drawn and added to the set. Each kept id is so uniform among
+-- the window's items the earlier commands did not return. Returns {size of the window,
+-- id_1..id_k} and, if asked, {blob_1..blob_k} after them.
 -- Errors: RB_EMPTY (nothing in the window), RB_INVALID, RB_LIMIT (n above RB_MAX_ITEMS,
 -- redisbuf/store/bounds.py).
 local K = buffer_keys(KEYS)
@@ -19,7 +27,17 @@ if n == nil or n > RB_MAX_ITEMS then
   return fail('RB_LIMIT', 'one command draws at most ' .. RB_MAX_ITEMS .. ' items, asked '
     .. tostring(ARGV[1]))
 end
-if #ARGV[7] ~= 6 * n then return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms') end
+local chunk_mode = ARGV[8] == 'exclude'
+if chunk_mode then
+  if KEYS[17] == nil or ARGV[2] ~= '0' or #ARGV[7] % 6 ~= 0 then
+    return fail('RB_INVALID', 'chunk mode takes KEYS[17], ARGV[2] "0" and packed uniforms')
+  end
+  if #ARGV[7] > 6 * RB_MAX_ITEMS then
+    return fail('RB_LIMIT', 'one command takes at most ' .. RB_MAX_ITEMS .. ' uniforms')
+  end
+elseif #ARGV[7] ~= 6 * n then
+  return fail('RB_INVALID', 'expected ' .. n .. ' packed uniforms')
+end
 local len = redis.call('ZCARD', K.order)
 local step = 1
 if ARGV[5] ~= '' then step = tonumber(ARGV[5]) end
@@ -52,6 +70,35 @@ local replace = ARGV[2] == '1' or n > count
 local first = tonumber(redis.call('ZRANGE', K.order, 0, 0)[1])
 local last = tonumber(redis.call('ZRANGE', K.order, -1, -1)[1])
 local contiguous = last - first + 1 == len
+local function id_at(k)
+  local rank = start + k * step
+  if contiguous then return id_str(first + rank) end
+  return redis.call('ZRANGE', K.order, rank, rank)[1]
+end
+if chunk_mode then
+  local drawn, kept, seen = KEYS[17], {}, {}
+  for i = 1, #ARGV[7] / 6 do
+    if #kept >= n then break end
+    local id = id_at(math.floor(uniform_at(ARGV[7], i) * count))
+    if not seen[id] then
+      seen[id] = true
+      if redis.call('SISMEMBER', drawn, id) == 0 then kept[#kept + 1] = id end
+    end
+  end
+  local blobs
+  if ARGV[6] == '1' and #kept > 0 then blobs = hmget_chunked(K.items, kept) end
+  record_draws(K, kept)  -- after reading the blobs: it may remove used-up items
+  if not RB_NO_WRITES and #kept > 0 then
+    call_chunked('SADD', drawn, kept)
+    redis.call('PEXPIRE', drawn, 60000)
+  end
+  local out = {count}
+  for i = 1, #kept do out[1 + i] = kept[i] end
+  if blobs then
+    for i = 1, #kept do out[1 + #kept + i] = blobs[i] end
+  end
+  return out
+end
 local ids, swapped = {}, {}
 for i = 1, n do
   local u = uniform_at(ARGV[7], i)

@@ -10,13 +10,21 @@
 -- ARGV[2] steps skipped (gather) or n (dequeue)  ARGV[3..] env ids (dequeue)
 -- Returns {count, number of envs, env_1.., first_position_1.., blobs (env-major)..., returns... if
 -- recorded}. Errors: RB_NOBUF, RB_EMPTY (an env holds fewer than n steps; nothing
--- removed), RB_INVALID (unequal sizes for gather, bad env id).
+-- removed), RB_INVALID (unequal sizes for gather, bad env id), RB_LIMIT (nothing read or
+-- removed: a gather of more than RB_MAX_ITEMS steps, or of more than RB_MAX_ITEMS
+-- environments; a dequeue of more than RB_MAX_ADD steps, n times the environments, since
+-- removing a step costs what storing one does; redisbuf/store/bounds.py). A larger
+-- gather is read by the client in bounded parts (SequenceBuffer.gather_all).
 local K = seq_keys(KEYS)
 local C = seq_conf(K)
 if not C then return fail('RB_NOBUF', 'sequence buffer meta ' .. K.meta .. ' does not exist') end
 local envs, states, count, skip = {}, {}, 0, 0
 if ARGV[1] == 'gather' then
   skip = tonumber(ARGV[2])
+  if C.num_envs > RB_MAX_ITEMS then
+    return fail('RB_LIMIT', 'one command reads at most ' .. RB_MAX_ITEMS .. ' steps, asked '
+      .. 'for every step of ' .. C.num_envs .. ' environments')
+  end
   for e = 0, C.num_envs - 1 do
     envs[#envs + 1] = e
     states[e] = env_state(K, e)
@@ -28,8 +36,16 @@ if ARGV[1] == 'gather' then
   end
   skip = math.min(skip, count)
   count = count - skip
+  if count * #envs > RB_MAX_ITEMS then
+    return fail('RB_LIMIT', 'one command reads at most ' .. RB_MAX_ITEMS .. ' steps, asked '
+      .. 'for ' .. count * #envs)
+  end
 else
   count = tonumber(ARGV[2])
+  if count == nil or count * (#ARGV - 2) > RB_MAX_ADD then
+    return fail('RB_LIMIT', 'one dequeue removes at most ' .. RB_MAX_ADD .. ' steps, asked '
+      .. 'for ' .. tostring(ARGV[2]) .. ' of ' .. (#ARGV - 2) .. ' environments')
+  end
   for i = 3, #ARGV do
     local e = tonumber(ARGV[i])
     if e == nil or e < 0 or e >= C.num_envs or states[e] then

@@ -5,18 +5,29 @@
 -- @include items
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order (see
 -- buffer_keys in _common.lua)
--- ARGV[1] session id  ARGV[2] model version (integer)
+-- ARGV[1] session id  ARGV[2] model version (integer)  ARGV[3] "" or "more" (below)
 -- A session other than the current one removes every item (all of them belong to the
 -- current session, see admit_batch), in O(1) commands; then, with max_staleness, items whose version is
--- below version - max_staleness are removed. Items added without a version never go stale.
--- Returns the number of items removed (counted in meta stale_removed). Errors: RB_NOBUF.
+-- below version - max_staleness are removed, the lowest versions first, at most RB_MAX_ADD
+-- of them per call (removing an item costs what storing one does; redisbuf/store/bounds.py):
+-- the caller calls again with ARGV[3] = "more" while some are left. Items added without a
+-- version never go stale.
+-- ARGV[3] "more": only remove the items stale under the current version (what another
+-- process may have made current since), up to RB_MAX_ADD; ARGV[1..2] are not used.
+-- Returns {removed, left}: the number of items removed by this call (counted in meta
+-- stale_removed) and 1 when stale items are left, else 0. Errors: RB_NOBUF.
 local K = buffer_keys(KEYS)
-local conf = redis.call('HMGET', K.meta, 'capacity', 'cur_session', 'max_staleness')
+local conf = redis.call('HMGET', K.meta, 'capacity', 'cur_session', 'max_staleness',
+  'cur_version')
 if not conf[1] then
   return fail('RB_NOBUF', 'buffer meta ' .. K.meta .. ' does not exist')
 end
-local removed = 0
-if conf[2] and conf[2] ~= ARGV[1] then
+local removed, left = 0, 0
+local more = ARGV[3] == 'more'
+local version = tonumber(ARGV[2])
+if more then version = tonumber(conf[4]) end
+if version == nil then return {0, 0} end
+if not more and conf[2] and conf[2] ~= ARGV[1] then
   -- every item goes: unlink the item structures (freed in the background) and move the
   -- counters in O(1), rather than delete item by item, so a switch over millions of
   -- items is no long command; samplers' replicas read the (empty) buffer again
@@ -32,12 +43,19 @@ if conf[2] and conf[2] ~= ARGV[1] then
   if masslog_on(K) then masslog_reset(K) end
   notify_changed(K.meta)
 end
-redis.call('HSET', K.meta, 'cur_session', ARGV[1], 'cur_version', ARGV[2])
+if not more then
+  redis.call('HSET', K.meta, 'cur_session', ARGV[1], 'cur_version', ARGV[2])
+end
 if conf[3] then
-  local limit = tonumber(ARGV[2]) - tonumber(conf[3])
-  local ids = redis.call('ZRANGEBYSCORE', K.versions, '-inf', '(' .. fmt(limit))
+  local limit = version - tonumber(conf[3])
+  local ids = redis.call('ZRANGEBYSCORE', K.versions, '-inf', '(' .. fmt(limit), 'LIMIT', 0,
+    RB_MAX_ADD + 1)
+  if #ids > RB_MAX_ADD then
+    ids[#ids] = nil
+    left = 1
+  end
   remove_items(K, ids)
   removed = removed + #ids
 end
 if removed > 0 then redis.call('HINCRBY', K.meta, 'stale_removed', removed) end
-return removed
+return {removed, left}

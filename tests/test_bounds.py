@@ -119,8 +119,11 @@ def test_window_and_selector_bounds(client, buffer_name, small_bound):
     buffer.add(_items(10))
     info = buffer.sample_with_info(5, replacement=True, sample_range=slice(-3, None))
     assert len(info.ids) == 5 and set(info.ids.tolist()) <= {8, 9, 10}
-    with pytest.raises(RequestTooLargeError, match="at most 2"):
-        buffer.sample(5, sample_range=slice(-3, None))
+    # more than the window holds: with replacement, as one command would (split)
+    assert set(buffer.sample_with_info(5, sample_range=slice(-3, None)).ids.tolist()) <= {
+        8, 9, 10}
+    # without replacement above the bound: split, distinct (tests/test_bounds_split.py)
+    assert len(set(buffer.sample_with_info(3, sample_range=slice(-4, None)).ids.tolist())) == 3
     fifo = ReplayBuffer(client, buffer_name, capacity=None, sampler=FifoSampler())
     assert fifo.sample(2)["x"].tolist() == [0, 1]
     with pytest.raises(RequestTooLargeError):

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redisbuf import BufferKeys, ReplayBuffer
+from redisbuf.store import bounds
 
 PROPERTY = settings(
     max_examples=30,
@@ -177,9 +178,12 @@ def _large_removal(client, buffer_name, prioritized):
         buffer.add({"v": np.arange(n, dtype=np.int32)[part], "log_rewards": rewards[part]},
                    model_version=0)
     assert len(buffer) == n
-    assert buffer.update_model_version("s", 1) == n  # every item is stale now: one script
+    # every item is stale now: removed in commands of at most the add bound
+    assert buffer.update_model_version("s", 1) == n
     assert len(buffer) == 0 and buffer.stats()["stale_removed"] == n
     keys = BufferKeys(buffer_name)
     assert client.hlen(keys.items) == client.zcard(keys.prio) == client.zcard(keys.times) == 0
-    entry = client.lrange(keys.masslog, -1, -1)[0]
-    assert entry.startswith(b"C|%d|" % n)  # one log entry names them all
+    calls = -(-n // bounds.MAX_ADD_ITEMS)
+    entries = client.lrange(keys.masslog, -calls, -1)  # one log entry per command
+    counts = [int(entry.split(b"|")[1]) for entry in entries]
+    assert sum(counts) == n and max(counts) == bounds.MAX_ADD_ITEMS

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import redis
 
-from redisbuf import ReplayBuffer
+from redisbuf import PERSampler, ReplayBuffer, SequenceBuffer
 from redisbuf.ops.latency import LatencyProbe
 from redisbuf.store import bounds, functions
 
@@ -97,3 +97,53 @@ def test_fcall_far_above_the_bound_is_refused_at_once(filled):
 
     assert _bounded(probe, refused, "FCALL above the bound") < 1.0
     assert int(client.hget(buffer.keys.meta, "sampled") or 0) == sampled_before
+
+
+def test_load_over_a_large_buffer_stays_bounded(filled, tmp_path):
+    """The swap of a load unlinks the old keys and renames the staged ones (O(1) each) and
+    iterates no item: a PER buffer that gets every item's new-item priority, loaded twice
+    (the second time over its own large keys)."""
+    buffer, probe = filled
+    buffer.save(tmp_path / "all.rbuf")
+    target = ReplayBuffer(buffer.client, "latency-bound-load", capacity=ITEMS,
+                          sampler=PERSampler(alpha=0.6, initial_priority=2.0))
+    try:
+        for _ in range(2):
+            assert _bounded(probe, lambda: target.load(tmp_path / "all.rbuf"), "load") == ITEMS
+        assert len(target) == ITEMS and target.client.hlen(target.keys.per) == ITEMS
+        meta = target.client.hmget(target.keys.meta, "per_sum", "per_nonzero")
+        assert float(meta[0]) == pytest.approx(2.0 * ITEMS) and int(meta[1]) == ITEMS
+    finally:
+        target.drop()
+
+
+def test_sequence_reads_stay_bounded(redis_server, filled):
+    """Windows, gather_all and get_field of far more steps than the bound."""
+    _, probe = filled
+    client = redis.Redis.from_url(redis_server.url)
+    envs, length = 16, 4000
+    seq = SequenceBuffer(client, "latency-bound-seq", envs, length, seed=0)
+    try:
+        for t in range(length):
+            seq.add_batch({"obs": np.full((envs, 128), t, dtype=np.float32),
+                           "t": np.full(envs, t, dtype=np.int64)})
+        data, info = _bounded(probe, lambda: seq.get_batch(2000, 16), "get_batch")
+        assert (data["t"] == info.positions[:, None] + np.arange(16)).all()
+        data, info = _bounded(probe, seq.gather_all, "gather_all")
+        assert data["t"].shape == (envs, length) and (data["t"] == np.arange(length)).all()
+        got = _bounded(probe, lambda: seq.get_field("t", np.repeat(np.arange(envs), length),
+                                                     np.tile(np.arange(length), envs)),
+                       "get_field")
+        assert got.tolist() == np.tile(np.arange(length), envs).tolist()
+    finally:
+        seq.drop()
+        client.close()
+
+
+def test_large_window_draws_without_replacement_stay_bounded(filled):
+    buffer, probe = filled
+    n, window = ITEMS // 2, slice(-(ITEMS - 100), None)
+    info = _bounded(probe, lambda: buffer.sample_with_info(n, sample_range=window),
+                    "sample_range without replacement")
+    ids = info.ids.tolist()
+    assert len(set(ids)) == n and min(ids) > 100 and len(info.batch["obs"]) == n

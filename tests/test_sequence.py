@@ -509,11 +509,11 @@ def test_window_evicted_between_draw_and_read_is_drawn_again(client, buffer_name
     read = buf._read_steps
     removed = []
 
-    def racing_read(names):
+    def racing_read(names, *args, **kwargs):
         if not removed:  # another process evicts a drawn step before our read
             removed.append(names[0])
             client.hdel(SequenceKeys(buffer_name).all_keys()[1], names[0])
-        return read(names)
+        return read(names, *args, **kwargs)
 
     buf._read_steps = racing_read
     data, info = buf.get_batch(4, 3)

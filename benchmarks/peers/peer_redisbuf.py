@@ -25,7 +25,7 @@ from common import (
 
 from redisbuf import PERSampler, ReplayBuffer
 from redisbuf.servers.embedded import EmbeddedServer
-from redisbuf.store.bounds import MAX_ADD_ITEMS
+from redisbuf.store.bounds import MAX_ADD_BYTES, MAX_ADD_ITEMS
 
 PRE = 8  # pre-made batches cycled through by each writer
 PATH = "ReplayBuffer.add / sample (dict of arrays), PERSampler + update_priority"
@@ -38,7 +38,9 @@ def open_buffer(url: str, name: str, capacity: int, prio: bool) -> ReplayBuffer:
 
 def fill(buf: ReplayBuffer, layout: str, count: int, prio: bool) -> None:
     """Add ``count`` items in large batches (not timed)."""
-    chunk = MAX_ADD_ITEMS  # one add is bounded (redisbuf/store/bounds.py)
+    # one add is bounded in items and bytes (redisbuf/store/bounds.py)
+    row = sum(v[0].nbytes for v in batches(layout, 1, n=1, seed=1)[0].values())
+    chunk = max(1, min(MAX_ADD_ITEMS, MAX_ADD_BYTES // (2 * row)))
     rng = np.random.default_rng(1)
     template = batches(layout, 1, n=chunk, seed=1)[0]
     done = 0

@@ -32,7 +32,7 @@ from ..errors import (
     SchemaError,
     ServerUnavailableError,
 )
-from ..store import codec
+from ..store import bounds, codec
 from ..store.connection import retrying
 from ..store.containers import KINDS, describe_schema_difference, schema_to_json
 from ..store.keys import StagingKeys, decode_meta, keeps_rewards
@@ -43,6 +43,10 @@ from .insert import _priority_text
 SAVE_FORMAT_VERSION = 2
 FILE_MAGIC = "redisbuf"
 _READ_CHUNK = 1000
+# Items per staging add of a load: lua/add.lua takes the blobs through Lua, which costs the
+# server more than an add's native HSET: 1000 items took 32 ms of its time on a quiet
+# 2-core machine (benchmarks/bench_latency.py --only load), 500 about half
+_STAGE_CHUNK = 500
 #: ``progress(done, total)`` of :meth:`ReplayBuffer.save` and :meth:`ReplayBuffer.load`.
 Progress = Callable[[int, int], None]
 # The counters a save header keeps, for the whole buffer and for each shard.
@@ -176,7 +180,11 @@ class Checkpointing:
         in [0, 2**53]; PER priorities: finite numbers >= 0; use counts: integers in [0,
         2**53]) before anything is written. The items are then built under staging keys
         and swapped in by one script: other processes see the old buffer or the restored
-        one, never a part. Counters: ``inserted`` is the saved one (at least the length),
+        one, never a part. Every command of the load is bounded (redisbuf/store/bounds.py):
+        the items are staged up to 500 at a time, and the swap costs the server the same
+        whatever their number (each key is unlinked, freed in the background, and its
+        staged twin renamed in its place; the sums it needs were kept while staging).
+        Counters: ``inserted`` is the saved one (at least the length),
         ``evicted = inserted - length``, ``sampled`` the saved one. Restored items get new
         ids, above every id handed out before or during the load, and keep their order,
         log-rewards and use counts (``max_use`` counts on from them; a count at or over
@@ -194,8 +202,9 @@ class Checkpointing:
         any other: its records in file order (shard by shard), its summed counters; the
         header's ``shards`` is not used.
 
-        ``progress(done, total)``, when given, is called after every chunk of up to 1,000
-        items built under the staging keys, and once more after the swap."""
+        ``progress(done, total)``, when given, is called as the items built under the
+        staging keys pass each multiple of 1,000 (exactly there unless large items made a
+        staging add smaller), after the last, and once more after the swap."""
         header, records = _read_save(path)
         self._restore(header, records, drop_per_priorities, progress)
         return len(records)
@@ -310,26 +319,38 @@ class Checkpointing:
 
     def _apply_restore(self, plan: _Restore, progress: Progress | None = None) -> None:
         """Build the checked ``plan``'s items under staging keys and swap them in with one
-        script (see :meth:`load`)."""
+        script of bounded cost, whatever the number of items (lua/restore.lua: UNLINK and
+        RENAME per key, sums kept while staging; see :meth:`load`)."""
         records, schema_json, carry_per = plan.records, plan.schema_json, plan.carry_per
         staging = StagingKeys(self.name, uuid.uuid4().hex[:16])
+        # under PER every staged item gets its priority (saved, else the new-item one) and
+        # restore_items.lua sums them per chunk: the swap then iterates no item
+        per = self.client.hget(self.keys.meta, "tree_mass") == b"per"
         try:
             self._run("restore_stage", [self.keys.meta, staging.meta], [len(records)])
-            for start in range(0, len(records), _READ_CHUNK):
-                chunk = records[start : start + _READ_CHUNK]
+            # up to _STAGE_CHUNK items a chunk, and no more than one add may store (bytes)
+            slices = [
+                (start + a, start + b)
+                for start, stop in bounds.chunks(len(records), _STAGE_CHUNK)
+                for a, b in bounds.add_slices([len(r[2]) for r in records[start:stop]])
+            ]
+            mark = _READ_CHUNK
+            for start, stop in slices:
+                chunk = records[start:stop]
                 script, args = self._restore_args(
                     [record[2] for record in chunk],
                     np.array([record[1] for record in chunk], dtype=np.float64),
                     schema_json,
                 )
                 reply = self._run_once(script, staging, staging.all_keys(), args)
-                if carry_per or any(record[4] for record in chunk):
+                if per or carry_per or any(record[4] for record in chunk):
                     extra: list[Any] = [int(reply[0])]
                     for record in chunk:
                         extra += [repr(float(record[3])) if carry_per else "", str(record[4])]
                     self._run("restore_items", staging.all_keys(), extra)
-                if progress is not None:
-                    progress(start + len(chunk), len(records))
+                if progress is not None and (stop >= mark or stop == len(records)):
+                    progress(stop, len(records))  # as each 1,000 items are passed
+                    mark = (stop // _READ_CHUNK + 1) * _READ_CHUNK
             self._run_once(
                 "restore",
                 self.keys,

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import InvalidBatchError, SchemaError
 from ..store.containers import KINDS, _to_numpy
 from .insert import AddResult, _priority_text
-from .replay import ReplayBuffer
+from .replay import ReplayBuffer, _check_add_bound
 from .terminating import terminating_states_of
 
 
@@ -129,6 +129,7 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
         """Add what the diversity rule lets through, atomically with its tests; a rejected
         batch (see :meth:`ReplayBuffer.add`) leaves the buffer unchanged."""
         blobs, log_rewards, schema = self.encode(batch)
+        _check_add_bound(self.name, blobs)
         args = self._args(blobs, log_rewards, batch, self.cutoff_distance)
         reply = self._insert_with(schema, "add_diverse", args)
         first, count, evicted = (int(x) for x in reply[:3])

@@ -73,6 +73,17 @@ _REPEATABLE_SCRIPTS = frozenset(
 )
 
 
+def _check_add_bound(name: str, blobs: list[bytes]) -> None:
+    """Refuse a batch one add command may not store (redisbuf/store/bounds.py): an add is
+    atomic, so it is refused, not split."""
+    refusal = bounds.add_refusal(len(blobs), sum(len(blob) for blob in blobs))
+    if refusal is not None:
+        raise RequestTooLargeError(
+            f"buffer {name!r}: {refusal}, so that no command stalls the server: add it in "
+            "several batches (redisbuf.store.bounds.add_slices); nothing was written"
+        )
+
+
 @dataclass
 class SampleInfo:
     """A sampled batch with the ids of its items and, for prioritized sampling, the
@@ -478,7 +489,9 @@ class ReplayBuffer(Inserting, Checkpointing):
         refuses to draw while one is present, as the softmax is undefined).
         A batch that is rejected (wrong kind or schema, NaN log-rewards, an item
         over ``max_item_bytes``, more than :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS`
-        items: :class:`RequestTooLargeError`) raises and leaves the buffer unchanged.
+        items or, with more than one item, more than
+        :data:`~redisbuf.store.bounds.MAX_ADD_BYTES` of encoded items:
+        :class:`RequestTooLargeError`) raises and leaves the buffer unchanged.
 
         ``priorities`` (one finite number >= 0 per item) sets the items' PER priorities
         on a buffer using :class:`PERSampler`; without it they get
@@ -490,12 +503,7 @@ class ReplayBuffer(Inserting, Checkpointing):
         """
         options = lifetime.add_options(model_version, session_id)
         blobs, log_rewards, schema = self.encode(batch)
-        if len(blobs) > bounds.MAX_ADD_ITEMS:
-            raise RequestTooLargeError(
-                f"buffer {self.name!r}: one add stores at most {bounds.MAX_ADD_ITEMS} items "
-                f"(redisbuf.store.bounds.MAX_ADD_ITEMS, so that no command stalls the "
-                f"server), got {len(blobs)}: add it in several batches; nothing was written"
-            )
+        _check_add_bound(self.name, blobs)
         if priorities is not None:
             options["per_priorities"] = _per_priority_texts(priorities, len(blobs))
             if self.client.hget(self.keys.meta, "tree_mass") != b"per":
@@ -716,12 +724,13 @@ class ReplayBuffer(Inserting, Checkpointing):
         uniformly among those items instead, whatever the sampler.
 
         No command holds the server for long (:mod:`redisbuf.store.bounds`): a uniform
-        draw of more than ``MAX_ITEMS_PER_COMMAND`` (2048) items is made as several
-        commands, one atomic draw each; without replacement the items are still distinct,
-        each command drawing uniformly among the items present then that the earlier ones
-        did not return, so every n-subset is equally likely when no other process changes
-        the buffer meanwhile. A ``sample_range`` or selector draw of more than that many
-        without replacement raises :class:`RequestTooLargeError`.
+        draw of more than ``MAX_ITEMS_PER_COMMAND`` (2048) items, ``sample_range``'s
+        included, is made as several commands, one atomic draw each; without replacement
+        the items are still distinct, each command drawing uniformly among the items
+        present then (in the window as it is then) that the earlier ones did not return,
+        so every n-subset is equally likely when no other process changes the buffer
+        meanwhile. A selector's draw of more than that many raises
+        :class:`RequestTooLargeError`.
 
         A drawn record that does not decode (another client stored it) is set aside in
         the buffer's quarantine hash (``rb:{name}:quarantine``), counted in
@@ -911,8 +920,12 @@ class ReplayBuffer(Inserting, Checkpointing):
     def update_model_version(self, session_id: str, model_version: int) -> int:
         """Make ``model_version`` of ``session_id`` current, for every process (MineStudio's
         argument order). A new session removes every item; with ``max_staleness``, items
-        whose version is below ``model_version - max_staleness`` are removed. Later adds
-        are checked against these. Returns the number of items removed."""
+        whose version is below ``model_version - max_staleness`` are removed, lowest
+        versions first, in commands of at most :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS`
+        items each (redisbuf/store/bounds.py): until the last of them, other processes may
+        still draw an item being removed, and a version another process makes current
+        meanwhile governs the removals left. Later adds are checked against these. Returns
+        the number of items removed."""
         return lifetime.update_model_version(self, session_id, model_version)
 
     def memory_usage(self) -> int | None:

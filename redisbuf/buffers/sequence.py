@@ -50,11 +50,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import DecodeError, EmptyBufferError, InvalidBatchError, SamplingError
+from ..errors import (
+    DecodeError,
+    EmptyBufferError,
+    InvalidBatchError,
+    RequestTooLargeError,
+    SamplingError,
+)
 from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import _fill_holes, _spares_for, packed_uniforms
-from ..store import _torch, codec, scripts
-from ..store.bounds import MAX_ITEMS_PER_COMMAND
+from ..store import _torch, bounds, codec, scripts
 from ..store.connection import as_client
 from ..store.keys import PREFIX, pack_ids, validate_name
 
@@ -446,20 +451,44 @@ class SequenceBuffer:
             values = [default if r is None else float(r) for r in raw]
             data[_DISCOUNTED_RETURN] = np.array(values, dtype=np.float32).reshape(shape)
 
-    def _read_steps(self, names: list[str]) -> tuple[list[Any], list[Any]]:
-        """Blobs (None when not stored) and, when recorded, discounted returns of steps."""
+    def _read_steps(
+        self, names: list[str], group: int = 1, with_returns: bool | None = None
+    ) -> tuple[list[Any], list[Any]]:
+        """Blobs (None when not stored) and, when recorded (and ``with_returns`` is not
+        False), discounted returns of steps.
+
+        The read is split into commands of at most
+        :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` fields
+        (redisbuf/store/bounds.py), sent in one pipeline. ``names`` is made of groups of
+        ``group`` consecutive steps (windows); a part holds whole groups unless one group
+        alone is longer than the bound. A part's returns are read in one command before
+        its blobs: a field ``"e:p"`` only ever names one step and a stored blob never
+        changes, so a blob found by the later command was stored at the earlier one, and
+        a group within one part reads as it was at that moment (returns included); a
+        step evicted in between reads as missing."""
         if not names:
             return [], []
-        if not self.record_episodic_return:
+        if with_returns is None:
+            with_returns = self.record_episodic_return
+        bound = bounds.MAX_ITEMS_PER_COMMAND
+        size = bound if group > bound else group * (bound // group)
+        parts = bounds.chunks(len(names), size)
+        if not with_returns and len(parts) == 1:
             return self.client.hmget(self._keys[1], names), []
-        # one plain pipeline, returns first (a MULTI is refused at maxmemory, reads too):
-        # a step whose blob the second read finds was stored at the first (step names
-        # are never reused), so every window read whole pairs its blobs with the returns
-        # of one moment; a step evicted in between reads as missing, and is drawn again
+        # plain pipelines, returns first (a MULTI is refused at maxmemory, reads too):
+        # a step whose blob the later read finds was stored at the earlier one (step
+        # names are never reused); a step evicted in between reads as missing, and is
+        # drawn again
         pipe = self.client.pipeline(transaction=False)
-        pipe.hmget(self._keys[6], names)
-        pipe.hmget(self._keys[1], names)
-        returns, blobs = pipe.execute()
+        for start, stop in parts:
+            if with_returns:
+                pipe.hmget(self._keys[6], names[start:stop])
+            pipe.hmget(self._keys[1], names[start:stop])
+        replies = pipe.execute()
+        if not with_returns:
+            return [blob for reply in replies for blob in reply], []
+        returns = [value for reply in replies[0::2] for value in reply]
+        blobs = [blob for reply in replies[1::2] for blob in reply]
         return blobs, returns
 
     # -- sampling --------------------------------------------------------------------
@@ -527,7 +556,7 @@ class SequenceBuffer:
                 for e, p in zip(drawn_envs, drawn_positions, strict=True)
                 for j in range(L)
             ]
-            got, got_returns = self._read_steps(names)
+            got, got_returns = self._read_steps(names, L)
             for w in range(k):
                 window = got[w * L : (w + 1) * L]
                 if any(blob is None for blob in window):
@@ -594,12 +623,12 @@ class SequenceBuffer:
                     # one command's candidates are bounded (redisbuf/store/bounds.py): a
                     # larger batch takes more calls
                     count = min(self._draw_count(wanted, length),
-                                max(1, MAX_ITEMS_PER_COMMAND // (1 + spares)))
+                                max(1, bounds.MAX_ITEMS_PER_COMMAND // (1 + spares)))
                     slots, _, _ = replica.draw(count * (1 + spares), rng, True)
                     drawn = replica.ids[slots].reshape(count, 1 + spares)
                 else:
                     count = len(carried)
-                    spares = min(spares, max(0, MAX_ITEMS_PER_COMMAND // count - 1))
+                    spares = min(spares, max(0, bounds.MAX_ITEMS_PER_COMMAND // count - 1))
                     drawn = np.empty((count, 1 + spares), dtype=np.int64)
                     drawn[:, 0] = carried
                     slots, _, _ = replica.draw(count * spares, rng, True)
@@ -722,7 +751,7 @@ class SequenceBuffer:
             self._missing(blobs, names)
             values = [self.default_return if r is None else float(r) for r in raw]
             return np.asarray(values, dtype=np.float32).reshape(shape)
-        blobs = self.client.hmget(self._keys[1], names) if names else []
+        blobs = self._read_steps(names, with_returns=False)[0]
         self._missing(blobs, names)
         schema = self._stored_schema()
         if field_name not in schema:
@@ -752,15 +781,72 @@ class SequenceBuffer:
         """Every stored step, shaped ``[num_environments, T, ...]`` (all environments must
         hold the same number of steps), with ``positions`` = each env's first returned
         step; ``ignore_earliest_frames`` leaves out the oldest
-        ``num_earliest_frames_ignored`` steps of each environment (ALF)."""
+        ``num_earliest_frames_ignored`` steps of each environment (ALF).
+
+        Up to :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` steps are read by one
+        atomic command. A larger buffer is read in commands of at most that many steps
+        (redisbuf/store/bounds.py): the environments' ranges first, then their steps. The
+        result is the buffer as it was when the ranges were read (a field ``"e:p"`` only
+        ever names one step and a stored step never changes; returns are those at the read
+        of each environment's steps when they fit one command); when a step was evicted
+        before it was read, the whole read is made again (3 tries, then
+        :class:`~redisbuf.errors.SamplingError`)."""
         skip = self.num_earliest_frames_ignored if ignore_earliest_frames else 0
-        return self._read(["gather", skip])
+        bound = bounds.MAX_ITEMS_PER_COMMAND
+        for _ in range(3):
+            starts, nexts = self._env_ranges(np.arange(self.num_environments))
+            sizes = nexts - starts
+            if (sizes != sizes[0]).any():
+                e = int(np.flatnonzero(sizes != sizes[0])[0])
+                raise InvalidBatchError(
+                    f"environments hold different numbers of steps (env 0: {sizes[0]}, env "
+                    f"{e}: {sizes[e]})"
+                )
+            skipped = min(skip, int(sizes[0]))
+            count = int(sizes[0]) - skipped
+            if self.num_environments <= bound and count * self.num_environments <= bound:
+                try:
+                    return self._read(["gather", skip])
+                except RequestTooLargeError:
+                    continue  # steps were added since the ranges were read
+            first = starts + skipped
+            names = [f"{e}:{p}" for e in range(self.num_environments)
+                     for p in range(int(first[e]), int(first[e]) + count)]
+            blobs, returns = self._read_steps(names, count)
+            if any(blob is None for blob in blobs):
+                continue  # evicted while read: read the ranges again
+            shape = (self.num_environments, count)
+            data = self._decode(blobs, shape)
+            self._with_returns(data, returns, shape)
+            info = BatchInfo(np.arange(self.num_environments, dtype=np.int64),
+                             first.astype(np.int64),
+                             np.ones(self.num_environments, dtype=np.float32))
+            return data, info
+        raise SamplingError(
+            f"sequence buffer {self.name!r}: steps were evicted while gather_all read them, "
+            "3 times"
+        )
+
+    def _env_ranges(self, env_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(oldest stored position, next position) of each environment, read in commands of
+        at most the bound's fields (one pipeline)."""
+        fields = [f"{kind}:{e}" for e in env_ids.tolist() for kind in ("start", "next")]
+        pipe = self.client.pipeline(transaction=False)
+        for start, stop in bounds.chunks(len(fields)):
+            pipe.hmget(self._keys[2], fields[start:stop])
+        raw = [value for reply in pipe.execute() for value in reply]
+        values = np.array([int(v or 0) for v in raw], dtype=np.int64)
+        return values[0::2], values[1::2]
 
     def dequeue(self, n: int = 1, env_ids: Any = None) -> dict[str, Any]:
         """Remove and return the oldest ``n`` steps of each environment in ``env_ids``
         (all when None), shaped ``[len(env_ids), n, ...]`` (ALF returns no BatchInfo
-        here either). Raises :class:`EmptyBufferError`, removing nothing, when one holds
-        fewer than ``n``."""
+        here either), in one atomic command. Raises :class:`EmptyBufferError`, removing
+        nothing, when one holds fewer than ``n``; :class:`RequestTooLargeError`, removing
+        nothing, when ``n * len(env_ids)`` is above
+        :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS` (removing a step costs the server
+        what storing one does, and an atomic removal cannot be split: dequeue fewer
+        environments per call)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
         ids = (
@@ -768,6 +854,11 @@ class SequenceBuffer:
             if env_ids is None
             else _as_int_array(env_ids, "env_ids")
         )
+        if n * len(ids) > bounds.MAX_ADD_ITEMS:
+            raise RequestTooLargeError(
+                f"one dequeue removes at most {bounds.MAX_ADD_ITEMS} steps (n * environments), "
+                f"asked for {n} of {len(ids)} environments: pass env_ids in smaller groups"
+            )
         return self._read(["dequeue", n, *ids.tolist()])[0]
 
     # -- inspection --------------------------------------------------------------------

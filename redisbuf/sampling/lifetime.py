@@ -88,9 +88,15 @@ def update_model_version(buffer: ReplayBuffer, session_id: str, model_version: i
     """See :meth:`ReplayBuffer.update_model_version`."""
     session_id = check_session(session_id)
     model_version = check_version(model_version)
-    return int(
-        buffer._run("update_model_version", buffer.keys.all_keys(), [session_id, model_version])
-    )
+    keys = buffer.keys.all_keys()
+    removed, left = buffer._run("update_model_version", keys, [session_id, model_version, ""])
+    removed = int(removed)
+    # stale items go in commands of at most bounds.MAX_ADD_ITEMS; a later call goes by the
+    # version current then (another process may have made a newer one current meanwhile)
+    while int(left):
+        more, left = buffer._run("update_model_version", keys, ["", 0, "more"])
+        removed += int(more)
+    return removed
 
 
 def _ratio(numerator: str | None, denominator: str | None) -> float | None:

@@ -29,6 +29,18 @@ MAX_ITEMS_PER_COMMAND = 2048
 #: what drawing one does: 2048 took 38 ms at 4 KiB on the loaded development machine.
 MAX_ADD_ITEMS = 1024
 
+#: Blob bytes one ``add`` of more than one item may store (32 MiB; about 500 items of
+#: 64 KiB): the server's time for an add grows with its bytes as well as its items (it
+#: copies the blobs in and, at capacity, frees as many bytes of evicted ones). Measured
+#: with ``benchmarks/bench_latency.py --items 20000 --only add`` on the 2-core development
+#: machine (valkey 8.1, load average 1.6-2.5, 2026-11-27), adds to a full buffer, three
+#: each, without this bound, what a PINGing probe waited at worst (the slowest command in
+#: SLOWLOG): 1024 items of 4 KiB 8-15 ms (8-10 ms), 1024 of 64 KiB 18-40 ms (10-32 ms),
+#: 512 of 64 KiB 10-24 ms (5-17 ms), 256 of 64 KiB 4-8 ms (3-4 ms). A batch above it is
+#: refused like one above :data:`MAX_ADD_ITEMS` (the add is atomic); one item alone may
+#: be larger (up to the buffer's ``max_item_bytes``).
+MAX_ADD_BYTES = 32 * 1024 * 1024
+
 #: Blob bytes the client asks one read command to return: a chunk of a large ``get`` or
 #: sample holds at most this many bytes of blobs, as far as the first chunk's sizes tell.
 MAX_REPLY_BYTES = 16 * 1024 * 1024
@@ -47,6 +59,34 @@ def items_for_bytes(bytes_per_item: float) -> int:
     return max(1, min(MAX_ITEMS_PER_COMMAND, int(MAX_REPLY_BYTES // bytes_per_item)))
 
 
+def add_slices(sizes: list[int]) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive batches of items whose encoded sizes are ``sizes``,
+    each an add the bounds allow: at most :data:`MAX_ADD_ITEMS` items and
+    :data:`MAX_ADD_BYTES` bytes (an item larger than that alone)."""
+    slices: list[tuple[int, int]] = []
+    start, held = 0, 0
+    for index, size in enumerate(sizes):
+        if index > start and (index - start >= MAX_ADD_ITEMS or held + size > MAX_ADD_BYTES):
+            slices.append((start, index))
+            start, held = index, 0
+        held += size
+    if start < len(sizes):
+        slices.append((start, len(sizes)))
+    return slices
+
+
+def add_refusal(count: int, size: int) -> str | None:
+    """Why an add of ``count`` items of ``size`` blob bytes in all is above the bounds
+    (a message naming the limit), or None when one command may store it."""
+    if count > MAX_ADD_ITEMS:
+        return (f"one add stores at most {MAX_ADD_ITEMS} items "
+                f"(redisbuf.store.bounds.MAX_ADD_ITEMS), got {count}")
+    if count > 1 and size > MAX_ADD_BYTES:
+        return (f"one add of more than one item stores at most {MAX_ADD_BYTES} bytes of "
+                f"items (redisbuf.store.bounds.MAX_ADD_BYTES), got {size} in {count} items")
+    return None
+
+
 def chunks(total: int, size: int = MAX_ITEMS_PER_COMMAND) -> list[tuple[int, int]]:
     """``(start, stop)`` of consecutive slices of ``range(total)``, ``size`` long each
     (the last shorter)."""
@@ -54,10 +94,13 @@ def chunks(total: int, size: int = MAX_ITEMS_PER_COMMAND) -> list[tuple[int, int
 
 
 __all__ = [
+    "MAX_ADD_BYTES",
     "MAX_ADD_ITEMS",
     "MAX_ITEMS_PER_COMMAND",
     "MAX_REPLY_BYTES",
     "MEMORY_USAGE_SAMPLES",
+    "add_refusal",
+    "add_slices",
     "chunks",
     "items_for_bytes",
 ]
