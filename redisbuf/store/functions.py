@@ -181,8 +181,7 @@ def _operation(name: str) -> str:
     as ``ONCE.name(KEYS, ARGV)`` (the body of scripts._REMEMBER around a call of the first):
     the library's functions of its three variants call these."""
     script = scripts.load(name)
-    limits = (f"local RB_MAX_ITEMS, RB_MAX_ADD = {bounds.MAX_ITEMS_PER_COMMAND}, "
-              f"{bounds.MAX_ADD_ITEMS}\n")
+    limits = scripts.LIMITS
     once = scripts._REMEMBER.replace("BODY\n", f"return OP.{name}(KEYS, ARGV, false)\n")
     once = once.replace("'TAG'", repr(scripts.tag_of(name)))
     return (f"OP.{name} = function(KEYS, ARGV, RB_NO_WRITES)\n{limits}{script._expanded}\nend\n"

@@ -63,10 +63,11 @@ _ERROR_PATTERN = re.compile(r"\b(RB_[A-Z]+) ?(.*)", re.DOTALL)
 
 # Every script starts with this flag (the read-only variant sets it, see Script) and the
 # bound on one command's items (redisbuf/store/bounds.py), which scripts enforce.
-_FLAG = "local RB_NO_WRITES = {}\n" + (
+LIMITS = (  # also the library's (redisbuf/store/functions.py)
     f"local RB_MAX_ITEMS, RB_MAX_ADD = {bounds.MAX_ITEMS_PER_COMMAND}, {bounds.MAX_ADD_ITEMS}\n"
     f"local RB_MAX_ADD_BYTES = {bounds.MAX_ADD_BYTES}\n"
 )
+_FLAG = "local RB_NO_WRITES = {}\n" + LIMITS
 # The remembering variant: the script's body becomes a function whose reply is kept under
 # the batch id (see Script.__call__). The two memory keys and the two extra ARGV are taken
 # off the ends of KEYS and ARGV first, so the body sees only its own.
