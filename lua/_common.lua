@@ -92,10 +92,9 @@ end
 -- script that adds, removes or draws items takes them all, so any part may touch any key).
 local function buffer_keys(keys)
   return {
-    meta = keys[1], items = keys[2], prio = keys[3], order = keys[4],
-    per_heap = keys[5],
-    per = keys[9], uses = keys[10], versions = keys[11], times = keys[12], vecs = keys[13],
-    masslog = keys[16],
+    meta = keys[1], items = keys[2], prio = keys[3], order = keys[4], per_heap = keys[5],
+    per = keys[6], uses = keys[7], versions = keys[8], times = keys[9], vecs = keys[10],
+    batches = keys[11], batches_old = keys[12], masslog = keys[13],
   }
 end
 

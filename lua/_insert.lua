@@ -1,6 +1,6 @@
 -- Inserting a batch with eviction, pasted in place of "-- @include insert" (needs common,
 -- masslog, items and history): the body of add.lua, shared by every script that adds items (add,
--- add_diverse), so they store, evict and keep the tree alike.
+-- add_diverse), so they store, evict and log the mass alike.
 
 -- The per-batch options of an add script's options argument: "" (none) or a JSON object.
 local function batch_options(text)
@@ -20,9 +20,9 @@ local function check_priorities(priorities)
   return nil
 end
 
--- The buffer's configuration {capacity, eviction, schema, tree}, or nil and an error reply.
+-- The buffer's configuration {capacity, eviction, schema, masslog}, or nil and an error reply.
 local function buffer_config(K)
-  local conf = redis.call('HMGET', K.meta, 'capacity', 'eviction', 'schema', 'tree')
+  local conf = redis.call('HMGET', K.meta, 'capacity', 'eviction', 'schema', 'masslog')
   if not conf[1] then
     return nil, fail('RB_NOBUF', 'buffer meta ' .. K.meta .. ' does not exist')
   end

@@ -41,7 +41,7 @@ end
 -- per_max, the highest priority ever set since PER was turned on or the buffer cleared
 -- (a running max, as DI-engine and TorchRL keep: new items get it without a scan).
 local function per_enabled(K)
-  return redis.call('HGET', K.meta, 'tree_mass') == 'per'
+  return redis.call('HGET', K.meta, 'mass') == 'per'
 end
 
 local function per_account(K, removed, added)

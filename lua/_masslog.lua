@@ -2,7 +2,7 @@
 -- Prioritized sampling (softmax of log-rewards, or PER) draws in the sampling processes,
 -- each from its own replica of the items' scores (redisbuf/sampling/replica.py). The server keeps
 -- the truth (the prio zset for softmax, the per hash for PER) and, while prioritized
--- sampling is on (meta tree = 1), this log of every change to it, appended by the same
+-- sampling is on (meta masslog = 1), this log of every change to it, appended by the same
 -- script that makes the change, so a replica catches up by reading the entries after the
 -- version it has. Writing a change costs one RPUSH whatever the buffer's size.
 --
@@ -31,7 +31,7 @@ local MASSLOG_REPLY_ROWS = 20000
 local MASSLOG_REPLY_ENTRIES = 256
 
 local function masslog_on(K)
-  return redis.call('HGET', K.meta, 'tree') == '1'
+  return redis.call('HGET', K.meta, 'masslog') == '1'
 end
 
 local function server_ms()

@@ -9,8 +9,8 @@
 -- Prioritized buffers keep each stored step's priority in the prio hash under its slot
 -- (slot_of: one fixed slot per ring index, written as item ids are: 12 digits, id_str)
 -- and, as the replay buffer's prioritized sampling does, append every change to it to
--- the mass log (lua/_masslog.lua: ids are slots, scores priorities; meta tree = 1 and
--- tree_mass = per with alpha 1 and eps 0, so a slot's mass is its priority); samplers
+-- the mass log (lua/_masslog.lua: ids are slots, scores priorities; meta masslog = 1 and
+-- mass = per with alpha 1 and eps 0, so a slot's mass is its priority); samplers
 -- draw from replicas of it (redisbuf/sampling/replica.py) and lua/seq_sample.lua checks
 -- the draws.
 

@@ -19,7 +19,7 @@
 -- was on with these settings.
 -- Errors: RB_NOBUF, RB_CONFIG (other settings, or softmax sampling is in use).
 local K = buffer_keys(KEYS)
-local conf = redis.call('HMGET', K.meta, 'capacity', 'tree', 'tree_mass', 'per_alpha', 'per_eps',
+local conf = redis.call('HMGET', K.meta, 'capacity', 'masslog', 'mass', 'per_alpha', 'per_eps',
   'per_initial', 'per_fill', 'last_id')
 if not conf[1] then return fail('RB_NOBUF', 'buffer meta ' .. K.meta .. ' does not exist') end
 local alpha, eps, initial = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -32,7 +32,7 @@ if conf[3] == 'per' then
   end
   if not conf[7] then
     if conf[2] ~= '1' or not redis.call('HGET', K.meta, 'log_stamp') then  -- no log yet
-      redis.call('HSET', K.meta, 'tree', '1')
+      redis.call('HSET', K.meta, 'masslog', '1')
       masslog_reset(K)
     end
     return 0
@@ -44,7 +44,7 @@ else
   end
   conf[7] = '0'
   redis.call('HSET', K.meta, 'per_alpha', ARGV[1], 'per_eps', ARGV[2], 'per_initial', ARGV[3],
-    'tree_mass', 'per', 'per_fill', 0, 'per_fill_end', conf[8] or 0)
+    'mass', 'per', 'per_fill', 0, 'per_fill_end', conf[8] or 0)
   redis.call('HDEL', K.meta, 'per_sum', 'per_comp', 'per_nonzero', 'per_max')
 end
 local fill_end = redis.call('HGET', K.meta, 'per_fill_end')
@@ -66,6 +66,6 @@ if #ids == slice then
   return 2
 end
 redis.call('HDEL', K.meta, 'per_fill', 'per_fill_end')
-redis.call('HSET', K.meta, 'tree', '1')
+redis.call('HSET', K.meta, 'masslog', '1')
 masslog_reset(K)
 return 1

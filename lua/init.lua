@@ -14,6 +14,6 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HSET', KEYS[1],
     'capacity', ARGV[1], 'eviction', ARGV[2], 'format_version', ARGV[3],
     'created_at', ARGV[4], 'last_id', 0, 'inserted', 0, 'evicted', 0, 'sampled', 0,
-    'tree', 0, 'retry_window', ARGV[5])
+    'masslog', 0, 'retry_window', ARGV[5])
 end
 return redis.call('HGETALL', KEYS[1])

@@ -7,8 +7,8 @@
 -- @include common
 -- @include masslog
 -- @include items
--- KEYS[1] meta  KEYS[2..16] the buffer's other keys, in BufferKeys.all_keys() order (see
--- buffer_keys in _common.lua)  KEYS[17] the quarantine hash (rb:{name}:quarantine: item
+-- KEYS[1] meta  KEYS[2..13] the buffer's other keys, in BufferKeys.all_keys() order (see
+-- buffer_keys in _common.lua)  KEYS[14] the quarantine hash (rb:{name}:quarantine: item
 -- id -> blob)
 -- ARGV[1..] pairs: the id (stored form, 12 digits) of a record to set aside, and its blob
 -- as the caller read it (the draw that read it may have removed it already: max_use)
@@ -18,7 +18,7 @@
 -- record what a writer sent; drop deletes both). Returns the number of records newly set
 -- aside. Errors: RB_NOBUF, RB_LIMIT, RB_INVALID (an odd number of arguments).
 local K = buffer_keys(KEYS)
-local quarantine = KEYS[17]
+local quarantine = KEYS[14]
 if #ARGV % 2 == 1 then
   return fail('RB_INVALID', 'expected pairs of id and blob, got ' .. #ARGV .. ' arguments')
 end

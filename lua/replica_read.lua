@@ -12,13 +12,13 @@
 -- Returns {next cursor, ids (comma-separated), scores (comma-separated)}; the read is done
 -- when the cursor is "0". An item may come twice, and one added or removed meanwhile may
 -- or may not come: the entries after the pinned version set it right. Read-only but for
--- the pin. Errors: RB_NOTREE (prioritized sampling is off).
+-- the pin. Errors: RB_NOLOG (prioritized sampling is off).
 local K = buffer_keys(KEYS)
-if not masslog_on(K) then return fail('RB_NOTREE', 'prioritized sampling is not enabled') end
+if not masslog_on(K) then return fail('RB_NOLOG', 'prioritized sampling is not enabled') end
 masslog_pin(K, tonumber(ARGV[4]), tonumber(ARGV[3]))
 local ids, scores = {}, {}
 local reply
-if redis.call('HGET', K.meta, 'tree_mass') == 'per' then
+if redis.call('HGET', K.meta, 'mass') == 'per' then
   reply = redis.call('HSCAN', K.per, ARGV[1], 'COUNT', ARGV[2])
 elseif rewards_kept(K) then
   reply = redis.call('ZSCAN', K.prio, ARGV[1], 'COUNT', ARGV[2])

@@ -16,7 +16,7 @@
 -- sums coming from the staged meta (restore_items.lua). Meta keeps its configuration and
 -- gets inserted, evicted = inserted - length, sampled, and last_id = the larger of both
 -- (ids are never reused), present_uses = the sum of the staged use counts. Under PER
--- (meta tree_mass = per) every staged item carries a priority (its saved one, else
+-- (meta mass = per) every staged item carries a priority (its saved one, else
 -- per_initial as restore_stage.lua found it: the new-item rule, nothing else being
 -- present), and the PER sum, non-zero count and max are the staged ones; with prioritized
 -- sampling (or PER) the mass log starts a new epoch, so every sampler's replica reads the
@@ -27,7 +27,7 @@
 -- the items were staged for; a use count at or over max_use).
 local m = #KEYS / 2
 local meta, staged_meta = KEYS[1], KEYS[m + 1]
-local conf = redis.call('HMGET', meta, 'capacity', 'last_id', 'tree', 'tree_mass', 'max_use',
+local conf = redis.call('HMGET', meta, 'capacity', 'last_id', 'masslog', 'mass', 'max_use',
   'per_initial')
 if not conf[1] then return fail('RB_NOBUF', 'buffer meta ' .. meta .. ' does not exist') end
 local staged = redis.call('HMGET', staged_meta, 'capacity', 'last_id')
@@ -96,7 +96,7 @@ if per and nonzero > 0 then
 end
 if per and top ~= nil then per_raise_max(K, top) end
 if per or conf[3] == '1' then  -- every replica reads the restored content
-  redis.call('HSET', meta, 'tree', '1')
+  redis.call('HSET', meta, 'masslog', '1')
   masslog_reset(K)
 end
 return length

@@ -9,13 +9,13 @@
 -- (per_initial, else 1): restore_items.lua gives it to the items saved without one.
 -- Returns the first reserved id. Errors: RB_NOBUF.
 local conf = redis.call('HMGET', KEYS[1], 'capacity', 'eviction', 'format_version', 'created_at',
-  'tree_mass', 'per_initial')
+  'mass', 'per_initial')
 if not conf[1] then return fail('RB_NOBUF', 'buffer meta ' .. KEYS[1] .. ' does not exist') end
 local n = tonumber(ARGV[1])
 local last = redis.call('HINCRBY', KEYS[1], 'last_id', n)
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], 'capacity', conf[1], 'eviction', conf[2],
   'format_version', conf[3] or '1', 'created_at', conf[4] or '0', 'last_id', last - n,
-  'inserted', 0, 'evicted', 0, 'sampled', 0, 'tree', 0)
+  'inserted', 0, 'evicted', 0, 'sampled', 0, 'masslog', 0)
 if conf[5] == 'per' then redis.call('HSET', KEYS[2], 'per_default', conf[6] or '1') end
 return last - n + 1

@@ -32,7 +32,7 @@
 -- the whole draw again. Else the replica's catch-up (masslog_behind): {0, epoch, version,
 -- stamp, entries...}. The work is bounded: a
 -- correction reads at most the entries one catch-up reply carries (masslog_behind).
--- Errors: RB_NOTREE (prioritized sampling, or PER for "per", is not on), RB_CONFIG (the
+-- Errors: RB_NOLOG (prioritized sampling, or PER for "per", is not on), RB_CONFIG (the
 -- buffer samples by the other rule), RB_LIMIT (more than RB_MAX_ITEMS draws).
 
 local K = buffer_keys(KEYS)
@@ -42,12 +42,12 @@ if draws > RB_MAX_ITEMS then
   return fail('RB_LIMIT', 'one command commits at most ' .. RB_MAX_ITEMS .. ' draws, got '
     .. draws .. ' (redisbuf/store/bounds.py)')
 end
-local conf = redis.call('HMGET', K.meta, 'tree', 'tree_mass', 'log_epoch', 'log_version',
+local conf = redis.call('HMGET', K.meta, 'masslog', 'mass', 'log_epoch', 'log_version',
   'log_stamp', 'per_sum', 'per_comp', 'per_nonzero', 'per_alpha', 'per_eps')
 local per = conf[2] == 'per'
 if conf[1] ~= '1' or (ARGV[1] == 'per' and not per) then
-  if ARGV[1] == 'per' then return fail('RB_NOTREE', 'prioritized experience replay is not enabled') end
-  return fail('RB_NOTREE', 'prioritized sampling is not enabled')
+  if ARGV[1] == 'per' then return fail('RB_NOLOG', 'prioritized experience replay is not enabled') end
+  return fail('RB_NOLOG', 'prioritized sampling is not enabled')
 end
 if ARGV[1] ~= 'per' and per then
   return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' samples by PER priorities'

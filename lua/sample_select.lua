@@ -26,7 +26,7 @@ if (mode == 'max' or mode == 'min') and ARGV[3] ~= 'priority' and not rewards_ke
 elseif mode == 'max' or mode == 'min' then
   source = K.prio
   if ARGV[3] == 'priority' then
-    if redis.call('HGET', K.meta, 'tree_mass') ~= 'per' then
+    if redis.call('HGET', K.meta, 'mass') ~= 'per' then
       return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' has no PER priorities (use PERSampler)')
     end
     if redis.call('HGET', K.meta, 'per_heap') ~= '1' then

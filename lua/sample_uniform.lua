@@ -36,12 +36,12 @@ if #ARGV[4] > 6 * RB_MAX_ITEMS then
 end
 local chunk_mode = ARGV[5] == 'exclude' or ARGV[5] == 'scan'
 if chunk_mode then
-  if KEYS[17] == nil or ARGV[2] ~= '0' or #ARGV[4] % 6 ~= 0 then
-    return fail('RB_INVALID', 'chunk mode takes KEYS[17], ARGV[2] "0" and packed uniforms')
+  if KEYS[14] == nil or ARGV[2] ~= '0' or #ARGV[4] % 6 ~= 0 then
+    return fail('RB_INVALID', 'chunk mode takes KEYS[14], ARGV[2] "0" and packed uniforms')
   end
   local len = redis.call('ZCARD', order)
   if len == 0 then return fail('RB_EMPTY', 'buffer is empty') end
-  local drawn, count, kept, out = KEYS[17], #ARGV[4] / 6, {}, {}
+  local drawn, count, kept, out = KEYS[14], #ARGV[4] / 6, {}, {}
   local cursor = 0
   if ARGV[5] == 'scan' then
     cursor = tonumber(ARGV[6])

@@ -12,7 +12,7 @@
 -- replacement (and n <= the window's size) every n-subset of the window is equally likely;
 -- otherwise draws are independent. Returns {id_1..id_n} and, if asked, {blob_1..blob_n}.
 -- Chunk mode, ARGV[8] "exclude" (one command of a larger draw without replacement,
--- WindowSampler in redisbuf/sampling/windows.py): KEYS[17] is the draw's set of the ids
+-- WindowSampler in redisbuf/sampling/windows.py): KEYS[14] is the draw's set of the ids
 -- returned so far (under the buffer's tag; PEXPIRE 60 s), ARGV[2] is "0" and ARGV[7]
 -- holds up to RB_MAX_ITEMS uniforms, each a candidate position of the window; the
 -- candidates not in the set (nor taken already by this command) are kept, in order, up
@@ -29,8 +29,8 @@ if n == nil or n > RB_MAX_ITEMS then
 end
 local chunk_mode = ARGV[8] == 'exclude'
 if chunk_mode then
-  if KEYS[17] == nil or ARGV[2] ~= '0' or #ARGV[7] % 6 ~= 0 then
-    return fail('RB_INVALID', 'chunk mode takes KEYS[17], ARGV[2] "0" and packed uniforms')
+  if KEYS[14] == nil or ARGV[2] ~= '0' or #ARGV[7] % 6 ~= 0 then
+    return fail('RB_INVALID', 'chunk mode takes KEYS[14], ARGV[2] "0" and packed uniforms')
   end
   if #ARGV[7] > 6 * RB_MAX_ITEMS then
     return fail('RB_LIMIT', 'one command takes at most ' .. RB_MAX_ITEMS .. ' uniforms')
@@ -76,7 +76,7 @@ local function id_at(k)
   return redis.call('ZRANGE', K.order, rank, rank)[1]
 end
 if chunk_mode then
-  local drawn, kept, seen = KEYS[17], {}, {}
+  local drawn, kept, seen = KEYS[14], {}, {}
   for i = 1, #ARGV[7] / 6 do
     if #kept >= n then break end
     local id = id_at(math.floor(uniform_at(ARGV[7], i) * count))

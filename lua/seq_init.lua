@@ -6,23 +6,17 @@
 -- masslog, snap
 -- ARGV[1] configuration as canonical JSON
 -- ARGV[2..] field, value pairs stored in meta on creation (numbers the scripts read)
--- A prioritized buffer (meta prioritized = 1) is created with its mass log on (meta tree
--- = 1, tree_mass = per, per_alpha = 1, per_eps = 0: a step's mass is its priority) and a
+-- A prioritized buffer (meta prioritized = 1) is created with its mass log on (meta masslog
+-- = 1, mass = per, per_alpha = 1, per_eps = 0: a step's mass is its priority) and a
 -- first X entry (lua/_masslog.lua), so samplers' replicas can read it from the start.
 -- Returns 1 when created, 0 when the buffer existed with the same configuration.
--- Errors: RB_CONFIG (the buffer exists with another configuration, or is prioritized and
--- was made by a redisbuf that kept the priorities in a sum tree: drop it and make it again).
+-- Errors: RB_CONFIG (the buffer exists with another configuration).
 local K = seq_keys(KEYS)
 local stored = redis.call('HGET', K.meta, 'config')
 if stored then
   if stored ~= ARGV[1] then
     return redis.error_reply('RB_CONFIG stored configuration ' .. stored
       .. ' differs from the requested ' .. ARGV[1])
-  end
-  local flags = redis.call('HMGET', K.meta, 'prioritized', 'tree')
-  if flags[1] == '1' and flags[2] ~= '1' then
-    return redis.error_reply('RB_CONFIG sequence buffer ' .. K.meta .. ' keeps its priorities'
-      .. ' in a sum tree (made by an older redisbuf); drop it and make it again')
   end
   return 0
 end
@@ -35,7 +29,7 @@ for i = 2, #ARGV, 2 do
   if ARGV[i] == 'prioritized' and ARGV[i + 1] == '1' then prioritized = true end
 end
 if prioritized then
-  local more = {'tree', '1', 'tree_mass', 'per', 'per_alpha', '1', 'per_eps', '0',
+  local more = {'masslog', '1', 'mass', 'per', 'per_alpha', '1', 'per_eps', '0',
     'prio_sum', '0', 'prio_comp', '0'}
   for _, value in ipairs(more) do pairs_[#pairs_ + 1] = value end
 end

@@ -13,10 +13,10 @@
 -- Returns {next cursor, slots (comma-separated), priorities (comma-separated)}; the read
 -- is done when the cursor is "0". A slot may come twice, and one changed meanwhile may
 -- come with either priority: the entries after the pinned version set it right.
--- Read-only but for the pin. Errors: RB_NOTREE (the buffer is not prioritized).
+-- Read-only but for the pin. Errors: RB_NOLOG (the buffer is not prioritized).
 local K = seq_keys(KEYS)
 if not masslog_on(K) then
-  return fail('RB_NOTREE', 'sequence buffer ' .. K.meta .. ' is not prioritized')
+  return fail('RB_NOLOG', 'sequence buffer ' .. K.meta .. ' is not prioritized')
 end
 masslog_pin(K, tonumber(ARGV[4]), tonumber(ARGV[3]))
 local reply = redis.call('HSCAN', K.prio, ARGV[1], 'COUNT', ARGV[2])

@@ -45,7 +45,7 @@
 -- of env e (positions are never reused) and a window's episode membership never changes,
 -- so that read finds the drawn window or, if it was evicted meanwhile, a missing step.
 -- Adds k * L to meta "sampled" (steps drawn; not in the read-only variant).
--- Errors: RB_NOBUF, RB_EMPTY (no valid window), RB_INVALID, RB_NOTREE (prioritized draws
+-- Errors: RB_NOBUF, RB_EMPTY (no valid window), RB_INVALID, RB_NOLOG (prioritized draws
 -- from a buffer that is not prioritized).
 local K = seq_keys(KEYS)
 local C = seq_conf(K)
@@ -60,13 +60,13 @@ local ignored = tonumber(ARGV[7])
 local prioritized = ARGV[8] == '1'
 local packed = ARGV[9]
 local tries = tonumber(ARGV[10])
-local conf = redis.call('HMGET', K.meta, 'size', 'nonzero', 'prio_sum', 'prio_comp', 'tree',
+local conf = redis.call('HMGET', K.meta, 'size', 'nonzero', 'prio_sum', 'prio_comp', 'masslog',
   'log_epoch', 'log_version', 'log_stamp', 'per_alpha', 'per_eps')
 local size = tonumber(conf[1]) or 0
 local nonzero = tonumber(conf[2]) or 0
 local prio_sum = (tonumber(conf[3]) or 0) + (tonumber(conf[4]) or 0)
 if prioritized and conf[5] ~= '1' then
-  return fail('RB_NOTREE', 'sequence buffer ' .. K.meta .. ' is not prioritized')
+  return fail('RB_NOLOG', 'sequence buffer ' .. K.meta .. ' is not prioritized')
 end
 
 local starts, nexts = {}, {}

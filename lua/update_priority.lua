@@ -17,7 +17,7 @@
 -- it with lua/enable_per.lua and call again), RB_INVALID (a priority that is NaN,
 -- negative or not finite; nothing is written), RB_LIMIT (more than RB_MAX_ITEMS ids).
 local K = buffer_keys(KEYS)
-local conf = redis.call('HMGET', K.meta, 'capacity', 'tree_mass', 'log_epoch', 'log_version',
+local conf = redis.call('HMGET', K.meta, 'capacity', 'mass', 'log_epoch', 'log_version',
   'per_fill', 'log_stamp')
 if not conf[1] then return fail('RB_NOBUF', 'buffer meta ' .. K.meta .. ' does not exist') end
 if conf[2] ~= 'per' then

@@ -36,11 +36,11 @@ class NoSuchBufferError(ConfigMismatchError):
 
 
 class PrioritizedSamplingOffError(ConfigMismatchError):
-    """Prioritized sampling (softmax or PER) is not on for the buffer (``RB_NOTREE``):
+    """Prioritized sampling (softmax or PER) is not on for the buffer (``RB_NOLOG``):
     the buffer was dropped and made again, or turned on for the other rule. The
     samplers turn it back on when they meet it."""
 
-    code = "RB_NOTREE"
+    code = "RB_NOLOG"
 
 
 class PerBusyError(ConfigMismatchError):

@@ -425,7 +425,7 @@ def test_export_import_keep_per_priorities_and_use_counts(url, real_client, tmp_
         assert "per item: log-reward, use count, PER priority" in done.stdout
         client = redis.Redis.from_url(other.url)
         meta = client.hgetall(BufferKeys("dst").meta)
-        assert meta[b"tree_mass"] == b"per"  # created with the saved PER settings
+        assert meta[b"mass"] == b"per"  # created with the saved PER settings
         assert (meta[b"per_alpha"], meta[b"per_eps"], meta[b"per_initial"]) == (
             b"0.7", b"0.01", b"2.0")
         assert in_order(client, "dst") == in_order(real_client, "per-src")

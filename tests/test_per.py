@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from replica_helpers import followed_masses
 from test_bad_input import snapshot
-from tree_helpers import followed_masses
 
 from redisbuf import (
     BufferKeys,
@@ -49,7 +49,7 @@ def leaf_masses(client, name: str) -> dict[int, float]:
 
 
 def assert_matches(client, name: str, model: dict[int, float], alpha: float, eps: float):
-    """Redis holds exactly the model's PER priorities, tree masses proportional to
+    """Redis holds exactly the model's PER priorities, replica masses proportional to
     (p + eps)^alpha, and the exact sum and non-zero count of the priorities."""
     stored = per_scores(client, name)
     assert stored == model

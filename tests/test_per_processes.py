@@ -10,7 +10,7 @@ import uuid
 
 import numpy as np
 import pytest
-from tree_helpers import fresh_replica, replica_masses
+from replica_helpers import fresh_replica, replica_masses
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer
 from redisbuf.control.ipc import MessageQueue

@@ -189,7 +189,7 @@ import sys, time, redis
 url, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 client = redis.Redis.from_url(url)
 keys = [f"rb:{{{name}}}:{s}" for s in ("meta", "items", "prio", "order", "perheap",
-        "tree:ids", "tree:slots", "tree:free", "per", "uses", "versions", "times", "vecs",
+        "per", "uses", "versions", "times", "vecs",
         "batches", "batches:old", "masslog")]
 schema = client.hget(keys[0], "schema")
 good = client.hget(keys[1], "000000000001")
@@ -211,7 +211,7 @@ def test_a_learner_keeps_sampling_while_another_process_writes_garbage_with_fcal
 
     assert BufferKeys(buffer_name).all_keys() == [
         f"rb:{{{buffer_name}}}:{s}" for s in ("meta", "items", "prio", "order", "perheap",
-        "tree:ids", "tree:slots", "tree:free", "per", "uses", "versions", "times", "vecs",
+        "per", "uses", "versions", "times", "vecs",
         "batches", "batches:old", "masslog")]  # the writer's key list
     buffer = _filled(real_client, buffer_name, sampler)
     functions.install(real_client)

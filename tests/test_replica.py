@@ -12,8 +12,8 @@ import uuid
 
 import numpy as np
 import pytest
+from replica_helpers import followed_masses, fresh_replica, replica_scores
 from test_sampling import chi2, chi2_limit
-from tree_helpers import followed_masses, fresh_replica, replica_scores
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer
 from redisbuf.sampling.replica import MassReplica, replica_of
@@ -221,12 +221,12 @@ def test_per_is_turned_on_a_slice_at_a_time(client, buffer_name, monkeypatch):
     args = ["0.6", "1e-06", "2.0", 7]
     assert plain._run("enable_per", keys.all_keys(), args) == 2  # 7 of 30 done
     assert client.hget(keys.meta, "per_fill") == str(ids[6]).encode()
-    assert client.hlen(keys.per) == 7 and client.hget(keys.meta, "tree") != b"1"
+    assert client.hlen(keys.per) == 7 and client.hget(keys.meta, "masslog") != b"1"
     new = plain.add({"x": np.arange(2)}).ids  # a new item gets its priority at once
     assert float(client.hget(keys.per, b"%012d" % new[0])) == 2.0
     monkeypatch.setattr(samplers, "PER_FILL_SLICE", 7)
     assert plain.update_priority(ids[20:22], [5.0, 6.0]) == 2  # finished the fill first
-    assert client.hget(keys.meta, "per_fill") is None and client.hget(keys.meta, "tree") == b"1"
+    assert client.hget(keys.meta, "per_fill") is None and client.hget(keys.meta, "masslog") == b"1"
     per = {int(m): float(s) for m, s in client.hgetall(keys.per).items()}
     assert per == {**dict.fromkeys([int(i) for i in ids], 2.0), int(new[0]): 2.0,
                    int(new[1]): 2.0, int(ids[20]): 5.0, int(ids[21]): 6.0}

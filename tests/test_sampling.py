@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from tree_helpers import followed_masses
+from replica_helpers import followed_masses
 
 from redisbuf import BufferKeys, EmptyBufferError, ReplayBuffer
 
@@ -85,7 +85,7 @@ def assert_tree_consistent(client, name: str) -> None:
     ref, within 300 of the largest finite log-reward (+inf and -inf: mass 0)."""
     keys = BufferKeys(name)
     meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
-    assert meta.get("tree") == "1"
+    assert meta.get("masslog") == "1"
     masses = followed_masses(client, name, "softmax")
     prio = priorities(client, name)
     items = {int(k) for k in client.hkeys(keys.items)}

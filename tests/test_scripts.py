@@ -41,9 +41,8 @@ def _code(path) -> str:
 
 
 def test_the_expected_operations_exist():
-    assert {"add", "clear", "enable_tree", "init", "sample_prioritized", "sample_uniform"} <= set(
-        OPERATIONS
-    )
+    expected = {"add", "clear", "enable_softmax", "init", "sample_prioritized", "sample_uniform"}
+    assert expected <= set(OPERATIONS)
 
 
 @pytest.mark.parametrize("name", OPERATIONS)
@@ -111,7 +110,7 @@ def test_noscript_recovery(client, buffer_name, flush_scripts):
         ("RB_EMPTY", EmptyBufferError),
         ("RB_SCHEMA", SchemaError),
         ("RB_NOBUF", errors.NoSuchBufferError),
-        ("RB_NOTREE", errors.PrioritizedSamplingOffError),
+        ("RB_NOLOG", errors.PrioritizedSamplingOffError),
         ("RB_CONFIG", ConfigMismatchError),
         ("RB_BUSY", errors.PerBusyError),
         ("RB_SHARDED", errors.BufferShardedError),
@@ -148,7 +147,7 @@ def test_every_code_a_script_replies_has_its_own_class():
     classes = list(errors.SCRIPT_ERRORS.values())
     assert len(set(classes)) == len(classes)
     # the subclasses keep working where ConfigMismatchError was caught before
-    for code in ("RB_NOBUF", "RB_NOTREE", "RB_BUSY", "RB_SHARDED", "RB_UNSHARDED"):
+    for code in ("RB_NOBUF", "RB_NOLOG", "RB_BUSY", "RB_SHARDED", "RB_UNSHARDED"):
         assert issubclass(errors.SCRIPT_ERRORS[code], ConfigMismatchError)
 
 

@@ -11,7 +11,7 @@ import pytest
 from seq_peer import SequencePeer
 from test_sampling import chi2, chi2_limit
 
-from redisbuf import ConfigMismatchError, EmptyBufferError, SequenceBuffer
+from redisbuf import EmptyBufferError, SequenceBuffer
 from redisbuf.buffers import sequence as sequence_module
 from redisbuf.sampling.replica import MassReplica
 
@@ -36,7 +36,7 @@ def test_each_priority_change_is_one_log_entry_and_replicas_agree(client, buffer
     buf = SequenceBuffer(client, buffer_name, envs, max_length, done_field="done",
                          prioritized_sampling=True, initial_priority=2.0)
     meta = client.hgetall(buf.keys.meta)
-    assert (meta[b"tree"], meta[b"tree_mass"], meta[b"per_alpha"], meta[b"per_eps"]) == (
+    assert (meta[b"masslog"], meta[b"mass"], meta[b"per_alpha"], meta[b"per_eps"]) == (
         b"1", b"per", b"1", b"0")
     follower = MassReplica("per")
     follower.load(buf._priorities)  # type: ignore[arg-type]
@@ -157,15 +157,6 @@ def test_a_buffer_dropped_and_made_again_is_read_again(client, buffer_name):
     b.update_priority([1], [1], [0.0])
     with pytest.raises(EmptyBufferError, match="non-zero priority"):
         a.get_batch(1, 1)
-
-
-def test_a_sum_tree_buffer_of_an_older_redisbuf_is_refused(fake_client, buffer_name):
-    SequenceBuffer(fake_client, buffer_name, 1, 4, prioritized_sampling=True)
-    meta = SequenceBuffer(fake_client, buffer_name, 1, 4, prioritized_sampling=True).keys.meta
-    fake_client.hdel(meta, "tree", "tree_mass", "per_alpha", "per_eps")
-    fake_client.hset(meta, "tree_depth", 1)
-    with pytest.raises(ConfigMismatchError, match="sum tree"):
-        SequenceBuffer(fake_client, buffer_name, 1, 4, prioritized_sampling=True)
 
 
 @pytest.mark.redis_server

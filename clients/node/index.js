@@ -179,11 +179,11 @@ export function schemaOf(record) {
   return canonicalJson({ fields, kind: 'dict' });
 }
 
-/** The 16 keys every item function takes, in order (docs/wire-format.md). */
+/** The 13 keys every item function takes, in order (docs/wire-format.md). */
 export function bufferKeys(name) {
   const k = (suffix) => `rb:{${name}}:${suffix}`;
-  return ['meta', 'items', 'prio', 'order', 'perheap', 'tree:ids', 'tree:slots', 'tree:free', 'per',
-    'uses', 'versions', 'times', 'vecs', 'batches', 'batches:old', 'masslog'].map(k);
+  return ['meta', 'items', 'prio', 'order', 'perheap', 'per', 'uses', 'versions', 'times', 'vecs',
+    'batches', 'batches:old', 'masslog'].map(k);
 }
 
 export class RedisBufError extends Error {

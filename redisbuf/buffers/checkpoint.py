@@ -79,7 +79,7 @@ class Checkpointing:
         if "capacity" not in meta:
             raise ConfigMismatchError(f"buffer {self.name!r} does not exist (dropped?)")
         per = None
-        if meta.get("tree_mass") == "per":
+        if meta.get("mass") == "per":
             per = {
                 "alpha": float(meta["per_alpha"]),
                 "eps": float(meta["per_eps"]),
@@ -302,7 +302,7 @@ class Checkpointing:
             self._check_records(records, json.loads(schema_json), saved_per)
         inserted, sampled = _saved_counters(header, len(records))
         carry_per = saved_per and not drop_per_priorities
-        if carry_per and self.client.hget(self.keys.meta, "tree_mass") != b"per":
+        if carry_per and self.client.hget(self.keys.meta, "mass") != b"per":
             raise ConfigMismatchError(
                 f"the saved items carry PER priorities and buffer {self.name!r} does not use "
                 "PER: open it with sampler=PERSampler(...), or load with "
@@ -325,7 +325,7 @@ class Checkpointing:
         staging = StagingKeys(self.name, uuid.uuid4().hex[:16])
         # under PER every staged item gets its priority (saved, else the new-item one) and
         # restore_items.lua sums them per chunk: the swap then iterates no item
-        per = self.client.hget(self.keys.meta, "tree_mass") == b"per"
+        per = self.client.hget(self.keys.meta, "mass") == b"per"
         try:
             self._run("restore_stage", [self.keys.meta, staging.meta], [len(records)])
             # up to _STAGE_CHUNK items a chunk, and no more than one add may store (bytes)

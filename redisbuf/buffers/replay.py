@@ -69,7 +69,7 @@ DEFAULT_RETRY_WINDOW = 600.0
 # Scripts that may run twice with the same effect (set-if-absent, then compare; samplers
 # retry by name, "sample*", unless max_use makes a draw count): retried like reads.
 _REPEATABLE_SCRIPTS = frozenset(
-    {"init", "enable_tree", "enable_per", "lifetime_config", "limiter_config", "restore_items"}
+    {"init", "enable_softmax", "enable_per", "lifetime_config", "limiter_config", "restore_items"}
 )
 
 
@@ -506,7 +506,7 @@ class ReplayBuffer(Inserting, Checkpointing):
         _check_add_bound(self.name, blobs)
         if priorities is not None:
             options["per_priorities"] = _per_priority_texts(priorities, len(blobs))
-            if self.client.hget(self.keys.meta, "tree_mass") != b"per":
+            if self.client.hget(self.keys.meta, "mass") != b"per":
                 raise ConfigMismatchError(
                     f"buffer {self.name!r} has no PER priorities: priorities= needs PERSampler"
                 )
@@ -909,7 +909,7 @@ class ReplayBuffer(Inserting, Checkpointing):
             "last_id": int(meta.get("last_id", 0)),
             "kind": meta.get("kind"),
             "eviction": meta.get("eviction"),
-            "prioritized_sampling_ready": meta.get("tree") == "1",
+            "prioritized_sampling_ready": meta.get("masslog") == "1",
             "quarantined": int(meta.get("quarantined", 0)),
             "memory_bytes": self.memory_usage(),
             **lifetime.lifetime_stats(meta, int(length)),

@@ -154,7 +154,7 @@ def priority_stats(buffer: ReplayBuffer, meta: dict[str, str]) -> dict[str, Any]
     order; the mean from the running sum PER maintains), else min / max of the
     log-rewards (no mean: it would need a scan)."""
     keys = buffer.keys
-    if meta.get("tree_mass") == "per" and meta.get("tree") == "1":
+    if meta.get("mass") == "per" and meta.get("masslog") == "1":
         from .replica import replica_of
 
         try:

@@ -358,10 +358,10 @@ class MassReplica:
         keys = buffer.keys
         all_keys = keys.all_keys()
         for _ in range(_LOAD_ATTEMPTS):
-            conf = buffer.client.hmget(keys.meta, "tree", "tree_mass", "per_alpha", "per_eps")
-            tree, mass, alpha, eps = conf
+            conf = buffer.client.hmget(keys.meta, "masslog", "mass", "per_alpha", "per_eps")
+            logged, mass, alpha, eps = conf
             per = mass in (b"per", "per")
-            if tree not in (b"1", "1") or (self.rule == "per") != per:
+            if logged not in (b"1", "1") or (self.rule == "per") != per:
                 raise _NotOn(self.rule, per)
             if per:
                 self.alpha, self.eps = float(alpha), float(eps)

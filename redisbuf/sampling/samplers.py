@@ -683,7 +683,7 @@ class PrioritizedSampler:
         self.replacement = replacement
 
     def prepare(self, buffer: ReplayBuffer) -> None:
-        buffer._run("enable_tree", buffer.keys.all_keys(), [0])
+        buffer._run("enable_softmax", buffer.keys.all_keys(), [0])
         _forget_replica(buffer, "softmax")
 
     def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:

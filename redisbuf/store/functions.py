@@ -17,12 +17,12 @@ function               script     KEYS                            flags
 =====================  =========  ==============================  ========================
 rb_version             --         none                            no-writes
 rb_init                init       meta, shards                    --
-rb_add                 add        the 16 buffer keys              --
-rb_sample_uniform      sample_    the 16 buffer keys              -- (counts uses)
+rb_add                 add        the 13 buffer keys              --
+rb_sample_uniform      sample_    the 13 buffer keys              -- (counts uses)
                        uniform
-rb_sample_uniform_ro   sample_    the 16 buffer keys              no-writes (counts
+rb_sample_uniform_ro   sample_    the 13 buffer keys              no-writes (counts
                        uniform                                    nothing)
-rb_update_priority     update_    the 16 buffer keys              --
+rb_update_priority     update_    the 13 buffer keys              --
                        priority
 rb_len                 len        meta, order                     no-writes
 rb_stats               stats      meta, order                     no-writes
@@ -75,7 +75,7 @@ GRANTS: dict[str, str] = {
     **dict.fromkeys(("sample_uniform", "sample_prioritized", "sample_select", "sample_window",
                      "undo_draws", "episode_sample", "episode_windows", "fragment_fetch",
                      "masslog_read", "replica_read", "seq_read", "seq_sample",
-                     "seq_masslog_read", "seq_replica_read", "enable_per", "enable_tree",
+                     "seq_masslog_read", "seq_replica_read", "enable_per", "enable_softmax",
                      # a learner's replica publishes snapshots; its draws set aside
                      # records that do not decode
                      "snapshot_commit", "quarantine"),
@@ -129,8 +129,8 @@ end
 # the id and window off the ends of KEYS and ARGV.
 _ADD_ADAPTER = """
 local function rb_add_checked(keys, args)
-  if #keys ~= 16 then
-    return redis.error_reply('RB_INVALID rb_add takes the 16 buffer keys, got ' .. #keys)
+  if #keys ~= 13 then
+    return redis.error_reply('RB_INVALID rb_add takes the 13 buffer keys, got ' .. #keys)
   end
   local n = tonumber(args[2])
   if n == nil or n < 1 or n ~= math.floor(n) then
@@ -162,8 +162,8 @@ local function rb_add_checked(keys, args)
   local window = tonumber(redis.call('HGET', keys[1], 'retry_window')) or DEFAULT_WINDOW
   local rkeys, rargs = {}, {}
   for i = 1, #keys do rkeys[i] = keys[i] end
-  rkeys[#rkeys + 1] = keys[14]  -- batches
-  rkeys[#rkeys + 1] = keys[15]  -- batches:old
+  rkeys[#rkeys + 1] = keys[11]  -- batches
+  rkeys[#rkeys + 1] = keys[12]  -- batches:old
   for i = 1, #args do rargs[i] = args[i] end
   rargs[#rargs + 1] = tostring(math.floor(window * 1000))
   return ONCE.add(rkeys, rargs)

@@ -24,8 +24,6 @@ key                        type    content
 ``rb:{name}:quarantine``   hash    item id -> blob of a record set aside: it did not decode
 =========================  ======  =====================================================
 
-``tree:ids``, ``tree:slots`` and ``tree:free`` are no longer written (their places in the
-scripts' key list remain until the key list is renumbered).
 Other keys under the same tag: the control plane's ``rb:{name}:ctl:*``
 (redisbuf/control/redis.py) and a load's ``rb:{name}:staging:*``, which belong to the
 buffer too (``drop`` deletes them), and the keys of an EpisodeBuffer, SequenceBuffer or
@@ -136,18 +134,6 @@ class BufferKeys:
         return self._key("perheap")
 
     @property
-    def tree_ids(self) -> str:
-        return self._key("tree:ids")
-
-    @property
-    def tree_slots(self) -> str:
-        return self._key("tree:slots")
-
-    @property
-    def tree_free(self) -> str:
-        return self._key("tree:free")
-
-    @property
     def per(self) -> str:
         return self._key("per")
 
@@ -217,9 +203,6 @@ class BufferKeys:
             self.prio,
             self.order,
             self.per_heap,
-            self.tree_ids,
-            self.tree_slots,
-            self.tree_free,
             self.per,
             self.uses,
             self.versions,

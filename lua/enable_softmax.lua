@@ -9,13 +9,13 @@
 -- Returns 1 if turned on (or restarted) now, 0 if it was on.
 -- Errors: RB_NOBUF, RB_CONFIG (the buffer uses PER).
 local K = buffer_keys(KEYS)
-local conf = redis.call('HMGET', K.meta, 'tree', 'capacity', 'tree_mass', 'log_epoch')
+local conf = redis.call('HMGET', K.meta, 'masslog', 'capacity', 'mass', 'log_epoch')
 if not conf[2] then return fail('RB_NOBUF', 'buffer meta ' .. K.meta .. ' does not exist') end
 if conf[3] == 'per' then
   return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' uses prioritized experience replay (PERSampler):'
     .. ' its priorities are PER priorities, not log-rewards')
 end
 if conf[1] == '1' and conf[4] and ARGV[1] ~= '1' then return 0 end
-redis.call('HSET', K.meta, 'tree', '1')
+redis.call('HSET', K.meta, 'masslog', '1')
 masslog_reset(K)
 return 1
