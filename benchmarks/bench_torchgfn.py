@@ -102,7 +102,7 @@ def _tb_iteration_ms(env: Any, batch: int, repeats: int) -> float:
 def bench_overhead(url: str, rounds: int) -> None:
     from gfn.containers import ReplayBuffer as Theirs
 
-    from redisbuf.integrations.torchgfn import ReplayBuffer as Ours
+    from redisbuf.torchgfn import ReplayBuffer as Ours
 
     env = _env(8)
     print("1. add + sample per iteration (HyperGrid 8x8, prioritized, capacity 1000), ms")
@@ -166,7 +166,7 @@ def child(mode: str, url: str, name: str, rounds: int, batch: int, port: int) ->
         return
     from mpi4py import MPI
 
-    from redisbuf.integrations.torchgfn import ReplayBuffer, ReplayBufferManager
+    from redisbuf.torchgfn import ReplayBuffer, ReplayBufferManager
 
     comm = MPI.COMM_WORLD
     backend = "redis" if mode == "redisbuf-redis" else "mpi"
@@ -231,7 +231,7 @@ def _add_alone_rate(url: str, rounds: int, batch: int) -> float:
     """Adds per second of one drop-in worker with no manager (same trajectories, buffer
     and warm-up as a trainer): the part of a round trip the worker spends before it
     sends, so 5x torchgfn's rate is out of reach when this is not well above it."""
-    from redisbuf.integrations.torchgfn import ReplayBuffer
+    from redisbuf.torchgfn import ReplayBuffer
 
     env = _env()
     data = _trajectories(env, batch, 4, seed=1)

@@ -4,17 +4,11 @@ The names below are imported on first use (PEP 562 ``__getattr__``), so that ``i
 redisbuf`` and ``redisbuf --help`` load neither redis nor numpy. ``from redisbuf import
 ReplayBuffer`` works as before; type checkers and IDEs read the imports under
 ``TYPE_CHECKING``.
-
-Modules moved when the package was split into subpackages (issue 27) keep their old
-paths: :data:`_MOVED` maps each old path to the new one, and :class:`_MovedModules` makes
-``import redisbuf.server`` bind the very module ``redisbuf.servers.embedded`` (one module
-object under two names, so a monkeypatch through either is seen by both).
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -94,86 +88,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
-#: old module path -> new module path (both under ``redisbuf.``), for the modules moved
-#: into subpackages: the old paths are aliases of the new modules (see _MovedModules)
-_MOVED: dict[str, str] = {
-    "buffer": "buffers.replay",
-    "sharded": "buffers.sharded",
-    "sequence": "buffers.sequence",
-    "episodes": "buffers.episodes",
-    "fragments": "buffers.fragments",
-    "terminating": "buffers.terminating",
-    "diverse": "buffers.diverse",
-    "samplers": "sampling.samplers",
-    "selectors": "sampling.selectors",
-    "windows": "sampling.windows",
-    "replica": "sampling.replica",
-    "limiters": "sampling.limiters",
-    "lifetime": "sampling.lifetime",
-    "waiting": "sampling.waiting",
-    "reader": "sampling.reader",
-    "connection": "store.connection",
-    "keys": "store.keys",
-    "scripts": "store.scripts",
-    "functions": "store.functions",
-    "codec": "store.codec",
-    "containers": "store.containers",
-    "_torch": "store._torch",
-    "server": "servers.embedded",
-    "_watchdog": "servers._watchdog",
-    "cluster": "servers.cluster",
-    "manager": "control.manager",
-    "remote": "control.remote",
-    "ipc": "control.ipc",
-    "demo": "demos.processes",
-    "control.demo": "demos.manager",
-    "metrics": "ops.metrics",
-    "acl": "ops.acl",
-    "torchgfn": "integrations.torchgfn",
-    "torchrl": "integrations.torchrl",
-}
-
-
-class _MovedModules:
-    """Finder and loader (``sys.meta_path``) of the old paths in :data:`_MOVED`: importing
-    ``redisbuf.OLD`` imports ``redisbuf.NEW`` and binds that same module object under the
-    old name too (in ``sys.modules`` and as the parent package's attribute). Unknown
-    names are left to the normal finders, so they fail as before. Run as a script
-    (``python -m redisbuf.OLD``) an old path is not supported: none had a main."""
-
-    @classmethod
-    def find_spec(cls, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if not fullname.startswith("redisbuf."):
-            return None
-        new = _MOVED.get(fullname[len("redisbuf."):])
-        if new is None:
-            return None
-        from importlib.machinery import ModuleSpec
-
-        return ModuleSpec(fullname, cls, loader_state=f"redisbuf.{new}")
-
-    @staticmethod
-    def create_module(spec: Any) -> Any:
-        module = importlib.import_module(spec.loader_state)
-        # the import system sets __spec__ of what we return to the alias's spec: keep the
-        # module's own, put back by exec_module
-        spec.loader_state = module.__spec__
-        return module
-
-    @staticmethod
-    def exec_module(module: Any) -> None:
-        module.__spec__ = module.__spec__.loader_state
-
-
-if not any(getattr(finder, "_redisbuf_moved", False) for finder in sys.meta_path):
-    _MovedModules._redisbuf_moved = True  # type: ignore[attr-defined]
-    sys.meta_path.insert(0, _MovedModules)  # type: ignore[arg-type]
-
-
 def __getattr__(name: str) -> Any:
     module = _MODULE_OF.get(name)
     if module is None:
-        # `import redisbuf` used to import every submodule: `redisbuf.codec` still works
+        # a subpackage or module read as an attribute (`redisbuf.store`) is imported
         try:
             return importlib.import_module(f".{name}", __name__)
         except ModuleNotFoundError as exc:

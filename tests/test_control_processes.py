@@ -173,7 +173,7 @@ def test_a_killed_manager_gives_the_worker_a_timeout(redis_server, buffer_name):
 
 
 def test_cli_manager_serves_until_exit(redis_server, buffer_name):
-    command = [sys.executable, "-m", "redisbuf.control.commands", "manager", buffer_name,
+    command = [sys.executable, "-m", "redisbuf", "manager", buffer_name,
                "--workers", "1", "--url", redis_server.url, "--capacity", "100",
                "--heartbeat", "0.2", "--heartbeat-ttl", "1", "--idle-timeout", "60", "--timing"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

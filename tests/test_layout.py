@@ -1,7 +1,7 @@
-"""The package layout (issue 27): every module moved into a subpackage keeps its old path
-as an alias of the same module object (redisbuf._MOVED, one finder in redisbuf/__init__.py),
-the top-level lazy exports include the servers and the manager, and unknown names still
-fail. These are the only tests that import through the old paths on purpose."""
+"""The package layout: each module has one import path (the flat paths of 0.1.0 and their
+aliases are gone), the integrations are real modules at their documented paths
+(``redisbuf.torchgfn``, ``redisbuf.torchrl``), the top-level lazy exports include the
+servers and the manager, and unknown names fail."""
 
 from __future__ import annotations
 
@@ -9,77 +9,43 @@ import importlib
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 import redisbuf
-from redisbuf import _MOVED
 
 ROOT = Path(redisbuf.__file__).resolve().parent
-# importing them needs an optional dependency (torchgfn): checked where it is installed
-OPTIONAL = {"torchgfn"}
+# the flat module paths of 0.1.0, aliased until the aliases went (see CHANGELOG.md)
+OLD_PATHS = [
+    "buffer", "sharded", "sequence", "episodes", "fragments", "terminating", "diverse",
+    "samplers", "selectors", "windows", "replica", "limiters", "lifetime", "waiting",
+    "reader", "connection", "keys", "scripts", "functions", "codec", "containers", "_torch",
+    "server", "_watchdog", "cluster", "manager", "remote", "ipc", "demo", "control.demo",
+    "metrics", "acl", "control.commands", "integrations", "integrations.torchgfn",
+    "integrations.torchrl",
+]
 
 
-def _run(code: str, *args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT.parent), *sys.path])}
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        capture_output=True, text=True, timeout=120, env=env,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
+@pytest.mark.parametrize("old", OLD_PATHS)
+def test_old_paths_are_gone(old):
+    with pytest.raises(ModuleNotFoundError) as missing:
+        importlib.import_module(f"redisbuf.{old}")
+    # the module, or the package it would sit in (redisbuf.integrations, redisbuf.demo)
+    assert f"redisbuf.{old}".startswith(missing.value.name), missing.value
+    assert not any(getattr(finder, "_redisbuf_moved", False) for finder in sys.meta_path)
 
 
-@pytest.mark.parametrize("old", sorted(_MOVED))
-def test_old_path_is_the_new_module(old):
-    new = _MOVED[old]
-    if old in OPTIONAL:
-        pytest.importorskip("gfn")
-    moved = importlib.import_module(f"redisbuf.{new}")
-    alias = importlib.import_module(f"redisbuf.{old}")
-    assert alias is moved
-    assert sys.modules[f"redisbuf.{old}"] is moved
-    # the module keeps its own name and spec: relative imports, pickling, reload use them
-    assert moved.__name__ == f"redisbuf.{new}"
-    assert moved.__spec__.name == f"redisbuf.{new}"
-    assert Path(moved.__file__).resolve() == ROOT / (new.replace(".", "/") + ".py")
-    # one mechanism, no shim files left behind at the old places
-    assert not (ROOT / (old.replace(".", "/") + ".py")).exists()
-
-
-def test_monkeypatch_through_the_old_path_is_seen_by_the_new(monkeypatch):
-    import redisbuf.server as old
-
-    import redisbuf.servers.embedded as new
-
-    sentinel = object()
-    monkeypatch.setattr("redisbuf.server.free_port", sentinel)
-    assert new.free_port is sentinel and old.free_port is sentinel
-    monkeypatch.setattr(new, "BIN_ENV", "X")
-    assert old.BIN_ENV == "X"
-
-
-def test_from_old_paths_import_names():
-    from redisbuf.buffer import SAVE_FORMAT_VERSION, AddResult, ReplayBuffer
-    from redisbuf.cluster import LocalCluster
-    from redisbuf.control.demo import run
-    from redisbuf.manager import ReplayBufferManager
-    from redisbuf.server import EmbeddedServer
-
-    from redisbuf.buffers.checkpoint import SAVE_FORMAT_VERSION as saved_version
-    from redisbuf.buffers.insert import AddResult as add_result
-    from redisbuf.buffers.replay import ReplayBuffer as replay_buffer
-    from redisbuf.demos.manager import run as manager_run
-    from redisbuf.servers.cluster import LocalCluster as local_cluster
-    from redisbuf.servers.embedded import EmbeddedServer as embedded_server
-
-    assert ReplayBuffer is replay_buffer and AddResult is add_result
-    assert SAVE_FORMAT_VERSION == saved_version
-    assert EmbeddedServer is embedded_server and LocalCluster is local_cluster
-    assert run is manager_run
-    assert ReplayBufferManager.__module__ == "redisbuf.control.manager"
+@pytest.mark.parametrize(
+    ("module", "extra", "name"),
+    [("torchrl", "torchrl", "RedisbufStorage"), ("torchgfn", "gfn", "ReplayBuffer")],
+)
+def test_integrations_are_modules_at_their_documented_paths(module, extra, name):
+    pytest.importorskip(extra)
+    imported = importlib.import_module(f"redisbuf.{module}")
+    assert imported.__name__ == imported.__spec__.name == f"redisbuf.{module}"
+    assert Path(imported.__file__).resolve() == ROOT / f"{module}.py"
+    assert getattr(imported, name).__module__ == f"redisbuf.{module}"
 
 
 def test_top_level_exports_include_servers_and_manager():
@@ -99,33 +65,12 @@ def test_unknown_names_still_fail():
     with pytest.raises(ModuleNotFoundError, match="redisbuf.buffers.nosuch"):
         importlib.import_module("redisbuf.buffers.nosuch")
     with pytest.raises(ImportError, match="NoSuchThing"):
-        exec("from redisbuf.server import NoSuchThing", {})
+        exec("from redisbuf.servers.embedded import NoSuchThing", {})
     with pytest.raises(AttributeError, match="NoSuchThing"):
         redisbuf.NoSuchThing  # noqa: B018
 
 
-def test_old_paths_in_a_fresh_interpreter():
-    # the first import names an old path: the parent package installs the finder first
-    out = _run(
-        """
-        import sys
-        import redisbuf.control.demo as old
-        import redisbuf.demos.manager as new
-        assert old is new and new.__spec__.name == "redisbuf.demos.manager"
-        from redisbuf.server import EmbeddedServer
-        import redisbuf
-        assert redisbuf.server is sys.modules["redisbuf.servers.embedded"]
-        assert redisbuf.codec is sys.modules["redisbuf.store.codec"]
-        assert redisbuf.EmbeddedServer is EmbeddedServer
-        print("ok")
-        """
-    )
-    assert out == "ok"
-
-
-@pytest.mark.parametrize(
-    "module", ["redisbuf", "redisbuf.examples.apex_dqn", "redisbuf.control.commands"]
-)
+@pytest.mark.parametrize("module", ["redisbuf", "redisbuf.examples.apex_dqn"])
 def test_module_entry_points_still_run(module):
     if module.endswith("apex_dqn"):
         pytest.importorskip("gymnasium")

@@ -17,7 +17,7 @@ from gfn.containers import StatesContainer, Trajectories, Transitions  # noqa: E
 from torchgfn_helpers import ENVS, make, make_env, trajectories  # noqa: E402
 
 from redisbuf.errors import EmptyBufferError  # noqa: E402
-from redisbuf.integrations.torchgfn import (  # noqa: E402
+from redisbuf.torchgfn import (  # noqa: E402
     BufferEmptyError,
     ContainerTypeError,
     ReplayBuffer,
@@ -382,7 +382,7 @@ def _distinct_rewards(batch, seed):
 def test_diverse_buffer_matches_torchgfn(fake_client, buffer_name, envs, cutoff, p):
     from gfn.containers import NormBasedDiversePrioritizedReplayBuffer as Theirs
 
-    from redisbuf.integrations.torchgfn import NormBasedDiversePrioritizedReplayBuffer
+    from redisbuf.torchgfn import NormBasedDiversePrioritizedReplayBuffer
 
     env = envs["hypergrid"]
     ours = NormBasedDiversePrioritizedReplayBuffer(env, 12, cutoff, p, url=fake_client,
@@ -408,7 +408,7 @@ def test_diverse_buffer_matches_torchgfn(fake_client, buffer_name, envs, cutoff,
 def test_diverse_buffer_same_state_under_two_conditions(fake_client, buffer_name, envs):
     from gfn.containers import NormBasedDiversePrioritizedReplayBuffer as Theirs
 
-    from redisbuf.integrations.torchgfn import NormBasedDiversePrioritizedReplayBuffer
+    from redisbuf.torchgfn import NormBasedDiversePrioritizedReplayBuffer
 
     env = envs["conditional_hypergrid"]
     ours = NormBasedDiversePrioritizedReplayBuffer(env, 6, 0.0, url=fake_client,
@@ -435,7 +435,7 @@ def test_diverse_buffer_same_state_under_two_conditions(fake_client, buffer_name
 
 def test_diverse_buffer_refuses_a_manager_and_non_terminating_states(fake_client, buffer_name,
                                                                      envs):
-    from redisbuf.integrations.torchgfn import NormBasedDiversePrioritizedReplayBuffer
+    from redisbuf.torchgfn import NormBasedDiversePrioritizedReplayBuffer
 
     env = envs["hypergrid"]
     with pytest.raises(ValueError, match="never sends"):
@@ -451,7 +451,7 @@ def test_diverse_buffer_refuses_a_manager_and_non_terminating_states(fake_client
 def test_terminating_state_buffer_matches_torchgfn(fake_client, buffer_name, envs, kind):
     from gfn.containers import TerminatingStateBuffer as Theirs
 
-    from redisbuf.integrations.torchgfn import TerminatingStateBuffer
+    from redisbuf.torchgfn import TerminatingStateBuffer
 
     env = envs["hypergrid"]
     ours = TerminatingStateBuffer(env, 30, url=fake_client, name=buffer_name)
@@ -477,7 +477,7 @@ def test_terminating_state_buffer_matches_torchgfn(fake_client, buffer_name, env
 def _both(client, name, env, cls_name="ReplayBuffer", **kwargs):
     import gfn.containers
 
-    import redisbuf.integrations.torchgfn as ours
+    import redisbuf.torchgfn as ours
 
     theirs = getattr(gfn.containers, cls_name)(env, **kwargs)
     return getattr(ours, cls_name)(env, url=client, name=name, **kwargs), theirs
@@ -575,7 +575,7 @@ def test_the_other_buffers_refuse_a_non_container_as_torchgfn(fake_client, buffe
 def test_torchgfns_containers_are_re_exported():
     import gfn.containers
 
-    import redisbuf.integrations.torchgfn as ours
+    import redisbuf.torchgfn as ours
 
     for name in ("Trajectories", "Transitions", "StatesContainer"):
         assert name in ours.__all__

@@ -39,7 +39,7 @@ def job(name: str) -> None:
     sys.path.insert(0, str(HERE))
     from torchgfn_helpers import make_env, trajectories
 
-    from redisbuf.integrations.torchgfn import ReplayBuffer, ReplayBufferManager
+    from redisbuf.torchgfn import ReplayBuffer, ReplayBufferManager
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -94,7 +94,7 @@ def chain_job(name: str) -> None:
     sys.path.insert(0, str(HERE))
     from torchgfn_helpers import make_env, trajectories
 
-    from redisbuf.integrations.torchgfn import ReplayBuffer, ReplayBufferManager
+    from redisbuf.torchgfn import ReplayBuffer, ReplayBufferManager
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -195,7 +195,7 @@ def _manager_thread(manager) -> tuple[threading.Thread, list[BaseException]]:
 def test_redis_backend_metadata_and_what_the_manager_holds(redis_server, buffer_name):
     from torchgfn_helpers import make_env, trajectories
 
-    import redisbuf.integrations.torchgfn as drop_in
+    import redisbuf.torchgfn as drop_in
 
     env = make_env("hypergrid")
     url = redis_server.url
@@ -243,7 +243,7 @@ def test_diverse_manager_buffer_rejects_duplicates(redis_server, buffer_name):
     import torch
     from torchgfn_helpers import make_env, trajectories
 
-    import redisbuf.integrations.torchgfn as drop_in
+    import redisbuf.torchgfn as drop_in
     from redisbuf.buffers.diverse import NormBasedDiversePrioritizedReplayBuffer
 
     env = make_env("hypergrid")
@@ -277,7 +277,7 @@ def test_diverse_manager_buffer_rejects_duplicates(redis_server, buffer_name):
 def test_manager_signature_follows_torchgfn():
     import inspect
 
-    from redisbuf.integrations.torchgfn import ReplayBufferManager
+    from redisbuf.torchgfn import ReplayBufferManager
 
     names = list(inspect.signature(ReplayBufferManager).parameters)
     assert names[:13] == [

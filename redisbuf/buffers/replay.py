@@ -53,9 +53,7 @@ from ..store.containers import (
 )
 from ..store.keys import BufferKeys, decode_meta, format_id, keeps_rewards, pack_ids
 from . import quarantine
-
-# FILE_MAGIC, SAVE_FORMAT_VERSION, Progress: importable from here as from redisbuf.buffer
-from .checkpoint import FILE_MAGIC, SAVE_FORMAT_VERSION, Checkpointing, Progress  # noqa: F401
+from .checkpoint import Checkpointing
 from .insert import AddResult, Inserting
 
 #: Layout of a buffer's keys in Redis (meta ``format_version``).

@@ -19,7 +19,7 @@ from gfn.preprocessors import KHotPreprocessor
 from gfn.utils.common import set_seed
 from gfn.utils.modules import MLP
 
-from redisbuf.integrations.torchgfn import (
+from redisbuf.torchgfn import (
     ReplayBuffer,  # was: from gfn.containers import ReplayBuffer
 )
 

@@ -27,7 +27,7 @@ from gfn.preprocessors import KHotPreprocessor
 from gfn.utils.common import set_seed
 from gfn.utils.modules import MLP
 
-from redisbuf.integrations.torchgfn import DEFAULT_MANAGER_NAME, ReplayBuffer, ReplayBufferManager
+from redisbuf.torchgfn import DEFAULT_MANAGER_NAME, ReplayBuffer, ReplayBufferManager
 
 
 def make_scoring_function(env: HyperGrid) -> Any:

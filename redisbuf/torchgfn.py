@@ -38,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from .._extras import require as _require_extra
-from ..buffers.replay import ReplayBuffer as _CoreBuffer
-from ..control.manager import ReplayBufferManager as _CoreManager
-from ..errors import EmptyBufferError, SchemaError
-from ..store import containers as rb
+from ._extras import require as _require_extra
+from .buffers.replay import ReplayBuffer as _CoreBuffer
+from .control.manager import ReplayBufferManager as _CoreManager
+from .errors import EmptyBufferError, SchemaError
+from .store import containers as rb
 
 # torch and torchgfn come with the extra ``redisbuf[torchgfn]``: without either, importing
 # this module raises MissingExtraError (an ImportError) naming it
@@ -286,12 +286,12 @@ def _worker_transport(backend: Any, url: Any = None, name: str | None = None) ->
     transport = _WORKER_TRANSPORTS.get((backend, name))
     if transport is None:
         if backend == "mpi":
-            from ..control.mpi import MPITransport
+            from .control.mpi import MPITransport
 
             transport = MPITransport()
         else:
-            from ..control.redis import RedisWorkerTransport
-            from ..store.connection import as_client
+            from .control.redis import RedisWorkerTransport
+            from .store.connection import as_client
 
             transport = RedisWorkerTransport(as_client(url), name)
         _WORKER_TRANSPORTS[(backend, name)] = transport
@@ -585,7 +585,7 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
         )
 
     def _open(self, url: Any, options: dict[str, Any]) -> _CoreBuffer:
-        from ..buffers.diverse import NormBasedDiversePrioritizedReplayBuffer as _CoreDiverse
+        from .buffers.diverse import NormBasedDiversePrioritizedReplayBuffer as _CoreDiverse
 
         return _CoreDiverse(
             url,
@@ -617,7 +617,7 @@ class TerminatingStateBuffer(ReplayBuffer):
         super().__init__(env, capacity, **kwargs)
 
     def _open(self, url: Any, options: dict[str, Any]) -> _CoreBuffer:
-        from ..buffers.terminating import TerminatingStateBuffer as _CoreTerminating
+        from .buffers.terminating import TerminatingStateBuffer as _CoreTerminating
 
         return _CoreTerminating(
             url,
@@ -715,7 +715,7 @@ class ReplayBufferManager(_CoreManager):
                 "backend run the upper manager on its own buffer name"
             )
         self.env = env
-        from ..store.connection import as_client
+        from .store.connection import as_client
 
         client = as_client(url)
         # a new manager starts empty, as torchgfn's: drop what an earlier run left
@@ -727,7 +727,7 @@ class ReplayBufferManager(_CoreManager):
                     "remote_manager_rank with diverse_replay_buffer: the diverse buffer "
                     "never sends to a manager (torchgfn's manager ignores it there)"
                 )
-            from ..buffers.diverse import NormBasedDiversePrioritizedReplayBuffer as _CoreDiverse
+            from .buffers.diverse import NormBasedDiversePrioritizedReplayBuffer as _CoreDiverse
 
             buffer: _CoreBuffer = _CoreDiverse(client, name, capacity=capacity)
         else:

@@ -63,11 +63,11 @@ from typing import Any
 
 import numpy as np
 
-from .._extras import require as _require_extra
-from ..buffers.replay import ReplayBuffer as _CoreBuffer
-from ..errors import ConfigMismatchError, InvalidBatchError
-from ..sampling.samplers import PERSampler, UniformSampler
-from ..sampling.selectors import FifoSampler
+from ._extras import require as _require_extra
+from .buffers.replay import ReplayBuffer as _CoreBuffer
+from .errors import ConfigMismatchError, InvalidBatchError
+from .sampling.samplers import PERSampler, UniformSampler
+from .sampling.selectors import FifoSampler
 
 # torch, tensordict and torchrl come with the extra ``redisbuf[torchrl]``: without one,
 # importing this module raises MissingExtraError (an ImportError) naming it

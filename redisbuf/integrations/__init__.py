@@ -1,1 +1,0 @@
-"""Drop-in replacements for other libraries' buffers (torchgfn, torchrl)."""
