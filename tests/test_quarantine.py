@@ -13,9 +13,9 @@ import warnings
 import numpy as np
 import pytest
 
-from redisbuf import PERSampler, ReplayBuffer, functions
+from redisbuf import PERSampler, ReplayBuffer
 from redisbuf.errors import DecodeError, MissingExtraError, QuarantinedRecordWarning
-from redisbuf.store import codec
+from redisbuf.store import codec, functions
 from redisbuf.store.keys import BufferKeys, format_id
 
 N = 16
