@@ -1,5 +1,6 @@
--- The manager's baseline log-reward, pasted in place of "-- @include baseline" (needs
--- common): shared by baseline.lua and manager_score.lua, so both answer alike.
+-- The manager's baseline log-reward, a helper scripts name with "-- @include baseline":
+-- shared by baseline.lua and manager_score.lua, so both answer alike.
+-- @include common
 
 -- Fold batch_min (text: the incoming batch's smallest finite log-reward, "" when it has
 -- none) into meta field baseline_ema: ema = alpha * m + (1 - alpha) * ema, the first batch

@@ -1,4 +1,5 @@
--- Shared helpers, pasted by redisbuf/store/scripts.py in place of "-- @include common".
+-- Shared helpers, a helper scripts name with "-- @include common" (redisbuf/store/scripts.py
+-- pastes every helper a script needs once, after the helpers it includes).
 -- Not an operation of its own.
 local unpack = unpack or table.unpack
 local CHUNK = 1000  -- both real Redis and fakeredis refuse unpack() of ~8000 values

@@ -1,7 +1,8 @@
--- Correcting a replica's draw with replacement to the law at the commit, pasted in place
--- of "-- @include correct" (needs common). Used by lua/sample_prioritized.lua (items) and
+-- Correcting a replica's draw with replacement to the law at the commit, a helper
+-- scripts name with "-- @include correct". Used by lua/sample_prioritized.lua (items) and
 -- lua/seq_sample.lua (SequenceBuffer's window starts): the ids are whatever the mass log's
 -- entries name (item ids, step slots), compared as text.
+-- @include common
 
 local function split(text)
   local out = {}

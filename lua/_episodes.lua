@@ -1,6 +1,7 @@
--- Episode-buffer helpers, pasted in place of "-- @include episodes" (needs common).
+-- Episode-buffer helpers, a helper scripts name with "-- @include episodes".
 -- Not an operation of its own. Steps of all episodes share one growing position counter,
 -- so the live steps are the positions [start of the oldest episode, next_pos).
+-- @include common
 
 local function pos_str(p)
   return string.format('%d', p)

@@ -1,6 +1,7 @@
--- Fragment-buffer helpers, pasted in place of "-- @include fragments" (needs common).
+-- Fragment-buffer helpers, a helper scripts name with "-- @include fragments".
 -- Not an operation of its own. KEYS of every fragment script, in FragmentKeys.all_keys()
 -- order: meta, frags, finfo, refs, pending, streams, chunks, cinfo, cversions.
+-- @include common
 
 local function fragment_keys(keys)
   return {

@@ -1,4 +1,4 @@
--- Rate history, pasted by redisbuf/store/scripts.py in place of "-- @include history".
+-- Rate history, a helper scripts name with "-- @include history".
 -- Not an operation of its own; called by the scripts that count inserts (add, and the
 -- insert scripts of the other buffer classes: seq_add, episode_push, fragment_add), never
 -- by the sampling scripts (sampling must work read-only on a full server).

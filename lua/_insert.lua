@@ -1,6 +1,10 @@
--- Inserting a batch with eviction, pasted in place of "-- @include insert" (needs common,
--- masslog, items and history): the body of add.lua, shared by every script that adds items (add,
+-- Inserting a batch with eviction, a helper scripts name with "-- @include insert": the
+-- body of add.lua, shared by every script that adds items (add,
 -- add_diverse), so they store, evict and log the mass alike.
+-- @include common
+-- @include masslog
+-- @include items
+-- @include history
 
 -- The per-batch options of an add script's options argument: "" (none) or a JSON object.
 local function batch_options(text)

@@ -1,6 +1,8 @@
--- Adding, removing and drawing items, pasted in place of "-- @include items" (needs common
--- and masslog). Every per-item structure is written here and nowhere else, so a new one (a
+-- Adding, removing and drawing items, a helper scripts name with "-- @include items".
+-- Every per-item structure is written here and nowhere else, so a new one (a
 -- use count, a version) is kept consistent by adding it to these functions only.
+-- @include common
+-- @include masslog
 
 -- Data lifetime (redisbuf/sampling/lifetime.py). Per item: uses (times sampled, absent = 0),
 -- times (insertion time, unix seconds), versions (model version, only for items added

@@ -1,4 +1,4 @@
--- The mass log, pasted in place of "-- @include masslog" (needs common).
+-- The mass log, a helper scripts name with "-- @include masslog".
 -- Prioritized sampling (softmax of log-rewards, or PER) draws in the sampling processes,
 -- each from its own replica of the items' scores (redisbuf/sampling/replica.py). The server keeps
 -- the truth (the prio zset for softmax, the per hash for PER) and, while prioritized
@@ -24,6 +24,7 @@
 -- server milliseconds). The oldest entries are dropped while the list holds more than
 -- max(MASSLOG_MIN_IDS, capacity / 4) rows (and none is pinned): a replica further behind
 -- reads everything again.
+-- @include common
 local MASSLOG_MIN_IDS = 10000
 -- A reply never carries more than this many rows of entries (a replica further behind
 -- asks again), so no call's work grows with how far behind a replica is.

@@ -1,5 +1,5 @@
--- Per-environment streams (SequenceBuffer), pasted in place of "-- @include seq" (needs
--- common and masslog). Not an operation of its own.
+-- Per-environment streams (SequenceBuffer), a helper scripts name with
+-- "-- @include seq". Not an operation of its own.
 -- Keys (redisbuf/buffers/sequence.py, SequenceKeys.all_keys() order): meta, steps, envs, episodes,
 -- begins, rewards, returns, prio, masslog, snap. A step is named by its environment e and its
 -- position p (positions only grow); its fields are "e:p". An episode is named by the member
@@ -13,6 +13,8 @@
 -- mass = per with alpha 1 and eps 0, so a slot's mass is its priority); samplers
 -- draw from replicas of it (redisbuf/sampling/replica.py) and lua/seq_sample.lua checks
 -- the draws.
+-- @include common
+-- @include masslog
 
 local function seq_keys(keys)
   return {

@@ -3,6 +3,8 @@
 -- EXECABORT), or add_commit.lua's own refusal. A refused batch then leaves last_id and the
 -- batch memory as they were.
 -- @include common
+-- @keys 4
+-- @retry never
 -- KEYS[1] meta  KEYS[2] items  KEYS[3] batch memory  KEYS[4] its older generation
 -- ARGV[1] first_id  ARGV[2] n  ARGV[3] batch id (the one add_reserve.lua remembered its
 -- reply under)  ARGV[4] "1": give the ids back (last_id -= n unless a later batch reserved

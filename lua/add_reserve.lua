@@ -5,6 +5,8 @@
 -- @include items
 -- @include history
 -- @include insert
+-- @keys 13
+-- @retry remembered
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order (see
 -- buffer_keys in _common.lua)
 -- ARGV[1] schema (canonical JSON)  ARGV[2] n, the number of items

@@ -1,6 +1,8 @@
 -- The manager's baseline log-reward, read together with the EMA update, atomically.
 -- @include common
 -- @include baseline
+-- @keys 3
+-- @retry never
 -- KEYS[1] meta  KEYS[2] prio  KEYS[3] order
 -- ARGV[1] strategy: "min" | "percentile" | "ema"
 -- ARGV[2] q in [0, 1] (percentile)   ARGV[3] alpha in (0, 1] (ema)

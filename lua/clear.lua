@@ -1,6 +1,8 @@
 -- Remove every item; keep configuration and schema; reset counters. Ids keep growing.
 -- @include common
 -- @include masslog
+-- @keys 13
+-- @retry never
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- With prioritized sampling on, the mass log starts a new epoch (replicas read again).
 -- Returns the number of items removed. Errors: RB_NOBUF (the buffer was dropped: writing

@@ -2,6 +2,8 @@
 -- freed by the server in the background. A script rather than a native UNLINK so that
 -- the per-buffer roles (redisbuf/ops/acl.py) refuse it to all but the admin, as they
 -- refuse clear.lua.
+-- @keys 1..
+-- @retry never
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys and what else of it the caller found
 -- (BufferKeys.owns: the control plane's, a load's staging keys)
 -- ARGV none

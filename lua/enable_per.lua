@@ -5,6 +5,8 @@
 -- @include common
 -- @include masslog
 -- @include items
+-- @keys 13
+-- @retry safe
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1] alpha  ARGV[2] eps  ARGV[3] initial_priority  (numbers as text)
 -- ARGV[4] how many present items one call gives their priority (a slice)

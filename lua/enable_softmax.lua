@@ -4,6 +4,8 @@
 -- zset itself.
 -- @include common
 -- @include masslog
+-- @keys 13
+-- @retry safe
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1] "1" = start a new log even if it is on (every replica reads everything again)
 -- Returns 1 if turned on (or restarted) now, 0 if it was on.

@@ -1,4 +1,6 @@
 -- Remove every episode; keep the configuration and schema. Ids and positions keep growing.
+-- @keys 4
+-- @retry never
 -- KEYS[1] meta  KEYS[2] index  KEYS[3] lens  KEYS[4] steps
 -- Returns the number of episodes removed. Errors: RB_NOBUF (the buffer was dropped).
 if not redis.call('HGET', KEYS[1], 'capacity') then

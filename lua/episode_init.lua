@@ -1,4 +1,6 @@
 -- Create an episode buffer's meta hash if it does not exist, then return it.
+-- @keys 1
+-- @retry never
 -- KEYS[1] meta (see redisbuf/buffers/episodes.py for every key of an episode buffer)
 -- ARGV[1] capacity in episodes  ARGV[2] format version  ARGV[3] creation time (unix s)
 -- Returns: HGETALL of meta (field, value, ...). The caller compares it with what it asked.

@@ -3,6 +3,8 @@
 -- @include common
 -- @include episodes
 -- @include history
+-- @keys 4
+-- @retry never
 -- KEYS[1] meta  KEYS[2] index  KEYS[3] lens  KEYS[4] steps
 -- ARGV[1] the episode's schema text (the first push fixes the buffer's; later pushes must
 -- match it)  ARGV[2..] the episode's step blobs, in order

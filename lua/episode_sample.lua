@@ -1,6 +1,8 @@
 -- Draw whole episodes uniformly and return their steps.
 -- @include common
 -- @include episodes
+-- @keys 4
+-- @retry never
 -- KEYS[1] meta  KEYS[2] index  KEYS[3] lens  KEYS[4] steps
 -- ARGV[1] n  ARGV[2] "1" = with replacement, "0" = without
 -- ARGV[3] n uniforms in [0, 1), packed 6 bytes each (see uniform_at)

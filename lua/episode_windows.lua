@@ -2,6 +2,8 @@
 -- such windows (an episode of T steps holds T - length + 1 of them), and return them.
 -- @include common
 -- @include episodes
+-- @keys 4
+-- @retry never
 -- KEYS[1] meta  KEYS[2] index  KEYS[3] lens  KEYS[4] steps
 -- ARGV[1] n  ARGV[2] length  ARGV[3] tries: rejection draws per window before the exact
 -- fallback  ARGV[4] n * (tries + 1) uniforms in [0, 1), packed 6 bytes each

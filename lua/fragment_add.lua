@@ -5,6 +5,8 @@
 -- @include common
 -- @include fragments
 -- @include history
+-- @keys 9
+-- @retry never
 -- KEYS[1] meta  KEYS[2..9] frags, finfo, refs, pending, streams, chunks, cinfo, cversions
 -- ARGV[1] fragment blob  ARGV[2] model version (integer)  ARGV[3] session id
 -- ARGV[4] stream id  ARGV[5] pub/sub channel told "chunk" when a chunk is stored

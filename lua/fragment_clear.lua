@@ -1,6 +1,8 @@
 -- Remove every chunk, pending fragment and stored fragment; keep the configuration, the
 -- current model version and session, and the id counters (fragment indices per stream
 -- included).
+-- @keys 9
+-- @retry never
 -- KEYS[1] meta  KEYS[2..9] frags, finfo, refs, pending, streams, chunks, cinfo, cversions
 -- Returns the number of chunks removed. Errors: RB_NOBUF (the buffer was dropped).
 if not redis.call('HGET', KEYS[1], 'version') then

@@ -3,6 +3,8 @@
 -- staleness go into the metrics. Stale chunks are dropped first (discarded on read).
 -- @include common
 -- @include fragments
+-- @keys 9
+-- @retry never
 -- KEYS[1] meta  KEYS[2..9] frags, finfo, refs, pending, streams, chunks, cinfo, cversions
 -- ARGV[1] n  ARGV[2] n uniforms in [0, 1), packed 6 bytes each (see uniform_at)
 -- Returns {chunks stored} when fewer than n chunks are stored (nothing changes then but

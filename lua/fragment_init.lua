@@ -1,4 +1,6 @@
 -- Create a fragment buffer's meta hash if it does not exist, then return it.
+-- @keys 1
+-- @retry never
 -- KEYS[1] meta (see redisbuf/buffers/fragments.py for every key of a fragment buffer)
 -- ARGV[1] max_chunks  ARGV[2] fragments_per_chunk  ARGV[3] max_staleness  ARGV[4] max_reuse
 -- ARGV[5] format version  ARGV[6] creation time (unix seconds)

@@ -3,6 +3,8 @@
 -- (all stored chunks belong to the session current when they arrived).
 -- @include common
 -- @include fragments
+-- @keys 9
+-- @retry never
 -- KEYS[1] meta  KEYS[2..9] frags, finfo, refs, pending, streams, chunks, cinfo, cversions
 -- ARGV[1] session id  ARGV[2] model version (integer)
 -- Returns the number of chunks dropped. Errors: RB_NOBUF (meta missing).

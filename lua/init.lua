@@ -1,4 +1,6 @@
 -- Create a buffer's meta hash if it does not exist, then return it.
+-- @keys 2
+-- @retry safe
 -- KEYS[1] meta  KEYS[2] the layout key of a sharded buffer of the same name (rb:{name}:shards)
 -- ARGV[1] capacity        ARGV[2] eviction policy ("fifo" | "reward")
 -- ARGV[3] format version  ARGV[4] creation time (unix seconds)

@@ -1,4 +1,6 @@
 -- Fix a buffer's data-lifetime settings (redisbuf/sampling/lifetime.py) when it is created.
+-- @keys 1
+-- @retry safe
 -- KEYS[1] meta
 -- ARGV[1] max_use  ARGV[2] max_staleness  ("" = not given)
 -- A given setting is stored when the buffer has none yet and has never held an item

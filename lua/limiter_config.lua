@@ -1,4 +1,6 @@
 -- Fix a buffer's rate limiter (redisbuf/sampling/limiters.py) when it is created.
+-- @keys 1
+-- @retry safe
 -- KEYS[1] meta
 -- ARGV[1] samples_per_insert  ARGV[2] min_size_to_sample  ARGV[3] min_diff
 -- ARGV[4] max_diff  (all "" = no limiter asked; diffs may be "-inf" / "inf")

@@ -7,6 +7,8 @@
 -- @include history
 -- @include insert
 -- @include baseline
+-- @keys 15
+-- @retry never
 -- KEYS[1] .. KEYS[#KEYS - 2] the manager buffer's keys, in BufferKeys.all_keys() order
 -- (see buffer_keys in _common.lua), then the source buffer's meta and its items hash (the last two keys;
 -- the manager's own meta and items when the worker wrote to the manager's buffer)

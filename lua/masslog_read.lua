@@ -3,6 +3,8 @@
 -- from where they end.
 -- @include common
 -- @include masslog
+-- @keys 13
+-- @retry never
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1] the replica's log_epoch ("" for none)  ARGV[2] its log_version
 -- ARGV[3] its log_stamp (of the entry at its version)

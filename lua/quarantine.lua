@@ -7,6 +7,8 @@
 -- @include common
 -- @include masslog
 -- @include items
+-- @keys 14
+-- @retry never
 -- KEYS[1] meta  KEYS[2..13] the buffer's other keys, in BufferKeys.all_keys() order (see
 -- buffer_keys in _common.lua)  KEYS[14] the quarantine hash (rb:{name}:quarantine: item
 -- id -> blob)

@@ -1,6 +1,8 @@
 -- Admit (or refuse) an insert or a sample under the buffer's rate limiter, and count it,
 -- in one step for every process (Reverb's RateLimiter; redisbuf/sampling/limiters.py).
 -- @include common
+-- @keys 2
+-- @retry never
 -- KEYS[1] meta  KEYS[2] order (its length is the buffer's size)
 -- ARGV[1] "insert" | "sample" | "unsert" | "unsample" (the last two take back n counted
 -- calls whose operation then failed)  ARGV[2] n, the call's number of items

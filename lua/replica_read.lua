@@ -6,6 +6,8 @@
 -- however fast the writers are meanwhile.
 -- @include common
 -- @include masslog
+-- @keys 13
+-- @retry never
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1] the SCAN cursor ("0" to start)  ARGV[2] COUNT  ARGV[3] pin milliseconds
 -- ARGV[4] the version pinned (the log_version read before the first slice)

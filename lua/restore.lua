@@ -3,6 +3,8 @@
 -- @include common
 -- @include masslog
 -- @include items
+-- @keys 26
+-- @retry remembered
 -- KEYS[1] meta  KEYS[1..m] the buffer's keys (BufferKeys.all_keys(), meta first)
 -- KEYS[m+1..2m] the staged keys in the same order (StagingKeys.all_keys()), filled by add.lua
 --   and restore_items.lua

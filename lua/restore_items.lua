@@ -2,6 +2,8 @@
 -- priorities and use counts, after add.lua (or add_diverse.lua) stored them under the
 -- staging keys. Running it twice writes the same values: it may be retried.
 -- @include common
+-- @keys 13
+-- @retry safe
 -- KEYS[1] the staged meta  KEYS[2..] the other staged keys, in StagingKeys.all_keys() order
 -- ARGV[1] first id of the staged items (as add.lua replied)
 -- ARGV[2k], ARGV[2k+1] for the k-th item (id first + k - 1): its PER priority as text, or

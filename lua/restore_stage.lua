@@ -1,6 +1,8 @@
 -- Start a restore: create the staged meta (see restore.lua) with the buffer's
 -- configuration, and reserve ids for the restored items.
 -- @include common
+-- @keys 2
+-- @retry never
 -- KEYS[1] the buffer's meta  KEYS[2] the staged meta (StagingKeys.meta)
 -- ARGV[1] n, the number of items to restore
 -- The buffer's last_id grows by n now, so ids handed to concurrent adds are never given

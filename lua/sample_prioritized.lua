@@ -6,6 +6,8 @@
 -- @include masslog
 -- @include items
 -- @include correct
+-- @keys 13
+-- @retry draw
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1] "softmax" or "per" (the rule the replica drew by)  ARGV[2] its log_epoch
 -- ARGV[3] its log_version  ARGV[4] its log_stamp (the stamp of the entry at its version)

@@ -3,6 +3,8 @@
 -- @include common
 -- @include masslog
 -- @include items
+-- @keys 13
+-- @retry draw
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1] n  ARGV[2] order: "fifo" | "lifo" | "max" | "min"
 -- ARGV[3] heap score: "log_reward" (prio zset) | "priority" (PER priorities: the per_heap

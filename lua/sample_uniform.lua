@@ -2,6 +2,8 @@
 -- @include common
 -- @include masslog
 -- @include items
+-- @keys 13..14
+-- @retry draw
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order (see
 -- buffer_keys in _common.lua)
 -- ARGV[1] n  ARGV[2] "1" = with replacement, "0" = without  ARGV[3] "1" = also return blobs

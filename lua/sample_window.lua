@@ -3,6 +3,8 @@
 -- @include common
 -- @include masslog
 -- @include items
+-- @keys 13..14
+-- @retry draw
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1] n  ARGV[2] "1" = with replacement, "0" = without
 -- ARGV[3] start  ARGV[4] stop  ARGV[5] step  (integers as text; "" = None, as in a slice)

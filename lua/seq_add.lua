@@ -3,6 +3,8 @@
 -- @include masslog
 -- @include seq
 -- @include history
+-- @keys 10
+-- @retry never
 -- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
 -- masslog, snap
 -- (SequenceKeys.all_keys() order, see seq_keys in _seq.lua)

@@ -2,6 +2,8 @@
 -- @include common
 -- @include masslog
 -- @include seq
+-- @keys 10
+-- @retry never
 -- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
 -- masslog, snap
 -- ARGV[1] n  ARGV[2..] per step: env id, position

@@ -5,6 +5,8 @@
 -- @include common
 -- @include masslog
 -- @include seq
+-- @keys 10
+-- @retry never
 -- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
 -- masslog, snap
 -- ARGV[1] the replica's log_epoch ("" for none)  ARGV[2] its log_version

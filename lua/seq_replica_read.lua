@@ -6,6 +6,8 @@
 -- @include common
 -- @include masslog
 -- @include seq
+-- @keys 10
+-- @retry never
 -- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
 -- masslog, snap
 -- ARGV[1] the SCAN cursor ("0" to start)  ARGV[2] COUNT  ARGV[3] pin milliseconds

@@ -4,6 +4,8 @@
 -- @include masslog
 -- @include correct
 -- @include seq
+-- @keys 10
+-- @retry never
 -- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
 -- masslog, snap
 -- ARGV[1] L, the window length  ARGV[2] batch size  ARGV[3] recent_data_ratio (text)

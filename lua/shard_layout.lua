@@ -1,4 +1,6 @@
 -- Write a sharded buffer's layout once (the first process wins), then return it.
+-- @keys 2
+-- @retry never
 -- KEYS[1] the layout hash (rb:{name}:shards)  KEYS[2] the meta key of a plain buffer of the
 -- same name (rb:{name}:meta)
 -- ARGV[1] the layout (JSON) to write when there is none, or "" only to read it

@@ -2,6 +2,8 @@
 -- the staged hash becomes the buffer's snapshot, which a new replica reads in a few large
 -- replies instead of scanning every item, then follows the log from the snapshot's version.
 -- @include common
+-- @keys 3
+-- @retry never
 -- KEYS[1] meta  KEYS[2] the staged snapshot (chunks c0, c1, ... written by HSET)
 -- KEYS[3] the snapshot (rb:{name}:snap)
 -- ARGV[1] the snapshot's header (JSON: epoch, version, stamp, rule, count, chunks...)

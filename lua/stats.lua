@@ -1,5 +1,7 @@
 -- A buffer's configuration and counters, for clients without redisbuf (ReplayBuffer.stats
 -- in Python reads the same hash and adds what it computes itself).
+-- @keys 2
+-- @retry never
 -- KEYS[1] meta  KEYS[2] order
 -- Returns {field_1, value_1, ...}: every field of the meta hash (capacity, eviction,
 -- schema, kind, last_id, inserted, evicted, sampled, ...; the rate history "hist:*" left

@@ -3,6 +3,8 @@
 -- @include common
 -- @include masslog
 -- @include items
+-- @keys 13
+-- @retry never
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order (see
 -- buffer_keys in _common.lua)
 -- ARGV[1] session id  ARGV[2] model version (integer)  ARGV[3] "" or "more" (below)

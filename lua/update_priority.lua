@@ -2,6 +2,8 @@
 -- @include common
 -- @include masslog
 -- @include items
+-- @keys 13
+-- @retry never
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1..] id_1, priority_1, ..., id_n, priority_n  (ids 12-digit, priorities as text);
 -- or, packed (an odd count): ARGV[1] the ids (see unpack_ids)  ARGV[2] their width

@@ -81,6 +81,78 @@ def test_includes_are_expanded(name):
         assert (scripts.lua_dir() / f"_{helper}.lua").read_text().splitlines()[2] in script.source
 
 
+def _helper_lines(name: str) -> list[str]:
+    """The lines of helper ``name`` that the loader pastes (all but its @include lines)."""
+    text = (scripts.lua_dir() / f"_{name}.lua").read_text()
+    return [line for line in text.splitlines() if not line.startswith("-- @include ")]
+
+
+@pytest.mark.parametrize("name", OPERATIONS)
+def test_each_helper_is_pasted_once_after_the_helpers_it_includes(name):
+    source = scripts.load(name)._expanded
+    needed = scripts._helpers(scripts._includes(
+        (scripts.lua_dir() / f"{name}.lua").read_text()))
+    starts = {}
+    for helper in needed:
+        # a line only this helper has marks where it was pasted, and how often
+        marker = next(line for line in _helper_lines(helper)
+                      if line.startswith("local function ")
+                      or line.startswith("local ") and "=" in line)
+        assert source.count(marker + "\n") == 1, f"{name}: _{helper}.lua pasted twice"
+        starts[helper] = source.index(marker + "\n")
+        for dependency in re.findall(r"^-- @include (\w+)",
+                                     (scripts.lua_dir() / f"_{helper}.lua").read_text(),
+                                     re.MULTILINE):
+            assert starts[dependency] < starts[helper], f"{name}: {dependency} after {helper}"
+
+
+def test_a_helper_included_along_two_chains_is_pasted_once():
+    # add.lua names common, masslog, items, history and insert; items and insert name
+    # common and masslog again: each comes once, in dependency order
+    assert scripts._helpers(["insert"]) == ["common", "masslog", "items", "history", "insert"]
+    assert scripts._helpers(["items", "masslog", "common"]) == ["common", "masslog", "items"]
+    source = scripts.load("add")._expanded
+    assert source.count("local function fmt(x)") == 1
+    assert source.count("local function masslog_on(K)") == 1
+
+
+def test_include_cycles_and_missing_helpers_are_refused(tmp_path, monkeypatch):
+    (tmp_path / "add.lua").write_text("-- @include a\nreturn 1\n")
+    (tmp_path / "_a.lua").write_text("-- @include b\nlocal A = 1\n")
+    (tmp_path / "_b.lua").write_text("-- @include a\nlocal B = 1\n")
+    monkeypatch.setattr(scripts, "lua_dir", lambda: tmp_path)
+    scripts._helper.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="cycle: a -> b -> a"):
+            scripts._expand("-- @include a\nreturn 1\n")
+        with pytest.raises(FileNotFoundError, match="lua include 'nosuch'"):
+            scripts._expand("-- @include nosuch\nreturn 1\n")
+    finally:
+        scripts._helper.cache_clear()
+
+
+def test_templates_fill_every_place_and_only_places():
+    assert scripts.template("flag", NO_WRITES="true").strip() == "local RB_NO_WRITES = true"
+    with pytest.raises(KeyError, match="TAG"):
+        scripts.template("remember", BODY="return 1")
+    with pytest.raises(ValueError, match="NOPE"):
+        scripts.template("flag", NO_WRITES="true", NOPE=1)
+    assert "{{" not in scripts.load("add").remembering.source
+    from redisbuf.store import functions
+
+    assert "{{" not in functions.library_source()
+
+
+def test_no_lua_in_python_strings():
+    """Every Lua line is in lua/: the Python modules that build scripts hold none."""
+    root = Path(scripts.__file__).parent
+    for module in ("scripts.py", "functions.py"):
+        text = (root / module).read_text()
+        for lua in ("redis.call(", "redis.register_function", "local function", "cjson.",
+                    "table.remove(", "redis.error_reply("):
+            assert lua not in text, f"{module} holds Lua ({lua})"
+
+
 @pytest.mark.parametrize("name", OPERATIONS)
 def test_every_script_compiles_on_the_server(client, name):
     script = scripts.load(name)
@@ -184,9 +256,14 @@ def test_the_library_holds_every_script_in_its_three_variants():
         for variant in (script, script.read_only, script.remembering):
             assert f"function_name = '{variant.function}'" in source
             assert variant.function in functions.script_functions()
-        assert f"function_name = '{script.read_only.function}', callback = " \
-               f"function(keys, args) return OP.{name}(keys, args, true) end, " \
-               "flags = {'no-writes'}" in source
+        # the read-only variant: flagged no-writes, asks no grant, runs the body read-only
+        assert functions._register(
+            script.read_only.function, f"OP.{name}(keys, args, true)", None, True
+        ) in source
+    read_only = functions._register("rbs_x_ro", "OP.x(keys, args, true)", None, True)
+    assert "function_name = 'rbs_x_ro', flags = {'no-writes'}" in read_only
+    assert "rb_refused(keys, args, nil)" in read_only
+    assert "return OP.x(keys, args, true)" in read_only
 
 
 @pytest.mark.redis_server
@@ -238,3 +315,83 @@ def test_without_the_library_scripts_run_with_evalsha_and_say_how_to_get_it(
     finally:
         for user in ("noload", "noeval"):
             real_client.execute_command("ACL", "DELUSER", user)
+
+
+@pytest.mark.parametrize("name", OPERATIONS)
+def test_every_script_declares_its_key_count_and_retry_kind(name):
+    script = scripts.load(name)
+    assert script.keys is not None, f"{name}.lua has no '-- @keys' line"
+    assert script.retry in scripts.RETRY_KINDS, f"{name}.lua has no '-- @retry' line"
+    header = _header(name)
+    assert re.search(r"^-- @keys ", header, re.MULTILINE), f"{name}.lua: @keys not in header"
+    low, high = script.keys
+    listed = [int(i) for i in re.findall(r"KEYS\[(\d+)\]", header)]
+    # the header's KEYS lines and the count agree: no listed key beyond the count
+    if high is not None:
+        assert max(listed) <= high, f"{name}.lua lists KEYS[{max(listed)}] but takes {high}"
+
+
+def test_a_call_with_another_key_count_is_refused_before_it_is_sent(fake_client, buffer_name):
+    buffer = ReplayBuffer(fake_client, buffer_name, capacity=4)
+    keys = buffer.keys.all_keys()
+    add = scripts.load("add")
+    with pytest.raises(ValueError, match=r"lua/add.lua takes 13 keys .*a call passed 16"):
+        add(fake_client, [*keys, "rb:{x}:tree:ids", "rb:{x}:tree:slots", "rb:{x}:tree:free"], [])
+    with pytest.raises(ValueError, match=r"lua/len.lua takes 2 keys .*passed 1"):
+        scripts.load("len")(fake_client, [buffer.keys.meta], [])
+    uniform = scripts.load("sample_uniform")
+    with pytest.raises(ValueError, match=r"takes 13..14 keys"):
+        uniform(fake_client, [*keys, "a", "b"], [1, 1, 0, b"\0" * 6])
+    with pytest.raises(ValueError, match=r"lua/drop.lua takes 1.. keys .*passed 0"):
+        scripts.load("drop")(fake_client, [], [])
+    # the remembering variant's two memory keys are not the script's: 13 + 2 pass the check
+    with pytest.raises(ValueError, match="passed 12"):
+        scripts.load("add_commit").remembering.check_keys([*keys, "m"])
+    scripts.load("add_commit").remembering.check_keys([*keys, "m", "o"])
+    assert len(buffer) == 0 and not fake_client.exists(buffer.keys.items)
+
+
+def test_a_batch_id_is_refused_for_a_script_not_declared_remembered(fake_client, buffer_name):
+    buffer = ReplayBuffer(fake_client, buffer_name, capacity=4)
+    memory = [buffer.keys.batches, buffer.keys.batches_old]
+    with pytest.raises(ValueError, match="'@retry never'"):
+        scripts.load("clear")(fake_client, buffer.keys.all_keys(), [], batch=("b", memory, 1.0))
+    assert scripts.load("add").retry == "remembered"
+    assert scripts.load("sample_uniform").retry == "draw"
+    assert scripts.load("init").retry == "safe"
+
+
+def test_malformed_contract_lines_are_refused():
+    with pytest.raises(ValueError, match="not one of"):
+        scripts.Script("x", "-- @keys 1\n-- @retry sometimes\nreturn 1\n")
+    with pytest.raises(ValueError, match="more than once"):
+        scripts.Script("x", "-- @keys 1\n-- @keys 2\nreturn 1\n")
+    assert scripts.Script("x", "-- @keys 2..\nreturn 1\n").keys == (2, None)
+    assert scripts.Script("x", "-- @keys 2..3\nreturn 1\n").keys == (2, 3)
+    assert scripts.Script("x", "return 1\n").keys is None
+
+
+def test_replay_buffer_retries_by_the_declared_kind(fake_client, buffer_name, monkeypatch):
+    from redisbuf.buffers import replay
+
+    retried: list[str] = []
+
+    def recording(call, name=None):
+        retried.append("retried")
+        return call()
+
+    monkeypatch.setattr(replay, "retrying", recording)
+    draw = [1, 1, 0, b"\0" * 6]  # one draw with replacement, ids only
+    for max_use, expected in ((None, ["retried"]), (3, [])):
+        buffer = ReplayBuffer(fake_client, f"{buffer_name}-{max_use}", capacity=4,
+                              max_use=max_use)
+        buffer.add({"x": np.arange(3)})
+        retried.clear()
+        buffer._run("sample_uniform", buffer.keys.all_keys(), draw)  # a draw: counted?
+        assert retried == expected
+        retried.clear()
+        buffer._run("enable_softmax", buffer.keys.all_keys(), [0])  # safe
+        assert retried == ["retried"]
+        retried.clear()
+        assert buffer._run("clear", buffer.keys.all_keys(), []) == 3  # never
+        assert retried == []

@@ -64,11 +64,6 @@ BLOCK_TIMEOUT = 30.0
 #: Seconds a buffer remembers an add's batch id by default (``retry_window``), so that a
 #: retried add is not inserted twice (see Script.__call__): far longer than any retry takes.
 DEFAULT_RETRY_WINDOW = 600.0
-# Scripts that may run twice with the same effect (set-if-absent, then compare; samplers
-# retry by name, "sample*", unless max_use makes a draw count): retried like reads.
-_REPEATABLE_SCRIPTS = frozenset(
-    {"init", "enable_softmax", "enable_per", "lifetime_config", "limiter_config", "restore_items"}
-)
 
 
 def _check_add_bound(name: str, blobs: list[bytes]) -> None:
@@ -332,9 +327,10 @@ class ReplayBuffer(Inserting, Checkpointing):
         # read: these arguments make the script write nothing (Script.read)
         loaded = scripts.load(script)
         run = loaded.read if read else loaded
-        # a draw counts uses under max_use (and may remove items): a repeat is not harmless
-        repeatable_draw = script.startswith("sample") and getattr(self, "max_use", None) is None
-        if repeatable_draw or script in _REPEATABLE_SCRIPTS:
+        # retried like reads when the script's header says a repeat is harmless (a draw is,
+        # unless max_use counts it: see scripts.py on @retry)
+        counted = getattr(self, "max_use", None) is not None
+        if loaded.retry == "safe" or (loaded.retry == "draw" and not counted):
             return retrying(lambda: run(self.client, keys, args), name=self.client)
         return run(self.client, keys, args)
 

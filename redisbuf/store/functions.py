@@ -3,11 +3,13 @@
 ``FUNCTION LOAD`` (Redis >= 7, Valkey) installs a library that every client calls by
 name with ``FCALL`` (``redis-cli``, Node, Go...), and through which the Python client runs
 every script (redisbuf/store/scripts.py), because it is built here from the ``lua/``
-files: each script, its ``-- @include`` lines expanded, becomes one Lua function
-``OP.NAME(KEYS, ARGV, RB_NO_WRITES)`` (so the scripts' globals and top-level ``return``
+files, Python only filling templates: the whole library is ``lua/_library.lua``; each
+script, its includes expanded, becomes one Lua function ``OP.NAME(KEYS, ARGV,
+RB_NO_WRITES)`` (``lua/_operation.lua``: the scripts' globals and top-level ``return``
 keep their meaning, and each operation's helpers are locals of its own function: no limit
 on locals or upvalues is shared between operations), with ``ONCE.NAME`` around it (the
-remembering variant, scripts._REMEMBER). Registered: the public functions below, and
+remembering variant, ``lua/_remember.lua``); each registered function is
+``lua/_register.lua``. Registered: the public functions below, and
 for Python each script's three variants under ``Script.function``
 (``rbs_NAME[_ro|_once]_SHA``). Every registered function that changes a buffer first
 checks its caller's grant (GRANTS below; the roles of redisbuf/ops/acl.py).
@@ -60,18 +62,13 @@ _OPERATIONS: dict[str, tuple[str, bool]] = {
 READ_ONLY = frozenset({"rb_version", "rb_sample_uniform_ro", "rb_len", "rb_stats"})
 
 # What a writing function asks of its caller (redisbuf/ops/acl.py): PUBLISH permission on
-# the channel rb:{NAME}:grant:GRANT of the buffer its KEYS[1] belongs to. ACL has no
-# per-function rule, so the functions check it themselves (redis.acl_check_cmd); a user
-# with every channel (the default user) or the buffer's (rb:{NAME}:*, the admin role)
-# passes every check. Read-only variants and the scripts of scripts.READS ask nothing.
-# "rate": rate_limit.lua admits inserts (actor) and samples (learner): ARGV[1] says which.
-# "config": the settings every opening process passes (lifetime, rate limiter): "admin"
-# when one is given (each is stored only on a new buffer), nothing when none is.
-# "create": opening with a capacity: "admin" when the buffer does not exist yet.
+# the channel rb:{NAME}:grant:GRANT of the buffer its KEYS[1] belongs to, checked by
+# lua/_grant.lua (which says what "rate", "config" and "create" mean). Read-only variants
+# and the scripts of scripts.READS ask nothing. A sampler's own set-up (PER, the softmax
+# mass log) is its drawer's: the learner's.
 GRANTS: dict[str, str] = {
     **dict.fromkeys(("add", "add_reserve", "add_commit", "add_release", "add_diverse",
                      "episode_push", "fragment_add", "seq_add", "seq_episode"), "add"),
-    # a sampler's own set-up (PER, the softmax mass log) is its drawer's: the learner's
     **dict.fromkeys(("sample_uniform", "sample_prioritized", "sample_select", "sample_window",
                      "undo_draws", "episode_sample", "episode_windows", "fragment_fetch",
                      "masslog_read", "replica_read", "seq_read", "seq_sample",
@@ -92,85 +89,6 @@ GRANTS: dict[str, str] = {
                      "update_model_version"), "admin"),
 }
 
-_GRANT_CHECK = """
-local RB_GRANT_VERBS = {add = 'add to', sample = 'sample from',
-  priority = 'update the priorities of', admin = 'configure, clear or restore'}
-local function rb_refused(keys, args, grant)
-  if grant == 'rate' then
-    grant = (args[1] == 'insert' or args[1] == 'unsert') and 'add' or 'sample'
-  elseif grant == 'config' then
-    -- every process opening the buffer calls it; with nothing asked it only reads
-    local asked = false
-    for i = 1, #args do asked = asked or args[i] ~= '' end
-    if not asked then return nil end
-    grant = 'admin'
-  elseif grant == 'create' then
-    -- every process opening the buffer with a capacity calls it; on an existing buffer it
-    -- only reads (the caller compares the settings)
-    if redis.call('EXISTS', keys[1]) == 1 then return nil end
-    grant = 'admin'
-  end
-  local prefix = string.match(tostring(keys[1]), '^rb:{[^}]*}:')
-  if not prefix then
-    return redis.error_reply('RB_INVALID KEYS[1] must be a key of a buffer (rb:{NAME}:...)')
-  end
-  local channel = prefix .. 'grant:' .. grant
-  -- a server without ACL checks in Lua (fakeredis) has no users to tell apart
-  if not redis.acl_check_cmd or redis.acl_check_cmd('PUBLISH', channel, '') then return nil end
-  return redis.error_reply('NOPERM this user may not ' .. RB_GRANT_VERBS[grant] .. ' buffer '
-    .. string.sub(prefix, 5, -3) .. ' (its ACL role grants no PUBLISH on ' .. channel
-    .. ', see redisbuf acl)')
-end
-"""
-
-# rb_add checks what a non-Python caller may get wrong before add.lua's first write
-# (add.lua trusts its ARGV: ReplayBuffer builds it), then runs add.lua, or with a batch id
-# its remembering variant (scripts._REMEMBER), which takes the two batch-memory keys and
-# the id and window off the ends of KEYS and ARGV.
-_ADD_ADAPTER = """
-local function rb_add_checked(keys, args)
-  if #keys ~= 13 then
-    return redis.error_reply('RB_INVALID rb_add takes the 13 buffer keys, got ' .. #keys)
-  end
-  local n = tonumber(args[2])
-  if n == nil or n < 1 or n ~= math.floor(n) then
-    return redis.error_reply('RB_INVALID ARGV[2] must be the number of items (>= 1), got '
-      .. tostring(args[2]))
-  end
-  if n > RB_MAX_ADD then
-    return redis.error_reply('RB_LIMIT one add stores at most ' .. RB_MAX_ADD
-      .. ' items, got ' .. n .. ' (send several batches)')
-  end
-  local extra = #args - (3 + 2 * n)
-  if extra ~= 0 and extra ~= 1 then
-    return redis.error_reply('RB_INVALID expected ' .. (3 + 2 * n) .. ' or ' .. (4 + 2 * n)
-      .. ' arguments (schema, n, options, n blob / log-reward pairs, [batch id]), got ' .. #args)
-  end
-  local ok, schema = pcall(cjson.decode, args[1])
-  if not ok or type(schema) ~= 'table' or type(schema['kind']) ~= 'string'
-      or type(schema['fields']) ~= 'table' then
-    return redis.error_reply('RB_SCHEMA ARGV[1] must be a schema: canonical JSON with kind '
-      .. 'and fields')
-  end
-  if args[3] ~= '' then
-    local okopt, options = pcall(cjson.decode, args[3])
-    if not okopt or type(options) ~= 'table' then
-      return redis.error_reply('RB_INVALID ARGV[3] must be "" or a JSON object')
-    end
-  end
-  if extra == 0 then return OP.add(keys, args, false) end
-  local window = tonumber(redis.call('HGET', keys[1], 'retry_window')) or DEFAULT_WINDOW
-  local rkeys, rargs = {}, {}
-  for i = 1, #keys do rkeys[i] = keys[i] end
-  rkeys[#rkeys + 1] = keys[11]  -- batches
-  rkeys[#rkeys + 1] = keys[12]  -- batches:old
-  for i = 1, #args do rargs[i] = args[i] end
-  rargs[#rargs + 1] = tostring(math.floor(window * 1000))
-  return ONCE.add(rkeys, rargs)
-end
-"""
-
-
 def script_names() -> list[str]:
     """Every operation script of lua/ (the files not starting with ``_``), sorted."""
     return sorted(path.stem for path in scripts.lua_dir().glob("[a-z]*.lua"))
@@ -178,28 +96,20 @@ def script_names() -> list[str]:
 
 def _operation(name: str) -> str:
     """Script ``name`` as ``OP.name(KEYS, ARGV, RB_NO_WRITES)`` and its remembering variant
-    as ``ONCE.name(KEYS, ARGV)`` (the body of scripts._REMEMBER around a call of the first):
-    the library's functions of its three variants call these."""
-    script = scripts.load(name)
-    limits = scripts.LIMITS
-    once = scripts._REMEMBER.replace("BODY\n", f"return OP.{name}(KEYS, ARGV, false)\n")
-    once = once.replace("'TAG'", repr(scripts.tag_of(name)))
-    return (f"OP.{name} = function(KEYS, ARGV, RB_NO_WRITES)\n{limits}{script._expanded}\nend\n"
-            f"ONCE.{name} = function(KEYS, ARGV)\n{once}end\n")
+    as ``ONCE.name(KEYS, ARGV)`` (lua/_operation.lua): the library's functions of its
+    three variants call these."""
+    once = scripts.remembering_source(f"return OP.{name}(KEYS, ARGV, false)", name)
+    return scripts.template(
+        "operation", NAME=name, LIMITS=scripts.limits(),
+        SCRIPT=scripts.load(name)._expanded.rstrip("\n"), ONCE=once.rstrip("\n"),
+    )
 
 
-def _callback(body: str, grant: str | None) -> str:
-    check = ""
-    if grant is not None:
-        check = (f"local refused = rb_refused(keys, args, '{grant}') "
-                 "if refused then return refused end ")
-    return f"function(keys, args) {check}return {body} end"
-
-
-def _register(name: str, callback: str, read_only: bool) -> str:
-    flags = ", flags = {'no-writes'}" if read_only else ""
-    return (f"redis.register_function{{function_name = '{name}', "
-            f"callback = {callback}{flags}}}\n")
+def _register(name: str, call: str, grant: str | None, read_only: bool) -> str:
+    return scripts.template(
+        "register", NAME=name, FLAGS="{'no-writes'}" if read_only else "{}",
+        GRANT="nil" if grant is None else f"'{grant}'", CALL=call,
+    )
 
 
 @cache
@@ -213,38 +123,34 @@ def library_source() -> str:
     unclassified = [n for n in names if n not in GRANTS and n not in scripts.READS]
     if unclassified:
         raise RuntimeError(f"lua scripts without a grant in functions.GRANTS: {unclassified}")
-    parts = [
-        f"local DEFAULT_WINDOW = {DEFAULT_RETRY_WINDOW!r}\n",
-        f"local RB_MAX_ADD = {bounds.MAX_ADD_ITEMS}\n",
-        "local OP, ONCE = {}, {}\n",
-        _GRANT_CHECK,
+    body = "".join([
+        scripts.template("grant"),
         *(_operation(name) for name in names),
-        _ADD_ADAPTER,
-    ]
-    body = "".join(parts)
-    version = hashlib.sha1(body.encode()).hexdigest()[:16]
-    registrations = [
-        "redis.register_function{function_name = 'rb_version', callback = function() "
-        f"return '{version}' end, flags = {{'no-writes'}}}}\n",
-        _register("rb_add", _callback("rb_add_checked(keys, args)", "add"), False),
-    ]
+        scripts.template("add_checked"),
+    ])
+    registrations = [_register("rb_add", "rb_add_checked(keys, args)", "add", False)]
     for public, (name, read_only) in _OPERATIONS.items():
         grant = None if public in READ_ONLY else GRANTS[name]
         call = f"OP.{name}(keys, args, {'true' if read_only else 'false'})"
-        registrations.append(_register(public, _callback(call, grant), public in READ_ONLY))
+        registrations.append(_register(public, call, grant, public in READ_ONLY))
     for name in names:
         script = scripts.load(name)
         grant = GRANTS.get(name)
         registrations += [
-            _register(script.function, _callback(f"OP.{name}(keys, args, false)", grant),
-                      False),
-            _register(script.read_only.function,
-                      _callback(f"OP.{name}(keys, args, true)", None), True),
+            _register(script.function, f"OP.{name}(keys, args, false)", grant, False),
+            _register(script.read_only.function, f"OP.{name}(keys, args, true)", None, True),
             # remembering writes the batch memory even around a read: not for every caller
-            _register(script.remembering.function,
-                      _callback(f"ONCE.{name}(keys, args)", grant or "admin"), False),
+            _register(script.remembering.function, f"ONCE.{name}(keys, args)",
+                      grant or "admin", False),
         ]
-    return f"#!lua name={LIBRARY}\n-- redisbuf {version}\n{body}{''.join(registrations)}"
+    values = {
+        "LIBRARY": LIBRARY, "DEFAULT_WINDOW": repr(DEFAULT_RETRY_WINDOW),
+        "MAX_ADD": bounds.MAX_ADD_ITEMS, "BODY": body, "REGISTRATIONS": "".join(registrations),
+    }
+    # the version is a hash of the library with every place but the version filled
+    unversioned = scripts.template("library", **values, VERSION="{{VERSION}}")
+    version = hashlib.sha1(unversioned.encode()).hexdigest()[:16]
+    return scripts.template("library", **values, VERSION=version)
 
 
 @cache

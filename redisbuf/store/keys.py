@@ -159,7 +159,7 @@ class BufferKeys:
 
     @property
     def batches_old(self) -> str:
-        """The previous generation of ``batches`` (see redisbuf/store/scripts.py, _REMEMBER)."""
+        """The previous generation of ``batches`` (see lua/_remember.lua)."""
         return self._key("batches:old")
 
     @property

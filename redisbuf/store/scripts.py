@@ -1,7 +1,24 @@
 """Loads the Lua scripts of ``lua/`` by name and runs them: the one script runner.
 
-A line ``-- @include NAME`` in a script is replaced by ``lua/_NAME.lua`` (shared helpers),
-so every operation stays one self-contained script on the server.
+A line ``-- @include NAME`` in a script or a helper names the helper ``lua/_NAME.lua`` it
+uses. The loader resolves the whole include graph: every helper a script needs, directly
+or through other helpers, is pasted once, after the helpers it includes, in place of the
+script's first ``@include`` line, so every operation stays one self-contained script on
+the server.
+
+Each operation's header declares two contracts the runner enforces:
+``-- @keys N`` (or ``N..M``, ``N..``: at least N) is how many KEYS it takes, checked
+before every call (a call with another count raises ValueError and sends nothing), and
+``-- @retry KIND`` whether a call may be sent again after a lost reply: ``safe``
+(running it twice has the effect of once: a read, or set-if-absent then compare),
+``draw`` (safe unless the buffer counts draws: ``max_use``, which a repeat would count
+twice), ``remembered`` (only with a batch id, through the remembering variant, which
+returns the first run's reply to a repeat; a call with a batch id of any other script
+raises ValueError), ``never``.
+
+Every line of Lua is in ``lua/``: the parts this module and the functions
+library wrap around the scripts are templates there (``lua/_flag.lua``,
+``lua/_limits.lua``, ``lua/_remember.lua``...), whose ``{{NAME}}`` places Python fills.
 
 Where the server has Redis Functions (Redis >= 7, valkey) every script runs as a function
 of the ``redisbuf`` library (redisbuf/store/functions.py), which holds each script's
@@ -31,7 +48,10 @@ import redis
 from .. import errors
 from . import bounds
 
-_INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.MULTILINE)
+_KEYS = re.compile(r"^-- @keys (\d+)(\.\.(\d*))?[ \t]*$", re.MULTILINE)
+_RETRY = re.compile(r"^-- @retry (\S+)[ \t]*$", re.MULTILINE)
+RETRY_KINDS = ("safe", "draw", "remembered", "never")
+_INCLUDE = re.compile(r"^-- @include (\w+)[ \t]*(?:\n|$)", re.MULTILINE)
 
 
 def lua_dir() -> Path:
@@ -44,15 +64,81 @@ def lua_dir() -> Path:
     raise FileNotFoundError(f"redisbuf's lua/ folder was not found near {here}")
 
 
-def _expand(source: str, seen: frozenset[str] = frozenset()) -> str:
-    def include(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name in seen:
-            return ""
-        text = (lua_dir() / f"_{name}.lua").read_text()
-        return _expand(text, seen | {name})
+def _includes(source: str) -> list[str]:
+    """The helpers ``source`` names in its ``-- @include`` lines, in order."""
+    return _INCLUDE.findall(source)
 
-    return _INCLUDE.sub(include, source)
+
+@cache
+def _helper(name: str) -> str:
+    path = lua_dir() / f"_{name}.lua"
+    if not path.is_file():
+        raise FileNotFoundError(f"lua include {name!r}: {path} does not exist")
+    return path.read_text()
+
+
+def _helpers(names: list[str]) -> list[str]:
+    """Every helper ``names`` need, each once, each after the helpers it includes (a
+    depth-first walk of the include graph, in the order the lines name them)."""
+    order: list[str] = []
+    state: dict[str, str] = {}
+
+    def visit(name: str, chain: tuple[str, ...]) -> None:
+        if state.get(name) == "done":
+            return
+        if state.get(name) == "open":
+            raise ValueError(f"lua includes form a cycle: {' -> '.join((*chain, name))}")
+        state[name] = "open"
+        for dependency in _includes(_helper(name)):
+            visit(dependency, (*chain, name))
+        state[name] = "done"
+        order.append(name)
+
+    for name in names:
+        visit(name, ())
+    return order
+
+
+def _expand(source: str) -> str:
+    """``source`` with its helpers pasted in place of its first ``@include`` line (see the
+    module docstring) and every other ``@include`` line removed."""
+    names = _includes(source)
+    if not names:
+        return source
+    pasted = "".join(_ensure_newline(_INCLUDE.sub("", _helper(n))) for n in _helpers(names))
+    first = _INCLUDE.search(source)
+    assert first is not None
+    rest = _INCLUDE.sub("", source[first.end():])
+    return source[: first.start()] + pasted + rest
+
+
+def _ensure_newline(text: str) -> str:
+    return text if text.endswith("\n") else text + "\n"
+
+
+_PLACE = re.compile(r"\{\{([A-Z_]+)\}\}")
+
+
+@cache
+def _template_text(name: str) -> str:
+    lines = _helper(name).splitlines(keepends=True)
+    start = 0
+    while start < len(lines) and lines[start].startswith("--"):
+        start += 1  # the header says what the template is: not sent to the server
+    return "".join(lines[start:])
+
+
+def template(name: str, **values: Any) -> str:
+    """The template ``lua/_NAME.lua`` without its header comment, every ``{{KEY}}`` place
+    filled with ``values[KEY]`` (str() of it); a place without a value raises KeyError,
+    a value without a place ValueError."""
+    text = _template_text(name)
+    places = set(_PLACE.findall(text))
+    if places - set(values):
+        raise KeyError(f"lua/_{name}.lua: no value for {sorted(places - set(values))}")
+    if set(values) - places:
+        raise ValueError(f"lua/_{name}.lua has no place for {sorted(set(values) - places)}")
+    return _PLACE.sub(lambda match: str(values[match.group(1)]), text)
 
 
 # Error codes a script puts first in its error reply -> exception raised in Python
@@ -61,58 +147,26 @@ _ERROR_CODES: dict[str, type[errors.RedisBufError]] = errors.SCRIPT_ERRORS
 _ERROR_PATTERN = re.compile(r"\b(RB_[A-Z]+) ?(.*)", re.DOTALL)
 
 
-# Every script starts with this flag (the read-only variant sets it, see Script) and the
-# bound on one command's items (redisbuf/store/bounds.py), which scripts enforce.
-LIMITS = (  # also the library's (redisbuf/store/functions.py)
-    f"local RB_MAX_ITEMS, RB_MAX_ADD = {bounds.MAX_ITEMS_PER_COMMAND}, {bounds.MAX_ADD_ITEMS}\n"
-    f"local RB_MAX_ADD_BYTES = {bounds.MAX_ADD_BYTES}\n"
-)
-_FLAG = "local RB_NO_WRITES = {}\n" + LIMITS
-# The remembering variant: the script's body becomes a function whose reply is kept under
-# the batch id (see Script.__call__). The two memory keys and the two extra ARGV are taken
-# off the ends of KEYS and ARGV first, so the body sees only its own.
-# Memory is two generations of one hash each instead of a hash and a time zset: an entry
-# costs one small hash field (the id, a tag and the reply's JSON), and forgetting is one
-# UNLINK + RENAME when the current generation (begun at its field "~since", server ms) is
-# older than the window, so an id is remembered for at least the window and at most about
-# twice it. The tag (one character per script, TAG below) keeps a script from taking
-# another's reply kept under the same id (add's two calls share one: the commit's reply
-# replaces the reservation's).
-_REMEMBER = """local rb_window_ms = tonumber(table.remove(ARGV))
-local rb_batch = table.remove(ARGV)
-local rb_older = table.remove(KEYS)
-local rb_memory = table.remove(KEYS)
-local rb_seen = redis.call('HGET', rb_memory, rb_batch)
-local rb_in_older = false
-if not rb_seen then
-  rb_seen = redis.call('HGET', rb_older, rb_batch)
-  rb_in_older = rb_seen ~= false
-end
-if rb_seen and string.sub(rb_seen, 1, 1) == 'TAG' then
-  return cjson.decode(string.sub(rb_seen, 2))
-end
-local function rb_body()
-BODY
-end
-local rb_reply = rb_body()
-if type(rb_reply) == 'table' and (rb_reply.err or rb_reply.ok) then return rb_reply end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  local rb_time = redis.call('TIME')
-  local rb_now = tonumber(rb_time[1]) * 1000 + math.floor(tonumber(rb_time[2]) / 1000)
-  local rb_since = tonumber(redis.call('HGET', rb_memory, '~since'))
-  if rb_since and rb_now - rb_since >= rb_window_ms then
-    redis.call('UNLINK', rb_older)
-    redis.call('RENAME', rb_memory, rb_older)
-    rb_since = nil
-  elseif rb_in_older then
-    redis.call('HDEL', rb_older, rb_batch)
-  end
-  if not rb_since then redis.call('HSET', rb_memory, '~since', rb_now) end
-  redis.call('HSET', rb_memory, rb_batch, 'TAG' .. cjson.encode(rb_reply))
-end
-return rb_reply
-"""
-# The tag of a script's remembered replies (see _REMEMBER); "=" for the others.
+# Every script starts with the flag RB_NO_WRITES (the read-only variant sets it, see
+# Script) and the bounds of redisbuf/store/bounds.py, which scripts enforce.
+
+
+def limits() -> str:
+    """lua/_limits.lua, filled: also the functions library's (redisbuf/store/functions.py)."""
+    return template(
+        "limits",
+        MAX_ITEMS=bounds.MAX_ITEMS_PER_COMMAND,
+        MAX_ADD=bounds.MAX_ADD_ITEMS,
+        MAX_ADD_BYTES=bounds.MAX_ADD_BYTES,
+    )
+
+
+def remembering_source(body: str, name: str) -> str:
+    """lua/_remember.lua around ``body``, with script ``name``'s tag (see Script.__call__)."""
+    return template("remember", BODY=body.rstrip("\n"), TAG=tag_of(name))
+
+
+# The tag of a script's remembered replies (see lua/_remember.lua); "=" for the others.
 _TAGS = {"add_reserve": "r", "add_commit": "c"}
 
 
@@ -123,7 +177,7 @@ def tag_of(name: str) -> str:
 
 def remembered(value: bytes | None, name: str) -> Any:
     """The reply of script ``name`` in a batch memory entry ``value``, or None when the
-    entry is missing or another script's (see _REMEMBER)."""
+    entry is missing or another script's (see lua/_remember.lua)."""
     if value is None or value[:1] != tag_of(name).encode():
         return None
     return json.loads(value[1:])
@@ -150,17 +204,33 @@ class Script:
         self.name = name
         # which of the three variants this is (the library registers each, see functions.py)
         self.variant = "ro" if read_only else "once" if remembering else "plain"
-        body = _FLAG.format("true" if read_only else "false") + source
+        flag = template("flag", NO_WRITES="true" if read_only else "false")
+        body = flag + limits() + source
         if remembering:
-            body = _REMEMBER.replace("BODY\n", body).replace("'TAG'", repr(tag_of(name)))
+            body = remembering_source(body, name)
         self.source = f"#!lua flags=no-writes\n{body}" if read_only else body
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
         # this variant's function in the ``redisbuf`` library (redisbuf/store/functions.py)
         suffix = {"plain": "", "ro": "_ro", "once": "_once"}[self.variant]
         self.function = f"rbs_{name}{suffix}_{self.sha[:12]}"
         self._expanded = source
+        self.keys, self.retry = _contracts(name, source)
         self._read_only: Script | None = self if read_only else None
         self._remembering: Script | None = self if remembering else None
+
+    def check_keys(self, keys: list[str]) -> None:
+        """Raise ValueError unless ``keys`` (without the remembering variant's two memory
+        keys) is a count the script's ``-- @keys`` line allows."""
+        if self.keys is None:
+            return
+        low, high = self.keys
+        count = len(keys) - (2 if self.variant == "once" else 0)
+        if count < low or (high is not None and count > high):
+            allowed = f"{low}" if high == low else f"{low}..{'' if high is None else high}"
+            raise ValueError(
+                f"lua/{self.name}.lua takes {allowed} keys (its header's @keys line), "
+                f"a call passed {count}"
+            )
 
     @property
     def remembering(self) -> Script:
@@ -223,7 +293,7 @@ class Script:
         """Run the script. With ``batch = (batch_id, [memory_key, older_key],
         remember_seconds)`` it runs at most once per batch id: the reply is remembered
         (a hash field of ``memory_key``, moved to ``older_key`` with the rest of its
-        generation, see _REMEMBER) for at least ``remember_seconds``, and a repeated call
+        generation, see lua/_remember.lua) for at least ``remember_seconds``, and a repeated call
         returns it without running the script, so a call retried after a lost reply does
         not insert twice. Error replies are not remembered, nor anything once the
         buffer's meta (KEYS[1]) is gone.
@@ -232,6 +302,11 @@ class Script:
         the script on the same connection and ``(reply, its reply)`` is returned; its
         error reply is returned, not raised."""
         if batch is not None:
+            if self.retry not in (None, "remembered"):
+                raise ValueError(
+                    f"lua/{self.name}.lua is declared '@retry {self.retry}': it has no "
+                    "remembering variant to run under a batch id"
+                )
             batch_id, memory_keys, seconds = batch
             return self.remembering(
                 client, [*keys, *memory_keys], [*args, batch_id, int(seconds * 1000)], then=then
@@ -251,6 +326,25 @@ class Script:
                 raise refused from None  # the script writes more than bookkeeping
         except redis.exceptions.ResponseError as exc:
             raise translate(exc) from exc
+
+
+def _contracts(
+    name: str, source: str
+) -> tuple[tuple[int, int | None] | None, str | None]:
+    """The ``(low, high)`` key count (high None: no upper bound) and the retry kind that
+    ``source``'s header declares (None where it has no such line: a script made
+    elsewhere than lua/); ValueError for a malformed or repeated line."""
+    counts = _KEYS.findall(source)
+    kinds = _RETRY.findall(source)
+    if len(counts) > 1 or len(kinds) > 1:
+        raise ValueError(f"lua/{name}.lua declares @keys or @retry more than once")
+    keys: tuple[int, int | None] | None = None
+    if counts:
+        low, dots, high = counts[0]
+        keys = (int(low), int(high) if high else (None if dots else int(low)))
+    if kinds and kinds[0] not in RETRY_KINDS:
+        raise ValueError(f"lua/{name}.lua: '@retry {kinds[0]}' is not one of {RETRY_KINDS}")
+    return keys, (kinds[0] if kinds else None)
 
 
 def translate(exc: redis.exceptions.ResponseError) -> Exception:
@@ -314,6 +408,7 @@ def command(client: Any, script: Script, keys: list[str], args: list[Any]) -> li
     script of lua/ in each variant), else ``EVALSHA``."""
     from .functions import script_functions
 
+    script.check_keys(keys)
     if script.function in script_functions() and uses_functions(client):
         if script.name in READS and script.variant == "plain":
             script = script.read_only

@@ -1,0 +1,40 @@
+-- Template of the functions library (redisbuf/store/functions.py), nothing to fill: the
+-- grant check of every registered function that changes a buffer. ACL has no
+-- per-function rule, so the functions check it themselves (redis.acl_check_cmd): the
+-- caller needs PUBLISH permission on the channel rb:{NAME}:grant:GRANT of the buffer its
+-- KEYS[1] belongs to (the roles of redisbuf/ops/acl.py; functions.GRANTS says which grant
+-- each script asks). A user with every channel (the default user) or the buffer's
+-- (rb:{NAME}:*, the admin role) passes every check. grant nil asks nothing.
+-- "rate": rate_limit.lua admits inserts (actor) and samples (learner): ARGV[1] says which.
+-- "config": the settings every opening process passes: "admin" when one is given,
+-- nothing when none is. "create": "admin" when the buffer does not exist yet.
+-- Returns nil when allowed, else a NOPERM error reply.
+local RB_GRANT_VERBS = {add = 'add to', sample = 'sample from',
+  priority = 'update the priorities of', admin = 'configure, clear or restore'}
+local function rb_refused(keys, args, grant)
+  if grant == nil then return nil end
+  if grant == 'rate' then
+    grant = (args[1] == 'insert' or args[1] == 'unsert') and 'add' or 'sample'
+  elseif grant == 'config' then
+    -- every process opening the buffer calls it; with nothing asked it only reads
+    local asked = false
+    for i = 1, #args do asked = asked or args[i] ~= '' end
+    if not asked then return nil end
+    grant = 'admin'
+  elseif grant == 'create' then
+    -- every process opening the buffer with a capacity calls it; on an existing buffer it
+    -- only reads (the caller compares the settings)
+    if redis.call('EXISTS', keys[1]) == 1 then return nil end
+    grant = 'admin'
+  end
+  local prefix = string.match(tostring(keys[1]), '^rb:{[^}]*}:')
+  if not prefix then
+    return redis.error_reply('RB_INVALID KEYS[1] must be a key of a buffer (rb:{NAME}:...)')
+  end
+  local channel = prefix .. 'grant:' .. grant
+  -- a server without ACL checks in Lua (fakeredis) has no users to tell apart
+  if not redis.acl_check_cmd or redis.acl_check_cmd('PUBLISH', channel, '') then return nil end
+  return redis.error_reply('NOPERM this user may not ' .. RB_GRANT_VERBS[grant] .. ' buffer '
+    .. string.sub(prefix, 5, -3) .. ' (its ACL role grants no PUBLISH on ' .. channel
+    .. ', see redisbuf acl)')
+end
