@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import redis
 
 from ..control.remote import RemoteScorer
 from ..errors import (
-    BufferShardedError,
     ConfigMismatchError,
     DecodeError,
     EmptyBufferError,
@@ -22,7 +18,6 @@ from ..errors import (
     PerBusyError,
     RateLimitTimeoutError,
     RequestTooLargeError,
-    SchemaError,
     ShardedBufferError,
     WaitTimeoutError,
 )
@@ -48,22 +43,18 @@ from ..store.connection import (
 from ..store.containers import (
     KINDS,
     ContainerKind,
-    describe_schema_difference,
     kind_of,
 )
-from ..store.keys import BufferKeys, decode_meta, format_id, keeps_rewards, pack_ids
+from ..store.keys import BufferKeys, decode_meta, pack_ids
 from . import quarantine
 from .checkpoint import Checkpointing
 from .insert import AddResult, Inserting
+from .inspection import Inspecting
+from .opening import Opening
 
-#: Layout of a buffer's keys in Redis (meta ``format_version``).
-FORMAT_VERSION = 1
 DEFAULT_MAX_ITEM_BYTES = 64 * 1024 * 1024
 #: how long ``sample(..., block=True)`` waits when the call gives no ``timeout``
 BLOCK_TIMEOUT = 30.0
-#: Seconds a buffer remembers an add's batch id by default (``retry_window``), so that a
-#: retried add is not inserted twice (see Script.__call__): far longer than any retry takes.
-DEFAULT_RETRY_WINDOW = 600.0
 
 
 def _check_add_bound(name: str, blobs: list[bytes]) -> None:
@@ -93,15 +84,9 @@ class SampleInfo:
     importance_weights: np.ndarray | None = None
 
 
-@dataclass
-class _Config:
-    capacity: int
-    eviction: str
-    meta: dict[str, str] = field(default_factory=dict)
-    retry_window: float = DEFAULT_RETRY_WINDOW
 
 
-class ReplayBuffer(Inserting, Checkpointing):
+class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
     """A replay buffer stored in Redis under ``name``, shared by all processes using it.
 
     Args:
@@ -333,113 +318,6 @@ class ReplayBuffer(Inserting, Checkpointing):
         if loaded.retry == "safe" or (loaded.retry == "draw" and not counted):
             return retrying(lambda: run(self.client, keys, args), name=self.client)
         return run(self.client, keys, args)
-
-    def _open(self, capacity: int | None, eviction: str, retry_window: float | None) -> _Config:
-        if capacity is None:
-            meta = decode_meta(self.client.hgetall(self.keys.meta))
-            if not meta:
-                self._refuse_sharded()
-                raise ConfigMismatchError(
-                    f"buffer {self.name!r} does not exist; give a capacity to create it"
-                )
-        else:
-            window = DEFAULT_RETRY_WINDOW if retry_window is None else retry_window
-            try:
-                reply = self._run(
-                    "init",
-                    [self.keys.meta, self.keys.shards],
-                    [capacity, eviction, FORMAT_VERSION, int(time.time()), repr(float(window))],
-                )
-            except BufferShardedError:
-                self._refuse_sharded()
-                raise
-            meta = decode_meta(dict(zip(reply[::2], reply[1::2], strict=True)))
-        if "capacity" not in meta or "eviction" not in meta:
-            raise ConfigMismatchError(
-                f"buffer meta {self.keys.meta} has no configuration (fields: {sorted(meta)}); "
-                "drop the buffer to reuse the name"
-            )
-        stored = _Config(
-            int(meta["capacity"]),
-            meta["eviction"],
-            meta,
-            float(meta.get("retry_window", DEFAULT_RETRY_WINDOW)),
-        )
-        if int(meta.get("format_version", FORMAT_VERSION)) > FORMAT_VERSION:
-            raise ConfigMismatchError(
-                f"buffer {self.name!r} was written by a newer redisbuf "
-                f"(format {meta['format_version']}, this one reads {FORMAT_VERSION})"
-            )
-        if capacity is not None and stored.capacity != capacity:
-            raise ConfigMismatchError(
-                f"buffer {self.name!r} exists with capacity {stored.capacity}, "
-                f"not {capacity} (capacity mismatch)"
-            )
-        if capacity is not None and stored.eviction != eviction:
-            raise ConfigMismatchError(
-                f"buffer {self.name!r} exists with eviction policy {stored.eviction!r}, "
-                f"not {eviction!r} (prioritized_capacity mismatch)"
-            )
-        if retry_window is not None and stored.retry_window != float(retry_window):
-            raise ConfigMismatchError(
-                f"buffer {self.name!r} exists with retry_window {stored.retry_window:g} s, "
-                f"not {float(retry_window):g} s (retry_window mismatch)"
-            )
-        if "schema" in meta:
-            self._schema_json = meta["schema"]
-            self._schema = json.loads(meta["schema"])
-        return stored
-
-    def _refuse_sharded(self) -> None:
-        """Raise ConfigMismatchError if ``name`` is a sharded buffer's: a plain buffer of
-        that name would hide it from every process (see lua/init.lua)."""
-        raw = self.client.hget(self.keys.shards, "layout")
-        if raw is None:
-            return
-        count = json.loads(raw).get("shards")
-        raise ConfigMismatchError(
-            f"buffer {self.name!r} is sharded ({count} shards), not 1 (shards mismatch): "
-            f"open it with shards={count} or ShardedReplayBuffer.open; nothing was written"
-        )
-
-    def _stored_schema(self) -> dict[str, Any] | None:
-        if self._schema is None:
-            raw = self.client.hget(self.keys.meta, "schema")
-            if raw is not None:
-                self._schema_json = raw.decode()
-                self._schema = json.loads(self._schema_json)
-                self.kind = self._schema["kind"]
-        return self._schema
-
-    def _schema_refusal(self, schema: dict[str, Any]) -> SchemaError:
-        """The error for a batch the server refused by its schema: another process may have
-        fixed the schema first, so it is described against the stored one."""
-        self._forget_schema()
-        stored = self._stored_schema() or {}
-        return SchemaError(
-            f"batch does not fit buffer {self.name!r}: "
-            f"{describe_schema_difference(stored, schema)}"
-        )
-
-    def _forget_schema(self) -> None:
-        self._schema = self._schema_json = None
-        self.kind = None
-
-    def _check_schema(self, schema: dict[str, Any], schema_json: str) -> None:
-        stored = self._stored_schema()
-        if stored is not None and schema_json != self._schema_json:
-            self._forget_schema()  # another process may have dropped and recreated the buffer
-            stored = self._stored_schema()
-        if stored is not None and schema_json != self._schema_json:
-            raise SchemaError(
-                f"batch does not fit buffer {self.name!r}: "
-                f"{describe_schema_difference(stored, schema)}"
-            )
-        if self.kind is not None and schema["kind"] != self.kind:
-            raise SchemaError(
-                f"batch does not fit buffer {self.name!r}: buffer holds {self.kind}, "
-                f"batch is {schema['kind']}"
-            )
 
     # -- writing ------------------------------------------------------------------------
 
@@ -816,147 +694,6 @@ class ReplayBuffer(Inserting, Checkpointing):
                     replica.stamp = _text(stamp_after)
         return int(updated)
 
-    def get(self, ids: list[int] | np.ndarray) -> Any:
-        """The items with these ids, as one batch (KeyError names any id not present).
-
-        Read by HMGETs of at most :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`
-        ids (and about :data:`~redisbuf.store.bounds.MAX_REPLY_BYTES` of blobs) each, so
-        a large call never holds the server for long; it is then not one atomic read:
-        an item evicted between two of them is named by the KeyError."""
-        ids = [int(i) for i in ids]
-        members = [format_id(i) for i in ids]
-        step = bounds.MAX_ITEMS_PER_COMMAND
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hmget(self.keys.items, members[:step])
-        pipe.hget(self.keys.meta, "schema")
-        blobs, schema_json = pipe.execute()
-        start = len(blobs)
-        while start < len(members):
-            present = [len(blob) for blob in blobs if blob is not None]
-            step = bounds.items_for_bytes(sum(present) / len(present) if present else 0)
-            blobs += self.client.hmget(self.keys.items, members[start : start + step])
-            start += step
-        missing = [i for i, blob in zip(ids, blobs, strict=True) if blob is None]
-        if missing:
-            raise KeyError(f"ids not in buffer {self.name!r}: {missing[:10]}")
-        return self.decode(blobs, ids, schema_json)
-
-    def close(self) -> None:
-        """Release the connections of a client this buffer made (from a URL); a client
-        passed in stays open (its owner closes it). The buffer's data stays in Redis."""
-        if self._owns_client:
-            self.client.close()
-
-    def __enter__(self) -> ReplayBuffer:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __len__(self) -> int:
-        return int(self.client.zcard(self.keys.order))
-
-    def __repr__(self) -> str:
-        return (
-            f"ReplayBuffer(name={self.name!r}, capacity={self.capacity}, "
-            f"eviction={self._config.eviction!r}, sampler={self.sampler.name!r})"
-        )
-
-    def top(self, k: int = 10) -> list[tuple[int, float]]:
-        """The ``k`` items of highest log-reward (priority) as ``(id, log_reward)``.
-
-        Read :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` ranks per command: a
-        ``k`` above that is not one atomic read (items added or evicted meanwhile shift
-        the later ranks)."""
-        if k <= 0:
-            return []
-        kept = keeps_rewards(self.client, self.keys)  # else all 0: the newest first
-        rows: list[Any] = []
-        step = bounds.MAX_ITEMS_PER_COMMAND
-        while len(rows) < k:
-            start = len(rows)
-            part = self.client.zrevrange(self.keys.prio if kept else self.keys.order, start,
-                                         min(start + step, k) - 1, withscores=True)
-            rows += part
-            if len(part) < min(step, k - start):
-                break
-        return [(int(member), float(score) if kept else 0.0) for member, score in rows]
-
-    def stats(self) -> dict[str, Any]:
-        """Counters, length, capacity and configuration, plus Redis memory of the keys;
-        data lifetime (:func:`redisbuf.sampling.lifetime.lifetime_stats`: mean use count of present
-        and removed items, mean staleness of sampled items, refused adds), priority
-        min / mean / max, and insert / sample rates (items per second since this
-        process's previous ``stats()``, or since creation on the first)."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.keys.meta)
-        pipe.zcard(self.keys.order)
-        meta_raw, length = pipe.execute()
-        meta = decode_meta(meta_raw)
-        return {
-            "name": self.name,
-            "capacity": int(meta.get("capacity", self.capacity)),
-            "length": int(length),
-            "inserted": int(meta.get("inserted", 0)),
-            "evicted": int(meta.get("evicted", 0)),
-            "sampled": int(meta.get("sampled", 0)),
-            "last_id": int(meta.get("last_id", 0)),
-            "kind": meta.get("kind"),
-            "eviction": meta.get("eviction"),
-            "prioritized_sampling_ready": meta.get("masslog") == "1",
-            "quarantined": int(meta.get("quarantined", 0)),
-            "memory_bytes": self.memory_usage(),
-            **lifetime.lifetime_stats(meta, int(length)),
-            **lifetime.priority_stats(self, meta),
-            **self._rates.rates(meta),
-        }
-
-    def update_model_version(self, session_id: str, model_version: int) -> int:
-        """Make ``model_version`` of ``session_id`` current, for every process (MineStudio's
-        argument order). A new session removes every item; with ``max_staleness``, items
-        whose version is below ``model_version - max_staleness`` are removed, lowest
-        versions first, in commands of at most :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS`
-        items each (redisbuf/store/bounds.py): until the last of them, other processes may
-        still draw an item being removed, and a version another process makes current
-        meanwhile governs the removals left. Later adds are checked against these. Returns
-        the number of items removed."""
-        return lifetime.update_model_version(self, session_id, model_version)
-
-    def memory_usage(self) -> int | None:
-        """Bytes Redis reports for this buffer's keys (None if the server cannot say):
-        its estimate from :data:`~redisbuf.store.bounds.MEMORY_USAGE_SAMPLES` elements of
-        each key, exact for keys of no more elements (counting every element of a key of
-        millions would hold the server for hundreds of milliseconds)."""
-        total = 0
-        try:
-            for key in self.keys.all_keys():
-                used = self.client.memory_usage(key, samples=bounds.MEMORY_USAGE_SAMPLES)
-                total += int(used or 0)
-        except redis.exceptions.ResponseError:
-            return None
-        return total
-
-    # -- lifecycle ----------------------------------------------------------------------
-
-    def clear(self) -> int:
-        """Remove every item, reset the counters; keep capacity, kind and schema.
-        Ids are never reused. Returns the number of items removed."""
-        return int(self._run("clear", self.keys.all_keys(), []))
-
-    def drop(self) -> None:
-        """Delete the buffer entirely, configuration included: every key under its tag
-        (``rb:{name}:*``: its own, the control plane's, a load's staging keys) but those of
-        an EpisodeBuffer, SequenceBuffer or FragmentBuffer of the same name and a sharded
-        buffer's layout (see :meth:`BufferKeys.owns`)."""
-        found = {
-            key.decode() if isinstance(key, bytes) else key
-            for key in self.client.scan_iter(match=self.keys.pattern, count=1000)
-        }
-        extra = sorted(key for key in found - set(self.keys.all_keys()) if self.keys.owns(key))
-        # one script (lua/drop.lua): the buffer's own keys and whatever else of it the SCAN
-        # found go together, and the server frees large values in the background
-        self._run("drop", [*self.keys.all_keys(), *extra], [])
-        self._forget_schema()
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,162 @@
+"""What :class:`~redisbuf.buffers.replay.ReplayBuffer` offers besides adding, drawing and
+priorities: reading items by id, inspecting (length, ``top``, ``stats``, memory), the data
+lifetime's model version, and the lifecycle (``close``, ``clear``, ``drop``)."""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+import numpy as np
+import redis
+
+from ..sampling import lifetime
+from ..store import bounds
+from ..store.keys import decode_meta, format_id, keeps_rewards
+
+
+class Inspecting:
+    """A mixin of :class:`~redisbuf.buffers.replay.ReplayBuffer`: the buffer provides
+    ``client``, ``keys``, ``name``, ``capacity``, ``sampler``, ``_config``, ``_rates``,
+    ``_owns_client``, ``_run``, ``decode`` and ``_forget_schema``."""
+
+    def get(self, ids: list[int] | np.ndarray) -> Any:
+        """The items with these ids, as one batch (KeyError names any id not present).
+
+        Read by HMGETs of at most :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`
+        ids (and about :data:`~redisbuf.store.bounds.MAX_REPLY_BYTES` of blobs) each, so
+        a large call never holds the server for long; it is then not one atomic read:
+        an item evicted between two of them is named by the KeyError."""
+        ids = [int(i) for i in ids]
+        members = [format_id(i) for i in ids]
+        step = bounds.MAX_ITEMS_PER_COMMAND
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.keys.items, members[:step])
+        pipe.hget(self.keys.meta, "schema")
+        blobs, schema_json = pipe.execute()
+        start = len(blobs)
+        while start < len(members):
+            present = [len(blob) for blob in blobs if blob is not None]
+            step = bounds.items_for_bytes(sum(present) / len(present) if present else 0)
+            blobs += self.client.hmget(self.keys.items, members[start : start + step])
+            start += step
+        missing = [i for i, blob in zip(ids, blobs, strict=True) if blob is None]
+        if missing:
+            raise KeyError(f"ids not in buffer {self.name!r}: {missing[:10]}")
+        return self.decode(blobs, ids, schema_json)
+
+    def close(self) -> None:
+        """Release the connections of a client this buffer made (from a URL); a client
+        passed in stays open (its owner closes it). The buffer's data stays in Redis."""
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return int(self.client.zcard(self.keys.order))
+
+    def __repr__(self) -> str:
+        return (
+            f"ReplayBuffer(name={self.name!r}, capacity={self.capacity}, "
+            f"eviction={self._config.eviction!r}, sampler={self.sampler.name!r})"
+        )
+
+    def top(self, k: int = 10) -> list[tuple[int, float]]:
+        """The ``k`` items of highest log-reward (priority) as ``(id, log_reward)``.
+
+        Read :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` ranks per command: a
+        ``k`` above that is not one atomic read (items added or evicted meanwhile shift
+        the later ranks)."""
+        if k <= 0:
+            return []
+        kept = keeps_rewards(self.client, self.keys)  # else all 0: the newest first
+        rows: list[Any] = []
+        step = bounds.MAX_ITEMS_PER_COMMAND
+        while len(rows) < k:
+            start = len(rows)
+            part = self.client.zrevrange(self.keys.prio if kept else self.keys.order, start,
+                                         min(start + step, k) - 1, withscores=True)
+            rows += part
+            if len(part) < min(step, k - start):
+                break
+        return [(int(member), float(score) if kept else 0.0) for member, score in rows]
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, length, capacity and configuration, plus Redis memory of the keys;
+        data lifetime (:func:`redisbuf.sampling.lifetime.lifetime_stats`: mean use count of present
+        and removed items, mean staleness of sampled items, refused adds), priority
+        min / mean / max, and insert / sample rates (items per second since this
+        process's previous ``stats()``, or since creation on the first)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.keys.meta)
+        pipe.zcard(self.keys.order)
+        meta_raw, length = pipe.execute()
+        meta = decode_meta(meta_raw)
+        return {
+            "name": self.name,
+            "capacity": int(meta.get("capacity", self.capacity)),
+            "length": int(length),
+            "inserted": int(meta.get("inserted", 0)),
+            "evicted": int(meta.get("evicted", 0)),
+            "sampled": int(meta.get("sampled", 0)),
+            "last_id": int(meta.get("last_id", 0)),
+            "kind": meta.get("kind"),
+            "eviction": meta.get("eviction"),
+            "prioritized_sampling_ready": meta.get("masslog") == "1",
+            "quarantined": int(meta.get("quarantined", 0)),
+            "memory_bytes": self.memory_usage(),
+            **lifetime.lifetime_stats(meta, int(length)),
+            **lifetime.priority_stats(self, meta),
+            **self._rates.rates(meta),
+        }
+
+    def update_model_version(self, session_id: str, model_version: int) -> int:
+        """Make ``model_version`` of ``session_id`` current, for every process (MineStudio's
+        argument order). A new session removes every item; with ``max_staleness``, items
+        whose version is below ``model_version - max_staleness`` are removed, lowest
+        versions first, in commands of at most :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS`
+        items each (redisbuf/store/bounds.py): until the last of them, other processes may
+        still draw an item being removed, and a version another process makes current
+        meanwhile governs the removals left. Later adds are checked against these. Returns
+        the number of items removed."""
+        return lifetime.update_model_version(self, session_id, model_version)
+
+    def memory_usage(self) -> int | None:
+        """Bytes Redis reports for this buffer's keys (None if the server cannot say):
+        its estimate from :data:`~redisbuf.store.bounds.MEMORY_USAGE_SAMPLES` elements of
+        each key, exact for keys of no more elements (counting every element of a key of
+        millions would hold the server for hundreds of milliseconds)."""
+        total = 0
+        try:
+            for key in self.keys.all_keys():
+                used = self.client.memory_usage(key, samples=bounds.MEMORY_USAGE_SAMPLES)
+                total += int(used or 0)
+        except redis.exceptions.ResponseError:
+            return None
+        return total
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def clear(self) -> int:
+        """Remove every item, reset the counters; keep capacity, kind and schema.
+        Ids are never reused. Returns the number of items removed."""
+        return int(self._run("clear", self.keys.all_keys(), []))
+
+    def drop(self) -> None:
+        """Delete the buffer entirely, configuration included: every key under its tag
+        (``rb:{name}:*``: its own, the control plane's, a load's staging keys) but those of
+        an EpisodeBuffer, SequenceBuffer or FragmentBuffer of the same name and a sharded
+        buffer's layout (see :meth:`BufferKeys.owns`)."""
+        found = {
+            key.decode() if isinstance(key, bytes) else key
+            for key in self.client.scan_iter(match=self.keys.pattern, count=1000)
+        }
+        extra = sorted(key for key in found - set(self.keys.all_keys()) if self.keys.owns(key))
+        # one script (lua/drop.lua): the buffer's own keys and whatever else of it the SCAN
+        # found go together, and the server frees large values in the background
+        self._run("drop", [*self.keys.all_keys(), *extra], [])
+        self._forget_schema()
