@@ -78,7 +78,7 @@ GRANTS: dict[str, str] = {
                      "seq_masslog_read", "seq_replica_read", "enable_per", "enable_tree",
                      # a learner's replica publishes snapshots; its draws set aside
                      # records that do not decode
-                     "snapshot_commit", "quarantine"),
+                     "snapshot_commit", "quarantine", "heap_build"),
                     "sample"),
     **dict.fromkeys(("update_priority", "seq_update_priority"), "priority"),
     "rate_limit": "rate",
