@@ -42,19 +42,18 @@ def filled(redis_server):
 
 
 def _bounded(probe: LatencyProbe, op, what: str, attempts: int = 3):
-    """Run ``op`` beside the probe: no command may exceed SERVER_LIMIT in any run, and the
-    probe's worst reply must stay under PROBE_LIMIT in one of ``attempts`` runs (a loaded
-    machine may keep the probe process itself off the CPU for a while; the server's
-    SLOWLOG says whether the server was the one holding it up)."""
-    probe_worst = []
+    """Run ``op`` beside the probe: in one of ``attempts`` runs no command may exceed
+    SERVER_LIMIT and the probe's worst reply must stay under PROBE_LIMIT. A loaded machine
+    may keep the server or the probe off the CPU for a while (SLOWLOG times are wall
+    clock); a command whose work is unbounded exceeds the limits in every run."""
+    runs = []
     for _ in range(attempts):
         with probe.window() as seen:
             result = op()
-        assert seen.server_worst < SERVER_LIMIT, (what, seen.server_worst, seen.server_command)
-        probe_worst.append(seen.probe_worst)
-        if seen.probe_worst < PROBE_LIMIT:
+        runs.append((seen.server_worst, seen.probe_worst, seen.server_command))
+        if seen.server_worst < SERVER_LIMIT and seen.probe_worst < PROBE_LIMIT:
             return result
-    raise AssertionError(f"{what}: the probe waited {max(probe_worst):.3f} s at worst")
+    raise AssertionError(f"{what}: every run went over (server s, probe s, slowest): {runs}")
 
 
 def test_large_uniform_samples_stay_bounded(filled):

@@ -23,6 +23,10 @@ from __future__ import annotations
 #: ``top``, selectors, windows, sequence and episode draws, exports).
 MAX_ITEMS_PER_COMMAND = 2048
 
+#: Windows one ``SequenceBuffer.get_batch`` draws: one script chooses them all, so a
+#: larger batch is refused (the scripts enforce the same number, RB_MAX_ITEMS).
+MAX_WINDOWS_PER_DRAW = MAX_ITEMS_PER_COMMAND
+
 #: A batch ``add`` is one atomic command (readers see all of it or none), so it is
 #: refused above this many items instead of being split (:class:`RequestTooLargeError`).
 #: Storing an item (order, log-reward, time, eviction of another) costs several times
