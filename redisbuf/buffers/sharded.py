@@ -75,8 +75,9 @@ from ..store import bounds, scripts
 from ..store.connection import as_client, guarded, is_cluster
 from ..store.containers import kind_of, schema_to_json
 from ..store.keys import BufferKeys
-from .checkpoint import ShardedCheckpointing, saved_shard_count
+from .checkpoint import ShardedCheckpointing
 from .replay import AddResult, ReplayBuffer
+from .savefile import saved_shard_count
 from .sharded_draws import BATCH_LAWS, ShardedSampling
 from .sharded_draws import SHARD_LOST as _SHARD_LOST
 

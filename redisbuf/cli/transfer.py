@@ -120,7 +120,7 @@ def run_export(args: argparse.Namespace) -> int:
             )
     finally:
         client.close()
-    from ..buffers.checkpoint import saved_shard_count
+    from ..buffers.savefile import saved_shard_count
 
     header = read_header(path)
     per = header.get("per") is not None
@@ -156,7 +156,7 @@ def _kept(per: bool) -> str:
 
 def read_header(path: Path) -> dict[str, Any]:
     """The checked header of a save file (raises DecodeError / CommandError)."""
-    from ..buffers.checkpoint import _read_header
+    from ..buffers.savefile import _read_header
     from ..errors import DecodeError
 
     if not path.is_file():
@@ -172,8 +172,8 @@ def read_header(path: Path) -> dict[str, Any]:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from ..buffers.checkpoint import saved_shard_count
     from ..buffers.replay import ReplayBuffer
+    from ..buffers.savefile import saved_shard_count
     from ..sampling.samplers import PERSampler
 
     path = Path(args.file)
