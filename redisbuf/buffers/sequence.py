@@ -46,7 +46,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -62,10 +62,10 @@ from ..sampling.samplers import _fill_holes, _spares_for, packed_uniforms
 from ..store import _torch, bounds, codec, scripts
 from ..store.connection import as_client
 from ..store.keys import PREFIX, pack_ids, validate_name
+from .sequence_reads import _DISCOUNTED_RETURN, BatchInfo, SequenceReading, _as_int_array
 
 # ALF's StepType values
 FIRST, MID, LAST = 0, 1, 2
-_DISCOUNTED_RETURN = "discounted_return"
 _TRIES = 4  # candidate draws per window and call before rejection gives up
 _ROUNDS = 50  # draws before giving up on filling a batch (prioritized rejections, races)
 # Prioritized draws: the fewest spare draws sent per draw (lua/seq_sample.lua uses them in
@@ -132,16 +132,6 @@ class SequenceKeys:
         ), strict=True))
 
 
-class BatchInfo(NamedTuple):
-    """Where the windows of a batch come from (ALF's ``BatchInfo``), shapes ``[B]``.
-
-    ``importance_weights``: the window's first-step priority divided by the mean of the
-    non-zero priorities of the stored steps, as ALF (1.0 under uniform sampling).
-    """
-
-    env_ids: np.ndarray
-    positions: np.ndarray
-    importance_weights: np.ndarray
 
 
 def _flatten(batch: Any, prefix: str = "") -> dict[str, Any]:
@@ -183,14 +173,9 @@ def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _as_int_array(values: Any, name: str) -> np.ndarray:
-    array = np.asarray(values.cpu() if _torch.is_tensor(values) else values)
-    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-        raise InvalidBatchError(f"{name} must be a 1-D array of integers, got {array!r:.80}")
-    return array.astype(np.int64)
 
 
-class SequenceBuffer:
+class SequenceBuffer(SequenceReading):
     """Per-environment ring buffers of steps in Redis, shared by every process using them.
 
     Args:
@@ -719,155 +704,6 @@ class SequenceBuffer:
                     replica.version = int(after)
                     replica.stamp = _str(stamp_after)
         return int(updated)
-
-    # -- episode queries ---------------------------------------------------------------
-
-    def _episodes(self, pos: Any, env_ids: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        ids = _as_int_array(env_ids, "env_ids")
-        p = _as_int_array(pos, "pos")
-        ids, p = np.broadcast_arrays(ids, p)
-        args: list[Any] = [len(p)]
-        for e, q in zip(ids.tolist(), p.tolist(), strict=True):
-            args += [e, q]
-        reply = np.asarray(self._run("seq_episode", self._keys, args), dtype=np.int64)
-        return p, reply[0::2], reply[1::2]
-
-    def get_episode_begin_position(self, pos: Any, env_ids: Any) -> np.ndarray:
-        """Position of the first step of each step's episode (maybe no longer stored)."""
-        return self._episodes(pos, env_ids)[1]
-
-    def steps_to_episode_end(self, pos: Any, env_ids: Any) -> np.ndarray:
-        """Steps from ``pos`` to the last stored step of its episode (its end once ended)."""
-        p, _, last = self._episodes(pos, env_ids)
-        return last - p
-
-    def get_field(self, field_name: str, env_ids: Any, positions: Any) -> Any:
-        """Field ``field_name`` ('.'-separated path, or ``discounted_return``) of stored steps,
-        shaped like the broadcast of ``env_ids`` and ``positions``."""
-        ids = _as_int_array(np.ravel(env_ids), "env_ids")
-        pos = _as_int_array(np.ravel(positions), "positions")
-        shape = np.broadcast_shapes(np.shape(env_ids), np.shape(positions))
-        ids, pos = (
-            a.reshape(-1)
-            for a in np.broadcast_arrays(
-                ids.reshape(np.shape(env_ids)), pos.reshape(np.shape(positions))
-            )
-        )
-        names = [f"{e}:{p}" for e, p in zip(ids.tolist(), pos.tolist(), strict=True)]
-        if field_name == _DISCOUNTED_RETURN and self.record_episodic_return:
-            blobs, raw = self._read_steps(names)
-            self._missing(blobs, names)
-            values = [self.default_return if r is None else float(r) for r in raw]
-            return np.asarray(values, dtype=np.float32).reshape(shape)
-        blobs = self._read_steps(names, with_returns=False)[0]
-        self._missing(blobs, names)
-        schema = self._stored_schema()
-        if field_name not in schema:
-            raise KeyError(f"no field {field_name!r}; fields: {sorted(schema)}")
-        data = self._decode(blobs, (len(names),))
-        for part in field_name.split("."):
-            data = data[part]
-        return data.reshape((*shape, *tuple(schema[field_name]["shape"])))
-
-    @staticmethod
-    def _missing(blobs: list[Any], names: list[str]) -> None:
-        gone = [name for name, blob in zip(names, blobs, strict=True) if blob is None]
-        if gone:
-            raise KeyError(f"steps not stored (env:pos): {gone[:5]}")
-
-    def _read(self, args: list[Any]) -> tuple[dict[str, Any], BatchInfo]:
-        reply = self._run("seq_read", self._keys, args)
-        count, b = int(reply[0]), int(reply[1])
-        envs = np.asarray(reply[2 : 2 + b], dtype=np.int64)
-        starts = np.asarray(reply[2 + b : 2 + 2 * b], dtype=np.int64)
-        at = 2 + 2 * b
-        data = self._decode(reply[at : at + b * count], (b, count))
-        self._with_returns(data, reply[at + b * count :], (b, count))
-        return data, BatchInfo(envs, starts, np.ones(b, dtype=np.float32))
-
-    def gather_all(self, ignore_earliest_frames: bool = False) -> tuple[dict[str, Any], BatchInfo]:
-        """Every stored step, shaped ``[num_environments, T, ...]`` (all environments must
-        hold the same number of steps), with ``positions`` = each env's first returned
-        step; ``ignore_earliest_frames`` leaves out the oldest
-        ``num_earliest_frames_ignored`` steps of each environment (ALF).
-
-        Up to :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` steps are read by one
-        atomic command. A larger buffer is read in commands of at most that many steps
-        (redisbuf/store/bounds.py): the environments' ranges first, then their steps. The
-        result is the buffer as it was when the ranges were read (a field ``"e:p"`` only
-        ever names one step and a stored step never changes; returns are those at the read
-        of each environment's steps when they fit one command); when a step was evicted
-        before it was read, the whole read is made again (3 tries, then
-        :class:`~redisbuf.errors.SamplingError`)."""
-        skip = self.num_earliest_frames_ignored if ignore_earliest_frames else 0
-        bound = bounds.MAX_ITEMS_PER_COMMAND
-        for _ in range(3):
-            starts, nexts = self._env_ranges(np.arange(self.num_environments))
-            sizes = nexts - starts
-            if (sizes != sizes[0]).any():
-                e = int(np.flatnonzero(sizes != sizes[0])[0])
-                raise InvalidBatchError(
-                    f"environments hold different numbers of steps (env 0: {sizes[0]}, env "
-                    f"{e}: {sizes[e]})"
-                )
-            skipped = min(skip, int(sizes[0]))
-            count = int(sizes[0]) - skipped
-            if self.num_environments <= bound and count * self.num_environments <= bound:
-                try:
-                    return self._read(["gather", skip])
-                except RequestTooLargeError:
-                    continue  # steps were added since the ranges were read
-            first = starts + skipped
-            names = [f"{e}:{p}" for e in range(self.num_environments)
-                     for p in range(int(first[e]), int(first[e]) + count)]
-            blobs, returns = self._read_steps(names, count)
-            if any(blob is None for blob in blobs):
-                continue  # evicted while read: read the ranges again
-            shape = (self.num_environments, count)
-            data = self._decode(blobs, shape)
-            self._with_returns(data, returns, shape)
-            info = BatchInfo(np.arange(self.num_environments, dtype=np.int64),
-                             first.astype(np.int64),
-                             np.ones(self.num_environments, dtype=np.float32))
-            return data, info
-        raise SamplingError(
-            f"sequence buffer {self.name!r}: steps were evicted while gather_all read them, "
-            "3 times"
-        )
-
-    def _env_ranges(self, env_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(oldest stored position, next position) of each environment, read in commands of
-        at most the bound's fields (one pipeline)."""
-        fields = [f"{kind}:{e}" for e in env_ids.tolist() for kind in ("start", "next")]
-        pipe = self.client.pipeline(transaction=False)
-        for start, stop in bounds.chunks(len(fields)):
-            pipe.hmget(self._keys[2], fields[start:stop])
-        raw = [value for reply in pipe.execute() for value in reply]
-        values = np.array([int(v or 0) for v in raw], dtype=np.int64)
-        return values[0::2], values[1::2]
-
-    def dequeue(self, n: int = 1, env_ids: Any = None) -> dict[str, Any]:
-        """Remove and return the oldest ``n`` steps of each environment in ``env_ids``
-        (all when None), shaped ``[len(env_ids), n, ...]`` (ALF returns no BatchInfo
-        here either), in one atomic command. Raises :class:`EmptyBufferError`, removing
-        nothing, when one holds fewer than ``n``; :class:`RequestTooLargeError`, removing
-        nothing, when ``n * len(env_ids)`` is above
-        :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS` (removing a step costs the server
-        what storing one does, and an atomic removal cannot be split: dequeue fewer
-        environments per call)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive integer, got {n!r}")
-        ids = (
-            np.arange(self.num_environments)
-            if env_ids is None
-            else _as_int_array(env_ids, "env_ids")
-        )
-        if n * len(ids) > bounds.MAX_ADD_ITEMS:
-            raise RequestTooLargeError(
-                f"one dequeue removes at most {bounds.MAX_ADD_ITEMS} steps (n * environments), "
-                f"asked for {n} of {len(ids)} environments: pass env_ids in smaller groups"
-            )
-        return self._read(["dequeue", n, *ids.tolist()])[0]
 
     # -- inspection --------------------------------------------------------------------
 
