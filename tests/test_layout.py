@@ -88,3 +88,12 @@ def test_lua_scripts_are_found():
 
     assert (lua_dir() / "add.lua").is_file()
     assert load("add").source
+
+
+def test_no_module_over_800_lines():
+    long = {
+        str(path.relative_to(ROOT)): count
+        for path in ROOT.rglob("*.py")
+        if (count := len(path.read_text().splitlines())) > 800
+    }
+    assert long == {}, f"split these modules (800 lines at most): {long}"
