@@ -16,7 +16,7 @@ from ..store import bounds
 from .samplers import Draw, _draw_then_fetch
 
 if TYPE_CHECKING:
-    from ..buffers.replay import ReplayBuffer
+    from .base import BufferView
 
 _SCORES = ("log_reward", "priority")
 
@@ -26,10 +26,10 @@ class _Selector:
     _order = ""
     by = "log_reward"
 
-    def prepare(self, buffer: ReplayBuffer) -> None:
+    def prepare(self, buffer: BufferView) -> None:
         return None
 
-    def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
+    def draw(self, buffer: BufferView, n: int, rng: np.random.Generator) -> Draw:
         """The first ``n`` items of the order (repeating it when ``n`` exceeds the
         length), read by one command: ``n`` above
         :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` raises
