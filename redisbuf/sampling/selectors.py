@@ -23,12 +23,12 @@ _SCORES = ("log_reward", "priority")
 _HEAP_ATTEMPTS = 3
 
 
-def build_heap(buffer: ReplayBuffer) -> int:
+def build_heap(buffer: BufferView) -> int:
     """Build the buffer's priority heap (the ``perheap`` zset the selectors by PER
     priority read) in bounded slices (lua/heap_build.lua): no command holds the server
     long, and changes made meanwhile are kept. Returns the number of calls it took."""
     calls = 1
-    while not int(buffer._run("heap_build", buffer.keys.all_keys(), [])):
+    while not int(buffer.run("heap_build", buffer.keys.all_keys(), [])):
         calls += 1
     return calls
 
