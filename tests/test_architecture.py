@@ -83,14 +83,16 @@ def buffer_private_names() -> set[str]:
     for path in (ROOT / "buffers").rglob("*.py"):
         tree = ast.parse(path.read_text(), str(path))
         for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for node in cls.body:  # class attributes (dataclass fields included)
+                targets = (node.targets if isinstance(node, ast.Assign)
+                           else [node.target] if isinstance(node, ast.AnnAssign) else [])
+                names.update(t.id for t in targets if isinstance(t, ast.Name))
             for node in ast.walk(cls):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     names.add(node.name)
                 elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
                     if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
                         names.add(node.attr)
-                elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                    names.add(node.target.id)  # a class-level (dataclass) field
     return {n for n in names if n.startswith("_") and not n.startswith("__")}
 
 
@@ -152,8 +154,8 @@ def test_checkers_catch_every_import_form(tmp_path, monkeypatch):
         (pkg / sub / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "buffers" / "replay.py").write_text(
-        "class B:\n    def __init__(self):\n        self._keys = 1\n    def _run(self):\n"
-        "        pass\n"
+        "class B:\n    _cache = None\n    def __init__(self):\n        self._keys = 1\n"
+        "    def _run(self):\n        _local: int = 0\n"
     )
     (pkg / "sampling" / "a.py").write_text("from ..buffers.replay import B\n")
     (pkg / "sampling" / "b.py").write_text("from .. import buffers\n")
@@ -173,7 +175,7 @@ def test_checkers_catch_every_import_form(tmp_path, monkeypatch):
         "redisbuf.sampling.a", "redisbuf.sampling.b", "redisbuf.sampling.c", "redisbuf.store",
     ]
     names = buffer_private_names()
-    assert names == {"_keys", "_run"}
+    assert names == {"_cache", "_keys", "_run"}
     assert private_uses(names) == [
         "redisbuf.other:2 uses buffer._run", "redisbuf.other:3 uses buffer._keys",
     ]

@@ -337,7 +337,7 @@ class MassReplica:
 
     def _read_log(self, buffer: BufferView, *extra: Any) -> list[Any]:
         return buffer.run("masslog_read", buffer.keys.all_keys(),
-                           [self.epoch, self.version, self.stamp, *extra])
+                          [self.epoch, self.version, self.stamp, *extra])
 
     def sync(self, buffer: BufferView) -> set[int] | None:
         """Catch up with the buffer now (one round trip when current or close behind);
