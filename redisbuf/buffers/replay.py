@@ -27,6 +27,7 @@ from ..errors import (
     WaitTimeoutError,
 )
 from ..sampling import lifetime, limiters
+from ..sampling.base import BufferView
 from ..sampling.samplers import (
     Draw,
     PrioritizedSampler,
@@ -51,7 +52,14 @@ from ..store.containers import (
     describe_schema_difference,
     kind_of,
 )
-from ..store.keys import BufferKeys, decode_meta, format_id, keeps_rewards, pack_ids
+from ..store.keys import (  # DEFAULT_RETRY_WINDOW: importable from here too
+    DEFAULT_RETRY_WINDOW,
+    BufferKeys,
+    decode_meta,
+    format_id,
+    keeps_rewards,
+    pack_ids,
+)
 from . import quarantine
 
 # FILE_MAGIC, SAVE_FORMAT_VERSION, Progress: importable from here as from redisbuf.buffer
@@ -63,9 +71,6 @@ FORMAT_VERSION = 1
 DEFAULT_MAX_ITEM_BYTES = 64 * 1024 * 1024
 #: how long ``sample(..., block=True)`` waits when the call gives no ``timeout``
 BLOCK_TIMEOUT = 30.0
-#: Seconds a buffer remembers an add's batch id by default (``retry_window``), so that a
-#: retried add is not inserted twice (see Script.__call__): far longer than any retry takes.
-DEFAULT_RETRY_WINDOW = 600.0
 # Scripts that may run twice with the same effect (set-if-absent, then compare; samplers
 # retry by name, "sample*", unless max_use makes a draw count): retried like reads.
 _REPEATABLE_SCRIPTS = frozenset(
@@ -169,9 +174,6 @@ class ReplayBuffer(Inserting, Checkpointing):
             masters); fixed at creation.
     """
 
-    # UniformSampler's record of the ids the last draw saw (samplers._IdRange)
-    _uniform_ids: Any = None
-
     def __init__(
         self,
         redis_or_url: Any = None,
@@ -244,6 +246,11 @@ class ReplayBuffer(Inserting, Checkpointing):
         self.name = name
         self.max_item_bytes = max_item_bytes
         self.rng = np.random.default_rng(seed)
+        #: what the buffer's parts (sampler, limiter, lifetime rules, replicas) see of it;
+        #: its runner looks ``_run`` up at each call, so that a runner wrapped on this
+        #: object (tests count or race its calls) is the parts' too
+        self.view = BufferView(name, self.client, self.keys,
+                               lambda *args, **kwargs: self._run(*args, **kwargs))
         self._schema: dict[str, Any] | None = None
         self._schema_json: str | None = None
         self._config = self._open(
@@ -259,15 +266,16 @@ class ReplayBuffer(Inserting, Checkpointing):
                 f"buffer {name!r} holds {stored_kind}, not {kind} (container kind mismatch)"
             )
         self.kind = kind or stored_kind
-        self.max_use, self.max_staleness = lifetime.configure(self, max_use, max_staleness)
+        self.max_use, self.max_staleness = lifetime.configure(
+            self.view, max_use, max_staleness)
         # an item's last use removes it inside the drawing script: fetch blobs there too
-        self.fetch_inline = self.max_use is not None
+        self.fetch_inline = self.view.fetch_inline = self.max_use is not None
         self._rates = lifetime.RateMeter()
-        self.rate_limiter = limiters.configure(self, rate_limiter)
+        self.rate_limiter = limiters.configure(self.view, rate_limiter)
         if sampler is None:
             sampler = PrioritizedSampler() if prioritized_sampling else UniformSampler()
         self.sampler = sampler
-        self.sampler.prepare(self)
+        self.sampler.prepare(self.view)
         # torchgfn's lazy_sort defers its per-add sort and truncation to a flush at twice
         # the capacity. Eviction here is incremental (sorted sets, O(log capacity) per
         # item), so there is no sort to defer, and the items kept are those a flush keeps.
@@ -280,7 +288,7 @@ class ReplayBuffer(Inserting, Checkpointing):
         self.remote: RemoteScorer | None = None
         if remote_manager_rank is not None:
             self.remote = RemoteScorer(
-                self, remote_manager_rank, remote_buffer_freq, async_score, baseline_filtering,
+                self.view, remote_manager_rank, remote_buffer_freq, async_score, baseline_filtering,
                 baseline_refresh_after, scoring_only, communication_backend, timing,
             )
 
@@ -417,6 +425,16 @@ class ReplayBuffer(Inserting, Checkpointing):
                 self.kind = self._schema["kind"]
         return self._schema
 
+    def stored_schema(self, refresh: bool = False) -> dict[str, Any] | None:
+        """The schema the buffer holds (its container kind and fields, fixed by the first
+        add and kept in its meta), None while none is stored. Once read it is remembered
+        (it changes only when the buffer is dropped and made again); ``refresh=True``
+        reads it from the server again (another process may have dropped the buffer and
+        made it again with other data)."""
+        if refresh:
+            self._forget_schema()
+        return self._stored_schema()
+
     def _schema_refusal(self, schema: dict[str, Any]) -> SchemaError:
         """The error for a batch the server refused by its schema: another process may have
         fixed the schema first, so it is described against the stored one."""
@@ -512,15 +530,15 @@ class ReplayBuffer(Inserting, Checkpointing):
                 )
         limiter = self.rate_limiter
         if limiter is not None:
-            limiters.acquire(self, limiter, "insert", len(blobs))
+            limiters.acquire(self.view, limiter, "insert", len(blobs))
         try:
             result = self._insert(blobs, log_rewards, schema, options)
         except BaseException:
             if limiter is not None:
-                limiters.release(self, "insert", len(blobs))
+                limiters.release(self.view, "insert", len(blobs))
             raise
         if limiter is not None and result.rejected is not None:
-            limiters.release(self, "insert", len(blobs))
+            limiters.release(self.view, "insert", len(blobs))
         if self.remote is not None:
             result.score = self.remote.after_add(batch, result.ids, log_rewards, schema)
         return result
@@ -625,7 +643,7 @@ class ReplayBuffer(Inserting, Checkpointing):
         limiter = self.rate_limiter
         if not block:
             if limiter is not None:
-                limiters.acquire(self, limiter, "sample", n, timeout)
+                limiters.acquire(self.view, limiter, "sample", n, timeout)
             return self._draw_admitted(n, replacement, sample_range)
         wait = BLOCK_TIMEOUT if timeout is UNSET else timeout
         need = n if min_size is None else int(min_size)
@@ -636,7 +654,7 @@ class ReplayBuffer(Inserting, Checkpointing):
             if len(self) < need:
                 return None
             if limiter is not None:
-                reason = limiters.refusal(self, limiter, "sample", n)
+                reason = limiters.refusal(self.view, limiter, "sample", n)
                 if reason is not None:
                     held_for.append(reason)
                     return None
@@ -670,24 +688,32 @@ class ReplayBuffer(Inserting, Checkpointing):
             return self._draw_now(n, replacement, sample_range)
         except BaseException:
             if self.rate_limiter is not None:
-                limiters.release(self, "sample", n)
+                limiters.release(self.view, "sample", n)
             raise
 
     def _draw_now(self, n: int, replacement: bool | None, sample_range: slice | None) -> Draw:
         sampler: Sampler = self.sampler
-        if replacement is not None and isinstance(sampler, UniformSampler):
-            sampler = UniformSampler(replacement)
-        elif replacement is not None and isinstance(sampler, PrioritizedSampler):
-            sampler = PrioritizedSampler(replacement)
+        view, rng = self.view, self.rng
+
+        def draw(count: int) -> Draw:
+            # this call's replacement is an argument of these samplers' draws (their state,
+            # e.g. the id range of uniform draws, is the view's); any other sampler keeps
+            # its own setting
+            if replacement is not None and isinstance(
+                sampler, (UniformSampler, PrioritizedSampler)
+            ):
+                return sampler.draw(view, count, rng, replacement=replacement)
+            return sampler.draw(view, count, rng)
+
         try:
             if sample_range is not None:
-                return WindowSampler(sample_range, bool(replacement)).draw(self, n, self.rng)
+                return WindowSampler(sample_range, bool(replacement)).draw(view, n, rng)
             recent = recent_batch_size(n, self.recent_data_ratio)
             if recent == 0:
-                return sampler.draw(self, n, self.rng)
+                return draw(n)
             window = WindowSampler(slice(-self.recent_data_steps, None), bool(replacement))
-            recent_draw = window.draw(self, recent, self.rng)
-            rest = sampler.draw(self, n - recent, self.rng) if n > recent else None
+            recent_draw = window.draw(view, recent, rng)
+            rest = draw(n - recent) if n > recent else None
             return joined(recent_draw, rest)
         except EmptyBufferError as exc:
             raise EmptyBufferError(f"buffer {self.name!r}: {exc}") from None
@@ -799,10 +825,10 @@ class ReplayBuffer(Inserting, Checkpointing):
         try:
             reply = self._run("update_priority", self.keys.all_keys(), args)
         except PerBusyError:
-            finish_turning_per_on(self)  # another process began turning PER on
+            finish_turning_per_on(self.view)  # another process began turning PER on
             reply = self._run("update_priority", self.keys.all_keys(), args)
         updated, epoch, before, after, stamp_before, stamp_after = reply
-        replica = getattr(self, "_replicas", {}).get("per")
+        replica = self.view.replicas.get("per")
         if replica is not None:
             with replica.lock:
                 if (
@@ -913,7 +939,7 @@ class ReplayBuffer(Inserting, Checkpointing):
             "quarantined": int(meta.get("quarantined", 0)),
             "memory_bytes": self.memory_usage(),
             **lifetime.lifetime_stats(meta, int(length)),
-            **lifetime.priority_stats(self, meta),
+            **lifetime.priority_stats(self.view, meta),
             **self._rates.rates(meta),
         }
 
@@ -926,7 +952,7 @@ class ReplayBuffer(Inserting, Checkpointing):
         still draw an item being removed, and a version another process makes current
         meanwhile governs the removals left. Later adds are checked against these. Returns
         the number of items removed."""
-        return lifetime.update_model_version(self, session_id, model_version)
+        return lifetime.update_model_version(self.view, session_id, model_version)
 
     def memory_usage(self) -> int | None:
         """Bytes Redis reports for this buffer's keys (None if the server cannot say):

@@ -57,6 +57,7 @@ from ..errors import (
     RequestTooLargeError,
     SamplingError,
 )
+from ..sampling.base import BufferView
 from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import _fill_holes, _spares_for, packed_uniforms
 from ..store import _torch, bounds, codec, scripts
@@ -609,8 +610,7 @@ class SequenceBuffer:
         with the entries it returns), or drawn again from the replica caught up by the
         reply when the draws could not stand (as ``ReplayBuffer``'s PER commits,
         redisbuf/sampling/samplers.py)."""
-        # what the replica reads a buffer through (it is typed for ReplayBuffer)
-        source: Any = self._priorities
+        source = self._priorities
         replica = replica_of(source, "per")
         rng = self.rng
         with replica.lock:
@@ -702,7 +702,7 @@ class SequenceBuffer:
             args += [e, p, repr(q)]
         reply = self._run("seq_update_priority", self._keys, args)
         updated, epoch, before, after, stamp_before, stamp_after, slots, values = reply
-        replica: MassReplica | None = getattr(self._priorities, "_replicas", {}).get("per")
+        replica: MassReplica | None = self._priorities.replicas.get("per")
         if replica is not None and slots:
             with replica.lock:
                 if (
@@ -902,24 +902,26 @@ def _str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class _PrioritySource:
+class _PrioritySource(BufferView):
     """A prioritized sequence buffer's step priorities as a
-    :class:`~redisbuf.sampling.replica.MassReplica` reads a buffer's scores (``name``,
-    ``client``, ``keys`` with ``meta`` and ``all_keys()``, ``_run``): the replica's
-    scripts are run as their sequence-buffer counterparts, which read the ``prio`` hash
-    and the sequence buffer's mass log. The replica is kept here (``_replicas``)."""
+    :class:`~redisbuf.sampling.replica.MassReplica` reads a buffer's scores: a
+    :class:`~redisbuf.sampling.base.BufferView` (``name``, ``client``, ``keys`` with
+    ``meta`` and ``all_keys()``, ``run``) whose replica scripts are run as their
+    sequence-buffer counterparts, which read the ``prio`` hash and the sequence buffer's
+    mass log. The replica is kept here (``replicas``)."""
+
+    __slots__ = ()
 
     _SCRIPTS = {"masslog_read": "seq_masslog_read", "replica_read": "seq_replica_read",
                 "snapshot_commit": "snapshot_commit"}
 
     def __init__(self, buffer: SequenceBuffer) -> None:
-        self.name = buffer.name
-        self.client = buffer.client
-        self.keys = buffer.keys
-        self._buffer = buffer
+        # SequenceKeys has what a replica reads (meta, snap, snap_staging, all_keys)
+        super().__init__(buffer.name, buffer.client, buffer.keys,  # type: ignore[arg-type]
+                         lambda *args: buffer._run(*args))  # _run as it is at each call
 
-    def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        return self._buffer._run(self._SCRIPTS[script], keys, args)
+    def run(self, script: str, keys: list[str], args: list[Any], read: bool = False) -> Any:
+        return self._runner(self._SCRIPTS[script], keys, args)
 
 
 def _numpy_dtype(name: str) -> np.dtype:

@@ -161,7 +161,7 @@ class ShardedSampling:
         shards): the shards' masses as of this call, and draws from them that follow
         every change made before it."""
         script = scripts.load("masslog_read")
-        replicas = [getattr(shard, "_replicas", {}).get(rule) for shard in self.shards]
+        replicas = [shard.view.replicas.get(rule) for shard in self.shards]
 
         def command(pipe: Any, shard: ReplayBuffer) -> None:
             replica = replicas[self.shards.index(shard)]
@@ -200,14 +200,14 @@ class ShardedSampling:
                 raise reply
             with self._on_shard(k):
                 if int(reply[0]) == 2:  # not on in this shard (made again): turn it on
-                    shard.sampler.prepare(shard)
+                    shard.sampler.prepare(shard.view)
                     replicas[k] = None
                 if replicas[k] is None:
-                    replica = replica_of(shard, rule)  # reads the shard
+                    replica = replica_of(shard.view, rule)  # reads the shard
                 else:
                     replica = replicas[k]
                     with replica.lock:
-                        replica.catch_up(shard, reply)
+                        replica.catch_up(shard.view, reply)
             out.append(replica)
         return out
 
@@ -296,7 +296,7 @@ class ShardedSampling:
             except EmptyBufferError:
                 self._fill[k] = 0.0
                 continue  # size 0: taken with probability 0
-            seen = getattr(self.shards[k], "_uniform_ids", None)
+            seen = self.shards[k].view.id_range
             if seen is None:  # its size unknown: ask every shard's
                 self._undo({k: draw})
                 return None
@@ -366,7 +366,7 @@ class ShardedSampling:
         shard's uniform draw notes its length), ``sizes`` for the others."""
         out = sizes.copy()
         for k in draws:
-            seen = getattr(self.shards[k], "_uniform_ids", None)
+            seen = self.shards[k].view.id_range
             out[k] = -1 if seen is None else seen.length
         return out
 
@@ -465,8 +465,8 @@ class ShardedSampling:
 
         def one(k: int, count: int) -> Any:
             with self._on_shard(k):
-                return samplers._replica_draw(self.shards[k], "per", count, self.shards[k].rng,
-                                              True)
+                shard = self.shards[k]
+                return samplers._replica_draw(shard.view, "per", count, shard.rng, True)
 
         drawn = self._all_or_none(
             {k: (one, (k, c)) for k, c in enumerate(counts.tolist()) if c})

@@ -380,12 +380,11 @@ class ReplayBufferManager:
                 self.buffer.client, [*keys.all_keys(), source.keys.meta, source.keys.items], args
             )
         except SchemaError:
-            self.buffer._forget_schema()
-            source._forget_schema()
             raise SchemaError(
                 f"items of buffer {source.name!r} do not fit buffer {self.buffer.name!r}: "
                 + describe_schema_difference(
-                    self.buffer._stored_schema() or {}, source._stored_schema() or {}
+                    self.buffer.stored_schema(refresh=True) or {},
+                    source.stored_schema(refresh=True) or {},
                 )
             ) from None
         self.missing_items += len(ids) - len(positions)

@@ -26,7 +26,7 @@ from ..errors import ConfigMismatchError, RateLimitTimeoutError
 from .waiting import UNSET, Unset, wait_for
 
 if TYPE_CHECKING:
-    from ..buffers.replay import ReplayBuffer
+    from .base import BufferView
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -112,11 +112,11 @@ def _number(text: bytes | str) -> float:
     return float(text)  # Python reads "inf" / "-inf" too
 
 
-def configure(buffer: ReplayBuffer, limiter: RateLimiter | None) -> RateLimiter | None:
+def configure(buffer: BufferView, limiter: RateLimiter | None) -> RateLimiter | None:
     """Store ``limiter`` on a new buffer, or check it against the stored one (None adopts
     the stored limiter, with the default timeout). Returns the limiter in force."""
     args = limiter._fields() if limiter is not None else ["", "", "", ""]
-    reply = buffer._run("limiter_config", [buffer.keys.meta], args, read=limiter is None)
+    reply = buffer.run("limiter_config", [buffer.keys.meta], args, read=limiter is None)
     if reply[0] in (b"", ""):
         if limiter is not None:
             raise ConfigMismatchError(
@@ -140,8 +140,8 @@ def _describe(limiter: RateLimiter) -> str:
             f"max_diff={limiter.max_diff})")
 
 
-def _call(buffer: ReplayBuffer, op: str, n: int) -> list[Any]:
-    return buffer._run("rate_limit", [buffer.keys.meta, buffer.keys.order], [op, n])
+def _call(buffer: BufferView, op: str, n: int) -> list[Any]:
+    return buffer.run("rate_limit", [buffer.keys.meta, buffer.keys.order], [op, n])
 
 
 def _waited_for(limiter: RateLimiter, side: str, reply: list[Any]) -> str:
@@ -168,7 +168,7 @@ def _waited_for(limiter: RateLimiter, side: str, reply: list[Any]) -> str:
 
 
 def acquire(
-    buffer: ReplayBuffer,
+    buffer: BufferView,
     limiter: RateLimiter,
     side: str,
     n: int,
@@ -196,7 +196,7 @@ def acquire(
                     error=RateLimitTimeoutError)
 
 
-def refusal(buffer: ReplayBuffer, limiter: RateLimiter, side: str, n: int) -> str | None:
+def refusal(buffer: BufferView, limiter: RateLimiter, side: str, n: int) -> str | None:
     """Admit and count ``side`` of ``n`` items if the limiter allows it now (None); else,
     without waiting, what the call would wait for (e.g. ``"inserts: the buffer holds 2
     items, below min_size_to_sample=5"``)."""
@@ -204,7 +204,7 @@ def refusal(buffer: ReplayBuffer, limiter: RateLimiter, side: str, n: int) -> st
     return None if int(reply[0]) == 1 else _waited_for(limiter, side, reply)
 
 
-def release(buffer: ReplayBuffer, side: str, n: int) -> None:
+def release(buffer: BufferView, side: str, n: int) -> None:
     """Take back an admitted call whose operation then failed (nothing inserted/drawn)."""
     _call(buffer, "unsert" if side == "insert" else "unsample", n)
 

@@ -505,14 +505,16 @@ def to_torch(value: Any) -> Any:
 
 def _open_buffer(url: str, name: str, kwargs: dict[str, Any]) -> Any:
     """The buffer ``name`` at ``url``, sharded or not, with its stored configuration."""
-    from ..buffers.replay import ReplayBuffer
-    from ..buffers.sharded import ShardedReplayBuffer
+    # the reader is a client of the buffers' public API, as a user's code is: it opens a
+    # buffer through the package's public names, not the buffer modules
+    import redisbuf
+
     from ..errors import ShardedBufferError
 
     try:
-        return ReplayBuffer.open(url, name, **kwargs)
+        return redisbuf.ReplayBuffer.open(url, name, **kwargs)
     except ShardedBufferError:
-        return ShardedReplayBuffer.open(url, name, **kwargs)
+        return redisbuf.ShardedReplayBuffer.open(url, name, **kwargs)
 
 
 _DATASET_CLASS: type | None = None

@@ -16,19 +16,19 @@ from ..store import bounds
 from .samplers import Draw, _draw_then_fetch
 
 if TYPE_CHECKING:
-    from ..buffers.replay import ReplayBuffer
+    from .base import BufferView
 
 _SCORES = ("log_reward", "priority")
 # a heap built, then reset by another process (PER turned off and on) before the draw
 _HEAP_ATTEMPTS = 3
 
 
-def build_heap(buffer: ReplayBuffer) -> int:
+def build_heap(buffer: BufferView) -> int:
     """Build the buffer's priority heap (the ``perheap`` zset the selectors by PER
     priority read) in bounded slices (lua/heap_build.lua): no command holds the server
     long, and changes made meanwhile are kept. Returns the number of calls it took."""
     calls = 1
-    while not int(buffer._run("heap_build", buffer.keys.all_keys(), [])):
+    while not int(buffer.run("heap_build", buffer.keys.all_keys(), [])):
         calls += 1
     return calls
 
@@ -38,10 +38,10 @@ class _Selector:
     _order = ""
     by = "log_reward"
 
-    def prepare(self, buffer: ReplayBuffer) -> None:
+    def prepare(self, buffer: BufferView) -> None:
         return None
 
-    def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
+    def draw(self, buffer: BufferView, n: int, rng: np.random.Generator) -> Draw:
         """The first ``n`` items of the order (repeating it when ``n`` exceeds the
         length), read by one command: ``n`` above
         :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` raises

@@ -49,6 +49,9 @@ PREFIX = "rb"
 # (redisbuf/buffers/episodes.py, sequence.py, fragments.py), which ReplayBuffer.drop leaves alone.
 FOREIGN = ("episodes:", "seq:", "fragments:")
 ID_WIDTH = 12
+#: Seconds a buffer remembers an add's batch id by default (``retry_window``), so that a
+#: retried add is not inserted twice (see Script.__call__): far longer than any retry takes.
+DEFAULT_RETRY_WINDOW = 600.0
 # fullmatch: "$" alone would also accept a name ending in a newline
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 
