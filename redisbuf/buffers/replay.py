@@ -135,17 +135,27 @@ class ReplayBuffer(Inserting, Checkpointing):
         rate_limiter: a :mod:`redisbuf.sampling.limiters` limiter (``SampleToInsertRatio``,
             ``MinSize``) enforced for every process; fixed at creation, ``None`` adopts
             the stored one.
-        recent_data_ratio, recent_data_steps: ALF's recent data: ``ceil(n *
-            recent_data_ratio)`` draws of every ``sample(n)`` come uniformly from the
-            newest ``recent_data_steps`` items, the rest from the sampler. This
-            process's setting, not the buffer's.
+        recent_data_ratio: ALF's recent data: ``ceil(n * recent_data_ratio)`` draws of
+            every ``sample(n)`` come uniformly from the newest ``recent_data_steps`` items,
+            the rest from the sampler. This process's setting, not the buffer's.
+        recent_data_steps: how many of the newest items ``recent_data_ratio``'s draws
+            come from.
         remote_manager_rank: rank of a :class:`~redisbuf.control.manager.ReplayBufferManager`
-            that scores what this worker adds; the other remote arguments
-            (``remote_buffer_freq``, ``async_score``, ``baseline_filtering``,
-            ``baseline_refresh_after``, ``scoring_only``, ``communication_backend``:
-            ``"mpi"``, ``"redis"`` or a transport object, ``timing``) follow torchgfn and
-            are described in :mod:`redisbuf.control.remote`. ``add`` then puts the score dict
-            (what torchgfn's ``add`` returns) in ``AddResult.score``.
+            that scores what this worker adds; the other remote arguments below follow
+            torchgfn and are described in :mod:`redisbuf.control.remote`. ``add`` then puts
+            the score dict (what torchgfn's ``add`` returns) in ``AddResult.score``.
+        remote_buffer_freq: every ``remote_buffer_freq``-th ``add`` sends the items
+            accumulated since the last send.
+        async_score: ``add`` returns the previous send's score (None on the first)
+            instead of waiting for its own.
+        baseline_filtering: send only items with ``log_reward >=`` the manager's last
+            ``baseline_log_reward``.
+        baseline_refresh_after: after this many sends in a row left empty by the
+            filter, the next one goes out unfiltered.
+        scoring_only: the message carries the items' terminating states and log-rewards
+            instead of their ids.
+        communication_backend: ``"mpi"``, ``"redis"`` or a transport object.
+        timing: record the duration of each send and receive.
         lazy_sort: accepted for torchgfn compatibility; changes nothing: eviction is
             already incremental, so there is no per-add sort to defer.
         async_comm: torchgfn's non-blocking send with the score collected on the next
@@ -159,6 +169,7 @@ class ReplayBuffer(Inserting, Checkpointing):
             (:class:`~redisbuf.errors.ServerConfigError` where unsupported); an add not
             confirmed within ``durability_timeout`` seconds raises
             :class:`~redisbuf.errors.DurabilityError` (the batch is in the buffer).
+        durability_timeout: seconds ``durability``'s confirmation is waited for.
         retry_window: seconds (at least, up to about twice that) for which the buffer
             remembers each add's batch id and reply, so that an add retried after a lost
             reply is not stored twice; fixed at creation (default 600), ``None`` adopts
@@ -167,6 +178,22 @@ class ReplayBuffer(Inserting, Checkpointing):
             :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer`: one logical buffer of the
             global ``capacity`` over ``N`` shards (on a Redis Cluster, on different
             masters); fixed at creation.
+
+    Raises:
+        ValueError: an argument out of range (``capacity``, ``kind``, ``max_item_bytes``,
+            ``recent_data_ratio``, ``recent_data_steps``, ``retry_window``, ``durability``).
+        ConfigMismatchError: the stored buffer was made with another configuration.
+        ServerConfigError: ``strict`` and an evicting ``maxmemory-policy``, or a
+            ``durability`` the server cannot confirm.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", capacity=3)
+        >>> buffer.add({"obs": np.arange(4.0), "log_rewards": np.zeros(4)}).evicted
+        1
+        >>> len(buffer), sorted(buffer.sample(3)["obs"])
+        (3, [1.0, 2.0, 3.0])
     """
 
     # UniformSampler's record of the ids the last draw saw (samplers._IdRange)

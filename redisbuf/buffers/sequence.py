@@ -210,15 +210,24 @@ class SequenceBuffer:
             ``prioritized_sampling`` to False on one instance makes its draws uniform.
         with_replacement: uniform draws may repeat a window; otherwise a batch holds
             distinct windows whenever enough exist.
-        recent_data_ratio, recent_data_steps: as ALF, ``ceil(batch_size * ratio)`` windows
-            start among the last ``recent_data_steps`` possible starts of their environment
+        initial_priority: the least priority a new step gets (see
+            ``prioritized_sampling``).
+        recent_data_ratio: as ALF, ``ceil(batch_size * recent_data_ratio)`` windows start
+            among the last ``recent_data_steps`` possible starts of their environment
             (drawn uniformly), when the average stream is long enough to need it.
+        recent_data_steps: how many of the last possible starts ``recent_data_ratio``'s
+            windows start among.
         num_earliest_frames_ignored: windows start at least this many steps after the
             oldest stored step of their environment.
-        record_episodic_return, gamma, default_return, reward_field, reward_clip: when an
-            episode ends, each of its stored steps t except the last gets
-            ``G(t) = clip(r(t+1)) + gamma * G(t+1)`` (``G(last) = 0`` in the recursion);
-            returned as field ``discounted_return``, ``default_return`` until then.
+        record_episodic_return: when an episode ends, each of its stored steps t except
+            the last gets ``G(t) = clip(r(t+1)) + gamma * G(t+1)`` (``G(last) = 0`` in
+            the recursion); returned as field ``discounted_return``, ``default_return``
+            until then.
+        gamma: the discount of ``record_episodic_return``'s ``G(t)``.
+        default_return: ``discounted_return`` of a step whose episode has not ended.
+        reward_field: the field holding ``r(t)``.
+        reward_clip: ``(low, high)`` bounds of ``clip``; ``None`` clips nothing.
+        seed: seeds this process's sampling random numbers.
 
     Configuration other than the sampling options is stored with the buffer; opening it
     with other values raises :class:`ConfigMismatchError`.

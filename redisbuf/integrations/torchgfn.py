@@ -322,17 +322,22 @@ class ReplayBuffer:
 
     Args:
         env: the torchgfn environment of the containers.
-        capacity, prioritized_capacity, prioritized_sampling: as torchgfn. Sampling
-            draws without replacement whenever ``n <= len``, as torchgfn does.
-        remote_manager_rank, remote_buffer_freq: as torchgfn 2.4.1.
-        communication_backend, timing: as on torchgfn's main branch (2.4.1 has
-            neither: its remote manager runs over torch.distributed with gloo);
-            ``communication_backend`` is ``"mpi"`` or ``"redis"`` (torch.distributed is
-            not used).
-        async_score, baseline_filtering, scoring_only, baseline_refresh_after: as on
-            torchgfn's main branch (not in 2.4.1). ``async_comm=True`` means
-            ``async_score=True`` (sends never block here). ``lazy_sort`` is accepted and
-            changes nothing: every add is sorted into Redis at once.
+        capacity: as torchgfn.
+        prioritized_capacity: as torchgfn.
+        prioritized_sampling: as torchgfn. Sampling draws without replacement whenever
+            ``n <= len``, as torchgfn does.
+        remote_manager_rank: as torchgfn 2.4.1.
+        remote_buffer_freq: as torchgfn 2.4.1.
+        communication_backend: as on torchgfn's main branch (2.4.1 has none: its remote
+            manager runs over torch.distributed with gloo): ``"mpi"`` or ``"redis"``
+            (torch.distributed is not used).
+        timing: as on torchgfn's main branch (not in 2.4.1).
+        async_score: as on torchgfn's main branch (not in 2.4.1).
+        async_comm: ``True`` means ``async_score=True`` (sends never block here).
+        lazy_sort: accepted and changes nothing: every add is sorted into Redis at once.
+        baseline_filtering: as on torchgfn's main branch (not in 2.4.1).
+        scoring_only: as on torchgfn's main branch (not in 2.4.1).
+        baseline_refresh_after: as on torchgfn's main branch (not in 2.4.1).
         url: Redis URL or client (None: ``$REDISBUF_URL``).
         name: buffer name; processes that give the same name share one buffer. None
             (the default): a private buffer under a fresh name, dropped by :meth:`close`,
