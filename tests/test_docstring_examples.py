@@ -50,7 +50,8 @@ def _resolve(target: str) -> Any:
 
 
 def _class_members(cls: type) -> Iterator[tuple[str, Any]]:
-    """The public methods and properties of ``cls`` and of its redisbuf bases."""
+    """(path, object) of the public methods and properties of ``cls`` and of its redisbuf
+    bases."""
     seen: set[str] = set()
     for klass in cls.__mro__:
         if not klass.__module__.startswith("redisbuf"):
@@ -61,8 +62,10 @@ def _class_members(cls: type) -> Iterator[tuple[str, Any]]:
             seen.add(name)
             if isinstance(value, (staticmethod, classmethod)):
                 value = value.__func__
-            if inspect.isfunction(value) or isinstance(value, property):
-                yield f"{cls.__qualname__}.{name}", value
+            function = value.fget if isinstance(value, property) else value
+            if inspect.isfunction(function):
+                # named where it is defined, so an inherited method is collected once
+                yield f"{function.__module__}.{function.__qualname__}", value
 
 
 def _public_objects() -> dict[str, Any]:
@@ -72,9 +75,8 @@ def _public_objects() -> dict[str, Any]:
     def add(path: str, obj: Any) -> None:
         found.setdefault(path, obj)
         if inspect.isclass(obj):
-            module = obj.__module__
-            for qualname, member in _class_members(obj):
-                found.setdefault(f"{module}.{qualname}", member)
+            for member_path, member in _class_members(obj):
+                found.setdefault(member_path, member)
 
     for page in sorted((ROOT / "docs" / "reference").glob("*.md")):
         for match in DIRECTIVE.finditer(page.read_text()):

@@ -335,6 +335,28 @@ class ReplayBuffer(Inserting, Checkpointing):
         """Open an existing buffer with its stored configuration.
 
         Raises :class:`ConfigMismatchError` if no buffer called ``name`` exists.
+
+        Args:
+            redis_or_url: a ``redis.Redis`` client or a URL.
+            name: the buffer's name.
+            **kwargs: further :class:`ReplayBuffer` arguments (not ``capacity``,
+                ``prioritized_capacity`` nor ``shards``: those are the stored ones).
+
+        Returns:
+            The buffer, with the stored capacity and eviction.
+
+        Raises:
+            ConfigMismatchError: no buffer called ``name`` exists.
+            ShardedBufferError: ``name`` is a sharded buffer (open it with
+                :meth:`ShardedReplayBuffer.open`).
+
+        Examples:
+            >>> import fakeredis
+            >>> from redisbuf import ReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> _ = ReplayBuffer(client, "demo", capacity=5)
+            >>> ReplayBuffer.open(client, "demo").capacity
+            5
         """
         client = guarded(as_client(redis_or_url))
         meta = decode_meta(client.hgetall(BufferKeys(name).meta))
@@ -477,7 +499,19 @@ class ReplayBuffer(Inserting, Checkpointing):
     # -- writing ------------------------------------------------------------------------
 
     def encode(self, batch: Any) -> tuple[list[bytes], np.ndarray, dict[str, Any]]:
-        """Validate ``batch`` and encode it: (blobs, log-rewards, schema). Writes nothing."""
+        """Validate ``batch`` and encode it: (blobs, log-rewards, schema). Writes nothing.
+
+        Args:
+            batch: a container of the buffer's kind (see :meth:`add`).
+
+        Returns:
+            One encoded blob per item, the items' log-rewards, and the batch's schema.
+
+        Raises:
+            InvalidBatchError: the batch is empty, or lacks ``log_rewards`` on a buffer that
+                ranks items by log-reward.
+            ItemTooLargeError: an item encodes to more than ``max_item_bytes``.
+        """
         columns, log_rewards, schema = kind_of(batch).split(batch)
         if len(log_rewards) == 0:
             raise InvalidBatchError("batch is empty")
@@ -527,6 +561,35 @@ class ReplayBuffer(Inserting, Checkpointing):
         With a remote manager, ``.score`` of the result is the manager's score dict for
         this batch (None when nothing was sent), or with ``async_score`` the previous
         send's (None on the first); see :mod:`redisbuf.control.remote`.
+
+        Args:
+            batch: a container of the buffer's kind: ``Trajectories``, ``Transitions``,
+                ``States`` or a dict of equally long columns (``log_rewards`` among them where
+                items are ranked by log-reward).
+            priorities: one PER priority per item, or ``None``.
+            model_version: the model version that produced the batch, or ``None``.
+            session_id: the session that produced the batch, or ``None``.
+
+        Returns:
+            The new items' ids, how many items were evicted, the manager's score, and why the
+            batch was rejected (``None`` when it was stored).
+
+        Raises:
+            InvalidBatchError: the batch is empty, malformed, or has NaN log-rewards.
+            SchemaError: the batch's kind or fields differ from the buffer's.
+            ItemTooLargeError: an item encodes to more than ``max_item_bytes``.
+            RequestTooLargeError: more items or bytes than one add may carry.
+            ConfigMismatchError: ``priorities`` on a buffer without :class:`PERSampler`.
+            DurabilityError: ``durability`` was not confirmed in time (the batch is stored).
+            ServerFullError: the server is at ``maxmemory`` (nothing is stored).
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", capacity=2)
+            >>> result = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> result.ids.tolist(), result.evicted, result.rejected
+            ([1, 2, 3], 1, None)
         """
         options = lifetime.add_options(model_version, session_id)
         blobs, log_rewards, schema = self.encode(batch)
@@ -554,7 +617,14 @@ class ReplayBuffer(Inserting, Checkpointing):
 
     def drain_pending_score(self, timeout_sec: float = 30.0) -> dict[str, float] | None:
         """Collect an outstanding async score before EXIT, waiting at most
-        ``timeout_sec``; None when nothing is pending, on timeout, or without a manager."""
+        ``timeout_sec``; None when nothing is pending, on timeout, or without a manager.
+
+        Args:
+            timeout_sec: the longest wait, in seconds.
+
+        Returns:
+            The manager's score dict, or ``None``.
+        """
         return None if self.remote is None else self.remote.drain_pending_score(timeout_sec)
 
     # -- reading ------------------------------------------------------------------------
@@ -570,7 +640,20 @@ class ReplayBuffer(Inserting, Checkpointing):
     ) -> Any:
         """Join stored blobs into one batch of this buffer's kind. ``schema_json`` is the
         meta's schema read together with the blobs: when it differs from the cached one
-        (the buffer was dropped and recreated meanwhile), the cache is refreshed first."""
+        (the buffer was dropped and recreated meanwhile), the cache is refreshed first.
+
+        Args:
+            blobs: stored item blobs, as :meth:`encode` made them.
+            ids: the items' ids, named by a :class:`DecodeError`; or ``None``.
+            schema_json: the meta's ``schema`` field read with the blobs, or ``None``.
+
+        Returns:
+            One batch of the buffer's kind.
+
+        Raises:
+            EmptyBufferError: the buffer has no schema yet (nothing was ever added).
+            DecodeError: a blob does not decode, naming the first offending id.
+        """
         if schema_json is not None and schema_json.decode() != self._schema_json:
             self._forget_schema()
         kind, schema = self._container_kind()
@@ -764,6 +847,37 @@ class ReplayBuffer(Inserting, Checkpointing):
         ``stats()["quarantined"]``, named in a
         :class:`~redisbuf.errors.QuarantinedRecordWarning`, and the draw is made again
         without it (:mod:`redisbuf.buffers.quarantine`).
+
+        Args:
+            n: how many items to draw (a positive integer).
+            replacement: ``True`` draws with replacement, ``False`` without; ``None`` follows
+                the rule above.
+            sample_range: a slice over insertion order to draw uniformly from, or ``None``.
+            block: wait as described above.
+            timeout: the longest wait in seconds (``None``: no limit).
+            min_size: with ``block``, the length to wait for (default ``n``).
+
+        Returns:
+            One batch of the buffer's kind holding the ``n`` drawn items.
+
+        Raises:
+            ValueError: ``n`` or ``min_size`` is not a positive integer.
+            EmptyBufferError: there is nothing to draw.
+            SamplingError: prioritized sampling is undefined.
+            RequestTooLargeError: a selector's draw of more than ``MAX_ITEMS_PER_COMMAND``.
+            WaitTimeoutError: ``block`` and ``timeout`` passed first.
+            RateLimitTimeoutError: the rate limiter held the sample back past ``timeout``.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", seed=0)
+            >>> _ = buffer.add({"obs": np.arange(5.0), "log_rewards": np.zeros(5)})
+            >>> batch = buffer.sample(3)
+            >>> batch["obs"].shape, len(set(batch["obs"]))
+            ((3,), 3)
+            >>> sorted(buffer.sample(2, sample_range=slice(-2, None))["obs"])
+            [3.0, 4.0]
         """
         return self._sample(n, replacement, sample_range, block, timeout, min_size)[1]
 
@@ -792,7 +906,32 @@ class ReplayBuffer(Inserting, Checkpointing):
         min_size: int | None = None,
     ) -> SampleInfo:
         """Like :meth:`sample`, also returning item ids and draw probabilities (None for
-        ``sample_range`` and for batches with recent data)."""
+        ``sample_range`` and for batches with recent data).
+
+        Args:
+            n: as :meth:`sample`.
+            replacement: as :meth:`sample`.
+            sample_range: as :meth:`sample`.
+            block: as :meth:`sample`.
+            timeout: as :meth:`sample`.
+            min_size: as :meth:`sample`.
+
+        Returns:
+            The batch with its items' ids, draw probabilities and PER weights.
+
+        Raises:
+            EmptyBufferError: as :meth:`sample`, which lists the others.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import PrioritizedSampler, ReplayBuffer
+            >>> buffer = ReplayBuffer(
+            ...     fakeredis.FakeRedis(), "demo", sampler=PrioritizedSampler(), seed=0)
+            >>> _ = buffer.add({"obs": np.arange(2.0), "log_rewards": np.log([1.0, 3.0])})
+            >>> info = buffer.sample_with_info(50, replacement=True)
+            >>> sorted(set(zip(info.ids.tolist(), info.probabilities.round(2).tolist())))
+            [(1, 0.25), (2, 0.75)]
+        """
         draw, batch = self._sample(n, replacement, sample_range, block, timeout, min_size)
         return SampleInfo(
             batch,
@@ -813,7 +952,27 @@ class ReplayBuffer(Inserting, Checkpointing):
         The server's work is constant per id whatever the buffer's size (one HMGET and
         one HSET of the ``per`` hash, one log entry); samplers re-weigh the items in their
         replicas when they next draw (this process's replica at once, when nothing else
-        changed the buffer since it was current)."""
+        changed the buffer since it was current).
+
+        Args:
+            ids: the items' ids.
+            priorities: one priority per id, finite and >= 0.
+
+        Returns:
+            How many distinct ids were updated.
+
+        Raises:
+            InvalidBatchError: a priority is NaN, negative or not finite, or the lengths
+                differ.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import PERSampler, ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=PERSampler())
+            >>> ids = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)}).ids
+            >>> buffer.update_priority(ids, [0.5, 2.0, 2.0])
+            3
+        """
         id_list = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
         texts = _per_priority_texts(priorities, len(id_list))
         if not id_list:
@@ -855,7 +1014,25 @@ class ReplayBuffer(Inserting, Checkpointing):
         Read by HMGETs of at most :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`
         ids (and about :data:`~redisbuf.store.bounds.MAX_REPLY_BYTES` of blobs) each, so
         a large call never holds the server for long; it is then not one atomic read:
-        an item evicted between two of them is named by the KeyError."""
+        an item evicted between two of them is named by the KeyError.
+
+        Args:
+            ids: the items' ids.
+
+        Returns:
+            One batch of the buffer's kind, in the order of ``ids``.
+
+        Raises:
+            KeyError: an id is not in the buffer.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+            >>> ids = buffer.add({"obs": np.array([7.0, 8.0]), "log_rewards": np.zeros(2)}).ids
+            >>> buffer.get([ids[1], ids[0]])["obs"].tolist()
+            [8.0, 7.0]
+        """
         ids = [int(i) for i in ids]
         members = [format_id(i) for i in ids]
         step = bounds.MAX_ITEMS_PER_COMMAND
@@ -876,7 +1053,14 @@ class ReplayBuffer(Inserting, Checkpointing):
 
     def close(self) -> None:
         """Release the connections of a client this buffer made (from a URL); a client
-        passed in stays open (its owner closes it). The buffer's data stays in Redis."""
+        passed in stays open (its owner closes it). The buffer's data stays in Redis.
+
+        Examples:
+            >>> import fakeredis
+            >>> from redisbuf import ReplayBuffer
+            >>> with ReplayBuffer(fakeredis.FakeRedis(), "demo") as buffer:
+            ...     pass  # leaving the block calls close()
+        """
         if self._owns_client:
             self.client.close()
 
@@ -900,7 +1084,22 @@ class ReplayBuffer(Inserting, Checkpointing):
 
         Read :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` ranks per command: a
         ``k`` above that is not one atomic read (items added or evicted meanwhile shift
-        the later ranks)."""
+        the later ranks).
+
+        Args:
+            k: how many items.
+
+        Returns:
+            ``(id, log_reward)`` pairs, highest log-reward first; ``[]`` when ``k <= 0``.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", prioritized_capacity=True)
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.array([0.5, 2.0, 1.0])})
+            >>> buffer.top(2)
+            [(2, 2.0), (3, 1.0)]
+        """
         if k <= 0:
             return []
         kept = keeps_rewards(self.client, self.keys)  # else all 0: the newest first
@@ -920,7 +1119,21 @@ class ReplayBuffer(Inserting, Checkpointing):
         data lifetime (:func:`redisbuf.sampling.lifetime.lifetime_stats`: mean use count of present
         and removed items, mean staleness of sampled items, refused adds), priority
         min / mean / max, and insert / sample rates (items per second since this
-        process's previous ``stats()``, or since creation on the first)."""
+        process's previous ``stats()``, or since creation on the first).
+
+        Returns:
+            A dict of JSON-compatible values, keyed by name (``length``, ``capacity``,
+            ``inserted``, ``evicted``, ``sampled``, ``quarantined``, ...).
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", capacity=2)
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> stats = buffer.stats()
+            >>> stats["length"], stats["inserted"], stats["evicted"]
+            (2, 3, 1)
+        """
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(self.keys.meta)
         pipe.zcard(self.keys.order)
@@ -952,14 +1165,37 @@ class ReplayBuffer(Inserting, Checkpointing):
         items each (redisbuf/store/bounds.py): until the last of them, other processes may
         still draw an item being removed, and a version another process makes current
         meanwhile governs the removals left. Later adds are checked against these. Returns
-        the number of items removed."""
+        the number of items removed.
+
+        Args:
+            session_id: the session whose version this is.
+            model_version: the version made current.
+
+        Returns:
+            The number of items removed.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", max_staleness=1)
+            >>> batch = {"obs": np.arange(2.0), "log_rewards": np.zeros(2)}
+            >>> _ = buffer.add(batch, model_version=0, session_id="run")
+            >>> buffer.update_model_version("run", 2)
+            2
+            >>> buffer.add(batch, model_version=0, session_id="run").rejected
+            'stale'
+        """
         return lifetime.update_model_version(self, session_id, model_version)
 
     def memory_usage(self) -> int | None:
         """Bytes Redis reports for this buffer's keys (None if the server cannot say):
         its estimate from :data:`~redisbuf.store.bounds.MEMORY_USAGE_SAMPLES` elements of
         each key, exact for keys of no more elements (counting every element of a key of
-        millions would hold the server for hundreds of milliseconds)."""
+        millions would hold the server for hundreds of milliseconds).
+
+        Returns:
+            Bytes, or ``None``.
+        """
         total = 0
         try:
             for key in self.keys.all_keys():
@@ -973,14 +1209,39 @@ class ReplayBuffer(Inserting, Checkpointing):
 
     def clear(self) -> int:
         """Remove every item, reset the counters; keep capacity, kind and schema.
-        Ids are never reused. Returns the number of items removed."""
+        Ids are never reused. Returns the number of items removed.
+
+        Returns:
+            The number of items removed.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> buffer.clear(), len(buffer)
+            (3, 0)
+            >>> buffer.add({"obs": np.zeros(1), "log_rewards": np.zeros(1)}).ids.tolist()
+            [4]
+        """
         return int(self._run("clear", self.keys.all_keys(), []))
 
     def drop(self) -> None:
         """Delete the buffer entirely, configuration included: every key under its tag
         (``rb:{name}:*``: its own, the control plane's, a load's staging keys) but those of
         an EpisodeBuffer, SequenceBuffer or FragmentBuffer of the same name and a sharded
-        buffer's layout (see :meth:`BufferKeys.owns`)."""
+        buffer's layout (see :meth:`BufferKeys.owns`).
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> buffer = ReplayBuffer(client, "demo")
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> buffer.drop()
+            >>> client.keys("rb:{demo}:*")
+            []
+        """
         found = {
             key.decode() if isinstance(key, bytes) else key
             for key in self.client.scan_iter(match=self.keys.pattern, count=1000)
