@@ -424,7 +424,27 @@ class ShardedCheckpointing:
         of items written. The file loads into a plain :class:`ReplayBuffer` too (which
         ignores ``shards``). Not a snapshot if other processes write meanwhile, neither
         within a shard nor across shards. ``progress(done, total)`` as
-        :meth:`ReplayBuffer.save`."""
+        :meth:`ReplayBuffer.save`.
+
+        Args:
+            path: the file to write.
+            progress: called as ``progress(done, total)``, or ``None``.
+
+        Returns:
+            The number of items written.
+
+        Examples:
+            >>> import fakeredis, numpy as np, os, tempfile
+            >>> from redisbuf import ReplayBuffer, ShardedReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> buffer = ShardedReplayBuffer(client, "demo", shards=2)
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> path = os.path.join(tempfile.mkdtemp(), "demo.rbuf")
+            >>> buffer.save(path)
+            3
+            >>> ReplayBuffer(client, "plain").load(path)
+            3
+        """
         total = len(self) if progress is not None else 0
 
         def stream() -> Iterator[Any]:
@@ -436,7 +456,11 @@ class ShardedCheckpointing:
     def state_dict(self) -> dict[str, Any]:
         """The whole buffer as plain data: the header of :meth:`save` and the columns of
         :meth:`ReplayBuffer.state_dict` (``ids`` global, ``per_priorities`` None), in
-        the order :meth:`save` writes the records."""
+        the order :meth:`save` writes the records.
+
+        Returns:
+            A dict of plain data (see :meth:`ReplayBuffer.state_dict`).
+        """
         return _state_of(self._header(), self._records())
 
     def load(
@@ -474,6 +498,19 @@ class ShardedCheckpointing:
         Sharded buffers have no PER: a file with PER priorities raises
         :class:`ConfigMismatchError` unless ``drop_per_priorities=True``.
         ``progress(done, total)`` counts the items of all shards (``total`` the file's).
+
+        Args:
+            path: a file written by :meth:`save` or :meth:`ReplayBuffer.save`.
+            drop_per_priorities: load a file with PER priorities without them.
+            progress: called as ``progress(done, total)``, or ``None``.
+
+        Returns:
+            The number of items loaded.
+
+        Raises:
+            ConfigMismatchError: the file does not fit the buffer (schema, a shard's
+                capacity, PER priorities).
+            PartialLoadError: a shard after the first failed; names those restored.
         """
         header, records = _read_save(path)
         self._restore(header, records, drop_per_priorities, progress)
@@ -481,7 +518,16 @@ class ShardedCheckpointing:
 
     def load_state_dict(self, state: dict[str, Any], *, drop_per_priorities: bool = False) -> None:
         """Replace the buffer's items with those of ``state`` (from :meth:`state_dict` or
-        :meth:`ReplayBuffer.state_dict`), as :meth:`load` does with a file."""
+        :meth:`ReplayBuffer.state_dict`), as :meth:`load` does with a file.
+
+        Args:
+            state: a dict from :meth:`state_dict` or :meth:`ReplayBuffer.state_dict`.
+            drop_per_priorities: as :meth:`load`.
+
+        Raises:
+            ConfigMismatchError: as :meth:`load`.
+            PartialLoadError: as :meth:`load`.
+        """
         self._restore(state, _state_records(state), drop_per_priorities)
 
     def _parts(

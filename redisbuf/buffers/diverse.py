@@ -25,7 +25,11 @@ from .terminating import terminating_states_of
 @dataclass
 class DiverseAddResult(AddResult):
     """An :class:`AddResult` whose ``ids`` are those of the inserted items only; ``kept``
-    holds their positions in the batch (ascending), the others having been dropped."""
+    holds their positions in the batch (ascending), the others having been dropped.
+
+    Attributes:
+        kept: positions in the batch of the inserted items (ascending, int64).
+    """
 
     kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 

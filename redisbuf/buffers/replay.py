@@ -91,7 +91,25 @@ class SampleInfo:
     ``weights`` are the importance-sampling weights ``(N * P(i))^-beta / max_j
     (N * P(j))^-beta`` (N the length, the max over the whole buffer, as DI-engine) and
     ``importance_weights`` are ALF's ``priority_i / mean non-zero priority`` (1 when every
-    priority is zero)."""
+    priority is zero).
+
+    Attributes:
+        batch: the drawn items, one batch of the buffer's kind.
+        ids: the drawn items' ids, in batch order (int64).
+        probabilities: each draw's probability of picking its item; ``None`` for uniform
+            draws, ``sample_range`` and batches with recent data.
+        weights: PER importance-sampling weights (:class:`PERSampler` only).
+        importance_weights: ALF's importance weights (:class:`PERSampler` only).
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import PERSampler, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=PERSampler())
+        >>> _ = buffer.add({"obs": np.arange(4.0), "log_rewards": np.zeros(4)})
+        >>> info = buffer.sample_with_info(2)
+        >>> info.ids.dtype, info.weights.tolist()
+        (dtype('int64'), [1.0, 1.0])
+    """
 
     batch: Any
     ids: np.ndarray
