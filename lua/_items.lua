@@ -74,8 +74,14 @@ end
 -- per hash: pairs {id, priority text, ...} set, or ids removed. Only once a heap selector
 -- by priority asked for it (meta per_heap = 1, lua/sample_select.lua): other buffers pay
 -- no O(log n) per change.
+-- (per_heap = b while lua/heap_build.lua builds it: changes are kept from its start).
+local function heap_kept(K)
+  local state = redis.call('HGET', K.meta, 'per_heap')
+  return state == '1' or state == 'b'
+end
+
 local function per_heap_set(K, pairs_)
-  if redis.call('HGET', K.meta, 'per_heap') ~= '1' then return end
+  if not heap_kept(K) then return end
   local scored = {}
   for i = 1, #pairs_, 2 do
     scored[i] = pairs_[i + 1]
@@ -85,7 +91,7 @@ local function per_heap_set(K, pairs_)
 end
 
 local function per_heap_remove(K, ids)
-  if redis.call('HGET', K.meta, 'per_heap') ~= '1' then return end
+  if not heap_kept(K) then return end
   call_chunked('ZREM', K.per_heap, ids)
 end
 

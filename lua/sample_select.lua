@@ -6,14 +6,15 @@
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1] n  ARGV[2] order: "fifo" | "lifo" | "max" | "min"
 -- ARGV[3] heap score: "log_reward" (prio zset) | "priority" (PER priorities: the per_heap
--- zset, built from the per hash on the first such call, O(length) once, and kept in step
--- by every later change, see lua/_items.lua)
+-- zset, built from the per hash by lua/heap_build.lua a bounded slice at a time, and kept
+-- in step by every change from the build's start, see lua/_items.lua)
 -- ARGV[4] "1" = also return blobs  ARGV[5] unused (the samplers' uniforms slot)
 -- Returns the first n ids of the order, {id_1..id_n}, and, if asked, {blob_1..blob_n}
 -- after them: fifo = oldest first, lifo = newest first, max / min = highest / lowest score
 -- first with the oldest first among equal scores. When n exceeds the length the order
 -- repeats. O(log len + n). Errors: RB_EMPTY, RB_CONFIG (no PER priorities), RB_LIMIT (n
--- above RB_MAX_ITEMS, redisbuf/store/bounds.py).
+-- above RB_MAX_ITEMS, redisbuf/store/bounds.py), RB_NOHEAP (by priority before the heap
+-- is built).
 local K = buffer_keys(KEYS)
 local n, mode = tonumber(ARGV[1]), ARGV[2]
 if n == nil or n > RB_MAX_ITEMS then
@@ -30,15 +31,8 @@ elseif mode == 'max' or mode == 'min' then
       return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' has no PER priorities (use PERSampler)')
     end
     if redis.call('HGET', K.meta, 'per_heap') ~= '1' then
-      local flat = redis.call('HGETALL', K.per)
-      redis.call('UNLINK', K.per_heap)
-      local scored = {}
-      for i = 1, #flat, 2 do
-        scored[#scored + 1] = flat[i + 1]
-        scored[#scored + 1] = flat[i]
-      end
-      call_chunked('ZADD', K.per_heap, scored)
-      redis.call('HSET', K.meta, 'per_heap', '1')
+      return fail('RB_NOHEAP', 'the priority heap of ' .. K.meta .. ' is not built yet: '
+        .. 'build it with lua/heap_build.lua (a slice a call) and call again')
     end
     source = K.per_heap
   end

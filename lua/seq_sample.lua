@@ -46,12 +46,17 @@
 -- so that read finds the drawn window or, if it was evicted meanwhile, a missing step.
 -- Adds k * L to meta "sampled" (steps drawn; not in the read-only variant).
 -- Errors: RB_NOBUF, RB_EMPTY (no valid window), RB_INVALID, RB_NOTREE (prioritized draws
--- from a buffer that is not prioritized).
+-- from a buffer that is not prioritized), RB_LIMIT (a batch of more than RB_MAX_ITEMS
+-- windows, redisbuf/store/bounds.py).
 local K = seq_keys(KEYS)
 local C = seq_conf(K)
 if not C then return fail('RB_NOBUF', 'sequence buffer meta ' .. K.meta .. ' does not exist') end
 local L = tonumber(ARGV[1])
 local batch = tonumber(ARGV[2])
+if batch == nil or batch > RB_MAX_ITEMS then
+  return fail('RB_LIMIT', 'one command draws at most ' .. RB_MAX_ITEMS .. ' windows, asked '
+    .. tostring(ARGV[2]))
+end
 local ratio = tonumber(ARGV[3])
 local recent_steps = tonumber(ARGV[4])
 local cross = ARGV[5] == '1'

@@ -50,6 +50,14 @@ class PerBusyError(ConfigMismatchError):
     code = "RB_BUSY"
 
 
+class HeapNotBuiltError(ConfigMismatchError):
+    """A MaxHeap / MinHeap selector by PER priority asked before the buffer's priority
+    heap is built (``RB_NOHEAP``): build it (lua/heap_build.lua, a bounded slice a call;
+    the selectors do) and retry."""
+
+    code = "RB_NOHEAP"
+
+
 class BufferShardedError(ConfigMismatchError):
     """The name is a sharded buffer's (``RB_SHARDED``): a plain buffer of that name
     would hide it, so none is made."""
@@ -200,6 +208,7 @@ SCRIPT_ERRORS: dict[str, type[RedisBufError]] = {
         NoSuchBufferError,
         PrioritizedSamplingOffError,
         PerBusyError,
+        HeapNotBuiltError,
         BufferShardedError,
         BufferNotShardedError,
         InvalidBatchError,

@@ -392,3 +392,18 @@ def test_fcall_add_above_the_byte_bound_is_refused(real_client, buffer_name):
     with pytest.raises(redis_py.ResponseError, match="RB_LIMIT .*bytes"):
         real_client.execute_command("FCALL", "rb_add", len(keys), *keys, *args)
     assert len(buffer) == 0 and real_client.hlen(buffer.keys.items) == 0
+
+
+def test_a_sequence_batch_above_the_bound_is_refused(client, buffer_name):
+    """One lua/seq_sample.lua call draws a batch's windows: above the bound Python refuses
+    it, and so does the script itself (a client that is not ours), writing nothing."""
+    buf = SequenceBuffer(client, buffer_name, 2, 8)
+    _steps(buf, 2, 8)
+    big = bounds.MAX_ITEMS_PER_COMMAND + 1
+    with pytest.raises(RequestTooLargeError, match="at most 2048 windows"):
+        buf.get_batch(big, 1)
+    sampled = client.hget(SequenceKeys(buffer_name).meta, "sampled")
+    with pytest.raises(RequestTooLargeError, match="at most 2048 windows"):
+        buf._run("seq_sample", buf._keys, [1, big, "0", 0, "0", "1", 0, "0", b"", 1])
+    assert client.hget(SequenceKeys(buffer_name).meta, "sampled") == sampled
+    assert buf.get_batch(bounds.MAX_ITEMS_PER_COMMAND, 1)[0]["pos"].shape == (2048, 1)

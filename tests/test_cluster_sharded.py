@@ -323,3 +323,29 @@ def test_a_shard_that_fails_its_draw_leaves_no_draw_recorded_on_the_others(
     after = [(fake_client.hget(s.keys.meta, "sampled"), fake_client.hgetall(s.keys.uses))
              for s in buffer.shards]
     assert after == before
+
+
+def test_shards_share_one_running_max_for_new_items(fake_client, buffer_name):
+    """PER's new-item rule over shards: a new item gets the highest priority set on any
+    shard (as in one buffer), not its own shard's; ids that were evicted raise nothing."""
+    from redisbuf import PERSampler
+
+    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, seed=2,
+                          sampler=PERSampler(initial_priority=1.0))
+    first = buffer.add({"x": np.arange(4)})
+    k = int(first.ids[0] % 3)
+    buffer.update_priority(first.ids[:1], [50.0])
+    maxima = [float(fake_client.hget(s.keys.meta, "per_max")) for s in buffer.shards]
+    assert maxima == [50.0, 50.0, 50.0]
+    for _ in range(3):  # one add per shard: every shard gets new items
+        added = buffer.add({"x": np.arange(2)})
+        shard = buffer.shards[int(added.ids[0] % 3)]
+        local = [b"%012d" % (i // 3) for i in added.ids]
+        assert [float(p) for p in fake_client.hmget(shard.keys.per, local)] == [50.0, 50.0]
+    # explicit priorities raise it too, wherever the batch lands
+    buffer.add({"x": np.arange(1)}, priorities=[70.0])
+    assert {float(fake_client.hget(s.keys.meta, "per_max")) for s in buffer.shards} == {70.0}
+    # an id no longer stored raises nothing
+    gone = (10**6) * 3 + k
+    assert buffer.update_priority([gone], [99.0]) == 0
+    assert {float(fake_client.hget(s.keys.meta, "per_max")) for s in buffer.shards} == {70.0}

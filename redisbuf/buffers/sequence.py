@@ -560,6 +560,9 @@ class SequenceBuffer:
         nothing and the draw is made again). Raises :class:`EmptyBufferError` when no
         valid window exists, and when 50 calls do not fill the batch (prioritized: draws
         falling on invalid windows; also when no stored step has a non-zero priority).
+        A ``batch_size`` above :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`
+        raises :class:`RequestTooLargeError` (one call draws the windows: draw such a
+        batch in several calls).
 
         Args:
             batch_size: how many windows (positive).
@@ -570,11 +573,17 @@ class SequenceBuffer:
 
         Raises:
             ValueError: a size that is not a positive integer.
+            RequestTooLargeError: ``batch_size`` above ``MAX_ITEMS_PER_COMMAND``.
             EmptyBufferError: no valid window, or 50 calls did not fill the batch.
         """
         for label, value in (("batch_size", batch_size), ("batch_length", batch_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{label} must be a positive integer, got {value!r}")
+        if batch_size > bounds.MAX_ITEMS_PER_COMMAND:
+            raise RequestTooLargeError(
+                f"get_batch draws at most {bounds.MAX_ITEMS_PER_COMMAND} windows per call "
+                f"(redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND), asked {batch_size}"
+            )
         self._stored_schema()
         L = batch_length
         envs: list[int] = []

@@ -53,6 +53,7 @@ shards sit on different masters, and each shard's scripts stay atomic on its one
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -244,6 +245,7 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
                     )
                 )
         self._next = int(self.rng.integers(shards))
+        self._shared_max = -math.inf  # the running max this process last shared
         self._schema_json: str | None = None
         #: draw from the shards at once, one thread each (see _draws)
         self.parallel = True
@@ -431,7 +433,28 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
                 batch, priorities, model_version=model_version, session_id=session_id
             )
         result.ids = result.ids * self.count + k
+        if priorities is not None and len(result.ids):
+            self._share_max(np.asarray(priorities, dtype=np.float64).reshape(-1))
         return result
+
+    def _share_max(self, values: np.ndarray) -> None:
+        """Raise every shard's running max priority (what new items get) to the highest
+        of ``values`` just set, so the shards share one running max: a new item on any
+        shard gets the highest priority set on any of them, as in an unsharded buffer.
+        Skipped while this process has already raised it that high (the max only grows)."""
+        finite = values[np.isfinite(values)]
+        if not len(finite) or float(finite.max()) <= self._shared_max:
+            return
+        # the shards' own running maxima (an id skipped as evicted raised none)
+        replies = self._per_shard(lambda pipe, shard: pipe.hget(shard.keys.meta, "per_max"))
+        maxima = [float(r) if r is not None and not isinstance(r, Exception) else -math.inf
+                  for r in replies]
+        top = max(maxima)
+        for k, shard in enumerate(self.shards):
+            if maxima[k] < top:
+                with self._on_shard(k):
+                    shard._run("per_raise_max", shard.keys.all_keys(), [repr(top)])
+        self._shared_max = top
 
     # -- reading ------------------------------------------------------------------------
 
@@ -469,6 +492,8 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
             with self._on_shard(k):
                 updated += self.shards[k].update_priority(id_array[mine] // self.count,
                                                           values[mine])
+        if updated:
+            self._share_max(values)
         return updated
 
     def get(self, ids: Any) -> Any:

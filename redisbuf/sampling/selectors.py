@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import RequestTooLargeError
+from ..errors import HeapNotBuiltError, RequestTooLargeError
 from ..store import bounds
 from .samplers import Draw, _draw_then_fetch
 
@@ -19,6 +19,18 @@ if TYPE_CHECKING:
     from ..buffers.replay import ReplayBuffer
 
 _SCORES = ("log_reward", "priority")
+# a heap built, then reset by another process (PER turned off and on) before the draw
+_HEAP_ATTEMPTS = 3
+
+
+def build_heap(buffer: ReplayBuffer) -> int:
+    """Build the buffer's priority heap (the ``perheap`` zset the selectors by PER
+    priority read) in bounded slices (lua/heap_build.lua): no command holds the server
+    long, and changes made meanwhile are kept. Returns the number of calls it took."""
+    calls = 1
+    while not int(buffer._run("heap_build", buffer.keys.all_keys(), [])):
+        calls += 1
+    return calls
 
 
 class _Selector:
@@ -43,6 +55,15 @@ class _Selector:
         def parse(reply: list[Any], n: int) -> tuple[list[bytes], None, int]:
             return reply[:n], None, n
 
+        for _ in range(_HEAP_ATTEMPTS):
+            try:
+                return _draw_then_fetch(
+                    buffer, "sample_select", buffer.keys.all_keys(),
+                    [n, self._order, self.by], n, b"", parse,
+                )
+            except HeapNotBuiltError:
+                # by PER priority, the first time (or after PER was turned on again)
+                build_heap(buffer)
         return _draw_then_fetch(
             buffer, "sample_select", buffer.keys.all_keys(), [n, self._order, self.by], n, b"",
             parse,

@@ -78,9 +78,9 @@ GRANTS: dict[str, str] = {
                      "seq_masslog_read", "seq_replica_read", "enable_per", "enable_tree",
                      # a learner's replica publishes snapshots; its draws set aside
                      # records that do not decode
-                     "snapshot_commit", "quarantine"),
+                     "snapshot_commit", "quarantine", "heap_build"),
                     "sample"),
-    **dict.fromkeys(("update_priority", "seq_update_priority"), "priority"),
+    **dict.fromkeys(("update_priority", "seq_update_priority", "per_raise_max"), "priority"),
     "rate_limit": "rate",
     **dict.fromkeys(("lifetime_config", "limiter_config"), "config"),
     # "create": init.lua makes a buffer (admin) or, when it exists, only reads its meta
