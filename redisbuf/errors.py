@@ -14,7 +14,21 @@ class RedisBufError(Exception):
     the error came from the server or was raised in Python; None for classes that stand
     for no code. A reply with a code no class has becomes a plain ``RedisBufError``
     whose instance ``code`` is that code. Tell errors apart by class
-    (``except NoSuchBufferError``), not by comparing codes."""
+    (``except NoSuchBufferError``), not by comparing codes.
+
+    Attributes:
+        code: the ``RB_*`` code, or ``None``.
+
+    Examples:
+        >>> import fakeredis
+        >>> from redisbuf import EmptyBufferError, RedisBufError, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+        >>> try:
+        ...     buffer.sample(1)
+        ... except RedisBufError as error:
+        ...     print(type(error).__name__, error.code, isinstance(error, EmptyBufferError))
+        EmptyBufferError RB_EMPTY True
+    """
 
     code: str | None = None
 
@@ -98,7 +112,17 @@ class RequestTooLargeError(InvalidBatchError):
 
 class EmptyBufferError(RedisBufError, LookupError, ValueError):
     """Sampling was asked of a buffer that holds no item that can be drawn. Also a
-    ValueError, which is what torchgfn's buffers raise (and its users catch) there."""
+    ValueError, which is what torchgfn's buffers raise (and its users catch) there.
+
+    Examples:
+        >>> import fakeredis
+        >>> from redisbuf import ReplayBuffer
+        >>> try:
+        ...     ReplayBuffer(fakeredis.FakeRedis(), "demo").sample(1)
+        ... except ValueError as error:  # torchgfn's users catch ValueError
+        ...     print(error)
+        buffer 'demo': buffer is empty
+    """
 
     code = "RB_EMPTY"
 
@@ -171,7 +195,15 @@ class FetchTimeoutError(WaitTimeoutError):
 class ShardUnavailableError(ServerUnavailableError):
     """One shard of a sharded buffer cannot be reached (its Redis Cluster master is down,
     or the connection to it was lost). ``shard`` is its index; the message names the
-    buffer, the shard and its node. The other shards are untouched."""
+    buffer, the shard and its node. The other shards are untouched.
+
+    Args:
+        message: the message.
+        shard: the shard's index.
+
+    Attributes:
+        shard: the shard's index.
+    """
 
     def __init__(self, message: str, shard: int) -> None:
         super().__init__(message)
@@ -188,7 +220,17 @@ class PartialLoadError(RedisBufError):
     """A sharded buffer's ``load`` / ``load_state_dict`` failed after some shards were
     already restored (each shard's restore is atomic, the whole is not). ``restored``
     lists the shards that hold the loaded items, ``failed`` the shard that failed (it
-    and the ones after it are as they were); the cause is chained."""
+    and the ones after it are as they were); the cause is chained.
+
+    Args:
+        message: the message.
+        restored: the shards restored.
+        failed: the shard that failed.
+
+    Attributes:
+        restored: the shards that hold the loaded items.
+        failed: the shard that failed.
+    """
 
     def __init__(self, message: str, restored: list[int], failed: int) -> None:
         super().__init__(message)
