@@ -7,7 +7,8 @@ the ``members:`` it lists) and every name of ``redisbuf.__all__``. An ``Examples
 section is a Google-style section: the line ``Examples:`` and the lines indented under it,
 written as doctest (``>>> ``) examples that run on fakeredis, each docstring in a fresh
 namespace. An example that needs a real server or a spawned process carries
-``# doctest: +SKIP`` and a comment saying why.
+``# doctest: +SKIP`` and a comment saying why. The examples of ``redisbuf.integrations.torchgfn``
+need the torchgfn extra (skipped without it, as the other torchgfn tests).
 
 One test per docstring, named by the object's path, so ``-k ReplayBuffer`` runs those.
 """
@@ -139,6 +140,8 @@ EXAMPLES = _with_examples()
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES))
 def test_examples_run(path: str) -> None:
+    if path.startswith("redisbuf.integrations.torchgfn."):
+        pytest.importorskip("gfn")  # the torchgfn extra, as tests/test_torchgfn_*.py
     results = run_examples(path, EXAMPLES[path])
     assert results.attempted > 0, f"{path}: its Examples section has no >>> example"
     assert results.failed == 0, f"{path}: {results.failed} example(s) failed (output above)"
