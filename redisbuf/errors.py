@@ -86,19 +86,53 @@ class BufferNotShardedError(ConfigMismatchError):
 
 
 class SchemaError(RedisBufError, ValueError):
-    """A batch's container kind, field dtypes or trailing shapes do not fit the buffer."""
+    """A batch's container kind, field dtypes or trailing shapes do not fit the buffer.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ReplayBuffer, SchemaError
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+        >>> _ = buffer.add({"obs": np.zeros(2), "log_rewards": np.zeros(2)})
+        >>> try:
+        ...     buffer.add({"obs": np.zeros((2, 3)), "log_rewards": np.zeros(2)})
+        ... except SchemaError:
+        ...     print("refused; the buffer keeps", len(buffer), "items")
+        refused; the buffer keeps 2 items
+    """
 
     code = "RB_SCHEMA"
 
 
 class InvalidBatchError(RedisBufError, ValueError):
-    """A batch is malformed: mismatched lengths, NaN log-rewards, bad values."""
+    """A batch is malformed: mismatched lengths, NaN log-rewards, bad values.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import InvalidBatchError, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+        >>> try:
+        ...     buffer.add({"obs": np.zeros(2), "log_rewards": np.array([0.0, np.nan])})
+        ... except InvalidBatchError as error:
+        ...     print(error)
+        log_rewards contains NaN (items [1])
+    """
 
     code = "RB_INVALID"
 
 
 class ItemTooLargeError(InvalidBatchError):
-    """One encoded item is larger than the buffer's ``max_item_bytes``."""
+    """One encoded item is larger than the buffer's ``max_item_bytes``.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ItemTooLargeError, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", max_item_bytes=64)
+        >>> try:
+        ...     buffer.add({"obs": np.zeros((1, 100)), "log_rewards": np.zeros(1)})
+        ... except ItemTooLargeError as error:
+        ...     print(error)
+        item 0 encodes to ... bytes, over max_item_bytes=64
+    """
 
 
 class RequestTooLargeError(InvalidBatchError):
@@ -180,7 +214,18 @@ class ControlTimeoutError(ProtocolError, TimeoutError):
 
 
 class WaitTimeoutError(RedisBufError, TimeoutError):
-    """A blocking call waited its whole timeout for a buffer (the message names it)."""
+    """A blocking call waited its whole timeout for a buffer (the message names it).
+
+    Examples:
+        >>> import fakeredis
+        >>> from redisbuf import ReplayBuffer, WaitTimeoutError
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+        >>> try:
+        ...     buffer.sample(1, block=True, timeout=0)
+        ... except TimeoutError as error:
+        ...     print(type(error).__name__)
+        WaitTimeoutError
+    """
 
 
 class RateLimitTimeoutError(WaitTimeoutError):

@@ -644,6 +644,12 @@ class ReplayBuffer:
             self._finalizer()
 
     def timing_log(self) -> str:
+        """Count, mean and total time of this worker's sends to its manager and score
+        waits (with ``timing=True``).
+
+        Returns:
+            One line; ``"no timing recorded"`` without a manager or timings.
+        """
         remote = self._buffer.remote
         return remote.timing_log() if remote is not None else "no timing recorded"
 
@@ -808,6 +814,18 @@ class TerminatingStateBuffer(ReplayBuffer):
         return to_redisbuf(container, self.env, states_kind="states")
 
     def add(self, training_container: Any) -> dict[str, float] | None:
+        """Add the terminating states of a ``Trajectories``, ``Transitions`` or
+        ``StatesContainer``; later samples are ``StatesContainer``.
+
+        Args:
+            training_container: the container.
+
+        Returns:
+            The manager's score dict, or ``None`` (as :meth:`ReplayBuffer.add`).
+
+        Raises:
+            ContainerTypeError: not one of those containers.
+        """
         score = super().add(training_container)
         self._container_class = StatesContainer
         return score
