@@ -81,10 +81,12 @@ class LocalCluster:
 
     @property
     def urls(self) -> list[str]:
+        """The masters' ``redis://127.0.0.1:PORT`` URLs, in start order."""
         return [f"redis://127.0.0.1:{server.port}" for server in self.servers]
 
     @property
     def ports(self) -> list[int]:
+        """The masters' ports, in start order."""
         return [server.port for server in self.servers]
 
     def start(self) -> LocalCluster:

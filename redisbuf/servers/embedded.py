@@ -126,6 +126,7 @@ class EmbeddedServer:
 
     @property
     def url(self) -> str:
+        """``redis://127.0.0.1:PORT/0``."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     @property
