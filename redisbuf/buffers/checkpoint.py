@@ -131,7 +131,14 @@ class Checkpointing:
         """The whole buffer as plain data: the header (its ``per``: the PER settings, or
         None without PER), then per item, oldest first: ``ids``, ``priorities``
         (log-rewards), ``blobs``, ``per_priorities`` (None each without PER) and ``uses``
-        (times sampled)."""
+        (times sampled).
+
+        Returns:
+            A dict of plain data (no pickle needed to store it).
+
+        Raises:
+            ConfigMismatchError: the buffer does not exist (dropped).
+        """
         header = self._header()
         return _state_of(header, self._records(header["per"] is not None))
 
@@ -140,7 +147,26 @@ class Checkpointing:
         keeping their order, log-rewards, PER priorities and use counts (they get new
         ids); see :meth:`load` for what is checked, the PER rules and how the replacement
         is atomic. A version-1 state (no ``per_priorities`` / ``uses``) loads as a
-        version-1 file."""
+        version-1 file.
+
+        Args:
+            state: a dict from :meth:`state_dict`.
+            drop_per_priorities: as :meth:`load`.
+
+        Raises:
+            ConfigMismatchError: as :meth:`load`.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> source = ReplayBuffer(client, "source")
+            >>> _ = source.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> copy = ReplayBuffer(client, "copy")
+            >>> copy.load_state_dict(source.state_dict())
+            >>> sorted(copy.sample(3)["obs"])
+            [0.0, 1.0, 2.0]
+        """
         self._restore(state, _state_records(state), drop_per_priorities)
 
     def save(self, path: str | Path, *, progress: Progress | None = None) -> int:
@@ -157,7 +183,31 @@ class Checkpointing:
         previous file as it was.
 
         ``progress(done, total)``, when given, is called after every 1,000 records written
-        and once at the end, with ``total`` the length when the save began."""
+        and once at the end, with ``total`` the length when the save began.
+
+        Args:
+            path: the file to write.
+            progress: called as ``progress(done, total)``, or ``None``.
+
+        Returns:
+            The number of items written.
+
+        Raises:
+            ConfigMismatchError: the buffer does not exist (dropped).
+
+        Examples:
+            >>> import fakeredis, numpy as np, os, tempfile
+            >>> from redisbuf import ReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> buffer = ReplayBuffer(client, "demo")
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> path = os.path.join(tempfile.mkdtemp(), "demo.rbuf")
+            >>> buffer.save(path)
+            3
+            >>> restored = ReplayBuffer(client, "restored")
+            >>> restored.load(path), restored.stats()["inserted"]
+            (3, 3)
+        """
         total = len(self) if progress is not None else 0
 
         def stream() -> Iterator[tuple[Any, ...]]:
@@ -204,7 +254,22 @@ class Checkpointing:
 
         ``progress(done, total)``, when given, is called as the items built under the
         staging keys pass each multiple of 1,000 (exactly there unless large items made a
-        staging add smaller), after the last, and once more after the swap."""
+        staging add smaller), after the last, and once more after the swap.
+
+        Args:
+            path: a file written by :meth:`save` (or :meth:`ShardedReplayBuffer.save`).
+            drop_per_priorities: load a file with PER priorities into a buffer without PER,
+                without them.
+            progress: called as ``progress(done, total)``, or ``None``.
+
+        Returns:
+            The number of items loaded.
+
+        Raises:
+            ConfigMismatchError: the file does not fit the buffer (schema, capacity, PER
+                priorities without PER, a use count at or over ``max_use``).
+            DecodeError: the file is malformed or truncated.
+        """
         header, records = _read_save(path)
         self._restore(header, records, drop_per_priorities, progress)
         return len(records)
