@@ -7,8 +7,8 @@ the ``members:`` it lists) and every name of ``redisbuf.__all__``. An ``Examples
 section is a Google-style section: the line ``Examples:`` and the lines indented under it,
 written as doctest (``>>> ``) examples that run on fakeredis, each docstring in a fresh
 namespace. An example that needs a real server or a spawned process carries
-``# doctest: +SKIP`` and a comment saying why. The examples of ``redisbuf.integrations.torchgfn``
-need the torchgfn extra (skipped without it, as the other torchgfn tests).
+``# doctest: +SKIP`` and a comment saying why. The examples of the torchgfn drop-in need
+the torchgfn extra (skipped without it, as the other torchgfn tests).
 
 One test per docstring, named by the object's path, so ``-k ReplayBuffer`` runs those.
 """
@@ -140,7 +140,7 @@ EXAMPLES = _with_examples()
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES))
 def test_examples_run(path: str) -> None:
-    if path.startswith("redisbuf.integrations.torchgfn."):
+    if "torchgfn" in path.split("."):
         pytest.importorskip("gfn")  # the torchgfn extra, as tests/test_torchgfn_*.py
     results = run_examples(path, EXAMPLES[path])
     assert results.attempted > 0, f"{path}: its Examples section has no >>> example"
@@ -155,11 +155,12 @@ def test_public_api_is_collected() -> None:
         "redisbuf.buffers.replay.ReplayBuffer",
         "redisbuf.buffers.replay.ReplayBuffer.sample",
         "redisbuf.errors.RedisBufError",
-        "redisbuf.integrations.torchgfn.to_redisbuf",
         "redisbuf.store.connection.connect",
     ):
         assert path in objects
-    assert len(EXAMPLES) >= 1
+    # the drop-in's module path is left open (redisbuf.torchgfn or under integrations/)
+    assert any(path.endswith(".torchgfn.to_redisbuf") for path in objects)
+    assert len(EXAMPLES) >= 50  # under the present count: losing many sections fails
 
 
 def test_a_wrong_example_fails() -> None:

@@ -160,7 +160,7 @@ def to_redisbuf(container: Any, env: Any, states_kind: str = "dict") -> Any:
         >>> policy = DiscretePolicyEstimator(MLP(pre.output_dim, env.n_actions), env.n_actions,
         ...                                  preprocessor=pre)
         >>> trajectories = Sampler(policy).sample_trajectories(env, n=4)
-        >>> from redisbuf.integrations.torchgfn import from_redisbuf, to_redisbuf
+        >>> from redisbuf.torchgfn import from_redisbuf, to_redisbuf
         >>> batch = to_redisbuf(trajectories, env)
         >>> type(batch).__module__, len(batch)
         ('redisbuf.store.containers', 4)
@@ -405,7 +405,7 @@ class ReplayBuffer:
         >>> policy = DiscretePolicyEstimator(MLP(pre.output_dim, env.n_actions), env.n_actions,
         ...                                  preprocessor=pre)
         >>> trajectories = Sampler(policy).sample_trajectories(env, n=4)
-        >>> from redisbuf.integrations.torchgfn import ReplayBuffer
+        >>> from redisbuf.torchgfn import ReplayBuffer
         >>> buffer = ReplayBuffer(env, capacity=10, url=fakeredis.FakeRedis())
         >>> buffer.add(trajectories)  # None: no remote manager
         >>> len(buffer), type(buffer.sample(2)).__name__
@@ -775,7 +775,7 @@ class TerminatingStateBuffer(ReplayBuffer):
         >>> policy = DiscretePolicyEstimator(MLP(pre.output_dim, env.n_actions), env.n_actions,
         ...                                  preprocessor=pre)
         >>> trajectories = Sampler(policy).sample_trajectories(env, n=4)
-        >>> from redisbuf.integrations.torchgfn import TerminatingStateBuffer
+        >>> from redisbuf.torchgfn import TerminatingStateBuffer
         >>> buffer = TerminatingStateBuffer(env, url=fakeredis.FakeRedis())
         >>> _ = buffer.add(trajectories)
         >>> sample = buffer.sample(2)
