@@ -248,8 +248,10 @@ class SequenceBuffer:
         >>> for t in range(3):  # one step of each environment per call
         ...     _ = buffer.add_batch({"obs": np.array([t, 10 + t])})
         >>> batch, info = buffer.get_batch(batch_size=4, batch_length=2)
-        >>> batch["obs"].shape, sorted(set(info.env_ids.tolist()) | {0, 1})
-        ((4, 2), [0, 1])
+        >>> batch["obs"].shape, info.env_ids.shape
+        ((4, 2), (4,))
+        >>> (batch["obs"][:, 1] - batch["obs"][:, 0]).tolist()  # consecutive steps
+        [1, 1, 1, 1]
     """
 
     def __init__(
