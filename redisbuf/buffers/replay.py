@@ -1076,8 +1076,11 @@ class ReplayBuffer(Inserting, Checkpointing):
         Examples:
             >>> import fakeredis
             >>> from redisbuf import ReplayBuffer
-            >>> with ReplayBuffer(fakeredis.FakeRedis(), "demo") as buffer:
-            ...     pass  # leaving the block calls close()
+            >>> client = fakeredis.FakeRedis()
+            >>> with ReplayBuffer(client, "demo") as buffer:  # leaving it calls close()
+            ...     _ = buffer.add({"obs": [1.0], "log_rewards": [0.0]})
+            >>> client.ping(), len(ReplayBuffer.open(client, "demo"))  # both still there
+            (True, 1)
         """
         if self._owns_client:
             self.client.close()

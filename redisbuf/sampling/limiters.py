@@ -50,8 +50,10 @@ class RateLimiter:
 
     Examples:
         >>> from redisbuf import RateLimiter
-        >>> RateLimiter(1.0, 100, min_diff=-10.0, max_diff=10.0, timeout=None).timeout is None
-        True
+        >>> RateLimiter(1.0, 100, min_diff=10.0, max_diff=-10.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: min_diff 10.0 is above max_diff -10.0
     """
 
     samples_per_insert: float
