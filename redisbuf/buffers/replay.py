@@ -1143,8 +1143,8 @@ class ReplayBuffer(Inserting, Checkpointing):
         process's previous ``stats()``, or since creation on the first).
 
         Returns:
-            A dict of JSON-compatible values, keyed by name (``length``, ``capacity``,
-            ``inserted``, ``evicted``, ``sampled``, ``quarantined``, ...).
+            A dict keyed by name (``length``, ``capacity``, ``inserted``, ``evicted``,
+            ``sampled``, ``quarantined``, ...).
 
         Examples:
             >>> import fakeredis, numpy as np
