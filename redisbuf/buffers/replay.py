@@ -96,7 +96,25 @@ class SampleInfo:
     ``weights`` are the importance-sampling weights ``(N * P(i))^-beta / max_j
     (N * P(j))^-beta`` (N the length, the max over the whole buffer, as DI-engine) and
     ``importance_weights`` are ALF's ``priority_i / mean non-zero priority`` (1 when every
-    priority is zero)."""
+    priority is zero).
+
+    Attributes:
+        batch: the drawn items, one batch of the buffer's kind.
+        ids: the drawn items' ids, in batch order (int64).
+        probabilities: each draw's probability of picking its item; ``None`` for uniform
+            draws, ``sample_range`` and batches with recent data.
+        weights: PER importance-sampling weights (:class:`PERSampler` only).
+        importance_weights: ALF's importance weights (:class:`PERSampler` only).
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import PERSampler, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=PERSampler())
+        >>> _ = buffer.add({"obs": np.arange(4.0), "log_rewards": np.zeros(4)})
+        >>> info = buffer.sample_with_info(2)
+        >>> info.ids.dtype, info.weights.tolist()
+        (dtype('int64'), [1.0, 1.0])
+    """
 
     batch: Any
     ids: np.ndarray
@@ -140,17 +158,27 @@ class ReplayBuffer(Inserting, Checkpointing):
         rate_limiter: a :mod:`redisbuf.sampling.limiters` limiter (``SampleToInsertRatio``,
             ``MinSize``) enforced for every process; fixed at creation, ``None`` adopts
             the stored one.
-        recent_data_ratio, recent_data_steps: ALF's recent data: ``ceil(n *
-            recent_data_ratio)`` draws of every ``sample(n)`` come uniformly from the
-            newest ``recent_data_steps`` items, the rest from the sampler. This
-            process's setting, not the buffer's.
+        recent_data_ratio: ALF's recent data: ``ceil(n * recent_data_ratio)`` draws of
+            every ``sample(n)`` come uniformly from the newest ``recent_data_steps`` items,
+            the rest from the sampler. This process's setting, not the buffer's.
+        recent_data_steps: how many of the newest items ``recent_data_ratio``'s draws
+            come from.
         remote_manager_rank: rank of a :class:`~redisbuf.control.manager.ReplayBufferManager`
-            that scores what this worker adds; the other remote arguments
-            (``remote_buffer_freq``, ``async_score``, ``baseline_filtering``,
-            ``baseline_refresh_after``, ``scoring_only``, ``communication_backend``:
-            ``"mpi"``, ``"redis"`` or a transport object, ``timing``) follow torchgfn and
-            are described in :mod:`redisbuf.control.remote`. ``add`` then puts the score dict
-            (what torchgfn's ``add`` returns) in ``AddResult.score``.
+            that scores what this worker adds; the other remote arguments below follow
+            torchgfn and are described in :mod:`redisbuf.control.remote`. ``add`` then puts
+            the score dict (what torchgfn's ``add`` returns) in ``AddResult.score``.
+        remote_buffer_freq: every ``remote_buffer_freq``-th ``add`` sends the items
+            accumulated since the last send.
+        async_score: ``add`` returns the previous send's score (None on the first)
+            instead of waiting for its own.
+        baseline_filtering: send only items with ``log_reward >=`` the manager's last
+            ``baseline_log_reward``.
+        baseline_refresh_after: after this many sends in a row left empty by the
+            filter, the next one goes out unfiltered.
+        scoring_only: the message carries the items' terminating states and log-rewards
+            instead of their ids.
+        communication_backend: ``"mpi"``, ``"redis"`` or a transport object.
+        timing: record the duration of each send and receive.
         lazy_sort: accepted for torchgfn compatibility; changes nothing: eviction is
             already incremental, so there is no per-add sort to defer.
         async_comm: torchgfn's non-blocking send with the score collected on the next
@@ -164,6 +192,7 @@ class ReplayBuffer(Inserting, Checkpointing):
             (:class:`~redisbuf.errors.ServerConfigError` where unsupported); an add not
             confirmed within ``durability_timeout`` seconds raises
             :class:`~redisbuf.errors.DurabilityError` (the batch is in the buffer).
+        durability_timeout: seconds ``durability``'s confirmation is waited for.
         retry_window: seconds (at least, up to about twice that) for which the buffer
             remembers each add's batch id and reply, so that an add retried after a lost
             reply is not stored twice; fixed at creation (default 600), ``None`` adopts
@@ -172,6 +201,22 @@ class ReplayBuffer(Inserting, Checkpointing):
             :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer`: one logical buffer of the
             global ``capacity`` over ``N`` shards (on a Redis Cluster, on different
             masters); fixed at creation.
+
+    Raises:
+        ValueError: an argument out of range (``capacity``, ``kind``, ``max_item_bytes``,
+            ``recent_data_ratio``, ``recent_data_steps``, ``retry_window``, ``durability``).
+        ConfigMismatchError: the stored buffer was made with another configuration.
+        ServerConfigError: ``strict`` and an evicting ``maxmemory-policy``, or a
+            ``durability`` the server cannot confirm.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", capacity=3)
+        >>> buffer.add({"obs": np.arange(4.0), "log_rewards": np.zeros(4)}).evicted
+        1
+        >>> len(buffer), sorted(buffer.sample(3)["obs"])
+        (3, [1.0, 2.0, 3.0])
     """
 
     def __init__(
@@ -316,6 +361,28 @@ class ReplayBuffer(Inserting, Checkpointing):
         """Open an existing buffer with its stored configuration.
 
         Raises :class:`ConfigMismatchError` if no buffer called ``name`` exists.
+
+        Args:
+            redis_or_url: a ``redis.Redis`` client or a URL.
+            name: the buffer's name.
+            **kwargs: further :class:`ReplayBuffer` arguments (not ``capacity``,
+                ``prioritized_capacity`` nor ``shards``: those are the stored ones).
+
+        Returns:
+            The buffer, with the stored capacity and eviction.
+
+        Raises:
+            ConfigMismatchError: no buffer called ``name`` exists.
+            ShardedBufferError: ``name`` is a sharded buffer (open it with
+                :meth:`ShardedReplayBuffer.open`).
+
+        Examples:
+            >>> import fakeredis
+            >>> from redisbuf import ReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> _ = ReplayBuffer(client, "demo", capacity=5)
+            >>> ReplayBuffer.open(client, "demo").capacity
+            5
         """
         client = guarded(as_client(redis_or_url))
         meta = decode_meta(client.hgetall(BufferKeys(name).meta))
@@ -468,7 +535,19 @@ class ReplayBuffer(Inserting, Checkpointing):
     # -- writing ------------------------------------------------------------------------
 
     def encode(self, batch: Any) -> tuple[list[bytes], np.ndarray, dict[str, Any]]:
-        """Validate ``batch`` and encode it: (blobs, log-rewards, schema). Writes nothing."""
+        """Validate ``batch`` and encode it: (blobs, log-rewards, schema). Writes nothing.
+
+        Args:
+            batch: a container of the buffer's kind (see :meth:`add`).
+
+        Returns:
+            One encoded blob per item, the items' log-rewards, and the batch's schema.
+
+        Raises:
+            InvalidBatchError: the batch is empty, or lacks ``log_rewards`` on a buffer that
+                ranks items by log-reward.
+            ItemTooLargeError: an item encodes to more than ``max_item_bytes``.
+        """
         columns, log_rewards, schema = kind_of(batch).split(batch)
         if len(log_rewards) == 0:
             raise InvalidBatchError("batch is empty")
@@ -518,6 +597,35 @@ class ReplayBuffer(Inserting, Checkpointing):
         With a remote manager, ``.score`` of the result is the manager's score dict for
         this batch (None when nothing was sent), or with ``async_score`` the previous
         send's (None on the first); see :mod:`redisbuf.control.remote`.
+
+        Args:
+            batch: a container of the buffer's kind: ``Trajectories``, ``Transitions``,
+                ``States`` or a dict of equally long columns (``log_rewards`` among them where
+                items are ranked by log-reward).
+            priorities: one PER priority per item, or ``None``.
+            model_version: the model version that produced the batch, or ``None``.
+            session_id: the session that produced the batch, or ``None``.
+
+        Returns:
+            The new items' ids, how many items were evicted, the manager's score, and why the
+            batch was rejected (``None`` when it was stored).
+
+        Raises:
+            InvalidBatchError: the batch is empty, malformed, or has NaN log-rewards.
+            SchemaError: the batch's kind or fields differ from the buffer's.
+            ItemTooLargeError: an item encodes to more than ``max_item_bytes``.
+            RequestTooLargeError: more items or bytes than one add may carry.
+            ConfigMismatchError: ``priorities`` on a buffer without :class:`PERSampler`.
+            DurabilityError: ``durability`` was not confirmed in time (the batch is stored).
+            ServerFullError: the server is at ``maxmemory`` (nothing is stored).
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", capacity=2)
+            >>> result = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> result.ids.tolist(), result.evicted, result.rejected
+            ([1, 2, 3], 1, None)
         """
         options = lifetime.add_options(model_version, session_id)
         blobs, log_rewards, schema = self.encode(batch)
@@ -545,7 +653,14 @@ class ReplayBuffer(Inserting, Checkpointing):
 
     def drain_pending_score(self, timeout_sec: float = 30.0) -> dict[str, float] | None:
         """Collect an outstanding async score before EXIT, waiting at most
-        ``timeout_sec``; None when nothing is pending, on timeout, or without a manager."""
+        ``timeout_sec``; None when nothing is pending, on timeout, or without a manager.
+
+        Args:
+            timeout_sec: the longest wait, in seconds.
+
+        Returns:
+            The manager's score dict, or ``None``.
+        """
         return None if self.remote is None else self.remote.drain_pending_score(timeout_sec)
 
     # -- reading ------------------------------------------------------------------------
@@ -561,7 +676,20 @@ class ReplayBuffer(Inserting, Checkpointing):
     ) -> Any:
         """Join stored blobs into one batch of this buffer's kind. ``schema_json`` is the
         meta's schema read together with the blobs: when it differs from the cached one
-        (the buffer was dropped and recreated meanwhile), the cache is refreshed first."""
+        (the buffer was dropped and recreated meanwhile), the cache is refreshed first.
+
+        Args:
+            blobs: stored item blobs, as :meth:`encode` made them.
+            ids: the items' ids, named by a :class:`DecodeError`; or ``None``.
+            schema_json: the meta's ``schema`` field read with the blobs, or ``None``.
+
+        Returns:
+            One batch of the buffer's kind.
+
+        Raises:
+            EmptyBufferError: the buffer has no schema yet (nothing was ever added).
+            DecodeError: a blob does not decode, naming the first offending id.
+        """
         if schema_json is not None and schema_json.decode() != self._schema_json:
             self._forget_schema()
         kind, schema = self._container_kind()
@@ -763,6 +891,37 @@ class ReplayBuffer(Inserting, Checkpointing):
         ``stats()["quarantined"]``, named in a
         :class:`~redisbuf.errors.QuarantinedRecordWarning`, and the draw is made again
         without it (:mod:`redisbuf.buffers.quarantine`).
+
+        Args:
+            n: how many items to draw (a positive integer).
+            replacement: ``True`` draws with replacement, ``False`` without; ``None`` follows
+                the rule above.
+            sample_range: a slice over insertion order to draw uniformly from, or ``None``.
+            block: wait as described above.
+            timeout: the longest wait in seconds (``None``: no limit).
+            min_size: with ``block``, the length to wait for (default ``n``).
+
+        Returns:
+            One batch of the buffer's kind holding the ``n`` drawn items.
+
+        Raises:
+            ValueError: ``n`` or ``min_size`` is not a positive integer.
+            EmptyBufferError: there is nothing to draw.
+            SamplingError: prioritized sampling is undefined.
+            RequestTooLargeError: a selector's draw of more than ``MAX_ITEMS_PER_COMMAND``.
+            WaitTimeoutError: ``block`` and ``timeout`` passed first.
+            RateLimitTimeoutError: the rate limiter held the sample back past ``timeout``.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", seed=0)
+            >>> _ = buffer.add({"obs": np.arange(5.0), "log_rewards": np.zeros(5)})
+            >>> batch = buffer.sample(3)
+            >>> batch["obs"].shape, len(set(batch["obs"]))
+            ((3,), 3)
+            >>> sorted(buffer.sample(2, sample_range=slice(-2, None))["obs"])
+            [3.0, 4.0]
         """
         return self._sample(n, replacement, sample_range, block, timeout, min_size)[1]
 
@@ -791,7 +950,32 @@ class ReplayBuffer(Inserting, Checkpointing):
         min_size: int | None = None,
     ) -> SampleInfo:
         """Like :meth:`sample`, also returning item ids and draw probabilities (None for
-        ``sample_range`` and for batches with recent data)."""
+        ``sample_range`` and for batches with recent data).
+
+        Args:
+            n: as :meth:`sample`.
+            replacement: as :meth:`sample`.
+            sample_range: as :meth:`sample`.
+            block: as :meth:`sample`.
+            timeout: as :meth:`sample`.
+            min_size: as :meth:`sample`.
+
+        Returns:
+            The batch with its items' ids, draw probabilities and PER weights.
+
+        Raises:
+            EmptyBufferError: as :meth:`sample`, which lists the others.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import PrioritizedSampler, ReplayBuffer
+            >>> buffer = ReplayBuffer(
+            ...     fakeredis.FakeRedis(), "demo", sampler=PrioritizedSampler(), seed=0)
+            >>> _ = buffer.add({"obs": np.arange(2.0), "log_rewards": np.log([1.0, 3.0])})
+            >>> info = buffer.sample_with_info(50, replacement=True)
+            >>> sorted(set(zip(info.ids.tolist(), info.probabilities.round(2).tolist())))
+            [(1, 0.25), (2, 0.75)]
+        """
         draw, batch = self._sample(n, replacement, sample_range, block, timeout, min_size)
         return SampleInfo(
             batch,
@@ -812,7 +996,27 @@ class ReplayBuffer(Inserting, Checkpointing):
         The server's work is constant per id whatever the buffer's size (one HMGET and
         one HSET of the ``per`` hash, one log entry); samplers re-weigh the items in their
         replicas when they next draw (this process's replica at once, when nothing else
-        changed the buffer since it was current)."""
+        changed the buffer since it was current).
+
+        Args:
+            ids: the items' ids.
+            priorities: one priority per id, finite and >= 0.
+
+        Returns:
+            How many distinct ids were updated.
+
+        Raises:
+            InvalidBatchError: a priority is NaN, negative or not finite, or the lengths
+                differ.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import PERSampler, ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=PERSampler())
+            >>> ids = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)}).ids
+            >>> buffer.update_priority(ids, [0.5, 2.0, 2.0])
+            3
+        """
         id_list = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
         texts = _per_priority_texts(priorities, len(id_list))
         if not id_list:
@@ -854,7 +1058,25 @@ class ReplayBuffer(Inserting, Checkpointing):
         Read by HMGETs of at most :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`
         ids (and about :data:`~redisbuf.store.bounds.MAX_REPLY_BYTES` of blobs) each, so
         a large call never holds the server for long; it is then not one atomic read:
-        an item evicted between two of them is named by the KeyError."""
+        an item evicted between two of them is named by the KeyError.
+
+        Args:
+            ids: the items' ids.
+
+        Returns:
+            One batch of the buffer's kind, in the order of ``ids``.
+
+        Raises:
+            KeyError: an id is not in the buffer.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+            >>> ids = buffer.add({"obs": np.array([7.0, 8.0]), "log_rewards": np.zeros(2)}).ids
+            >>> buffer.get([ids[1], ids[0]])["obs"].tolist()
+            [8.0, 7.0]
+        """
         ids = [int(i) for i in ids]
         members = [format_id(i) for i in ids]
         step = bounds.MAX_ITEMS_PER_COMMAND
@@ -875,7 +1097,17 @@ class ReplayBuffer(Inserting, Checkpointing):
 
     def close(self) -> None:
         """Release the connections of a client this buffer made (from a URL); a client
-        passed in stays open (its owner closes it). The buffer's data stays in Redis."""
+        passed in stays open (its owner closes it). The buffer's data stays in Redis.
+
+        Examples:
+            >>> import fakeredis
+            >>> from redisbuf import ReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> with ReplayBuffer(client, "demo") as buffer:  # leaving it calls close()
+            ...     _ = buffer.add({"obs": [1.0], "log_rewards": [0.0]})
+            >>> client.ping(), len(ReplayBuffer.open(client, "demo"))  # both still there
+            (True, 1)
+        """
         if self._owns_client:
             self.client.close()
 
@@ -899,7 +1131,22 @@ class ReplayBuffer(Inserting, Checkpointing):
 
         Read :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` ranks per command: a
         ``k`` above that is not one atomic read (items added or evicted meanwhile shift
-        the later ranks)."""
+        the later ranks).
+
+        Args:
+            k: how many items.
+
+        Returns:
+            ``(id, log_reward)`` pairs, highest log-reward first; ``[]`` when ``k <= 0``.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", prioritized_capacity=True)
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.array([0.5, 2.0, 1.0])})
+            >>> buffer.top(2)
+            [(2, 2.0), (3, 1.0)]
+        """
         if k <= 0:
             return []
         kept = keeps_rewards(self.client, self.keys)  # else all 0: the newest first
@@ -919,7 +1166,21 @@ class ReplayBuffer(Inserting, Checkpointing):
         data lifetime (:func:`redisbuf.sampling.lifetime.lifetime_stats`: mean use count of present
         and removed items, mean staleness of sampled items, refused adds), priority
         min / mean / max, and insert / sample rates (items per second since this
-        process's previous ``stats()``, or since creation on the first)."""
+        process's previous ``stats()``, or since creation on the first).
+
+        Returns:
+            A dict keyed by name (``length``, ``capacity``, ``inserted``, ``evicted``,
+            ``sampled``, ``quarantined``, ...).
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", capacity=2)
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> stats = buffer.stats()
+            >>> stats["length"], stats["inserted"], stats["evicted"]
+            (2, 3, 1)
+        """
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(self.keys.meta)
         pipe.zcard(self.keys.order)
@@ -951,14 +1212,37 @@ class ReplayBuffer(Inserting, Checkpointing):
         items each (redisbuf/store/bounds.py): until the last of them, other processes may
         still draw an item being removed, and a version another process makes current
         meanwhile governs the removals left. Later adds are checked against these. Returns
-        the number of items removed."""
+        the number of items removed.
+
+        Args:
+            session_id: the session whose version this is.
+            model_version: the version made current.
+
+        Returns:
+            The number of items removed.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", max_staleness=1)
+            >>> batch = {"obs": np.arange(2.0), "log_rewards": np.zeros(2)}
+            >>> _ = buffer.add(batch, model_version=0, session_id="run")
+            >>> buffer.update_model_version("run", 2)
+            2
+            >>> buffer.add(batch, model_version=0, session_id="run").rejected
+            'stale'
+        """
         return lifetime.update_model_version(self.view, session_id, model_version)
 
     def memory_usage(self) -> int | None:
         """Bytes Redis reports for this buffer's keys (None if the server cannot say):
         its estimate from :data:`~redisbuf.store.bounds.MEMORY_USAGE_SAMPLES` elements of
         each key, exact for keys of no more elements (counting every element of a key of
-        millions would hold the server for hundreds of milliseconds)."""
+        millions would hold the server for hundreds of milliseconds).
+
+        Returns:
+            Bytes, or ``None``.
+        """
         total = 0
         try:
             for key in self.keys.all_keys():
@@ -972,14 +1256,39 @@ class ReplayBuffer(Inserting, Checkpointing):
 
     def clear(self) -> int:
         """Remove every item, reset the counters; keep capacity, kind and schema.
-        Ids are never reused. Returns the number of items removed."""
+        Ids are never reused. Returns the number of items removed.
+
+        Returns:
+            The number of items removed.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> buffer.clear(), len(buffer)
+            (3, 0)
+            >>> buffer.add({"obs": np.zeros(1), "log_rewards": np.zeros(1)}).ids.tolist()
+            [4]
+        """
         return int(self._run("clear", self.keys.all_keys(), []))
 
     def drop(self) -> None:
         """Delete the buffer entirely, configuration included: every key under its tag
         (``rb:{name}:*``: its own, the control plane's, a load's staging keys) but those of
         an EpisodeBuffer, SequenceBuffer or FragmentBuffer of the same name and a sharded
-        buffer's layout (see :meth:`BufferKeys.owns`)."""
+        buffer's layout (see :meth:`BufferKeys.owns`).
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> buffer = ReplayBuffer(client, "demo")
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> buffer.drop()
+            >>> client.keys("rb:{demo}:*")
+            []
+        """
         found = {
             key.decode() if isinstance(key, bytes) else key
             for key in self.client.scan_iter(match=self.keys.pattern, count=1000)

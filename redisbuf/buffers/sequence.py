@@ -138,6 +138,11 @@ class BatchInfo(NamedTuple):
 
     ``importance_weights``: the window's first-step priority divided by the mean of the
     non-zero priorities of the stored steps, as ALF (1.0 under uniform sampling).
+
+    Attributes:
+        env_ids: each window's environment.
+        positions: each window's first step position.
+        importance_weights: as above.
     """
 
     env_ids: np.ndarray
@@ -211,18 +216,43 @@ class SequenceBuffer:
             ``prioritized_sampling`` to False on one instance makes its draws uniform.
         with_replacement: uniform draws may repeat a window; otherwise a batch holds
             distinct windows whenever enough exist.
-        recent_data_ratio, recent_data_steps: as ALF, ``ceil(batch_size * ratio)`` windows
-            start among the last ``recent_data_steps`` possible starts of their environment
+        initial_priority: the least priority a new step gets (see
+            ``prioritized_sampling``).
+        recent_data_ratio: as ALF, ``ceil(batch_size * recent_data_ratio)`` windows start
+            among the last ``recent_data_steps`` possible starts of their environment
             (drawn uniformly), when the average stream is long enough to need it.
+        recent_data_steps: how many of the last possible starts ``recent_data_ratio``'s
+            windows start among.
         num_earliest_frames_ignored: windows start at least this many steps after the
             oldest stored step of their environment.
-        record_episodic_return, gamma, default_return, reward_field, reward_clip: when an
-            episode ends, each of its stored steps t except the last gets
-            ``G(t) = clip(r(t+1)) + gamma * G(t+1)`` (``G(last) = 0`` in the recursion);
-            returned as field ``discounted_return``, ``default_return`` until then.
+        record_episodic_return: when an episode ends, each of its stored steps t except
+            the last gets ``G(t) = clip(r(t+1)) + gamma * G(t+1)`` (``G(last) = 0`` in
+            the recursion); returned as field ``discounted_return``, ``default_return``
+            until then.
+        gamma: the discount of ``record_episodic_return``'s ``G(t)``.
+        default_return: ``discounted_return`` of a step whose episode has not ended.
+        reward_field: the field holding ``r(t)``.
+        reward_clip: ``(low, high)`` bounds of ``clip``; ``None`` clips nothing.
+        seed: seeds this process's sampling random numbers.
 
     Configuration other than the sampling options is stored with the buffer; opening it
     with other values raises :class:`ConfigMismatchError`.
+
+    Raises:
+        ValueError: an argument out of range.
+        ConfigMismatchError: the stored buffer was made with another configuration.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import SequenceBuffer
+        >>> buffer = SequenceBuffer(fakeredis.FakeRedis(), "demo", num_environments=2)
+        >>> for t in range(3):  # one step of each environment per call
+        ...     _ = buffer.add_batch({"obs": np.array([t, 10 + t])})
+        >>> batch, info = buffer.get_batch(batch_size=4, batch_length=2)
+        >>> batch["obs"].shape, info.env_ids.shape
+        ((4, 2), (4,))
+        >>> (batch["obs"][:, 1] - batch["obs"][:, 0]).tolist()  # consecutive steps
+        [1, 1, 1, 1]
     """
 
     def __init__(
@@ -352,7 +382,30 @@ class SequenceBuffer:
 
     def add_batch(self, batch: Any, env_ids: Any = None) -> np.ndarray:
         """Append ``batch[i]`` to environment ``env_ids[i]`` (all environments when
-        ``env_ids`` is None); return the positions the steps got."""
+        ``env_ids`` is None); return the positions the steps got.
+
+        Args:
+            batch: a dict (or dataclass, NamedTuple; nested allowed) of arrays with one row
+                per step.
+            env_ids: the environment of each row, or ``None``.
+
+        Returns:
+            The positions the steps got (int64).
+
+        Raises:
+            InvalidBatchError: a malformed batch (no field, rows of unequal lengths, a
+                missing or non-finite reward or step-type field).
+            SchemaError: the fields differ from the stored steps'.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import SequenceBuffer
+            >>> buffer = SequenceBuffer(fakeredis.FakeRedis(), "demo", num_environments=2)
+            >>> buffer.add_batch({"obs": np.array([1.0, 2.0])}).tolist()
+            [0, 0]
+            >>> buffer.add_batch({"obs": np.array([3.0])}, env_ids=[1]).tolist()
+            [1]
+        """
         flat = _flatten(batch)
         if not flat:
             raise InvalidBatchError("a batch needs at least one field")
@@ -513,6 +566,18 @@ class SequenceBuffer:
         A ``batch_size`` above :data:`~redisbuf.store.bounds.MAX_WINDOWS_PER_DRAW`
         raises :class:`RequestTooLargeError` (one call draws the windows: draw such a
         batch in several calls).
+
+        Args:
+            batch_size: how many windows (positive).
+            batch_length: steps per window (positive).
+
+        Returns:
+            The windows' fields, nested as added, and their :class:`BatchInfo`.
+
+        Raises:
+            ValueError: a size that is not a positive integer.
+            RequestTooLargeError: ``batch_size`` above ``MAX_ITEMS_PER_COMMAND``.
+            EmptyBufferError: no valid window, or 50 calls did not fill the batch.
         """
         for label, value in (("batch_size", batch_size), ("batch_length", batch_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -686,7 +751,20 @@ class SequenceBuffer:
 
     def update_priority(self, env_ids: Any, positions: Any, priorities: Any) -> int:
         """Set the priorities of steps ``(env_ids[i], positions[i])``; steps no longer
-        stored are skipped. Returns how many were set."""
+        stored are skipped. Returns how many were set.
+
+        Args:
+            env_ids: the steps' environments.
+            positions: the steps' positions.
+            priorities: one priority per step, finite and >= 0.
+
+        Returns:
+            How many priorities were set.
+
+        Raises:
+            InvalidBatchError: the lengths differ, or a priority is not finite and >= 0.
+            ConfigMismatchError: the buffer was made without ``prioritized_sampling``.
+        """
         ids = _as_int_array(env_ids, "env_ids")
         pos = _as_int_array(positions, "positions")
         prio = np.asarray(
@@ -733,17 +811,53 @@ class SequenceBuffer:
         return p, reply[0::2], reply[1::2]
 
     def get_episode_begin_position(self, pos: Any, env_ids: Any) -> np.ndarray:
-        """Position of the first step of each step's episode (maybe no longer stored)."""
+        """Position of the first step of each step's episode (maybe no longer stored).
+
+        Args:
+            pos: the steps' positions.
+            env_ids: the steps' environments.
+
+        Returns:
+            One position per step (int64).
+        """
         return self._episodes(pos, env_ids)[1]
 
     def steps_to_episode_end(self, pos: Any, env_ids: Any) -> np.ndarray:
-        """Steps from ``pos`` to the last stored step of its episode (its end once ended)."""
+        """Steps from ``pos`` to the last stored step of its episode (its end once ended).
+
+        Args:
+            pos: the steps' positions.
+            env_ids: the steps' environments.
+
+        Returns:
+            One count per step (int64).
+        """
         p, _, last = self._episodes(pos, env_ids)
         return last - p
 
     def get_field(self, field_name: str, env_ids: Any, positions: Any) -> Any:
         """Field ``field_name`` ('.'-separated path, or ``discounted_return``) of stored steps,
-        shaped like the broadcast of ``env_ids`` and ``positions``."""
+        shaped like the broadcast of ``env_ids`` and ``positions``.
+
+        Args:
+            field_name: the field's path.
+            env_ids: the steps' environments.
+            positions: the steps' positions.
+
+        Returns:
+            The field's values.
+
+        Raises:
+            KeyError: no such field, or a step not stored.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import SequenceBuffer
+            >>> buffer = SequenceBuffer(fakeredis.FakeRedis(), "demo", num_environments=2)
+            >>> _ = buffer.add_batch({"s": {"x": np.array([1.0, 2.0])}})
+            >>> buffer.get_field("s.x", [1, 0], 0).tolist()
+            [2.0, 1.0]
+        """
         ids = _as_int_array(np.ravel(env_ids), "env_ids")
         pos = _as_int_array(np.ravel(positions), "positions")
         shape = np.broadcast_shapes(np.shape(env_ids), np.shape(positions))
@@ -798,7 +912,18 @@ class SequenceBuffer:
         ever names one step and a stored step never changes; returns are those at the read
         of each environment's steps when they fit one command); when a step was evicted
         before it was read, the whole read is made again (3 tries, then
-        :class:`~redisbuf.errors.SamplingError`)."""
+        :class:`~redisbuf.errors.SamplingError`).
+
+        Args:
+            ignore_earliest_frames: leave out ``num_earliest_frames_ignored`` steps.
+
+        Returns:
+            The fields and a :class:`BatchInfo` (one row per environment).
+
+        Raises:
+            InvalidBatchError: the environments hold different numbers of steps.
+            SamplingError: 3 reads each lost a step to eviction.
+        """
         skip = self.num_earliest_frames_ignored if ignore_earliest_frames else 0
         bound = bounds.MAX_ITEMS_PER_COMMAND
         for _ in range(3):
@@ -854,7 +979,31 @@ class SequenceBuffer:
         nothing, when ``n * len(env_ids)`` is above
         :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS` (removing a step costs the server
         what storing one does, and an atomic removal cannot be split: dequeue fewer
-        environments per call)."""
+        environments per call).
+
+        Args:
+            n: steps per environment (positive).
+            env_ids: the environments, or ``None`` for all.
+
+        Returns:
+            The removed steps' fields.
+
+        Raises:
+            ValueError: ``n`` is not a positive integer.
+            EmptyBufferError: an environment holds fewer than ``n`` steps.
+            RequestTooLargeError: ``n * len(env_ids)`` is above ``MAX_ADD_ITEMS``.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import SequenceBuffer
+            >>> buffer = SequenceBuffer(fakeredis.FakeRedis(), "demo", num_environments=2)
+            >>> for t in range(3):
+            ...     _ = buffer.add_batch({"obs": np.array([t, 10 + t])})
+            >>> buffer.dequeue(2)["obs"].tolist()
+            [[0, 1], [10, 11]]
+            >>> buffer.env_range(0)
+            (2, 3)
+        """
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
         ids = (
@@ -872,7 +1021,14 @@ class SequenceBuffer:
     # -- inspection --------------------------------------------------------------------
 
     def env_range(self, env_id: int) -> tuple[int, int]:
-        """(oldest stored position, next position) of one environment."""
+        """(oldest stored position, next position) of one environment.
+
+        Args:
+            env_id: the environment.
+
+        Returns:
+            ``(start, next)``; ``(0, 0)`` before any step.
+        """
         start, nxt = self.client.hmget(self._keys[2], f"start:{env_id}", f"next:{env_id}")
         return int(start or 0), int(nxt or 0)
 

@@ -569,7 +569,34 @@ class ShardedSampling:
         :mod:`redisbuf.buffers.sharded_draws`). One batch of the buffer's kind.
         ``block``, ``timeout`` and ``min_size`` as :meth:`ReplayBuffer.sample`. A drawn
         record that does not decode is set aside in its shard's quarantine hash and the
-        draw made again, as there."""
+        draw made again, as there.
+
+        Args:
+            n: how many items to draw.
+            replacement: as :meth:`ReplayBuffer.sample`.
+            block: as :meth:`ReplayBuffer.sample`.
+            timeout: as :meth:`ReplayBuffer.sample`.
+            min_size: as :meth:`ReplayBuffer.sample`.
+
+        Returns:
+            One batch of the buffer's kind.
+
+        Raises:
+            ValueError: ``n`` is not a positive integer.
+            EmptyBufferError: there is nothing to draw.
+            SamplingError: prioritized sampling is undefined (as :meth:`ReplayBuffer.sample`).
+            ShardUnavailableError: a shard the draw needs is lost.
+            WaitTimeoutError: ``block`` and ``timeout`` passed first.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ShardedReplayBuffer
+            >>> buffer = ShardedReplayBuffer(fakeredis.FakeRedis(), "demo", shards=2)
+            >>> for start in (0.0, 10.0):
+            ...     _ = buffer.add({"obs": np.arange(start, start + 2), "log_rewards": np.zeros(2)})
+            >>> sorted(buffer.sample(4)["obs"])
+            [0.0, 1.0, 10.0, 11.0]
+        """
         return self.sample_with_info(
             n, replacement, block=block, timeout=timeout, min_size=min_size
         ).batch
@@ -588,7 +615,21 @@ class ShardedSampling:
         replacement, given the earlier draws: for a ``"shard_local"`` batch, the chosen
         shard's share of the mass times the shard's own successive probability); with
         PER also ``weights`` and ``importance_weights`` over the whole buffer (the
-        lowest mass and the mean non-zero priority of every shard), in either law."""
+        lowest mass and the mean non-zero priority of every shard), in either law.
+
+        Args:
+            n: as :meth:`sample`.
+            replacement: as :meth:`sample`.
+            block: as :meth:`sample`.
+            timeout: as :meth:`sample`.
+            min_size: as :meth:`sample`.
+
+        Returns:
+            The batch with its global ids, probabilities and PER weights.
+
+        Raises:
+            EmptyBufferError: as :meth:`sample`.
+        """
         if block:
             drawn = self._wait_and_draw(n, replacement, timeout, min_size)
         else:

@@ -117,6 +117,17 @@ class UniformSampler:
 
     A draw of more than :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` items is
     made as several commands of at most that many (``_draw_chunked``).
+
+    Args:
+        replacement: draw with replacement.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ReplayBuffer, UniformSampler
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=UniformSampler())
+        >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+        >>> sorted(buffer.sample(3)["obs"])  # without replacement: each item once
+        [0.0, 1.0, 2.0]
     """
 
     name = "uniform"
@@ -645,6 +656,17 @@ class PrioritizedSampler:
     item of log-reward +inf (the softmax is undefined). The draw is made in this process
     from its replica of the log-rewards (:mod:`redisbuf.sampling.replica`) and committed by the
     server only if it follows every change made before the sample began.
+
+    Args:
+        replacement: draw with replacement.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import PrioritizedSampler, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=PrioritizedSampler())
+        >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.array([0.0, 1.0, -np.inf])})
+        >>> sorted(buffer.sample(2)["obs"])  # log-reward -inf: never drawn
+        [0.0, 1.0]
     """
 
     name = "prioritized"
@@ -718,6 +740,26 @@ class PERSampler:
     ``eps`` and ``initial_priority`` are stored with the buffer: every process must use
     the same. ``beta`` (the exponent of the importance weights) is this object's own and
     may be changed between calls (annealing).
+
+    Args:
+        alpha: the priority exponent (>= 0).
+        beta: the importance-weight exponent (>= 0).
+        initial_priority: the least priority a new item gets (>= 0).
+        eps: added to every priority (>= 0).
+
+    Raises:
+        ValueError: an argument that is not a finite number >= 0.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import PERSampler, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo",
+        ...                       sampler=PERSampler(alpha=1.0, eps=0.0), seed=0)
+        >>> batch = {"obs": np.arange(2.0), "log_rewards": np.zeros(2)}
+        >>> _ = buffer.add(batch, priorities=[1.0, 3.0])
+        >>> info = buffer.sample_with_info(20)  # PER draws with replacement
+        >>> sorted(set(zip(info.ids.tolist(), info.probabilities.tolist())))
+        [(1, 0.25), (2, 0.75)]
     """
 
     name = "per"

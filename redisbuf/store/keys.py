@@ -106,7 +106,20 @@ def keeps_rewards(client: Any, keys: BufferKeys) -> bool:
 
 @dataclass(frozen=True)
 class BufferKeys:
-    """The key names of the buffer called ``name``."""
+    """The key names of the buffer called ``name``.
+
+    Args:
+        name: the buffer's name.
+
+    Raises:
+        ValueError: an invalid buffer name.
+
+    Examples:
+        >>> from redisbuf import BufferKeys
+        >>> keys = BufferKeys("demo")
+        >>> keys.meta, keys.items
+        ('rb:{demo}:meta', 'rb:{demo}:items')
+    """
 
     name: str
 
@@ -191,7 +204,14 @@ class BufferKeys:
         return self._key("snap")
 
     def snap_staging(self, token: str) -> str:
-        """Where a snapshot is written before it replaces :attr:`snap`."""
+        """Where a snapshot is written before it replaces :attr:`snap`.
+
+        Args:
+            token: the writer's token.
+
+        Returns:
+            The key name.
+        """
         return self._key(f"snap:staging:{token}")
 
     @property
@@ -210,11 +230,22 @@ class BufferKeys:
 
     def drawing(self, token: str) -> str:
         """The set of ids one large uniform draw has returned so far (its chunks exclude
-        them; see UniformSampler): it expires 60 s after the draw's last chunk."""
+        them; see UniformSampler): it expires 60 s after the draw's last chunk.
+
+        Args:
+            token: the draw's token.
+
+        Returns:
+            The key name.
+        """
         return self._key(f"drawing:{token}")
 
     def data_keys(self) -> list[str]:
-        """Keys holding items and sampling structures (everything but meta)."""
+        """Keys holding items and sampling structures (everything but meta).
+
+        Returns:
+            The key names, in the order the scripts take them after meta.
+        """
         return [
             self.items,
             self.prio,
@@ -234,6 +265,11 @@ class BufferKeys:
         ]
 
     def all_keys(self) -> list[str]:
+        """Every key the buffer's scripts take, in their order.
+
+        Returns:
+            ``[meta, *data_keys()]``.
+        """
         return [self.meta, *self.data_keys()]
 
     @property
@@ -243,12 +279,34 @@ class BufferKeys:
 
     def owns(self, key: str) -> bool:
         """Whether ``key`` (under :attr:`pattern`) belongs to this buffer: not to another
-        structure of the same name, nor to the sharded buffer whose layout it would be."""
+        structure of the same name, nor to the sharded buffer whose layout it would be.
+
+        Args:
+            key: a key name under :attr:`pattern`.
+
+        Returns:
+            Whether the buffer owns it.
+
+        Examples:
+            >>> from redisbuf import BufferKeys
+            >>> keys = BufferKeys("demo")
+            >>> keys.owns("rb:{demo}:items"), keys.owns("rb:{demo}:shards")
+            (True, False)
+        """
         suffix = key[len(self._key("")) :]
         return not suffix.startswith(FOREIGN) and suffix != "shards"
 
     def describe(self) -> dict[str, str]:
-        """Key name -> what it holds, for people reading the buffer with redis-cli."""
+        """Key name -> what it holds, for people reading the buffer with redis-cli.
+
+        Returns:
+            A dict from key name to a description.
+
+        Examples:
+            >>> from redisbuf import BufferKeys
+            >>> BufferKeys("demo").describe()["rb:{demo}:items"]
+            'hash: item id -> msgpack blob'
+        """
         return {
             self.meta: "hash: configuration, schema, counters",
             self.items: "hash: item id -> msgpack blob",
