@@ -72,14 +72,14 @@ def measure(url: str, size: int, writers: int) -> dict[str, float]:
     before = _rss_bytes()
     replica = MassReplica("per")
     started = time.perf_counter()
-    replica.load(buffer)  # no snapshot yet: a scan, then it writes one
+    replica.load(buffer.view)  # no snapshot yet: a scan, then it writes one
     scan_seconds = time.perf_counter() - started
     grown = _rss_bytes() - before
     scan_calls = calls
     calls = 0
     again = MassReplica("per")
     started = time.perf_counter()
-    again.load(buffer)  # a new process's replica: the snapshot and the log after it
+    again.load(buffer.view)  # a new process's replica: the snapshot and the log after it
     seconds = time.perf_counter() - started
     longest = max((e["duration"] for e in client.slowlog_get(1024)), default=0) / 1000
     client.config_set("slowlog-log-slower-than", 10_000)

@@ -14,7 +14,21 @@ class RedisBufError(Exception):
     the error came from the server or was raised in Python; None for classes that stand
     for no code. A reply with a code no class has becomes a plain ``RedisBufError``
     whose instance ``code`` is that code. Tell errors apart by class
-    (``except NoSuchBufferError``), not by comparing codes."""
+    (``except NoSuchBufferError``), not by comparing codes.
+
+    Attributes:
+        code: the ``RB_*`` code, or ``None``.
+
+    Examples:
+        >>> import fakeredis
+        >>> from redisbuf import EmptyBufferError, RedisBufError, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+        >>> try:
+        ...     buffer.sample(1)
+        ... except RedisBufError as error:
+        ...     print(type(error).__name__, error.code, isinstance(error, EmptyBufferError))
+        EmptyBufferError RB_EMPTY True
+    """
 
     code: str | None = None
 
@@ -72,19 +86,53 @@ class BufferNotShardedError(ConfigMismatchError):
 
 
 class SchemaError(RedisBufError, ValueError):
-    """A batch's container kind, field dtypes or trailing shapes do not fit the buffer."""
+    """A batch's container kind, field dtypes or trailing shapes do not fit the buffer.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ReplayBuffer, SchemaError
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+        >>> _ = buffer.add({"obs": np.zeros(2), "log_rewards": np.zeros(2)})
+        >>> try:
+        ...     buffer.add({"obs": np.zeros((2, 3)), "log_rewards": np.zeros(2)})
+        ... except SchemaError:
+        ...     print("refused; the buffer keeps", len(buffer), "items")
+        refused; the buffer keeps 2 items
+    """
 
     code = "RB_SCHEMA"
 
 
 class InvalidBatchError(RedisBufError, ValueError):
-    """A batch is malformed: mismatched lengths, NaN log-rewards, bad values."""
+    """A batch is malformed: mismatched lengths, NaN log-rewards, bad values.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import InvalidBatchError, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+        >>> try:
+        ...     buffer.add({"obs": np.zeros(2), "log_rewards": np.array([0.0, np.nan])})
+        ... except InvalidBatchError as error:
+        ...     print(error)
+        log_rewards contains NaN (items [1])
+    """
 
     code = "RB_INVALID"
 
 
 class ItemTooLargeError(InvalidBatchError):
-    """One encoded item is larger than the buffer's ``max_item_bytes``."""
+    """One encoded item is larger than the buffer's ``max_item_bytes``.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ItemTooLargeError, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", max_item_bytes=64)
+        >>> try:
+        ...     buffer.add({"obs": np.zeros((1, 100)), "log_rewards": np.zeros(1)})
+        ... except ItemTooLargeError as error:
+        ...     print(error)
+        item 0 encodes to ... bytes, over max_item_bytes=64
+    """
 
 
 class RequestTooLargeError(InvalidBatchError):
@@ -98,7 +146,17 @@ class RequestTooLargeError(InvalidBatchError):
 
 class EmptyBufferError(RedisBufError, LookupError, ValueError):
     """Sampling was asked of a buffer that holds no item that can be drawn. Also a
-    ValueError, which is what torchgfn's buffers raise (and its users catch) there."""
+    ValueError, which is what torchgfn's buffers raise (and its users catch) there.
+
+    Examples:
+        >>> import fakeredis
+        >>> from redisbuf import ReplayBuffer
+        >>> try:
+        ...     ReplayBuffer(fakeredis.FakeRedis(), "demo").sample(1)
+        ... except ValueError as error:  # torchgfn's users catch ValueError
+        ...     print(error)
+        buffer 'demo': buffer is empty
+    """
 
     code = "RB_EMPTY"
 
@@ -156,7 +214,18 @@ class ControlTimeoutError(ProtocolError, TimeoutError):
 
 
 class WaitTimeoutError(RedisBufError, TimeoutError):
-    """A blocking call waited its whole timeout for a buffer (the message names it)."""
+    """A blocking call waited its whole timeout for a buffer (the message names it).
+
+    Examples:
+        >>> import fakeredis
+        >>> from redisbuf import ReplayBuffer, WaitTimeoutError
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+        >>> try:
+        ...     buffer.sample(1, block=True, timeout=0)
+        ... except TimeoutError as error:
+        ...     print(type(error).__name__)
+        WaitTimeoutError
+    """
 
 
 class RateLimitTimeoutError(WaitTimeoutError):
@@ -171,7 +240,15 @@ class FetchTimeoutError(WaitTimeoutError):
 class ShardUnavailableError(ServerUnavailableError):
     """One shard of a sharded buffer cannot be reached (its Redis Cluster master is down,
     or the connection to it was lost). ``shard`` is its index; the message names the
-    buffer, the shard and its node. The other shards are untouched."""
+    buffer, the shard and its node. The other shards are untouched.
+
+    Args:
+        message: the message.
+        shard: the shard's index.
+
+    Attributes:
+        shard: the shard's index.
+    """
 
     def __init__(self, message: str, shard: int) -> None:
         super().__init__(message)
@@ -188,7 +265,17 @@ class PartialLoadError(RedisBufError):
     """A sharded buffer's ``load`` / ``load_state_dict`` failed after some shards were
     already restored (each shard's restore is atomic, the whole is not). ``restored``
     lists the shards that hold the loaded items, ``failed`` the shard that failed (it
-    and the ones after it are as they were); the cause is chained."""
+    and the ones after it are as they were); the cause is chained.
+
+    Args:
+        message: the message.
+        restored: the shards restored.
+        failed: the shard that failed.
+
+    Attributes:
+        restored: the shards that hold the loaded items.
+        failed: the shard that failed.
+    """
 
     def __init__(self, message: str, restored: list[int], failed: int) -> None:
         super().__init__(message)

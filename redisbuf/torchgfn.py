@@ -132,7 +132,42 @@ def to_redisbuf(container: Any, env: Any, states_kind: str = "dict") -> Any:
     """A torchgfn container as the redisbuf batch the drop-in stores (see the module
     docstring). Raises TypeError for anything else, ValueError for backward trajectories.
     ``states_kind="states"``: a StatesContainer becomes redisbuf States of its
-    terminating rows (what the diverse and terminating-state buffers store)."""
+    terminating rows (what the diverse and terminating-state buffers store).
+
+    Args:
+        container: a torchgfn ``Trajectories``, ``Transitions`` or ``StatesContainer``.
+        env: its environment.
+        states_kind: ``"dict"`` or ``"states"``, for a ``StatesContainer``.
+
+    Returns:
+        A redisbuf batch.
+
+    Raises:
+        ContainerTypeError: not a torchgfn container.
+        TypeError: states that are not one tensor.
+        ValueError: backward trajectories.
+
+    Examples:
+
+        >>> import fakeredis
+        >>> from gfn.estimators import DiscretePolicyEstimator
+        >>> from gfn.gym import HyperGrid
+        >>> from gfn.preprocessors import KHotPreprocessor
+        >>> from gfn.samplers import Sampler
+        >>> from gfn.utils.modules import MLP
+        >>> env = HyperGrid(ndim=2, height=8)
+        >>> pre = KHotPreprocessor(env.height, env.ndim)
+        >>> policy = DiscretePolicyEstimator(MLP(pre.output_dim, env.n_actions), env.n_actions,
+        ...                                  preprocessor=pre)
+        >>> trajectories = Sampler(policy).sample_trajectories(env, n=4)
+        >>> from redisbuf.torchgfn import from_redisbuf, to_redisbuf
+        >>> batch = to_redisbuf(trajectories, env)
+        >>> type(batch).__module__, len(batch)
+        ('redisbuf.store.containers', 4)
+        >>> back = from_redisbuf(batch, env)
+        >>> bool((back.terminating_idx == trajectories.terminating_idx).all())
+        True
+    """
     kind = _kind_of(container)
     if not isinstance(container.states.tensor, torch.Tensor):
         raise TypeError(
@@ -209,7 +244,16 @@ def _states(env: Any, tensor: torch.Tensor, conditions: torch.Tensor | None) -> 
 def from_redisbuf(batch: Any, env: Any, device: torch.device | str | None = None) -> Any:
     """The torchgfn container for a batch that :func:`to_redisbuf` produced (as stored
     and sampled), on ``device`` (default ``env.device``), padded with ``env``'s sink state
-    and dummy action."""
+    and dummy action.
+
+    Args:
+        batch: a batch :func:`to_redisbuf` produced.
+        env: the torchgfn environment.
+        device: the tensors' device (``None``: ``env.device``).
+
+    Returns:
+        A torchgfn container.
+    """
     device = torch.device(device if device is not None else env.device)
 
     def tensor(value: Any) -> torch.Tensor | None:
@@ -322,23 +366,51 @@ class ReplayBuffer:
 
     Args:
         env: the torchgfn environment of the containers.
-        capacity, prioritized_capacity, prioritized_sampling: as torchgfn. Sampling
-            draws without replacement whenever ``n <= len``, as torchgfn does.
-        remote_manager_rank, remote_buffer_freq: as torchgfn 2.4.1.
-        communication_backend, timing: as on torchgfn's main branch (2.4.1 has
-            neither: its remote manager runs over torch.distributed with gloo);
-            ``communication_backend`` is ``"mpi"`` or ``"redis"`` (torch.distributed is
-            not used).
-        async_score, baseline_filtering, scoring_only, baseline_refresh_after: as on
-            torchgfn's main branch (not in 2.4.1). ``async_comm=True`` means
-            ``async_score=True`` (sends never block here). ``lazy_sort`` is accepted and
-            changes nothing: every add is sorted into Redis at once.
+        capacity: as torchgfn.
+        prioritized_capacity: as torchgfn.
+        prioritized_sampling: as torchgfn. Sampling draws without replacement whenever
+            ``n <= len``, as torchgfn does.
+        remote_manager_rank: as torchgfn 2.4.1.
+        remote_buffer_freq: as torchgfn 2.4.1.
+        communication_backend: as on torchgfn's main branch (2.4.1 has none: its remote
+            manager runs over torch.distributed with gloo): ``"mpi"`` or ``"redis"``
+            (torch.distributed is not used).
+        timing: as on torchgfn's main branch (not in 2.4.1).
+        async_score: as on torchgfn's main branch (not in 2.4.1).
+        async_comm: ``True`` means ``async_score=True`` (sends never block here).
+        lazy_sort: accepted and changes nothing: every add is sorted into Redis at once.
+        baseline_filtering: as on torchgfn's main branch (not in 2.4.1).
+        scoring_only: as on torchgfn's main branch (not in 2.4.1).
+        baseline_refresh_after: as on torchgfn's main branch (not in 2.4.1).
         url: Redis URL or client (None: ``$REDISBUF_URL``).
         name: buffer name; processes that give the same name share one buffer. None
             (the default): a private buffer under a fresh name, dropped by :meth:`close`,
             when this object is garbage-collected, or at interpreter exit.
         seed: this buffer's own random generator; None: torch's global one.
         manager_name: the manager's buffer name, used by the ``"redis"`` backend.
+
+    Raises:
+        ValueError: an argument out of range (as :class:`redisbuf.ReplayBuffer`).
+
+    Examples:
+
+        >>> import fakeredis
+        >>> from gfn.estimators import DiscretePolicyEstimator
+        >>> from gfn.gym import HyperGrid
+        >>> from gfn.preprocessors import KHotPreprocessor
+        >>> from gfn.samplers import Sampler
+        >>> from gfn.utils.modules import MLP
+        >>> env = HyperGrid(ndim=2, height=8)
+        >>> pre = KHotPreprocessor(env.height, env.ndim)
+        >>> policy = DiscretePolicyEstimator(MLP(pre.output_dim, env.n_actions), env.n_actions,
+        ...                                  preprocessor=pre)
+        >>> trajectories = Sampler(policy).sample_trajectories(env, n=4)
+        >>> from redisbuf.torchgfn import ReplayBuffer
+        >>> buffer = ReplayBuffer(env, capacity=10, url=fakeredis.FakeRedis())
+        >>> buffer.add(trajectories)  # None: no remote manager
+        >>> len(buffer), type(buffer.sample(2)).__name__
+        (4, 'Trajectories')
+        >>> buffer.close()
     """
 
     def __init__(
@@ -460,7 +532,18 @@ class ReplayBuffer:
 
     def add(self, training_container: Any) -> dict[str, float] | None:
         """Add a container (TypeError for anything else); return the manager's score
-        dict when a remote manager is set and this add sent, else None."""
+        dict when a remote manager is set and this add sent, else None.
+
+        Args:
+            training_container: a torchgfn ``Trajectories``, ``Transitions`` or
+                ``StatesContainer``, of the class the buffer holds.
+
+        Returns:
+            The score dict, or ``None``.
+
+        Raises:
+            ContainerTypeError: not a container, or another class than the buffer holds.
+        """
         self._check_class(training_container)
         if len(training_container) == 0:
             return None
@@ -484,7 +567,17 @@ class ReplayBuffer:
     def sample(self, n_samples: int) -> Any:
         """``n_samples`` items as a container of the class added; without replacement
         when ``n_samples <= len(self)``. An empty buffer raises :class:`BufferEmptyError`
-        (a ValueError, as torchgfn)."""
+        (a ValueError, as torchgfn).
+
+        Args:
+            n_samples: how many items.
+
+        Returns:
+            A container of the class added.
+
+        Raises:
+            BufferEmptyError: the buffer is empty.
+        """
         self._reseed()
         try:
             batch = self._buffer.sample(n_samples)
@@ -508,19 +601,41 @@ class ReplayBuffer:
         return from_redisbuf(self._buffer.get(ids), self.env, self._device)
 
     def initialize(self, training_container: Any) -> Any:
-        """An empty container of ``training_container``'s class (torchgfn's helper)."""
+        """An empty container of ``training_container``'s class (torchgfn's helper).
+
+        Args:
+            training_container: a torchgfn container.
+
+        Returns:
+            An empty container for ``env``.
+        """
         return type(training_container)(self.env)
 
     def save(self, path: str) -> None:
-        """Write the buffer to ``path`` (redisbuf's msgpack format, not torchgfn's .pt)."""
+        """Write the buffer to ``path`` (redisbuf's msgpack format, not torchgfn's .pt).
+
+        Args:
+            path: the file to write.
+        """
         self._buffer.save(path)
 
     def load(self, path: str) -> None:
-        """Replace the buffer's items with those saved at ``path``."""
+        """Replace the buffer's items with those saved at ``path``.
+
+        Args:
+            path: a file written by :meth:`save`.
+        """
         self._buffer.load(path)
 
     def drain_pending_score(self, timeout_sec: float = 30.0) -> dict[str, float] | None:
-        """Collect an outstanding async score (None when nothing is pending or on timeout)."""
+        """Collect an outstanding async score (None when nothing is pending or on timeout).
+
+        Args:
+            timeout_sec: the longest wait, in seconds.
+
+        Returns:
+            The score dict, or ``None``.
+        """
         return self._buffer.drain_pending_score(timeout_sec)
 
     def close(self) -> None:
@@ -529,6 +644,12 @@ class ReplayBuffer:
             self._finalizer()
 
     def timing_log(self) -> str:
+        """Count, mean and total time of this worker's sends to its manager and score
+        waits (with ``timing=True``).
+
+        Returns:
+            One line; ``"no timing recorded"`` without a manager or timings.
+        """
         remote = self._buffer.remote
         return remote.timing_log() if remote is not None else "no timing recorded"
 
@@ -546,7 +667,31 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
     ``prioritized_sampling=``. ``remote_manager_rank`` is refused, as torchgfn 2.4.1's
     diverse ``add`` never sends to a manager. Transitions must all be terminating, and a
     StatesContainer must hold terminating states only: each item needs one state to
-    compare."""
+    compare.
+
+    Args:
+        env: the torchgfn environment of the containers.
+        capacity: as :class:`ReplayBuffer`.
+        cutoff_distance: as above.
+        p_norm_distance: as above.
+        remote_manager_rank: must be ``None``.
+        remote_buffer_freq: as :class:`ReplayBuffer`.
+        communication_backend: as :class:`ReplayBuffer`.
+        timing: as :class:`ReplayBuffer`.
+        async_score: as :class:`ReplayBuffer`.
+        async_comm: as :class:`ReplayBuffer`.
+        lazy_sort: as :class:`ReplayBuffer`.
+        baseline_filtering: as :class:`ReplayBuffer`.
+        scoring_only: as :class:`ReplayBuffer`.
+        baseline_refresh_after: as :class:`ReplayBuffer`.
+        url: as :class:`ReplayBuffer`.
+        name: as :class:`ReplayBuffer`.
+        seed: as :class:`ReplayBuffer`.
+        prioritized_sampling: as :class:`ReplayBuffer`.
+
+    Raises:
+        ValueError: ``remote_manager_rank`` given.
+    """
 
     def __init__(
         self,
@@ -611,6 +756,32 @@ class TerminatingStateBuffer(ReplayBuffer):
     a StatesContainer and keeps their terminating states with log-rewards (and
     conditions); ``sample`` returns a StatesContainer whose states are all terminating.
     Takes torchgfn's ``(env, capacity, **kwargs)`` with :class:`ReplayBuffer`'s keywords.
+
+    Args:
+        env: the torchgfn environment of the containers.
+        capacity: as :class:`ReplayBuffer`.
+        **kwargs: :class:`ReplayBuffer`'s other arguments.
+
+    Examples:
+
+        >>> import fakeredis
+        >>> from gfn.estimators import DiscretePolicyEstimator
+        >>> from gfn.gym import HyperGrid
+        >>> from gfn.preprocessors import KHotPreprocessor
+        >>> from gfn.samplers import Sampler
+        >>> from gfn.utils.modules import MLP
+        >>> env = HyperGrid(ndim=2, height=8)
+        >>> pre = KHotPreprocessor(env.height, env.ndim)
+        >>> policy = DiscretePolicyEstimator(MLP(pre.output_dim, env.n_actions), env.n_actions,
+        ...                                  preprocessor=pre)
+        >>> trajectories = Sampler(policy).sample_trajectories(env, n=4)
+        >>> from redisbuf.torchgfn import TerminatingStateBuffer
+        >>> buffer = TerminatingStateBuffer(env, url=fakeredis.FakeRedis())
+        >>> _ = buffer.add(trajectories)
+        >>> sample = buffer.sample(2)
+        >>> type(sample).__name__, bool(sample.is_terminating.all())
+        ('StatesContainer', True)
+        >>> buffer.close()
     """
 
     def __init__(self, env: Any, capacity: int = 1000, **kwargs: Any) -> None:
@@ -643,6 +814,18 @@ class TerminatingStateBuffer(ReplayBuffer):
         return to_redisbuf(container, self.env, states_kind="states")
 
     def add(self, training_container: Any) -> dict[str, float] | None:
+        """Add the terminating states of a ``Trajectories``, ``Transitions`` or
+        ``StatesContainer``; later samples are ``StatesContainer``.
+
+        Args:
+            training_container: the container.
+
+        Returns:
+            The manager's score dict, or ``None`` (as :meth:`ReplayBuffer.add`).
+
+        Raises:
+            ContainerTypeError: not one of those containers.
+        """
         score = super().add(training_container)
         self._container_class = StatesContainer
         return score
@@ -687,6 +870,29 @@ class ReplayBufferManager(_CoreManager):
     ``diverse_replay_buffer=True`` makes the manager's buffer a
     :class:`redisbuf.buffers.diverse.NormBasedDiversePrioritizedReplayBuffer` (default cutoff
     0, p = 1, as torchgfn's), for Trajectories and terminating Transitions.
+
+    Args:
+        env: the torchgfn environment of the containers.
+        rank: as :class:`redisbuf.ReplayBufferManager`.
+        num_training_ranks: as :class:`redisbuf.ReplayBufferManager`.
+        scoring_function: ``f(container)`` or ``f(container, sender_rank=r)`` returning
+            a score dict; default :meth:`default_scoring_function`.
+        diverse_replay_buffer: as above.
+        capacity: the manager's buffer's capacity.
+        remote_manager_rank: as above (MPI only).
+        communication_backend: ``"mpi"`` or ``"redis"``.
+        timing: as :class:`redisbuf.ReplayBufferManager`.
+        store_locally: as :class:`redisbuf.ReplayBufferManager`.
+        baseline_strategy: as :class:`redisbuf.ReplayBufferManager`.
+        baseline_percentile: as :class:`redisbuf.ReplayBufferManager`.
+        baseline_ema_alpha: as :class:`redisbuf.ReplayBufferManager`.
+        url: a Redis URL or client (``None``: ``$REDISBUF_URL``).
+        name: the manager's buffer name.
+        **options: further :class:`redisbuf.ReplayBufferManager` keywords.
+
+    Raises:
+        ValueError: ``remote_manager_rank`` with the ``"redis"`` backend or with
+            ``diverse_replay_buffer``.
     """
 
     def __init__(
@@ -763,12 +969,27 @@ class ReplayBufferManager(_CoreManager):
         return self.buffer
 
     def default_scoring_function(self, obj: Any, sender_rank: int = -1) -> dict[str, float]:
-        """Default score function if none provided, placeholder: ``{"score": inf}``."""
+        """Default score function if none provided, placeholder: ``{"score": inf}``.
+
+        Args:
+            obj: the container (unused).
+            sender_rank: the worker's rank (unused).
+
+        Returns:
+            ``{"score": inf}``.
+        """
         return {"score": float("inf")}
 
     def run(self, async_send: bool = True) -> None:  # type: ignore[override]
         """Serve until every training rank has sent EXIT. ``async_send`` is accepted for
-        torchgfn compatibility: replies are small control messages, sent either way."""
+        torchgfn compatibility: replies are small control messages, sent either way.
+
+        Args:
+            async_send: accepted, changes nothing.
+
+        Raises:
+            ControlTimeoutError: as :meth:`redisbuf.ReplayBufferManager.run`.
+        """
         super().run()
 
     @staticmethod
@@ -776,13 +997,27 @@ class ReplayBufferManager(_CoreManager):
         """Ask the manager for its metadata over ``backend`` (``"mpi"``, ``"redis"``,
         or a transport); ``"redis"`` uses the worker transport of this process's latest
         drop-in buffer with a remote manager, or opens one to
-        :data:`DEFAULT_MANAGER_NAME` at ``$REDISBUF_URL``."""
+        :data:`DEFAULT_MANAGER_NAME` at ``$REDISBUF_URL``.
+
+        Args:
+            manager_rank: the manager's rank.
+            backend: as above.
+            timeout: seconds to wait for the reply (``None``: no limit).
+
+        Returns:
+            The manager's metadata.
+        """
         return _CoreManager.get_metadata(manager_rank, _worker_transport(backend), timeout)
 
     @staticmethod
     def send_termination_signal(manager_rank: int, backend: Any = "mpi") -> None:
         """Send EXIT to the manager over ``backend`` and release this process's
-        transport for it."""
+        transport for it.
+
+        Args:
+            manager_rank: the manager's rank.
+            backend: as :meth:`get_metadata`.
+        """
         transport = _worker_transport(backend)
         _CoreManager.send_termination_signal(manager_rank, transport)
         _forget_transport(transport)

@@ -294,7 +294,9 @@ class RedisbufStorage(Storage):
 
     # reading --------------------------------------------------------------------------
 
-    def _draw(self, handle: _CoreBuffer, n: int, replacement: bool) -> tuple[torch.Tensor, Any]:
+    def draw_and_keep(
+        self, handle: _CoreBuffer, n: int, replacement: bool
+    ) -> tuple[torch.Tensor, Any]:
         """Draw ``n`` items with ``handle`` (this buffer, opened with some sampler), keep
         the decoded batch for the ``get`` of the same ids in this thread, and return the
         ids and redisbuf's SampleInfo."""
@@ -306,7 +308,7 @@ class RedisbufStorage(Storage):
     def _rand_given_ndim(self, batch_size: int) -> torch.Tensor:
         """TorchRL's ``RandomSampler`` asks the storage for random indices: a uniform
         draw with replacement made by the server (its items kept for ``get``)."""
-        ids, _ = self._draw(self.buffer, batch_size, replacement=True)
+        ids, _ = self.draw_and_keep(self.buffer, batch_size, replacement=True)
         return ids
 
     def get(self, index: Any) -> Any:
@@ -479,7 +481,7 @@ class RedisbufSampler(Sampler):
         self.distinct = bool(distinct)
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
-        ids, _ = _storage_of(storage, "RedisbufSampler")._draw(
+        ids, _ = _storage_of(storage, "RedisbufSampler").draw_and_keep(
             storage.buffer, batch_size, replacement=not self.distinct
         )
         return ids, {}
@@ -603,7 +605,7 @@ class RedisbufPrioritizedSampler(PrioritizedSampler):
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
         handle = self._bound(storage)
-        ids, info = self._storage._draw(handle, batch_size, replacement=True)  # type: ignore[union-attr]
+        ids, info = self._storage.draw_and_keep(handle, batch_size, replacement=True)  # type: ignore[union-attr]
         weight = torch.as_tensor(np.asarray(info.weights, dtype=np.float32))
         return ids, {"priority_weight": weight}
 

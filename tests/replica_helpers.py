@@ -9,13 +9,14 @@ from typing import Any
 import numpy as np
 
 from redisbuf import ReplayBuffer
+from redisbuf.sampling.base import BufferView
 from redisbuf.sampling.replica import MassReplica
 
 _followers: dict[tuple[int, str, str], MassReplica] = {}
 
 
-def _buffer(client: Any, name: str) -> ReplayBuffer:
-    return ReplayBuffer(client, name, capacity=None)
+def _buffer(client: Any, name: str) -> BufferView:
+    return ReplayBuffer(client, name, capacity=None).view
 
 
 def fresh_replica(client: Any, name: str, rule: str) -> MassReplica:

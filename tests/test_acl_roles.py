@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+from key_contents import key_contents
 
 from redisbuf import PERSampler, ReplayBuffer, cli
 from redisbuf.ops import acl
@@ -24,10 +25,7 @@ pytestmark = pytest.mark.redis_server
 
 
 def _snapshot(client: redis.Redis) -> dict[bytes, object]:
-    out: dict[bytes, object] = {}
-    for key in sorted(client.scan_iter(match="rb:*")):
-        out[key] = client.dump(key)
-    return out
+    return key_contents(client, sorted(client.scan_iter(match="rb:*")))
 
 
 @pytest.fixture

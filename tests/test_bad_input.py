@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import redis
 import torch
+from key_contents import key_contents
 
 import redisbuf
 from redisbuf import (
@@ -31,21 +32,7 @@ from redisbuf.store import codec
 
 def snapshot(client, name: str) -> dict[str, object]:
     """Every key of buffer ``name`` with its type and full content."""
-    out: dict[str, object] = {}
-    for key in BufferKeys(name).all_keys():
-        kind = client.type(key).decode()
-        if kind == "hash":
-            value: object = sorted(client.hgetall(key).items())
-        elif kind == "zset":
-            value = client.zrange(key, 0, -1, withscores=True)
-        elif kind == "list":
-            value = client.lrange(key, 0, -1)
-        elif kind == "none":
-            value = None
-        else:  # pragma: no cover - the buffer uses no other type
-            value = client.dump(key)
-        out[key] = (kind, value)
-    return out
+    return key_contents(client, BufferKeys(name).all_keys())
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import redis.connection
+from key_contents import key_contents
 
 from redisbuf import RequestTooLargeError
 from redisbuf.buffers.sequence import SequenceBuffer, SequenceKeys
@@ -175,10 +176,10 @@ def test_dequeue_above_the_bound_is_refused_removing_nothing(client, buffer_name
     buf = SequenceBuffer(client, buffer_name, 4, 10, prioritized_sampling=True)
     _steps(buf, 4, 10)
     monkeypatch.setattr(bounds, "MAX_ADD_ITEMS", 8)
-    before = {k: client.dump(k) for k in SequenceKeys(buffer_name).all_keys()}
+    before = key_contents(client, SequenceKeys(buffer_name).all_keys())
     with pytest.raises(RequestTooLargeError, match="at most 8 steps"):
         buf.dequeue(3)  # 12 steps
-    assert {k: client.dump(k) for k in SequenceKeys(buffer_name).all_keys()} == before
+    assert key_contents(client, SequenceKeys(buffer_name).all_keys()) == before
     got = buf.dequeue(4, env_ids=[1, 3])  # 8 steps: one atomic command
     assert got["pos"].tolist() == [[0, 1, 2, 3]] * 2 and got["env"][:, 0].tolist() == [1, 3]
     assert len(buf) == 32
@@ -186,14 +187,14 @@ def test_dequeue_above_the_bound_is_refused_removing_nothing(client, buffer_name
     # the script refuses too (with its own bound, the real one), whatever the client
     monkeypatch.undo()
     keys = SequenceKeys(buffer_name).all_keys()
-    before = {k: client.dump(k) for k in keys}
+    before = key_contents(client, keys)
     big = bounds.MAX_ADD_ITEMS // 4 + 1
     with pytest.raises(RequestTooLargeError, match=f"at most {bounds.MAX_ADD_ITEMS} steps"):
         buf._run("seq_read", keys, ["dequeue", big, 0, 1, 2, 3])
     with pytest.raises(RequestTooLargeError, match=f"at most {bounds.MAX_ITEMS_PER_COMMAND}"):
         many = SequenceBuffer(client, f"{buffer_name}-many", bounds.MAX_ITEMS_PER_COMMAND + 1, 2)
         many._run("seq_read", many._keys, ["gather", 0])
-    assert {k: client.dump(k) for k in keys} == before
+    assert key_contents(client, keys) == before
 
 
 def test_stale_removals_go_in_bounded_commands(client, buffer_name, recorder):
@@ -295,10 +296,10 @@ def test_an_add_above_the_byte_bound_is_refused_and_writes_nothing(client, buffe
     half = {"x": np.zeros((2, dim), np.float32), "log_rewards": np.zeros(2)}
     buffer.add({"x": np.zeros((1, dim), np.float32), "log_rewards": np.zeros(1)})
     keys = buffer.keys.all_keys()
-    before = {k: client.dump(k) for k in keys}
+    before = key_contents(client, keys)
     with pytest.raises(RequestTooLargeError, match="MAX_ADD_BYTES"):
         buffer.add(half)
-    assert {k: client.dump(k) for k in keys} == before
+    assert key_contents(client, keys) == before
     # one item alone may be larger than the byte bound; a batch at the bound is stored
     one = {"x": np.zeros((1, 2 * dim + 10), np.float32), "log_rewards": np.zeros(1)}
     other = ReplayBuffer(client, f"{buffer_name}-one", capacity=10)

@@ -11,6 +11,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+from key_contents import key_contents
 from test_bad_input import snapshot
 from test_per import assert_matches, chi2_limit, per_scores
 from test_sampling import assert_tree_consistent
@@ -283,7 +284,7 @@ def test_other_per_settings_keep_the_priorities_under_the_targets_settings(
 
 
 def _every_key(client, name: str) -> dict[bytes, bytes]:
-    return {key: client.dump(key) for key in client.scan_iter(match=f"rb:{{{name}}}:*")}
+    return key_contents(client, client.scan_iter(match=f"rb:{{{name}}}:*"))
 
 
 @pytest.mark.parametrize(
@@ -409,8 +410,8 @@ def test_the_scripts_refuse_what_slipped_past_the_checks(client, buffer_name, tm
     # restore_stage reserved ids for the items (ids are never reused): last_id moved on
     meta = buffer.keys.meta
     assert dict(after[meta][1])[b"last_id"] == b"%d" % (int(dict(before[meta][1])[b"last_id"]) + 1)
-    after[meta] = ("hash", [kv for kv in after[meta][1] if kv[0] != b"last_id"])
-    before[meta] = ("hash", [kv for kv in before[meta][1] if kv[0] != b"last_id"])
+    after[meta] = ("hash", {k: v for k, v in after[meta][1].items() if k != b"last_id"})
+    before[meta] = ("hash", {k: v for k, v in before[meta][1].items() if k != b"last_id"})
     assert after == before
     assert not list(client.scan_iter(match=f"rb:{{{buffer_name}}}:staging:*"))
 

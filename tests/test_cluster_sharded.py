@@ -309,7 +309,7 @@ def test_a_shard_that_fails_its_draw_leaves_no_draw_recorded_on_the_others(
     buffer.sample_with_info(8)  # replicas made; this sample is recorded
     before = [(fake_client.hget(s.keys.meta, "sampled"), fake_client.hgetall(s.keys.uses))
               for s in buffer.shards]
-    failing = buffer.shards[1]
+    failing = buffer.shards[1].view
     draw = samplers._replica_draw
 
     def fails_on_one_shard(shard, *args, **kwargs):

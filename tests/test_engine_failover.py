@@ -94,9 +94,9 @@ def test_a_failover_that_lost_writes_never_yields_a_missing_id():
             # the sampler fails over to the promoted server with its replica as it was
             failed_over = ReplayBuffer(standby.url, NAME, capacity=None,
                                        sampler=PERSampler(alpha=1.0, eps=0.0), seed=3)
-            failed_over._replicas = sampler._replicas
+            failed_over.view.replicas = sampler.view.replicas
             keys = BufferKeys(NAME)
-            old_version = replica_of(sampler, "per").version
+            old_version = replica_of(sampler.view, "per").version
             assert int(primary_client.hget(keys.meta, "log_version")) == old_version
             deadline = time.monotonic() + 60
             # the new history passes the sampler's version: its entries after that version

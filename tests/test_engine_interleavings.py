@@ -64,7 +64,7 @@ def test_a_draw_of_an_earlier_epoch_never_commits(url, buffer_name, peer_factory
     b.add(_batch(np.zeros(10)))
     b.update_priority(b.sample_with_info(4).ids, [1.0, 2.0, 3.0, 4.0])
     b.sample_with_info(8)  # B's replica is current here
-    seen = replica_of(b, "per").version
+    seen = replica_of(b.view, "per").version
     a(reset)
     present: set[int] = set()
     while int(b.client.hget(b.keys.meta, "log_version")) < seen:
@@ -209,11 +209,11 @@ def test_a_first_read_finishes_while_two_processes_add(url, buffer_name, monkeyp
     with _two_writers(url, buffer, capacity + 3000):
         replica = MassReplica("per")
         started = time.monotonic()
-        replica.load(buffer)
+        replica.load(buffer.view)
         assert time.monotonic() - started < 60
         moved = buffer.stats()["inserted"]
     assert moved > capacity + 3000  # writers kept adding during the read
-    replica.sync(buffer)
+    replica.sync(buffer.view)
     keys = BufferKeys(buffer_name)
     truth = {int(k): float(v) for k, v in buffer.client.hgetall(keys.per).items()}
     held = ~np.isnan(replica.scores[: replica.count])
@@ -228,7 +228,7 @@ def test_a_replica_far_behind_catches_up_in_bounded_replies(url, buffer_name):
     buffer = ReplayBuffer(url, buffer_name, capacity=200_000, sampler=PERSampler(), seed=1)
     buffer.add(_batch(np.zeros(10)))
     buffer.sample(2)
-    replica = replica_of(buffer, "per")
+    replica = replica_of(buffer.view, "per")
     other = ReplayBuffer(url, buffer_name, capacity=None)
     _fill(other, 60_000)  # 60 000 rows behind, 60 entries
     replies: list[int] = []
@@ -241,17 +241,17 @@ def test_a_replica_far_behind_catches_up_in_bounded_replies(url, buffer_name):
         return reply
 
     buffer._run = counting
-    replica.sync(buffer)
+    replica.sync(buffer.view)
     assert len(replies) >= 3 and max(replies) <= 20_000 + 1000
     fresh = MassReplica("per")
-    fresh.load(other)
+    fresh.load(other.view)
     assert len(replica) == len(fresh) == 60_010
 
 
 def test_the_replica_costs_at_most_32_bytes_an_item(url, buffer_name):
     buffer = ReplayBuffer(url, buffer_name, capacity=100_000, sampler=PERSampler(), seed=1)
     _fill(buffer, 100_000)
-    replica = replica_of(buffer, "per")
+    replica = replica_of(buffer.view, "per")
     assert len(replica) == 100_000
     assert replica.nbytes / len(replica) <= 32
 
@@ -268,7 +268,7 @@ def test_a_rolled_back_history_is_read_afresh(url, buffer_name):
     buffer.sample(2)
     buffer.add(_batch(np.zeros(5)))  # lost: ids 11-15
     buffer.sample(2)  # the replica follows to the lost version
-    version = replica_of(buffer, "per").version
+    version = replica_of(buffer.view, "per").version
     for key in keys.all_keys():  # the server back to the older state
         buffer.client.delete(key)
     for key, value in saved.items():
@@ -279,7 +279,7 @@ def test_a_rolled_back_history_is_read_afresh(url, buffer_name):
     present = {int(m) for m in buffer.client.zrange(keys.order, 0, -1)}
     for _ in range(10):
         assert set(buffer.sample_with_info(20).ids.tolist()) <= present
-    assert len(replica_of(buffer, "per")) == len(present)
+    assert len(replica_of(buffer.view, "per")) == len(present)
 
 
 def test_clear_drop_and_a_session_switch_of_a_large_buffer_are_no_long_command(

@@ -13,6 +13,7 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from key_contents import key_contents
 from test_per import assert_matches, per_scores
 
 import redisbuf
@@ -234,7 +235,7 @@ def _fill_to_maxmemory(client, add) -> int:
 
 
 def _all_keys_dumped(client) -> dict[bytes, bytes]:
-    return {key: client.dump(key) for key in client.scan_iter(match="rb:*")}
+    return key_contents(client, client.scan_iter(match="rb:*"))
 
 
 # Debian 12's Redis 7.0 (installed by .ci/setup) refuses every command queued in a MULTI
@@ -462,7 +463,7 @@ def test_policies_that_keep_keys_without_ttl_pass_silently(own_server, buffer_na
 
 def _every_key(client, name: str) -> dict[bytes, bytes]:
     """Every key of the buffer's hash tag (staging keys included), dumped."""
-    return {key: client.dump(key) for key in client.scan_iter(match=f"rb:{{{name}}}:*")}
+    return key_contents(client, client.scan_iter(match=f"rb:{{{name}}}:*"))
 
 
 def _filled(client, name: str, n: int = 10) -> ReplayBuffer:

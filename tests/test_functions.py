@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+from key_contents import key_contents
 
 from redisbuf import PERSampler, ReplayBuffer, cli
 from redisbuf.servers.embedded import EmbeddedServer
@@ -25,18 +26,7 @@ WIRE_FORMAT = Path(__file__).resolve().parent.parent / "docs" / "wire-format.md"
 
 def _snapshot(client: redis.Redis, name: str) -> dict[bytes, object]:
     """Every key of the buffer with its type and content."""
-    out: dict[bytes, object] = {}
-    for key in sorted(client.scan_iter(match=BufferKeys(name).pattern)):
-        kind = client.type(key)
-        if kind == b"hash":
-            out[key] = client.hgetall(key)
-        elif kind == b"zset":
-            out[key] = client.zrange(key, 0, -1, withscores=True)
-        elif kind == b"list":
-            out[key] = client.lrange(key, 0, -1)
-        else:
-            out[key] = client.dump(key)
-    return out
+    return key_contents(client, sorted(client.scan_iter(match=BufferKeys(name).pattern)))
 
 
 def _batch(n: int, start: int = 0) -> dict[str, np.ndarray]:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from key_contents import key_contents
 
 from redisbuf import ConfigMismatchError, EmptyBufferError, ReplayBuffer
 from redisbuf.control.ipc import MessageQueue
@@ -31,7 +32,7 @@ def _batch(n: int, start: int = 0) -> dict[str, np.ndarray]:
 
 
 def _snapshot(client, buf) -> dict[bytes, bytes | None]:
-    return {key.encode(): client.dump(key) for key in buf.keys.all_keys()}
+    return key_contents(client, buf.keys.all_keys())
 
 
 @dataclass
@@ -250,11 +251,11 @@ def test_a_refused_batch_is_counted_and_not_stored(client, buffer_name) -> None:
     # other key changes
     remembered = {buf.keys.batches, buf.keys.batches_old}
     item_keys = [k for k in buf.keys.data_keys() if k not in remembered]
-    keys_before = {k: client.dump(k) for k in item_keys}
+    keys_before = key_contents(client, item_keys)
     result = buf.add(_batch(3), model_version=3, session_id="s")
     assert result.rejected == "stale" and len(result.ids) == 0
     assert buf.add(_batch(2), model_version=5, session_id="t").rejected == "session"
-    assert {k: client.dump(k) for k in item_keys} == keys_before
+    assert key_contents(client, item_keys) == keys_before
     assert client.hlen(buf.keys.batches) == 3  # the two refusals and "~since"
     stats = buf.stats()
     assert (stats["rejected_stale"], stats["rejected_session"], stats["inserted"]) == (3, 2, 0)

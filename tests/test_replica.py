@@ -55,7 +55,7 @@ def test_the_log_keeps_a_bounded_number_of_ids_and_a_replica_behind_it_reads_afr
     buffer = _per_buffer(client, buffer_name, capacity=50_000)
     keys = BufferKeys(buffer_name)
     stale = MassReplica("per")
-    stale.load(buffer)
+    stale.load(buffer.view)
     for _ in range(15):
         buffer.add({"x": np.arange(1000)})
     meta = client.hmget(keys.meta, "log_ids", "log_version", "log_first")
@@ -63,7 +63,7 @@ def test_the_log_keeps_a_bounded_number_of_ids_and_a_replica_behind_it_reads_afr
     # the limit is max(10 000, capacity / 4) = 12 500 ids; the newest entry always stays
     assert held <= 12_500 and held == 1000 * client.llen(keys.masslog)
     assert version - first + 1 == client.llen(keys.masslog) < 13
-    stale.sync(buffer)  # too far behind for the log: it reads the buffer again
+    stale.sync(buffer.view)  # too far behind for the log: it reads the buffer again
     assert replica_scores(stale) == replica_scores(fresh_replica(client, buffer_name, "per"))
     assert len(stale) == 15_000
 
@@ -72,7 +72,7 @@ def test_own_update_priority_is_applied_without_a_round_trip(client, buffer_name
     buffer = _per_buffer(client, buffer_name)
     ids = buffer.add({"x": np.arange(20)}).ids
     buffer.sample(4)
-    replica = replica_of(buffer, "per")
+    replica = replica_of(buffer.view, "per")
     version = replica.version
     buffer.update_priority([ids[0], ids[1], ids[0], 10**9], [3.0, 4.0, 5.0, 6.0])
     assert replica.version == version + 1  # its own change, applied at once
@@ -235,7 +235,7 @@ def test_per_is_turned_on_a_slice_at_a_time(client, buffer_name, monkeypatch):
     assert int(meta[2]) == 32
     sampler = _per_buffer(client, buffer_name, capacity=40, initial_priority=2.0)
     assert set(sampler.sample_with_info(50).ids.tolist()) <= set(per)
-    assert replica_scores(replica_of(sampler, "per")) == per
+    assert replica_scores(replica_of(sampler.view, "per")) == per
 
 
 def _snapshot(replica: MassReplica) -> dict:
@@ -263,7 +263,7 @@ def test_the_server_corrects_a_stale_per_draw_to_the_current_law(
     buffer = _per_buffer(client, buffer_name, capacity=16, alpha=1.0, eps=0.0)
     ids = buffer.add({"x": np.arange(12)}, priorities=np.arange(1.0, 13.0)).ids
     buffer.sample(2)
-    replica = replica_of(buffer, "per")
+    replica = replica_of(buffer.view, "per")
     stale = _snapshot(replica)
     other = _per_buffer(client, buffer_name, capacity=16, alpha=1.0, eps=0.0)
     added = other.add({"x": np.arange(6)}, priorities=[30.0, 1.0, 5.0, 2.0, 2.0, 2.0]).ids
@@ -303,7 +303,7 @@ def test_a_new_replica_reads_the_snapshot_and_the_log_after_it(client, buffer_na
     ids = buffer.add({"x": np.arange(40)}, priorities=np.arange(40.0)).ids
     keys = BufferKeys(buffer_name)
     first = MassReplica("per")
-    first.load(buffer)  # no snapshot yet: a scan, then it writes one
+    first.load(buffer.view)  # no snapshot yet: a scan, then it writes one
     header = json.loads(client.hget(keys.snap, "header"))
     assert (header["version"], header["count"]) == (first.version, 40)
     buffer.update_priority(ids[:5], [7.0] * 5)  # logged after the snapshot
@@ -312,7 +312,7 @@ def test_a_new_replica_reads_the_snapshot_and_the_log_after_it(client, buffer_na
     run = buffer._run
     buffer._run = lambda name, k, a: calls.append(name) or run(name, k, a)
     second = MassReplica("per")
-    second.load(buffer)
+    second.load(buffer.view)
     assert "replica_read" not in calls  # no scan
     assert replica_scores(second) == replica_scores(fresh_replica(client, buffer_name, "per"))
     assert second.version == int(client.hget(keys.meta, "log_version"))
@@ -326,19 +326,19 @@ def test_a_snapshot_the_log_no_longer_reaches_or_of_another_epoch_is_not_used(
     monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)
     buffer = _per_buffer(client, buffer_name, capacity=40_000)
     buffer.add({"x": np.arange(10)})
-    MassReplica("per").load(buffer)  # writes a snapshot at this version
+    MassReplica("per").load(buffer.view)  # writes a snapshot at this version
     keys = BufferKeys(buffer_name)
     for _ in range(12):  # 12,000 rows: the log (10,000 rows kept) no longer reaches it
         buffer.add({"x": np.arange(1000)})
     assert int(client.hget(keys.meta, "log_first")) > json.loads(
         client.hget(keys.snap, "header"))["version"] + 1
     later = MassReplica("per")
-    later.load(buffer)  # falls back to a scan, and is right
+    later.load(buffer.view)  # falls back to a scan, and is right
     assert len(later) == 12_010
     buffer.clear()  # a new epoch: the snapshot (of the old one) is not read either
     buffer.add({"x": np.arange(4)})
     again = MassReplica("per")
-    again.load(buffer)
+    again.load(buffer.view)
     assert len(again) == 4
 
 
@@ -351,10 +351,10 @@ def test_a_snapshot_replaced_while_read_is_read_again(client, buffer_name, monke
     monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)
     buffer = _per_buffer(client, buffer_name, capacity=100)
     buffer.add({"x": np.arange(10)}, priorities=np.arange(10.0))
-    MassReplica("per").load(buffer)
+    MassReplica("per").load(buffer.view)
     keys = BufferKeys(buffer_name)
     client.hset(keys.snap, "c1", b"\0" * 8 + b"\1" * 64)  # a chunk of another snapshot
     reader = MassReplica("per")
-    assert not reader._load_snapshot(buffer)
-    reader.load(buffer)  # then a scan
+    assert not reader._load_snapshot(buffer.view)
+    reader.load(buffer.view)  # then a scan
     assert replica_scores(reader) == {int(i): float(i - 1) for i in range(1, 11)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import redis
+from key_contents import key_contents
 
 from redisbuf import ReplayBuffer
 from redisbuf.errors import InvalidBatchError
@@ -83,12 +84,10 @@ def test_a_foreign_add_with_a_reward_but_no_reward_field_is_refused(real_client,
     keys = buf.keys.all_keys()
     schema = real_client.hget(buf.keys.meta, "schema")
     blob = real_client.hget(buf.keys.items, real_client.zrange(buf.keys.order, 0, 0)[0])
-    before = {k: real_client.dump(k) for k in keys if real_client.type(k) != b"hash"}
-    before_meta = real_client.hgetall(buf.keys.meta)
+    before = key_contents(real_client, keys)
     with pytest.raises(redis.ResponseError, match="RB_INVALID.*no log_rewards field"):
         real_client.fcall("rb_add", len(keys), *keys, schema, 1, "", blob, "1.5")
-    assert real_client.hgetall(buf.keys.meta) == before_meta
-    assert {k: real_client.dump(k) for k in before} == before
+    assert key_contents(real_client, keys) == before
     assert real_client.fcall("rb_add", len(keys), *keys, schema, 1, "", blob, "0")[1] == 1
     assert len(buf) == 3 and not real_client.exists(buf.keys.prio)
 

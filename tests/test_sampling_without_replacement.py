@@ -201,7 +201,7 @@ class _Uniforms:
 def _replica_draw(buffer: ReplayBuffer, n: int, uniforms: list[float]) -> tuple[list, list]:
     """The softmax replica's draw without replacement with these uniforms (exact binary
     fractions): (ids, probabilities)."""
-    replica = replica_of(buffer, "softmax")
+    replica = replica_of(buffer.view, "softmax")
     slots, probabilities, _ = replica.draw(n, _Uniforms(uniforms), replace=False)
     return replica.ids[slots].tolist(), probabilities.tolist()
 
@@ -229,7 +229,7 @@ def test_a_round_of_draws_keeps_first_occurrences_and_replaces_repeats(client, b
     assert ids == [1, 3, 2]
     assert probabilities == pytest.approx([0.25, 2 / 3, 1.0], rel=1e-12)
     # the replica's tree is as before the draws
-    replica = replica_of(buffer, "softmax")
+    replica = replica_of(buffer.view, "softmax")
     assert replica.total == pytest.approx(2.0)  # masses relative to the largest
 
 

@@ -39,7 +39,7 @@ def test_each_priority_change_is_one_log_entry_and_replicas_agree(client, buffer
     assert (meta[b"masslog"], meta[b"mass"], meta[b"per_alpha"], meta[b"per_eps"]) == (
         b"1", b"per", b"1", b"0")
     follower = MassReplica("per")
-    follower.load(buf._priorities)  # type: ignore[arg-type]
+    follower.load(buf._priorities)
     model: dict[int, float] = {}  # slot -> priority of the stored step there
     stored: dict[int, tuple[int, int]] = {}  # slot -> (env, pos)
     top = 2.0
@@ -49,9 +49,9 @@ def test_each_priority_change_is_one_log_entry_and_replicas_agree(client, buffer
 
     def check(entries_added: int, before: int) -> None:
         assert _log_length(buf) == before + entries_added
-        follower.sync(buf._priorities)  # type: ignore[arg-type]
+        follower.sync(buf._priorities)
         fresh = MassReplica("per")
-        fresh.load(buf._priorities)  # type: ignore[arg-type]
+        fresh.load(buf._priorities)
         assert _held(follower) == _held(fresh) == model
         raw = {int(k): float(v) for k, v in client.hgetall(buf.keys.all_keys()[7]).items()}
         assert raw == model
@@ -128,7 +128,7 @@ def test_a_stale_draw_is_corrected_to_the_priorities_at_the_call(client, buffer_
         stored[0] = value
         expected_weights = stored[positions] * 10 / stored.sum()
         np.testing.assert_allclose(info.importance_weights, expected_weights, rtol=1e-6)
-        replica = a._priorities._replicas["per"]  # type: ignore[attr-defined]
+        replica = a._priorities.replicas["per"]
         assert replica.version == int(client.hget(a.keys.meta, "log_version"))
     assert filled, "no draw had holes to fill: the test did not reach that path"
     for value, got in counts.items():
@@ -222,7 +222,7 @@ def test_a_spawned_writer_between_draw_and_commit(redis_server, buffer_name):
             np.testing.assert_allclose(
                 info.importance_weights,
                 [stored[w] * len(nonzero) / sum(nonzero) for w in pairs], rtol=1e-6)
-            replica = a._priorities._replicas["per"]  # type: ignore[attr-defined]
+            replica = a._priorities.replicas["per"]
             assert replica.version == int(a.client.hget(a.keys.meta, "log_version"))
         # the window whose priority moved just before the commit: drawn by the law after
         # the move (a draw by the law before it would take it about 0 or 40% of the time)
@@ -280,7 +280,7 @@ def test_a_new_replica_reads_the_snapshot_of_an_earlier_one(client, buffer_name,
     _, info = b.get_batch(8, 1)
     assert "seq_replica_read" not in ran and "seq_masslog_read" in ran
     stored = {int(k): float(v) for k, v in client.hgetall(b.keys.all_keys()[7]).items()}
-    assert _held(b._priorities._replicas["per"]) == stored  # type: ignore[attr-defined]
+    assert _held(b._priorities.replicas["per"]) == stored
     assert stored[0 * 6 + 5] == 7.0 and stored[1 * 6 + 4] == 0.0
     b.drop()
     assert not any(client.exists(key) for key in b.keys.all_keys())

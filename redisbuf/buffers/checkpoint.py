@@ -133,7 +133,14 @@ class Checkpointing:
         """The whole buffer as plain data: the header (its ``per``: the PER settings, or
         None without PER), then per item, oldest first: ``ids``, ``priorities``
         (log-rewards), ``blobs``, ``per_priorities`` (None each without PER) and ``uses``
-        (times sampled)."""
+        (times sampled).
+
+        Returns:
+            A dict of plain data (no pickle needed to store it).
+
+        Raises:
+            ConfigMismatchError: the buffer does not exist (dropped).
+        """
         header = self._header()
         return _state_of(header, self._records(header["per"] is not None))
 
@@ -142,7 +149,26 @@ class Checkpointing:
         keeping their order, log-rewards, PER priorities and use counts (they get new
         ids); see :meth:`load` for what is checked, the PER rules and how the replacement
         is atomic. A version-1 state (no ``per_priorities`` / ``uses``) loads as a
-        version-1 file."""
+        version-1 file.
+
+        Args:
+            state: a dict from :meth:`state_dict`.
+            drop_per_priorities: as :meth:`load`.
+
+        Raises:
+            ConfigMismatchError: as :meth:`load`.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> source = ReplayBuffer(client, "source")
+            >>> _ = source.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> copy = ReplayBuffer(client, "copy")
+            >>> copy.load_state_dict(source.state_dict())
+            >>> sorted(copy.sample(3)["obs"])
+            [0.0, 1.0, 2.0]
+        """
         self._restore(state, _state_records(state), drop_per_priorities)
 
     def save(self, path: str | Path, *, progress: Progress | None = None) -> int:
@@ -159,7 +185,31 @@ class Checkpointing:
         previous file as it was.
 
         ``progress(done, total)``, when given, is called after every 1,000 records written
-        and once at the end, with ``total`` the length when the save began."""
+        and once at the end, with ``total`` the length when the save began.
+
+        Args:
+            path: the file to write.
+            progress: called as ``progress(done, total)``, or ``None``.
+
+        Returns:
+            The number of items written.
+
+        Raises:
+            ConfigMismatchError: the buffer does not exist (dropped).
+
+        Examples:
+            >>> import fakeredis, numpy as np, os, tempfile
+            >>> from redisbuf import ReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> buffer = ReplayBuffer(client, "demo")
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> path = os.path.join(tempfile.mkdtemp(), "demo.rbuf")
+            >>> buffer.save(path)
+            3
+            >>> restored = ReplayBuffer(client, "restored")
+            >>> restored.load(path), restored.stats()["inserted"]
+            (3, 3)
+        """
         total = len(self) if progress is not None else 0
 
         def stream() -> Iterator[tuple[Any, ...]]:
@@ -206,7 +256,22 @@ class Checkpointing:
 
         ``progress(done, total)``, when given, is called as the items built under the
         staging keys pass each multiple of 1,000 (exactly there unless large items made a
-        staging add smaller), after the last, and once more after the swap."""
+        staging add smaller), after the last, and once more after the swap.
+
+        Args:
+            path: a file written by :meth:`save` (or :meth:`ShardedReplayBuffer.save`).
+            drop_per_priorities: load a file with PER priorities into a buffer without PER,
+                without them.
+            progress: called as ``progress(done, total)``, or ``None``.
+
+        Returns:
+            The number of items loaded.
+
+        Raises:
+            ConfigMismatchError: the file does not fit the buffer (schema, capacity, PER
+                priorities without PER, a use count at or over ``max_use``).
+            DecodeError: the file is malformed or truncated.
+        """
         header, records = _read_save(path)
         self._restore(header, records, drop_per_priorities, progress)
         return len(records)
@@ -426,7 +491,27 @@ class ShardedCheckpointing:
         of items written. The file loads into a plain :class:`ReplayBuffer` too (which
         ignores ``shards``). Not a snapshot if other processes write meanwhile, neither
         within a shard nor across shards. ``progress(done, total)`` as
-        :meth:`ReplayBuffer.save`."""
+        :meth:`ReplayBuffer.save`.
+
+        Args:
+            path: the file to write.
+            progress: called as ``progress(done, total)``, or ``None``.
+
+        Returns:
+            The number of items written.
+
+        Examples:
+            >>> import fakeredis, numpy as np, os, tempfile
+            >>> from redisbuf import ReplayBuffer, ShardedReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> buffer = ShardedReplayBuffer(client, "demo", shards=2)
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> path = os.path.join(tempfile.mkdtemp(), "demo.rbuf")
+            >>> buffer.save(path)
+            3
+            >>> ReplayBuffer(client, "plain").load(path)
+            3
+        """
         total = len(self) if progress is not None else 0
 
         def stream() -> Iterator[Any]:
@@ -438,7 +523,11 @@ class ShardedCheckpointing:
     def state_dict(self) -> dict[str, Any]:
         """The whole buffer as plain data: the header of :meth:`save` and the columns of
         :meth:`ReplayBuffer.state_dict` (``ids`` global, ``per_priorities`` None), in
-        the order :meth:`save` writes the records."""
+        the order :meth:`save` writes the records.
+
+        Returns:
+            A dict of plain data (see :meth:`ReplayBuffer.state_dict`).
+        """
         return _state_of(self._header(), self._records())
 
     def load(
@@ -476,6 +565,19 @@ class ShardedCheckpointing:
         Sharded buffers have no PER: a file with PER priorities raises
         :class:`ConfigMismatchError` unless ``drop_per_priorities=True``.
         ``progress(done, total)`` counts the items of all shards (``total`` the file's).
+
+        Args:
+            path: a file written by :meth:`save` or :meth:`ReplayBuffer.save`.
+            drop_per_priorities: load a file with PER priorities without them.
+            progress: called as ``progress(done, total)``, or ``None``.
+
+        Returns:
+            The number of items loaded.
+
+        Raises:
+            ConfigMismatchError: the file does not fit the buffer (schema, a shard's
+                capacity, PER priorities).
+            PartialLoadError: a shard after the first failed; names those restored.
         """
         header, records = _read_save(path)
         self._restore(header, records, drop_per_priorities, progress)
@@ -483,7 +585,16 @@ class ShardedCheckpointing:
 
     def load_state_dict(self, state: dict[str, Any], *, drop_per_priorities: bool = False) -> None:
         """Replace the buffer's items with those of ``state`` (from :meth:`state_dict` or
-        :meth:`ReplayBuffer.state_dict`), as :meth:`load` does with a file."""
+        :meth:`ReplayBuffer.state_dict`), as :meth:`load` does with a file.
+
+        Args:
+            state: a dict from :meth:`state_dict` or :meth:`ReplayBuffer.state_dict`.
+            drop_per_priorities: as :meth:`load`.
+
+        Raises:
+            ConfigMismatchError: as :meth:`load`.
+            PartialLoadError: as :meth:`load`.
+        """
         self._restore(state, _state_records(state), drop_per_priorities)
 
     def _parts(

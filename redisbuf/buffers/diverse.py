@@ -25,7 +25,11 @@ from .terminating import terminating_states_of
 @dataclass
 class DiverseAddResult(AddResult):
     """An :class:`AddResult` whose ``ids`` are those of the inserted items only; ``kept``
-    holds their positions in the batch (ascending), the others having been dropped."""
+    holds their positions in the batch (ascending), the others having been dropped.
+
+    Attributes:
+        kept: positions in the batch of the inserted items (ascending, int64).
+    """
 
     kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
@@ -75,6 +79,29 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
 
     Takes :class:`ReplayBuffer`'s arguments except ``prioritized_capacity`` (always on) and
     the remote-manager ones (torchgfn's diverse ``add`` never contacts its manager).
+
+    Args:
+        redis_or_url: as :class:`ReplayBuffer`.
+        name: as :class:`ReplayBuffer`.
+        capacity: as :class:`ReplayBuffer`.
+        cutoff_distance: an item this close to another is dropped; negative: no
+            distance test.
+        p_norm_distance: the ``p`` of the p-norm (>= 0, ``inf`` allowed).
+        **kwargs: :class:`ReplayBuffer`'s other arguments.
+
+    Raises:
+        ValueError: ``prioritized_capacity=False``, ``remote_manager_rank``, or a
+            distance that is not a number.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import NormBasedDiversePrioritizedReplayBuffer, States
+        >>> buffer = NormBasedDiversePrioritizedReplayBuffer(
+        ...     fakeredis.FakeRedis(), "demo", capacity=2, cutoff_distance=0.5)
+        >>> _ = buffer.add(States(np.array([[0.0], [5.0]]), np.array([1.0, 2.0])))
+        >>> result = buffer.add(States(np.array([[5.2], [9.0]]), np.array([3.0, 3.0])))
+        >>> result.kept.tolist(), sorted(buffer.sample(2).states.ravel().tolist())
+        ([1], [5.0, 9.0])
     """
 
     def __init__(
@@ -127,7 +154,19 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
 
     def add(self, batch: Any) -> DiverseAddResult:
         """Add what the diversity rule lets through, atomically with its tests; a rejected
-        batch (see :meth:`ReplayBuffer.add`) leaves the buffer unchanged."""
+        batch (see :meth:`ReplayBuffer.add`) leaves the buffer unchanged.
+
+        Args:
+            batch: :class:`Trajectories`, :class:`Transitions` (all terminating) or
+                :class:`States`, with log-rewards.
+
+        Returns:
+            The inserted items' ids and their positions in the batch (``kept``).
+
+        Raises:
+            SchemaError: ``batch`` is a dict, or does not fit the buffer's schema.
+            InvalidBatchError: a transition is not terminating, or a state is not finite.
+        """
         blobs, log_rewards, schema = self.encode(batch)
         _check_add_bound(self.name, blobs)
         args = self._args(blobs, log_rewards, batch, self.cutoff_distance)

@@ -91,7 +91,13 @@ class EpisodeKeys:
 @dataclass
 class EpisodeSample:
     """Whole episodes (each in the form it was pushed), their ids and the global position
-    of each one's first step."""
+    of each one's first step.
+
+    Attributes:
+        episodes: the episodes, in draw order.
+        ids: their ids (int64).
+        starts: the global position of each one's first step (int64).
+    """
 
     episodes: list[Any]
     ids: np.ndarray
@@ -105,6 +111,11 @@ class Windows:
     ``data`` is a dict of arrays shaped ``[n, length, ...]`` when episodes were pushed as
     dicts of arrays, else a list of ``n`` lists of ``length`` steps. ``episode_ids[i]``
     holds window ``i``; ``offsets[i]`` is the index of its first step in that episode.
+
+    Attributes:
+        data: the windows' steps, as above.
+        episode_ids: the episode of each window (int64).
+        offsets: each window's first step within its episode (int64).
     """
 
     data: Any
@@ -132,6 +143,21 @@ class EpisodeBuffer:
             episode. ``None`` adopts the stored value of an existing buffer; another
             value than the stored one raises :class:`ConfigMismatchError`.
         seed: seeds this process's sampling random numbers.
+
+    Raises:
+        ValueError: ``capacity_episodes`` is not a positive integer.
+        ConfigMismatchError: another ``capacity_episodes`` than the stored one.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import EpisodeBuffer
+        >>> buffer = EpisodeBuffer(fakeredis.FakeRedis(), "demo", capacity_episodes=2)
+        >>> [buffer.push({"obs": np.arange(float(t))}) for t in (3, 4, 5)]
+        [1, 2, 3]
+        >>> buffer.stats()
+        {'steps': 9, 'pushed': 3, 'evicted': 1, 'sampled': 0, 'episodes': 2}
+        >>> buffer.sample_windows(3, length=4).data["obs"].shape
+        (3, 4)
     """
 
     def __init__(
@@ -265,6 +291,17 @@ class EpisodeBuffer:
         episodes go, in the same atomic step. Raises :class:`InvalidBatchError` for a
         malformed episode and :class:`SchemaError` when its form or fields differ from the
         buffer's; nothing is written then.
+
+        Args:
+            episode: a dict of arrays or tensors with a leading time dimension, or a
+                sequence of steps.
+
+        Returns:
+            The episode's id.
+
+        Raises:
+            InvalidBatchError: a malformed episode.
+            SchemaError: its form or fields differ from the buffer's.
         """
         schema, blobs = self._encode(episode)
         reply = self._run("episode_push", [schema, *blobs])
@@ -273,7 +310,26 @@ class EpisodeBuffer:
     def sample_episodes(self, n: int, replace: bool = False) -> EpisodeSample:
         """``n`` whole episodes drawn uniformly (without replacement unless ``replace``),
         with their ids. Raises :class:`EmptyBufferError` when the buffer is empty, or holds
-        fewer than ``n`` episodes and ``replace`` is false."""
+        fewer than ``n`` episodes and ``replace`` is false.
+
+        Args:
+            n: how many episodes.
+            replace: draw with replacement.
+
+        Returns:
+            The episodes with their ids and first-step positions.
+
+        Raises:
+            EmptyBufferError: as above.
+
+        Examples:
+            >>> import fakeredis
+            >>> from redisbuf import EpisodeBuffer
+            >>> buffer = EpisodeBuffer(fakeredis.FakeRedis(), "demo")
+            >>> _ = buffer.push(["a", "b"]), buffer.push(["c"])
+            >>> sorted(buffer.sample_episodes(2).episodes)
+            [['a', 'b'], ['c']]
+        """
         n = _count(n, "n")
         for attempt in range(_FETCH_ATTEMPTS + 1):
             # as in sample_windows; an episode evicted before the HMGET makes the whole
@@ -302,14 +358,36 @@ class EpisodeBuffer:
 
     def sample(self, n: int, replace: bool = False) -> list[Any]:
         """``n`` whole episodes drawn uniformly, as DI-engine's ``sample(size)`` returns:
-        a list (see :meth:`sample_episodes`)."""
+        a list (see :meth:`sample_episodes`).
+
+        Args:
+            n: how many episodes.
+            replace: draw with replacement.
+
+        Returns:
+            The episodes.
+
+        Raises:
+            EmptyBufferError: as :meth:`sample_episodes`.
+        """
         return self.sample_episodes(n, replace).episodes
 
     def sample_windows(self, n: int, length: int) -> Windows:
         """``n`` windows of ``length`` consecutive steps, each inside one stored episode,
         drawn independently and uniformly over all such windows (an episode of ``T``
         steps holds ``T - length + 1``). Raises :class:`EmptyBufferError` when no stored
-        episode has ``length`` steps."""
+        episode has ``length`` steps.
+
+        Args:
+            n: how many windows.
+            length: steps per window.
+
+        Returns:
+            The windows, their episodes and offsets.
+
+        Raises:
+            EmptyBufferError: no stored episode has ``length`` steps.
+        """
         n = _count(n, "n", 1)
         length = _count(length, "length", 1)
         ids = np.zeros(n, dtype=np.int64)
@@ -355,25 +433,41 @@ class EpisodeBuffer:
         return Windows(data, ids, offsets)
 
     def count(self) -> int:
-        """Number of stored episodes (DI-engine's ``count``)."""
+        """Number of stored episodes (DI-engine's ``count``).
+
+        Returns:
+            The number of episodes.
+        """
         return int(self.client.zcard(self.keys.index))
 
     def __len__(self) -> int:
         return self.count()
 
     def num_steps(self) -> int:
-        """Number of stored steps over all episodes."""
+        """Number of stored steps over all episodes.
+
+        Returns:
+            The number of steps.
+        """
         return int(self.client.hget(self.keys.meta, "steps") or 0)
 
     def stats(self) -> dict[str, int]:
-        """Counters: ``episodes``, ``steps``, ``pushed``, ``evicted``, ``sampled``."""
+        """Counters: ``episodes``, ``steps``, ``pushed``, ``evicted``, ``sampled``.
+
+        Returns:
+            A dict of those counters.
+        """
         meta = self._meta()
         out = {k: int(meta.get(k, 0)) for k in ("steps", "pushed", "evicted", "sampled")}
         out["episodes"] = self.count()
         return out
 
     def clear(self) -> int:
-        """Remove every episode (the configuration and schema stay); returns how many."""
+        """Remove every episode (the configuration and schema stay); returns how many.
+
+        Returns:
+            The number of episodes removed.
+        """
         return int(self._run("episode_clear", []))
 
     def drop(self) -> None:

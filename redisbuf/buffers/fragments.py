@@ -137,7 +137,19 @@ class Chunk:
     ``indices`` are the fragments' positions in their stream (MineStudio's
     ``FragmentIndex.fid_in_worker``); ``model_version`` and ``session_id`` are those of
     its first fragment; ``use_count`` includes this fetch; ``staleness`` is the current
-    model version minus ``model_version`` at the fetch."""
+    model version minus ``model_version`` at the fetch.
+
+    Attributes:
+        chunk_id: the chunk's id.
+        stream_id: its stream.
+        model_version: as above.
+        session_id: as above.
+        use_count: as above.
+        staleness: as above.
+        fragment_ids: the fragments' ids.
+        indices: as above.
+        fragments: the fragments, as added.
+    """
 
     chunk_id: int
     stream_id: str
@@ -174,6 +186,24 @@ class FragmentBuffer:
     raises :class:`ConfigMismatchError` (``None`` everywhere adopts the stored ones). The
     current model version starts at -1 and the session at ``""``, as in MineStudio, so
     fragments are discarded until :meth:`update_model_version` names their session.
+
+    Raises:
+        ValueError: some but not all of the four settings given, or one out of range.
+        ConfigMismatchError: the stored configuration differs, or none is stored and
+            none was given.
+
+    Examples:
+        >>> import fakeredis
+        >>> from redisbuf import FragmentBuffer
+        >>> buffer = FragmentBuffer(fakeredis.FakeRedis(), "demo", max_chunks=4,
+        ...                         fragments_per_chunk=2, max_staleness=1, max_reuse=2)
+        >>> buffer.update_model_version("run", 0)
+        0
+        >>> [buffer.add_fragment(step, 0, "run", "w0").chunk_id for step in ("a", "b")]
+        [None, 1]
+        >>> chunk, = buffer.fetch(1)
+        >>> chunk.fragments, chunk.use_count
+        (['a', 'b'], 1)
     """
 
     def __init__(
@@ -248,6 +278,20 @@ class FragmentBuffer:
         chunk when ``max_chunks`` are stored. ``fragment`` is any msgpack-able value
         (arrays, tensors, dicts, lists, numbers, strings, bytes); a value that cannot be
         encoded raises :class:`InvalidBatchError` and writes nothing.
+
+        Args:
+            fragment: any msgpack-able value.
+            model_version: the version that produced it.
+            session_id: the session that produced it.
+            stream_id: its stream.
+
+        Returns:
+            Its id and index, the chunk it completed, chunks evicted and fragments
+            discarded.
+
+        Raises:
+            InvalidBatchError: ``fragment`` cannot be encoded, ``model_version`` is not an
+                integer below ``10**12`` in magnitude, or an id is not a str.
         """
         version = _version(model_version)
         if not isinstance(session_id, str) or not isinstance(stream_id, str):
@@ -271,7 +315,15 @@ class FragmentBuffer:
         """Make ``model_version`` of ``session_id`` current and drop every chunk now too
         stale, or every chunk when the session changed. Returns how many were dropped.
         (Unlike MineStudio, which stops at the first fresh chunk, stale chunks anywhere
-        in the buffer go.)"""
+        in the buffer go.)
+
+        Args:
+            session_id: the session whose version this is.
+            model_version: the version made current.
+
+        Returns:
+            How many chunks were dropped.
+        """
         if not isinstance(session_id, str):
             raise InvalidBatchError("session_id must be str")
         return int(self._run("fragment_update_version", [session_id, _version(model_version)]))
@@ -312,6 +364,17 @@ class FragmentBuffer:
         re-check every 2 s covers a message lost to a dropped connection);
         ``timeout`` seconds (``None``: no limit) without enough chunks raises
         :class:`FetchTimeoutError`.
+
+        Args:
+            n_chunks: how many chunks (at most ``max_chunks``).
+            timeout: the longest wait in seconds, or ``None``.
+
+        Returns:
+            The chunks.
+
+        Raises:
+            ValueError: ``n_chunks`` is not positive or exceeds ``max_chunks``.
+            FetchTimeoutError: ``timeout`` passed without enough chunks.
         """
         n_chunks = _int_at_least(n_chunks, "n_chunks", 1)
         if n_chunks > self.max_chunks:
@@ -340,6 +403,12 @@ class FragmentBuffer:
         ``pending_streams``, ``model_version``, ``session_id`` and the counters
         ``fragments_added``, ``fragments_discarded``, ``chunks_added``,
         ``chunks_evicted``, ``chunks_discarded``, ``chunks_used_up``, ``fetched``.
+
+        Args:
+            reset: zero ``avg_reuse`` and ``avg_staleness`` with the read.
+
+        Returns:
+            A dict of those values.
         """
         reply = self._run(
             "fragment_stats",
@@ -372,12 +441,20 @@ class FragmentBuffer:
         return int(self.client.zcard(self.keys.chunks))
 
     def num_fragments(self) -> int:
-        """Number of fragments whose bytes are stored (in chunks or pending)."""
+        """Number of fragments whose bytes are stored (in chunks or pending).
+
+        Returns:
+            The number of fragments.
+        """
         return int(self.client.hlen(self.keys.frags))
 
     def clear(self) -> int:
         """Remove every chunk and fragment (configuration, version, session and
-        counters stay); returns the number of chunks removed."""
+        counters stay); returns the number of chunks removed.
+
+        Returns:
+            The number of chunks removed.
+        """
         return int(self._run("fragment_clear", []))
 
     def drop(self) -> None:

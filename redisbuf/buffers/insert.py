@@ -32,7 +32,22 @@ from ..store.keys import BufferKeys, format_id
 class AddResult:
     """What one ``add`` did: the ids given to the batch's items (in batch order), how many
     items the insertion evicted (possibly some of these new ones, under prioritized
-    capacity), and the manager's score dict when a remote manager is configured."""
+    capacity), and the manager's score dict when a remote manager is configured.
+
+    Attributes:
+        ids: the new items' ids, in batch order (int64).
+        evicted: how many items the insertion evicted.
+        score: the manager's score dict, or ``None``.
+        rejected: ``"stale"`` or ``"session"`` when the batch was refused (nothing
+            stored), else ``None``.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+        >>> buffer.add({"obs": np.arange(2.0), "log_rewards": np.zeros(2)})
+        AddResult(ids=array([1, 2]), evicted=0, score=None, rejected=None)
+    """
 
     ids: np.ndarray
     evicted: int

@@ -25,7 +25,25 @@ class Inspecting:
         Read by HMGETs of at most :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`
         ids (and about :data:`~redisbuf.store.bounds.MAX_REPLY_BYTES` of blobs) each, so
         a large call never holds the server for long; it is then not one atomic read:
-        an item evicted between two of them is named by the KeyError."""
+        an item evicted between two of them is named by the KeyError.
+
+        Args:
+            ids: the items' ids.
+
+        Returns:
+            One batch of the buffer's kind, in the order of ``ids``.
+
+        Raises:
+            KeyError: an id is not in the buffer.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+            >>> ids = buffer.add({"obs": np.array([7.0, 8.0]), "log_rewards": np.zeros(2)}).ids
+            >>> buffer.get([ids[1], ids[0]])["obs"].tolist()
+            [8.0, 7.0]
+        """
         ids = [int(i) for i in ids]
         members = [format_id(i) for i in ids]
         step = bounds.MAX_ITEMS_PER_COMMAND
@@ -46,7 +64,17 @@ class Inspecting:
 
     def close(self) -> None:
         """Release the connections of a client this buffer made (from a URL); a client
-        passed in stays open (its owner closes it). The buffer's data stays in Redis."""
+        passed in stays open (its owner closes it). The buffer's data stays in Redis.
+
+        Examples:
+            >>> import fakeredis
+            >>> from redisbuf import ReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> with ReplayBuffer(client, "demo") as buffer:  # leaving it calls close()
+            ...     _ = buffer.add({"obs": [1.0], "log_rewards": [0.0]})
+            >>> client.ping(), len(ReplayBuffer.open(client, "demo"))  # both still there
+            (True, 1)
+        """
         if self._owns_client:
             self.client.close()
 
@@ -70,7 +98,22 @@ class Inspecting:
 
         Read :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` ranks per command: a
         ``k`` above that is not one atomic read (items added or evicted meanwhile shift
-        the later ranks)."""
+        the later ranks).
+
+        Args:
+            k: how many items.
+
+        Returns:
+            ``(id, log_reward)`` pairs, highest log-reward first; ``[]`` when ``k <= 0``.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", prioritized_capacity=True)
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.array([0.5, 2.0, 1.0])})
+            >>> buffer.top(2)
+            [(2, 2.0), (3, 1.0)]
+        """
         if k <= 0:
             return []
         kept = keeps_rewards(self.client, self.keys)  # else all 0: the newest first
@@ -90,7 +133,21 @@ class Inspecting:
         data lifetime (:func:`redisbuf.sampling.lifetime.lifetime_stats`: mean use count of present
         and removed items, mean staleness of sampled items, refused adds), priority
         min / mean / max, and insert / sample rates (items per second since this
-        process's previous ``stats()``, or since creation on the first)."""
+        process's previous ``stats()``, or since creation on the first).
+
+        Returns:
+            A dict keyed by name (``length``, ``capacity``, ``inserted``, ``evicted``,
+            ``sampled``, ``quarantined``, ...).
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", capacity=2)
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> stats = buffer.stats()
+            >>> stats["length"], stats["inserted"], stats["evicted"]
+            (2, 3, 1)
+        """
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(self.keys.meta)
         pipe.zcard(self.keys.order)
@@ -110,7 +167,7 @@ class Inspecting:
             "quarantined": int(meta.get("quarantined", 0)),
             "memory_bytes": self.memory_usage(),
             **lifetime.lifetime_stats(meta, int(length)),
-            **lifetime.priority_stats(self, meta),
+            **lifetime.priority_stats(self.view, meta),
             **self._rates.rates(meta),
         }
 
@@ -122,14 +179,37 @@ class Inspecting:
         items each (redisbuf/store/bounds.py): until the last of them, other processes may
         still draw an item being removed, and a version another process makes current
         meanwhile governs the removals left. Later adds are checked against these. Returns
-        the number of items removed."""
-        return lifetime.update_model_version(self, session_id, model_version)
+        the number of items removed.
+
+        Args:
+            session_id: the session whose version this is.
+            model_version: the version made current.
+
+        Returns:
+            The number of items removed.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", max_staleness=1)
+            >>> batch = {"obs": np.arange(2.0), "log_rewards": np.zeros(2)}
+            >>> _ = buffer.add(batch, model_version=0, session_id="run")
+            >>> buffer.update_model_version("run", 2)
+            2
+            >>> buffer.add(batch, model_version=0, session_id="run").rejected
+            'stale'
+        """
+        return lifetime.update_model_version(self.view, session_id, model_version)
 
     def memory_usage(self) -> int | None:
         """Bytes Redis reports for this buffer's keys (None if the server cannot say):
         its estimate from :data:`~redisbuf.store.bounds.MEMORY_USAGE_SAMPLES` elements of
         each key, exact for keys of no more elements (counting every element of a key of
-        millions would hold the server for hundreds of milliseconds)."""
+        millions would hold the server for hundreds of milliseconds).
+
+        Returns:
+            Bytes, or ``None``.
+        """
         total = 0
         try:
             for key in self.keys.all_keys():
@@ -143,14 +223,39 @@ class Inspecting:
 
     def clear(self) -> int:
         """Remove every item, reset the counters; keep capacity, kind and schema.
-        Ids are never reused. Returns the number of items removed."""
+        Ids are never reused. Returns the number of items removed.
+
+        Returns:
+            The number of items removed.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> buffer.clear(), len(buffer)
+            (3, 0)
+            >>> buffer.add({"obs": np.zeros(1), "log_rewards": np.zeros(1)}).ids.tolist()
+            [4]
+        """
         return int(self._run("clear", self.keys.all_keys(), []))
 
     def drop(self) -> None:
         """Delete the buffer entirely, configuration included: every key under its tag
         (``rb:{name}:*``: its own, the control plane's, a load's staging keys) but those of
         an EpisodeBuffer, SequenceBuffer or FragmentBuffer of the same name and a sharded
-        buffer's layout (see :meth:`BufferKeys.owns`)."""
+        buffer's layout (see :meth:`BufferKeys.owns`).
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> buffer = ReplayBuffer(client, "demo")
+            >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> buffer.drop()
+            >>> client.keys("rb:{demo}:*")
+            []
+        """
         found = {
             key.decode() if isinstance(key, bytes) else key
             for key in self.client.scan_iter(match=self.keys.pattern, count=1000)

@@ -12,13 +12,10 @@ from typing import Any
 
 from ..errors import BufferShardedError, ConfigMismatchError, SchemaError
 from ..store.containers import describe_schema_difference
-from ..store.keys import decode_meta
+from ..store.keys import DEFAULT_RETRY_WINDOW, decode_meta
 
 #: Layout of a buffer's keys in Redis (meta ``format_version``).
 FORMAT_VERSION = 1
-#: Seconds a buffer remembers an add's batch id by default (``retry_window``), so that a
-#: retried add is not inserted twice (see Script.__call__): far longer than any retry takes.
-DEFAULT_RETRY_WINDOW = 600.0
 
 
 @dataclass
@@ -110,6 +107,16 @@ class Opening:
                 self._schema = json.loads(self._schema_json)
                 self.kind = self._schema["kind"]
         return self._schema
+
+    def stored_schema(self, refresh: bool = False) -> dict[str, Any] | None:
+        """The schema the buffer holds (its container kind and fields, fixed by the first
+        add and kept in its meta), None while none is stored. Once read it is remembered
+        (it changes only when the buffer is dropped and made again); ``refresh=True``
+        reads it from the server again (another process may have dropped the buffer and
+        made it again with other data)."""
+        if refresh:
+            self._forget_schema()
+        return self._stored_schema()
 
     def _schema_refusal(self, schema: dict[str, Any]) -> SchemaError:
         """The error for a batch the server refused by its schema: another process may have

@@ -11,23 +11,21 @@ import numpy as np
 from ..control.remote import RemoteScorer
 from ..errors import (
     ConfigMismatchError,
-    DecodeError,
     EmptyBufferError,
     InvalidBatchError,
     ItemTooLargeError,
-    PerBusyError,
     RateLimitTimeoutError,
     RequestTooLargeError,
     ShardedBufferError,
     WaitTimeoutError,
 )
 from ..sampling import lifetime, limiters
+from ..sampling.base import BufferView
 from ..sampling.samplers import (
     Draw,
     PrioritizedSampler,
     Sampler,
     UniformSampler,
-    finish_turning_per_on,
 )
 from ..sampling.waiting import UNSET, Unset, wait_for
 from ..sampling.windows import WindowSampler, joined, recent_batch_size
@@ -42,15 +40,19 @@ from ..store.connection import (
 )
 from ..store.containers import (
     KINDS,
-    ContainerKind,
     kind_of,
 )
-from ..store.keys import BufferKeys, decode_meta, pack_ids
+from ..store.keys import (
+    BufferKeys,
+    decode_meta,
+)
 from . import quarantine
 from .checkpoint import Checkpointing
+from .decoding import Decoding
 from .insert import AddResult, Inserting
 from .inspection import Inspecting
-from .opening import Opening
+from .opening import FORMAT_VERSION, Opening, _Config  # noqa: F401
+from .priorities import Prioritizing, _per_priority_texts
 
 DEFAULT_MAX_ITEM_BYTES = 64 * 1024 * 1024
 #: how long ``sample(..., block=True)`` waits when the call gives no ``timeout``
@@ -75,7 +77,25 @@ class SampleInfo:
     ``weights`` are the importance-sampling weights ``(N * P(i))^-beta / max_j
     (N * P(j))^-beta`` (N the length, the max over the whole buffer, as DI-engine) and
     ``importance_weights`` are ALF's ``priority_i / mean non-zero priority`` (1 when every
-    priority is zero)."""
+    priority is zero).
+
+    Attributes:
+        batch: the drawn items, one batch of the buffer's kind.
+        ids: the drawn items' ids, in batch order (int64).
+        probabilities: each draw's probability of picking its item; ``None`` for uniform
+            draws, ``sample_range`` and batches with recent data.
+        weights: PER importance-sampling weights (:class:`PERSampler` only).
+        importance_weights: ALF's importance weights (:class:`PERSampler` only).
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import PERSampler, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=PERSampler())
+        >>> _ = buffer.add({"obs": np.arange(4.0), "log_rewards": np.zeros(4)})
+        >>> info = buffer.sample_with_info(2)
+        >>> info.ids.dtype, info.weights.tolist()
+        (dtype('int64'), [1.0, 1.0])
+    """
 
     batch: Any
     ids: np.ndarray
@@ -86,7 +106,7 @@ class SampleInfo:
 
 
 
-class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
+class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, Inspecting):
     """A replay buffer stored in Redis under ``name``, shared by all processes using it.
 
     Args:
@@ -113,17 +133,27 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
         rate_limiter: a :mod:`redisbuf.sampling.limiters` limiter (``SampleToInsertRatio``,
             ``MinSize``) enforced for every process; fixed at creation, ``None`` adopts
             the stored one.
-        recent_data_ratio, recent_data_steps: ALF's recent data: ``ceil(n *
-            recent_data_ratio)`` draws of every ``sample(n)`` come uniformly from the
-            newest ``recent_data_steps`` items, the rest from the sampler. This
-            process's setting, not the buffer's.
+        recent_data_ratio: ALF's recent data: ``ceil(n * recent_data_ratio)`` draws of
+            every ``sample(n)`` come uniformly from the newest ``recent_data_steps`` items,
+            the rest from the sampler. This process's setting, not the buffer's.
+        recent_data_steps: how many of the newest items ``recent_data_ratio``'s draws
+            come from.
         remote_manager_rank: rank of a :class:`~redisbuf.control.manager.ReplayBufferManager`
-            that scores what this worker adds; the other remote arguments
-            (``remote_buffer_freq``, ``async_score``, ``baseline_filtering``,
-            ``baseline_refresh_after``, ``scoring_only``, ``communication_backend``:
-            ``"mpi"``, ``"redis"`` or a transport object, ``timing``) follow torchgfn and
-            are described in :mod:`redisbuf.control.remote`. ``add`` then puts the score dict
-            (what torchgfn's ``add`` returns) in ``AddResult.score``.
+            that scores what this worker adds; the other remote arguments below follow
+            torchgfn and are described in :mod:`redisbuf.control.remote`. ``add`` then puts
+            the score dict (what torchgfn's ``add`` returns) in ``AddResult.score``.
+        remote_buffer_freq: every ``remote_buffer_freq``-th ``add`` sends the items
+            accumulated since the last send.
+        async_score: ``add`` returns the previous send's score (None on the first)
+            instead of waiting for its own.
+        baseline_filtering: send only items with ``log_reward >=`` the manager's last
+            ``baseline_log_reward``.
+        baseline_refresh_after: after this many sends in a row left empty by the
+            filter, the next one goes out unfiltered.
+        scoring_only: the message carries the items' terminating states and log-rewards
+            instead of their ids.
+        communication_backend: ``"mpi"``, ``"redis"`` or a transport object.
+        timing: record the duration of each send and receive.
         lazy_sort: accepted for torchgfn compatibility; changes nothing: eviction is
             already incremental, so there is no per-add sort to defer.
         async_comm: torchgfn's non-blocking send with the score collected on the next
@@ -137,6 +167,7 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
             (:class:`~redisbuf.errors.ServerConfigError` where unsupported); an add not
             confirmed within ``durability_timeout`` seconds raises
             :class:`~redisbuf.errors.DurabilityError` (the batch is in the buffer).
+        durability_timeout: seconds ``durability``'s confirmation is waited for.
         retry_window: seconds (at least, up to about twice that) for which the buffer
             remembers each add's batch id and reply, so that an add retried after a lost
             reply is not stored twice; fixed at creation (default 600), ``None`` adopts
@@ -145,10 +176,23 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
             :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer`: one logical buffer of the
             global ``capacity`` over ``N`` shards (on a Redis Cluster, on different
             masters); fixed at creation.
-    """
 
-    # UniformSampler's record of the ids the last draw saw (samplers._IdRange)
-    _uniform_ids: Any = None
+    Raises:
+        ValueError: an argument out of range (``capacity``, ``kind``, ``max_item_bytes``,
+            ``recent_data_ratio``, ``recent_data_steps``, ``retry_window``, ``durability``).
+        ConfigMismatchError: the stored buffer was made with another configuration.
+        ServerConfigError: ``strict`` and an evicting ``maxmemory-policy``, or a
+            ``durability`` the server cannot confirm.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", capacity=3)
+        >>> buffer.add({"obs": np.arange(4.0), "log_rewards": np.zeros(4)}).evicted
+        1
+        >>> len(buffer), sorted(buffer.sample(3)["obs"])
+        (3, [1.0, 2.0, 3.0])
+    """
 
     def __init__(
         self,
@@ -222,6 +266,11 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
         self.name = name
         self.max_item_bytes = max_item_bytes
         self.rng = np.random.default_rng(seed)
+        #: what the buffer's parts (sampler, limiter, lifetime rules, replicas) see of it;
+        #: its runner looks ``_run`` up at each call, so that a runner wrapped on this
+        #: object (tests count or race its calls) is the parts' too
+        self.view = BufferView(name, self.client, self.keys,
+                               lambda *args, **kwargs: self._run(*args, **kwargs))
         self._schema: dict[str, Any] | None = None
         self._schema_json: str | None = None
         self._config = self._open(
@@ -237,15 +286,16 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
                 f"buffer {name!r} holds {stored_kind}, not {kind} (container kind mismatch)"
             )
         self.kind = kind or stored_kind
-        self.max_use, self.max_staleness = lifetime.configure(self, max_use, max_staleness)
+        self.max_use, self.max_staleness = lifetime.configure(
+            self.view, max_use, max_staleness)
         # an item's last use removes it inside the drawing script: fetch blobs there too
-        self.fetch_inline = self.max_use is not None
+        self.fetch_inline = self.view.fetch_inline = self.max_use is not None
         self._rates = lifetime.RateMeter()
-        self.rate_limiter = limiters.configure(self, rate_limiter)
+        self.rate_limiter = limiters.configure(self.view, rate_limiter)
         if sampler is None:
             sampler = PrioritizedSampler() if prioritized_sampling else UniformSampler()
         self.sampler = sampler
-        self.sampler.prepare(self)
+        self.sampler.prepare(self.view)
         # torchgfn's lazy_sort defers its per-add sort and truncation to a flush at twice
         # the capacity. Eviction here is incremental (sorted sets, O(log capacity) per
         # item), so there is no sort to defer, and the items kept are those a flush keeps.
@@ -258,7 +308,7 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
         self.remote: RemoteScorer | None = None
         if remote_manager_rank is not None:
             self.remote = RemoteScorer(
-                self, remote_manager_rank, remote_buffer_freq, async_score, baseline_filtering,
+                self.view, remote_manager_rank, remote_buffer_freq, async_score, baseline_filtering,
                 baseline_refresh_after, scoring_only, communication_backend, timing,
             )
 
@@ -286,6 +336,28 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
         """Open an existing buffer with its stored configuration.
 
         Raises :class:`ConfigMismatchError` if no buffer called ``name`` exists.
+
+        Args:
+            redis_or_url: a ``redis.Redis`` client or a URL.
+            name: the buffer's name.
+            **kwargs: further :class:`ReplayBuffer` arguments (not ``capacity``,
+                ``prioritized_capacity`` nor ``shards``: those are the stored ones).
+
+        Returns:
+            The buffer, with the stored capacity and eviction.
+
+        Raises:
+            ConfigMismatchError: no buffer called ``name`` exists.
+            ShardedBufferError: ``name`` is a sharded buffer (open it with
+                :meth:`ShardedReplayBuffer.open`).
+
+        Examples:
+            >>> import fakeredis
+            >>> from redisbuf import ReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> _ = ReplayBuffer(client, "demo", capacity=5)
+            >>> ReplayBuffer.open(client, "demo").capacity
+            5
         """
         client = guarded(as_client(redis_or_url))
         meta = decode_meta(client.hgetall(BufferKeys(name).meta))
@@ -322,7 +394,19 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
     # -- writing ------------------------------------------------------------------------
 
     def encode(self, batch: Any) -> tuple[list[bytes], np.ndarray, dict[str, Any]]:
-        """Validate ``batch`` and encode it: (blobs, log-rewards, schema). Writes nothing."""
+        """Validate ``batch`` and encode it: (blobs, log-rewards, schema). Writes nothing.
+
+        Args:
+            batch: a container of the buffer's kind (see :meth:`add`).
+
+        Returns:
+            One encoded blob per item, the items' log-rewards, and the batch's schema.
+
+        Raises:
+            InvalidBatchError: the batch is empty, or lacks ``log_rewards`` on a buffer that
+                ranks items by log-reward.
+            ItemTooLargeError: an item encodes to more than ``max_item_bytes``.
+        """
         columns, log_rewards, schema = kind_of(batch).split(batch)
         if len(log_rewards) == 0:
             raise InvalidBatchError("batch is empty")
@@ -372,6 +456,35 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
         With a remote manager, ``.score`` of the result is the manager's score dict for
         this batch (None when nothing was sent), or with ``async_score`` the previous
         send's (None on the first); see :mod:`redisbuf.control.remote`.
+
+        Args:
+            batch: a container of the buffer's kind: ``Trajectories``, ``Transitions``,
+                ``States`` or a dict of equally long columns (``log_rewards`` among them where
+                items are ranked by log-reward).
+            priorities: one PER priority per item, or ``None``.
+            model_version: the model version that produced the batch, or ``None``.
+            session_id: the session that produced the batch, or ``None``.
+
+        Returns:
+            The new items' ids, how many items were evicted, the manager's score, and why the
+            batch was rejected (``None`` when it was stored).
+
+        Raises:
+            InvalidBatchError: the batch is empty, malformed, or has NaN log-rewards.
+            SchemaError: the batch's kind or fields differ from the buffer's.
+            ItemTooLargeError: an item encodes to more than ``max_item_bytes``.
+            RequestTooLargeError: more items or bytes than one add may carry.
+            ConfigMismatchError: ``priorities`` on a buffer without :class:`PERSampler`.
+            DurabilityError: ``durability`` was not confirmed in time (the batch is stored).
+            ServerFullError: the server is at ``maxmemory`` (nothing is stored).
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", capacity=2)
+            >>> result = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+            >>> result.ids.tolist(), result.evicted, result.rejected
+            ([1, 2, 3], 1, None)
         """
         options = lifetime.add_options(model_version, session_id)
         blobs, log_rewards, schema = self.encode(batch)
@@ -384,98 +497,32 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
                 )
         limiter = self.rate_limiter
         if limiter is not None:
-            limiters.acquire(self, limiter, "insert", len(blobs))
+            limiters.acquire(self.view, limiter, "insert", len(blobs))
         try:
             result = self._insert(blobs, log_rewards, schema, options)
         except BaseException:
             if limiter is not None:
-                limiters.release(self, "insert", len(blobs))
+                limiters.release(self.view, "insert", len(blobs))
             raise
         if limiter is not None and result.rejected is not None:
-            limiters.release(self, "insert", len(blobs))
+            limiters.release(self.view, "insert", len(blobs))
         if self.remote is not None:
             result.score = self.remote.after_add(batch, result.ids, log_rewards, schema)
         return result
 
     def drain_pending_score(self, timeout_sec: float = 30.0) -> dict[str, float] | None:
         """Collect an outstanding async score before EXIT, waiting at most
-        ``timeout_sec``; None when nothing is pending, on timeout, or without a manager."""
+        ``timeout_sec``; None when nothing is pending, on timeout, or without a manager.
+
+        Args:
+            timeout_sec: the longest wait, in seconds.
+
+        Returns:
+            The manager's score dict, or ``None``.
+        """
         return None if self.remote is None else self.remote.drain_pending_score(timeout_sec)
 
     # -- reading ------------------------------------------------------------------------
-
-    def _container_kind(self) -> tuple[ContainerKind, dict[str, Any]]:
-        schema = self._stored_schema()
-        if schema is None:
-            raise EmptyBufferError(f"buffer {self.name!r} is empty")
-        return KINDS[schema["kind"]], schema
-
-    def decode(
-        self, blobs: list[bytes], ids: list[int] | None = None, schema_json: bytes | None = None
-    ) -> Any:
-        """Join stored blobs into one batch of this buffer's kind. ``schema_json`` is the
-        meta's schema read together with the blobs: when it differs from the cached one
-        (the buffer was dropped and recreated meanwhile), the cache is refreshed first."""
-        if schema_json is not None and schema_json.decode() != self._schema_json:
-            self._forget_schema()
-        kind, schema = self._container_kind()
-        with codec.gc_paused():
-            return self._decode(kind, schema, blobs, ids)
-
-    def _decode(
-        self, kind: ContainerKind, schema: dict[str, Any], blobs: list[bytes], ids: list[int] | None
-    ) -> Any:
-        """Every way a batch can fail to decode ends here as a DecodeError naming the
-        buffer, its items key and the first offending id (found by decoding the items
-        one by one, which costs nothing on the success path)."""
-        try:
-            return self._join(kind, schema, blobs, ids)
-        except Exception as exc:  # noqa: BLE001 - any failure of stored data is a DecodeError
-            culprit, detail = (0, exc) if len(blobs) == 1 else (None, exc)
-            for position in range(len(blobs) if culprit is None else 0):
-                try:
-                    self._join(kind, schema, blobs[position : position + 1], None)
-                except Exception as single:  # noqa: BLE001
-                    culprit, detail = position, single
-                    break
-            if culprit is None:  # each item decodes alone; together they do not fit
-                where = f"ids {(ids or [])[:10]}"
-            else:
-                where = f"id {ids[culprit]}" if ids else f"position {culprit}"
-            raise DecodeError(
-                f"buffer {self.name!r}, key {self.keys.items}, {where}: "
-                f"{type(detail).__name__}: {detail}"
-            ) from exc
-
-    def _join(
-        self, kind: ContainerKind, schema: dict[str, Any], blobs: list[bytes], ids: list[int] | None
-    ) -> Any:
-        scratch = codec.take_scratch()
-        try:
-            return self._join_with(kind, schema, blobs, scratch)
-        finally:
-            codec.give_back(scratch)
-
-    def _join_with(
-        self, kind: ContainerKind, schema: dict[str, Any], blobs: list[bytes],
-        scratch: codec.Scratch,
-    ) -> Any:
-        names = set(schema["fields"])
-        # array fields may be views of scratch: the container's join copies them out
-        fields: dict[str, Any] | None = codec.decode_same_layout(blobs, scratch)
-        if fields is None or set(fields) != names:
-            fields = codec.decode_ragged(blobs, scratch)
-        if fields is None or set(fields) != names:
-            items = []
-            for blob in blobs:
-                if blob is None:
-                    raise DecodeError("no such item")
-                item = codec.unpackb_raw(blob)
-                if not isinstance(item, dict) or set(item) != names:
-                    raise DecodeError("fields do not match the buffer schema")
-                items.append(item)
-            fields = {name: [item[name] for item in items] for name in names}
-        return kind.join(fields, len(blobs), schema)
 
     def _draw(
         self,
@@ -497,7 +544,7 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
         limiter = self.rate_limiter
         if not block:
             if limiter is not None:
-                limiters.acquire(self, limiter, "sample", n, timeout)
+                limiters.acquire(self.view, limiter, "sample", n, timeout)
             return self._draw_admitted(n, replacement, sample_range)
         wait = BLOCK_TIMEOUT if timeout is UNSET else timeout
         need = n if min_size is None else int(min_size)
@@ -508,7 +555,7 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
             if len(self) < need:
                 return None
             if limiter is not None:
-                reason = limiters.refusal(self, limiter, "sample", n)
+                reason = limiters.refusal(self.view, limiter, "sample", n)
                 if reason is not None:
                     held_for.append(reason)
                     return None
@@ -542,24 +589,32 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
             return self._draw_now(n, replacement, sample_range)
         except BaseException:
             if self.rate_limiter is not None:
-                limiters.release(self, "sample", n)
+                limiters.release(self.view, "sample", n)
             raise
 
     def _draw_now(self, n: int, replacement: bool | None, sample_range: slice | None) -> Draw:
         sampler: Sampler = self.sampler
-        if replacement is not None and isinstance(sampler, UniformSampler):
-            sampler = UniformSampler(replacement)
-        elif replacement is not None and isinstance(sampler, PrioritizedSampler):
-            sampler = PrioritizedSampler(replacement)
+        view, rng = self.view, self.rng
+
+        def draw(count: int) -> Draw:
+            # this call's replacement is an argument of these samplers' draws (their state,
+            # e.g. the id range of uniform draws, is the view's); any other sampler keeps
+            # its own setting
+            if replacement is not None and isinstance(
+                sampler, (UniformSampler, PrioritizedSampler)
+            ):
+                return sampler.draw(view, count, rng, replacement=replacement)
+            return sampler.draw(view, count, rng)
+
         try:
             if sample_range is not None:
-                return WindowSampler(sample_range, bool(replacement)).draw(self, n, self.rng)
+                return WindowSampler(sample_range, bool(replacement)).draw(view, n, rng)
             recent = recent_batch_size(n, self.recent_data_ratio)
             if recent == 0:
-                return sampler.draw(self, n, self.rng)
+                return draw(n)
             window = WindowSampler(slice(-self.recent_data_steps, None), bool(replacement))
-            recent_draw = window.draw(self, recent, self.rng)
-            rest = sampler.draw(self, n - recent, self.rng) if n > recent else None
+            recent_draw = window.draw(view, recent, rng)
+            rest = draw(n - recent) if n > recent else None
             return joined(recent_draw, rest)
         except EmptyBufferError as exc:
             raise EmptyBufferError(f"buffer {self.name!r}: {exc}") from None
@@ -609,6 +664,37 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
         ``stats()["quarantined"]``, named in a
         :class:`~redisbuf.errors.QuarantinedRecordWarning`, and the draw is made again
         without it (:mod:`redisbuf.buffers.quarantine`).
+
+        Args:
+            n: how many items to draw (a positive integer).
+            replacement: ``True`` draws with replacement, ``False`` without; ``None`` follows
+                the rule above.
+            sample_range: a slice over insertion order to draw uniformly from, or ``None``.
+            block: wait as described above.
+            timeout: the longest wait in seconds (``None``: no limit).
+            min_size: with ``block``, the length to wait for (default ``n``).
+
+        Returns:
+            One batch of the buffer's kind holding the ``n`` drawn items.
+
+        Raises:
+            ValueError: ``n`` or ``min_size`` is not a positive integer.
+            EmptyBufferError: there is nothing to draw.
+            SamplingError: prioritized sampling is undefined.
+            RequestTooLargeError: a selector's draw of more than ``MAX_ITEMS_PER_COMMAND``.
+            WaitTimeoutError: ``block`` and ``timeout`` passed first.
+            RateLimitTimeoutError: the rate limiter held the sample back past ``timeout``.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", seed=0)
+            >>> _ = buffer.add({"obs": np.arange(5.0), "log_rewards": np.zeros(5)})
+            >>> batch = buffer.sample(3)
+            >>> batch["obs"].shape, len(set(batch["obs"]))
+            ((3,), 3)
+            >>> sorted(buffer.sample(2, sample_range=slice(-2, None))["obs"])
+            [3.0, 4.0]
         """
         return self._sample(n, replacement, sample_range, block, timeout, min_size)[1]
 
@@ -637,7 +723,32 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
         min_size: int | None = None,
     ) -> SampleInfo:
         """Like :meth:`sample`, also returning item ids and draw probabilities (None for
-        ``sample_range`` and for batches with recent data)."""
+        ``sample_range`` and for batches with recent data).
+
+        Args:
+            n: as :meth:`sample`.
+            replacement: as :meth:`sample`.
+            sample_range: as :meth:`sample`.
+            block: as :meth:`sample`.
+            timeout: as :meth:`sample`.
+            min_size: as :meth:`sample`.
+
+        Returns:
+            The batch with its items' ids, draw probabilities and PER weights.
+
+        Raises:
+            EmptyBufferError: as :meth:`sample`, which lists the others.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import PrioritizedSampler, ReplayBuffer
+            >>> buffer = ReplayBuffer(
+            ...     fakeredis.FakeRedis(), "demo", sampler=PrioritizedSampler(), seed=0)
+            >>> _ = buffer.add({"obs": np.arange(2.0), "log_rewards": np.log([1.0, 3.0])})
+            >>> info = buffer.sample_with_info(50, replacement=True)
+            >>> sorted(set(zip(info.ids.tolist(), info.probabilities.round(2).tolist())))
+            [(1, 0.25), (2, 0.75)]
+        """
         draw, batch = self._sample(n, replacement, sample_range, block, timeout, min_size)
         return SampleInfo(
             batch,
@@ -646,72 +757,3 @@ class ReplayBuffer(Opening, Inserting, Checkpointing, Inspecting):
             draw.weights,
             draw.importance_weights,
         )
-
-    def update_priority(self, ids: Any, priorities: Any) -> int:
-        """Set the PER priorities of items ``ids`` (:class:`PERSampler`), atomically for
-        the whole call when it names at most
-        :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` ids (a larger call is one
-        atomic command per slice of that many, in order). Ids no longer stored (evicted)
-        are skipped; for a repeated id the last priority wins (across slices too, as they
-        apply in order). Returns how many distinct ids were updated. A priority that is
-        NaN, negative or not finite raises :class:`InvalidBatchError` and changes nothing.
-        The server's work is constant per id whatever the buffer's size (one HMGET and
-        one HSET of the ``per`` hash, one log entry); samplers re-weigh the items in their
-        replicas when they next draw (this process's replica at once, when nothing else
-        changed the buffer since it was current)."""
-        id_list = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
-        texts = _per_priority_texts(priorities, len(id_list))
-        if not id_list:
-            return 0
-        if len(id_list) > bounds.MAX_ITEMS_PER_COMMAND:  # one command per slice
-            return sum(self.update_priority(id_list[start:stop], texts[start:stop])
-                       for start, stop in bounds.chunks(len(id_list)))
-        packed, width = pack_ids(np.array(id_list, dtype=np.int64))
-        args: list[Any] = [packed, width, ",".join(texts)]
-        try:
-            reply = self._run("update_priority", self.keys.all_keys(), args)
-        except PerBusyError:
-            finish_turning_per_on(self)  # another process began turning PER on
-            reply = self._run("update_priority", self.keys.all_keys(), args)
-        updated, epoch, before, after, stamp_before, stamp_after = reply
-        replica = getattr(self, "_replicas", {}).get("per")
-        if replica is not None:
-            with replica.lock:
-                if (
-                    replica.epoch == _text(epoch)
-                    and replica.version == int(before)
-                    and replica.stamp == _text(stamp_before)
-                    and int(after) == int(before) + 1
-                ):
-                    # this call's entry is the only change since the replica's version
-                    id_array = np.array(id_list, dtype=np.int64)
-                    values = np.array(texts, dtype=np.float64)
-                    last = len(id_array) - 1 - np.unique(id_array[::-1], return_index=True)[1]
-                    id_array, values = id_array[last], values[last]
-                    held = replica.slots_of(id_array) >= 0
-                    replica.set_scores(id_array[held], values[held])
-                    replica.version = int(after)
-                    replica.stamp = _text(stamp_after)
-        return int(updated)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _per_priority_texts(priorities: Any, n: int) -> list[str]:
-    """PER priorities as exact text, after checking there are ``n`` finite numbers >= 0."""
-    try:
-        values = np.asarray(priorities, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError) as exc:
-        raise InvalidBatchError(f"priorities must be numbers: {exc}") from None
-    if len(values) != n:
-        raise InvalidBatchError(f"{len(values)} priorities for {n} items")
-    bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
-    if len(bad):
-        raise InvalidBatchError(
-            f"priority {bad[0]} is {values[bad[0]]!r}; priorities must be finite and >= 0"
-        )
-    return list(map(repr, values.tolist()))
-
-

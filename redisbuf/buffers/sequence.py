@@ -57,6 +57,7 @@ from ..errors import (
     RequestTooLargeError,
     SamplingError,
 )
+from ..sampling.base import BufferView
 from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import _fill_holes, _spares_for, packed_uniforms
 from ..store import _torch, bounds, codec, scripts
@@ -195,18 +196,43 @@ class SequenceBuffer(SequenceReading):
             ``prioritized_sampling`` to False on one instance makes its draws uniform.
         with_replacement: uniform draws may repeat a window; otherwise a batch holds
             distinct windows whenever enough exist.
-        recent_data_ratio, recent_data_steps: as ALF, ``ceil(batch_size * ratio)`` windows
-            start among the last ``recent_data_steps`` possible starts of their environment
+        initial_priority: the least priority a new step gets (see
+            ``prioritized_sampling``).
+        recent_data_ratio: as ALF, ``ceil(batch_size * recent_data_ratio)`` windows start
+            among the last ``recent_data_steps`` possible starts of their environment
             (drawn uniformly), when the average stream is long enough to need it.
+        recent_data_steps: how many of the last possible starts ``recent_data_ratio``'s
+            windows start among.
         num_earliest_frames_ignored: windows start at least this many steps after the
             oldest stored step of their environment.
-        record_episodic_return, gamma, default_return, reward_field, reward_clip: when an
-            episode ends, each of its stored steps t except the last gets
-            ``G(t) = clip(r(t+1)) + gamma * G(t+1)`` (``G(last) = 0`` in the recursion);
-            returned as field ``discounted_return``, ``default_return`` until then.
+        record_episodic_return: when an episode ends, each of its stored steps t except
+            the last gets ``G(t) = clip(r(t+1)) + gamma * G(t+1)`` (``G(last) = 0`` in
+            the recursion); returned as field ``discounted_return``, ``default_return``
+            until then.
+        gamma: the discount of ``record_episodic_return``'s ``G(t)``.
+        default_return: ``discounted_return`` of a step whose episode has not ended.
+        reward_field: the field holding ``r(t)``.
+        reward_clip: ``(low, high)`` bounds of ``clip``; ``None`` clips nothing.
+        seed: seeds this process's sampling random numbers.
 
     Configuration other than the sampling options is stored with the buffer; opening it
     with other values raises :class:`ConfigMismatchError`.
+
+    Raises:
+        ValueError: an argument out of range.
+        ConfigMismatchError: the stored buffer was made with another configuration.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import SequenceBuffer
+        >>> buffer = SequenceBuffer(fakeredis.FakeRedis(), "demo", num_environments=2)
+        >>> for t in range(3):  # one step of each environment per call
+        ...     _ = buffer.add_batch({"obs": np.array([t, 10 + t])})
+        >>> batch, info = buffer.get_batch(batch_size=4, batch_length=2)
+        >>> batch["obs"].shape, info.env_ids.shape
+        ((4, 2), (4,))
+        >>> (batch["obs"][:, 1] - batch["obs"][:, 0]).tolist()  # consecutive steps
+        [1, 1, 1, 1]
     """
 
     def __init__(
@@ -336,7 +362,30 @@ class SequenceBuffer(SequenceReading):
 
     def add_batch(self, batch: Any, env_ids: Any = None) -> np.ndarray:
         """Append ``batch[i]`` to environment ``env_ids[i]`` (all environments when
-        ``env_ids`` is None); return the positions the steps got."""
+        ``env_ids`` is None); return the positions the steps got.
+
+        Args:
+            batch: a dict (or dataclass, NamedTuple; nested allowed) of arrays with one row
+                per step.
+            env_ids: the environment of each row, or ``None``.
+
+        Returns:
+            The positions the steps got (int64).
+
+        Raises:
+            InvalidBatchError: a malformed batch (no field, rows of unequal lengths, a
+                missing or non-finite reward or step-type field).
+            SchemaError: the fields differ from the stored steps'.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import SequenceBuffer
+            >>> buffer = SequenceBuffer(fakeredis.FakeRedis(), "demo", num_environments=2)
+            >>> buffer.add_batch({"obs": np.array([1.0, 2.0])}).tolist()
+            [0, 0]
+            >>> buffer.add_batch({"obs": np.array([3.0])}, env_ids=[1]).tolist()
+            [1]
+        """
         flat = _flatten(batch)
         if not flat:
             raise InvalidBatchError("a batch needs at least one field")
@@ -497,6 +546,18 @@ class SequenceBuffer(SequenceReading):
         A ``batch_size`` above :data:`~redisbuf.store.bounds.MAX_WINDOWS_PER_DRAW`
         raises :class:`RequestTooLargeError` (one call draws the windows: draw such a
         batch in several calls).
+
+        Args:
+            batch_size: how many windows (positive).
+            batch_length: steps per window (positive).
+
+        Returns:
+            The windows' fields, nested as added, and their :class:`BatchInfo`.
+
+        Raises:
+            ValueError: a size that is not a positive integer.
+            RequestTooLargeError: ``batch_size`` above ``MAX_ITEMS_PER_COMMAND``.
+            EmptyBufferError: no valid window, or 50 calls did not fill the batch.
         """
         for label, value in (("batch_size", batch_size), ("batch_length", batch_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -594,8 +655,7 @@ class SequenceBuffer(SequenceReading):
         with the entries it returns), or drawn again from the replica caught up by the
         reply when the draws could not stand (as ``ReplayBuffer``'s PER commits,
         redisbuf/sampling/samplers.py)."""
-        # what the replica reads a buffer through (it is typed for ReplayBuffer)
-        source: Any = self._priorities
+        source = self._priorities
         replica = replica_of(source, "per")
         rng = self.rng
         with replica.lock:
@@ -671,7 +731,20 @@ class SequenceBuffer(SequenceReading):
 
     def update_priority(self, env_ids: Any, positions: Any, priorities: Any) -> int:
         """Set the priorities of steps ``(env_ids[i], positions[i])``; steps no longer
-        stored are skipped. Returns how many were set."""
+        stored are skipped. Returns how many were set.
+
+        Args:
+            env_ids: the steps' environments.
+            positions: the steps' positions.
+            priorities: one priority per step, finite and >= 0.
+
+        Returns:
+            How many priorities were set.
+
+        Raises:
+            InvalidBatchError: the lengths differ, or a priority is not finite and >= 0.
+            ConfigMismatchError: the buffer was made without ``prioritized_sampling``.
+        """
         ids = _as_int_array(env_ids, "env_ids")
         pos = _as_int_array(positions, "positions")
         prio = np.asarray(
@@ -687,7 +760,7 @@ class SequenceBuffer(SequenceReading):
             args += [e, p, repr(q)]
         reply = self._run("seq_update_priority", self._keys, args)
         updated, epoch, before, after, stamp_before, stamp_after, slots, values = reply
-        replica: MassReplica | None = getattr(self._priorities, "_replicas", {}).get("per")
+        replica: MassReplica | None = self._priorities.replicas.get("per")
         if replica is not None and slots:
             with replica.lock:
                 if (
@@ -708,7 +781,14 @@ class SequenceBuffer(SequenceReading):
     # -- inspection --------------------------------------------------------------------
 
     def env_range(self, env_id: int) -> tuple[int, int]:
-        """(oldest stored position, next position) of one environment."""
+        """(oldest stored position, next position) of one environment.
+
+        Args:
+            env_id: the environment.
+
+        Returns:
+            ``(start, next)``; ``(0, 0)`` before any step.
+        """
         start, nxt = self.client.hmget(self._keys[2], f"start:{env_id}", f"next:{env_id}")
         return int(start or 0), int(nxt or 0)
 
@@ -738,24 +818,26 @@ def _str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class _PrioritySource:
+class _PrioritySource(BufferView):
     """A prioritized sequence buffer's step priorities as a
-    :class:`~redisbuf.sampling.replica.MassReplica` reads a buffer's scores (``name``,
-    ``client``, ``keys`` with ``meta`` and ``all_keys()``, ``_run``): the replica's
-    scripts are run as their sequence-buffer counterparts, which read the ``prio`` hash
-    and the sequence buffer's mass log. The replica is kept here (``_replicas``)."""
+    :class:`~redisbuf.sampling.replica.MassReplica` reads a buffer's scores: a
+    :class:`~redisbuf.sampling.base.BufferView` (``name``, ``client``, ``keys`` with
+    ``meta`` and ``all_keys()``, ``run``) whose replica scripts are run as their
+    sequence-buffer counterparts, which read the ``prio`` hash and the sequence buffer's
+    mass log. The replica is kept here (``replicas``)."""
+
+    __slots__ = ()
 
     _SCRIPTS = {"masslog_read": "seq_masslog_read", "replica_read": "seq_replica_read",
                 "snapshot_commit": "snapshot_commit"}
 
     def __init__(self, buffer: SequenceBuffer) -> None:
-        self.name = buffer.name
-        self.client = buffer.client
-        self.keys = buffer.keys
-        self._buffer = buffer
+        # SequenceKeys has what a replica reads (meta, snap, snap_staging, all_keys)
+        super().__init__(buffer.name, buffer.client, buffer.keys,  # type: ignore[arg-type]
+                         lambda *args: buffer._run(*args))  # _run as it is at each call
 
-    def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        return self._buffer._run(self._SCRIPTS[script], keys, args)
+    def run(self, script: str, keys: list[str], args: list[Any], read: bool = False) -> Any:
+        return self._runner(self._SCRIPTS[script], keys, args)
 
 
 def _numpy_dtype(name: str) -> np.dtype:

@@ -24,6 +24,11 @@ class BatchInfo(NamedTuple):
 
     ``importance_weights``: the window's first-step priority divided by the mean of the
     non-zero priorities of the stored steps, as ALF (1.0 under uniform sampling).
+
+    Attributes:
+        env_ids: each window's environment.
+        positions: each window's first step position.
+        importance_weights: as above.
     """
 
     env_ids: np.ndarray
@@ -57,17 +62,53 @@ class SequenceReading:
         return p, reply[0::2], reply[1::2]
 
     def get_episode_begin_position(self, pos: Any, env_ids: Any) -> np.ndarray:
-        """Position of the first step of each step's episode (maybe no longer stored)."""
+        """Position of the first step of each step's episode (maybe no longer stored).
+
+        Args:
+            pos: the steps' positions.
+            env_ids: the steps' environments.
+
+        Returns:
+            One position per step (int64).
+        """
         return self._episodes(pos, env_ids)[1]
 
     def steps_to_episode_end(self, pos: Any, env_ids: Any) -> np.ndarray:
-        """Steps from ``pos`` to the last stored step of its episode (its end once ended)."""
+        """Steps from ``pos`` to the last stored step of its episode (its end once ended).
+
+        Args:
+            pos: the steps' positions.
+            env_ids: the steps' environments.
+
+        Returns:
+            One count per step (int64).
+        """
         p, _, last = self._episodes(pos, env_ids)
         return last - p
 
     def get_field(self, field_name: str, env_ids: Any, positions: Any) -> Any:
         """Field ``field_name`` ('.'-separated path, or ``discounted_return``) of stored steps,
-        shaped like the broadcast of ``env_ids`` and ``positions``."""
+        shaped like the broadcast of ``env_ids`` and ``positions``.
+
+        Args:
+            field_name: the field's path.
+            env_ids: the steps' environments.
+            positions: the steps' positions.
+
+        Returns:
+            The field's values.
+
+        Raises:
+            KeyError: no such field, or a step not stored.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import SequenceBuffer
+            >>> buffer = SequenceBuffer(fakeredis.FakeRedis(), "demo", num_environments=2)
+            >>> _ = buffer.add_batch({"s": {"x": np.array([1.0, 2.0])}})
+            >>> buffer.get_field("s.x", [1, 0], 0).tolist()
+            [2.0, 1.0]
+        """
         ids = _as_int_array(np.ravel(env_ids), "env_ids")
         pos = _as_int_array(np.ravel(positions), "positions")
         shape = np.broadcast_shapes(np.shape(env_ids), np.shape(positions))
@@ -122,7 +163,18 @@ class SequenceReading:
         ever names one step and a stored step never changes; returns are those at the read
         of each environment's steps when they fit one command); when a step was evicted
         before it was read, the whole read is made again (3 tries, then
-        :class:`~redisbuf.errors.SamplingError`)."""
+        :class:`~redisbuf.errors.SamplingError`).
+
+        Args:
+            ignore_earliest_frames: leave out ``num_earliest_frames_ignored`` steps.
+
+        Returns:
+            The fields and a :class:`BatchInfo` (one row per environment).
+
+        Raises:
+            InvalidBatchError: the environments hold different numbers of steps.
+            SamplingError: 3 reads each lost a step to eviction.
+        """
         skip = self.num_earliest_frames_ignored if ignore_earliest_frames else 0
         bound = bounds.MAX_ITEMS_PER_COMMAND
         for _ in range(3):
@@ -178,7 +230,31 @@ class SequenceReading:
         nothing, when ``n * len(env_ids)`` is above
         :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS` (removing a step costs the server
         what storing one does, and an atomic removal cannot be split: dequeue fewer
-        environments per call)."""
+        environments per call).
+
+        Args:
+            n: steps per environment (positive).
+            env_ids: the environments, or ``None`` for all.
+
+        Returns:
+            The removed steps' fields.
+
+        Raises:
+            ValueError: ``n`` is not a positive integer.
+            EmptyBufferError: an environment holds fewer than ``n`` steps.
+            RequestTooLargeError: ``n * len(env_ids)`` is above ``MAX_ADD_ITEMS``.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import SequenceBuffer
+            >>> buffer = SequenceBuffer(fakeredis.FakeRedis(), "demo", num_environments=2)
+            >>> for t in range(3):
+            ...     _ = buffer.add_batch({"obs": np.array([t, 10 + t])})
+            >>> buffer.dequeue(2)["obs"].tolist()
+            [[0, 1], [10, 11]]
+            >>> buffer.env_range(0)
+            (2, 3)
+        """
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
         ids = (

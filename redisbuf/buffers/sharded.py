@@ -134,16 +134,39 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
     """A replay buffer of global ``capacity`` stored as ``shards`` buffers (see the
     module docstring for layout, sampling and failure semantics).
 
-    Args: as :class:`ReplayBuffer` (``redis_or_url``, ``name``, ``capacity``,
-    ``prioritized_capacity``, ``prioritized_sampling``, ``seed``, and ``kind``,
-    ``max_item_bytes``, ``strict``, ``durability``, ``durability_timeout``, which every
-    shard gets), plus ``shards``: the number of shards (>= 1, at most ``capacity``),
-    and ``batch_law``: ``"global"`` (default; each batch has the law of an unsharded
-    buffer's) or ``"shard_local"`` (each batch from one shard chosen by its mass; every
-    draw's marginal law exact; see :mod:`redisbuf.buffers.sharded_draws`). The batch
-    law is this object's own (not stored) and may be changed between calls.
     Opening an existing sharded buffer with another shard count, capacity or eviction
     policy raises :class:`ConfigMismatchError`; ``capacity=None`` adopts the stored one.
+
+    Args:
+        redis_or_url: as :class:`ReplayBuffer`.
+        name: as :class:`ReplayBuffer`.
+        capacity: the global capacity, as :class:`ReplayBuffer`'s.
+        prioritized_capacity: as :class:`ReplayBuffer`.
+        prioritized_sampling: as :class:`ReplayBuffer`.
+        shards: the number of shards (>= 1, at most ``capacity``).
+        seed: as :class:`ReplayBuffer`.
+        batch_law: ``"global"`` (each batch has the law of an unsharded buffer's) or
+            ``"shard_local"`` (each batch from one shard chosen by its mass; every
+            draw's marginal law exact; see :mod:`redisbuf.buffers.sharded_draws`). This
+            object's own (not stored); may be changed between calls.
+        **options: ``sampler`` (a :class:`PERSampler` only) and the
+            :class:`ReplayBuffer` arguments every shard gets: ``kind``,
+            ``max_item_bytes``, ``strict``, ``durability``, ``durability_timeout``,
+            ``retry_window``.
+
+    Raises:
+        ValueError: an argument out of range, or an option a sharded buffer does not
+            support.
+        ConfigMismatchError: the stored layout differs.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ShardedReplayBuffer
+        >>> buffer = ShardedReplayBuffer(fakeredis.FakeRedis(), "demo", capacity=4, shards=2)
+        >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+        >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+        >>> len(buffer), buffer.stats()["evicted"], buffer.sample(4)["obs"].shape
+        (4, 2, (4,))
     """
 
     def __init__(
@@ -282,7 +305,28 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
     @classmethod
     def open(cls, redis_or_url: Any, name: str, **kwargs: Any) -> ShardedReplayBuffer:
         """Open an existing sharded buffer with its stored layout (ConfigMismatchError
-        when there is none)."""
+        when there is none).
+
+        Args:
+            redis_or_url: a ``redis.Redis`` client or a URL.
+            name: the buffer's name.
+            **kwargs: further :class:`ShardedReplayBuffer` arguments (not ``capacity``,
+                ``prioritized_capacity`` nor ``shards``: those are the stored ones).
+
+        Returns:
+            The buffer, with its stored shard count, capacity and eviction.
+
+        Raises:
+            ConfigMismatchError: no sharded buffer called ``name`` exists.
+
+        Examples:
+            >>> import fakeredis
+            >>> from redisbuf import ReplayBuffer, ShardedReplayBuffer
+            >>> client = fakeredis.FakeRedis()
+            >>> _ = ReplayBuffer(client, "demo", capacity=10, shards=2)
+            >>> ShardedReplayBuffer.open(client, "demo").count
+            2
+        """
         client = guarded(as_client(redis_or_url))
         raw = client.hget(BufferKeys(name).shards, "layout")
         if raw is None:
@@ -358,7 +402,30 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
         """Insert the whole ``batch`` into one shard (the next in this process's turn),
         atomically there, as :meth:`ReplayBuffer.add` (``priorities``: the items' PER
         priorities, with PER); ids in the result are global. A lost shard raises
-        :class:`ShardUnavailableError` (the next add goes to the next shard)."""
+        :class:`ShardUnavailableError` (the next add goes to the next shard).
+
+        Args:
+            batch: as :meth:`ReplayBuffer.add`.
+            priorities: as :meth:`ReplayBuffer.add`.
+            model_version: as :meth:`ReplayBuffer.add`.
+            session_id: as :meth:`ReplayBuffer.add`.
+
+        Returns:
+            As :meth:`ReplayBuffer.add`, with global ids.
+
+        Raises:
+            SchemaError: the batch does not fit the buffer's schema.
+            ShardUnavailableError: the shard's server is lost.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ShardedReplayBuffer
+            >>> buffer = ShardedReplayBuffer(fakeredis.FakeRedis(), "demo", shards=2)
+            >>> batch = {"obs": np.arange(2.0), "log_rewards": np.zeros(2)}
+            >>> shards = [set(buffer.add(batch).ids % 2) for _ in range(2)]  # id mod 2: shard
+            >>> sorted(map(sorted, shards))  # each batch in one shard, the next in the other
+            [[0], [1]]
+        """
         self._check_schema(batch)
         k = self._next
         self._next = (k + 1) % self.count
@@ -398,7 +465,20 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
     def update_priority(self, ids: Any, priorities: Any) -> int:
         """Set the PER priorities of items ``ids`` (global ids), each on its shard (see
         :meth:`ReplayBuffer.update_priority`; atomic per shard, not across shards).
-        Returns how many distinct ids were updated."""
+        Returns how many distinct ids were updated.
+
+        Args:
+            ids: global item ids.
+            priorities: one priority per id, finite and >= 0.
+
+        Returns:
+            How many distinct ids were updated.
+
+        Raises:
+            ConfigMismatchError: the buffer has no PER.
+            ValueError: the lengths differ.
+            InvalidBatchError: a priority is NaN, negative or not finite.
+        """
         if self.per is None:
             raise ConfigMismatchError(
                 f"buffer {self.name!r} has no PER priorities (open it with sampler=PERSampler())"
@@ -419,7 +499,17 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
 
     def get(self, ids: Any) -> Any:
         """The items with these global ids, as one batch (KeyError names any id not
-        present); only the shards holding them are addressed."""
+        present); only the shards holding them are addressed.
+
+        Args:
+            ids: global item ids.
+
+        Returns:
+            One batch of the buffer's kind, in the order of ``ids``.
+
+        Raises:
+            KeyError: an id is not in the buffer.
+        """
         ids = [int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1)]
         if not ids:
             raise ValueError("get() needs at least one id")
@@ -447,7 +537,14 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
 
     def top(self, k: int = 10) -> list[tuple[int, float]]:
         """The ``k`` items of highest log-reward over all shards, as ``(global id,
-        log_reward)``, highest first."""
+        log_reward)``, highest first.
+
+        Args:
+            k: how many items.
+
+        Returns:
+            ``(global id, log_reward)`` pairs.
+        """
         rows: list[tuple[int, float]] = []
         for index, shard in enumerate(self.shards):
             with self._on_shard(index):
@@ -457,7 +554,12 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
     def stats(self) -> dict[str, Any]:
         """Totals over the shards (length, capacity, inserted, evicted, sampled,
         quarantined, memory) and each shard's own :meth:`ReplayBuffer.stats` under
-        ``"shards"``."""
+        ``"shards"``.
+
+        Returns:
+            A dict: ``name``, ``shard_count``, ``kind``, ``eviction``, the totals, and
+            ``shards``, the list of the shards' stats.
+        """
         per_shard = []
         for k, shard in enumerate(self.shards):
             with self._on_shard(k):
@@ -480,7 +582,11 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
     # -- lifecycle ----------------------------------------------------------------------
 
     def clear(self) -> int:
-        """Clear every shard (see :meth:`ReplayBuffer.clear`); the number removed."""
+        """Clear every shard (see :meth:`ReplayBuffer.clear`); the number removed.
+
+        Returns:
+            The number of items removed.
+        """
         removed = 0
         for k, shard in enumerate(self.shards):
             with self._on_shard(k):

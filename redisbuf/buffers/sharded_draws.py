@@ -161,7 +161,7 @@ class ShardedSampling:
         shards): the shards' masses as of this call, and draws from them that follow
         every change made before it."""
         script = scripts.load("masslog_read")
-        replicas = [getattr(shard, "_replicas", {}).get(rule) for shard in self.shards]
+        replicas = [shard.view.replicas.get(rule) for shard in self.shards]
 
         def command(pipe: Any, shard: ReplayBuffer) -> None:
             replica = replicas[self.shards.index(shard)]
@@ -200,14 +200,14 @@ class ShardedSampling:
                 raise reply
             with self._on_shard(k):
                 if int(reply[0]) == 2:  # not on in this shard (made again): turn it on
-                    shard.sampler.prepare(shard)
+                    shard.sampler.prepare(shard.view)
                     replicas[k] = None
                 if replicas[k] is None:
-                    replica = replica_of(shard, rule)  # reads the shard
+                    replica = replica_of(shard.view, rule)  # reads the shard
                 else:
                     replica = replicas[k]
                     with replica.lock:
-                        replica.catch_up(shard, reply)
+                        replica.catch_up(shard.view, reply)
             out.append(replica)
         return out
 
@@ -296,7 +296,7 @@ class ShardedSampling:
             except EmptyBufferError:
                 self._fill[k] = 0.0
                 continue  # size 0: taken with probability 0
-            seen = getattr(self.shards[k], "_uniform_ids", None)
+            seen = self.shards[k].view.id_range
             if seen is None:  # its size unknown: ask every shard's
                 self._undo({k: draw})
                 return None
@@ -366,7 +366,7 @@ class ShardedSampling:
         shard's uniform draw notes its length), ``sizes`` for the others."""
         out = sizes.copy()
         for k in draws:
-            seen = getattr(self.shards[k], "_uniform_ids", None)
+            seen = self.shards[k].view.id_range
             out[k] = -1 if seen is None else seen.length
         return out
 
@@ -465,8 +465,8 @@ class ShardedSampling:
 
         def one(k: int, count: int) -> Any:
             with self._on_shard(k):
-                return samplers._replica_draw(self.shards[k], "per", count, self.shards[k].rng,
-                                              True)
+                shard = self.shards[k]
+                return samplers._replica_draw(shard.view, "per", count, shard.rng, True)
 
         drawn = self._all_or_none(
             {k: (one, (k, c)) for k, c in enumerate(counts.tolist()) if c})
@@ -569,7 +569,34 @@ class ShardedSampling:
         :mod:`redisbuf.buffers.sharded_draws`). One batch of the buffer's kind.
         ``block``, ``timeout`` and ``min_size`` as :meth:`ReplayBuffer.sample`. A drawn
         record that does not decode is set aside in its shard's quarantine hash and the
-        draw made again, as there."""
+        draw made again, as there.
+
+        Args:
+            n: how many items to draw.
+            replacement: as :meth:`ReplayBuffer.sample`.
+            block: as :meth:`ReplayBuffer.sample`.
+            timeout: as :meth:`ReplayBuffer.sample`.
+            min_size: as :meth:`ReplayBuffer.sample`.
+
+        Returns:
+            One batch of the buffer's kind.
+
+        Raises:
+            ValueError: ``n`` is not a positive integer.
+            EmptyBufferError: there is nothing to draw.
+            SamplingError: prioritized sampling is undefined (as :meth:`ReplayBuffer.sample`).
+            ShardUnavailableError: a shard the draw needs is lost.
+            WaitTimeoutError: ``block`` and ``timeout`` passed first.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import ShardedReplayBuffer
+            >>> buffer = ShardedReplayBuffer(fakeredis.FakeRedis(), "demo", shards=2)
+            >>> for start in (0.0, 10.0):
+            ...     _ = buffer.add({"obs": np.arange(start, start + 2), "log_rewards": np.zeros(2)})
+            >>> sorted(buffer.sample(4)["obs"])
+            [0.0, 1.0, 10.0, 11.0]
+        """
         return self.sample_with_info(
             n, replacement, block=block, timeout=timeout, min_size=min_size
         ).batch
@@ -588,7 +615,21 @@ class ShardedSampling:
         replacement, given the earlier draws: for a ``"shard_local"`` batch, the chosen
         shard's share of the mass times the shard's own successive probability); with
         PER also ``weights`` and ``importance_weights`` over the whole buffer (the
-        lowest mass and the mean non-zero priority of every shard), in either law."""
+        lowest mass and the mean non-zero priority of every shard), in either law.
+
+        Args:
+            n: as :meth:`sample`.
+            replacement: as :meth:`sample`.
+            block: as :meth:`sample`.
+            timeout: as :meth:`sample`.
+            min_size: as :meth:`sample`.
+
+        Returns:
+            The batch with its global ids, probabilities and PER weights.
+
+        Raises:
+            EmptyBufferError: as :meth:`sample`.
+        """
         if block:
             drawn = self._wait_and_draw(n, replacement, timeout, min_size)
         else:

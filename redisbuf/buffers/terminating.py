@@ -57,7 +57,29 @@ class TerminatingStateBuffer(ReplayBuffer):
     states: ``add`` keeps the terminating states of its batch (see
     :func:`terminating_states_of`), with their log-rewards and conditions, under the same
     capacity, eviction and sampling rules; ``sample`` returns :class:`States`. Takes every
-    argument of :class:`ReplayBuffer` (``kind`` is always ``"states"``)."""
+    argument of :class:`ReplayBuffer` (``kind`` is always ``"states"``).
+
+    Args:
+        *args: :class:`ReplayBuffer`'s positional arguments.
+        **kwargs: :class:`ReplayBuffer`'s keyword arguments.
+
+    Raises:
+        ValueError: a ``kind`` other than ``"states"``.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import TerminatingStateBuffer, Transitions
+        >>> buffer = TerminatingStateBuffer(fakeredis.FakeRedis(), "demo")
+        >>> batch = Transitions(
+        ...     states=np.array([[0.0], [1.0], [2.0]]),
+        ...     next_states=np.array([[1.0], [2.0], [-1.0]]),
+        ...     actions=np.array([0, 0, 1]), is_terminating=np.array([False, False, True]),
+        ...     log_rewards=np.array([0.0, 0.0, 1.5]))
+        >>> buffer.add(batch).ids.tolist()
+        [1]
+        >>> buffer.sample(1)
+        States(states=array([[2.]]), log_rewards=array([1.5]), conditions=None)
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kind = kwargs.pop("kind", "states")
@@ -67,7 +89,17 @@ class TerminatingStateBuffer(ReplayBuffer):
 
     def add(self, batch: Any) -> AddResult:
         """Add the terminating states of ``batch``. Transitions without a terminating
-        one add nothing (an empty result), as in torchgfn."""
+        one add nothing (an empty result), as in torchgfn.
+
+        Args:
+            batch: :class:`Trajectories`, :class:`Transitions` or :class:`States`.
+
+        Returns:
+            The stored states' ids and the number evicted.
+
+        Raises:
+            SchemaError: ``batch`` is not one of those containers.
+        """
         states = terminating_states_of(batch)
         if len(states) == 0 and not isinstance(batch, States):
             return AddResult(np.zeros(0, dtype=np.int64), 0)

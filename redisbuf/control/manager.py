@@ -63,7 +63,20 @@ __all__ = [
 
 
 def default_scoring_function(batch: Any, sender_rank: int = -1) -> dict[str, float]:
-    """The placeholder score: ``{"score": inf}``."""
+    """The placeholder score: ``{"score": inf}``.
+
+    Args:
+        batch: the decoded items (unused).
+        sender_rank: the worker's rank (unused).
+
+    Returns:
+        ``{"score": inf}``.
+
+    Examples:
+        >>> from redisbuf.control.manager import default_scoring_function
+        >>> default_scoring_function(None)
+        {'score': inf}
+    """
     return {"score": math.inf}
 
 
@@ -110,14 +123,39 @@ class ReplayBufferManager:
         baseline_strategy: ``"min"`` (lowest finite log-reward of the full buffer),
             ``"percentile"`` (its ``baseline_percentile`` quantile) or ``"ema"``; the EMA
             (``alpha = baseline_ema_alpha``) answers whenever the buffer cannot.
+        baseline_percentile: the quantile of ``"percentile"``, in [0, 1].
+        baseline_ema_alpha: the EMA's weight of a new batch minimum, in (0, 1].
         communication_backend: ``"mpi"``, ``"redis"`` or a transport object.
         timing: print the per-rank timing summary when :meth:`run` ends.
+        name: the buffer's name, when ``buffer`` is a client or URL.
         transport: a ready transport (overrides ``communication_backend``).
+        heartbeat_interval: seconds between heartbeats (``"redis"`` backend; see
+            :mod:`redisbuf.control.redis`).
+        heartbeat_ttl: seconds a heartbeat lives (``"redis"`` backend).
         poll_interval: seconds between liveness checks of the workers while idle.
         idle_timeout: raise :class:`ControlTimeoutError` after this many seconds
             without any request (``None``: wait as long as workers are alive).
 
     A new manager resets the buffer's EMA (meta field ``baseline_ema``).
+
+    Raises:
+        ValueError: an argument out of range, an unknown backend, or ``buffer`` a
+            client or URL without ``name``.
+        NotImplementedError: ``diverse_replay_buffer=True``.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ReplayBufferManager
+        >>> manager = ReplayBufferManager(fakeredis.FakeRedis(), name="scores",
+        ...                               capacity=100, communication_backend="redis")
+        >>> manager.buffer.capacity, manager.buffer.prioritized_capacity
+        (100, True)
+        >>> manager.update_baseline(np.array([-3.0, -1.0]))  # buffer not full: the EMA
+        -3.0
+        >>> manager.transport.close()
+
+        A manager serving workers (:meth:`run`) needs worker processes; see the
+        control-plane guide.
     """
 
     def __init__(
@@ -225,6 +263,9 @@ class ReplayBufferManager:
 
         Raises :class:`ControlTimeoutError` when a worker is found dead without EXIT (Redis
         backend) or nothing arrives for ``idle_timeout`` seconds.
+
+        Raises:
+            ControlTimeoutError: as above.
         """
         self.is_running = True
         start = getattr(self.transport, "start", None)
@@ -313,7 +354,15 @@ class ReplayBufferManager:
 
     def score_message(self, sender: int, message: dict[str, Any]) -> dict[str, float]:
         """Score one data message: the scoring function's dict plus
-        ``baseline_log_reward`` whenever a baseline exists."""
+        ``baseline_log_reward`` whenever a baseline exists.
+
+        Args:
+            sender: the worker's rank.
+            message: the decoded data message.
+
+        Returns:
+            The score dict.
+        """
         log_rewards = np.asarray(message.get("log_rewards") or [], dtype=np.float64)
         inline = message.get("inline")
         if inline is not None:
@@ -380,12 +429,11 @@ class ReplayBufferManager:
                 self.buffer.client, [*keys.all_keys(), source.keys.meta, source.keys.items], args
             )
         except SchemaError:
-            self.buffer._forget_schema()
-            source._forget_schema()
             raise SchemaError(
                 f"items of buffer {source.name!r} do not fit buffer {self.buffer.name!r}: "
                 + describe_schema_difference(
-                    self.buffer._stored_schema() or {}, source._stored_schema() or {}
+                    self.buffer.stored_schema(refresh=True) or {},
+                    source.stored_schema(refresh=True) or {},
                 )
             ) from None
         self.missing_items += len(ids) - len(positions)
@@ -422,7 +470,14 @@ class ReplayBufferManager:
 
     def update_baseline(self, log_rewards: np.ndarray) -> float | None:
         """Fold the batch's finite minimum into the EMA and return the baseline of
-        ``baseline_strategy`` (``None`` while there is none), in one Lua call."""
+        ``baseline_strategy`` (``None`` while there is none), in one Lua call.
+
+        Args:
+            log_rewards: the batch's log-rewards.
+
+        Returns:
+            The baseline, or ``None``.
+        """
         keys = self.buffer.keys
         source, value = self._baseline_script(
             self.buffer.client,
@@ -435,11 +490,19 @@ class ReplayBufferManager:
 
     def compute_metadata(self) -> dict[str, Any]:
         """Extra metadata for :meth:`get_metadata` replies; override to add your own
-        (values must be msgpack-encodable: numbers, strings, lists, dicts, arrays)."""
+        (values must be msgpack-encodable: numbers, strings, lists, dicts, arrays).
+
+        Returns:
+            ``{}`` here; a subclass's own entries.
+        """
         return {}
 
     def metadata(self) -> dict[str, Any]:
-        """Buffer stats, baseline state and request counters, plus :meth:`compute_metadata`."""
+        """Buffer stats, baseline state and request counters, plus :meth:`compute_metadata`.
+
+        Returns:
+            A dict of those values.
+        """
         stats = self.buffer.stats()
         ema = self.buffer.client.hget(self.buffer.keys.meta, "baseline_ema")
         stats.update(
@@ -458,7 +521,11 @@ class ReplayBufferManager:
 
     def timing_summary(self) -> str:
         """Per rank: requests, bytes received, and mean / max of the time spent waiting
-        for and receiving a request (recv), scoring it (score) and replying (send)."""
+        for and receiving a request (recv), scoring it (score) and replying (send).
+
+        Returns:
+            A table, one line per rank.
+        """
         lines = [
             f"replay buffer manager {self.buffer.name!r}: timing per rank (ms, mean / max)",
             f"{'rank':>5} {'requests':>9} {'bytes':>11} {'recv':>17} {'score':>17} {'send':>17}",
@@ -478,7 +545,19 @@ class ReplayBufferManager:
     def get_metadata(manager_rank: int, backend: Any, timeout: float | None = 30.0) -> dict:
         """Ask the manager for its metadata; the reply comes on ``METADATA_TAG``, so a
         pending score on ``DATA_TAG`` is left for the next ``add`` / drain. ``backend``:
-        ``"mpi"``, a worker transport, or a ReplayBuffer with a remote manager."""
+        ``"mpi"``, a worker transport, or a ReplayBuffer with a remote manager.
+
+        Args:
+            manager_rank: the manager's rank.
+            backend: as above.
+            timeout: seconds to wait for the reply (``None``: no limit).
+
+        Returns:
+            The manager's :meth:`metadata`.
+
+        Raises:
+            ControlTimeoutError: no reply within ``timeout``.
+        """
         transport = get_transport(backend)
         transport.send(manager_rank, DATA_TAG, request(OP_METADATA))
         _, payload = transport.recv(manager_rank, METADATA_TAG, timeout)
@@ -487,7 +566,12 @@ class ReplayBufferManager:
     @staticmethod
     def send_termination_signal(manager_rank: int, backend: Any) -> None:
         """Send EXIT to the manager and release the worker's transport. Drain a pending
-        async score first (``ReplayBuffer.drain_pending_score``)."""
+        async score first (``ReplayBuffer.drain_pending_score``).
+
+        Args:
+            manager_rank: the manager's rank.
+            backend: as :meth:`get_metadata`.
+        """
         transport = get_transport(backend)
         transport.send(manager_rank, DATA_TAG, request(OP_EXIT))
         transport.close()

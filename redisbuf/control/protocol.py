@@ -55,16 +55,41 @@ class Transport(Protocol):
         """This process's rank."""
 
     def send(self, dest: int, tag: int, payload: bytes) -> None:
-        """Deliver ``payload`` to rank ``dest`` under ``tag`` (returns once handed over)."""
+        """Deliver ``payload`` to rank ``dest`` under ``tag`` (returns once handed over).
+
+        Args:
+            dest: the receiving rank.
+            tag: the message tag.
+            payload: the message bytes.
+        """
 
     def recv(self, source: int, tag: int, timeout: float | None) -> tuple[int, bytes]:
         """The next message with ``tag`` from ``source`` (or :data:`ANY_SOURCE`), as
         ``(sender, payload)``. Raises :class:`~redisbuf.errors.ControlTimeoutError` after
-        ``timeout`` seconds (``None``: no limit) or when the peer is known to be gone."""
+        ``timeout`` seconds (``None``: no limit) or when the peer is known to be gone.
+
+        Args:
+            source: the sending rank, or :data:`ANY_SOURCE`.
+            tag: the message tag.
+            timeout: seconds to wait (``None``: no limit).
+
+        Returns:
+            ``(sender, payload)``.
+
+        Raises:
+            ControlTimeoutError: as above.
+        """
 
     def check_peers(self, done: set[int]) -> None:
         """Raise :class:`~redisbuf.errors.ControlTimeoutError` if a peer not in ``done``
-        (ranks that sent EXIT) is known to be dead. Backends that cannot tell do nothing."""
+        (ranks that sent EXIT) is known to be dead. Backends that cannot tell do nothing.
+
+        Args:
+            done: the ranks that sent EXIT.
+
+        Raises:
+            ControlTimeoutError: as above.
+        """
 
     def close(self) -> None:
         """Release what the transport holds (heartbeats, keys). Idempotent."""

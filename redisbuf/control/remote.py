@@ -30,12 +30,12 @@ from ..store import _torch
 from .protocol import DATA_TAG, OP_DATA, OP_SCORE, Transport, decode, expect_reply, request
 
 if TYPE_CHECKING:
-    from ..buffers.replay import ReplayBuffer
+    from ..sampling.base import BufferView
 
 log = logging.getLogger(__name__)
 
 
-def make_transport(buffer: ReplayBuffer, backend: Any) -> Transport:
+def make_transport(buffer: BufferView, backend: Any) -> Transport:
     """A worker transport: ``"mpi"`` (COMM_WORLD), ``"redis"`` (the buffer's Redis and
     name, rank handed out by the manager) or a ready transport object."""
     if backend == "mpi":
@@ -68,11 +68,12 @@ def _select(array: Any, mask: np.ndarray) -> Any:
 
 
 class RemoteScorer:
-    """The remote-manager state of one worker buffer (``ReplayBuffer.remote``)."""
+    """The remote-manager state of one worker buffer (``ReplayBuffer.remote``), made
+    from the buffer's view (its name and client)."""
 
     def __init__(
         self,
-        buffer: ReplayBuffer,
+        buffer: BufferView,
         manager_rank: int,
         remote_buffer_freq: int = 1,
         async_score: bool = False,

@@ -25,7 +25,7 @@ import redis
 from ..errors import ConfigMismatchError
 
 if TYPE_CHECKING:
-    from ..buffers.replay import ReplayBuffer
+    from .base import BufferView
 
 
 def check_setting(name: str, value: int | None, minimum: int) -> int | None:
@@ -51,13 +51,13 @@ def check_session(session_id: Any) -> str:
 
 
 def configure(
-    buffer: ReplayBuffer, max_use: int | None, max_staleness: int | None
+    buffer: BufferView, max_use: int | None, max_staleness: int | None
 ) -> tuple[int | None, int | None]:
     """Store the settings on a new buffer, or check them against an existing one's
     (None adopts what is stored). Returns the stored ``(max_use, max_staleness)``."""
     max_use = check_setting("max_use", max_use, 1)
     max_staleness = check_setting("max_staleness", max_staleness, 0)
-    reply = buffer._run(
+    reply = buffer.run(
         "lifetime_config",
         [buffer.keys.meta],
         ["" if max_use is None else max_use, "" if max_staleness is None else max_staleness],
@@ -84,17 +84,17 @@ def add_options(model_version: Any, session_id: Any) -> dict[str, Any]:
     return options
 
 
-def update_model_version(buffer: ReplayBuffer, session_id: str, model_version: int) -> int:
+def update_model_version(buffer: BufferView, session_id: str, model_version: int) -> int:
     """See :meth:`ReplayBuffer.update_model_version`."""
     session_id = check_session(session_id)
     model_version = check_version(model_version)
     keys = buffer.keys.all_keys()
-    removed, left = buffer._run("update_model_version", keys, [session_id, model_version, ""])
+    removed, left = buffer.run("update_model_version", keys, [session_id, model_version, ""])
     removed = int(removed)
     # stale items go in commands of at most bounds.MAX_ADD_ITEMS; a later call goes by the
     # version current then (another process may have made a newer one current meanwhile)
     while int(left):
-        more, left = buffer._run("update_model_version", keys, ["", 0, "more"])
+        more, left = buffer.run("update_model_version", keys, ["", 0, "more"])
         removed += int(more)
     return removed
 
@@ -148,7 +148,7 @@ def lifetime_stats(meta: dict[str, str], length: int) -> dict[str, Any]:
     }
 
 
-def priority_stats(buffer: ReplayBuffer, meta: dict[str, str]) -> dict[str, Any]:
+def priority_stats(buffer: BufferView, meta: dict[str, str]) -> dict[str, Any]:
     """Priority min / mean / max: of PER priorities when the buffer keeps them (min and max
     from this process's replica of them, caught up now, as the ``per`` hash keeps no
     order; the mean from the running sum PER maintains), else min / max of the

@@ -26,7 +26,7 @@ from ..errors import ConfigMismatchError, RateLimitTimeoutError
 from .waiting import UNSET, Unset, wait_for
 
 if TYPE_CHECKING:
-    from ..buffers.replay import ReplayBuffer
+    from .base import BufferView
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -34,7 +34,27 @@ DEFAULT_TIMEOUT = 60.0
 @dataclass(frozen=True)
 class RateLimiter:
     """Reverb's general limiter. ``timeout`` (seconds, None: no limit) is this process's
-    own patience; the other fields are stored with the buffer and shared."""
+    own patience; the other fields are stored with the buffer and shared.
+
+    Attributes:
+        samples_per_insert: the target ratio of sampled to inserted items (> 0).
+        min_size_to_sample: samples wait until the buffer holds this many items (>= 1).
+        min_diff: a sample waits while it would lower ``inserts * samples_per_insert -
+            samples`` below this.
+        max_diff: an insert waits while it would raise that difference above this (not
+            while the buffer holds fewer than ``min_size_to_sample`` items).
+        timeout: as above.
+
+    Raises:
+        ValueError: a field out of range, or ``min_diff > max_diff``.
+
+    Examples:
+        >>> from redisbuf import RateLimiter
+        >>> RateLimiter(1.0, 100, min_diff=10.0, max_diff=-10.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: min_diff 10.0 is above max_diff -10.0
+    """
 
     samples_per_insert: float
     min_size_to_sample: int
@@ -75,7 +95,26 @@ def SampleToInsertRatio(  # noqa: N802 - Reverb's name for a limiter constructor
     items are in. ``error_buffer`` (a number, or ``(min_diff, max_diff)``) is the slack
     around ``samples_per_insert * min_size_to_sample``; as in Reverb, ``max_diff -
     min_diff`` must be at least ``2 * max(1, samples_per_insert)`` so neither side can be
-    locked out."""
+    locked out.
+
+    Args:
+        samples_per_insert: the target ratio (> 0).
+        min_size_to_sample: samples wait until the buffer holds this many items.
+        error_buffer: the slack, as above.
+        timeout: this process's patience in seconds (``None``: no limit).
+
+    Returns:
+        The limiter.
+
+    Raises:
+        ValueError: an argument out of range, or a slack that could lock a side out.
+
+    Examples:
+        >>> from redisbuf import SampleToInsertRatio
+        >>> limiter = SampleToInsertRatio(2.0, min_size_to_sample=10, error_buffer=4.0)
+        >>> limiter.min_diff, limiter.max_diff
+        (16.0, 24.0)
+    """
     if isinstance(error_buffer, tuple):
         min_diff, max_diff = error_buffer
     else:
@@ -95,7 +134,29 @@ def SampleToInsertRatio(  # noqa: N802 - Reverb's name for a limiter constructor
 
 
 def MinSize(n: int, timeout: float | None = DEFAULT_TIMEOUT) -> RateLimiter:  # noqa: N802
-    """Samplers wait until the buffer holds ``n`` items; inserts are never held back."""
+    """Samplers wait until the buffer holds ``n`` items; inserts are never held back.
+
+    Args:
+        n: the least number of items to sample from (>= 1).
+        timeout: this process's patience in seconds (``None``: no limit).
+
+    Returns:
+        The limiter.
+
+    Raises:
+        ValueError: ``n`` is not an integer >= 1, or a negative ``timeout``.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import MinSize, RateLimitTimeoutError, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", rate_limiter=MinSize(2, timeout=0))
+        >>> _ = buffer.add({"obs": np.zeros(1), "log_rewards": np.zeros(1)})
+        >>> try:
+        ...     buffer.sample(1)
+        ... except RateLimitTimeoutError:
+        ...     print("held back")
+        held back
+    """
     return RateLimiter(1.0, n, -math.inf, math.inf, timeout)
 
 
@@ -112,11 +173,11 @@ def _number(text: bytes | str) -> float:
     return float(text)  # Python reads "inf" / "-inf" too
 
 
-def configure(buffer: ReplayBuffer, limiter: RateLimiter | None) -> RateLimiter | None:
+def configure(buffer: BufferView, limiter: RateLimiter | None) -> RateLimiter | None:
     """Store ``limiter`` on a new buffer, or check it against the stored one (None adopts
     the stored limiter, with the default timeout). Returns the limiter in force."""
     args = limiter._fields() if limiter is not None else ["", "", "", ""]
-    reply = buffer._run("limiter_config", [buffer.keys.meta], args, read=limiter is None)
+    reply = buffer.run("limiter_config", [buffer.keys.meta], args, read=limiter is None)
     if reply[0] in (b"", ""):
         if limiter is not None:
             raise ConfigMismatchError(
@@ -140,8 +201,8 @@ def _describe(limiter: RateLimiter) -> str:
             f"max_diff={limiter.max_diff})")
 
 
-def _call(buffer: ReplayBuffer, op: str, n: int) -> list[Any]:
-    return buffer._run("rate_limit", [buffer.keys.meta, buffer.keys.order], [op, n])
+def _call(buffer: BufferView, op: str, n: int) -> list[Any]:
+    return buffer.run("rate_limit", [buffer.keys.meta, buffer.keys.order], [op, n])
 
 
 def _waited_for(limiter: RateLimiter, side: str, reply: list[Any]) -> str:
@@ -168,7 +229,7 @@ def _waited_for(limiter: RateLimiter, side: str, reply: list[Any]) -> str:
 
 
 def acquire(
-    buffer: ReplayBuffer,
+    buffer: BufferView,
     limiter: RateLimiter,
     side: str,
     n: int,
@@ -196,7 +257,7 @@ def acquire(
                     error=RateLimitTimeoutError)
 
 
-def refusal(buffer: ReplayBuffer, limiter: RateLimiter, side: str, n: int) -> str | None:
+def refusal(buffer: BufferView, limiter: RateLimiter, side: str, n: int) -> str | None:
     """Admit and count ``side`` of ``n`` items if the limiter allows it now (None); else,
     without waiting, what the call would wait for (e.g. ``"inserts: the buffer holds 2
     items, below min_size_to_sample=5"``)."""
@@ -204,7 +265,7 @@ def refusal(buffer: ReplayBuffer, limiter: RateLimiter, side: str, n: int) -> st
     return None if int(reply[0]) == 1 else _waited_for(limiter, side, reply)
 
 
-def release(buffer: ReplayBuffer, side: str, n: int) -> None:
+def release(buffer: BufferView, side: str, n: int) -> None:
     """Take back an admitted call whose operation then failed (nothing inserted/drawn)."""
     _call(buffer, "unsert" if side == "insert" else "unsample", n)
 

@@ -363,6 +363,22 @@ class Prefetcher:
     Iterating yields batches until :meth:`close` (or ``max_batches``); use it as a
     context manager so the thread is stopped and joined. See the module docstring for
     the staleness of prefetched batches and how errors surface.
+
+    Raises:
+        ValueError: ``batch_size``, ``prefetch``, ``timeout`` or ``max_batches`` out of
+            range.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import Prefetcher, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+        >>> _ = buffer.add({"obs": np.arange(8.0), "log_rewards": np.zeros(8)})
+        >>> with Prefetcher(buffer, batch_size=4, max_batches=3) as reader:
+        ...     for info in reader:
+        ...         print(info.batch["obs"].shape, len(set(info.ids.tolist())))
+        (4,) 4
+        (4,) 4
+        (4,) 4
     """
 
     def __init__(
@@ -426,16 +442,44 @@ class Prefetcher:
         lengths, finite priorities >= 0) are made here and raise
         :class:`~redisbuf.InvalidBatchError` at once; an error of the update itself
         (a lost server) is raised by the next ``next()``, :meth:`flush` or
-        :meth:`close`. With ``prefetch=0`` the update is made here, before returning."""
+        :meth:`close`. With ``prefetch=0`` the update is made here, before returning.
+
+        Args:
+            ids: as ``buffer.update_priority``.
+            priorities: as ``buffer.update_priority``.
+
+        Raises:
+            InvalidBatchError: unequal lengths, or a priority not finite and >= 0.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import PERSampler, Prefetcher, ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=PERSampler())
+            >>> _ = buffer.add({"obs": np.arange(8.0), "log_rewards": np.zeros(8)})
+            >>> with Prefetcher(buffer, batch_size=4, max_batches=2) as reader:
+            ...     for info in reader:
+            ...         reader.update_priority(info.ids, np.full(4, 2.0))
+            ...     reader.flush()
+            >>> buffer.stats()["priority_max"]
+            2.0
+        """
         self._reader.update_priority(ids, priorities)
 
     def flush(self) -> None:
-        """Wait until every update handed over is applied; raise the first that failed."""
+        """Wait until every update handed over is applied; raise the first that failed.
+
+        Raises:
+            Exception: the error of the first update that failed (a lost server, say).
+        """
         self._reader.flush()
 
     def in_flight(self) -> int:
         """Batches drawn (or being drawn) and not yet handed out; never above
-        ``prefetch``."""
+        ``prefetch``.
+
+        Returns:
+            The number of batches.
+        """
         return self._reader.in_flight()
 
     @property
@@ -445,7 +489,11 @@ class Prefetcher:
     def close(self) -> None:
         """Stop drawing, apply the updates handed over, join the thread; batches in flight
         are dropped. Raises the error of an update that failed and was not raised yet.
-        Idempotent; iteration then ends (``StopIteration``)."""
+        Idempotent; iteration then ends (``StopIteration``).
+
+        Raises:
+            Exception: the error of an update that failed and was not raised yet.
+        """
         self._reader.close()
 
     def __enter__(self) -> Prefetcher:
@@ -505,14 +553,16 @@ def to_torch(value: Any) -> Any:
 
 def _open_buffer(url: str, name: str, kwargs: dict[str, Any]) -> Any:
     """The buffer ``name`` at ``url``, sharded or not, with its stored configuration."""
-    from ..buffers.replay import ReplayBuffer
-    from ..buffers.sharded import ShardedReplayBuffer
+    # the reader is a client of the buffers' public API, as a user's code is: it opens a
+    # buffer through the package's public names, not the buffer modules
+    import redisbuf
+
     from ..errors import ShardedBufferError
 
     try:
-        return ReplayBuffer.open(url, name, **kwargs)
+        return redisbuf.ReplayBuffer.open(url, name, **kwargs)
     except ShardedBufferError:
-        return ShardedReplayBuffer.open(url, name, **kwargs)
+        return redisbuf.ShardedReplayBuffer.open(url, name, **kwargs)
 
 
 _DATASET_CLASS: type | None = None

@@ -26,7 +26,7 @@ import redis
 from ..errors import EmptyBufferError, PrioritizedSamplingOffError, SamplingError
 
 if TYPE_CHECKING:
-    from ..buffers.replay import ReplayBuffer
+    from .base import BufferView
 
 # A softmax replica keeps exp(log_reward - ref); it is re-based when a log-reward passes
 # ref by this much (exp stays far from overflow) or the mass underflows.
@@ -296,7 +296,7 @@ class MassReplica:
 
     # -- reading the buffer -------------------------------------------------------------
 
-    def catch_up(self, buffer: ReplayBuffer, reply: Sequence[Any]) -> set[int] | None:
+    def catch_up(self, buffer: BufferView, reply: Sequence[Any]) -> set[int] | None:
         """Bring the replica up to date from a masslog_behind reply ``{0, epoch, version,
         stamp, entries...}``, asking for more while the reply stops short, and reading
         everything when the log cannot bring it up to date. Returns the ids the entries
@@ -307,7 +307,7 @@ class MassReplica:
             return None
         return set(np.concatenate(touched).tolist()) if touched else set()
 
-    def _follow(self, buffer: ReplayBuffer, reply: Sequence[Any]) -> list[np.ndarray] | None:
+    def _follow(self, buffer: BufferView, reply: Sequence[Any]) -> list[np.ndarray] | None:
         """Apply a masslog_behind reply's entries, and the log's next ones while replies
         stop short of the version they report. The ids each entry named; None when the
         log cannot bring the replica up to date (another epoch or history, an X entry,
@@ -335,11 +335,11 @@ class MassReplica:
             if int(reply[0]) == 2:
                 raise _NotOn(self.rule, self.rule == "per")
 
-    def _read_log(self, buffer: ReplayBuffer, *extra: Any) -> list[Any]:
-        return buffer._run("masslog_read", buffer.keys.all_keys(),
-                           [self.epoch, self.version, self.stamp, *extra])
+    def _read_log(self, buffer: BufferView, *extra: Any) -> list[Any]:
+        return buffer.run("masslog_read", buffer.keys.all_keys(),
+                          [self.epoch, self.version, self.stamp, *extra])
 
-    def sync(self, buffer: ReplayBuffer) -> set[int] | None:
+    def sync(self, buffer: BufferView) -> set[int] | None:
         """Catch up with the buffer now (one round trip when current or close behind);
         what :meth:`catch_up` returns."""
         reply = self._read_log(buffer)
@@ -350,7 +350,7 @@ class MassReplica:
             return set()
         return self.catch_up(buffer, reply)
 
-    def load(self, buffer: ReplayBuffer) -> None:
+    def load(self, buffer: BufferView) -> None:
         """Read every score, then the log entries written meanwhile. The scores come in
         slices of bounded cost (lua/replica_read.lua) while the server keeps the log's
         entries after the version read first, so the read finishes however fast
@@ -367,7 +367,7 @@ class MassReplica:
                 self.alpha, self.eps = float(alpha), float(eps)
             if self._load_snapshot(buffer):
                 return
-            start = buffer._run("masslog_read", all_keys, ["", 0, "", "pin", _PIN_MS])
+            start = buffer.run("masslog_read", all_keys, ["", 0, "", "pin", _PIN_MS])
             if int(start[0]) == 2:
                 raise _NotOn(self.rule, per)
             epoch, version, stamp = _text(start[1]), int(start[2]), _text(start[3])
@@ -375,7 +375,7 @@ class MassReplica:
             score_texts: list[bytes] = []
             cursor: Any = "0"
             while True:
-                cursor, id_text, score_text = buffer._run(
+                cursor, id_text, score_text = buffer.run(
                     "replica_read", all_keys, [cursor, _SCAN_COUNT, _PIN_MS, version])
                 if id_text:
                     id_texts.append(id_text)
@@ -399,7 +399,7 @@ class MassReplica:
 
     # -- snapshots ----------------------------------------------------------------------
 
-    def write_snapshot(self, buffer: ReplayBuffer) -> bool:
+    def write_snapshot(self, buffer: BufferView) -> bool:
         """Publish this replica's scores (when it holds at least ``_SNAP_MIN_ITEMS``) as
         the buffer's snapshot (``rb:{name}:snap``): a
         header and chunks of ids and scores packed as little-endian int64 and float64, each
@@ -430,13 +430,13 @@ class MassReplica:
                              "chunks": chunks})
         try:
             pipe.execute()
-            published = buffer._run("snapshot_commit", [keys.meta, staging, keys.snap],
+            published = buffer.run("snapshot_commit", [keys.meta, staging, keys.snap],
                                     [header, self.epoch, self.version])
         except _REFUSED_WRITES:
             return False  # a part written before the refusal expires with the staging key
         return bool(int(published))
 
-    def _load_snapshot(self, buffer: ReplayBuffer) -> bool:
+    def _load_snapshot(self, buffer: BufferView) -> bool:
         """Read the buffer's snapshot and the log entries after it; False when there is
         none of this rule, or the log no longer reaches back to it."""
         keys = buffer.keys
@@ -447,7 +447,7 @@ class MassReplica:
         if header["rule"] != self.rule:
             return False
         epoch, version, stamp = header["epoch"], int(header["version"]), header["stamp"]
-        reply = buffer._run("masslog_read", keys.all_keys(),
+        reply = buffer.run("masslog_read", keys.all_keys(),
                             [epoch, version, stamp, "pin_at", _PIN_MS])
         if int(reply[0]) == 2:
             raise _NotOn(self.rule, self.rule == "per")
@@ -604,12 +604,10 @@ class _NotOn(PrioritizedSamplingOffError):
 _CREATING = threading.Lock()
 
 
-def replica_of(buffer: ReplayBuffer, rule: str) -> MassReplica:
+def replica_of(buffer: BufferView, rule: str) -> MassReplica:
     """The buffer's replica for ``rule``, made (and read) on first use."""
     with _CREATING:  # one replica per buffer and rule, whichever thread asks first
-        replicas: dict[str, MassReplica] | None = getattr(buffer, "_replicas", None)
-        if replicas is None:
-            replicas = buffer._replicas = {}
+        replicas = buffer.replicas
         replica = replicas.get(rule)
         if replica is None:
             replica = replicas[rule] = MassReplica(rule)

@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import numpy as np
 import redis
@@ -25,33 +25,8 @@ from ..errors import (
 from ..store import bounds, scripts
 from ..store.connection import retrying
 from ..store.keys import pack_ids, split_ids
+from .base import BufferView, Draw, IdRange, Sampler
 from .replica import MassReplica, replica_of
-
-if TYPE_CHECKING:
-    from ..buffers.replay import ReplayBuffer
-
-
-@dataclass
-class Draw:
-    """What a sampler drew: ids, raw blobs, and each draw's probability when known."""
-
-    ids: list[int]
-    blobs: list[bytes]
-    probabilities: np.ndarray | None = None
-    schema_json: bytes | None = None  # the meta's schema, read in the same round trip
-    weights: np.ndarray | None = None  # PER importance-sampling weights (DI-engine's IS)
-    importance_weights: np.ndarray | None = None  # ALF's priority / mean non-zero priority
-
-
-class Sampler(Protocol):
-    name: str
-
-    def prepare(self, buffer: ReplayBuffer) -> None:
-        """Create whatever server-side structure the sampler needs (idempotent)."""
-
-    def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
-        """Draw ``n`` items. Raises EmptyBufferError when nothing can be drawn."""
-
 
 # Two round trips (ids from the script, blobs by a native HMGET) cost the server about a
 # tenth of returning blobs from Lua; an item evicted in between makes us draw again, and
@@ -77,7 +52,7 @@ def packed_uniforms(rng: np.random.Generator, n: int) -> bytes:
 
 
 def _draw_then_fetch(
-    buffer: ReplayBuffer,
+    buffer: BufferView,
     script: str,
     keys: list[str],
     head: list[Any],
@@ -86,10 +61,10 @@ def _draw_then_fetch(
     parse: Callable[[list[Any], int], tuple[list[bytes], np.ndarray | None, int]],
 ) -> Draw:
     # fetch_inline: the script may remove what it draws (max_use), so only it can read them
-    first = _FETCH_ATTEMPTS if getattr(buffer, "fetch_inline", False) else 0
+    first = _FETCH_ATTEMPTS if buffer.fetch_inline else 0
     for attempt in range(first, _FETCH_ATTEMPTS + 1):
         inline = attempt == _FETCH_ATTEMPTS
-        reply = buffer._run(script, keys, [*head, int(inline), uniforms])
+        reply = buffer.run(script, keys, [*head, int(inline), uniforms])
         members, probabilities, offset = parse(reply, n)
         pipe = buffer.client.pipeline(transaction=False)
         if not inline:
@@ -98,7 +73,7 @@ def _draw_then_fetch(
         *fetched, schema_json = pipe.execute()
         blobs = reply[offset : offset + n] if inline else fetched[0]
         if not inline and any(blob is None for blob in blobs):
-            buffer._run("undo_draws", keys, members)  # not a real draw
+            buffer.run("undo_draws", keys, members)  # not a real draw
             continue
         return Draw([int(m) for m in members], blobs, probabilities, schema_json)
     raise AssertionError("unreachable")
@@ -107,20 +82,6 @@ def _draw_then_fetch(
 # Ids go to the guess-mode script 12 digits each (lua/_common.lua's id_str); from 10^12
 # on they are wider, and the script draws them itself.
 _ID_LIMIT = 10**12
-
-
-class _IdRange:
-    """What the last uniform draw saw of a buffer: ``length`` items with ids ``first ..
-    first + length - 1`` (``first`` None when there are holes), and how the last guesses
-    based on it fared."""
-
-    __slots__ = ("first", "length", "misses", "skip")
-
-    def __init__(self) -> None:
-        self.first: int | None = None
-        self.length = 0
-        self.misses = 0  # guesses in a row that missed (another process changed the range)
-        self.skip = 0  # draws left to make without guessing (backing off after misses)
 
 
 def _uniform_ranks(words: np.ndarray, length: int, replace: bool) -> np.ndarray:
@@ -156,6 +117,17 @@ class UniformSampler:
 
     A draw of more than :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` items is
     made as several commands of at most that many (``_draw_chunked``).
+
+    Args:
+        replacement: draw with replacement.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ReplayBuffer, UniformSampler
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=UniformSampler())
+        >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)})
+        >>> sorted(buffer.sample(3)["obs"])  # without replacement: each item once
+        [0.0, 1.0, 2.0]
     """
 
     name = "uniform"
@@ -163,20 +135,28 @@ class UniformSampler:
     def __init__(self, replacement: bool = False) -> None:
         self.replacement = replacement
 
-    def prepare(self, buffer: ReplayBuffer) -> None:
+    def prepare(self, buffer: BufferView) -> None:
         return None
 
-    def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
+    def draw(
+        self,
+        buffer: BufferView,
+        n: int,
+        rng: np.random.Generator,
+        replacement: bool | None = None,
+    ) -> Draw:
+        """Draw ``n`` items; ``replacement`` (None: this sampler's) is this call's."""
+        replace = self.replacement if replacement is None else bool(replacement)
         if n > bounds.MAX_ITEMS_PER_COMMAND:
-            return _draw_chunked(buffer, n, rng, self.replacement)
+            return _draw_chunked(buffer, n, rng, replace)
         keys = buffer.keys
-        # kept on the buffer: a sampler made per call (replacement=...) shares it
-        seen: _IdRange | None = getattr(buffer, "_uniform_ids", None)
+        # the view's: the next draw of any sampler of this buffer object starts from it
+        seen = buffer.id_range
         if seen is None:
-            seen = buffer._uniform_ids = _IdRange()
+            seen = buffer.id_range = IdRange()
         words = _uniform_words(rng, n)
         uniforms = _pack_words(words)
-        head = [n, int(self.replacement)]
+        head = [n, int(replace)]
 
         def note(reply: list[Any]) -> None:
             seen.length = int(reply[0])
@@ -187,14 +167,14 @@ class UniformSampler:
             return reply[2 : 2 + n], None, 2 + n
 
         # max_use: the script may remove what it draws, so it must read the blobs itself
-        guessing = not getattr(buffer, "fetch_inline", False)
+        guessing = not buffer.fetch_inline
         if guessing and seen.skip > 0:
             seen.skip -= 1
             guessing = False
         for _ in range(_FETCH_ATTEMPTS if guessing else 0):
             if seen.first is None or seen.first + seen.length > _ID_LIMIT:
                 break
-            draw = self._guess(buffer, n, words, seen, note)
+            draw = self._guess(buffer, n, words, seen, note, replace)
             if draw is not None:
                 seen.misses = 0
                 return draw
@@ -208,22 +188,23 @@ class UniformSampler:
 
     def _guess(
         self,
-        buffer: ReplayBuffer,
+        buffer: BufferView,
         n: int,
         words: np.ndarray,
-        seen: _IdRange,
+        seen: IdRange,
         note: Callable[[list[Any]], None],
+        replacement: bool,
     ) -> Draw | None:
         """One pipeline: the script in guess mode, HMGET of the guessed ids, the schema.
         None when the guess was not recorded (or an item went missing before the HMGET,
         and the draw was taken back); ``seen`` then holds what the script saw."""
         keys = buffer.keys
         first, length = seen.first, seen.length
-        replace = self.replacement or n > length
+        replace = replacement or n > length
         ids = (_uniform_ranks(words, length, replace) + first).tolist()
         members = [b"%012d" % i for i in ids]
         all_keys = keys.all_keys()
-        args = [n, int(self.replacement), 0, b"", first, length, b"".join(members)]
+        args = [n, int(replacement), 0, b"", first, length, b"".join(members)]
 
         def send(script: scripts.Script) -> list[Any]:
             pipe = buffer.client.pipeline(transaction=False)
@@ -251,7 +232,7 @@ class UniformSampler:
         if not int(reply[2]):
             return None
         if isinstance(blobs, Exception) or any(blob is None for blob in blobs):
-            buffer._run("undo_draws", all_keys, members)  # not a real draw
+            buffer.run("undo_draws", all_keys, members)  # not a real draw
             if isinstance(blobs, Exception):
                 raise blobs
             return None
@@ -274,7 +255,7 @@ _IDLE_ROUNDS = 64
 
 
 def _draw_chunked(
-    buffer: ReplayBuffer, n: int, rng: np.random.Generator, replacement: bool
+    buffer: BufferView, n: int, rng: np.random.Generator, replacement: bool
 ) -> Draw:
     """A uniform draw of more items than one command may take
     (:data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`), as successive commands.
@@ -299,7 +280,7 @@ def _draw_chunked(
                         for start, stop in bounds.chunks(n, limit)])
     drawn_key = buffer.keys.drawing(os.urandom(8).hex())
     keys = [*buffer.keys.all_keys(), drawn_key]
-    inline = bool(getattr(buffer, "fetch_inline", False))
+    inline = bool(buffer.fetch_inline)
     ids: list[int] = []
     blobs: list[bytes] = []
     have: set[int] = set()
@@ -318,7 +299,7 @@ def _draw_chunked(
                 free = max(length - len(have), 1)
                 count = min(limit, int(want * length / free * 1.2) + 16)
                 args = [want, 0, int(inline), packed_uniforms(rng, count), "exclude"]
-            reply = buffer._run("sample_uniform", keys, args)
+            reply = buffer.run("sample_uniform", keys, args)
             length = int(reply[0])
             body = reply[2:]
             k = len(body) // 2 if inline else len(body)
@@ -335,7 +316,7 @@ def _draw_chunked(
                 got, schema_json = pipe.execute()
                 gone = [m for m, blob in zip(members, got, strict=True) if blob is None]
                 if gone:  # evicted before the HMGET: not drawn
-                    buffer._run("undo_draws", buffer.keys.all_keys(), gone)
+                    buffer.run("undo_draws", buffer.keys.all_keys(), gone)
             else:
                 got = []
             kept = 0
@@ -360,7 +341,7 @@ def _draw_chunked(
     except BaseException:
         for start, stop in bounds.chunks(len(ids), limit):  # best effort: not a draw
             try:
-                buffer._run("undo_draws", buffer.keys.all_keys(),
+                buffer.run("undo_draws", buffer.keys.all_keys(),
                             [b"%012d" % i for i in ids[start:stop]])
             except Exception:
                 break
@@ -405,12 +386,12 @@ class _ReplicaDraw:
 
 
 def _replica_draw(
-    buffer: ReplayBuffer, rule: str, n: int, rng: np.random.Generator, replacement: bool
+    buffer: BufferView, rule: str, n: int, rng: np.random.Generator, replacement: bool
 ) -> _ReplicaDraw:
     """Draw ``n`` items from the buffer's replica for ``rule`` and commit the draw with
     lua/sample_prioritized.lua, in the same round trip as the blob read."""
     replica = replica_of(buffer, rule)
-    inline = bool(getattr(buffer, "fetch_inline", False))  # max_use: the script reads
+    inline = bool(buffer.fetch_inline)  # max_use: the script reads
     script = scripts.load("sample_prioritized")
     with replica.lock:
         if not (replacement or n > len(replica)):
@@ -432,7 +413,7 @@ def _replica_draw(
 
 
 def _draw_checked(
-    buffer: ReplayBuffer, replica: MassReplica, n: int, replace: bool, synced: bool
+    buffer: BufferView, replica: MassReplica, n: int, replace: bool, synced: bool
 ) -> bool:
     """Whether the replica can draw ``n`` (False: it was synced now, ask again); raises
     when it cannot even after catching up with the buffer."""
@@ -447,7 +428,7 @@ def _draw_checked(
 
 
 def _commit_exact(
-    buffer: ReplayBuffer,
+    buffer: BufferView,
     rule: str,
     n: int,
     rng: np.random.Generator,
@@ -486,7 +467,7 @@ def _commit_exact(
             continue
         blobs = reply[9 : 9 + int(reply[8])] if inline else replies[1]
         if any(blob is None for blob in blobs):
-            buffer._run("undo_draws", all_keys, members)  # gone before the HMGET: no draw
+            buffer.run("undo_draws", all_keys, members)  # gone before the HMGET: no draw
             replica.sync(buffer)
             continue
         return _ReplicaDraw(
@@ -501,7 +482,7 @@ _SPARES = 2
 
 
 def _send_commit(
-    buffer: ReplayBuffer, script: scripts.Script, args: list[Any], members: list[bytes] | None
+    buffer: BufferView, script: scripts.Script, args: list[Any], members: list[bytes] | None
 ) -> list[Any]:
     """The commit script, then the HMGET of ``members`` (None: none) and the schema, in
     one plain pipeline (one round trip); the script's reply translated (the read-only
@@ -532,7 +513,7 @@ def _send_commit(
     reply = replies[0]
     if isinstance(reply, redis.exceptions.ResponseError):
         if isinstance(reply, scripts._REFUSED_WRITES):
-            replies[0] = buffer._run("sample_prioritized", all_keys, args)  # read-only variant
+            replies[0] = buffer.run("sample_prioritized", all_keys, args)  # read-only variant
         else:
             raise scripts.translate(reply)
     elif isinstance(reply, Exception):
@@ -544,7 +525,7 @@ def _send_commit(
 
 
 def _commit_corrected(
-    buffer: ReplayBuffer,
+    buffer: BufferView,
     rule: str,
     n: int,
     rng: np.random.Generator,
@@ -617,7 +598,7 @@ def _commit_corrected(
             ids = drawn[:, 0]
         where = replica.slots_of(ids)
         if any(blob is None for blob in blobs) or (where < 0).any():
-            buffer._run("undo_draws", all_keys, final)  # gone before the HMGET: not a draw
+            buffer.run("undo_draws", all_keys, final)  # gone before the HMGET: not a draw
             replica.sync(buffer)
             continue
         masses = replica.masses[where]
@@ -675,6 +656,17 @@ class PrioritizedSampler:
     item of log-reward +inf (the softmax is undefined). The draw is made in this process
     from its replica of the log-rewards (:mod:`redisbuf.sampling.replica`) and committed by the
     server only if it follows every change made before the sample began.
+
+    Args:
+        replacement: draw with replacement.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import PrioritizedSampler, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=PrioritizedSampler())
+        >>> _ = buffer.add({"obs": np.arange(3.0), "log_rewards": np.array([0.0, 1.0, -np.inf])})
+        >>> sorted(buffer.sample(2)["obs"])  # log-reward -inf: never drawn
+        [0.0, 1.0]
     """
 
     name = "prioritized"
@@ -682,23 +674,29 @@ class PrioritizedSampler:
     def __init__(self, replacement: bool = False) -> None:
         self.replacement = replacement
 
-    def prepare(self, buffer: ReplayBuffer) -> None:
-        buffer._run("enable_softmax", buffer.keys.all_keys(), [0])
+    def prepare(self, buffer: BufferView) -> None:
+        buffer.run("enable_softmax", buffer.keys.all_keys(), [0])
         _forget_replica(buffer, "softmax")
 
-    def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
+    def draw(
+        self,
+        buffer: BufferView,
+        n: int,
+        rng: np.random.Generator,
+        replacement: bool | None = None,
+    ) -> Draw:
+        """Draw ``n`` items; ``replacement`` (None: this sampler's) is this call's."""
+        replace = self.replacement if replacement is None else bool(replacement)
         try:
-            drawn = _replica_draw(buffer, "softmax", n, rng, self.replacement)
+            drawn = _replica_draw(buffer, "softmax", n, rng, replace)
         except PrioritizedSamplingOffError:
             self.prepare(buffer)  # turned off (dropped and made again): turn it back on
-            drawn = _replica_draw(buffer, "softmax", n, rng, self.replacement)
+            drawn = _replica_draw(buffer, "softmax", n, rng, replace)
         return Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
 
 
-def _forget_replica(buffer: ReplayBuffer, rule: str) -> None:
-    replicas = getattr(buffer, "_replicas", None)
-    if replicas:
-        replicas.pop(rule, None)
+def _forget_replica(buffer: BufferView, rule: str) -> None:
+    buffer.replicas.pop(rule, None)
 
 
 # Items given their initial PER priority per call when PER is turned on over a full buffer:
@@ -706,15 +704,15 @@ def _forget_replica(buffer: ReplayBuffer, rule: str) -> None:
 PER_FILL_SLICE = 20_000
 
 
-def turn_per_on(buffer: ReplayBuffer, alpha: float, eps: float, initial: float) -> None:
+def turn_per_on(buffer: BufferView, alpha: float, eps: float, initial: float) -> None:
     """Call lua/enable_per.lua until PER is on (it works in slices; any process may
     finish what another began)."""
     args = [repr(alpha), repr(eps), repr(initial), PER_FILL_SLICE]
-    while int(buffer._run("enable_per", buffer.keys.all_keys(), args)) == 2:
+    while int(buffer.run("enable_per", buffer.keys.all_keys(), args)) == 2:
         pass
 
 
-def finish_turning_per_on(buffer: ReplayBuffer) -> None:
+def finish_turning_per_on(buffer: BufferView) -> None:
     """Finish turning PER on with the settings stored in the buffer's meta (for a
     process that met RB_BUSY without a PERSampler of its own)."""
     alpha, eps, initial = buffer.client.hmget(buffer.keys.meta, "per_alpha", "per_eps",
@@ -742,6 +740,26 @@ class PERSampler:
     ``eps`` and ``initial_priority`` are stored with the buffer: every process must use
     the same. ``beta`` (the exponent of the importance weights) is this object's own and
     may be changed between calls (annealing).
+
+    Args:
+        alpha: the priority exponent (>= 0).
+        beta: the importance-weight exponent (>= 0).
+        initial_priority: the least priority a new item gets (>= 0).
+        eps: added to every priority (>= 0).
+
+    Raises:
+        ValueError: an argument that is not a finite number >= 0.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import PERSampler, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo",
+        ...                       sampler=PERSampler(alpha=1.0, eps=0.0), seed=0)
+        >>> batch = {"obs": np.arange(2.0), "log_rewards": np.zeros(2)}
+        >>> _ = buffer.add(batch, priorities=[1.0, 3.0])
+        >>> info = buffer.sample_with_info(20)  # PER draws with replacement
+        >>> sorted(set(zip(info.ids.tolist(), info.probabilities.tolist())))
+        [(1, 0.25), (2, 0.75)]
     """
 
     name = "per"
@@ -758,13 +776,13 @@ class PERSampler:
         self.initial_priority = _nonnegative("initial_priority", initial_priority)
         self.eps = _nonnegative("eps", eps)
 
-    def prepare(self, buffer: ReplayBuffer) -> None:
+    def prepare(self, buffer: BufferView) -> None:
         """Turn PER on for the buffer (or check its settings), giving the items present
         their initial priority a slice at a time (see lua/enable_per.lua)."""
         _forget_replica(buffer, "per")
         turn_per_on(buffer, self.alpha, self.eps, self.initial_priority)
 
-    def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
+    def draw(self, buffer: BufferView, n: int, rng: np.random.Generator) -> Draw:
         try:
             drawn = _replica_draw(buffer, "per", n, rng, True)
         except PrioritizedSamplingOffError:
@@ -781,4 +799,6 @@ class PERSampler:
         return draw
 
 
-__all__ = ["Draw", "PERSampler", "PrioritizedSampler", "Sampler", "UniformSampler"]
+__all__ = [
+    "BufferView", "Draw", "PERSampler", "PrioritizedSampler", "Sampler", "UniformSampler",
+]

@@ -16,19 +16,19 @@ from ..store import bounds
 from .samplers import Draw, _draw_then_fetch
 
 if TYPE_CHECKING:
-    from ..buffers.replay import ReplayBuffer
+    from .base import BufferView
 
 _SCORES = ("log_reward", "priority")
 # a heap built, then reset by another process (PER turned off and on) before the draw
 _HEAP_ATTEMPTS = 3
 
 
-def build_heap(buffer: ReplayBuffer) -> int:
+def build_heap(buffer: BufferView) -> int:
     """Build the buffer's priority heap (the ``perheap`` zset the selectors by PER
     priority read) in bounded slices (lua/heap_build.lua): no command holds the server
     long, and changes made meanwhile are kept. Returns the number of calls it took."""
     calls = 1
-    while not int(buffer._run("heap_build", buffer.keys.all_keys(), [])):
+    while not int(buffer.run("heap_build", buffer.keys.all_keys(), [])):
         calls += 1
     return calls
 
@@ -38,10 +38,10 @@ class _Selector:
     _order = ""
     by = "log_reward"
 
-    def prepare(self, buffer: ReplayBuffer) -> None:
+    def prepare(self, buffer: BufferView) -> None:
         return None
 
-    def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
+    def draw(self, buffer: BufferView, n: int, rng: np.random.Generator) -> Draw:
         """The first ``n`` items of the order (repeating it when ``n`` exceeds the
         length), read by one command: ``n`` above
         :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` raises
@@ -71,13 +71,31 @@ class _Selector:
 
 
 class FifoSampler(_Selector):
-    """The oldest items first (insertion order)."""
+    """The oldest items first (insertion order).
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import FifoSampler, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=FifoSampler())
+        >>> _ = buffer.add({"obs": np.arange(4.0), "log_rewards": np.zeros(4)})
+        >>> buffer.sample(2)["obs"].tolist()
+        [0.0, 1.0]
+    """
 
     name, _order = "fifo", "fifo"
 
 
 class LifoSampler(_Selector):
-    """The newest items first."""
+    """The newest items first.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import LifoSampler, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=LifoSampler())
+        >>> _ = buffer.add({"obs": np.arange(4.0), "log_rewards": np.zeros(4)})
+        >>> buffer.sample(2)["obs"].tolist()
+        [3.0, 2.0]
+    """
 
     name, _order = "lifo", "lifo"
 
@@ -92,14 +110,44 @@ class _Heap(_Selector):
 class MaxHeapSampler(_Heap):
     """The highest-scored items first, the oldest first among equals. ``by="log_reward"``
     ranks by log-reward; ``by="priority"`` by PER priority (a buffer using
-    :class:`~redisbuf.sampling.samplers.PERSampler` in some process)."""
+    :class:`~redisbuf.sampling.samplers.PERSampler` in some process).
+
+    Args:
+        by: ``"log_reward"`` or ``"priority"``.
+
+    Raises:
+        ValueError: another ``by``.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import MaxHeapSampler, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=MaxHeapSampler())
+        >>> _ = buffer.add({"obs": np.arange(4.0), "log_rewards": np.array([0.0, 3.0, 1.0, 2.0])})
+        >>> buffer.sample(2)["obs"].tolist()
+        [1.0, 3.0]
+    """
 
     name, _order = "max_heap", "max"
 
 
 class MinHeapSampler(_Heap):
     """The lowest-scored items first, the oldest first among equals; ``by`` as for
-    :class:`MaxHeapSampler`."""
+    :class:`MaxHeapSampler`.
+
+    Args:
+        by: ``"log_reward"`` or ``"priority"``.
+
+    Raises:
+        ValueError: another ``by``.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import MinHeapSampler, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=MinHeapSampler())
+        >>> _ = buffer.add({"obs": np.arange(4.0), "log_rewards": np.array([0.0, 3.0, 1.0, 2.0])})
+        >>> buffer.sample(2)["obs"].tolist()
+        [0.0, 2.0]
+    """
 
     name, _order = "min_heap", "min"
 

@@ -15,7 +15,7 @@ from ..store import bounds
 from .samplers import _IDLE_ROUNDS, Draw, _draw_then_fetch, _joined, packed_uniforms
 
 if TYPE_CHECKING:
-    from ..buffers.replay import ReplayBuffer
+    from .base import BufferView
 
 
 def _slice_part(value: Any, what: str) -> str:
@@ -47,10 +47,10 @@ class WindowSampler:
         self.window = window
         self.replacement = replacement
 
-    def prepare(self, buffer: ReplayBuffer) -> None:
+    def prepare(self, buffer: BufferView) -> None:
         return None
 
-    def draw(self, buffer: ReplayBuffer, n: int, rng: np.random.Generator) -> Draw:
+    def draw(self, buffer: BufferView, n: int, rng: np.random.Generator) -> Draw:
         """Draw ``n`` items. Above :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`,
         draws with replacement (or of more items than the window holds) are made as
         several independent commands (the same law); without replacement, as several
@@ -80,7 +80,7 @@ class WindowSampler:
 
 
     def _draw_chunked(
-        self, buffer: ReplayBuffer, n: int, rng: np.random.Generator, size: int
+        self, buffer: BufferView, n: int, rng: np.random.Generator, size: int
     ) -> Draw:
         """``n`` distinct items of the window, in commands of at most the bound
         (lua/sample_window.lua's chunk mode): each command resolves the window as it is
@@ -93,7 +93,7 @@ class WindowSampler:
         limit = bounds.MAX_ITEMS_PER_COMMAND
         drawn_key = buffer.keys.drawing(os.urandom(8).hex())
         keys = [*buffer.keys.all_keys(), drawn_key]
-        inline = bool(getattr(buffer, "fetch_inline", False))
+        inline = buffer.fetch_inline
         ids: list[int] = []
         blobs: list[bytes] = []
         have: set[int] = set()
@@ -106,7 +106,7 @@ class WindowSampler:
                 want = min(n - len(ids), limit)
                 free = max(size - len(have), 1)
                 count = min(limit, int(want * size / free * 1.2) + 16)
-                reply = buffer._run(
+                reply = buffer.run(
                     "sample_window", keys,
                     [want, 0, *self._bounds, int(inline), packed_uniforms(rng, count),
                      "exclude"])
@@ -120,7 +120,7 @@ class WindowSampler:
                     got = buffer.client.hmget(buffer.keys.items, members)
                     gone = [m for m, blob in zip(members, got, strict=True) if blob is None]
                     if gone:  # evicted before the HMGET: not drawn
-                        buffer._run("undo_draws", buffer.keys.all_keys(), gone)
+                        buffer.run("undo_draws", buffer.keys.all_keys(), gone)
                 else:
                     got = []
                 kept = 0
@@ -141,7 +141,7 @@ class WindowSampler:
         except BaseException:
             for start, stop in bounds.chunks(len(ids), limit):  # best effort: not a draw
                 try:
-                    buffer._run("undo_draws", buffer.keys.all_keys(),
+                    buffer.run("undo_draws", buffer.keys.all_keys(),
                                 [b"%012d" % i for i in ids[start:stop]])
                 except Exception:
                     break

@@ -49,6 +49,24 @@ class LocalCluster:
 
     ``urls`` are the nodes' ``redis://`` URLs; :meth:`stop_master` stops one of them (its
     slots stay unserved) to try failures.
+
+    Args:
+        masters: the number of masters (>= 1).
+        node_timeout_ms: the nodes' ``cluster-node-timeout``.
+        startup_timeout: seconds :meth:`start` waits for ``cluster_state:ok``.
+
+    Raises:
+        ValueError: ``masters < 1``.
+
+    Examples:
+        Skipped by the doctest run, which starts no process (tests/test_cluster.py does):
+
+        >>> import redis.cluster
+        >>> from redisbuf import LocalCluster
+        >>> with LocalCluster(masters=3) as cluster:  # doctest: +SKIP
+        ...     client = redis.cluster.RedisCluster.from_url(cluster.urls[0])
+        ...     len(client.get_primaries())
+        3
     """
 
     def __init__(
@@ -63,15 +81,26 @@ class LocalCluster:
 
     @property
     def urls(self) -> list[str]:
+        """The masters' ``redis://127.0.0.1:PORT`` URLs, in start order."""
         return [f"redis://127.0.0.1:{server.port}" for server in self.servers]
 
     @property
     def ports(self) -> list[int]:
+        """The masters' ports, in start order."""
         return [server.port for server in self.servers]
 
     def start(self) -> LocalCluster:
         """Start the masters, assign the slots, and wait for ``cluster_state:ok`` on every
-        node (and for every node to know every other's slots)."""
+        node (and for every node to know every other's slots).
+
+        Returns:
+            This cluster.
+
+        Raises:
+            ServerUnavailableError: a master did not start, or the cluster did not reach
+                ``cluster_state:ok`` within ``startup_timeout`` seconds (every master is
+                stopped then).
+        """
         try:
             for _ in range(self.masters):
                 server = EmbeddedServer(
@@ -124,7 +153,11 @@ class LocalCluster:
             time.sleep(0.05)
 
     def stop_master(self, index: int) -> None:
-        """Stop master ``index`` (its slots stay unserved; the others keep theirs)."""
+        """Stop master ``index`` (its slots stay unserved; the others keep theirs).
+
+        Args:
+            index: the master's index in :attr:`servers`.
+        """
         self.servers[index].stop()
 
     def stop(self) -> None:

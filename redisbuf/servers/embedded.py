@@ -84,6 +84,28 @@ class EmbeddedServer:
 
     ``extra_args`` are passed on the server's command line (e.g. ``["--appendonly",
     "yes"]``).
+
+    Args:
+        port: the loopback port (``None``: a free one).
+        binary: the server binary (``None``: ``$REDISBUF_SERVER_BIN``, ``redis-server`` on
+            PATH, or the bundled one).
+        extra_args: as above.
+        startup_timeout: seconds :meth:`start` waits for the server to answer.
+
+    Raises:
+        FileNotFoundError: no server binary (``binary`` not given).
+
+    Examples:
+        >>> from redisbuf import EmbeddedServer
+        >>> EmbeddedServer(port=6400).url  # not started yet
+        'redis://127.0.0.1:6400/0'
+
+        Skipped by the doctest run, which starts no process (tests/test_server.py does):
+
+        >>> import redis
+        >>> with EmbeddedServer() as server:  # doctest: +SKIP
+        ...     redis.Redis.from_url(server.url).ping()
+        True
     """
 
     def __init__(
@@ -104,6 +126,7 @@ class EmbeddedServer:
 
     @property
     def url(self) -> str:
+        """``redis://127.0.0.1:PORT/0``."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     @property
@@ -117,6 +140,13 @@ class EmbeddedServer:
         The server runs under a small watchdog process (:mod:`redisbuf.servers._watchdog`) that
         stops it and removes its directory when this process closes the pipe to it or
         dies, even by SIGKILL: the server never outlives the process that started it.
+
+        Returns:
+            This server.
+
+        Raises:
+            ServerUnavailableError: the server exited at start, or did not answer within
+                ``startup_timeout`` seconds.
         """
         if self.process is not None:
             return self
@@ -265,6 +295,13 @@ def default_url() -> str:
     spawned or forked, join it instead of starting their own), says so in one line on
     stderr, and stops it when this process exits. ``$REDISBUF_EMBEDDED=0`` turns this off:
     a missing URL then raises :class:`ServerUnavailableError`.
+
+    Returns:
+        A Redis URL.
+
+    Raises:
+        ServerUnavailableError: no URL and no private server could be started (or
+            ``$REDISBUF_EMBEDDED=0``).
     """
     global _default
     url = os.environ.get(URL_ENV)

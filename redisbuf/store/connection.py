@@ -197,6 +197,28 @@ def connect(
 
     Raises :class:`ServerUnavailableError` naming the URL when the server cannot be
     reached within ``connect_timeout`` seconds.
+
+    Args:
+        url: a ``redis://``, ``rediss://``, ``redis+cluster://`` or
+            ``rediss+cluster://`` URL, or ``None``.
+        connect_timeout: seconds to wait for the connection and the PING.
+        socket_timeout: seconds to wait for any later reply (``None``: no limit).
+
+    Returns:
+        A ``redis.Redis`` or ``redis.cluster.RedisCluster`` client
+        (``decode_responses=False``).
+
+    Raises:
+        ServerUnavailableError: the server cannot be reached, the URL is invalid, or the
+            server does not speak the Redis protocol.
+
+    Examples:
+        >>> from redisbuf import ServerUnavailableError, connect
+        >>> try:
+        ...     connect("redis://127.0.0.1:1", connect_timeout=0.5)  # nothing listens there
+        ... except ServerUnavailableError as error:
+        ...     print(str(error)[:40])
+        cannot reach Redis at redis://127.0.0.1:
     """
     url = url or default_url()
     given = url

@@ -288,7 +288,21 @@ class _RowKind(ContainerKind):
 @dataclass
 class States:
     """Terminating states: ``states`` (B, *state_shape), optional ``log_rewards`` (B,)
-    and ``conditions`` (B, *condition_shape)."""
+    and ``conditions`` (B, *condition_shape).
+
+    Attributes:
+        states: the states, one row per item.
+        log_rewards: one log-reward per item, or ``None``.
+        conditions: one condition per item, or ``None``.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ReplayBuffer, States
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+        >>> _ = buffer.add(States(np.array([[1.0, 2.0], [3.0, 4.0]]), np.zeros(2)))
+        >>> buffer.get([2])
+        States(states=array([[3., 4.]]), log_rewards=array([0.]), conditions=None)
+    """
 
     states: Array
     log_rewards: Array | None = None
@@ -300,7 +314,26 @@ class States:
 
 @dataclass
 class Transitions:
-    """One row per transition ``states -> next_states`` via ``actions``."""
+    """One row per transition ``states -> next_states`` via ``actions``.
+
+    Attributes:
+        states: the states the transitions leave (B, *state_shape).
+        next_states: the states they reach (B, *state_shape).
+        actions: the actions taken (B, *action_shape).
+        is_terminating: whether each next state is the sink (B,).
+        log_rewards: one log-reward per transition, or ``None``.
+        log_probs: one log-probability per transition, or ``None``.
+        conditions: one condition per transition, or ``None``.
+
+    Examples:
+        >>> import numpy as np
+        >>> from redisbuf import Transitions
+        >>> batch = Transitions(states=np.array([[0.0], [1.0]]),
+        ...                     next_states=np.array([[1.0], [-1.0]]), actions=np.array([0, 1]),
+        ...                     is_terminating=np.array([False, True]))
+        >>> len(batch), batch.terminating_states.tolist()
+        (2, [[1.0]])
+    """
 
     states: Array
     next_states: Array
@@ -329,6 +362,28 @@ class Trajectories:
     ``terminating_idx`` (B,): trajectory ``b`` took ``L = terminating_idx[b]`` actions,
     its states are ``states[:L+1, b]`` and its actions ``actions[:L, b]``; the rest is
     padding (``states_pad_value`` / ``actions_pad_value`` / 0 for ``log_probs``).
+
+    Attributes:
+        states: as above.
+        actions: as above.
+        terminating_idx: as above.
+        log_rewards: one log-reward per trajectory (B,), or ``None``.
+        log_probs: per-action log-probabilities (T, B), or ``None``.
+        conditions: one condition per trajectory, or ``None``.
+        states_pad_value: the value of padded states.
+        actions_pad_value: the value of padded actions.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import ReplayBuffer, Trajectories
+        >>> batch = Trajectories(  # trajectory 0 took 1 action, trajectory 1 took 2
+        ...     states=np.arange(6.0).reshape(3, 2, 1), actions=np.array([[0, 1], [-1, 0]]),
+        ...     terminating_idx=np.array([1, 2]), log_rewards=np.array([0.0, 1.0]))
+        >>> len(batch), batch.max_length, batch.terminating_states.ravel().tolist()
+        (2, 2, [0.0, 3.0])
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
+        >>> buffer.add(batch).ids.tolist(), buffer.get([2]).terminating_idx.tolist()
+        ([1, 2], [2])
     """
 
     states: Array
@@ -345,6 +400,7 @@ class Trajectories:
 
     @property
     def max_length(self) -> int:
+        """``T``, the number of action steps (``actions.shape[0]``)."""
         return int(self.actions.shape[0])
 
     @property

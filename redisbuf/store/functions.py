@@ -117,7 +117,7 @@ def library_source() -> str:
     """The library's Lua source (``#!lua name=redisbuf``), built from lua/: the public
     functions (docs/wire-format.md) and, for the Python client (scripts.command), every
     script's plain, read-only and remembering variants under ``Script.function``."""
-    from ..buffers.opening import DEFAULT_RETRY_WINDOW
+    from .keys import DEFAULT_RETRY_WINDOW
 
     names = script_names()
     unclassified = [n for n in names if n not in GRANTS and n not in scripts.READS]

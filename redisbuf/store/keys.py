@@ -47,6 +47,9 @@ PREFIX = "rb"
 # (redisbuf/buffers/episodes.py, sequence.py, fragments.py), which ReplayBuffer.drop leaves alone.
 FOREIGN = ("episodes:", "seq:", "fragments:")
 ID_WIDTH = 12
+#: Seconds a buffer remembers an add's batch id by default (``retry_window``), so that a
+#: retried add is not inserted twice (see Script.__call__): far longer than any retry takes.
+DEFAULT_RETRY_WINDOW = 600.0
 # fullmatch: "$" alone would also accept a name ending in a newline
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 
@@ -101,7 +104,20 @@ def keeps_rewards(client: Any, keys: BufferKeys) -> bool:
 
 @dataclass(frozen=True)
 class BufferKeys:
-    """The key names of the buffer called ``name``."""
+    """The key names of the buffer called ``name``.
+
+    Args:
+        name: the buffer's name.
+
+    Raises:
+        ValueError: an invalid buffer name.
+
+    Examples:
+        >>> from redisbuf import BufferKeys
+        >>> keys = BufferKeys("demo")
+        >>> keys.meta, keys.items
+        ('rb:{demo}:meta', 'rb:{demo}:items')
+    """
 
     name: str
 
@@ -174,7 +190,14 @@ class BufferKeys:
         return self._key("snap")
 
     def snap_staging(self, token: str) -> str:
-        """Where a snapshot is written before it replaces :attr:`snap`."""
+        """Where a snapshot is written before it replaces :attr:`snap`.
+
+        Args:
+            token: the writer's token.
+
+        Returns:
+            The key name.
+        """
         return self._key(f"snap:staging:{token}")
 
     @property
@@ -193,11 +216,22 @@ class BufferKeys:
 
     def drawing(self, token: str) -> str:
         """The set of ids one large uniform draw has returned so far (its chunks exclude
-        them; see UniformSampler): it expires 60 s after the draw's last chunk."""
+        them; see UniformSampler): it expires 60 s after the draw's last chunk.
+
+        Args:
+            token: the draw's token.
+
+        Returns:
+            The key name.
+        """
         return self._key(f"drawing:{token}")
 
     def data_keys(self) -> list[str]:
-        """Keys holding items and sampling structures (everything but meta)."""
+        """Keys holding items and sampling structures (everything but meta).
+
+        Returns:
+            The key names, in the order the scripts take them after meta.
+        """
         return [
             self.items,
             self.prio,
@@ -214,6 +248,11 @@ class BufferKeys:
         ]
 
     def all_keys(self) -> list[str]:
+        """Every key the buffer's scripts take, in their order.
+
+        Returns:
+            ``[meta, *data_keys()]``.
+        """
         return [self.meta, *self.data_keys()]
 
     @property
@@ -223,12 +262,34 @@ class BufferKeys:
 
     def owns(self, key: str) -> bool:
         """Whether ``key`` (under :attr:`pattern`) belongs to this buffer: not to another
-        structure of the same name, nor to the sharded buffer whose layout it would be."""
+        structure of the same name, nor to the sharded buffer whose layout it would be.
+
+        Args:
+            key: a key name under :attr:`pattern`.
+
+        Returns:
+            Whether the buffer owns it.
+
+        Examples:
+            >>> from redisbuf import BufferKeys
+            >>> keys = BufferKeys("demo")
+            >>> keys.owns("rb:{demo}:items"), keys.owns("rb:{demo}:shards")
+            (True, False)
+        """
         suffix = key[len(self._key("")) :]
         return not suffix.startswith(FOREIGN) and suffix != "shards"
 
     def describe(self) -> dict[str, str]:
-        """Key name -> what it holds, for people reading the buffer with redis-cli."""
+        """Key name -> what it holds, for people reading the buffer with redis-cli.
+
+        Returns:
+            A dict from key name to a description.
+
+        Examples:
+            >>> from redisbuf import BufferKeys
+            >>> BufferKeys("demo").describe()["rb:{demo}:items"]
+            'hash: item id -> msgpack blob'
+        """
         return {
             self.meta: "hash: configuration, schema, counters",
             self.items: "hash: item id -> msgpack blob",

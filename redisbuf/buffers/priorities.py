@@ -1,0 +1,115 @@
+"""PER priorities of :class:`~redisbuf.buffers.replay.ReplayBuffer`: ``update_priority``
+(checked, sliced into bounded commands, and applied to this process's replica at once
+when nothing else changed the buffer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import (
+    InvalidBatchError,
+    PerBusyError,
+)
+from ..sampling.samplers import (
+    finish_turning_per_on,
+)
+from ..store import bounds
+from ..store.keys import (
+    pack_ids,
+)
+
+
+class Prioritizing:
+    """A mixin of :class:`~redisbuf.buffers.replay.ReplayBuffer`: the buffer provides
+    ``client``, ``keys``, ``_run`` and its replicas."""
+
+    def update_priority(self, ids: Any, priorities: Any) -> int:
+        """Set the PER priorities of items ``ids`` (:class:`PERSampler`), atomically for
+        the whole call when it names at most
+        :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` ids (a larger call is one
+        atomic command per slice of that many, in order). Ids no longer stored (evicted)
+        are skipped; for a repeated id the last priority wins (across slices too, as they
+        apply in order). Returns how many distinct ids were updated. A priority that is
+        NaN, negative or not finite raises :class:`InvalidBatchError` and changes nothing.
+        The server's work is constant per id whatever the buffer's size (one HMGET and
+        one HSET of the ``per`` hash, one log entry); samplers re-weigh the items in their
+        replicas when they next draw (this process's replica at once, when nothing else
+        changed the buffer since it was current).
+
+        Args:
+            ids: the items' ids.
+            priorities: one priority per id, finite and >= 0.
+
+        Returns:
+            How many distinct ids were updated.
+
+        Raises:
+            InvalidBatchError: a priority is NaN, negative or not finite, or the lengths
+                differ.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import PERSampler, ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=PERSampler())
+            >>> ids = buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)}).ids
+            >>> buffer.update_priority(ids, [0.5, 2.0, 2.0])
+            3
+        """
+        id_list = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
+        texts = _per_priority_texts(priorities, len(id_list))
+        if not id_list:
+            return 0
+        if len(id_list) > bounds.MAX_ITEMS_PER_COMMAND:  # one command per slice
+            return sum(self.update_priority(id_list[start:stop], texts[start:stop])
+                       for start, stop in bounds.chunks(len(id_list)))
+        packed, width = pack_ids(np.array(id_list, dtype=np.int64))
+        args: list[Any] = [packed, width, ",".join(texts)]
+        try:
+            reply = self._run("update_priority", self.keys.all_keys(), args)
+        except PerBusyError:
+            finish_turning_per_on(self.view)  # another process began turning PER on
+            reply = self._run("update_priority", self.keys.all_keys(), args)
+        updated, epoch, before, after, stamp_before, stamp_after = reply
+        replica = self.view.replicas.get("per")
+        if replica is not None:
+            with replica.lock:
+                if (
+                    replica.epoch == _text(epoch)
+                    and replica.version == int(before)
+                    and replica.stamp == _text(stamp_before)
+                    and int(after) == int(before) + 1
+                ):
+                    # this call's entry is the only change since the replica's version
+                    id_array = np.array(id_list, dtype=np.int64)
+                    values = np.array(texts, dtype=np.float64)
+                    last = len(id_array) - 1 - np.unique(id_array[::-1], return_index=True)[1]
+                    id_array, values = id_array[last], values[last]
+                    held = replica.slots_of(id_array) >= 0
+                    replica.set_scores(id_array[held], values[held])
+                    replica.version = int(after)
+                    replica.stamp = _text(stamp_after)
+        return int(updated)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _per_priority_texts(priorities: Any, n: int) -> list[str]:
+    """PER priorities as exact text, after checking there are ``n`` finite numbers >= 0."""
+    try:
+        values = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise InvalidBatchError(f"priorities must be numbers: {exc}") from None
+    if len(values) != n:
+        raise InvalidBatchError(f"{len(values)} priorities for {n} items")
+    bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
+    if len(bad):
+        raise InvalidBatchError(
+            f"priority {bad[0]} is {values[bad[0]]!r}; priorities must be finite and >= 0"
+        )
+    return list(map(repr, values.tolist()))
+
+
