@@ -316,7 +316,8 @@ class Script:
                 return self._eval_then(client, keys, args, then)
             return self._eval(client, keys, args)
         except _REFUSED_WRITES as refused:
-            if self.read_only is self:
+            # a remembering call exists to write (its reply, once): nothing to fall back to
+            if self.read_only is self or self.variant == "once":
                 raise
             try:
                 return self.read_only._eval(client, keys, args)
