@@ -23,7 +23,6 @@ from collections.abc import Callable
 from urllib.parse import urlparse
 
 import torch
-from redisbuf.torchrl import RedisbufStorage
 from rich.console import Console
 from rich.table import Table
 from tensordict import TensorDict
@@ -31,6 +30,7 @@ from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers import StoreStorage
 
 from redisbuf.servers.embedded import EmbeddedServer
+from redisbuf.torchrl import RedisbufStorage
 
 BATCH = 256
 PRE = 8

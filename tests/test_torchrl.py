@@ -11,12 +11,6 @@ import pytest
 pytest.importorskip("torchrl", reason="torchrl is not importable (pip install 'redisbuf[torchrl]')")
 
 import torch  # noqa: E402
-from redisbuf.torchrl import (  # noqa: E402
-    RedisbufPrioritizedSampler,
-    RedisbufStorage,
-    RedisbufWriter,
-    TensorDictPrioritizedReplayBuffer,
-)
 from tensordict import TensorDict  # noqa: E402
 from torchrl.data import (  # noqa: E402
     RandomSampler,
@@ -27,6 +21,12 @@ from torchrl.data import (  # noqa: E402
 )
 
 from redisbuf import InvalidBatchError  # noqa: E402
+from redisbuf.torchrl import (  # noqa: E402
+    RedisbufPrioritizedSampler,
+    RedisbufStorage,
+    RedisbufWriter,
+    TensorDictPrioritizedReplayBuffer,
+)
 
 
 def frames(n: int, start: int = 0) -> TensorDict:

@@ -14,8 +14,9 @@ def shared_buffer_worker(url: str, name: str, src: int, n_items: int, barrier: A
     id's priority to 1e6; ``("count", id)`` reports how often 256 draws hit that id."""
     try:
         import torch
-        from redisbuf.torchrl import RedisbufStorage, TensorDictPrioritizedReplayBuffer
         from tensordict import TensorDict
+
+        from redisbuf.torchrl import RedisbufStorage, TensorDictPrioritizedReplayBuffer
 
         rb = TensorDictPrioritizedReplayBuffer(
             alpha=0.7, beta=0.5, storage=RedisbufStorage(url, name, 1000, seed=src),
