@@ -5,8 +5,8 @@
 -- @include masslog
 
 -- Data lifetime (redisbuf/sampling/lifetime.py). Per item: uses (times sampled, absent = 0),
--- times (insertion time, unix seconds), versions (model version, only for items added
--- with one). Meta: max_use, max_staleness, cur_session, cur_version (configuration and
+-- versions (model version, only for items added with one); per add: times (its insertion
+-- time, unix seconds, scored by its first id). Meta: max_use, max_staleness, cur_session, cur_version (configuration and
 -- current state) and the counters below, so stats() needs no scan:
 --   present_uses / removed_uses / removed_items: uses of items present / removed, items
 --   removed (evicted, used up, stale); retired: items removed by max_use;
@@ -74,9 +74,9 @@ end
 
 -- Keep the per_heap zset (PER priorities in order, for heap selectors) in step with the
 -- per hash: pairs {id, priority text, ...} set, or ids removed. Only once a heap selector
--- by priority asked for it (meta per_heap = 1, lua/sample_select.lua): other buffers pay
--- no O(log n) per change.
--- (per_heap = b while lua/heap_build.lua builds it: changes are kept from its start).
+-- by priority asked for it (lua/heap_build.lua: meta per_heap = b while it builds the
+-- heap, changes kept from its start; 1 once built): other buffers pay no O(log n) per
+-- change.
 local function heap_kept(K)
   local state = redis.call('HGET', K.meta, 'per_heap')
   return state == '1' or state == 'b'
@@ -174,7 +174,8 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
   -- One insertion-time entry per add, not per item (an add's items share its time and
   -- hold contiguous ids): member "<first id>|<unix time>", scored by the first id.
   local now = redis.call('TIME')
-  redis.call('ZADD', K.times, first, ids[1] .. '|' .. now[1] .. '.' .. string.format('%06d', now[2]))
+  redis.call('ZADD', K.times, first,
+    ids[1] .. '|' .. now[1] .. '.' .. string.format('%06d', now[2]))
   if options and options.model_version ~= nil then
     local version_pairs = {}
     for i = 1, #ids do

@@ -448,8 +448,10 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
             return
         # the shards' own running maxima (an id skipped as evicted raised none)
         replies = self._per_shard(lambda pipe, shard: pipe.hget(shard.keys.meta, "per_max"))
-        maxima = [float(r) if r is not None and not isinstance(r, Exception) else -math.inf
-                  for r in replies]
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        maxima = [-math.inf if r is None else float(r) for r in replies]
         top = max(maxima)
         for k, shard in enumerate(self.shards):
             if maxima[k] < top:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .base import BufferView
 
 _SCORES = ("log_reward", "priority")
-# a heap built, then reset by another process (PER turned off and on) before the draw
+# a heap built, then reset by another process's load (lua/restore.lua) before the draw
 _HEAP_ATTEMPTS = 3
 
 
@@ -55,19 +55,17 @@ class _Selector:
         def parse(reply: list[Any], n: int) -> tuple[list[bytes], None, int]:
             return reply[:n], None, n
 
+        def select() -> Draw:
+            return _draw_then_fetch(buffer, "sample_select", buffer.keys.all_keys(),
+                                    [n, self._order, self.by], n, b"", parse)
+
         for _ in range(_HEAP_ATTEMPTS):
             try:
-                return _draw_then_fetch(
-                    buffer, "sample_select", buffer.keys.all_keys(),
-                    [n, self._order, self.by], n, b"", parse,
-                )
+                return select()
             except HeapNotBuiltError:
-                # by PER priority, the first time (or after PER was turned on again)
+                # by PER priority, the first time (or after a load reset the heap)
                 build_heap(buffer)
-        return _draw_then_fetch(
-            buffer, "sample_select", buffer.keys.all_keys(), [n, self._order, self.by], n, b"",
-            parse,
-        )
+        return select()
 
 
 class FifoSampler(_Selector):
