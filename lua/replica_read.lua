@@ -1,36 +1,45 @@
--- One slice of a replica's first read of a buffer's scores (redisbuf/sampling/replica.py,
--- MassReplica.load): a SCAN step over the per hash (PER) or the prio zset (softmax),
--- packed into two texts, so a replica of millions of items reads in a few dozen calls of
--- bounded cost and parses with numpy. Keeps the log's entries after the pinned version
--- for the next ARGV[3] milliseconds (masslog_pin): the replica applies them afterwards,
--- however fast the writers are meanwhile.
+-- How a replica's first read of a buffer's scores goes (redisbuf/sampling/replica.py,
+-- MassReplica.load), when it has no snapshot to read: the replica then reads the scores
+-- itself with native commands of bounded cost (HMGET of a slice of ids, or a SCAN step),
+-- not through a script, so the server does no per-item Lua work and the replies come
+-- straight to numpy. Keeps the log's entries after the pinned version for the next
+-- ARGV[1] milliseconds (masslog_pin): the replica applies them afterwards, however fast
+-- the writers are meanwhile. The replica calls this again to renew the pin while it reads.
 -- @include common
 -- @include masslog
 -- @keys 13
 -- @retry never
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
--- ARGV[1] the SCAN cursor ("0" to start)  ARGV[2] COUNT  ARGV[3] pin milliseconds
--- ARGV[4] the version pinned (the log_version read before the first slice)
--- Returns {next cursor, ids (comma-separated), scores (comma-separated)}; the read is done
--- when the cursor is "0". An item may come twice, and one added or removed meanwhile may
--- or may not come: the entries after the pinned version set it right. Read-only but for
--- the pin. Errors: RB_NOLOG (prioritized sampling is off).
+-- ARGV[1] pin milliseconds  ARGV[2] the version pinned (the log_version read before)
+-- Returns {how, key, first, last}:
+--   {'ids', per, first, last}: PER, ids dense enough to ask for: HMGET key for every id
+--     first .. last (the oldest item present and the last id given; "%012d"; nil for an
+--     id not present), each value a priority
+--   {'hash', per}: PER, HSCAN the key (field: the id, value: its priority)
+--   {'zset', prio}: softmax, ZSCAN the key (member: the id, score: its log-reward)
+--   {'zero', order}: softmax with no log-rewards stored, ZSCAN the key for the ids (every
+--     log-reward is 0)
+-- Every item present from the pinned version to the end of the read comes (a SCAN may
+-- return one twice); one added, changed or removed meanwhile may come either way: the
+-- entries after the pinned version set it right. Read-only but for the pin.
+-- Errors: RB_NOLOG (prioritized sampling is off).
 local K = buffer_keys(KEYS)
 if not masslog_on(K) then return fail('RB_NOLOG', 'prioritized sampling is not enabled') end
-masslog_pin(K, tonumber(ARGV[4]), tonumber(ARGV[3]))
-local ids, scores = {}, {}
-local reply
+masslog_pin(K, tonumber(ARGV[2]), tonumber(ARGV[1]))
 if redis.call('HGET', K.meta, 'mass') == 'per' then
-  reply = redis.call('HSCAN', K.per, ARGV[1], 'COUNT', ARGV[2])
+  local count = redis.call('HLEN', K.per)
+  local oldest = redis.call('ZRANGE', K.order, 0, 0)[1]
+  local last = tonumber(redis.call('HGET', K.meta, 'last_id'))
+  if oldest and last and last < 1e12 then
+    local first = tonumber(oldest)
+    -- HMGET costs the server about as much per id asked as a SCAN step per item
+    -- returned, and less: ask by id unless holes (evicted, removed) are over a fifth
+    if last - first + 1 <= count * 1.25 + 1000 then
+      return {'ids', K.per, first, last}
+    end
+  end
+  return {'hash', K.per}
 elseif rewards_kept(K) then
-  reply = redis.call('ZSCAN', K.prio, ARGV[1], 'COUNT', ARGV[2])
-else  -- no log-rewards stored: every item's is 0
-  reply = redis.call('ZSCAN', K.order, ARGV[1], 'COUNT', ARGV[2])
-  for i = 2, #reply[2], 2 do reply[2][i] = '0' end
+  return {'zset', K.prio}
 end
-local flat = reply[2]
-for i = 1, #flat, 2 do
-  ids[#ids + 1] = flat[i]
-  scores[#scores + 1] = flat[i + 1]
-end
-return {reply[1], table.concat(ids, ','), table.concat(scores, ',')}
+return {'zero', K.order}

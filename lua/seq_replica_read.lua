@@ -1,8 +1,10 @@
--- One slice of a replica's first read of a prioritized SequenceBuffer's step priorities
--- (MassReplica.load through SequenceBuffer's priority source): a SCAN step over the prio
--- hash (slot -> priority), packed into two texts. lua/replica_read.lua's counterpart for
--- the sequence buffer's keys; it keeps the log's entries after the pinned version for the
--- next ARGV[3] milliseconds (masslog_pin), which the replica applies afterwards.
+-- How a replica's first read of a prioritized SequenceBuffer's step priorities goes
+-- (MassReplica.load through SequenceBuffer's priority source), when it has no snapshot to
+-- read: lua/replica_read.lua's counterpart for the sequence buffer's keys. The replica
+-- then reads the prio hash (slot -> priority) itself with native HSCAN steps of bounded
+-- cost. Keeps the log's entries after the pinned version for the next ARGV[1]
+-- milliseconds (masslog_pin), which the replica applies afterwards; the replica calls
+-- this again to renew the pin while it reads.
 -- @include common
 -- @include masslog
 -- @include seq
@@ -10,21 +12,14 @@
 -- @retry never
 -- KEYS[1] meta  KEYS[2..10] steps, envs, episodes, begins, rewards, returns, prio,
 -- masslog, snap
--- ARGV[1] the SCAN cursor ("0" to start)  ARGV[2] COUNT  ARGV[3] pin milliseconds
--- ARGV[4] the version pinned (the log_version read before the first slice)
--- Returns {next cursor, slots (comma-separated), priorities (comma-separated)}; the read
--- is done when the cursor is "0". A slot may come twice, and one changed meanwhile may
--- come with either priority: the entries after the pinned version set it right.
--- Read-only but for the pin. Errors: RB_NOLOG (the buffer is not prioritized).
+-- ARGV[1] pin milliseconds  ARGV[2] the version pinned (the log_version read before)
+-- Returns {'hash', the prio hash's key}: HSCAN it (field: the slot, value: its priority).
+-- A slot may come twice, and one changed meanwhile may come with either priority: the
+-- entries after the pinned version set it right. Read-only but for the pin.
+-- Errors: RB_NOLOG (the buffer is not prioritized).
 local K = seq_keys(KEYS)
 if not masslog_on(K) then
   return fail('RB_NOLOG', 'sequence buffer ' .. K.meta .. ' is not prioritized')
 end
-masslog_pin(K, tonumber(ARGV[4]), tonumber(ARGV[3]))
-local reply = redis.call('HSCAN', K.prio, ARGV[1], 'COUNT', ARGV[2])
-local ids, scores, flat = {}, {}, reply[2]
-for i = 1, #flat, 2 do
-  ids[#ids + 1] = flat[i]
-  scores[#scores + 1] = flat[i + 1]
-end
-return {reply[1], table.concat(ids, ','), table.concat(scores, ',')}
+masslog_pin(K, tonumber(ARGV[2]), tonumber(ARGV[1]))
+return {'hash', K.prio}
