@@ -88,7 +88,7 @@ local function masslog_append(K, ids, old, new)
   local limit = math.max(MASSLOG_MIN_IDS, math.floor((tonumber(conf[4]) or 0) / 4))
   local pin = tonumber(conf[5])
   if pin and (tonumber(conf[6]) or 0) < server_ms() then pin = nil end
-  while held > limit and length > 1 and (pin == nil or first <= pin) do
+  while held > limit and length > 1 and (pin == nil or first < pin) do
     local oldest = redis.call('LPOP', K.masslog)
     local bar = string.find(oldest, '|', 3, true)
     held = held - tonumber(string.sub(oldest, 3, bar - 1))

@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import traceback
 import uuid
+from typing import Any
 
 import numpy as np
 import pytest
@@ -358,3 +359,98 @@ def test_a_snapshot_replaced_while_read_is_read_again(client, buffer_name, monke
     assert not reader._load_snapshot(buffer.view)
     reader.load(buffer.view)  # then a scan
     assert replica_scores(reader) == {int(i): float(i - 1) for i in range(1, 11)}
+
+
+def _truth(client, name) -> dict[int, float]:
+    return {int(k): float(v) for k, v in client.hgetall(BufferKeys(name).per).items()}
+
+
+@pytest.mark.parametrize("mode", ["ids", "hash", "one_at_a_time", "longer_than_a_pin"])
+def test_a_first_read_in_slices_catches_the_writes_made_between_them(
+        client, buffer_name, monkeypatch, mode):
+    """A first read without a snapshot reads the scores in native calls (HMGET slices of
+    ids, several in flight, or SCAN steps; a cluster's client one call at a time). Another
+    client's adds (evicting items read and not yet read, and passing the log's length
+    limit), priority changes of items read and not yet read, come between two slices: the
+    replica ends holding exactly what the server holds, in one attempt (the pin kept the
+    entries after the version it began at, and is renewed when the read outlasts it)."""
+    import time
+
+    from redisbuf.sampling import replica as replica_module
+
+    monkeypatch.setattr(replica_module, "_SCAN_COUNT", 200)
+    if mode == "longer_than_a_pin":  # 15 slices of 0.25 s; a pin of 2.5 s, renewed
+        monkeypatch.setattr(replica_module, "_PIN_MS", 2500)
+    rng = np.random.default_rng(5)
+    buffer = _per_buffer(client, buffer_name, capacity=3000)
+    for _ in range(3):
+        buffer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
+    buffer.sample(4)  # prioritized sampling on (the mass log kept)
+    client.delete(BufferKeys(buffer_name).snap)
+    writer = _per_buffer(client, buffer_name, capacity=3000)
+    old = buffer.stats()["inserted"]
+    plans: list[Any] = []
+    starts: list[int] = []
+    run = buffer._run
+
+    def recording(name, keys, args, **kw):
+        reply = run(name, keys, args, **kw)
+        if name == "masslog_read" and args[3:4] == ["pin"]:
+            starts.append(int(reply[2]))
+        if name == "replica_read":
+            plans.append(reply[0])
+            if mode == "hash":
+                reply = [b"hash", reply[1]]
+        return reply
+
+    buffer._run = recording
+    if mode == "one_at_a_time":
+        monkeypatch.setattr(replica_module, "_plain_pool", lambda client: None)
+    parsed = 0
+    floats = replica_module._floats
+
+    def writing(values):
+        nonlocal parsed
+        parsed += 1
+        if parsed == 4:  # between two slices: 12,000 rows logged, past the log's limit
+            for _ in range(12):
+                writer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
+            survivors = np.arange(old + 12_000 - 3000 + 1, old + 12_000 + 1)
+            writer.update_priority(survivors[::7], np.full(len(survivors[::7]), 9.5))
+        if mode == "longer_than_a_pin":
+            time.sleep(0.25)
+        return floats(values)
+
+    monkeypatch.setattr(replica_module, "_floats", writing)
+    replica = MassReplica("per")
+    replica.load(buffer.view)
+    assert parsed > 4  # the writes came between two slices
+    assert plans[0] == b"ids"  # dense ids ("hash": the reply rewritten to a scan)
+    assert len(starts) == 1  # one attempt: the pin kept the log's entries
+    if mode == "longer_than_a_pin":
+        assert len(plans) >= 4  # renewed
+    assert replica_scores(replica) == _truth(client, buffer_name)
+    assert replica.version == int(client.hget(BufferKeys(buffer_name).meta, "log_version"))
+
+
+def test_sparse_ids_are_scanned_and_dense_ones_asked_for(client, buffer_name):
+    """lua/replica_read.lua asks for the PER priorities by id while the ids from the
+    oldest item to the last one are mostly present, and scans the hash once most are
+    holes (items removed by max_use); either read gives what the server holds."""
+    buffer = ReplayBuffer(client, buffer_name, capacity=400, sampler=PERSampler(), seed=3,
+                          max_use=1)
+    buffer.add({"x": np.arange(400)}, priorities=np.linspace(0.1, 4, 400))
+    keys = BufferKeys(buffer_name)
+
+    def plan() -> bytes:
+        return buffer._run("replica_read", keys.all_keys(), [1000, 0])[0]
+
+    buffer.sample(4)  # on, and 4 items used up
+    assert plan() == b"ids"
+    assert replica_scores(fresh_replica(client, buffer_name, "per")) == _truth(client,
+                                                                               buffer_name)
+    while len(buffer) > 200:
+        buffer.sample(50)
+    assert plan() == b"hash"  # 200 of ~400 ids held, holes everywhere: a scan
+    assert replica_scores(fresh_replica(client, buffer_name, "per")) == _truth(client,
+                                                                               buffer_name)
