@@ -5,12 +5,14 @@ Usage: python benchmarks/bench_replica.py [--url URL] [--sizes 1e5,1e6,2e6] [--w
 Without --url an embedded server is started. For each size, a PER buffer of that many
 small items (random priorities) is filled, then a fresh replica (what a new sampling
 process builds on its first prioritized draw, ``MassReplica.load``) reads it, with
-``--writers`` other processes adding meanwhile: first with no snapshot there (a scan in
-slices, after which it writes one), then again (a new process's replica: the snapshot
-and the log after it). Printed per size: each read's wall time and server calls, the
-replica's bytes per item (its arrays) and the first read's resident-memory growth per
-item, and the longest command the server ran meanwhile (SLOWLOG). Targets (issue 31):
-<= 32 B per item, <= 1 s at 2x10^6 items, no command over 100 ms.
+``--writers`` other processes adding meanwhile: first with no snapshot there (the
+priorities read in native calls of bounded cost, after which it writes one), then again
+(a new process's replica: the snapshot and the log after it). Printed per size: each
+read's wall time and the commands the server ran meanwhile (SLOWLOG; the writers' too),
+the server's CPU time during the first read (INFO cpu: commands, parsing and replies),
+the replica's bytes per item (its arrays) and the first read's resident-memory growth
+per item, and the longest command the server ran meanwhile. Targets (issue 31): <= 32 B
+per item, <= 1 s at 2x10^6 items, no command over 100 ms.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
+def _server_cpu(client: Any) -> float:
+    """Seconds of CPU the server has used (user and system, all its threads)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def measure(url: str, size: int, writers: int) -> dict[str, float]:
     name = f"bench-replica-{size}"
     buffer = ReplayBuffer(url, name, capacity=size, sampler=PERSampler(), seed=0)
@@ -58,37 +66,36 @@ def measure(url: str, size: int, writers: int) -> dict[str, float]:
         proc.start()
     time.sleep(2.0 if writers else 0.0)
     client = buffer.client
+    max_len = client.config_get("slowlog-max-len")["slowlog-max-len"]
+    client.config_set("slowlog-max-len", 1_000_000)  # every command of the reads is kept
     client.config_set("slowlog-log-slower-than", 0)
     client.slowlog_reset()
-    calls = 0
-    run = buffer._run
-
-    def counting(script: str, keys: list[str], args: list[Any]) -> Any:
-        nonlocal calls
-        calls += 1
-        return run(script, keys, args)
-
-    buffer._run = counting  # type: ignore[method-assign]
     before = _rss_bytes()
     replica = MassReplica("per")
+    cpu = _server_cpu(client)
     started = time.perf_counter()
     replica.load(buffer.view)  # no snapshot yet: a scan, then it writes one
     scan_seconds = time.perf_counter() - started
+    scan_cpu = _server_cpu(client) - cpu
     grown = _rss_bytes() - before
-    scan_calls = calls
-    calls = 0
+    logged = client.slowlog_get(1_000_000)
+    scan_calls = len(logged)
+    client.slowlog_reset()
     again = MassReplica("per")
     started = time.perf_counter()
     again.load(buffer.view)  # a new process's replica: the snapshot and the log after it
     seconds = time.perf_counter() - started
-    longest = max((e["duration"] for e in client.slowlog_get(1024)), default=0) / 1000
+    logged += client.slowlog_get(1_000_000)
+    calls = len(logged) - scan_calls
+    longest = max((e["duration"] for e in logged), default=0) / 1000
     client.config_set("slowlog-log-slower-than", 10_000)
+    client.config_set("slowlog-max-len", max_len)
     stop.set()
     for proc in procs:
         proc.join(30)
     out = {
         "items": float(len(again)), "seconds": seconds, "scan_seconds": scan_seconds,
-        "scan_calls": float(scan_calls),
+        "scan_calls": float(scan_calls), "scan_cpu": scan_cpu,
         "bytes_per_item": replica.nbytes / max(len(replica), 1),
         "rss_per_item": grown / max(len(replica), 1), "calls": float(calls),
         "longest_ms": longest,
@@ -110,12 +117,14 @@ def main() -> None:
     try:
         table = Table(title=f"First read of a PER replica ({args.writers} writers meanwhile)")
         for column in ("items", "read s (snapshot)", "calls", "read s (scan)", "calls",
+                       "server CPU s (scan)",
                        "B/item (arrays)", "B/item (RSS)", "longest command ms"):
             table.add_column(column, justify="right")
         for size in sizes:
             r = measure(url, size, args.writers)
             table.add_row(f"{int(r['items']):,}", f"{r['seconds']:.2f}", f"{int(r['calls'])}",
                           f"{r['scan_seconds']:.2f}", f"{int(r['scan_calls'])}",
+                          f"{r['scan_cpu']:.2f}",
                           f"{r['bytes_per_item']:.1f}", f"{r['rss_per_item']:.1f}",
                           f"{r['longest_ms']:.1f}")
         Console().print(table)
