@@ -454,3 +454,40 @@ def test_sparse_ids_are_scanned_and_dense_ones_asked_for(client, buffer_name):
     assert plan() == b"hash"  # 200 of ~400 ids held, holes everywhere: a scan
     assert replica_scores(fresh_replica(client, buffer_name, "per")) == _truth(client,
                                                                                buffer_name)
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_a_first_softmax_read_scans_the_log_rewards(client, buffer_name, monkeypatch, stored):
+    """Softmax: the first read scans the prio zset (log-rewards, +-inf included) in
+    steps, or, for a schema without log_rewards, the insertion order (every log-reward
+    0); a SCAN step may return a member twice, which the replica holds once."""
+    from redisbuf import PrioritizedSampler
+    from redisbuf.errors import SamplingError
+    from redisbuf.sampling import replica as replica_module
+
+    monkeypatch.setattr(replica_module, "_SCAN_COUNT", 7)
+    buffer = ReplayBuffer(client, buffer_name, capacity=300, sampler=PrioritizedSampler(),
+                          seed=3)
+    rewards = np.linspace(-5, 5, 120)
+    rewards[[3, 50]] = [-np.inf, np.inf]
+    batch = {"x": np.arange(120)}
+    if stored:
+        batch["log_rewards"] = rewards
+    ids = buffer.add(batch).ids
+    if stored:
+        with pytest.raises(SamplingError, match=r"\+inf"):  # undefined, but turned on
+            buffer.sample(2)
+    else:
+        buffer.sample(2)
+    scan = replica_module._scan
+
+    def twice(*args):  # every step handed on twice: its members come twice
+        for step in scan(*args):
+            yield step
+            yield step
+
+    monkeypatch.setattr(replica_module, "_scan", twice)
+    replica = fresh_replica(client, buffer_name, "softmax")
+    expected = rewards if stored else np.zeros(120)
+    assert replica_scores(replica) == dict(zip(ids.tolist(), expected.tolist(), strict=True))
+    assert len(replica) == 120
