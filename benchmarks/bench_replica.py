@@ -45,13 +45,17 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
 def _server_cpu(client: Any) -> float:
     """Seconds of CPU the server has used (user and system, all its threads)."""
     info = client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def measure(url: str, size: int, writers: int) -> dict[str, float]:
+def measure(url: str, size: int, writers: int) -> dict[str, Any]:
     name = f"bench-replica-{size}"
     buffer = ReplayBuffer(url, name, capacity=size, sampler=PERSampler(), seed=0)
     buffer.drop()
@@ -87,7 +91,9 @@ def measure(url: str, size: int, writers: int) -> dict[str, float]:
     seconds = time.perf_counter() - started
     logged += client.slowlog_get(1_000_000)
     calls = len(logged) - scan_calls
-    longest = max((e["duration"] for e in logged), default=0) / 1000
+    slowest = max(logged, key=lambda e: e["duration"], default=None)
+    longest = slowest["duration"] / 1000 if slowest else 0.0
+    longest_name = _text(slowest["command"]).split(" ")[0] if slowest else ""
     client.config_set("slowlog-log-slower-than", 10_000)
     client.config_set("slowlog-max-len", max_len)
     stop.set()
@@ -98,7 +104,7 @@ def measure(url: str, size: int, writers: int) -> dict[str, float]:
         "scan_calls": float(scan_calls), "scan_cpu": scan_cpu,
         "bytes_per_item": replica.nbytes / max(len(replica), 1),
         "rss_per_item": grown / max(len(replica), 1), "calls": float(calls),
-        "longest_ms": longest,
+        "longest_ms": longest, "longest_name": longest_name,
     }
     buffer.drop()
     return out
@@ -126,7 +132,7 @@ def main() -> None:
                           f"{r['scan_seconds']:.2f}", f"{int(r['scan_calls'])}",
                           f"{r['scan_cpu']:.2f}",
                           f"{r['bytes_per_item']:.1f}", f"{r['rss_per_item']:.1f}",
-                          f"{r['longest_ms']:.1f}")
+                          f"{r['longest_ms']:.1f} ({r['longest_name']})")
         Console().print(table)
         with open("/proc/loadavg") as f:
             print("load average:", " ".join(f.read().split()[:3]))
