@@ -39,9 +39,9 @@ _UNDERFLOW = float(np.exp(-_REBASE))
 _FAN = 32
 _BLOCK = _FAN * _FAN  # slots per group; arrays are a whole number of groups
 # A first read without a snapshot: native calls of this many items each (an HMGET of that
-# many ids, or a SCAN step of that COUNT: 10-20 ms of server time at 2x10^6 items), the
+# many ids, or a SCAN step of that COUNT: about 5 ms of server time at 2x10^6 items), the
 # log kept for the reader meanwhile (lua/replica_read.lua, renewed every _PIN_MS / 4).
-_SCAN_COUNT = 20_000
+_SCAN_COUNT = 10_000
 _PIN_MS = 10_000
 # HMGET calls in flight at once: the server answers the next while this process parses one
 _DEPTH = 3
