@@ -7,7 +7,7 @@ A sharded buffer draws a batch in one of two laws, chosen by its ``batch_law``:
   many items each shard gives (multinomial over the shards' sizes with replacement,
   multivariate hypergeometric without), draw within the shards, then shuffle; prioritized
   and PER draws with replacement choose the counts by multinomial over the shards' total
-  masses; prioritized draws without replacement draw a successive sequence of ``min(n,
+  masses (PER: corrected to the totals at the commits, see ``_draw_per``); prioritized draws without replacement draw a successive sequence of ``min(n,
   drawable items)`` from every shard and replay the global successive draw over them
   (torch.multinomial's distribution, at the cost of reading up to ``N`` times ``n``
   items). Every shard that gives items is asked, at once (one thread each); a PER draw
@@ -79,6 +79,9 @@ if TYPE_CHECKING:
 
 #: the batch laws a sharded buffer draws by (see the module docstring)
 BATCH_LAWS = ("global", "shard_local")
+# PER draws taken back because a shard's total moved before its commit are drawn again,
+# at most this many rounds in all (each round takes back a fraction |T' - T| / T of them)
+_PER_ROUNDS = 64
 
 # Errors that mean a shard's server is gone or its slot has no master right now (CLUSTERDOWN
 # while a restarted master rejoins, MASTERDOWN, TRYAGAIN while its slot migrates). A
@@ -449,37 +452,80 @@ class ShardedSampling:
         """PER with replacement: item ``i`` with probability ``mass_i / sum of all
         masses``. Global: the counts per shard by multinomial over the shards' total
         masses, then each shard's draw, committed by that shard. Shard-local: one shard
-        by its total mass, all ``n`` drawn and committed there."""
+        by its total mass, all ``n`` drawn and committed there.
+
+        A shard's commit corrects its draws to the shard's law at the commit, but the
+        shards were chosen from their totals before (``T``, the replicas caught up when
+        the sample began). So while the drawn shards commit, the others' replicas catch
+        up too, giving every shard's total ``T'`` at about the commits; a draw from shard
+        ``k`` stands with probability ``(T'_k / T_k) / r``, ``r`` the largest such ratio
+        over the shards (rejection from the law of ``T`` to that of ``T'``), and the
+        others are taken back and drawn again from ``T'``. A draw that stands thus
+        follows the law of the buffer at its commit. With ``max_use`` a draw may have
+        removed its item at the commit, which cannot be taken back: there every draw
+        stands (the law of ``T`` for the shard, of the commit within it)."""
         assert self.per is not None
         replicas = self._replicas("per")
-        totals = np.array([r.total if r.positive else 0.0 for r in replicas])
-        grand = float(totals.sum())
-        if grand <= 0:
-            raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty (no item with a "
-                                   "non-zero PER mass)")
-        if local:
-            counts = np.zeros(self.count, dtype=np.int64)
-            counts[self._choose(totals)] = n
-        else:
-            counts = self.rng.multinomial(n, totals / grand)
-
-        def one(k: int, count: int) -> Any:
-            with self._on_shard(k):
-                shard = self.shards[k]
-                return samplers._replica_draw(shard.view, "per", count, shard.rng, True)
-
-        drawn = self._all_or_none(
-            {k: (one, (k, c)) for k, c in enumerate(counts.tolist()) if c})
         ids: list[int] = []
         blobs: list[bytes] = []
+        probabilities: list[np.ndarray] = []
         masses: list[np.ndarray] = []
         scores: list[np.ndarray] = []
-        for k, draw in drawn.items():
-            ids += [i * self.count + k for i in draw.ids]
-            blobs += list(draw.blobs)
-            masses.append(draw.masses)
-            scores.append(draw.scores)
-        first = next(iter(drawn))
+        last: dict[int, Any] = {}  # each shard's latest commit (its PER sums)
+        rounds = 0
+        while len(ids) < n:
+            rounds += 1
+            if rounds > _PER_ROUNDS:
+                raise SamplingError(
+                    f"buffer {self.name!r}: the shards' total PER masses kept changing "
+                    f"between the choice of shards and their commits ({_PER_ROUNDS} rounds)")
+            before = self._per_totals(replicas)
+            grand = float(before.sum())
+            if grand <= 0:
+                raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty (no item "
+                                       "with a non-zero PER mass)")
+            wanted = n - len(ids)
+            if local:
+                counts = np.zeros(self.count, dtype=np.int64)
+                counts[self._choose(before)] = wanted
+            else:
+                counts = self.rng.multinomial(wanted, before / grand)
+            calls: dict[int, tuple[Any, tuple[Any, ...]]] = {
+                k: (self._per_commit, (k, c)) for k, c in enumerate(counts.tolist()) if c}
+            inline = any(self.shards[k].view.fetch_inline for k in calls)
+            if not inline:  # the others' totals at about the commits
+                calls.update({k: (self._catch_up, (k, replicas[k]))
+                              for k in range(self.count) if k not in calls})
+            done = self._all_or_none(calls)
+            drawn = {k: done[k] for k, c in enumerate(counts.tolist()) if c}
+            after = self._per_totals(replicas)
+            chance = np.ones(self.count)
+            if not inline and not np.array_equal(after, before):
+                if ((before <= 0) & (after > 0)).any() or after.sum() <= 0:
+                    # a shard that could not be chosen holds mass now: draw again
+                    self._undo(drawn)
+                    continue
+                ratio = np.divide(after, before, out=np.zeros(self.count), where=before > 0)
+                chance = ratio / ratio.max()
+            cut_total = float(after.sum())
+            for k, draw in drawn.items():
+                last[k] = draw
+                stands = np.ones(len(draw.ids), dtype=bool)
+                if chance[k] < 1:
+                    coins = self.rng.random(1 if local else len(draw.ids))
+                    stands = np.broadcast_to(coins < chance[k], (len(draw.ids),))
+                    if not stands.all():
+                        taken_back = [b"%012d" % draw.ids[j] for j in np.flatnonzero(~stands)]
+                        with self._on_shard(k):
+                            self.shards[k]._run("undo_draws", self.shards[k].keys.all_keys(),
+                                                taken_back)
+                kept = np.flatnonzero(stands)
+                ids += [draw.ids[j] * self.count + k for j in kept]
+                blobs += [draw.blobs[j] for j in kept]
+                masses.append(draw.masses[kept])
+                scores.append(draw.scores[kept])
+                probabilities.append(draw.masses[kept] / (cut_total if not inline else grand))
+        first = next(iter(last))
         mass = np.concatenate(masses)
         priority = np.concatenate(scores)
         min_mass = min(r.min_mass for r in replicas)
@@ -487,9 +533,9 @@ class ShardedSampling:
         # reports them (as an unsharded buffer's), the others' from their replicas
         per_sum, nonzero = 0.0, 0
         for k, replica in enumerate(replicas):
-            if k in drawn:
-                per_sum += drawn[k].per_sum
-                nonzero += drawn[k].per_nonzero
+            if k in last:
+                per_sum += last[k].per_sum
+                nonzero += last[k].per_nonzero
             else:
                 with replica.lock:
                     present = replica.scores[: replica.count]
@@ -499,17 +545,37 @@ class ShardedSampling:
         mean = per_sum / nonzero if nonzero else 0.0
         weights = ((min_mass / mass) ** self.per.beta,
                    priority / mean if mean > 0 else np.ones(n))
-        if len(drawn) == 1:  # one shard's draw is already in random order
+        probability = np.concatenate(probabilities)
+        if len(last) == 1 and rounds == 1:  # one shard's draw is already in random order
             self._last_weights = weights
-            return ids, blobs, mass / grand, (first, drawn[first].schema_json)
+            return ids, blobs, probability, (first, last[first].schema_json)
         order = self.rng.permutation(len(ids))
         self._last_weights = (weights[0][order], weights[1][order])
         return (
             [ids[i] for i in order],
             [blobs[i] for i in order],
-            (mass / grand)[order],
-            (first, drawn[first].schema_json),
+            probability[order],
+            (first, last[first].schema_json),
         )
+
+    @staticmethod
+    def _per_totals(replicas: list[MassReplica]) -> np.ndarray:
+        totals = []
+        for replica in replicas:
+            with replica.lock:
+                totals.append(replica.total if replica.positive else 0.0)
+        return np.array(totals)
+
+    def _catch_up(self, k: int, replica: MassReplica) -> None:
+        """Bring shard ``k``'s replica up to date (lua/masslog_read.lua)."""
+        with self._on_shard(k), replica.lock:
+            replica.sync(self.shards[k].view)
+
+    def _per_commit(self, k: int, count: int) -> Any:
+        """Shard ``k``'s PER draw of ``count`` with replacement, committed there."""
+        with self._on_shard(k):
+            shard = self.shards[k]
+            return samplers._replica_draw(shard.view, "per", count, shard.rng, True)
 
     def _undo(self, draws: dict[int, Any]) -> None:
         """Take back the draws the shards recorded (lua/undo_draws.lua: their counts and
