@@ -55,11 +55,11 @@ from ..errors import (
     EmptyBufferError,
     InvalidBatchError,
     RequestTooLargeError,
-    SamplingError,
 )
 from ..sampling.base import BufferView
+from ..sampling.commits import CorrectedCommit, commit_corrected, follow
 from ..sampling.replica import MassReplica, replica_of
-from ..sampling.samplers import _fill_holes, _spares_for, packed_uniforms
+from ..sampling.uniforms import packed_uniforms
 from ..store import _torch, bounds, codec, scripts
 from ..store.connection import as_client
 from ..store.keys import PREFIX, pack_ids, validate_name
@@ -74,7 +74,6 @@ _ROUNDS = 50  # draws before giving up on filling a batch (prioritized rejection
 # a batch needs serve too, so none are sent until a correction ran short of them), commits
 # tried per call, and the most draws sent per window wanted (when few start valid windows)
 _SPARES = 0
-_COMMIT_ATTEMPTS = 64
 _MAX_DRAWS_PER_WINDOW = 8
 
 
@@ -582,7 +581,7 @@ class SequenceBuffer(SequenceReading):
             # uniforms for the uniform parts (a prioritized batch's is the recent one)
             uniform_part = not self.prioritized_sampling or recent_ratio > 0
             draws = wanted * (_TRIES + 1) if uniform_part else 0
-            packed = _packed_uniforms(self.rng, draws)
+            packed = packed_uniforms(self.rng, draws)
             args = [
                 L,
                 wanted,
@@ -650,84 +649,16 @@ class SequenceBuffer(SequenceReading):
 
     def _commit_prioritized(self, head: list[Any], wanted: int, length: int) -> list[Any]:
         """One lua/seq_sample.lua call that stands, with window starts drawn from this
-        process's replica of the step priorities: corrected by the server to the
-        priorities at the call when the replica was behind (the replica then catches up
-        with the entries it returns), or drawn again from the replica caught up by the
-        reply when the draws could not stand (as ``ReplayBuffer``'s PER commits,
-        redisbuf/sampling/samplers.py)."""
+        process's replica of the step priorities and committed by the prioritized engine
+        (:func:`~redisbuf.sampling.commits.commit_corrected`, as ``ReplayBuffer``'s PER
+        draws): corrected by the server to the priorities at the call when the replica
+        was behind (the replica then catches up with the entries it returns), or drawn
+        again from the replica caught up by the reply when the draws could not stand."""
         source = self._priorities
         replica = replica_of(source, "per")
-        rng = self.rng
         with replica.lock:
-            spares = max(_SPARES, replica.spares)
-            synced = False
-            carried: np.ndarray | None = None  # draws of the replica as it is, to send again
-            for _ in range(_COMMIT_ATTEMPTS):
-                if carried is None:
-                    if replica.positive == 0 or replica.total <= 0:
-                        if synced:
-                            raise EmptyBufferError(
-                                f"sequence buffer {self.name!r}: no stored step has a "
-                                "non-zero priority"
-                            )
-                        replica.sync(source)
-                        synced = True
-                        continue
-                    # one command's candidates are bounded (redisbuf/store/bounds.py): a
-                    # larger batch takes more calls
-                    count = min(self._draw_count(wanted, length),
-                                max(1, bounds.MAX_ITEMS_PER_COMMAND // (1 + spares)))
-                    slots, _, _ = replica.draw(count * (1 + spares), rng, True)
-                    drawn = replica.ids[slots].reshape(count, 1 + spares)
-                else:
-                    count = len(carried)
-                    spares = min(spares, max(0, bounds.MAX_ITEMS_PER_COMMAND // count - 1))
-                    drawn = np.empty((count, 1 + spares), dtype=np.int64)
-                    drawn[:, 0] = carried
-                    slots, _, _ = replica.draw(count * spares, rng, True)
-                    drawn[:, 1:] = replica.ids[slots].reshape(count, spares)
-                packed, width = pack_ids(drawn.reshape(-1))
-                args = [*head, replica.epoch, replica.version, replica.stamp, spares,
-                        packed_uniforms(rng, 2 * count), repr(replica.total), packed, width]
-                reply = self._run("seq_sample", self._keys, args)
-                status = int(reply[0])
-                if status == 3:  # corrected with holes: fill them among the slots untouched
-                    touched = replica._follow(
-                        source, [0, reply[1], reply[2], reply[3], *reply[5:]]
-                    )
-                    if touched is None:
-                        replica.load(source)
-                        carried = None
-                        continue
-                    carried = _fill_holes(replica, reply[4], touched, rng)
-                    synced = True
-                    spares = _spares_for(replica, set(np.concatenate(touched).tolist()), count)
-                    continue
-                carried = None
-                if status != 1:
-                    touched_ids = replica.catch_up(source, reply)
-                    synced = True
-                    if touched_ids:
-                        spares = _spares_for(replica, touched_ids, count)
-                    continue
-                replica.spares = max(_SPARES, int(spares * 0.9))  # slowly back to the default
-                k_recent, k_normal, examined = int(reply[1]), int(reply[2]), int(reply[9])
-                if examined:
-                    share = k_normal / examined
-                    previous = self._acceptance.get(length, share)
-                    self._acceptance[length] = 0.5 * previous + 0.5 * share
-                if reply[8] in (b"1", "1"):  # corrected: catch up with the entries it went by
-                    entries = reply[10 + 3 * (k_recent + k_normal) :]
-                    caught = replica._follow(
-                        source, [0, reply[5], reply[6], reply[7], *entries]
-                    )
-                    if caught is None:
-                        replica.load(source)
-                return reply
-        raise SamplingError(
-            f"sequence buffer {self.name!r}: a prioritized draw could not be committed in "
-            f"{_COMMIT_ATTEMPTS} attempts"
-        )
+            return commit_corrected(source, replica, self.rng,
+                                    _WindowCommit(self, head, wanted, length, replica))
 
     def update_priority(self, env_ids: Any, positions: Any, priorities: Any) -> int:
         """Set the priorities of steps ``(env_ids[i], positions[i])``; steps no longer
@@ -840,13 +771,51 @@ class _PrioritySource(BufferView):
         return self._runner(self._SCRIPTS[script], keys, args)
 
 
+class _WindowCommit(CorrectedCommit[list[Any]]):
+    """A prioritized sequence buffer's window starts for ``wanted`` windows of ``length``
+    steps, committed by lua/seq_sample.lua (``head``: its arguments before the
+    replica's); the reply that stands is the script's."""
+
+    least_spares = _SPARES
+    limit = bounds.MAX_ITEMS_PER_COMMAND  # one command's candidates (store/bounds.py)
+
+    def __init__(self, buffer: SequenceBuffer, head: list[Any], wanted: int, length: int,
+                 replica: MassReplica) -> None:
+        self.buffer, self.head, self.length, self.replica = buffer, head, length, replica
+        self.count = buffer._draw_count(wanted, length)
+        self.subject = f"sequence buffer {buffer.name!r}"
+
+    def check(self, replica: MassReplica) -> None:
+        if replica.positive == 0 or replica.total <= 0:
+            raise EmptyBufferError(
+                f"{self.subject}: no stored step has a non-zero priority")
+
+    def wanted(self) -> int:
+        return self.count
+
+    def send(self, candidates: np.ndarray, spares: int, uniforms: bytes) -> list[Any]:
+        replica = self.replica
+        packed, width = pack_ids(candidates.reshape(-1))
+        args = [*self.head, replica.epoch, replica.version, replica.stamp, spares,
+                uniforms, repr(replica.total), packed, width]
+        return [self.buffer._run("seq_sample", self.buffer._keys, args)]
+
+    def stood(self, replies: list[Any], draws: np.ndarray) -> list[Any]:
+        reply = replies[0]
+        k_recent, k_normal, examined = int(reply[1]), int(reply[2]), int(reply[9])
+        acceptance = self.buffer._acceptance
+        if examined:
+            share = k_normal / examined
+            previous = acceptance.get(self.length, share)
+            acceptance[self.length] = 0.5 * previous + 0.5 * share
+        if reply[8] in (b"1", "1"):  # corrected: catch up with the entries it went by
+            follow(self.buffer._priorities, self.replica, reply[5:8],
+                   reply[10 + 3 * (k_recent + k_normal) :])
+        return reply
+
+
 def _numpy_dtype(name: str) -> np.dtype:
     return np.dtype("<u2") if name == "bfloat16" else np.dtype(name)
-
-
-def _packed_uniforms(rng: np.random.Generator, n: int) -> bytes:
-    values = rng.integers(0, 2**48, size=n, dtype=np.uint64)
-    return values.astype("<u8").view(np.uint8).reshape(n, 8)[:, :6].tobytes()
 
 
 __all__ = ["FIRST", "LAST", "MID", "BatchInfo", "SequenceBuffer", "SequenceKeys"]
