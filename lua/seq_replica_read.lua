@@ -1,10 +1,10 @@
 -- One slice of a replica's first read of a prioritized SequenceBuffer's step priorities
 -- (MassReplica.load through SequenceBuffer's priority source): a SCAN step over the prio
--- hash (slot -> priority), packed into two texts. lua/replica_read.lua's counterpart for
--- the sequence buffer's keys; it keeps the log's entries after the pinned version for the
--- next ARGV[3] milliseconds (masslog_pin), which the replica applies afterwards.
--- @include common
--- @include masslog
+-- hash (slot -> priority), packed into two texts (packed_scan, lua/_replica_reads.lua).
+-- lua/replica_read.lua's counterpart for the sequence buffer's keys; it keeps the log's
+-- entries after the pinned version for the next ARGV[3] milliseconds (masslog_pin), which
+-- the replica applies afterwards.
+-- @include replica_reads
 -- @include seq
 -- @keys 10
 -- @retry never
@@ -21,10 +21,4 @@ if not masslog_on(K) then
   return fail('RB_NOLOG', 'sequence buffer ' .. K.meta .. ' is not prioritized')
 end
 masslog_pin(K, tonumber(ARGV[4]), tonumber(ARGV[3]))
-local reply = redis.call('HSCAN', K.prio, ARGV[1], 'COUNT', ARGV[2])
-local ids, scores, flat = {}, {}, reply[2]
-for i = 1, #flat, 2 do
-  ids[#ids + 1] = flat[i]
-  scores[#scores + 1] = flat[i + 1]
-end
-return {reply[1], table.concat(ids, ','), table.concat(scores, ',')}
+return packed_scan(redis.call('HSCAN', K.prio, ARGV[1], 'COUNT', ARGV[2]))

@@ -28,7 +28,7 @@ from cluster_helpers import (
 
 from redisbuf import EmptyBufferError, PERSampler, ReplayBuffer
 from redisbuf.errors import WaitTimeoutError
-from redisbuf.sampling import samplers
+from redisbuf.sampling import commits
 
 
 @pytest.fixture(params=["fake", pytest.param("cluster", marks=pytest.mark.redis_server)])
@@ -286,7 +286,7 @@ def test_a_failed_shard_local_per_draw_records_nothing(where, buffer_name, monke
     def fails(*args: Any, **kwargs: Any) -> Any:
         raise EmptyBufferError("emptied between the shard choice and its commit")
 
-    monkeypatch.setattr(samplers, "_replica_draw", fails)
+    monkeypatch.setattr(commits, "replica_draw", fails)
     with pytest.raises(EmptyBufferError, match="emptied"):
         buffer.sample(4)
     assert [(where.hget(s.keys.meta, "sampled"), where.hgetall(s.keys.uses))

@@ -299,7 +299,7 @@ def test_a_shard_that_fails_its_draw_leaves_no_draw_recorded_on_the_others(
     (here: emptied meanwhile), the draws the other shards committed are taken back, so the
     failed sample leaves no count and no use anywhere."""
     from redisbuf import EmptyBufferError, PERSampler
-    from redisbuf.sampling import samplers
+    from redisbuf.sampling import commits
 
     buffer = ReplayBuffer(fake_client, buffer_name, capacity=60, shards=3, seed=5,
                           sampler=PERSampler(alpha=1.0, eps=0.0))
@@ -310,14 +310,14 @@ def test_a_shard_that_fails_its_draw_leaves_no_draw_recorded_on_the_others(
     before = [(fake_client.hget(s.keys.meta, "sampled"), fake_client.hgetall(s.keys.uses))
               for s in buffer.shards]
     failing = buffer.shards[1].view
-    draw = samplers._replica_draw
+    draw = commits.replica_draw
 
     def fails_on_one_shard(shard, *args, **kwargs):
         if shard is failing:
             raise EmptyBufferError("emptied between the shard choice and its commit")
         return draw(shard, *args, **kwargs)
 
-    monkeypatch.setattr(samplers, "_replica_draw", fails_on_one_shard)
+    monkeypatch.setattr(commits, "replica_draw", fails_on_one_shard)
     with pytest.raises(EmptyBufferError, match="emptied"):
         buffer.sample_with_info(60)  # every shard gets some draws
     after = [(fake_client.hget(s.keys.meta, "sampled"), fake_client.hgetall(s.keys.uses))

@@ -255,11 +255,11 @@ def test_the_server_corrects_a_stale_per_draw_to_the_current_law(
     items; lua/sample_prioritized.lua corrects each to the law at the commit, in the one
     commit call: the drawn items follow the current law (chi-square), and evicted or
     zeroed items never come."""
-    from redisbuf.sampling import samplers
+    from redisbuf.sampling import commits as engine
 
     commits = []
-    send = samplers._send_commit
-    monkeypatch.setattr(samplers, "_send_commit", lambda *a: commits.append(1) or send(*a))
+    send = engine._send_commit
+    monkeypatch.setattr(engine, "_send_commit", lambda *a: commits.append(1) or send(*a))
     buffer = _per_buffer(client, buffer_name, capacity=16, alpha=1.0, eps=0.0)
     ids = buffer.add({"x": np.arange(12)}, priorities=np.arange(1.0, 13.0)).ids
     buffer.sample(2)

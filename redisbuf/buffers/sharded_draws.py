@@ -67,7 +67,7 @@ from ..errors import (
     ServerUnavailableError,
     WaitTimeoutError,
 )
-from ..sampling import samplers
+from ..sampling import commits
 from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import Draw
 from ..store import bounds, scripts
@@ -589,7 +589,7 @@ class ShardedSampling:
         """Shard ``k``'s PER draw of ``count`` with replacement, committed there."""
         with self._on_shard(k):
             shard = self.shards[k]
-            return samplers._replica_draw(shard.view, "per", count, shard.rng, replacement)
+            return commits.replica_draw(shard.view, "per", count, shard.rng, replacement)
 
     def _undo(self, draws: dict[int, Any]) -> None:
         """Take back the draws the shards recorded (lua/undo_draws.lua: their counts and
