@@ -26,8 +26,8 @@ from cluster_helpers import (
     items,
 )
 
-from redisbuf import EmptyBufferError, PERSampler, ReplayBuffer
-from redisbuf.errors import WaitTimeoutError
+from redisbuf import PERSampler, ReplayBuffer
+from redisbuf.errors import EmptyBufferError, WaitTimeoutError
 from redisbuf.sampling import samplers
 
 

@@ -298,7 +298,8 @@ def test_a_shard_that_fails_its_draw_leaves_no_draw_recorded_on_the_others(
     """A PER sample over shards commits one draw per shard; when one shard's commit fails
     (here: emptied meanwhile), the draws the other shards committed are taken back, so the
     failed sample leaves no count and no use anywhere."""
-    from redisbuf import EmptyBufferError, PERSampler
+    from redisbuf import PERSampler
+    from redisbuf.errors import EmptyBufferError
     from redisbuf.sampling import samplers
 
     buffer = ReplayBuffer(fake_client, buffer_name, capacity=60, shards=3, seed=5,

@@ -15,16 +15,14 @@ from test_bad_input import snapshot
 
 from redisbuf import (
     BufferKeys,
-    ConfigMismatchError,
-    InvalidBatchError,
     NormBasedDiversePrioritizedReplayBuffer,
     ReplayBuffer,
-    SchemaError,
     States,
     Trajectories,
     Transitions,
 )
 from redisbuf.control.ipc import MessageQueue
+from redisbuf.errors import ConfigMismatchError, InvalidBatchError, SchemaError
 
 
 class Reference:

@@ -10,14 +10,11 @@ import time
 import numpy as np
 import pytest
 
-from redisbuf import (
+from redisbuf import PERSampler, Prefetcher, ReplayBuffer, SampleInfo
+from redisbuf.errors import (
     ConfigMismatchError,
     EmptyBufferError,
     InvalidBatchError,
-    PERSampler,
-    Prefetcher,
-    ReplayBuffer,
-    SampleInfo,
     WaitTimeoutError,
 )
 

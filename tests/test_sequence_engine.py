@@ -11,8 +11,9 @@ import pytest
 from seq_peer import SequencePeer
 from test_sampling import chi2, chi2_limit
 
-from redisbuf import EmptyBufferError, SequenceBuffer
+from redisbuf import SequenceBuffer
 from redisbuf.buffers import sequence as sequence_module
+from redisbuf.errors import EmptyBufferError
 from redisbuf.sampling.replica import MassReplica
 
 

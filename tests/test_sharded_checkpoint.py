@@ -12,16 +12,16 @@ import pytest
 from cluster_helpers import items
 from test_bad_input import snapshot
 
-from redisbuf import (
+from redisbuf import ReplayBuffer
+from redisbuf.buffers.checkpoint import SAVE_FORMAT_VERSION
+from redisbuf.buffers.sharded import ShardedReplayBuffer
+from redisbuf.errors import (
     ConfigMismatchError,
     DecodeError,
     PartialLoadError,
-    ReplayBuffer,
     SchemaError,
     ServerUnavailableError,
 )
-from redisbuf.buffers.checkpoint import SAVE_FORMAT_VERSION
-from redisbuf.buffers.sharded import ShardedReplayBuffer
 from redisbuf.sampling.samplers import PERSampler
 from redisbuf.store.keys import BufferKeys
 
