@@ -17,7 +17,7 @@ from key_contents import key_contents
 from test_per import assert_matches, per_scores
 
 import redisbuf
-from redisbuf import ReplayBuffer
+from redisbuf import ReplayBuffer, ShardedReplayBuffer
 from redisbuf.errors import (
     ConfigMismatchError,
     DecodeError,
@@ -280,7 +280,7 @@ def _every_read_at_maxmemory(client, buffer_name: str) -> None:
     soft = ReplayBuffer(client, buffer_name + "-soft", capacity=10**6,
                         prioritized_sampling=True)
     uniform = ReplayBuffer(client, buffer_name + "-uni", capacity=10**6)
-    sharded = ReplayBuffer(client, buffer_name + "-sh", capacity=10**6, shards=2,
+    sharded = ShardedReplayBuffer(client, buffer_name + "-sh", capacity=10**6, shards=2,
                            sampler=PERSampler())
     for buffer in (per, soft, uniform, sharded, sharded):  # one add per shard
         buffer.add(batch(64))

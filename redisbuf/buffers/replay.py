@@ -172,10 +172,6 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             remembers each add's batch id and reply, so that an add retried after a lost
             reply is not stored twice; fixed at creation (default 600), ``None`` adopts
             the stored one.
-        shards: with ``N > 1``, the constructor returns a
-            :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer`: one logical buffer of the
-            global ``capacity`` over ``N`` shards (on a Redis Cluster, on different
-            masters); fixed at creation.
 
     Raises:
         ValueError: an argument out of range (``capacity``, ``kind``, ``max_item_bytes``,
@@ -225,7 +221,6 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         max_staleness: int | None = None,
         rate_limiter: limiters.RateLimiter | None = None,
         retry_window: float | None = None,
-        shards: int = 1,
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
@@ -312,25 +307,6 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
                 baseline_refresh_after, scoring_only, communication_backend, timing,
             )
 
-    def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> Any:
-        """Constructor dispatch, the only place where a constructor call picks another
-        class than the one called: ``ReplayBuffer(..., shards=N)`` with any ``shards``
-        but the integer 1 returns ``ShardedReplayBuffer(..., shards=N)`` built from the
-        same arguments (it validates ``N``). That object is not a ReplayBuffer, so Python
-        does not run ``ReplayBuffer.__init__`` on it. Subclasses take no ``shards``.
-
-        The class is chosen from the argument, before the server is asked what the name
-        holds: ``shards=1`` on a sharded name builds a plain buffer, whose creation
-        lua/init.lua refuses (see :meth:`_refuse_sharded`); :meth:`open` refuses a
-        sharded name likewise (``ShardedReplayBuffer.open`` opens one)."""
-        if shards == 1 and not isinstance(shards, bool):
-            return super().__new__(cls)
-        if cls is not ReplayBuffer:
-            raise ValueError(f"shards= is supported by ReplayBuffer, not {cls.__name__}")
-        from .sharded import ShardedReplayBuffer  # imports this module: not at the top
-
-        return ShardedReplayBuffer(*args, shards=shards, **kwargs)
-
     @classmethod
     def open(cls, redis_or_url: Any, name: str, **kwargs: Any) -> ReplayBuffer:
         """Open an existing buffer with its stored configuration.
@@ -341,7 +317,7 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             redis_or_url: a ``redis.Redis`` client or a URL.
             name: the buffer's name.
             **kwargs: further :class:`ReplayBuffer` arguments (not ``capacity``,
-                ``prioritized_capacity`` nor ``shards``: those are the stored ones).
+                ``prioritized_capacity``: those are the stored ones).
 
         Returns:
             The buffer, with the stored capacity and eviction.
@@ -363,8 +339,9 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         meta = decode_meta(client.hgetall(BufferKeys(name).meta))
         if not meta and client.exists(BufferKeys(name).shards):
             raise ShardedBufferError(
-                f"buffer {name!r} is sharded: open it with ReplayBuffer(..., shards=N) or "
-                "ShardedReplayBuffer.open (which save and load it whole); ReplayBuffer.open "
+                f"buffer {name!r} is sharded: open it with ShardedReplayBuffer(..., "
+                "shards=N) or ShardedReplayBuffer.open (which save and load it whole); "
+                "ReplayBuffer.open "
                 "and the command line other than export / import work on its shards "
                 "(buffers of their own), not on the whole"
             )
