@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .buffers.sharded import ShardedReplayBuffer as ShardedReplayBuffer
     from .buffers.terminating import TerminatingStateBuffer as TerminatingStateBuffer
     from .control.manager import ReplayBufferManager as ReplayBufferManager
+    from .control.remote import ManagerLink as ManagerLink
     from .sampling.reader import Prefetcher as Prefetcher
     from .sampling.samplers import PERSampler as PERSampler
     from .sampling.samplers import PrioritizedSampler as PrioritizedSampler
@@ -75,6 +76,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "servers.embedded": ("EmbeddedServer",),
     "servers.cluster": ("LocalCluster",),
     "control.manager": ("ReplayBufferManager",),
+    "control.remote": ("ManagerLink",),
 }
 #: the public namespaces: submodules of this package, imported on first use
 _NAMESPACES = ("errors", "limiters", "selectors")

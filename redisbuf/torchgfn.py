@@ -41,6 +41,7 @@ import numpy as np
 from ._extras import require as _require_extra
 from .buffers.replay import ReplayBuffer as _CoreBuffer
 from .control.manager import ReplayBufferManager as _CoreManager
+from .control.remote import ManagerLink
 from .errors import EmptyBufferError, SchemaError
 from .store import containers as rb
 
@@ -454,16 +455,17 @@ class ReplayBuffer:
         self.name = f"torchgfn-{uuid.uuid4().hex[:16]}" if private else name
         options: dict[str, Any] = {"seed": seed}
         if remote_manager_rank is not None:
-            options.update(
-                remote_manager_rank=remote_manager_rank,
-                remote_buffer_freq=remote_buffer_freq,
+            # torchgfn's lazy_sort defers a per-add sort that redisbuf does not do (eviction
+            # is incremental), and its async_comm is async_score here (the data is in Redis
+            # when the insert returns): neither reaches the core buffer
+            options["manager"] = ManagerLink(
+                remote_manager_rank,
+                buffer_freq=remote_buffer_freq,
                 async_score=self.async_score,
                 baseline_filtering=baseline_filtering,
                 baseline_refresh_after=baseline_refresh_after,
                 scoring_only=scoring_only,
-                communication_backend=_worker_transport(
-                    communication_backend, url, manager_name
-                ),
+                backend=_worker_transport(communication_backend, url, manager_name),
                 timing=timing,
             )
         self._buffer = self._open(url, options)
@@ -942,8 +944,9 @@ class ReplayBufferManager(_CoreManager):
                 name,
                 capacity=capacity,
                 prioritized_capacity=True,
-                remote_manager_rank=remote_manager_rank,
-                communication_backend=communication_backend,
+                manager=None if remote_manager_rank is None else ManagerLink(
+                    remote_manager_rank, backend=communication_backend
+                ),
             )
         self.remote_manager_rank = remote_manager_rank
         super().__init__(
