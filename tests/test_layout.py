@@ -46,7 +46,8 @@ def test_integrations_are_modules_at_their_documented_paths(module, extra, name)
     pytest.importorskip(extra)
     imported = importlib.import_module(f"redisbuf.{module}")
     assert imported.__name__ == imported.__spec__.name == f"redisbuf.{module}"
-    assert Path(imported.__file__).resolve() == ROOT / f"{module}.py"
+    path = Path(imported.__file__).resolve()
+    assert path in (ROOT / f"{module}.py", ROOT / module / "__init__.py")
     assert getattr(imported, name).__module__ == f"redisbuf.{module}"
 
 
@@ -140,7 +141,7 @@ def test_lua_scripts_are_found():
 
 # Modules still over the bound, to be split (they grew past it with their docstring
 # sections): the list may only shrink, and a module that gets under must leave it.
-OVER_800 = {"buffers/sequence.py", "sampling/samplers.py", "torchgfn.py"}
+OVER_800 = {"buffers/sequence.py", "sampling/samplers.py"}
 
 
 def test_no_module_over_800_lines():
