@@ -93,7 +93,8 @@ class ReplayBuffer:
         prioritized_capacity: as torchgfn.
         prioritized_sampling: as torchgfn. Sampling draws without replacement whenever
             ``n <= len``, as torchgfn does.
-        remote_manager_rank: as torchgfn 2.4.1.
+        remote_manager_rank: as torchgfn 2.4.1; with the remote settings below it makes
+            the :class:`~redisbuf.control.remote.ManagerLink` of the buffer in Redis.
         remote_buffer_freq: as torchgfn 2.4.1.
         communication_backend: as on torchgfn's main branch (2.4.1 has none: its remote
             manager runs over torch.distributed with gloo): ``"mpi"`` or ``"redis"``
