@@ -13,15 +13,8 @@ from hypothesis import strategies as st
 from replica_helpers import followed_masses
 from test_bad_input import snapshot
 
-from redisbuf import (
-    BufferKeys,
-    ConfigMismatchError,
-    EmptyBufferError,
-    InvalidBatchError,
-    PERSampler,
-    PrioritizedSampler,
-    ReplayBuffer,
-)
+from redisbuf import BufferKeys, PERSampler, PrioritizedSampler, ReplayBuffer
+from redisbuf.errors import ConfigMismatchError, EmptyBufferError, InvalidBatchError
 
 PROPERTY = settings(
     max_examples=30,

@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import redis
 
-from redisbuf import (
+from redisbuf import ReplayBuffer, errors
+from redisbuf.errors import (
     ConfigMismatchError,
     EmptyBufferError,
     InvalidBatchError,
     RedisBufError,
-    ReplayBuffer,
     SchemaError,
-    errors,
 )
 from redisbuf.store import scripts
 

@@ -11,7 +11,8 @@ import pytest
 from seq_peer import SequencePeer
 from test_sampling import chi2, chi2_limit
 
-from redisbuf import EmptyBufferError, SequenceBuffer
+from redisbuf import SequenceBuffer
+from redisbuf.errors import EmptyBufferError
 from redisbuf.sampling import commits
 from redisbuf.sampling.replica import MassReplica
 
