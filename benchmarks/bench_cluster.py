@@ -48,7 +48,7 @@ import numpy as np
 import redis
 from _report import record
 
-from redisbuf import PERSampler, ReplayBuffer
+from redisbuf import PERSampler, ReplayBuffer, ShardedReplayBuffer
 from redisbuf.servers.cluster import LocalCluster
 from redisbuf.store.connection import connect
 
@@ -67,6 +67,13 @@ def _items(rng: np.random.Generator) -> dict[str, np.ndarray]:
 PHASES = ("add", "sample", "sample/local", "sample_per", "sample_per/local")
 
 
+def _buffer(where: Any, name: str, shards: int, **options: Any) -> Any:
+    """The unsharded baseline for ``shards`` 1, a sharded buffer otherwise."""
+    if shards == 1:
+        return ReplayBuffer(where, name, capacity=CAPACITY, **options)
+    return ShardedReplayBuffer(where, name, capacity=CAPACITY, shards=shards, **options)
+
+
 def _worker(
     url: str, name: str, shards: int, phase: str, seconds: float, size: int,
     cores: set[int] | None, barrier: Any, out: Any,
@@ -76,8 +83,7 @@ def _worker(
     rng = np.random.default_rng(os.getpid())
     sampler = PERSampler() if phase.startswith("sample_per") else None
     law = {"batch_law": "shard_local"} if phase.endswith("/local") else {}
-    buffer = ReplayBuffer(connect(url), name, capacity=CAPACITY, shards=shards, seed=os.getpid(),
-                          sampler=sampler, **law)
+    buffer = _buffer(connect(url), name, shards, seed=os.getpid(), sampler=sampler, **law)
     batches = [_items(rng) for _ in range(4)]
     per_call = BATCH if phase == "add" else size
     barrier.wait()
@@ -165,14 +171,14 @@ def main() -> None:
         for round_index in range(args.rounds):
             for shards in (1, 3):
                 name = f"bench-{shards}-{round_index}"
-                ReplayBuffer(client, name, capacity=CAPACITY, shards=shards, sampler=PERSampler())
+                _buffer(client, name, shards, sampler=PERSampler())
                 for phase in PHASES:
                     if shards == 1 and phase != _base(phase):
                         continue
                     result = run_phase(cluster, name, shards, phase, args.writers, args.seconds,
                                        args.sample_size, cores)
                     results.setdefault((shards, phase), []).append(result)
-                ReplayBuffer(client, name, capacity=CAPACITY, shards=shards).drop()
+                _buffer(client, name, shards).drop()
         client.close()
     load = os.getloadavg()[0]
     where = ("masters pinned to cores " + ", ".join(

@@ -79,11 +79,10 @@ def child_mpi(mode: str, url: str, name: str, rounds: int, batch: int) -> None:
             comm.send(b, dest=0, tag=0)  # pickles the whole batch (the seed's approach)
             return comm.recv(source=0, tag=0)
     else:
-        from redisbuf import ReplayBuffer
+        from redisbuf import ManagerLink, ReplayBuffer
 
         comm.Barrier()
-        buffer = ReplayBuffer(url, name, capacity=None, remote_manager_rank=0,
-                              communication_backend="mpi")
+        buffer = ReplayBuffer(url, name, capacity=None, manager=ManagerLink(0, backend="mpi"))
 
         def exchange(b: Any) -> Any:
             return buffer.add(b).score
@@ -132,7 +131,7 @@ def _pickle_manager(comm: Any, workers: int) -> None:
 
 def child_redis(role: str, index: int, workers: int, url: str, name: str, rounds: int,
                 batch: int) -> None:
-    from redisbuf import ReplayBuffer, connect
+    from redisbuf import ManagerLink, ReplayBuffer, connect
     from redisbuf.control.manager import ReplayBufferManager
     from redisbuf.control.redis import RedisWorkerTransport
 
@@ -144,8 +143,7 @@ def child_redis(role: str, index: int, workers: int, url: str, name: str, rounds
     batches = _batches(batch, index)
     transport = RedisWorkerTransport(client, name, connect_timeout=60.0)
     transport.connect()
-    buffer = ReplayBuffer(client, name, capacity=None, remote_manager_rank=0,
-                          communication_backend=transport)
+    buffer = ReplayBuffer(client, name, capacity=None, manager=ManagerLink(0, backend=transport))
     for i in range(WARMUP):
         buffer.add(batches[i % len(batches)])
     gate = f"bench:{name}:gate"

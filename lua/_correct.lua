@@ -3,6 +3,7 @@
 -- lua/seq_sample.lua (SequenceBuffer's window starts): the ids are whatever the mass log's
 -- entries name (item ids, step slots), compared as text.
 -- @include common
+-- @include masslog
 
 local function split(text)
   local out = {}
@@ -101,4 +102,41 @@ local function correct_draw(entries, per, alpha, eps, ref, total, candidates, sp
     end
   end
   return out, holes
+end
+
+-- The draws of a commit in "correct" mode as they stand at this call, the one check and
+-- correction of lua/sample_prioritized.lua and lua/seq_sample.lua. `log`: the buffer's
+-- {log_epoch, log_version, log_stamp} (meta); `replica`: the sender's {epoch, version,
+-- stamp, total mass} (its ARGV, as text but the total); `mass`: {per, alpha, eps, ref}
+-- (see correct_draw); `packed` / `width`: the candidates (see unpack_ids), 1 + `spares`
+-- per draw, draw after draw; `uniforms`: two per draw (see correct_draw). Returns the
+-- draws, the log entries they were corrected by ({} when the log is at the replica's
+-- epoch, version and stamp: the draws are then each draw's first candidate) and each
+-- draw's first candidate. When they cannot stand, nil and the reply to return (nothing
+-- is recorded): the replica's catch-up (masslog_behind) when it cannot catch up from the
+-- log, is further behind than one reply carries or the entries hold an X; {3, epoch,
+-- version, stamp, draws with '' at each hole, entries...} when a correction left holes.
+local function draws_at_commit(K, log, replica, mass, packed, width, spares, uniforms)
+  local candidates = unpack_ids(packed, width)
+  local stride = 1 + spares
+  local sent = {}
+  for j = 1, #candidates / stride do sent[j] = candidates[stride * (j - 1) + 1] end
+  if log[1] == replica[1] and log[2] == replica[2] and log[3] == replica[3] then
+    return sent, {}, sent
+  end
+  local behind = masslog_behind(K, replica[1], tonumber(replica[2]), replica[3])
+  if #behind == 4 or #behind - 4 ~= tonumber(behind[3]) - tonumber(replica[2]) then
+    return nil, behind  -- cannot catch up from the log, or too far behind for one reply
+  end
+  local entries = {}
+  for i = 5, #behind do entries[#entries + 1] = behind[i] end
+  local ids, holes = correct_draw(entries, mass[1], mass[2], mass[3], mass[4], replica[4],
+    candidates, spares, uniforms)
+  if not ids then return nil, behind end
+  if holes then  -- nothing is recorded: the caller completes the draw and commits it
+    local out = {3, log[1] or '', log[2] or '0', log[3] or '', table.concat(ids, ',')}
+    for i = 1, #entries do out[#out + 1] = entries[i] end
+    return nil, out
+  end
+  return ids, entries, sent
 end

@@ -50,17 +50,27 @@ local function per_account(K, removed, added)
   if #removed == 0 and #added == 0 then return end
   local conf = redis.call('HMGET', K.meta, 'per_sum', 'per_comp', 'per_nonzero')
   local sum, comp, nonzero = tonumber(conf[1]) or 0, tonumber(conf[2]) or 0, tonumber(conf[3]) or 0
-  local function push(x)
-    local t = sum + x
-    if math.abs(sum) >= math.abs(x) then comp = comp + ((sum - t) + x)
-    else comp = comp + ((x - t) + sum) end
-    sum = t
+  local abs = math.abs
+  -- Neumaier's compensated sum, written out twice (no closure call per value: this loop
+  -- is most of an update's Lua time)
+  for i = 1, #removed do
+    local x = removed[i]
+    if x ~= 0 then
+      nonzero = nonzero - 1
+      x = -x
+      local t = sum + x
+      if abs(sum) >= abs(x) then comp = comp + ((sum - t) + x) else comp = comp + ((x - t) + sum) end
+      sum = t
+    end
   end
-  for _, p in ipairs(removed) do
-    if p ~= 0 then nonzero = nonzero - 1 push(-p) end
-  end
-  for _, p in ipairs(added) do
-    if p ~= 0 then nonzero = nonzero + 1 push(p) end
+  for i = 1, #added do
+    local x = added[i]
+    if x ~= 0 then
+      nonzero = nonzero + 1
+      local t = sum + x
+      if abs(sum) >= abs(x) then comp = comp + ((sum - t) + x) else comp = comp + ((x - t) + sum) end
+      sum = t
+    end
   end
   if nonzero <= 0 then sum, comp, nonzero = 0, 0, 0 end
   redis.call('HSET', K.meta, 'per_sum', fmt(sum), 'per_comp', fmt(comp), 'per_nonzero', nonzero)
@@ -259,9 +269,11 @@ local function delete_items(K, ids)
   call_chunked('HDEL', K.uses, ids)
   call_chunked('ZREM', K.versions, ids)
   if per_enabled(K) then
-    local old, present = per_texts(K, ids), {}
+    -- the log's scores before are these priorities (logged_scores): not read twice
+    local old, present = before or per_texts(K, ids), {}
     for i = 1, #ids do
-      if old[i] then present[#present + 1] = tonumber(old[i]) end
+      local text = old[i]
+      if text and text ~= 'nan' then present[#present + 1] = tonumber(text) end
     end
     per_account(K, present, {})
     call_chunked('HDEL', K.per, ids)
@@ -282,46 +294,55 @@ local function remove_items(K, ids)
   masslog_append(K, ids, before, nil)
 end
 
--- Set the PER priorities of ids present (priorities as numbers, and optionally as the
--- text they were given in; a later duplicate wins), skipping ids no longer stored: one HMGET, one HSET and one log entry for the whole call,
--- whatever the buffer's size. Returns how many distinct ids were updated.
-local function set_priorities(K, ids, priorities, texts)
-  local latest, order, given = {}, {}, {}
-  for i = 1, #ids do
-    if latest[ids[i]] == nil then order[#order + 1] = ids[i] end
-    latest[ids[i]] = priorities[i]
-    -- a plain decimal as sent is stored as it is (numpy and Lua read it alike); any
-    -- other spelling of the number (hex, spaces) is written anew
-    if texts and string.find(texts[i], '^[%d%.eE%+%-]+$') then
-      given[ids[i]] = texts[i]
-    else
-      given[ids[i]] = nil
+-- Set the PER priorities of ids present, skipping ids no longer stored. priorities:
+-- numbers; texts: how each is stored (plain decimals, as numpy and Lua both read them);
+-- last: nil when no id repeats, else each id's last position (its priority wins). One
+-- HMGET, one HSET and one log entry for the whole call, whatever the buffer's size.
+-- Returns how many distinct ids were updated.
+local function set_priorities(K, ids, priorities, texts, last)
+  if last then  -- keep each id's last occurrence
+    local kept_ids, kept_values, kept_texts = {}, {}, {}
+    for i = 1, #ids do
+      if last[ids[i]] == i then
+        kept_ids[#kept_ids + 1] = ids[i]
+        kept_values[#kept_values + 1] = priorities[i]
+        kept_texts[#kept_texts + 1] = texts[i]
+      end
+    end
+    ids, priorities, texts = kept_ids, kept_values, kept_texts
+  end
+  local old = per_texts(K, ids)
+  local n = #ids
+  for i = 1, n do
+    if not old[i] then  -- rare: ids evicted since the caller drew them
+      local kept_ids, kept_values, kept_texts, kept_old = {}, {}, {}, {}
+      for j = 1, n do
+        if old[j] then
+          kept_ids[#kept_ids + 1] = ids[j]
+          kept_values[#kept_values + 1] = priorities[j]
+          kept_texts[#kept_texts + 1] = texts[j]
+          kept_old[#kept_old + 1] = old[j]
+        end
+      end
+      ids, priorities, texts, old, n = kept_ids, kept_values, kept_texts, kept_old, #kept_ids
+      break
     end
   end
-  local old = per_texts(K, order)
-  local kept, values, removed, pairs_, before, after = {}, {}, {}, {}, {}, {}
-  local top = 0
-  for i = 1, #order do
-    if old[i] then
-      local value = latest[order[i]]
-      local text = given[order[i]] or fmt(value)
-      kept[#kept + 1] = order[i]
-      values[#values + 1] = value
-      removed[#removed + 1] = tonumber(old[i])
-      before[#before + 1] = old[i]
-      after[#after + 1] = text
-      pairs_[#pairs_ + 1] = order[i]
-      pairs_[#pairs_ + 1] = text
-      if value > top then top = value end
-    end
+  if n == 0 then return 0 end
+  local removed, pairs_, top = {}, {}, 0
+  for i = 1, n do
+    local value = priorities[i]
+    removed[i] = tonumber(old[i])
+    pairs_[2 * i - 1] = ids[i]
+    pairs_[2 * i] = texts[i]
+    if value > top then top = value end
   end
-  if #kept == 0 then return 0 end
   call_chunked('HSET', K.per, pairs_)
   per_heap_set(K, pairs_)
-  per_account(K, removed, values)
+  per_account(K, removed, priorities)
   per_raise_max(K, top)
-  masslog_append(K, kept, before, after)
-  return #kept
+  masslog_append(K, ids, old, texts)
+  return n
 end
 
 -- Bookkeeping for items a sampling script has chosen (ids may repeat): every sampling

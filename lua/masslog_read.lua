@@ -1,8 +1,8 @@
 -- What a prioritized sampler's replica (redisbuf/sampling/replica.py) needs to catch up: the log
 -- entries after its version, at most one reply's worth (masslog_behind); it asks again
--- from where they end.
--- @include common
--- @include masslog
+-- from where they end. The read itself is lua/_replica_reads.lua's masslog_read, shared
+-- with lua/seq_masslog_read.lua.
+-- @include replica_reads
 -- @keys 13
 -- @retry never
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
@@ -16,15 +16,4 @@
 -- Returns {0, epoch, version, stamp, entries after ARGV[2]...} (none when the replica is
 -- of another epoch or history, or further behind than the log holds: it reads everything
 -- again), or {2} when prioritized sampling is off.
-local K = buffer_keys(KEYS)
-if not masslog_on(K) then return {2} end
-if ARGV[4] == 'pin' then
-  masslog_pin(K, tonumber(redis.call('HGET', K.meta, 'log_version')) or 0, tonumber(ARGV[5]))
-elseif ARGV[4] == 'pin_at' then  -- keep the entries after the replica's own version
-  masslog_pin(K, tonumber(ARGV[2]), tonumber(ARGV[5]))
-end
-if ARGV[4] == 'unpin' and not RB_NO_WRITES
-    and redis.call('HGET', K.meta, 'log_pin') == tostring(ARGV[5]) then
-  redis.call('HDEL', K.meta, 'log_pin', 'log_pin_until')
-end
-return masslog_behind(K, ARGV[1], tonumber(ARGV[2]), ARGV[3])
+return masslog_read(buffer_keys(KEYS), ARGV)

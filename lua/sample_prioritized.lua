@@ -14,7 +14,8 @@
 -- ARGV[5] mode: "exact": the draw stands only if the log is at the replica's version and
 --   stamp (then it follows every change made before this call, whatever it drew);
 --   "correct" (draws with replacement): as "exact" when nothing changed since; otherwise
---   the draw is corrected here to the current law (see correct_draw) and stands
+--   the draw is corrected here to the current law (see draws_at_commit, correct_draw)
+--   and stands
 -- ARGV[6] "1" = also return blobs
 -- ARGV[7] the drawn ids, packed (see unpack_ids; may repeat)  ARGV[8] their width
 -- "correct": also ARGV[9] S, the spare draws per draw  ARGV[10] two uniforms per draw,
@@ -55,33 +56,17 @@ if ARGV[1] ~= 'per' and per then
   return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' samples by PER priorities'
     .. ' (PERSampler), not by log-rewards')
 end
-local current = conf[3] == ARGV[2] and conf[4] == ARGV[3] and conf[5] == ARGV[4]
 local entries, ids, primaries = {}, {}, {}
 if ARGV[5] == 'correct' then
-  local spares = tonumber(ARGV[9])
-  local candidates = unpack_ids(ARGV[7], tonumber(ARGV[8]))
-  local width = 1 + spares
-  for j = 1, #candidates / width do primaries[j] = candidates[width * (j - 1) + 1] end
-  if current then
-    for j = 1, #candidates / width do ids[j] = candidates[width * (j - 1) + 1] end
-  else
-    local behind = masslog_behind(K, ARGV[2], tonumber(ARGV[3]), ARGV[4])
-    if #behind == 4 or #behind - 4 ~= tonumber(behind[3]) - tonumber(ARGV[3]) then
-      return behind  -- cannot catch up from the log, or too far behind for one reply
-    end
-    for i = 5, #behind do entries[#entries + 1] = behind[i] end
-    local holes
-    ids, holes = correct_draw(entries, per, tonumber(conf[9]) or 1, tonumber(conf[10]) or 0,
-      tonumber(ARGV[12]), tonumber(ARGV[11]), candidates, spares, ARGV[10])
-    if not ids then return behind end
-    if holes then  -- nothing is recorded: the caller completes the draw and commits it
-      local out = {3, conf[3] or '', conf[4] or '0', conf[5] or '', table.concat(ids, ',')}
-      for i = 1, #entries do out[#out + 1] = entries[i] end
-      return out
-    end
-  end
+  local stand
+  ids, stand, primaries = draws_at_commit(K, {conf[3], conf[4], conf[5]},
+    {ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[11])},
+    {per, tonumber(conf[9]) or 1, tonumber(conf[10]) or 0, tonumber(ARGV[12])},
+    ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10])
+  if not ids then return stand end
+  entries = stand
 else
-  if not current then
+  if not (conf[3] == ARGV[2] and conf[4] == ARGV[3] and conf[5] == ARGV[4]) then
     return masslog_behind(K, ARGV[2], tonumber(ARGV[3]), ARGV[4])
   end
   ids = unpack_ids(ARGV[7], tonumber(ARGV[8]))

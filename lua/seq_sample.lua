@@ -217,28 +217,13 @@ end
 -- is current, else corrected (nil and a reply to return when they cannot stand).
 local corrected, entries = '0', {}
 local function prioritized_draws()
-  local spares = tonumber(ARGV[14])
-  local width = 1 + spares
-  local sent = unpack_ids(ARGV[17], tonumber(ARGV[18]))
-  if conf[6] == ARGV[11] and conf[7] == ARGV[12] and conf[8] == ARGV[13] then
-    local out = {}
-    for j = 1, #sent / width do out[j] = sent[width * (j - 1) + 1] end
-    return out
-  end
-  local behind = masslog_behind(K, ARGV[11], tonumber(ARGV[12]), ARGV[13])
-  if #behind == 4 or #behind - 4 ~= tonumber(behind[3]) - tonumber(ARGV[12]) then
-    return nil, behind  -- cannot catch up from the log, or too far behind for one reply
-  end
-  for i = 5, #behind do entries[#entries + 1] = behind[i] end
-  local out, holes = correct_draw(entries, true, tonumber(conf[9]) or 1,
-    tonumber(conf[10]) or 0, 0, tonumber(ARGV[16]), sent, spares, ARGV[15])
-  if not out then return nil, behind end
-  if holes then
-    local reply = {3, conf[6] or '', conf[7] or '0', conf[8] or '', table.concat(out, ',')}
-    for i = 1, #entries do reply[#reply + 1] = entries[i] end
-    return nil, reply
-  end
-  corrected = '1'
+  local out, stand = draws_at_commit(K, {conf[6], conf[7], conf[8]},
+    {ARGV[11], ARGV[12], ARGV[13], tonumber(ARGV[16])},
+    {true, tonumber(conf[9]) or 1, tonumber(conf[10]) or 0, 0},
+    ARGV[17], tonumber(ARGV[18]), tonumber(ARGV[14]), ARGV[15])
+  if not out then return nil, stand end
+  entries = stand
+  if #entries > 0 then corrected = '1' end
   return out
 end
 

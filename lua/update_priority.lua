@@ -28,7 +28,7 @@ end
 if conf[5] then
   return fail('RB_BUSY', 'PER is being turned on for ' .. K.meta .. ' (lua/enable_per.lua)')
 end
-local ids, texts, values = {}, {}, {}
+local ids, texts = {}, {}
 if #ARGV % 2 == 1 then
   ids = unpack_ids(ARGV[1], tonumber(ARGV[2]))
   for text in string.gmatch(ARGV[3], '[^,]+') do texts[#texts + 1] = text end
@@ -45,13 +45,27 @@ if #ids > RB_MAX_ITEMS then
   return fail('RB_LIMIT', 'one command updates at most ' .. RB_MAX_ITEMS .. ' priorities, got '
     .. #ids .. ' (redisbuf/store/bounds.py)')
 end
+-- one loop over the ids (Lua's per-id work is most of this script's time)
+local values, last, repeated, huge = {}, {}, false, math.huge
 for i = 1, #ids do
-  values[i] = per_parse(texts[i])
-  if values[i] == nil then
+  local value = tonumber(texts[i])
+  if value == nil or value ~= value or value < 0 or value == huge then
     return fail('RB_INVALID', 'priority ' .. (i - 1) .. ' is ' .. tostring(texts[i])
       .. '; priorities must be finite and >= 0')
   end
+  values[i] = value
+  local id = ids[i]
+  if last[id] then repeated = true end
+  last[id] = i
 end
-local updated = set_priorities(K, ids, values, texts)
+-- a plain decimal as sent is stored as it is (numpy and Lua read it alike); any other
+-- spelling of the number (hex, spaces) is written anew. One scan of all the texts: a
+-- finite number's text holds a letter other than e/E, or a space, only when not plain.
+if string.find(table.concat(texts), '[^%d%.eE%+%-]') then
+  for i = 1, #texts do
+    if not string.find(texts[i], '^[%d%.eE%+%-]+$') then texts[i] = fmt(values[i]) end
+  end
+end
+local updated = set_priorities(K, ids, values, texts, repeated and last)
 local after = redis.call('HMGET', K.meta, 'log_epoch', 'log_version', 'log_stamp')
 return {updated, after[1] or '', conf[4] or '0', after[2] or '0', conf[6] or '', after[3] or ''}

@@ -21,7 +21,8 @@ class RedisBufError(Exception):
 
     Examples:
         >>> import fakeredis
-        >>> from redisbuf import EmptyBufferError, RedisBufError, ReplayBuffer
+        >>> from redisbuf import ReplayBuffer
+        >>> from redisbuf.errors import EmptyBufferError, RedisBufError
         >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
         >>> try:
         ...     buffer.sample(1)
@@ -90,7 +91,8 @@ class SchemaError(RedisBufError, ValueError):
 
     Examples:
         >>> import fakeredis, numpy as np
-        >>> from redisbuf import ReplayBuffer, SchemaError
+        >>> from redisbuf import ReplayBuffer
+        >>> from redisbuf.errors import SchemaError
         >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
         >>> _ = buffer.add({"obs": np.zeros(2), "log_rewards": np.zeros(2)})
         >>> try:
@@ -108,7 +110,8 @@ class InvalidBatchError(RedisBufError, ValueError):
 
     Examples:
         >>> import fakeredis, numpy as np
-        >>> from redisbuf import InvalidBatchError, ReplayBuffer
+        >>> from redisbuf import ReplayBuffer
+        >>> from redisbuf.errors import InvalidBatchError
         >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
         >>> try:
         ...     buffer.add({"obs": np.zeros(2), "log_rewards": np.array([0.0, np.nan])})
@@ -125,7 +128,8 @@ class ItemTooLargeError(InvalidBatchError):
 
     Examples:
         >>> import fakeredis, numpy as np
-        >>> from redisbuf import ItemTooLargeError, ReplayBuffer
+        >>> from redisbuf import ReplayBuffer
+        >>> from redisbuf.errors import ItemTooLargeError
         >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", max_item_bytes=64)
         >>> try:
         ...     buffer.add({"obs": np.zeros((1, 100)), "log_rewards": np.zeros(1)})
@@ -218,7 +222,8 @@ class WaitTimeoutError(RedisBufError, TimeoutError):
 
     Examples:
         >>> import fakeredis
-        >>> from redisbuf import ReplayBuffer, WaitTimeoutError
+        >>> from redisbuf import ReplayBuffer
+        >>> from redisbuf.errors import WaitTimeoutError
         >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
         >>> try:
         ...     buffer.sample(1, block=True, timeout=0)

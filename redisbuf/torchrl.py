@@ -185,7 +185,7 @@ def _check_sampler(sampler: Any) -> None:
 class RedisbufStorage(Storage):
     """TorchRL storage on the redisbuf buffer ``name`` at ``url`` (created with capacity
     ``max_size`` if it does not exist; ``max_size=None`` adopts the stored capacity, and
-    another capacity than the stored one raises :class:`~redisbuf.ConfigMismatchError`).
+    another capacity than the stored one raises :class:`~redisbuf.errors.ConfigMismatchError`).
     Opening never changes what is stored.
 
     Args:
@@ -513,7 +513,7 @@ class RedisbufPrioritizedSampler(PrioritizedSampler):
     with replacement; ``priority_weight`` is ``(m_i / m_min)^-beta`` with ``m = (p +
     eps)^alpha`` and ``m_min`` over the whole buffer, as TorchRL's. ``alpha``, ``eps``
     and ``initial_priority`` are the buffer's, fixed by the first process that samples it
-    with PER (another value raises :class:`~redisbuf.ConfigMismatchError`); ``beta`` is
+    with PER (another value raises :class:`~redisbuf.errors.ConfigMismatchError`); ``beta`` is
     this sampler's and may change between draws.
 
     Differences from TorchRL's: a new item gets ``max(initial_priority, highest priority
@@ -615,7 +615,7 @@ class RedisbufPrioritizedSampler(PrioritizedSampler):
     ) -> None:
         """Set the server's priorities of the items with ids ``index`` (one number, or
         one per id). Negative ids, NaN priorities and ids no longer stored are skipped;
-        a negative or infinite priority raises :class:`~redisbuf.InvalidBatchError` and
+        a negative or infinite priority raises :class:`~redisbuf.errors.InvalidBatchError` and
         changes nothing."""
         handle = self._bound(storage)
         if isinstance(index, tuple):

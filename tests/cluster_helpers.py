@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from redisbuf import ReplayBuffer
+from redisbuf import ShardedReplayBuffer
 
 # log-rewards of the items, in the order they are added (the value v is the item's field)
 LOG_REWARDS = np.log(np.array([2.0, 3.0, 4.0, 5.0, 6.0, 7.0]))
@@ -35,7 +35,7 @@ def chi2_limit(df: int, z: float = 5.0) -> float:
 def filled(client: Any, name: str, *, prioritized: bool, seed: int = 5) -> Any:
     """A 3-shard buffer holding items v = 0..5 (log-reward log(v + 2)), 1, 2 and 3 of
     them in the three shards."""
-    buffer = ReplayBuffer(
+    buffer = ShardedReplayBuffer(
         client, name, capacity=30, shards=3, prioritized_sampling=prioritized, seed=seed
     )
     start = 0

@@ -14,9 +14,9 @@ import pytest
 import redis
 from test_bad_input import snapshot
 
-from redisbuf import BufferKeys, ReplayBuffer, SchemaError
+from redisbuf import BufferKeys, ReplayBuffer
 from redisbuf.control.ipc import MessageQueue
-from redisbuf.errors import ConfigMismatchError
+from redisbuf.errors import ConfigMismatchError, SchemaError
 from redisbuf.servers.embedded import EmbeddedServer
 from redisbuf.store import scripts
 from redisbuf.store.containers import schema_to_json

@@ -14,18 +14,14 @@ import torch
 from key_contents import key_contents
 
 import redisbuf
-from redisbuf import (
-    BufferKeys,
+from redisbuf import BufferKeys, ReplayBuffer, States, Trajectories, Transitions
+from redisbuf.errors import (
     DecodeError,
     EmptyBufferError,
     InvalidBatchError,
     ItemTooLargeError,
-    ReplayBuffer,
     SchemaError,
     ServerUnavailableError,
-    States,
-    Trajectories,
-    Transitions,
 )
 from redisbuf.store import codec
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from process_helpers import default_signals
 
-from redisbuf import EmptyBufferError, ReplayBuffer
-from redisbuf.errors import WaitTimeoutError
+from redisbuf import ReplayBuffer
+from redisbuf.errors import EmptyBufferError, WaitTimeoutError
 
 
 def _batch(n: int) -> dict[str, np.ndarray]:

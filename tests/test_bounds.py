@@ -14,7 +14,8 @@ import pytest
 import redis
 from test_sampling import chi2, chi2_limit
 
-from redisbuf import FifoSampler, ReplayBuffer, RequestTooLargeError
+from redisbuf import FifoSampler, ReplayBuffer
+from redisbuf.errors import RequestTooLargeError
 from redisbuf.store import bounds, functions
 from redisbuf.store.keys import format_id
 

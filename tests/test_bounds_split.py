@@ -15,8 +15,8 @@ import pytest
 import redis.connection
 from key_contents import key_contents
 
-from redisbuf import RequestTooLargeError
 from redisbuf.buffers.sequence import SequenceBuffer, SequenceKeys
+from redisbuf.errors import RequestTooLargeError
 from redisbuf.store import bounds
 
 BOUND = 6
@@ -160,7 +160,7 @@ def test_gather_all_reads_again_when_a_step_is_evicted_meanwhile(client, buffer_
 
 def test_gather_all_with_unequal_environments_is_refused_in_parts_too(client, buffer_name,
                                                                        monkeypatch):
-    from redisbuf import InvalidBatchError
+    from redisbuf.errors import InvalidBatchError
 
     buf = SequenceBuffer(client, buffer_name, 2, 8)
     _steps(buf, 2, 5)

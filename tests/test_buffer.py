@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import redis
 
-from redisbuf import AddResult, BufferKeys, ConfigMismatchError, ReplayBuffer, States, Trajectories
-from redisbuf.errors import SchemaError
+from redisbuf import AddResult, BufferKeys, ReplayBuffer, States, Trajectories
+from redisbuf.errors import ConfigMismatchError, SchemaError
 from redisbuf.store import scripts
 
 

@@ -16,8 +16,9 @@ from test_bad_input import snapshot
 from test_per import assert_matches, chi2_limit, per_scores
 from test_sampling import assert_tree_consistent
 
-from redisbuf import BufferKeys, ConfigMismatchError, DecodeError, PERSampler, ReplayBuffer
+from redisbuf import BufferKeys, PERSampler, ReplayBuffer
 from redisbuf.buffers.checkpoint import SAVE_FORMAT_VERSION
+from redisbuf.errors import ConfigMismatchError, DecodeError
 
 ALPHA, EPS, INITIAL = 0.7, 0.01, 1.5
 PRIORITIES = [0.0, 0.1, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 0.05]
@@ -381,7 +382,7 @@ def test_the_scripts_refuse_what_slipped_past_the_checks(client, buffer_name, tm
     """The Lua side refuses too (another process may change the buffer between the
     checks in Python and the swap): bad values in restore_items, and a use count at
     max_use in restore; nothing is written."""
-    from redisbuf import InvalidBatchError
+    from redisbuf.errors import InvalidBatchError
     from redisbuf.store import scripts
 
     buffer = ReplayBuffer(client, buffer_name, capacity=8, max_use=2)

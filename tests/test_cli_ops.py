@@ -445,7 +445,7 @@ def test_export_import_keep_per_priorities_and_use_counts(url, real_client, tmp_
 
 
 def test_export_import_move_a_sharded_buffer_whole(url, real_client, tmp_path, capsys):
-    sharded = ReplayBuffer(real_client, "sh", capacity=30, shards=3, seed=1)
+    sharded = ShardedReplayBuffer(real_client, "sh", capacity=30, shards=3, seed=1)
     for start in range(0, 12, 4):
         sharded.add({"x": np.arange(start, start + 4), "log_rewards": np.zeros(4)})
     path = tmp_path / "sh.rbuf"

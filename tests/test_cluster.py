@@ -149,7 +149,7 @@ def test_every_script_path_runs_on_a_cluster_slot(cluster_client, tmp_path):
 
 
 def test_a_sharded_buffer_puts_its_shards_on_different_masters(redis_cluster, cluster_client):
-    buffer = ReplayBuffer(cluster_client, "spread", capacity=30, shards=3)
+    buffer = ShardedReplayBuffer(cluster_client, "spread", capacity=30, shards=3)
     ports = [node_port(cluster_client, shard.keys.meta) for shard in buffer.shards]
     assert sorted(ports) == sorted(redis_cluster.ports)
     for shard in buffer.shards:
@@ -174,21 +174,21 @@ def test_sharded_prioritized_draws_on_the_cluster(cluster_client):
 def test_a_sharded_checkpoint_round_trips_on_the_cluster(cluster_client, tmp_path):
     """save / load of a sharded buffer whose shards sit on the three masters: every
     shard's restore (staging keys, swap script) runs on its own master's slot."""
-    buffer = ReplayBuffer(cluster_client, "ckpt", capacity=12, shards=3, seed=4)
+    buffer = ShardedReplayBuffer(cluster_client, "ckpt", capacity=12, shards=3, seed=4)
     for start in range(0, 24, 3):
         buffer.add(batch(np.arange(start, start + 3), np.arange(3.0)))
     buffer.sample(5)
     before = [[r[1:] for r in shard._records()] for shard in buffer.shards]
     stats = buffer.stats()
     assert buffer.save(tmp_path / "s.rb") == 12
-    copy = ReplayBuffer(cluster_client, "ckpt-copy", capacity=12, shards=3)
+    copy = ShardedReplayBuffer(cluster_client, "ckpt-copy", capacity=12, shards=3)
     assert copy.load(tmp_path / "s.rb") == 12
     assert [[r[1:] for r in shard._records()] for shard in copy.shards] == before
     assert {k: copy.stats()[k] for k in ("inserted", "evicted", "sampled")} == {
         k: stats[k] for k in ("inserted", "evicted", "sampled")}
     plain = ReplayBuffer(cluster_client, "ckpt-plain", capacity=12)
     assert plain.load(tmp_path / "s.rb") == 12
-    two = ReplayBuffer(cluster_client, "ckpt-two", capacity=12, shards=2)
+    two = ShardedReplayBuffer(cluster_client, "ckpt-two", capacity=12, shards=2)
     two.load_state_dict(plain.state_dict())
     assert [len(s) for s in two.shards] == [6, 6]
     assert sorted(two.sample(12)["v"].tolist()) == sorted(buffer.sample(12)["v"].tolist())
@@ -199,7 +199,7 @@ def test_a_sharded_checkpoint_round_trips_on_the_cluster(cluster_client, tmp_pat
 def test_a_stopped_master_fails_only_its_shard():
     with LocalCluster(masters=3) as cluster:
         client = redis.cluster.RedisCluster.from_url(cluster.urls[0])
-        buffer = ReplayBuffer(client, "faults", capacity=60, shards=3, seed=3)
+        buffer = ShardedReplayBuffer(client, "faults", capacity=60, shards=3, seed=3)
         ids, values = {}, {}
         for b in range(3):
             added = np.arange(10 * b, 10 * b + 5)
@@ -231,7 +231,7 @@ def test_the_command_line_refuses_a_sharded_name_and_reads_its_shards(
 ):
     from redisbuf.cli import main
 
-    buffer = ReplayBuffer(cluster_client, "cli", capacity=30, shards=3)
+    buffer = ShardedReplayBuffer(cluster_client, "cli", capacity=30, shards=3)
     buffer.add(batch([1, 2]))
     url = redis_cluster.urls[0]
     assert main(["inspect", "cli", "--url", url]) != 0
@@ -252,7 +252,7 @@ def test_the_command_line_refuses_a_sharded_name_and_reads_its_shards(
 
 
 def _add_from_process(url: str, values: list[int]) -> None:
-    buffer = ReplayBuffer(url, "multi", capacity=300, shards=3)
+    buffer = ShardedReplayBuffer(url, "multi", capacity=300, shards=3)
     for value in values:
         buffer.add(batch([value, value + 1000]))
     buffer.close()
@@ -262,7 +262,7 @@ def _add_from_process(url: str, values: list[int]) -> None:
 def test_processes_adding_to_one_sharded_buffer(redis_cluster, cluster_client):
     import multiprocessing
 
-    ReplayBuffer(cluster_client, "multi", capacity=300, shards=3)
+    ShardedReplayBuffer(cluster_client, "multi", capacity=300, shards=3)
     context = multiprocessing.get_context("fork")
     processes = [
         context.Process(

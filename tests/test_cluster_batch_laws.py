@@ -26,9 +26,9 @@ from cluster_helpers import (
     items,
 )
 
-from redisbuf import EmptyBufferError, PERSampler, ReplayBuffer
-from redisbuf.errors import WaitTimeoutError
-from redisbuf.sampling import samplers
+from redisbuf import PERSampler, ShardedReplayBuffer
+from redisbuf.errors import EmptyBufferError, WaitTimeoutError
+from redisbuf.sampling import commits
 
 
 @pytest.fixture(params=["fake", pytest.param("cluster", marks=pytest.mark.redis_server)])
@@ -42,7 +42,7 @@ def uneven(client: Any, name: str, **options: Any) -> tuple[Any, list[int]]:
     the shard of item v is ``v``'s batch's), over half full: its uniform batches are made by
     the rejection path (a shard chosen uniformly, kept with probability size / 5). The
     buffer and the items' global ids."""
-    buffer = ReplayBuffer(client, name, capacity=15, shards=3, seed=11,
+    buffer = ShardedReplayBuffer(client, name, capacity=15, shards=3, seed=11,
                           batch_law="shard_local", **options)
     start, ids = 0, []
     for size in (5, 4, 2):
@@ -86,7 +86,7 @@ def check_one_shard_law(
 
 def test_a_batch_law_other_than_the_two_is_refused(fake_client, buffer_name):
     with pytest.raises(ValueError, match="batch_law must be one of 'global', 'shard_local'"):
-        ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, batch_law="local")
+        ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, batch_law="local")
     assert fake_client.keys("*") == []
 
 
@@ -208,7 +208,7 @@ def test_shard_local_prioritized_draws_without_replacement(where, buffer_name):
     assert chi2(firsts, {v: 300 * p[v] for v in range(6)}) < chi2_limit(5)
     check_prioritized_pairs(buffer, 300)  # n = 3 > the smallest shard: global batches
     # shards of 2, 2 and 2 items: n = 2 stays in one shard
-    two = ReplayBuffer(where, buffer_name + "-2", capacity=30, shards=3, seed=3,
+    two = ShardedReplayBuffer(where, buffer_name + "-2", capacity=30, shards=3, seed=3,
                        prioritized_sampling=True, batch_law="shard_local")
     for start in (0, 2, 4):
         two.add(items([start, start + 1], LOG_REWARDS[[start, start + 1]]))
@@ -226,7 +226,7 @@ def test_shard_local_prioritized_draws_without_replacement(where, buffer_name):
 def per_buffer(client: Any, name: str, law: str) -> tuple[Any, dict[int, float]]:
     """A 3-shard PER buffer (alpha 0.7, eps 0.05) of 24 items with known priorities, one
     of them zero; the priorities by global id."""
-    buffer = ReplayBuffer(client, name, capacity=60, shards=3, seed=5, batch_law=law,
+    buffer = ShardedReplayBuffer(client, name, capacity=60, shards=3, seed=5, batch_law=law,
                           sampler=PERSampler(alpha=0.7, eps=0.05))
     rng = np.random.default_rng(1)
     priorities: dict[int, float] = {}
@@ -286,7 +286,7 @@ def test_a_failed_shard_local_per_draw_records_nothing(where, buffer_name, monke
     def fails(*args: Any, **kwargs: Any) -> Any:
         raise EmptyBufferError("emptied between the shard choice and its commit")
 
-    monkeypatch.setattr(samplers, "_replica_draw", fails)
+    monkeypatch.setattr(commits, "replica_draw", fails)
     with pytest.raises(EmptyBufferError, match="emptied"):
         buffer.sample(4)
     assert [(where.hget(s.keys.meta, "sampled"), where.hgetall(s.keys.uses))
@@ -295,7 +295,7 @@ def test_a_failed_shard_local_per_draw_records_nothing(where, buffer_name, monke
 
 @pytest.mark.parametrize("per", [False, True])
 def test_shard_local_blocking_draws_wait_for_items(where, buffer_name, per):
-    buffer = ReplayBuffer(where, buffer_name, capacity=30, shards=3, batch_law="shard_local",
+    buffer = ShardedReplayBuffer(where, buffer_name, capacity=30, shards=3, batch_law="shard_local",
                           sampler=PERSampler() if per else None)
     started = time.monotonic()
     with pytest.raises(WaitTimeoutError, match="waited 0.2 s"):
@@ -315,7 +315,7 @@ def test_global_uniform_draws_taken_back_when_the_sizes_moved(where, buffer_name
     """The global law draws from the sizes the shards last reported and takes the draw
     back when they moved: with adds between draws, the buffer records exactly the draws
     it returned, and the subsets stay uniform."""
-    buffer = ReplayBuffer(where, buffer_name, capacity=300, shards=3, seed=2)
+    buffer = ShardedReplayBuffer(where, buffer_name, capacity=300, shards=3, seed=2)
     returned = 0
     for step in range(60):
         buffer.add(items(np.arange(step * 3, step * 3 + 3)))
@@ -330,7 +330,7 @@ def test_global_uniform_draws_from_sizes_that_moved_are_made_again(where, buffer
     """Sizes the shards reported earlier (here 1, 1, 1) that no longer hold (10, 1, 1):
     the draw made from them is taken back and made again from the sizes asked now, so
     each item keeps probability 1 / 12."""
-    buffer = ReplayBuffer(where, buffer_name, capacity=300, shards=3, seed=4)
+    buffer = ShardedReplayBuffer(where, buffer_name, capacity=300, shards=3, seed=4)
     ids = []
     for batch in ([0], [1], [2], list(range(3, 12))):
         ids += buffer.add(items(batch)).ids.tolist()

@@ -32,7 +32,7 @@ from redisbuf.store.keys import BufferKeys
 
 
 def test_shards_get_their_own_hash_tags_in_separate_slot_ranges(fake_client, buffer_name):
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=100, shards=4)
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=100, shards=4)
     assert isinstance(buffer, ShardedReplayBuffer)
     assert len(set(buffer.shard_names)) == 4
     for k, shard in enumerate(buffer.shards):
@@ -44,7 +44,7 @@ def test_shards_get_their_own_hash_tags_in_separate_slot_ranges(fake_client, buf
 
 
 def test_capacity_is_split_and_each_shard_evicts_its_oldest(fake_client, buffer_name):
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=10, shards=3, seed=1)
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=10, shards=3, seed=1)
     assert [shard.capacity for shard in buffer.shards] == [4, 3, 3]
     for start in range(0, 60, 5):
         buffer.add(items(np.arange(start, start + 5)))
@@ -64,7 +64,7 @@ def _global_ids(buffer, shard):
 
 
 def test_adds_take_the_shards_in_turn_with_global_ids(fake_client, buffer_name):
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, seed=2)
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, seed=2)
     results = [buffer.add(items([10 * b, 10 * b + 1], [b, b])) for b in range(6)]
     targets = [int(r.ids[0]) % 3 for r in results]
     assert sorted(targets[:3]) == [0, 1, 2] and targets[3:] == targets[:3]
@@ -83,7 +83,7 @@ def test_adds_take_the_shards_in_turn_with_global_ids(fake_client, buffer_name):
 
 
 def test_top_merges_the_shards(fake_client, buffer_name):
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, seed=4)
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, seed=4)
     for b in range(3):
         buffer.add(items([b, b + 10], [b, b + 10]))
     top = buffer.top(4)
@@ -92,26 +92,26 @@ def test_top_merges_the_shards(fake_client, buffer_name):
 
 
 def test_reopening_checks_the_layout(fake_client, buffer_name):
-    ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
+    ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
     with pytest.raises(ConfigMismatchError, match="shards 3, not 2"):
-        ReplayBuffer(fake_client, buffer_name, capacity=30, shards=2)
+        ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=2)
     with pytest.raises(ConfigMismatchError, match="capacity 30, not 40"):
-        ReplayBuffer(fake_client, buffer_name, capacity=40, shards=3)
+        ShardedReplayBuffer(fake_client, buffer_name, capacity=40, shards=3)
     again = ShardedReplayBuffer.open(fake_client, buffer_name)
     assert (again.count, again.capacity) == (3, 30)
     with pytest.raises(ShardedBufferError, match="is sharded"):
         ReplayBuffer.open(fake_client, buffer_name)
     ReplayBuffer(fake_client, "plain", capacity=5)
     with pytest.raises(ConfigMismatchError, match="exists unsharded"):
-        ReplayBuffer(fake_client, "plain", capacity=5, shards=2)
+        ShardedReplayBuffer(fake_client, "plain", capacity=5, shards=2)
 
 
 def test_opening_a_sharded_name_without_shards_is_refused_and_writes_nothing(
     client, buffer_name
 ):
-    # issue 24: shards=1 (the default) made an empty plain buffer beside the layout, and
+    # issue 24: ReplayBuffer(..., shards=1) made an empty plain buffer beside the layout, and
     # from then on every sharded open was refused
-    sharded = ReplayBuffer(client, buffer_name, capacity=90, shards=3)
+    sharded = ShardedReplayBuffer(client, buffer_name, capacity=90, shards=3)
     sharded.add(items([1, 2]))
     before = sorted(client.keys("*"))
     for capacity in (90, None):
@@ -119,7 +119,7 @@ def test_opening_a_sharded_name_without_shards_is_refused_and_writes_nothing(
             ReplayBuffer(client, buffer_name, capacity=capacity)
     assert sorted(client.keys("*")) == before
     assert len(ShardedReplayBuffer.open(client, buffer_name)) == 2
-    assert len(ReplayBuffer(client, buffer_name, capacity=90, shards=3)) == 2
+    assert len(ShardedReplayBuffer(client, buffer_name, capacity=90, shards=3)) == 2
     # a name left with both by an earlier version: the stray plain buffer opens and drops
     # alone (its drop leaves the layout), and the sharded buffer opens again
     keys = BufferKeys(buffer_name)
@@ -146,7 +146,7 @@ def test_the_scripts_refuse_a_plain_buffer_beside_a_layout_and_the_reverse(
     with pytest.raises(ConfigMismatchError):
         scripts.load("shard_layout")(client, [plain.shards, plain.meta], ['{"shards": 3}'])
     with pytest.raises(ConfigMismatchError, match="exists unsharded"):
-        ReplayBuffer(client, plain.name, capacity=9, shards=3)
+        ShardedReplayBuffer(client, plain.name, capacity=9, shards=3)
     assert not client.exists(plain.shards)
 
 
@@ -197,7 +197,7 @@ def test_cluster_errors_of_one_shard_are_shard_unavailable_naming_it(
     fake_client, buffer_name, error, raising, prioritized
 ):
     # issue 24: while a restarted master rejoined, _sizes raised a bare ClusterDownError
-    buffer = ReplayBuffer(
+    buffer = ShardedReplayBuffer(
         fake_client, buffer_name, capacity=30, shards=3, prioritized_sampling=prioritized
     )
     for b in range(3):
@@ -210,7 +210,7 @@ def test_cluster_errors_of_one_shard_are_shard_unavailable_naming_it(
 
 
 def test_a_cluster_error_in_a_shard_draw_is_shard_unavailable(fake_client, buffer_name):
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
     for b in range(3):
         buffer.add(items([b]))
 
@@ -225,22 +225,26 @@ def test_a_cluster_error_in_a_shard_draw_is_shard_unavailable(fake_client, buffe
 
 def test_refusals_name_the_problem(fake_client, buffer_name):
     with pytest.raises(ValueError, match="does not support max_use"):
-        ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, max_use=2)
+        ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, max_use=2)
     with pytest.raises(ValueError, match="shards must be a positive integer"):
-        ReplayBuffer(fake_client, buffer_name, capacity=30, shards=0)
+        ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=0)
     with pytest.raises(ValueError, match="capacity must be an integer >= shards"):
-        ReplayBuffer(fake_client, buffer_name, capacity=2, shards=3)
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
+        ShardedReplayBuffer(fake_client, buffer_name, capacity=2, shards=3)
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
     with pytest.raises(EmptyBufferError, match="empty"):
         buffer.sample(1)
+    # a sharded buffer is made explicitly: ReplayBuffer has no shards argument
+    with pytest.raises(TypeError, match="shards"):
+        ReplayBuffer(fake_client, buffer_name + "-plain", capacity=30, shards=3)
+    assert not fake_client.exists(BufferKeys(buffer_name + "-plain").meta)
 
 
 def test_a_batch_of_another_schema_is_refused_whatever_shard_it_would_go_to(
     fake_client, buffer_name
 ):
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
     buffer.add(items([1, 2]))
-    other = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
+    other = ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
     for _ in range(3):  # every shard in turn, two of them still empty
         with pytest.raises(SchemaError, match="does not fit sharded buffer"):
             other.add({"w": np.arange(2.0), "log_rewards": np.zeros(2)})
@@ -248,7 +252,7 @@ def test_a_batch_of_another_schema_is_refused_whatever_shard_it_would_go_to(
 
 
 def test_clear_and_drop_cover_every_shard(fake_client, buffer_name):
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3)
     for b in range(3):
         buffer.add(items([b]))
     assert buffer.clear() == 3 and len(buffer) == 0
@@ -280,7 +284,7 @@ def test_prioritized_draws_with_replacement_follow_the_softmax(fake_client, buff
 
 
 def test_prioritized_sampling_refuses_undefined_draws(fake_client, buffer_name):
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3,
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3,
                           prioritized_sampling=True)
     buffer.add(items([1, 2], [0.0, -np.inf]))
     buffer.add(items([3], [-np.inf]))
@@ -298,10 +302,11 @@ def test_a_shard_that_fails_its_draw_leaves_no_draw_recorded_on_the_others(
     """A PER sample over shards commits one draw per shard; when one shard's commit fails
     (here: emptied meanwhile), the draws the other shards committed are taken back, so the
     failed sample leaves no count and no use anywhere."""
-    from redisbuf import EmptyBufferError, PERSampler
-    from redisbuf.sampling import samplers
+    from redisbuf import PERSampler
+    from redisbuf.errors import EmptyBufferError
+    from redisbuf.sampling import commits
 
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=60, shards=3, seed=5,
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=60, shards=3, seed=5,
                           sampler=PERSampler(alpha=1.0, eps=0.0))
     for _ in range(9):  # a batch goes to one shard: several batches fill them all
         buffer.add({"x": np.arange(5)})
@@ -310,14 +315,14 @@ def test_a_shard_that_fails_its_draw_leaves_no_draw_recorded_on_the_others(
     before = [(fake_client.hget(s.keys.meta, "sampled"), fake_client.hgetall(s.keys.uses))
               for s in buffer.shards]
     failing = buffer.shards[1].view
-    draw = samplers._replica_draw
+    draw = commits.replica_draw
 
     def fails_on_one_shard(shard, *args, **kwargs):
         if shard is failing:
             raise EmptyBufferError("emptied between the shard choice and its commit")
         return draw(shard, *args, **kwargs)
 
-    monkeypatch.setattr(samplers, "_replica_draw", fails_on_one_shard)
+    monkeypatch.setattr(commits, "replica_draw", fails_on_one_shard)
     with pytest.raises(EmptyBufferError, match="emptied"):
         buffer.sample_with_info(60)  # every shard gets some draws
     after = [(fake_client.hget(s.keys.meta, "sampled"), fake_client.hgetall(s.keys.uses))
@@ -330,7 +335,7 @@ def test_shards_share_one_running_max_for_new_items(fake_client, buffer_name):
     shard (as in one buffer), not its own shard's; ids that were evicted raise nothing."""
     from redisbuf import PERSampler
 
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, seed=2,
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, seed=2,
                           sampler=PERSampler(initial_priority=1.0))
     first = buffer.add({"x": np.arange(4)})
     k = int(first.ids[0] % 3)

@@ -28,7 +28,7 @@ def _batch(rank: int, i: int) -> dict[str, np.ndarray]:
 def job(name: str) -> None:
     from mpi4py import MPI
 
-    from redisbuf import BufferKeys, ReplayBuffer, connect
+    from redisbuf import BufferKeys, ManagerLink, ReplayBuffer, connect
     from redisbuf.control.manager import ReplayBufferManager
 
     comm = MPI.COMM_WORLD
@@ -44,8 +44,8 @@ def job(name: str) -> None:
     else:
         comm.Barrier()
         asynchronous = rank == 2
-        buffer = ReplayBuffer(url, name, capacity=None, remote_manager_rank=0,
-                              communication_backend="mpi", async_score=asynchronous)
+        buffer = ReplayBuffer(url, name, capacity=None,
+                              manager=ManagerLink(0, backend="mpi", async_score=asynchronous))
         for i in range(4):
             score = buffer.add(_batch(rank, i)).score
             if asynchronous and i == 0:

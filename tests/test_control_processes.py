@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from redisbuf import ReplayBuffer, connect
+from redisbuf import ManagerLink, ReplayBuffer, connect
 from redisbuf.control.ipc import MessageQueue
 from redisbuf.control.manager import ReplayBufferManager
 from redisbuf.control.redis import RedisWorkerTransport
@@ -55,8 +55,8 @@ def run_worker(url: str, name: str, rank: int, mode: str, events: Any) -> None:
         client = connect(url)
         transport = RedisWorkerTransport(client, name, rank=rank, connect_timeout=30.0, **HB)
         transport.connect()
-        buffer = ReplayBuffer(client, name, capacity=None, remote_manager_rank=0,
-                              communication_backend=transport, async_score=mode == "async")
+        buffer = ReplayBuffer(client, name, capacity=None, manager=ManagerLink(
+            0, backend=transport, async_score=mode == "async"))
         checks = []
         for i in range(5 if mode in ("sync", "async") else 1):
             score = buffer.add(_batch(rank, i)).score
@@ -182,8 +182,8 @@ def test_cli_manager_serves_until_exit(redis_server, buffer_name):
         client = connect(redis_server.url)
         transport = RedisWorkerTransport(client, buffer_name, connect_timeout=30.0, **HB)
         transport.connect()
-        buffer = ReplayBuffer(client, buffer_name, capacity=None, remote_manager_rank=0,
-                              communication_backend=transport)
+        buffer = ReplayBuffer(client, buffer_name, capacity=None,
+                              manager=ManagerLink(0, backend=transport))
         score = buffer.add({"x": np.zeros(3), "log_rewards": np.array([1.0, 2.0, -np.inf])}).score
         assert score == {"score": float("inf"), "baseline_log_reward": 1.0}
         ReplayBufferManager.send_termination_signal(0, buffer)

@@ -15,16 +15,15 @@ from test_bad_input import snapshot
 
 from redisbuf import (
     BufferKeys,
-    ConfigMismatchError,
-    InvalidBatchError,
+    ManagerLink,
     NormBasedDiversePrioritizedReplayBuffer,
     ReplayBuffer,
-    SchemaError,
     States,
     Trajectories,
     Transitions,
 )
 from redisbuf.control.ipc import MessageQueue
+from redisbuf.errors import ConfigMismatchError, InvalidBatchError, SchemaError
 
 
 class Reference:
@@ -159,8 +158,8 @@ def test_trajectories_and_transitions_compare_terminating_states(client, buffer_
 
 
 def test_what_it_refuses(client, buffer_name):
-    with pytest.raises(ValueError, match="remote_manager_rank is not supported"):
-        NormBasedDiversePrioritizedReplayBuffer(client, buffer_name, remote_manager_rank=0)
+    with pytest.raises(ValueError, match="a manager is not supported"):
+        NormBasedDiversePrioritizedReplayBuffer(client, buffer_name, manager=ManagerLink(0))
     with pytest.raises(ValueError, match="prioritized_capacity=True"):
         NormBasedDiversePrioritizedReplayBuffer(client, buffer_name, prioritized_capacity=False)
     with pytest.raises(ValueError, match="cutoff_distance must be a number"):

@@ -158,8 +158,9 @@ def test_public_api_is_collected() -> None:
         "redisbuf.store.connection.connect",
     ):
         assert path in objects
-    # the drop-in's module path is left open (redisbuf.torchgfn or under integrations/)
-    assert any(path.endswith(".torchgfn.to_redisbuf") for path in objects)
+    # the drop-in's functions are collected where they are defined, in the redisbuf.torchgfn
+    # package
+    assert any(".torchgfn." in path and path.endswith(".to_redisbuf") for path in objects)
     assert len(EXAMPLES) >= 50  # under the present count: losing many sections fails
 
 

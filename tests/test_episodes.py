@@ -15,9 +15,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from redisbuf import ConfigMismatchError, EmptyBufferError, InvalidBatchError, SchemaError
 from redisbuf.buffers import episodes as episodes_module
 from redisbuf.buffers.episodes import EpisodeBuffer, EpisodeKeys
+from redisbuf.errors import ConfigMismatchError, EmptyBufferError, InvalidBatchError, SchemaError
 
 
 def episode(tag: int, length: int) -> dict[str, np.ndarray]:

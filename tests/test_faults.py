@@ -17,7 +17,7 @@ from key_contents import key_contents
 from test_per import assert_matches, per_scores
 
 import redisbuf
-from redisbuf import ReplayBuffer
+from redisbuf import ReplayBuffer, ShardedReplayBuffer
 from redisbuf.errors import (
     ConfigMismatchError,
     DecodeError,
@@ -280,7 +280,7 @@ def _every_read_at_maxmemory(client, buffer_name: str) -> None:
     soft = ReplayBuffer(client, buffer_name + "-soft", capacity=10**6,
                         prioritized_sampling=True)
     uniform = ReplayBuffer(client, buffer_name + "-uni", capacity=10**6)
-    sharded = ReplayBuffer(client, buffer_name + "-sh", capacity=10**6, shards=2,
+    sharded = ShardedReplayBuffer(client, buffer_name + "-sh", capacity=10**6, shards=2,
                            sampler=PERSampler())
     for buffer in (per, soft, uniform, sharded, sharded):  # one add per shard
         buffer.add(batch(64))
@@ -617,7 +617,7 @@ def test_an_add_repeated_with_its_batch_id_inserts_once(client, buffer_name):
     assert other == [4, 2, 0] and len(buffer) == 5
     # an error reply is not remembered: the same id may succeed later
     bad = [schema, 1, "", _add_args(1)[0], "nan"]
-    with pytest.raises(redisbuf.InvalidBatchError):
+    with pytest.raises(redisbuf.errors.InvalidBatchError):
         scripts.load("add")(client, keys.all_keys(), bad, batch=("b3", memory, 60))
     assert client.hget(keys.batches, "b3") is None
 
@@ -745,7 +745,7 @@ def test_durability_replica_waits_for_the_replica(replicated, buffer_name):
     replica.execute_command("REPLICAOF", "NO", "ONE")  # the replica leaves
     buffer.durability_timeout = 0.3
     start = time.monotonic()
-    with pytest.raises(redisbuf.DurabilityError, match="replica"):
+    with pytest.raises(redisbuf.errors.DurabilityError, match="replica"):
         buffer.add({"x": np.zeros((1, 2), np.float32)})
     assert time.monotonic() - start < 5
     assert len(buffer) == 4  # the batch is in, just not confirmed

@@ -16,9 +16,8 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from redisbuf import ConfigMismatchError, InvalidBatchError
 from redisbuf.buffers.fragments import FragmentBuffer, FragmentKeys
-from redisbuf.errors import FetchTimeoutError
+from redisbuf.errors import ConfigMismatchError, FetchTimeoutError, InvalidBatchError
 
 
 class Model:

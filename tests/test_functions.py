@@ -203,6 +203,31 @@ def test_rb_update_priority_moves_the_python_samplers_draws(client, buffer_name)
     assert float(client.hget(buffer.keys.per, "000000000005")) == 7.0
 
 
+def test_every_function_refuses_a_wrong_number_of_keys_before_it_runs(client, buffer_name):
+    # a script reads its keys by position: with one key too few, the masslog would be
+    # written to whichever key came 13th
+    buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(alpha=1.0))
+    buffer.add(_batch(4))
+    keys = buffer.keys.all_keys()
+    before = _snapshot(client, buffer_name)
+    for function, args in (("rb_update_priority", ["000000000001", "5"]),
+                           ("rb_sample_uniform", [1, 0, 1, bytes(6)]),
+                           ("rb_add", [_schema(_batch(1)), 1, "", b"x", "0"])):
+        for wrong in (keys[:12], [*keys, keys[0], keys[1]], []):
+            with pytest.raises(redis.exceptions.ResponseError, match=(
+                    rf"RB_INVALID {function} takes 13(\.\.14)? keys, got {len(wrong)}")):
+                client.fcall(function, len(wrong), *wrong, *args)
+    plain = functions.script_functions()
+    update = next(f for f in plain if f.startswith("rbs_update_priority_") and "_ro_" not in f
+                  and "_once_" not in f)
+    with pytest.raises(redis.exceptions.ResponseError, match="takes 13 keys, got 2"):
+        client.fcall(update, 2, *keys[:2], "000000000001", "5")
+    remembering = next(f for f in plain if f.startswith("rbs_update_priority_once_"))
+    with pytest.raises(redis.exceptions.ResponseError, match="takes 15 keys, got 13"):
+        client.fcall(remembering, 13, *keys, "000000000001", "5")
+    assert _snapshot(client, buffer_name) == before
+
+
 def test_a_user_without_function_permission_still_opens_buffers(real_client, buffer_name):
     real_client.execute_command("FUNCTION", "FLUSH")
     real_client.execute_command(

@@ -164,7 +164,8 @@ def test_lazy_package_exports_resolve_and_list():
         import sys
         import redisbuf
         assert "numpy" not in sys.modules and "redis" not in sys.modules
-        from redisbuf import ReplayBuffer, RedisBufError, connect
+        from redisbuf import ReplayBuffer, connect
+        from redisbuf.errors import RedisBufError
         from redisbuf.buffers.replay import ReplayBuffer as direct
         assert ReplayBuffer is direct and callable(connect)
         assert set(redisbuf.__all__) <= set(dir(redisbuf))

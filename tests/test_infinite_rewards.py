@@ -10,14 +10,8 @@ import pytest
 from test_bad_input import snapshot
 from test_sampling import assert_matches_softmax, assert_tree_consistent, priorities
 
-from redisbuf import (
-    EmptyBufferError,
-    ReplayBuffer,
-    SamplingError,
-    States,
-    Trajectories,
-    Transitions,
-)
+from redisbuf import ReplayBuffer, States, Trajectories, Transitions
+from redisbuf.errors import EmptyBufferError, SamplingError
 
 INF = math.inf
 

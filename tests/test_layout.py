@@ -5,6 +5,7 @@ servers and the manager, and unknown names fail."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import os
 import subprocess
@@ -16,10 +17,11 @@ import pytest
 import redisbuf
 
 ROOT = Path(redisbuf.__file__).resolve().parent
-# the flat module paths of 0.1.0, aliased until the aliases went (see CHANGELOG.md)
+# the flat module paths of 0.1.0, aliased until the aliases went (see CHANGELOG.md);
+# ``selectors`` and ``limiters`` are public namespaces now (test_public_namespaces)
 OLD_PATHS = [
     "buffer", "sharded", "sequence", "episodes", "fragments", "terminating", "diverse",
-    "samplers", "selectors", "windows", "replica", "limiters", "lifetime", "waiting",
+    "samplers", "windows", "replica", "lifetime", "waiting",
     "reader", "connection", "keys", "scripts", "functions", "codec", "containers", "_torch",
     "server", "_watchdog", "cluster", "manager", "remote", "ipc", "demo", "control.demo",
     "metrics", "acl", "control.commands", "integrations", "integrations.torchgfn",
@@ -44,7 +46,8 @@ def test_integrations_are_modules_at_their_documented_paths(module, extra, name)
     pytest.importorskip(extra)
     imported = importlib.import_module(f"redisbuf.{module}")
     assert imported.__name__ == imported.__spec__.name == f"redisbuf.{module}"
-    assert Path(imported.__file__).resolve() == ROOT / f"{module}.py"
+    path = Path(imported.__file__).resolve()
+    assert path in (ROOT / f"{module}.py", ROOT / module / "__init__.py")
     assert getattr(imported, name).__module__ == f"redisbuf.{module}"
 
 
@@ -57,6 +60,52 @@ def test_top_level_exports_include_servers_and_manager():
     assert redisbuf.LocalCluster is LocalCluster
     assert redisbuf.ReplayBufferManager is ReplayBufferManager
     assert {"EmbeddedServer", "LocalCluster", "ReplayBufferManager"} <= set(redisbuf.__all__)
+
+
+def test_one_list_of_exports():
+    """``_EXPORTS`` is the one list: ``__all__`` is built from it and the imports under
+    ``TYPE_CHECKING`` (what type checkers read) name exactly its names, from its modules."""
+    tree = ast.parse((ROOT / "__init__.py").read_text())
+    block = next(
+        node for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    )
+    imported: dict[str, set[str]] = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom) and node.level == 1, ast.dump(node)
+        imported.setdefault(node.module or "", set()).update(alias.name for alias in node.names)
+    namespaces = imported.pop("")
+    assert namespaces == set(redisbuf._NAMESPACES)
+    assert imported == {module: set(names) for module, names in redisbuf._EXPORTS.items()}
+    flat = [name for names in redisbuf._EXPORTS.values() for name in names]
+    assert len(flat) == len(set(flat))
+    assert sorted(redisbuf.__all__) == sorted(flat + list(redisbuf._NAMESPACES))
+
+
+def test_public_namespaces():
+    """``redisbuf.selectors`` and ``redisbuf.limiters`` re-export the classes of
+    ``redisbuf.sampling``; ``redisbuf.errors`` is where the exceptions are defined."""
+    import redisbuf.errors
+    import redisbuf.limiters
+    import redisbuf.selectors
+    from redisbuf.sampling import limiters, samplers, selectors
+
+    def public(module):
+        return {name for name in vars(module) if not name.startswith("_")}
+
+    assert public(redisbuf.selectors) == {
+        "UniformSampler", "PrioritizedSampler", "PERSampler",
+        "FifoSampler", "LifoSampler", "MaxHeapSampler", "MinHeapSampler",
+    }
+    for name in public(redisbuf.selectors):
+        home = samplers if hasattr(samplers, name) else selectors
+        assert getattr(redisbuf.selectors, name) is getattr(home, name) is getattr(redisbuf, name)
+    assert public(redisbuf.limiters) == {"MinSize", "RateLimiter", "SampleToInsertRatio"}
+    for name in public(redisbuf.limiters):
+        assert getattr(redisbuf.limiters, name) is getattr(limiters, name)
+        assert not hasattr(redisbuf, name)
+    assert issubclass(redisbuf.errors.EmptyBufferError, redisbuf.errors.RedisBufError)
+    assert not hasattr(redisbuf, "EmptyBufferError")
 
 
 def test_unknown_names_still_fail():
@@ -92,7 +141,7 @@ def test_lua_scripts_are_found():
 
 # Modules still over the bound, to be split (they grew past it with their docstring
 # sections): the list may only shrink, and a module that gets under must leave it.
-OVER_800 = {"buffers/sequence.py", "sampling/samplers.py", "torchgfn.py"}
+OVER_800: set[str] = set()
 
 
 def test_no_module_over_800_lines():

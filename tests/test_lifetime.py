@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from key_contents import key_contents
 
-from redisbuf import ConfigMismatchError, EmptyBufferError, ReplayBuffer
+from redisbuf import ReplayBuffer
 from redisbuf.control.ipc import MessageQueue
+from redisbuf.errors import ConfigMismatchError, EmptyBufferError
 
 
 def _batch(n: int, start: int = 0) -> dict[str, np.ndarray]:

@@ -15,15 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from redisbuf import (
-    ConfigMismatchError,
-    MinSize,
-    RateLimiter,
-    RateLimitTimeoutError,
-    ReplayBuffer,
-    SampleToInsertRatio,
-)
+from redisbuf import ReplayBuffer
 from redisbuf.control.ipc import MessageQueue
+from redisbuf.errors import ConfigMismatchError, RateLimitTimeoutError
+from redisbuf.limiters import MinSize, RateLimiter, SampleToInsertRatio
 
 
 def _batch(n: int) -> dict[str, np.ndarray]:

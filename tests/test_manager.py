@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict, deque
 from typing import Any
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from redisbuf import ReplayBuffer, States, Transitions
+from redisbuf import ManagerLink, ReplayBuffer, States, Transitions
 from redisbuf.control.manager import ReplayBufferManager, default_scoring_function
 from redisbuf.control.protocol import DATA_TAG, METADATA_TAG, decode, request
 from redisbuf.envs import HyperGrid
@@ -88,10 +89,10 @@ def _manager(hub: Hub, buffer: Any, workers: int = 1, **kwargs: Any) -> ReplayBu
     return manager
 
 
-def _worker(client: Any, name: str, end: WorkerEnd, capacity: int | None = None, **kwargs: Any):
+def _worker(client: Any, name: str, end: WorkerEnd, capacity: int | None = None, **link: Any):
     return ReplayBuffer(
-        client, name, capacity=capacity, prioritized_capacity=True, remote_manager_rank=0,
-        communication_backend=end, **kwargs,
+        client, name, capacity=capacity, prioritized_capacity=True,
+        manager=ManagerLink(0, backend=end, **link),
     )
 
 
@@ -133,7 +134,7 @@ def test_every_kth_add_sends_what_accumulated(fake_client, buffer_name):
     hub, recorder = Hub(), Recorder()
     _manager(hub, fake_client, name=buffer_name, scoring_function=recorder)
     end = hub.worker(1)
-    worker = _worker(fake_client, buffer_name, end, remote_buffer_freq=3)
+    worker = _worker(fake_client, buffer_name, end, buffer_freq=3)
     assert worker.add(_batch([1.0, 2.0])).score is None
     assert worker.add(_batch([3.0])).score is None
     assert end.sent == []
@@ -205,15 +206,15 @@ def test_baseline_filtering_and_refresh(fake_client, buffer_name):
 def test_filtering_needs_log_rewards_and_refuses_transitions(fake_client, buffer_name):
     hub = Hub()
     _manager(hub, fake_client, name=buffer_name + "m")
-    worker = ReplayBuffer(fake_client, buffer_name, capacity=10, remote_manager_rank=0,
-                          communication_backend=hub.worker(1), baseline_filtering=True)
+    worker = ReplayBuffer(fake_client, buffer_name, capacity=10, manager=ManagerLink(
+        0, backend=hub.worker(1), baseline_filtering=True))
     with pytest.raises(InvalidBatchError, match="log_rewards"):
         worker.add({"x": np.zeros(2)})
     transitions = Transitions(states=np.zeros((2, 1)), next_states=np.ones((2, 1)),
                               actions=np.zeros(2), is_terminating=np.ones(2, dtype=bool),
                               log_rewards=np.zeros(2))
-    other = ReplayBuffer(fake_client, buffer_name + "t", capacity=10, remote_manager_rank=0,
-                         communication_backend=hub.worker(2), baseline_filtering=True)
+    other = ReplayBuffer(fake_client, buffer_name + "t", capacity=10, manager=ManagerLink(
+        0, backend=hub.worker(2), baseline_filtering=True))
     with pytest.raises(InvalidBatchError, match="Transitions"):
         other.add(transitions)
 
@@ -223,7 +224,7 @@ def test_scoring_only_sends_terminating_states_inline(fake_client, buffer_name):
     _manager(hub, fake_client, name=buffer_name,
              scoring_function=lambda batch, sender_rank: seen.append(batch) or {"n": len(batch)})
     end = hub.worker(1)
-    worker = _worker(fake_client, buffer_name, end, scoring_only=True, remote_buffer_freq=2)
+    worker = _worker(fake_client, buffer_name, end, scoring_only=True, buffer_freq=2)
     env, rng = HyperGrid(2, 6), np.random.default_rng(0)
     first, second = env.sample_trajectories(5, rng), env.sample_trajectories(3, rng)
     assert worker.add(first).score is None
@@ -243,7 +244,7 @@ def test_store_locally_copies_from_a_private_worker_buffer(fake_client, buffer_n
         manager = _manager(hub, fake_client, name=f"{buffer_name}-{store}", capacity=100,
                            scoring_function=recorder, store_locally=store)
         worker = ReplayBuffer(fake_client, f"{buffer_name}-w{store}", capacity=50,
-                              remote_manager_rank=0, communication_backend=hub.worker(1))
+                              manager=ManagerLink(0, backend=hub.worker(1)))
         assert worker.add(_batch([1.0, 2.0, 3.0])).score["n"] == 3.0
         assert len(manager.buffer) == (3 if store else 0)
 
@@ -335,8 +336,17 @@ def test_unsupported_and_misconfigured_managers_raise(fake_client, buffer_name):
     with pytest.raises(ValueError, match="communication_backend"):
         ReplayBufferManager(fake_client, 0, 1, name=buffer_name, communication_backend="tcp")
     with pytest.raises(ValueError, match="communication_backend"):
-        ReplayBuffer(fake_client, buffer_name + "w", capacity=4, remote_manager_rank=0,
-                     communication_backend="gloo")
+        ManagerLink(0, backend="gloo")
+    for field, value in (("rank", -1), ("buffer_freq", 0), ("baseline_refresh_after", 0),
+                         ("rank", True)):
+        with pytest.raises(ValueError, match=f"{field} must be an integer"):
+            ManagerLink(**{"rank": 0, field: value})
+    with pytest.raises(TypeError, match="not a control transport"):
+        ManagerLink(0, backend=object())
+    with pytest.raises(TypeError, match="ManagerLink"):
+        ReplayBuffer(fake_client, buffer_name + "w", capacity=4, manager=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ManagerLink(0).rank = 1  # type: ignore[misc]
 
 
 def _copy_run(client: Any, name: str, one_call: bool, monkeypatch: Any) -> dict[str, Any]:

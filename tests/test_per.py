@@ -13,15 +13,8 @@ from hypothesis import strategies as st
 from replica_helpers import followed_masses
 from test_bad_input import snapshot
 
-from redisbuf import (
-    BufferKeys,
-    ConfigMismatchError,
-    EmptyBufferError,
-    InvalidBatchError,
-    PERSampler,
-    PrioritizedSampler,
-    ReplayBuffer,
-)
+from redisbuf import BufferKeys, PERSampler, PrioritizedSampler, ReplayBuffer
+from redisbuf.errors import ConfigMismatchError, EmptyBufferError, InvalidBatchError
 
 PROPERTY = settings(
     max_examples=30,
@@ -188,6 +181,25 @@ def test_update_priority_skips_evicted_ids_and_counts_distinct_ids(client, buffe
     assert buffer.update_priority([ids[1], ids[1], ids[2], 999], [1.0, 4.0, 2.0, 5.0]) == 2
     assert per_scores(client, buffer_name) == {ids[1]: 4.0, ids[2]: 2.0}
     assert buffer.update_priority([], []) == 0
+
+
+def test_the_script_stores_any_spelling_of_a_priority_as_a_plain_decimal(client, buffer_name):
+    # another client may send "0x1p3" or " 2.5": Lua reads them, numpy replicas would not
+    buffer = ReplayBuffer(client, buffer_name, capacity=5, sampler=PERSampler())
+    ids = buffer.add(batch([0, 1, 2])).ids.tolist()
+    keys = BufferKeys(buffer_name)
+    pairs = [b"%012d" % ids[0], "0x1p3", b"%012d" % ids[1], " 2.5", b"%012d" % ids[2], "1e-3",
+             b"%012d" % ids[0], "0x1p2"]  # a repeated id: its last priority wins
+    assert buffer._run("update_priority", keys.all_keys(), pairs)[0] == 3
+    stored = client.hmget(keys.per, *[b"%012d" % i for i in ids])
+    assert stored == [b"4", b"2.5", b"1e-3"]
+    packed = b"".join(b"%012d" % i for i in ids)
+    assert buffer._run("update_priority", keys.all_keys(), [packed, "12", "0X1P1,7,\t3"])[0] == 3
+    assert client.hmget(keys.per, *[b"%012d" % i for i in ids]) == [b"2", b"7", b"3"]
+    meta = client.hgetall(keys.meta)
+    assert float(meta[b"per_sum"]) + float(meta[b"per_comp"]) == 12.0
+    # 8 was never set: the same call overrode it
+    assert int(meta[b"per_nonzero"]) == 3 and float(meta[b"per_max"]) == 7.0
 
 
 @pytest.mark.parametrize("bad", [math.nan, -1.0, math.inf, -math.inf])

@@ -9,15 +9,9 @@ import pytest
 from test_bad_input import snapshot
 from test_sampling import assert_matches_softmax, assert_tree_consistent
 
-from redisbuf import (
-    BufferKeys,
-    ConfigMismatchError,
-    DecodeError,
-    ReplayBuffer,
-    SchemaError,
-    Trajectories,
-)
+from redisbuf import BufferKeys, ReplayBuffer, Trajectories
 from redisbuf.buffers.checkpoint import SAVE_FORMAT_VERSION
+from redisbuf.errors import ConfigMismatchError, DecodeError, SchemaError
 
 
 def _content(client, name: str) -> list[tuple[float, bytes]]:

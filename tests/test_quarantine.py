@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from redisbuf import PERSampler, ReplayBuffer
+from redisbuf import PERSampler, ReplayBuffer, ShardedReplayBuffer
 from redisbuf.errors import DecodeError, MissingExtraError, QuarantinedRecordWarning
 from redisbuf.store import codec, functions
 from redisbuf.store.keys import BufferKeys, format_id
@@ -241,7 +241,7 @@ def test_a_learner_keeps_sampling_while_another_process_writes_garbage_with_fcal
 def test_a_sharded_buffer_sets_aside_in_the_shard_that_holds_the_record(
     fake_client, buffer_name, sampler
 ):
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=64, shards=2, seed=0,
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=64, shards=2, seed=0,
                           **SAMPLERS[sampler])
     for start in (0, N):  # one add per shard
         x = np.arange(2 * start, 2 * (start + N), dtype=np.float32).reshape(N, 2)

@@ -10,14 +10,11 @@ import time
 import numpy as np
 import pytest
 
-from redisbuf import (
+from redisbuf import PERSampler, Prefetcher, ReplayBuffer, SampleInfo, ShardedReplayBuffer
+from redisbuf.errors import (
     ConfigMismatchError,
     EmptyBufferError,
     InvalidBatchError,
-    PERSampler,
-    Prefetcher,
-    ReplayBuffer,
-    SampleInfo,
     WaitTimeoutError,
 )
 
@@ -106,7 +103,7 @@ def test_with_info_false_yields_plain_batches(client, buffer_name):
 
 
 def test_sharded_buffer_blocks_until_items_arrive(fake_client, buffer_name):
-    sharded = ReplayBuffer(fake_client, buffer_name, capacity=100, shards=3, seed=1)
+    sharded = ShardedReplayBuffer(fake_client, buffer_name, capacity=100, shards=3, seed=1)
     with Prefetcher(sharded, 5, prefetch=2, max_batches=2, timeout=DEADLINE) as batches:
         assert batches.in_flight() <= 2
         sharded.add({"x": np.arange(10, dtype=np.float32).reshape(-1, 1)})

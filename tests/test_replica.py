@@ -16,7 +16,7 @@ import pytest
 from replica_helpers import followed_masses, fresh_replica, replica_scores
 from test_sampling import chi2, chi2_limit
 
-from redisbuf import BufferKeys, PERSampler, ReplayBuffer
+from redisbuf import BufferKeys, PERSampler, ReplayBuffer, ShardedReplayBuffer
 from redisbuf.sampling.replica import MassReplica, replica_of
 
 
@@ -101,7 +101,7 @@ def test_a_stale_replica_never_draws_what_a_finished_change_removed(client, buff
 
 
 def test_sharded_per_draws_follow_the_global_law(client, buffer_name):
-    buffer = ReplayBuffer(client, buffer_name, capacity=60, shards=3, seed=5,
+    buffer = ShardedReplayBuffer(client, buffer_name, capacity=60, shards=3, seed=5,
                           sampler=PERSampler(alpha=0.7, eps=0.05))
     rng = np.random.default_rng(1)
     priorities = {}
@@ -133,7 +133,7 @@ def test_sharded_per_draws_follow_the_global_law(client, buffer_name):
 
 
 def test_sharded_update_priority_routes_each_id_to_its_shard(client, buffer_name):
-    buffer = ReplayBuffer(client, buffer_name, capacity=30, shards=3, seed=2,
+    buffer = ShardedReplayBuffer(client, buffer_name, capacity=30, shards=3, seed=2,
                           sampler=PERSampler(eps=0.0))
     ids = np.concatenate([buffer.add({"x": np.arange(5)}).ids for _ in range(3)])
     assert buffer.update_priority(ids, np.zeros(len(ids))) == 15
@@ -256,11 +256,11 @@ def test_the_server_corrects_a_stale_per_draw_to_the_current_law(
     items; lua/sample_prioritized.lua corrects each to the law at the commit, in the one
     commit call: the drawn items follow the current law (chi-square), and evicted or
     zeroed items never come."""
-    from redisbuf.sampling import samplers
+    from redisbuf.sampling import commits as engine
 
     commits = []
-    send = samplers._send_commit
-    monkeypatch.setattr(samplers, "_send_commit", lambda *a: commits.append(1) or send(*a))
+    send = engine._send_commit
+    monkeypatch.setattr(engine, "_send_commit", lambda *a: commits.append(1) or send(*a))
     buffer = _per_buffer(client, buffer_name, capacity=16, alpha=1.0, eps=0.0)
     ids = buffer.add({"x": np.arange(12)}, priorities=np.arange(1.0, 13.0)).ids
     buffer.sample(2)

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from replica_helpers import followed_masses
 
-from redisbuf import BufferKeys, EmptyBufferError, ReplayBuffer
+from redisbuf import BufferKeys, ReplayBuffer
+from redisbuf.errors import EmptyBufferError
 
 PROPERTY = settings(
     max_examples=25,

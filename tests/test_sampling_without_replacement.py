@@ -13,7 +13,8 @@ import torch
 from test_bad_input import snapshot
 from test_sampling import assert_tree_consistent, chi2, chi2_limit, priorities, softmax
 
-from redisbuf import BufferKeys, PrioritizedSampler, ReplayBuffer, SamplingError
+from redisbuf import BufferKeys, PrioritizedSampler, ReplayBuffer
+from redisbuf.errors import SamplingError
 from redisbuf.sampling.replica import replica_of
 
 REWARDS = [0.0, 1.0, -0.5, 1.6, 0.3, -math.inf]  # ids 1..6; id 6 is never drawn

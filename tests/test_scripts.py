@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import redis
 
-from redisbuf import (
+from redisbuf import ReplayBuffer, errors
+from redisbuf.errors import (
     ConfigMismatchError,
     EmptyBufferError,
     InvalidBatchError,
     RedisBufError,
-    ReplayBuffer,
     SchemaError,
-    errors,
 )
 from redisbuf.store import scripts
 
@@ -258,9 +257,9 @@ def test_the_library_holds_every_script_in_its_three_variants():
             assert variant.function in functions.script_functions()
         # the read-only variant: flagged no-writes, asks no grant, runs the body read-only
         assert functions._register(
-            script.read_only.function, f"OP.{name}(keys, args, true)", None, True
+            script.read_only.function, f"OP.{name}(keys, args, true)", None, True, script.keys
         ) in source
-    read_only = functions._register("rbs_x_ro", "OP.x(keys, args, true)", None, True)
+    read_only = functions._register("rbs_x_ro", "OP.x(keys, args, true)", None, True, (1, 1))
     assert "function_name = 'rbs_x_ro', flags = {'no-writes'}" in read_only
     assert "rb_refused(keys, args, nil)" in read_only
     assert "return OP.x(keys, args, true)" in read_only

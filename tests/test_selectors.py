@@ -11,8 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redisbuf import (
-    ConfigMismatchError,
-    EmptyBufferError,
     FifoSampler,
     LifoSampler,
     MaxHeapSampler,
@@ -20,6 +18,7 @@ from redisbuf import (
     PERSampler,
     ReplayBuffer,
 )
+from redisbuf.errors import ConfigMismatchError, EmptyBufferError
 
 PROPERTY = settings(
     max_examples=30,

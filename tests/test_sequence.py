@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from redisbuf import ConfigMismatchError, EmptyBufferError, InvalidBatchError, SchemaError
 from redisbuf.buffers.sequence import FIRST, LAST, MID, SequenceBuffer, SequenceKeys
+from redisbuf.errors import ConfigMismatchError, EmptyBufferError, InvalidBatchError, SchemaError
 
 
 @dataclass

@@ -11,8 +11,9 @@ import pytest
 from seq_peer import SequencePeer
 from test_sampling import chi2, chi2_limit
 
-from redisbuf import EmptyBufferError, SequenceBuffer
-from redisbuf.buffers import sequence as sequence_module
+from redisbuf import SequenceBuffer
+from redisbuf.errors import EmptyBufferError
+from redisbuf.sampling import commits
 from redisbuf.sampling.replica import MassReplica
 
 
@@ -108,13 +109,13 @@ def test_a_stale_draw_is_corrected_to_the_priorities_at_the_call(client, buffer_
         _add(b, [0])
     b.update_priority([0] * 10, list(range(10)), [1.0] * 10)
     filled = []
-    real_fill = sequence_module._fill_holes
+    real_fill = commits._fill_holes
 
     def counting_fill(*args, **kwargs):
         filled.append(1)
         return real_fill(*args, **kwargs)
 
-    monkeypatch.setattr(sequence_module, "_fill_holes", counting_fill)
+    monkeypatch.setattr(commits, "_fill_holes", counting_fill)
     a.get_batch(4, 2)  # A's replica is made and current
     counts = {200.0: np.zeros(10), 0.05: np.zeros(10)}
     for call in range(120):

@@ -15,9 +15,10 @@ import uuid
 import numpy as np
 import pytest
 
-from redisbuf import EmptyBufferError, SequenceBuffer
+from redisbuf import SequenceBuffer
 from redisbuf.buffers.sequence import SequenceKeys
 from redisbuf.control.ipc import MessageQueue
+from redisbuf.errors import EmptyBufferError
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.redis_server]
 

@@ -13,7 +13,8 @@ import pytest
 import redis
 from process_helpers import alive
 
-from redisbuf import ReplayBuffer, ServerUnavailableError
+from redisbuf import ReplayBuffer
+from redisbuf.errors import ServerUnavailableError
 from redisbuf.servers.embedded import BIN_ENV, EmbeddedServer, find_server_binary
 
 pytestmark = pytest.mark.redis_server

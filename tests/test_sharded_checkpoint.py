@@ -12,16 +12,16 @@ import pytest
 from cluster_helpers import items
 from test_bad_input import snapshot
 
-from redisbuf import (
+from redisbuf import ReplayBuffer
+from redisbuf.buffers.checkpoint import SAVE_FORMAT_VERSION
+from redisbuf.buffers.sharded import ShardedReplayBuffer
+from redisbuf.errors import (
     ConfigMismatchError,
     DecodeError,
     PartialLoadError,
-    ReplayBuffer,
     SchemaError,
     ServerUnavailableError,
 )
-from redisbuf.buffers.checkpoint import SAVE_FORMAT_VERSION
-from redisbuf.buffers.sharded import ShardedReplayBuffer
 from redisbuf.sampling.samplers import PERSampler
 from redisbuf.store.keys import BufferKeys
 
@@ -55,7 +55,7 @@ def every_key(client, buffer) -> dict:
 def source(fake_client, buffer_name):
     """A 3-shard buffer (capacity 12, so 4 per shard) that has evicted, been sampled
     (use counts > 0) and holds -inf log-rewards."""
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=12, shards=3, seed=7)
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=12, shards=3, seed=7)
     rng = np.random.default_rng(0)
     for start in range(0, 33, 3):
         rewards = rng.normal(size=3)
@@ -87,7 +87,7 @@ def test_round_trip_gives_every_shard_exactly_its_items_and_counters(
         i * 3 + k for k, shard in enumerate(before) for i, *_ in shard
     ]
 
-    copy = ReplayBuffer(fake_client, "copy", capacity=12, shards=3)
+    copy = ShardedReplayBuffer(fake_client, "copy", capacity=12, shards=3)
     copy.add(items([100, 101]))  # replaced
     assert copy.load(path) == 12
     for k in range(3):
@@ -125,7 +125,7 @@ def test_sharded_file_loads_into_a_plain_buffer_and_back(fake_client, source, tm
 
     # plain -> sharded: record j to shard j mod N, the totals the file's
     plain.save(tmp_path / "p.rb")
-    again = ReplayBuffer(fake_client, "again", capacity=12, shards=3)
+    again = ShardedReplayBuffer(fake_client, "again", capacity=12, shards=3)
     assert again.load(tmp_path / "p.rb") == 12
     for k in range(3):
         assert rows(again.shards[k]) == everything[k::3]
@@ -141,7 +141,7 @@ def test_another_shard_count_spreads_the_records_in_order(fake_client, source, t
     saved = [row for shard in source.shards for row in rows(shard)]
     inserted, evicted, sampled, _ = counters(source)
     for count in (2, 5):
-        other = ReplayBuffer(fake_client, f"n{count}", capacity=15, shards=count)
+        other = ShardedReplayBuffer(fake_client, f"n{count}", capacity=15, shards=count)
         assert other.load(path) == 12
         for k in range(count):
             assert rows(other.shards[k]) == saved[k::count]
@@ -155,7 +155,7 @@ def test_another_shard_count_spreads_the_records_in_order(fake_client, source, t
             sampled // count + (k < sampled % count) for k in range(count)
         ]
     # the same through state_dict
-    one = ReplayBuffer(fake_client, "one", capacity=12, shards=2)
+    one = ShardedReplayBuffer(fake_client, "one", capacity=12, shards=2)
     one.load_state_dict(source.state_dict())
     assert [rows(s) for s in one.shards] == [saved[0::2], saved[1::2]]
 
@@ -166,19 +166,19 @@ def test_a_shard_part_over_its_capacity_is_refused_and_changes_nothing(
     path = tmp_path / "s.rb"
     source.save(path)
     # 12 items into 3 shards of capacity 3, 3, 3 (4 each would go back)
-    small = ReplayBuffer(fake_client, "small", capacity=9, shards=3)
+    small = ShardedReplayBuffer(fake_client, "small", capacity=9, shards=3)
     small.add(items([1, 2]))
     before = every_key(fake_client, small)
     with pytest.raises(ConfigMismatchError, match="12 items in all, global capacity 9"):
         small.load(path)
     # the global capacity holds the items, one shard's saved part does not: 6 + 2 + 2
     # items back into shards of capacity 4 each
-    lopsided = ReplayBuffer(fake_client, "lopsided", capacity=30, shards=3, seed=2)
+    lopsided = ShardedReplayBuffer(fake_client, "lopsided", capacity=30, shards=3, seed=2)
     for size in (6, 2, 2):
         lopsided.add(items(np.arange(size)))
     big = max(range(3), key=lambda k: len(lopsided.shards[k]))
     lopsided.save(path)
-    uneven = ReplayBuffer(fake_client, "uneven", capacity=12, shards=3)
+    uneven = ShardedReplayBuffer(fake_client, "uneven", capacity=12, shards=3)
     uneven.add(items([7]))
     uneven_before = every_key(fake_client, uneven)
     with pytest.raises(
@@ -188,7 +188,7 @@ def test_a_shard_part_over_its_capacity_is_refused_and_changes_nothing(
     with pytest.raises(ConfigMismatchError, match=f"for shard {big}"):
         uneven.load_state_dict(lopsided.state_dict())
     # spread over another shard count, a part never exceeds its shard when the whole fits
-    spread = ReplayBuffer(fake_client, "spread", capacity=10, shards=4)
+    spread = ShardedReplayBuffer(fake_client, "spread", capacity=10, shards=4)
     assert spread.load(path) == 10
     assert [len(s) for s in spread.shards] == [s.capacity for s in spread.shards] == [3, 3, 2, 2]
     assert every_key(fake_client, small) == before
@@ -211,7 +211,7 @@ def test_a_corrupt_or_truncated_file_changes_no_shard(fake_client, source, tmp_p
     path = tmp_path / "s.rb"
     source.save(path)
     data = path.read_bytes()
-    target = ReplayBuffer(fake_client, "target", capacity=12, shards=3, seed=1)
+    target = ShardedReplayBuffer(fake_client, "target", capacity=12, shards=3, seed=1)
     for start in range(0, 9, 3):
         target.add(items(np.arange(start, start + 3)))
     before = every_key(fake_client, target)
@@ -259,7 +259,7 @@ def test_randomly_corrupted_files_are_refused_whole_or_load_whole(
     path = tmp_path / "s.rb"
     source.save(path)
     data = bytearray(path.read_bytes())
-    target = ReplayBuffer(fake_client, "target", capacity=12, shards=3, seed=1)
+    target = ShardedReplayBuffer(fake_client, "target", capacity=12, shards=3, seed=1)
     target.add(items([1, 2, 3]))
     rng = np.random.default_rng(3)
     refused = 0
@@ -283,7 +283,7 @@ def test_per_priorities_are_refused_unless_dropped(fake_client, buffer_name, tmp
     per = ReplayBuffer(fake_client, "per", capacity=6, sampler=PERSampler())
     per.add(items([1, 2, 3]), priorities=[1.0, 2.0, 3.0])
     per.save(tmp_path / "per.rb")
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=6, shards=2)
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=6, shards=2)
     with pytest.raises(ConfigMismatchError, match="drop_per_priorities=True"):
         buffer.load(tmp_path / "per.rb")
     assert len(buffer) == 0
@@ -296,7 +296,7 @@ def test_a_failure_part_way_names_the_shards_already_restored(
 ):
     path = tmp_path / "s.rb"
     source.save(path)
-    target = ReplayBuffer(fake_client, "target", capacity=12, shards=3, seed=1)
+    target = ShardedReplayBuffer(fake_client, "target", capacity=12, shards=3, seed=1)
     for start in range(0, 9, 3):
         target.add(items(np.arange(start, start + 3)))
     before = [snapshot(fake_client, shard.name) for shard in target.shards]
@@ -324,13 +324,13 @@ def test_a_failure_part_way_names_the_shards_already_restored(
 
 
 def test_progress_is_reported_for_save_and_load(fake_client, buffer_name, tmp_path):
-    buffer = ReplayBuffer(fake_client, buffer_name, capacity=3000, shards=2)
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=3000, shards=2)
     for _ in range(5):
         buffer.add(items(np.arange(500)))
     saves, loads = [], []
     assert buffer.save(tmp_path / "s.rb", progress=lambda *a: saves.append(a)) == 2500
     assert saves[0] == (1000, 2500) and saves[-1] == (2500, 2500)
-    other = ReplayBuffer(fake_client, "other", capacity=3000, shards=2)
+    other = ShardedReplayBuffer(fake_client, "other", capacity=3000, shards=2)
     assert other.load(tmp_path / "s.rb", progress=lambda *a: loads.append(a)) == 2500
     done = [d for d, _total in loads]
     assert done == sorted(done) and loads[-1] == (2500, 2500)
@@ -340,10 +340,10 @@ def test_progress_is_reported_for_save_and_load(fake_client, buffer_name, tmp_pa
 def test_an_empty_buffer_round_trips_and_a_schemaless_target_takes_the_schema(
     fake_client, source, tmp_path
 ):
-    empty = ReplayBuffer(fake_client, "empty", capacity=6, shards=2)
+    empty = ShardedReplayBuffer(fake_client, "empty", capacity=6, shards=2)
     assert empty.save(tmp_path / "e.rb") == 0
     assert empty.state_dict()["ids"] == []
-    target = ReplayBuffer(fake_client, "target", capacity=12, shards=3)
+    target = ShardedReplayBuffer(fake_client, "target", capacity=12, shards=3)
     assert target.load(tmp_path / "e.rb") == 0 and len(target) == 0
     source.save(tmp_path / "s.rb")
     target.load(tmp_path / "s.rb")

@@ -8,15 +8,8 @@ import pytest
 import torch
 from test_bad_input import snapshot
 
-from redisbuf import (
-    InvalidBatchError,
-    ReplayBuffer,
-    SchemaError,
-    States,
-    TerminatingStateBuffer,
-    Trajectories,
-    Transitions,
-)
+from redisbuf import ReplayBuffer, States, TerminatingStateBuffer, Trajectories, Transitions
+from redisbuf.errors import InvalidBatchError, SchemaError
 
 
 def _trajectories(lengths, log_rewards, conditions=True) -> Trajectories:

@@ -129,7 +129,8 @@ SMOKE = textwrap.dedent(
     import numpy as np
 
     import redisbuf
-    from redisbuf import MissingExtraError, ReplayBuffer
+    from redisbuf import ReplayBuffer
+    from redisbuf.errors import MissingExtraError
 
     prefix = Path(sys.prefix).resolve()
     assert Path(redisbuf.__file__).resolve().is_relative_to(prefix), redisbuf.__file__

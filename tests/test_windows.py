@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from redisbuf import EmptyBufferError, PERSampler, ReplayBuffer
+from redisbuf import PERSampler, ReplayBuffer
+from redisbuf.errors import EmptyBufferError
 
 PROPERTY = settings(
     max_examples=30,

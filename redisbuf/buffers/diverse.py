@@ -90,7 +90,7 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
         **kwargs: :class:`ReplayBuffer`'s other arguments.
 
     Raises:
-        ValueError: ``prioritized_capacity=False``, ``remote_manager_rank``, or a
+        ValueError: ``prioritized_capacity=False``, a ``manager``, or a
             distance that is not a number.
 
     Examples:
@@ -116,9 +116,9 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
         if kwargs.pop("prioritized_capacity", True) is not True:
             raise ValueError("a diverse buffer always evicts the lowest log-rewards "
                              "(prioritized_capacity=True)")
-        if kwargs.get("remote_manager_rank") is not None:
+        if kwargs.get("manager") is not None:
             raise ValueError(
-                "remote_manager_rank is not supported by the diverse buffer: torchgfn "
+                "a manager is not supported by the diverse buffer: torchgfn "
                 "2.4.1's diverse add never sends to its manager; use a ReplayBuffer for that"
             )
         if isinstance(cutoff_distance, bool) or not isinstance(cutoff_distance, (int, float)) \

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigMismatchError, InvalidBatchError
-from ..sampling.samplers import packed_uniforms
+from ..sampling.uniforms import packed_uniforms
 from ..store import _torch, codec, scripts
 from ..store.connection import as_client
 from ..store.keys import PREFIX, validate_name

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigMismatchError, FetchTimeoutError, InvalidBatchError
-from ..sampling.samplers import packed_uniforms
+from ..sampling.uniforms import packed_uniforms
 from ..sampling.waiting import wait_for
 from ..store import codec, scripts
 from ..store.connection import as_client

@@ -96,7 +96,8 @@ class Opening:
         count = json.loads(raw).get("shards")
         raise ConfigMismatchError(
             f"buffer {self.name!r} is sharded ({count} shards), not 1 (shards mismatch): "
-            f"open it with shards={count} or ShardedReplayBuffer.open; nothing was written"
+            f"open it with ShardedReplayBuffer(..., shards={count}) or "
+            "ShardedReplayBuffer.open; nothing was written"
         )
 
     def _stored_schema(self) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..control.remote import RemoteScorer
+from ..control.remote import ManagerLink, RemoteScorer
 from ..errors import (
     ConfigMismatchError,
     EmptyBufferError,
@@ -138,26 +138,11 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             the rest from the sampler. This process's setting, not the buffer's.
         recent_data_steps: how many of the newest items ``recent_data_ratio``'s draws
             come from.
-        remote_manager_rank: rank of a :class:`~redisbuf.control.manager.ReplayBufferManager`
-            that scores what this worker adds; the other remote arguments below follow
-            torchgfn and are described in :mod:`redisbuf.control.remote`. ``add`` then puts
-            the score dict (what torchgfn's ``add`` returns) in ``AddResult.score``.
-        remote_buffer_freq: every ``remote_buffer_freq``-th ``add`` sends the items
-            accumulated since the last send.
-        async_score: ``add`` returns the previous send's score (None on the first)
-            instead of waiting for its own.
-        baseline_filtering: send only items with ``log_reward >=`` the manager's last
-            ``baseline_log_reward``.
-        baseline_refresh_after: after this many sends in a row left empty by the
-            filter, the next one goes out unfiltered.
-        scoring_only: the message carries the items' terminating states and log-rewards
-            instead of their ids.
-        communication_backend: ``"mpi"``, ``"redis"`` or a transport object.
-        timing: record the duration of each send and receive.
-        lazy_sort: accepted for torchgfn compatibility; changes nothing: eviction is
-            already incremental, so there is no per-add sort to defer.
-        async_comm: torchgfn's non-blocking send with the score collected on the next
-            ``add``; here the same as ``async_score`` (the data is in Redis already).
+        manager: a :class:`~redisbuf.control.remote.ManagerLink`: a
+            :class:`~redisbuf.control.manager.ReplayBufferManager` scores what this worker
+            adds (see :mod:`redisbuf.control.remote`), and ``add`` puts the score dict
+            (what torchgfn's ``add`` returns) in ``AddResult.score``. This process's
+            setting, not the buffer's.
         strict: raise :class:`~redisbuf.errors.ServerConfigError` instead of warning when
             the server's ``maxmemory-policy`` may evict the buffer's keys (``allkeys-*``).
         durability: ``None`` (``add`` returns once the server applied the batch),
@@ -172,14 +157,11 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             remembers each add's batch id and reply, so that an add retried after a lost
             reply is not stored twice; fixed at creation (default 600), ``None`` adopts
             the stored one.
-        shards: with ``N > 1``, the constructor returns a
-            :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer`: one logical buffer of the
-            global ``capacity`` over ``N`` shards (on a Redis Cluster, on different
-            masters); fixed at creation.
 
     Raises:
         ValueError: an argument out of range (``capacity``, ``kind``, ``max_item_bytes``,
             ``recent_data_ratio``, ``recent_data_steps``, ``retry_window``, ``durability``).
+        TypeError: ``manager`` is not a :class:`~redisbuf.control.remote.ManagerLink`.
         ConfigMismatchError: the stored buffer was made with another configuration.
         ServerConfigError: ``strict`` and an evicting ``maxmemory-policy``, or a
             ``durability`` the server cannot confirm.
@@ -208,16 +190,7 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         sampler: Sampler | None = None,
         recent_data_ratio: float = 0.0,
         recent_data_steps: int = 1,
-        remote_manager_rank: int | None = None,
-        remote_buffer_freq: int = 1,
-        async_score: bool = False,
-        baseline_filtering: bool = False,
-        baseline_refresh_after: int = 10,
-        scoring_only: bool = False,
-        communication_backend: Any = "mpi",
-        timing: bool = False,
-        lazy_sort: bool = False,
-        async_comm: bool = False,
+        manager: ManagerLink | None = None,
         strict: bool = False,
         durability: str | None = None,
         durability_timeout: float = 10.0,
@@ -225,7 +198,6 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         max_staleness: int | None = None,
         rate_limiter: limiters.RateLimiter | None = None,
         retry_window: float | None = None,
-        shards: int = 1,
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
@@ -296,40 +268,11 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             sampler = PrioritizedSampler() if prioritized_sampling else UniformSampler()
         self.sampler = sampler
         self.sampler.prepare(self.view)
-        # torchgfn's lazy_sort defers its per-add sort and truncation to a flush at twice
-        # the capacity. Eviction here is incremental (sorted sets, O(log capacity) per
-        # item), so there is no sort to defer, and the items kept are those a flush keeps.
-        self.lazy_sort = bool(lazy_sort)
-        # torchgfn's async_comm sends the data without blocking and collects the score on
-        # the next add. Here the data is in Redis when the insert returns and the message
-        # carries only ids, so async_comm is async_score.
-        self.async_comm = bool(async_comm)
-        async_score = async_score or self.async_comm
-        self.remote: RemoteScorer | None = None
-        if remote_manager_rank is not None:
-            self.remote = RemoteScorer(
-                self.view, remote_manager_rank, remote_buffer_freq, async_score, baseline_filtering,
-                baseline_refresh_after, scoring_only, communication_backend, timing,
-            )
-
-    def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> Any:
-        """Constructor dispatch, the only place where a constructor call picks another
-        class than the one called: ``ReplayBuffer(..., shards=N)`` with any ``shards``
-        but the integer 1 returns ``ShardedReplayBuffer(..., shards=N)`` built from the
-        same arguments (it validates ``N``). That object is not a ReplayBuffer, so Python
-        does not run ``ReplayBuffer.__init__`` on it. Subclasses take no ``shards``.
-
-        The class is chosen from the argument, before the server is asked what the name
-        holds: ``shards=1`` on a sharded name builds a plain buffer, whose creation
-        lua/init.lua refuses (see :meth:`_refuse_sharded`); :meth:`open` refuses a
-        sharded name likewise (``ShardedReplayBuffer.open`` opens one)."""
-        if shards == 1 and not isinstance(shards, bool):
-            return super().__new__(cls)
-        if cls is not ReplayBuffer:
-            raise ValueError(f"shards= is supported by ReplayBuffer, not {cls.__name__}")
-        from .sharded import ShardedReplayBuffer  # imports this module: not at the top
-
-        return ShardedReplayBuffer(*args, shards=shards, **kwargs)
+        if manager is not None and not isinstance(manager, ManagerLink):
+            raise TypeError(f"manager must be a ManagerLink, got {type(manager).__name__}")
+        #: this worker's link to its manager (None: no manager)
+        self.manager = manager
+        self.remote = None if manager is None else RemoteScorer(self.view, manager)
 
     @classmethod
     def open(cls, redis_or_url: Any, name: str, **kwargs: Any) -> ReplayBuffer:
@@ -341,7 +284,7 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             redis_or_url: a ``redis.Redis`` client or a URL.
             name: the buffer's name.
             **kwargs: further :class:`ReplayBuffer` arguments (not ``capacity``,
-                ``prioritized_capacity`` nor ``shards``: those are the stored ones).
+                ``prioritized_capacity``: those are the stored ones).
 
         Returns:
             The buffer, with the stored capacity and eviction.
@@ -363,8 +306,9 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         meta = decode_meta(client.hgetall(BufferKeys(name).meta))
         if not meta and client.exists(BufferKeys(name).shards):
             raise ShardedBufferError(
-                f"buffer {name!r} is sharded: open it with ReplayBuffer(..., shards=N) or "
-                "ShardedReplayBuffer.open (which save and load it whole); ReplayBuffer.open "
+                f"buffer {name!r} is sharded: open it with ShardedReplayBuffer(..., "
+                "shards=N) or ShardedReplayBuffer.open (which save and load it whole); "
+                "ReplayBuffer.open "
                 "and the command line other than export / import work on its shards "
                 "(buffers of their own), not on the whole"
             )

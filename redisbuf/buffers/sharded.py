@@ -1,8 +1,8 @@
 """One logical replay buffer over several shards, each a :class:`ReplayBuffer` of its own.
 
-``ReplayBuffer(url, name, capacity, shards=N)`` (or :class:`ShardedReplayBuffer` itself)
-keeps shard ``k`` as the buffer ``name.shardK`` (``name.shardK.J`` when a suffix ``J`` is
-needed to land it on the intended slot), with its own hash tag: on a Redis Cluster the
+``ShardedReplayBuffer(url, name, capacity, shards=N)`` keeps shard ``k`` as the buffer
+``name.shardK`` (``name.shardK.J`` when a suffix ``J`` is needed to land it on the
+intended slot), with its own hash tag: on a Redis Cluster the
 shards sit on different masters, and each shard's scripts stay atomic on its one slot.
 
 * Layout: the hash ``rb:{name}:shards`` (field ``layout``, JSON) records the shard count,
@@ -10,7 +10,7 @@ shards sit on different masters, and each shard's scripts stay atomic on its one
   first process (HSETNX) and read by every later one; field ``schema`` fixes the items'
   schema for every shard at the first ``add``. A name holds a layout or a plain buffer's
   meta, never both: lua/shard_layout.lua refuses a layout beside a meta and lua/init.lua
-  a meta beside a layout, so ``ReplayBuffer(url, name)`` (shards=1) on a sharded name
+  a meta beside a layout, so ``ReplayBuffer(url, name)`` on a sharded name
   raises and writes nothing. On a cluster client, shard ``k`` is named
   so that its slot belongs to master ``k mod M`` (masters ordered by their first slot);
   otherwise so that its slot is in the ``k``-th of ``N`` equal slot ranges.
@@ -323,7 +323,7 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
             >>> import fakeredis
             >>> from redisbuf import ReplayBuffer, ShardedReplayBuffer
             >>> client = fakeredis.FakeRedis()
-            >>> _ = ReplayBuffer(client, "demo", capacity=10, shards=2)
+            >>> _ = ShardedReplayBuffer(client, "demo", capacity=10, shards=2)
             >>> ShardedReplayBuffer.open(client, "demo").count
             2
         """

@@ -7,7 +7,8 @@ A sharded buffer draws a batch in one of two laws, chosen by its ``batch_law``:
   many items each shard gives (multinomial over the shards' sizes with replacement,
   multivariate hypergeometric without), draw within the shards, then shuffle; prioritized
   and PER draws with replacement choose the counts by multinomial over the shards' total
-  masses; prioritized draws without replacement draw a successive sequence of ``min(n,
+  masses (corrected to the masses at the commits, see ``_draw_per``); prioritized
+  draws without replacement draw a successive sequence of ``min(n,
   drawable items)`` from every shard and replay the global successive draw over them
   (torch.multinomial's distribution, at the cost of reading up to ``N`` times ``n``
   items). Every shard that gives items is asked, at once (one thread each); a PER draw
@@ -66,7 +67,7 @@ from ..errors import (
     ServerUnavailableError,
     WaitTimeoutError,
 )
-from ..sampling import samplers
+from ..sampling import commits
 from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import Draw
 from ..store import bounds, scripts
@@ -79,6 +80,9 @@ if TYPE_CHECKING:
 
 #: the batch laws a sharded buffer draws by (see the module docstring)
 BATCH_LAWS = ("global", "shard_local")
+# Prioritized draws taken back because a shard's total moved before its commit are drawn
+# again, at most this many rounds in all (each takes back a fraction ~|T' - T| / T of them)
+_ROUNDS = 64
 
 # Errors that mean a shard's server is gone or its slot has no master right now (CLUSTERDOWN
 # while a restarted master rejoins, MASTERDOWN, TRYAGAIN while its slot migrates). A
@@ -381,6 +385,8 @@ class ShardedSampling:
                                   for k, (n, r) in wanted.items()})
 
     def _draw_prioritized(self, n: int, replacement: bool, local: bool) -> Drawn:
+        if replacement:  # the shards' shares corrected to their masses at the commits
+            return self._assembled(*self._rounds(n, local, "softmax", self._shard_draw)[::2])
         sizes, drawable, log_mass = self._masses()
         if int(sizes.sum()) == 0 or not np.isfinite(log_mass).any():
             raise EmptyBufferError(
@@ -395,7 +401,9 @@ class ShardedSampling:
                 f"buffer {self.name!r}: {n} draws without replacement but only "
                 f"{int(drawable.sum())} items have nonzero probability"
             )
-        if local and (replace or not ((mass > 0) & (drawable < n)).any()):
+        if replace:  # more draws than items: with replacement
+            return self._assembled(*self._rounds(n, local, "softmax", self._shard_draw)[::2])
+        if local and not ((mass > 0) & (drawable < n)).any():
             k = self._choose(mass)
             draw = self._shard_draw(k, n, replace)
             return (
@@ -403,23 +411,6 @@ class ShardedSampling:
                 draw.blobs,
                 np.asarray(draw.probabilities) * share[k],
                 (k, draw.schema_json),
-            )
-        if replace:
-            counts = self.rng.multinomial(n, share)
-            ids, blobs, source = [], [], None
-            probabilities: list[float] = []
-            draws = self._draws({k: (c, True) for k, c in enumerate(counts.tolist()) if c})
-            for k, draw in draws.items():
-                ids += [i * self.count + k for i in draw.ids]
-                blobs += list(draw.blobs)
-                probabilities += (np.asarray(draw.probabilities) * share[k]).tolist()
-                source = source or (k, draw.schema_json)
-            order = self.rng.permutation(len(ids))
-            return (
-                [ids[i] for i in order],
-                [blobs[i] for i in order],
-                np.array(probabilities)[order],
-                source,
             )
         # every shard's own successive draw, then the global successive draw over them
         sequences = self._draws(
@@ -449,47 +440,32 @@ class ShardedSampling:
         """PER with replacement: item ``i`` with probability ``mass_i / sum of all
         masses``. Global: the counts per shard by multinomial over the shards' total
         masses, then each shard's draw, committed by that shard. Shard-local: one shard
-        by its total mass, all ``n`` drawn and committed there."""
+        by its total mass, all ``n`` drawn and committed there.
+
+        A shard's commit corrects its draws to the shard's law at the commit, but the
+        shards were chosen from their totals before (``T``, the replicas caught up when
+        the sample began). So while the drawn shards commit, the others' replicas catch
+        up too, giving every shard's total ``T'`` at about the commits; a draw from shard
+        ``k`` stands with probability ``(T'_k / T_k) / r``, ``r`` the largest such ratio
+        over the shards (rejection from the law of ``T`` to that of ``T'``), and the
+        others are taken back and drawn again from ``T'``. A draw that stands thus
+        follows the law of the buffer at its commit. With ``max_use`` a draw may have
+        removed its item at the commit, which cannot be taken back: there every draw
+        stands (the law of ``T`` for the shard, of the commit within it)."""
         assert self.per is not None
-        replicas = self._replicas("per")
-        totals = np.array([r.total if r.positive else 0.0 for r in replicas])
-        grand = float(totals.sum())
-        if grand <= 0:
-            raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty (no item with a "
-                                   "non-zero PER mass)")
-        if local:
-            counts = np.zeros(self.count, dtype=np.int64)
-            counts[self._choose(totals)] = n
-        else:
-            counts = self.rng.multinomial(n, totals / grand)
-
-        def one(k: int, count: int) -> Any:
-            with self._on_shard(k):
-                shard = self.shards[k]
-                return samplers._replica_draw(shard.view, "per", count, shard.rng, True)
-
-        drawn = self._all_or_none(
-            {k: (one, (k, c)) for k, c in enumerate(counts.tolist()) if c})
-        ids: list[int] = []
-        blobs: list[bytes] = []
-        masses: list[np.ndarray] = []
-        scores: list[np.ndarray] = []
-        for k, draw in drawn.items():
-            ids += [i * self.count + k for i in draw.ids]
-            blobs += list(draw.blobs)
-            masses.append(draw.masses)
-            scores.append(draw.scores)
-        first = next(iter(drawn))
-        mass = np.concatenate(masses)
-        priority = np.concatenate(scores)
+        pieces, replicas, rounds = self._rounds(n, local, "per", self._per_commit)
+        ids, blobs, probability, source = self._assembled(pieces, rounds, shuffle=False)
+        last = {k: draw for k, draw, _, _ in pieces}  # each shard's latest commit
+        mass = np.concatenate([draw.masses[kept] for _, draw, kept, _ in pieces])
+        priority = np.concatenate([draw.scores[kept] for _, draw, kept, _ in pieces])
         min_mass = min(r.min_mass for r in replicas)
         # the whole buffer's mean non-zero priority: a drawn shard's sums as its commit
         # reports them (as an unsharded buffer's), the others' from their replicas
         per_sum, nonzero = 0.0, 0
         for k, replica in enumerate(replicas):
-            if k in drawn:
-                per_sum += drawn[k].per_sum
-                nonzero += drawn[k].per_nonzero
+            if k in last:
+                per_sum += last[k].per_sum
+                nonzero += last[k].per_nonzero
             else:
                 with replica.lock:
                     present = replica.scores[: replica.count]
@@ -499,17 +475,121 @@ class ShardedSampling:
         mean = per_sum / nonzero if nonzero else 0.0
         weights = ((min_mass / mass) ** self.per.beta,
                    priority / mean if mean > 0 else np.ones(n))
-        if len(drawn) == 1:  # one shard's draw is already in random order
+        if len(pieces) == 1:  # one shard's draw is already in random order
             self._last_weights = weights
-            return ids, blobs, mass / grand, (first, drawn[first].schema_json)
+            return ids, blobs, probability, source
         order = self.rng.permutation(len(ids))
         self._last_weights = (weights[0][order], weights[1][order])
-        return (
-            [ids[i] for i in order],
-            [blobs[i] for i in order],
-            (mass / grand)[order],
-            (first, drawn[first].schema_json),
-        )
+        return [ids[i] for i in order], [blobs[i] for i in order], probability[order], source
+
+    def _rounds(
+        self, n: int, local: bool, rule: str, commit: Any
+    ) -> tuple[list[tuple[int, Any, np.ndarray, float]], list[MassReplica], int]:
+        """``n`` draws with replacement by ``rule``'s masses, each committed by its shard
+        (``commit(k, count, True)``), whose shares follow the shards' masses at the commits
+        (see :meth:`_draw_per`). Returns the pieces ``(shard, its draw, the positions that
+        stand, the shard's share of the mass at the commits)``, the replicas and the
+        number of rounds."""
+        replicas = self._replicas(rule)
+        pieces: list[tuple[int, Any, np.ndarray, float]] = []
+        got, rounds = 0, 0
+        while got < n:
+            rounds += 1
+            if rounds > _ROUNDS:
+                raise SamplingError(
+                    f"buffer {self.name!r}: the shards' total masses kept changing between "
+                    f"the choice of shards and their commits ({_ROUNDS} rounds)")
+            before = self._log_masses(replicas)
+            if not np.isfinite(before).any():
+                raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty (no item "
+                                       "with a non-zero mass)")
+            share = np.exp(before - before.max())
+            if local:
+                counts = np.zeros(self.count, dtype=np.int64)
+                counts[self._choose(share)] = n - got
+            else:
+                counts = self.rng.multinomial(n - got, share / share.sum())
+            calls: dict[int, tuple[Any, tuple[Any, ...]]] = {
+                k: (commit, (k, c, True)) for k, c in enumerate(counts.tolist()) if c}
+            inline = any(self.shards[k].view.fetch_inline for k in calls)
+            if not inline:  # the others' masses at about the commits
+                calls.update({k: (self._catch_up, (k, replicas[k]))
+                              for k in range(self.count) if k not in calls})
+            done = self._all_or_none(calls)
+            drawn = {k: done[k] for k, c in enumerate(counts.tolist()) if c}
+            after = before if inline else self._log_masses(replicas)
+            if not np.isfinite(after).any() or (~np.isfinite(before) & np.isfinite(after)).any():
+                self._undo(drawn)  # a shard that could not be chosen holds mass now
+                continue
+            ratio = np.zeros(self.count)
+            able = np.isfinite(before)  # (a shard not able to be chosen has no mass now)
+            ratio[able] = np.exp(after[able] - before[able])
+            chance = ratio / ratio.max()
+            cut = np.exp(after - after.max())
+            cut /= cut.sum()
+            for k, draw in drawn.items():
+                stands = np.ones(len(draw.ids), dtype=bool)
+                if chance[k] < 1:
+                    coins = self.rng.random(1 if local else len(draw.ids))
+                    stands = np.broadcast_to(coins < chance[k], (len(draw.ids),))
+                    if not stands.all():
+                        taken_back = [b"%012d" % draw.ids[j] for j in np.flatnonzero(~stands)]
+                        with self._on_shard(k):
+                            self.shards[k]._run("undo_draws", self.shards[k].keys.all_keys(),
+                                                taken_back)
+                kept = np.flatnonzero(stands)
+                if len(kept):
+                    pieces.append((k, draw, kept, float(cut[k])))
+                    got += len(kept)
+        return pieces, replicas, rounds
+
+    def _assembled(
+        self, pieces: list[tuple[int, Any, np.ndarray, float]], rounds: int,
+        shuffle: bool = True,
+    ) -> Drawn:
+        """The draws of :meth:`_rounds`' pieces: global ids, blobs, each one's probability
+        (within its shard at the commit, times the shard's share), shuffled unless one
+        piece (already in random order) or ``shuffle`` is False."""
+        ids: list[int] = []
+        blobs: list[bytes] = []
+        probabilities = []
+        for k, draw, kept, share in pieces:
+            ids += [draw.ids[j] * self.count + k for j in kept]
+            blobs += [draw.blobs[j] for j in kept]
+            probabilities.append(np.asarray(draw.probabilities)[kept] * share)
+        first = pieces[0]
+        source = (first[0], first[1].schema_json)
+        probability = np.concatenate(probabilities)
+        if not shuffle or len(pieces) == 1:
+            return ids, blobs, probability, source
+        order = self.rng.permutation(len(ids))
+        return [ids[i] for i in order], [blobs[i] for i in order], probability[order], source
+
+    @staticmethod
+    def _log_masses(replicas: list[MassReplica]) -> np.ndarray:
+        """Each replica's total mass, as a log (-inf: none)."""
+        out = np.full(len(replicas), -math.inf)
+        for k, replica in enumerate(replicas):
+            with replica.lock:
+                if replica.rule == "softmax" and replica.infinite > 0:
+                    raise SamplingError(
+                        f"shard {k} holds {replica.infinite} item(s) of log-reward +inf: the "
+                        "softmax of log-rewards is undefined; sample uniformly or remove them")
+                if replica.total > 0 and replica.positive:
+                    out[k] = math.log(replica.total) + (
+                        replica.ref if replica.rule == "softmax" else 0.0)
+        return out
+
+    def _catch_up(self, k: int, replica: MassReplica) -> None:
+        """Bring shard ``k``'s replica up to date (lua/masslog_read.lua)."""
+        with self._on_shard(k), replica.lock:
+            replica.sync(self.shards[k].view)
+
+    def _per_commit(self, k: int, count: int, replacement: bool) -> Any:
+        """Shard ``k``'s PER draw of ``count`` with replacement, committed there."""
+        with self._on_shard(k):
+            shard = self.shards[k]
+            return commits.replica_draw(shard.view, "per", count, shard.rng, replacement)
 
     def _undo(self, draws: dict[int, Any]) -> None:
         """Take back the draws the shards recorded (lua/undo_draws.lua: their counts and

@@ -1,8 +1,8 @@
 """``redisbuf manager NAME --workers N``: a :class:`ReplayBufferManager` for buffer
 ``NAME`` over the Redis control plane, until N workers have sent EXIT.
 
-Workers elsewhere use ``ReplayBuffer(url, NAME, ..., remote_manager_rank=0,
-communication_backend="redis")``. Exit status: 0 after all EXITs, 1 on a user or
+Workers elsewhere use ``ReplayBuffer(url, NAME, ...,
+manager=ManagerLink(0, backend="redis"))``. Exit status: 0 after all EXITs, 1 on a user or
 control-plane error (one line on stderr, like every command), 130 on Ctrl-C.
 """
 

@@ -9,7 +9,7 @@ priorities for a target without PER): a target it created is removed again. Both
 the file carries per item: log-rewards and use counts, and PER priorities when saved from a
 buffer with PER.
 
-A sharded buffer (``ReplayBuffer(..., shards=N)``) is exported and imported whole, through
+A sharded buffer (:class:`ShardedReplayBuffer`) is exported and imported whole, through
 :meth:`ShardedReplayBuffer.save` / :meth:`ShardedReplayBuffer.load`; ``import`` creates a
 missing target from a sharded file as a sharded buffer of the saved shard count (from a
 plain file, a plain buffer). On a sharded target the load is atomic per shard, not across
@@ -174,6 +174,7 @@ def read_header(path: Path) -> dict[str, Any]:
 def run_import(args: argparse.Namespace) -> int:
     from ..buffers.replay import ReplayBuffer
     from ..buffers.savefile import saved_shard_count
+    from ..buffers.sharded import ShardedReplayBuffer
     from ..sampling.samplers import PERSampler
 
     path = Path(args.file)
@@ -195,7 +196,7 @@ def run_import(args: argparse.Namespace) -> int:
                 )
         elif shards is not None:
             check_name(args.name)
-            buffer = ReplayBuffer(
+            buffer = ShardedReplayBuffer(
                 client, args.name, capacity=int(header["capacity"]),
                 prioritized_capacity=header["eviction"] == "reward", shards=shards,
             )

@@ -4,7 +4,7 @@ Every ``add`` writes the whole batch into the worker's buffer in Redis first (as
 torchgfn's worker keeps everything in its local buffer); this module then decides what
 the manager hears about:
 
-* the new items accumulate; every ``remote_buffer_freq``-th ``add`` sends them at once;
+* the new items accumulate; every ``buffer_freq``-th ``add`` sends them at once;
 * with ``baseline_filtering`` only items with ``log_reward >= baseline`` are sent (the
   baseline is the last ``baseline_log_reward`` the manager replied, -inf before any);
   a send left empty by the filter is skipped, and after ``baseline_refresh_after``
@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,6 +34,70 @@ if TYPE_CHECKING:
     from ..sampling.base import BufferView
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ManagerLink:
+    """How a worker buffer reports what it adds to a
+    :class:`~redisbuf.control.manager.ReplayBufferManager`: the ``manager=`` of
+    :class:`~redisbuf.ReplayBuffer`. The settings are torchgfn's remote-manager arguments
+    (``remote_manager_rank`` is ``rank``, ``remote_buffer_freq`` is ``buffer_freq``,
+    ``communication_backend`` is ``backend``); the module docstring says what each does.
+
+    Args:
+        rank: the manager's rank (MPI: its rank in ``COMM_WORLD``; ``"redis"``: the
+            manager serving the buffer's name answers, whatever the rank).
+        buffer_freq: every ``buffer_freq``-th ``add`` sends the items accumulated since
+            the last send (>= 1).
+        async_score: ``add`` returns the previous send's score (None on the first)
+            instead of waiting for its own.
+        baseline_filtering: send only items with ``log_reward >=`` the manager's last
+            ``baseline_log_reward``.
+        baseline_refresh_after: after this many sends in a row left empty by the filter,
+            the next one goes out unfiltered (>= 1).
+        scoring_only: the message carries the items' terminating states and log-rewards
+            instead of their ids.
+        backend: ``"mpi"``, ``"redis"`` or a transport object (with ``send`` and
+            ``recv``).
+        timing: record the duration of each send and receive.
+
+    Raises:
+        ValueError: ``rank`` not an integer >= 0, ``buffer_freq`` or
+            ``baseline_refresh_after`` below 1, or an unknown ``backend`` name.
+        TypeError: ``backend`` neither a name nor a transport.
+
+    Examples:
+        >>> from redisbuf import ManagerLink
+        >>> link = ManagerLink(0, buffer_freq=4, backend="redis")
+        >>> link.rank, link.buffer_freq, link.async_score
+        (0, 4, False)
+        >>> ManagerLink(0, buffer_freq=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: buffer_freq must be an integer >= 1, got 0
+    """
+
+    rank: int
+    buffer_freq: int = 1
+    async_score: bool = False
+    baseline_filtering: bool = False
+    baseline_refresh_after: int = 10
+    scoring_only: bool = False
+    backend: Any = "mpi"
+    timing: bool = False
+
+    def __post_init__(self) -> None:
+        for field, least in (("rank", 0), ("buffer_freq", 1), ("baseline_refresh_after", 1)):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{field} must be an integer >= {least}, got {value!r}")
+        if isinstance(self.backend, str):
+            if self.backend not in ("mpi", "redis"):
+                raise ValueError(
+                    f"unknown communication_backend {self.backend!r}; use 'mpi' or 'redis'"
+                )
+        elif not (hasattr(self.backend, "send") and hasattr(self.backend, "recv")):
+            raise TypeError(f"not a control transport: {self.backend!r}")
 
 
 def make_transport(buffer: BufferView, backend: Any) -> Transport:
@@ -69,33 +134,19 @@ def _select(array: Any, mask: np.ndarray) -> Any:
 
 class RemoteScorer:
     """The remote-manager state of one worker buffer (``ReplayBuffer.remote``), made
-    from the buffer's view (its name and client)."""
+    from the buffer's view (its name and client) and its :class:`ManagerLink`."""
 
-    def __init__(
-        self,
-        buffer: BufferView,
-        manager_rank: int,
-        remote_buffer_freq: int = 1,
-        async_score: bool = False,
-        baseline_filtering: bool = False,
-        baseline_refresh_after: int = 10,
-        scoring_only: bool = False,
-        communication_backend: Any = "mpi",
-        timing: bool = False,
-    ) -> None:
-        if remote_buffer_freq < 1:
-            raise ValueError(f"remote_buffer_freq must be >= 1, got {remote_buffer_freq}")
-        if baseline_refresh_after < 1:
-            raise ValueError(f"baseline_refresh_after must be >= 1, got {baseline_refresh_after}")
+    def __init__(self, buffer: BufferView, link: ManagerLink) -> None:
+        self.link = link
         self.buffer_name = buffer.name
-        self.manager_rank = manager_rank
-        self.remote_buffer_freq = remote_buffer_freq
-        self.async_score = async_score
-        self.baseline_filtering = baseline_filtering
-        self.baseline_refresh_after = baseline_refresh_after
-        self.scoring_only = scoring_only
-        self.timing = timing
-        self.transport = make_transport(buffer, communication_backend)
+        self.manager_rank = link.rank
+        self.remote_buffer_freq = link.buffer_freq
+        self.async_score = link.async_score
+        self.baseline_filtering = link.baseline_filtering
+        self.baseline_refresh_after = link.baseline_refresh_after
+        self.scoring_only = link.scoring_only
+        self.timing = link.timing
+        self.transport = make_transport(buffer, link.backend)
         self.baseline_log_reward = -np.inf
         self.last_score: dict[str, float] | None = None
         # counters, named as torchgfn's

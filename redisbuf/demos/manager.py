@@ -73,6 +73,7 @@ def _worker_main(
     from ..buffers.replay import ReplayBuffer
     from ..control.manager import ReplayBufferManager
     from ..control.redis import RedisWorkerTransport
+    from ..control.remote import ManagerLink
     from ..envs import HyperGrid
     from ..store.connection import connect
     from .processes import exit_with_parent
@@ -85,8 +86,9 @@ def _worker_main(
         )
         transport.connect()  # waits for the manager, which creates the buffer first
         buffer = ReplayBuffer(
-            client, name, capacity=None, remote_manager_rank=0,
-            communication_backend=transport, baseline_filtering=True, baseline_refresh_after=5,
+            client, name, capacity=None,
+            manager=ManagerLink(0, backend=transport, baseline_filtering=True,
+                                baseline_refresh_after=5),
         )
         env, rng = HyperGrid(**_ENV), np.random.default_rng(1000 + index)
         remote = buffer.remote

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..buffers.replay import ReplayBuffer
 from ..control.ipc import MessageQueue
+from ..control.remote import ManagerLink
 from ..envs import HyperGrid
 from ..errors import RedisBufError
 from ..store.connection import as_client, connect
@@ -116,8 +117,7 @@ class DemoConfig:
             self.name,
             prioritized_sampling=self.prioritized_sampling,
             seed=seed,
-            remote_manager_rank=0,
-            communication_backend="redis",
+            manager=ManagerLink(0, backend="redis"),
         )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from redisbuf import BufferKeys, ReplayBuffer, connect
+from redisbuf import BufferKeys, ManagerLink, ReplayBuffer, connect
 from redisbuf.control.manager import ReplayBufferManager
 from redisbuf.envs import HyperGrid
 
@@ -96,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         comm.Barrier()
         rng = np.random.default_rng(rank)
         buffer = ReplayBuffer(
-            url, args.name, capacity=None, remote_manager_rank=0, communication_backend="mpi",
-            async_score=args.async_score, baseline_filtering=True, timing=args.timing,
+            url, args.name, capacity=None,
+            manager=ManagerLink(0, backend="mpi", async_score=args.async_score,
+                                baseline_filtering=True, timing=args.timing),
         )
         score: dict[str, float] | None = None
         for _ in range(args.iterations):

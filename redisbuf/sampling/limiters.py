@@ -49,7 +49,7 @@ class RateLimiter:
         ValueError: a field out of range, or ``min_diff > max_diff``.
 
     Examples:
-        >>> from redisbuf import RateLimiter
+        >>> from redisbuf.limiters import RateLimiter
         >>> RateLimiter(1.0, 100, min_diff=10.0, max_diff=-10.0)
         Traceback (most recent call last):
         ...
@@ -110,7 +110,7 @@ def SampleToInsertRatio(  # noqa: N802 - Reverb's name for a limiter constructor
         ValueError: an argument out of range, or a slack that could lock a side out.
 
     Examples:
-        >>> from redisbuf import SampleToInsertRatio
+        >>> from redisbuf.limiters import SampleToInsertRatio
         >>> limiter = SampleToInsertRatio(2.0, min_size_to_sample=10, error_buffer=4.0)
         >>> limiter.min_diff, limiter.max_diff
         (16.0, 24.0)
@@ -148,7 +148,9 @@ def MinSize(n: int, timeout: float | None = DEFAULT_TIMEOUT) -> RateLimiter:  # 
 
     Examples:
         >>> import fakeredis, numpy as np
-        >>> from redisbuf import MinSize, RateLimitTimeoutError, ReplayBuffer
+        >>> from redisbuf import ReplayBuffer
+        >>> from redisbuf.errors import RateLimitTimeoutError
+        >>> from redisbuf.limiters import MinSize
         >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", rate_limiter=MinSize(2, timeout=0))
         >>> _ = buffer.add({"obs": np.zeros(1), "log_rewards": np.zeros(1)})
         >>> try:

@@ -352,11 +352,11 @@ class Prefetcher:
             probabilities, PER weights); False yields plain batches (``sample``).
         replacement: passed to the draw (None: the buffer's rule).
         block: wait for the buffer to hold enough items (``sample(..., block=True)``)
-            instead of raising :class:`~redisbuf.EmptyBufferError`. A buffer whose draw
+            instead of raising :class:`~redisbuf.errors.EmptyBufferError`. A buffer whose draw
             cannot block (``ShardedReplayBuffer``) is retried after an
             ``EmptyBufferError`` with pauses of up to 0.1 s.
         timeout: with ``block``, seconds one batch may wait (None: forever) before its
-            ``next()`` raises :class:`~redisbuf.WaitTimeoutError`.
+            ``next()`` raises :class:`~redisbuf.errors.WaitTimeoutError`.
         max_batches: stop after handing out this many batches (None: never).
         sample_kwargs: further arguments of the draw (``min_size``, ``sample_range``).
 
@@ -440,7 +440,7 @@ class Prefetcher:
         over before a ``next()`` is applied before the draw that ``next()`` frees a slot
         for (see the module docstring); the checks of ``update_priority`` (equal
         lengths, finite priorities >= 0) are made here and raise
-        :class:`~redisbuf.InvalidBatchError` at once; an error of the update itself
+        :class:`~redisbuf.errors.InvalidBatchError` at once; an error of the update itself
         (a lost server) is raised by the next ``next()``, :meth:`flush` or
         :meth:`close`. With ``prefetch=0`` the update is made here, before returning.
 

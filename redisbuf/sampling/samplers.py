@@ -8,47 +8,26 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import redis
 
 from ..errors import (
     EmptyBufferError,
     PrioritizedSamplingOffError,
-    RequestTooLargeError,
     SamplingError,
 )
 from ..store import bounds, scripts
 from ..store.connection import retrying
-from ..store.keys import pack_ids, split_ids
+from . import commits
 from .base import BufferView, Draw, IdRange, Sampler
-from .replica import MassReplica, replica_of
+from .uniforms import _pack_words, _uniform_words, packed_uniforms
 
 # Two round trips (ids from the script, blobs by a native HMGET) cost the server about a
 # tenth of returning blobs from Lua; an item evicted in between makes us draw again, and
 # after a few such races the script fetches the blobs itself, atomically.
 _FETCH_ATTEMPTS = 3
-
-
-def _uniform_words(rng: np.random.Generator, n: int) -> np.ndarray:
-    """``n`` random 48-bit integers; word / 2**48 is a uniform in [0, 1)."""
-    return rng.integers(0, 2**48, n, dtype=np.uint64)
-
-
-def _pack_words(words: np.ndarray) -> bytes:
-    """48-bit words as 6 little-endian bytes each (read by ``uniform_at`` in
-    lua/_common.lua)."""
-    return words.astype("<u8").view(np.uint8).reshape(len(words), 8)[:, :6].tobytes()
-
-
-def packed_uniforms(rng: np.random.Generator, n: int) -> bytes:
-    """``n`` uniforms in [0, 1) as 48-bit little-endian integers (read by ``uniform_at``
-    in lua/_common.lua)."""
-    return _pack_words(_uniform_words(rng, n))
 
 
 def _draw_then_fetch(
@@ -361,290 +340,6 @@ def _draw_chunked(
     return Draw(ids, blobs, None, schema_json)
 
 
-# Attempts at committing a prioritized draw with replacement: each later one from a
-# replica caught up by the previous reply. The server corrects such a draw to the current
-# law itself, so more than one attempt is needed only when a draw's candidates (its own
-# and the spares) were nearly all changed since the replica's version.
-_COMMIT_ATTEMPTS = 64
-# Draws without replacement stand only when the replica was current at the commit; under
-# writers that change the buffer between every draw and its commit they are drawn again
-# (one round trip each) for at most this long.
-_EXACT_SECONDS = 30.0
-
-
-@dataclass
-class _ReplicaDraw:
-    ids: list[int]
-    blobs: list[bytes]
-    schema_json: bytes | None
-    probabilities: np.ndarray
-    masses: np.ndarray
-    scores: np.ndarray
-    min_mass: float
-    per_sum: float
-    per_nonzero: int
-
-
-def _replica_draw(
-    buffer: BufferView, rule: str, n: int, rng: np.random.Generator, replacement: bool
-) -> _ReplicaDraw:
-    """Draw ``n`` items from the buffer's replica for ``rule`` and commit the draw with
-    lua/sample_prioritized.lua, in the same round trip as the blob read."""
-    replica = replica_of(buffer, rule)
-    inline = bool(buffer.fetch_inline)  # max_use: the script reads
-    script = scripts.load("sample_prioritized")
-    with replica.lock:
-        if not (replacement or n > len(replica)):
-            if n > bounds.MAX_ITEMS_PER_COMMAND:
-                raise RequestTooLargeError(
-                    f"buffer {buffer.name!r}: a prioritized draw of {n} without replacement "
-                    f"is one command, of at most {bounds.MAX_ITEMS_PER_COMMAND} draws "
-                    "(redisbuf/store/bounds.py); draw fewer, or with replacement")
-            return _commit_exact(buffer, rule, n, rng, replica, inline, script)
-        # with replacement the draws are independent: a larger draw is several commits
-        parts = [_commit_corrected(buffer, rule, stop - start, rng, replica, inline, script)
-                 for start, stop in bounds.chunks(n)]
-        return parts[0] if len(parts) == 1 else _ReplicaDraw(
-            [i for p in parts for i in p.ids], [b for p in parts for b in p.blobs],
-            parts[-1].schema_json, np.concatenate([p.probabilities for p in parts]),
-            np.concatenate([p.masses for p in parts]),
-            np.concatenate([p.scores for p in parts]), min(p.min_mass for p in parts),
-            parts[-1].per_sum, parts[-1].per_nonzero)
-
-
-def _draw_checked(
-    buffer: BufferView, replica: MassReplica, n: int, replace: bool, synced: bool
-) -> bool:
-    """Whether the replica can draw ``n`` (False: it was synced now, ask again); raises
-    when it cannot even after catching up with the buffer."""
-    try:
-        replica.check_drawable(buffer.name, n, replace)
-        return True
-    except (EmptyBufferError, SamplingError):
-        if synced:
-            raise
-        replica.sync(buffer)  # it may be behind: decide on what the buffer holds now
-        return False
-
-
-def _commit_exact(
-    buffer: BufferView,
-    rule: str,
-    n: int,
-    rng: np.random.Generator,
-    replica: MassReplica,
-    inline: bool,
-    script: scripts.Script,
-) -> _ReplicaDraw:
-    """Successive draws (without replacement) stand only when the replica was current at
-    the commit ("exact"): whether it was does not depend on what was drawn, so a draw
-    found stale is simply made again from the replica caught up by the reply, and the
-    one that stands follows the law of the buffer at its commit."""
-    all_keys = buffer.keys.all_keys()
-    deadline = time.monotonic() + _EXACT_SECONDS
-    synced = False
-    while True:
-        if not _draw_checked(buffer, replica, n, False, synced):
-            synced = True
-            continue
-        slots, probabilities, masses = replica.draw(n, rng, False)
-        ids = replica.ids[slots]
-        packed, width = pack_ids(ids)
-        members = split_ids(packed, width)
-        args = [rule, replica.epoch, replica.version, replica.stamp, "exact", int(inline),
-                packed, width]
-        replies = _send_commit(buffer, script, args, None if inline else members)
-        reply = replies[0]
-        if int(reply[0]) != 1:
-            replica.catch_up(buffer, reply)
-            synced = True
-            if time.monotonic() > deadline:
-                raise SamplingError(
-                    f"buffer {buffer.name!r}: a prioritized draw without replacement "
-                    f"could not be committed in {_EXACT_SECONDS:.0f} s: the buffer changed "
-                    "between every draw and its commit (draw with replacement, which the "
-                    "server corrects, or slow the writers)")
-            continue
-        blobs = reply[9 : 9 + int(reply[8])] if inline else replies[1]
-        if any(blob is None for blob in blobs):
-            buffer.run("undo_draws", all_keys, members)  # gone before the HMGET: no draw
-            replica.sync(buffer)
-            continue
-        return _ReplicaDraw(
-            ids.tolist(), list(blobs), replies[-1], probabilities, masses,
-            replica.scores[slots], replica.min_mass, float(reply[2]), int(reply[3]),
-        )
-
-
-# Spare draws sent with each draw with replacement, for the server to use in its place
-# when its item changed since the replica's version (lua/sample_prioritized.lua)
-_SPARES = 2
-
-
-def _send_commit(
-    buffer: BufferView, script: scripts.Script, args: list[Any], members: list[bytes] | None
-) -> list[Any]:
-    """The commit script, then the HMGET of ``members`` (None: none) and the schema, in
-    one plain pipeline (one round trip); the script's reply translated (the read-only
-    variant on a server refusing writes).
-
-    Not a MULTI: a server at ``maxmemory`` refuses every command queued in a transaction,
-    reads too, and the reads must work there. The reads run after the commit on the same
-    connection, so a blob read is that of the item the commit recorded (ids are never
-    reused) unless another process removed the item in between: its blob then reads as
-    None, and the callers take the draw back (lua/undo_draws.lua) and draw again, as for
-    any item gone before its read. The blobs of the draws a correcting commit moved come
-    from the script itself (atomic with the commit)."""
-    keys = buffer.keys
-    all_keys = keys.all_keys()
-
-    def send() -> list[Any]:
-        pipe = buffer.client.pipeline(transaction=False)
-        scripts.queue(pipe, buffer.client, script, all_keys, args)
-        if members is not None:
-            pipe.hmget(keys.items, members)
-        pipe.hget(keys.meta, "schema")
-        return pipe.execute(raise_on_error=False)
-
-    replies = retrying(send, name=buffer.client)
-    if scripts.missing(replies[0]):
-        scripts.reload(buffer.client, script)
-        replies = retrying(send, name=buffer.client)
-    reply = replies[0]
-    if isinstance(reply, redis.exceptions.ResponseError):
-        if isinstance(reply, scripts._REFUSED_WRITES):
-            replies[0] = buffer.run("sample_prioritized", all_keys, args)  # read-only variant
-        else:
-            raise scripts.translate(reply)
-    elif isinstance(reply, Exception):
-        raise reply
-    for read in replies[1:]:
-        if isinstance(read, Exception):
-            raise read
-    return replies
-
-
-def _commit_corrected(
-    buffer: BufferView,
-    rule: str,
-    n: int,
-    rng: np.random.Generator,
-    replica: MassReplica,
-    inline: bool,
-    script: scripts.Script,
-) -> _ReplicaDraw:
-    """Draws with replacement committed in "correct" mode: whatever changed since the
-    replica's version, the server corrects the draw to the law at the commit
-    (lua/sample_prioritized.lua, correct_draw) and returns the log entries the replica
-    lacks, so a draw stands in one round trip however busy the writers are; the blobs of
-    the few draws it replaced are read in a second."""
-    keys = buffer.keys
-    all_keys = keys.all_keys()
-    synced = False
-    spares = max(_SPARES, replica.spares)
-    carried: np.ndarray | None = None  # a draw of the replica as it is, to commit again
-    for _ in range(_COMMIT_ATTEMPTS):
-        if carried is None and not _draw_checked(buffer, replica, n, True, synced):
-            synced = True
-            continue
-        if carried is None:
-            slots, _, _ = replica.draw(n * (1 + spares), rng, True)
-            drawn = replica.ids[slots].reshape(n, 1 + spares)
-        else:
-            drawn = np.empty((n, 1 + spares), dtype=np.int64)
-            drawn[:, 0] = carried
-            slots, _, _ = replica.draw(n * spares, rng, True)
-            drawn[:, 1:] = replica.ids[slots].reshape(n, spares)
-        packed, width = pack_ids(drawn.reshape(-1))
-        members = split_ids(*pack_ids(drawn[:, 0]))
-        uniforms = packed_uniforms(rng, 2 * n)
-        args = [rule, replica.epoch, replica.version, replica.stamp, "correct", int(inline),
-                packed, width, spares, uniforms, repr(replica.total), repr(replica.ref)]
-        replies = _send_commit(buffer, script, args, None if inline else members)
-        reply = replies[0]
-        status = int(reply[0])
-        if status == 3:  # corrected, with holes to fill among the items not changed
-            touched = replica._follow(buffer, [0, reply[1], reply[2], reply[3], *reply[5:]])
-            if touched is None:  # (cannot happen: the reply carries every entry)
-                replica.load(buffer)
-                carried = None
-                continue
-            carried = _fill_holes(replica, reply[4], touched, rng)
-            synced = True
-            spares = _spares_for(replica, set(np.concatenate(touched).tolist()), n)
-            continue
-        carried = None
-        if status != 1:
-            touched_ids = replica.catch_up(buffer, reply)
-            synced = True
-            if touched_ids:
-                spares = _spares_for(replica, touched_ids, n)
-            continue
-        replica.spares = max(_SPARES, int(spares * 0.9))  # slowly back to the default
-        count = int(reply[8])
-        blobs = list(reply[9 : 9 + count]) if inline else list(replies[1])
-        final = members
-        if reply[4]:  # corrected: catch up with the entries it went by
-            ids = np.array(reply[4].split(b","), dtype=np.int64)
-            final = [b"%012d" % i for i in ids.tolist()]
-            entries = reply[9 + count :]
-            if replica._follow(buffer, [0, reply[5], reply[6], reply[7], *entries]) is None:
-                replica.load(buffer)
-            if not inline:  # the script read the blobs of the draws it moved (atomic)
-                for position, blob in enumerate(reply[9 : 9 + count]):
-                    if blob is not None:
-                        blobs[position] = blob
-        else:
-            ids = drawn[:, 0]
-        where = replica.slots_of(ids)
-        if any(blob is None for blob in blobs) or (where < 0).any():
-            buffer.run("undo_draws", all_keys, final)  # gone before the HMGET: not a draw
-            replica.sync(buffer)
-            continue
-        masses = replica.masses[where]
-        return _ReplicaDraw(
-            [int(i) for i in final], blobs, replies[-1], masses / replica.total, masses,
-            replica.scores[where], replica.min_mass, float(reply[2]), int(reply[3]),
-        )
-    raise SamplingError(
-        f"buffer {buffer.name!r}: a prioritized draw could not be committed in "
-        f"{_COMMIT_ATTEMPTS} attempts"
-    )
-
-
-def _fill_holes(
-    replica: MassReplica, packed: bytes, touched: list[np.ndarray], rng: np.random.Generator
-) -> np.ndarray:
-    """The draw a "correct" commit left with holes (packed ids, '' at each hole), each hole
-    filled with a draw of the replica (now at the commit's version) among the items the
-    entries since did not name: the server had decided that the hole's draw falls among
-    them, and there it follows the replica's masses."""
-    parts = packed.split(b",")
-    ids = np.array([int(p) if p else -1 for p in parts], dtype=np.int64)
-    excluded = np.unique(np.concatenate(touched)) if touched else np.empty(0, np.int64)
-    holes = np.flatnonzero(ids < 0)
-    while len(holes):
-        candidates = replica.ids[replica._descend(rng, len(holes))]
-        fine = ~np.isin(candidates, excluded)
-        ids[holes[fine]] = candidates[fine]
-        holes = holes[~fine]
-    return ids
-
-
-def _spares_for(replica: MassReplica, touched: set[int], n: int) -> int:
-    """Spare draws per draw such that all 1 + spares of some draw's candidates fall on
-    changed items with probability about 1%, if as much changes before the next commit
-    as the share of the mass that ``touched`` holds now (at most 64)."""
-    slots = replica.slots_of(np.fromiter(touched, dtype=np.int64, count=len(touched)))
-    share = float(replica.masses[slots[slots >= 0]].sum())
-    total = replica.total
-    share = min(max(share / total, 1e-9), 0.99) if total > 0 else 0.5
-    needed = int(np.ceil(np.log(0.01 / n) / np.log(share))) - 1
-    spares = min(64, max(_SPARES, needed))
-    replica.spares = spares
-    return spares
-
-
 class PrioritizedSampler:
     """Item ``i`` is drawn with probability ``exp(log_reward_i) / sum_j exp(log_reward_j)``
     (softmax of log-rewards; items with log-reward -inf are never drawn).
@@ -688,10 +383,10 @@ class PrioritizedSampler:
         """Draw ``n`` items; ``replacement`` (None: this sampler's) is this call's."""
         replace = self.replacement if replacement is None else bool(replacement)
         try:
-            drawn = _replica_draw(buffer, "softmax", n, rng, replace)
+            drawn = commits.replica_draw(buffer, "softmax", n, rng, replace)
         except PrioritizedSamplingOffError:
             self.prepare(buffer)  # turned off (dropped and made again): turn it back on
-            drawn = _replica_draw(buffer, "softmax", n, rng, replace)
+            drawn = commits.replica_draw(buffer, "softmax", n, rng, replace)
         return Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
 
 
@@ -784,10 +479,10 @@ class PERSampler:
 
     def draw(self, buffer: BufferView, n: int, rng: np.random.Generator) -> Draw:
         try:
-            drawn = _replica_draw(buffer, "per", n, rng, True)
+            drawn = commits.replica_draw(buffer, "per", n, rng, True)
         except PrioritizedSamplingOffError:
             self.prepare(buffer)  # the buffer was dropped and made again: turn PER back on
-            drawn = _replica_draw(buffer, "per", n, rng, True)
+            drawn = commits.replica_draw(buffer, "per", n, rng, True)
         draw = Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
         # (N P(i))^-beta / max_j (N P(j))^-beta = (min_mass / mass_i)^beta: N and the total
         # cancel, and the largest weight belongs to the lowest non-zero mass present.

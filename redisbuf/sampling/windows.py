@@ -12,7 +12,8 @@ import numpy as np
 
 from ..errors import SamplingError
 from ..store import bounds
-from .samplers import _IDLE_ROUNDS, Draw, _draw_then_fetch, _joined, packed_uniforms
+from .samplers import _IDLE_ROUNDS, Draw, _draw_then_fetch, _joined
+from .uniforms import packed_uniforms
 
 if TYPE_CHECKING:
     from .base import BufferView

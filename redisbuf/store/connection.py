@@ -213,7 +213,8 @@ def connect(
             server does not speak the Redis protocol.
 
     Examples:
-        >>> from redisbuf import ServerUnavailableError, connect
+        >>> from redisbuf import connect
+        >>> from redisbuf.errors import ServerUnavailableError
         >>> try:
         ...     connect("redis://127.0.0.1:1", connect_timeout=0.5)  # nothing listens there
         ... except ServerUnavailableError as error:

@@ -105,10 +105,20 @@ def _operation(name: str) -> str:
     )
 
 
-def _register(name: str, call: str, grant: str | None, read_only: bool) -> str:
+def _register(
+    name: str, call: str, grant: str | None, read_only: bool,
+    keys: tuple[int, int | None] | None, extra: int = 0,
+) -> str:
+    """One registered function; ``keys`` the (low, high) key count of its script's
+    ``@keys`` line (None: any count), ``extra`` keys its variant adds (the remembering
+    variant's two batch-memory keys)."""
+    low, high = keys if keys is not None else (0, None)
+    low, high = low + extra, None if high is None else high + extra
+    takes = f"{low}" if high == low else f"{low}..{'' if high is None else high}"
     return scripts.template(
         "register", NAME=name, FLAGS="{'no-writes'}" if read_only else "{}",
         GRANT="nil" if grant is None else f"'{grant}'", CALL=call,
+        LOW=low, HIGH="math.huge" if high is None else high, TAKES=takes,
     )
 
 
@@ -128,20 +138,24 @@ def library_source() -> str:
         *(_operation(name) for name in names),
         scripts.template("add_checked"),
     ])
-    registrations = [_register("rb_add", "rb_add_checked(keys, args)", "add", False)]
+    registrations = [_register("rb_add", "rb_add_checked(keys, args)", "add", False,
+                               scripts.load("add").keys)]
     for public, (name, read_only) in _OPERATIONS.items():
         grant = None if public in READ_ONLY else GRANTS[name]
         call = f"OP.{name}(keys, args, {'true' if read_only else 'false'})"
-        registrations.append(_register(public, call, grant, public in READ_ONLY))
+        registrations.append(
+            _register(public, call, grant, public in READ_ONLY, scripts.load(name).keys))
     for name in names:
         script = scripts.load(name)
         grant = GRANTS.get(name)
         registrations += [
-            _register(script.function, f"OP.{name}(keys, args, false)", grant, False),
-            _register(script.read_only.function, f"OP.{name}(keys, args, true)", None, True),
+            _register(script.function, f"OP.{name}(keys, args, false)", grant, False,
+                      script.keys),
+            _register(script.read_only.function, f"OP.{name}(keys, args, true)", None, True,
+                      script.keys),
             # remembering writes the batch memory even around a read: not for every caller
             _register(script.remembering.function, f"ONCE.{name}(keys, args)",
-                      grant or "admin", False),
+                      grant or "admin", False, script.keys, extra=2),
         ]
     values = {
         "LIBRARY": LIBRARY, "DEFAULT_WINDOW": repr(DEFAULT_RETRY_WINDOW),

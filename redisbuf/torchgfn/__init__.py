@@ -31,18 +31,16 @@ reproducible; with ``seed=`` the buffer has its own generator.
 
 from __future__ import annotations
 
-import inspect
 import uuid
 import weakref
 from typing import Any
 
 import numpy as np
 
-from ._extras import require as _require_extra
-from .buffers.replay import ReplayBuffer as _CoreBuffer
-from .control.manager import ReplayBufferManager as _CoreManager
-from .errors import EmptyBufferError, SchemaError
-from .store import containers as rb
+from .._extras import require as _require_extra
+from ..buffers.replay import ReplayBuffer as _CoreBuffer
+from ..control.remote import ManagerLink
+from ..errors import EmptyBufferError, SchemaError
 
 # torch and torchgfn come with the extra ``redisbuf[torchgfn]``: without either, importing
 # this module raises MissingExtraError (an ImportError) naming it
@@ -50,6 +48,21 @@ _require_extra("torch", "torchgfn", "redisbuf.torchgfn")
 _require_extra("gfn.containers", "torchgfn", "redisbuf.torchgfn", package="torchgfn")
 import torch  # noqa: E402
 from gfn.containers import StatesContainer, Trajectories, Transitions  # noqa: E402
+
+from .containers import (  # noqa: E402
+    _CLASS_OF_KIND,
+    BufferEmptyError,
+    ContainerTypeError,
+    _kind_of,
+    from_redisbuf,
+    to_redisbuf,
+)
+from .manager import (  # noqa: E402
+    DEFAULT_MANAGER_NAME,
+    ReplayBufferManager,
+    _drop_quietly,
+    _worker_transport,
+)
 
 __all__ = [
     "DEFAULT_MANAGER_NAME",
@@ -66,296 +79,6 @@ __all__ = [
     "to_redisbuf",
 ]
 
-#: Buffer name of the manager's store (and of the Redis control plane) when none is given.
-DEFAULT_MANAGER_NAME = "torchgfn-manager"
-
-ContainerUnion = Trajectories | Transitions | StatesContainer
-
-#: the torchgfn class of each stored kind (the dict kind holds StatesContainers)
-_CLASS_OF_KIND = {"trajectories": Trajectories, "transitions": Transitions, "dict": StatesContainer,
-                  "states": StatesContainer}
-
-
-class ContainerTypeError(SchemaError, TypeError, AssertionError):
-    """Not a torchgfn container, or a container of another class than the one the buffer
-    holds. An AssertionError, as torchgfn's ``ReplayBuffer.add`` raises for both; a
-    TypeError, as its diverse and terminating-state buffers raise for a non-container
-    (and as redisbuf raised before); a :class:`~redisbuf.errors.SchemaError`."""
-
-
-class BufferEmptyError(EmptyBufferError, ValueError, AssertionError):
-    """Nothing to sample, or ``device`` asked of an empty buffer. A ValueError (what
-    torchgfn's ``sample`` raises) and an AssertionError (what its ``device`` raises)."""
-
-
-# -- conversions ----------------------------------------------------------------------
-
-
-def _constant(tensor: torch.Tensor) -> float | None:
-    """The one value every element of ``tensor`` holds, or None."""
-    flat = tensor.reshape(-1)
-    if flat.numel() == 0 or not bool((flat == flat[0]).all()):
-        return None
-    return float(flat[0])
-
-
-def _kind_of(container: Any) -> str:
-    if isinstance(container, Trajectories):
-        return "trajectories"
-    if isinstance(container, Transitions):
-        return "transitions"
-    if isinstance(container, StatesContainer):
-        return "states"
-    raise ContainerTypeError(
-        f"Must be a container type (torchgfn Trajectories, Transitions or "
-        f"StatesContainer), got {type(container).__name__}"
-    )
-
-
-def _same_conditions(a: torch.Tensor | None, b: torch.Tensor | None, what: str) -> None:
-    if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
-        raise ValueError(f"{what}: conditions differ; redisbuf stores one condition per item")
-
-
-def _terminating_rows(container: Any) -> rb.States:
-    """A StatesContainer's terminating rows as redisbuf States."""
-    mask = container.is_terminating
-    conditions = container.states.conditions
-    return rb.States(
-        states=container.states.tensor[mask],
-        log_rewards=container.log_rewards[mask],
-        conditions=None if conditions is None else conditions[mask],
-    )
-
-
-def to_redisbuf(container: Any, env: Any, states_kind: str = "dict") -> Any:
-    """A torchgfn container as the redisbuf batch the drop-in stores (see the module
-    docstring). Raises TypeError for anything else, ValueError for backward trajectories.
-    ``states_kind="states"``: a StatesContainer becomes redisbuf States of its
-    terminating rows (what the diverse and terminating-state buffers store).
-
-    Args:
-        container: a torchgfn ``Trajectories``, ``Transitions`` or ``StatesContainer``.
-        env: its environment.
-        states_kind: ``"dict"`` or ``"states"``, for a ``StatesContainer``.
-
-    Returns:
-        A redisbuf batch.
-
-    Raises:
-        ContainerTypeError: not a torchgfn container.
-        TypeError: states that are not one tensor.
-        ValueError: backward trajectories.
-
-    Examples:
-
-        >>> import fakeredis
-        >>> from gfn.estimators import DiscretePolicyEstimator
-        >>> from gfn.gym import HyperGrid
-        >>> from gfn.preprocessors import KHotPreprocessor
-        >>> from gfn.samplers import Sampler
-        >>> from gfn.utils.modules import MLP
-        >>> env = HyperGrid(ndim=2, height=8)
-        >>> pre = KHotPreprocessor(env.height, env.ndim)
-        >>> policy = DiscretePolicyEstimator(MLP(pre.output_dim, env.n_actions), env.n_actions,
-        ...                                  preprocessor=pre)
-        >>> trajectories = Sampler(policy).sample_trajectories(env, n=4)
-        >>> from redisbuf.torchgfn import from_redisbuf, to_redisbuf
-        >>> batch = to_redisbuf(trajectories, env)
-        >>> type(batch).__module__, len(batch)
-        ('redisbuf.store.containers', 4)
-        >>> back = from_redisbuf(batch, env)
-        >>> bool((back.terminating_idx == trajectories.terminating_idx).all())
-        True
-    """
-    kind = _kind_of(container)
-    if not isinstance(container.states.tensor, torch.Tensor):
-        raise TypeError(
-            f"{type(container.states).__name__} are not stored by redisbuf.torchgfn: it "
-            "keeps states that are one tensor (graph states are not supported)"
-        )
-    if getattr(container, "is_backward", False):
-        raise ValueError(
-            "backward trajectories/transitions have no log-rewards in torchgfn; reverse them "
-            "(Trajectories.reverse_backward_trajectories) before adding"
-        )
-    log_rewards = container.log_rewards
-    if kind == "trajectories":
-        states = container.states
-        conditions = states.conditions
-        if conditions is not None:
-            first = conditions[0]
-            if not bool((conditions == first.unsqueeze(0)).all()):
-                raise ValueError(
-                    "trajectory conditions vary along time; redisbuf stores one condition "
-                    "vector per trajectory (as torchgfn's samplers produce)"
-                )
-            conditions = first
-        sf = _constant(env.sf) if isinstance(env.sf, torch.Tensor) else None
-        dummy = _constant(env.dummy_action) if isinstance(env.dummy_action, torch.Tensor) else None
-        return rb.Trajectories(
-            states=states.tensor,
-            actions=container.actions.tensor,
-            terminating_idx=container.terminating_idx,
-            log_rewards=log_rewards,
-            conditions=conditions,
-            states_pad_value=0.0 if sf is None else sf,
-            actions_pad_value=-1.0 if dummy is None else dummy,
-        )
-    if kind == "transitions":
-        conditions = container.states.conditions
-        _same_conditions(conditions, container.next_states.conditions, "states and next_states")
-        return rb.Transitions(
-            states=container.states.tensor,
-            next_states=container.next_states.tensor,
-            actions=container.actions.tensor,
-            is_terminating=container.is_terminating,
-            log_rewards=log_rewards,
-            conditions=conditions,
-        )
-    if states_kind == "states":
-        return _terminating_rows(container)
-    batch = {
-        "states": container.states.tensor,
-        "is_terminating": container.is_terminating,
-        "log_rewards": log_rewards,
-    }
-    if container.states.conditions is not None:
-        batch["conditions"] = container.states.conditions
-    return batch
-
-
-def _pad_from_env(tensor: torch.Tensor, lengths: torch.Tensor, fill: torch.Tensor, first: int):
-    """Overwrite time steps ``t >= lengths + first`` of a (T, B, ...) tensor with ``fill``."""
-    steps = torch.arange(tensor.shape[0], device=tensor.device).unsqueeze(1)
-    pad = steps >= (lengths.to(tensor.device).unsqueeze(0) + first)
-    if bool(pad.any()):
-        tensor = tensor.clone()
-        tensor[pad] = fill.to(tensor.device, tensor.dtype)
-    return tensor
-
-
-def _states(env: Any, tensor: torch.Tensor, conditions: torch.Tensor | None) -> Any:
-    if conditions is not None:
-        conditions = conditions.to(tensor.device, torch.get_default_dtype())
-    return env.states_from_tensor(tensor, conditions)
-
-
-def from_redisbuf(batch: Any, env: Any, device: torch.device | str | None = None) -> Any:
-    """The torchgfn container for a batch that :func:`to_redisbuf` produced (as stored
-    and sampled), on ``device`` (default ``env.device``), padded with ``env``'s sink state
-    and dummy action.
-
-    Args:
-        batch: a batch :func:`to_redisbuf` produced.
-        env: the torchgfn environment.
-        device: the tensors' device (``None``: ``env.device``).
-
-    Returns:
-        A torchgfn container.
-    """
-    device = torch.device(device if device is not None else env.device)
-
-    def tensor(value: Any) -> torch.Tensor | None:
-        if value is None:
-            return None
-        return torch.as_tensor(value).to(device)
-
-    if isinstance(batch, rb.Trajectories):
-        states, actions = tensor(batch.states), tensor(batch.actions)
-        lengths = tensor(batch.terminating_idx).to(torch.long)
-        # padding comes from env (the sink state may not be one number): step L of
-        # trajectory b holds its stored sink state, later steps are padding
-        states = _pad_from_env(states, lengths, env.sf, 1)
-        actions = _pad_from_env(actions, lengths, env.dummy_action, 0)
-        conditions = tensor(batch.conditions)
-        if conditions is not None:
-            conditions = conditions.unsqueeze(0).expand(states.shape[0], *conditions.shape)
-        return Trajectories(
-            env,
-            states=_states(env, states, conditions),
-            actions=env.actions_from_tensor(actions),
-            terminating_idx=lengths,
-            log_rewards=tensor(batch.log_rewards),
-        )
-    if isinstance(batch, rb.Transitions):
-        conditions = tensor(batch.conditions)
-        return Transitions(
-            env,
-            states=_states(env, tensor(batch.states), conditions),
-            actions=env.actions_from_tensor(tensor(batch.actions)),
-            is_terminating=tensor(batch.is_terminating).to(torch.bool),
-            next_states=_states(env, tensor(batch.next_states), conditions),
-            log_rewards=tensor(batch.log_rewards),
-        )
-    if isinstance(batch, dict):
-        return StatesContainer(
-            env,
-            states=_states(env, tensor(batch["states"]), tensor(batch.get("conditions"))),
-            is_terminating=tensor(batch["is_terminating"]).to(torch.bool),
-            log_rewards=tensor(batch["log_rewards"]),
-        )
-    if isinstance(batch, rb.States):  # inline terminating states (scoring_only workers)
-        states = tensor(batch.states)
-        return StatesContainer(
-            env,
-            states=_states(env, states, tensor(batch.conditions)),
-            is_terminating=torch.ones(states.shape[0], dtype=torch.bool, device=device),
-            log_rewards=tensor(batch.log_rewards),
-        )
-    raise TypeError(f"not a batch of the torchgfn drop-in: {type(batch).__name__}")
-
-
-# -- the control plane as torchgfn names it -------------------------------------------
-
-# torchgfn's static helpers take a backend *name*: they use the worker transport that
-# this process's drop-in buffers opened last for that backend (one per manager name for
-# "redis"), or open one.
-_WORKER_TRANSPORTS: dict[tuple[str, str], Any] = {}
-_LAST_TRANSPORT: dict[str, Any] = {}
-
-
-def _worker_transport(backend: Any, url: Any = None, name: str | None = None) -> Any:
-    if not isinstance(backend, str):
-        return backend
-    if backend not in ("mpi", "redis"):
-        raise ValueError(f"unknown communication_backend {backend!r}; use 'mpi' or 'redis'")
-    if backend == "mpi":
-        name = ""
-    elif name is None:
-        last = _LAST_TRANSPORT.get(backend)
-        if last is not None:
-            return last
-        name = DEFAULT_MANAGER_NAME
-    transport = _WORKER_TRANSPORTS.get((backend, name))
-    if transport is None:
-        if backend == "mpi":
-            from .control.mpi import MPITransport
-
-            transport = MPITransport()
-        else:
-            from .control.redis import RedisWorkerTransport
-            from .store.connection import as_client
-
-            transport = RedisWorkerTransport(as_client(url), name)
-        _WORKER_TRANSPORTS[(backend, name)] = transport
-    _LAST_TRANSPORT[backend] = transport
-    return transport
-
-
-def _forget_transport(transport: Any) -> None:
-    for table in (_WORKER_TRANSPORTS, _LAST_TRANSPORT):
-        for key, value in list(table.items()):
-            if value is transport:
-                del table[key]
-
-
-def _drop_quietly(client: Any, name: str) -> None:
-    try:
-        _CoreBuffer(client, name, capacity=None).drop()
-    except Exception:  # the server may already be gone at interpreter exit
-        pass
-
 
 # -- ReplayBuffer ---------------------------------------------------------------------
 
@@ -370,7 +93,8 @@ class ReplayBuffer:
         prioritized_capacity: as torchgfn.
         prioritized_sampling: as torchgfn. Sampling draws without replacement whenever
             ``n <= len``, as torchgfn does.
-        remote_manager_rank: as torchgfn 2.4.1.
+        remote_manager_rank: as torchgfn 2.4.1; with the remote settings below it makes
+            the :class:`~redisbuf.control.remote.ManagerLink` of the buffer in Redis.
         remote_buffer_freq: as torchgfn 2.4.1.
         communication_backend: as on torchgfn's main branch (2.4.1 has none: its remote
             manager runs over torch.distributed with gloo): ``"mpi"`` or ``"redis"``
@@ -454,16 +178,17 @@ class ReplayBuffer:
         self.name = f"torchgfn-{uuid.uuid4().hex[:16]}" if private else name
         options: dict[str, Any] = {"seed": seed}
         if remote_manager_rank is not None:
-            options.update(
-                remote_manager_rank=remote_manager_rank,
-                remote_buffer_freq=remote_buffer_freq,
+            # torchgfn's lazy_sort defers a per-add sort that redisbuf does not do (eviction
+            # is incremental), and its async_comm is async_score here (the data is in Redis
+            # when the insert returns): neither reaches the core buffer
+            options["manager"] = ManagerLink(
+                remote_manager_rank,
+                buffer_freq=remote_buffer_freq,
                 async_score=self.async_score,
                 baseline_filtering=baseline_filtering,
                 baseline_refresh_after=baseline_refresh_after,
                 scoring_only=scoring_only,
-                communication_backend=_worker_transport(
-                    communication_backend, url, manager_name
-                ),
+                backend=_worker_transport(communication_backend, url, manager_name),
                 timing=timing,
             )
         self._buffer = self._open(url, options)
@@ -730,7 +455,7 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
         )
 
     def _open(self, url: Any, options: dict[str, Any]) -> _CoreBuffer:
-        from .buffers.diverse import NormBasedDiversePrioritizedReplayBuffer as _CoreDiverse
+        from ..buffers.diverse import NormBasedDiversePrioritizedReplayBuffer as _CoreDiverse
 
         return _CoreDiverse(
             url,
@@ -788,7 +513,7 @@ class TerminatingStateBuffer(ReplayBuffer):
         super().__init__(env, capacity, **kwargs)
 
     def _open(self, url: Any, options: dict[str, Any]) -> _CoreBuffer:
-        from .buffers.terminating import TerminatingStateBuffer as _CoreTerminating
+        from ..buffers.terminating import TerminatingStateBuffer as _CoreTerminating
 
         return _CoreTerminating(
             url,
@@ -829,195 +554,3 @@ class TerminatingStateBuffer(ReplayBuffer):
         score = super().add(training_container)
         self._container_class = StatesContainer
         return score
-
-
-# -- ReplayBufferManager --------------------------------------------------------------
-
-
-def _scorer(function: Any, env: Any) -> Any:
-    """Wrap a torchgfn scoring function: it receives torchgfn containers, and
-    ``sender_rank=`` only if it accepts it (torchgfn 2.4.1 passes one argument)."""
-    try:
-        parameters = inspect.signature(function).parameters
-        takes_rank = "sender_rank" in parameters or any(
-            p.kind is p.VAR_KEYWORD for p in parameters.values()
-        )
-    except (TypeError, ValueError):
-        takes_rank = False
-
-    def score(batch: Any, sender_rank: int = -1) -> dict[str, float]:
-        container = from_redisbuf(batch, env)
-        if takes_rank:
-            return function(container, sender_rank=sender_rank)
-        return function(container)
-
-    return score
-
-
-class ReplayBufferManager(_CoreManager):
-    """torchgfn's ``ReplayBufferManager`` with redisbuf's control plane.
-
-    Takes torchgfn's arguments in its order (``env, rank, num_training_ranks,
-    scoring_function, diverse_replay_buffer, capacity, remote_manager_rank,
-    communication_backend, timing, store_locally, baseline_strategy,
-    baseline_percentile, baseline_ema_alpha``) plus keyword-only ``url=`` and ``name=``
-    (the manager's buffer, default :data:`DEFAULT_MANAGER_NAME`; a new manager empties
-    it). Like torchgfn's, the manager's buffer (prioritized capacity) holds what workers
-    sent to it and nothing else: each drop-in worker writes to its own buffer, and the
-    manager copies the items named in a message into its own. The scoring function gets
-    torchgfn containers built for ``env``. ``remote_manager_rank`` (forwarding to a
-    higher manager) works over MPI: what this manager stores it sends on.
-    ``diverse_replay_buffer=True`` makes the manager's buffer a
-    :class:`redisbuf.buffers.diverse.NormBasedDiversePrioritizedReplayBuffer` (default cutoff
-    0, p = 1, as torchgfn's), for Trajectories and terminating Transitions.
-
-    Args:
-        env: the torchgfn environment of the containers.
-        rank: as :class:`redisbuf.ReplayBufferManager`.
-        num_training_ranks: as :class:`redisbuf.ReplayBufferManager`.
-        scoring_function: ``f(container)`` or ``f(container, sender_rank=r)`` returning
-            a score dict; default :meth:`default_scoring_function`.
-        diverse_replay_buffer: as above.
-        capacity: the manager's buffer's capacity.
-        remote_manager_rank: as above (MPI only).
-        communication_backend: ``"mpi"`` or ``"redis"``.
-        timing: as :class:`redisbuf.ReplayBufferManager`.
-        store_locally: as :class:`redisbuf.ReplayBufferManager`.
-        baseline_strategy: as :class:`redisbuf.ReplayBufferManager`.
-        baseline_percentile: as :class:`redisbuf.ReplayBufferManager`.
-        baseline_ema_alpha: as :class:`redisbuf.ReplayBufferManager`.
-        url: a Redis URL or client (``None``: ``$REDISBUF_URL``).
-        name: the manager's buffer name.
-        **options: further :class:`redisbuf.ReplayBufferManager` keywords.
-
-    Raises:
-        ValueError: ``remote_manager_rank`` with the ``"redis"`` backend or with
-            ``diverse_replay_buffer``.
-    """
-
-    def __init__(
-        self,
-        env: Any,
-        rank: int,
-        num_training_ranks: int,
-        scoring_function: Any = None,
-        diverse_replay_buffer: bool = False,
-        capacity: int = 10000,
-        remote_manager_rank: int | None = None,
-        communication_backend: str = "mpi",
-        timing: bool = False,
-        store_locally: bool = True,
-        baseline_strategy: str = "min",
-        baseline_percentile: float = 0.1,
-        baseline_ema_alpha: float = 0.1,
-        *,
-        url: Any = None,
-        name: str = DEFAULT_MANAGER_NAME,
-        **options: Any,
-    ) -> None:
-        if remote_manager_rank is not None and communication_backend != "mpi":
-            raise ValueError(
-                "remote_manager_rank on a manager forwards over MPI only; with the redis "
-                "backend run the upper manager on its own buffer name"
-            )
-        self.env = env
-        from .store.connection import as_client
-
-        client = as_client(url)
-        # a new manager starts empty, as torchgfn's: drop what an earlier run left
-        # (items, and the schema its containers fixed)
-        _CoreBuffer(client, name, capacity=capacity, prioritized_capacity=True).drop()
-        if diverse_replay_buffer:
-            if remote_manager_rank is not None:
-                raise ValueError(
-                    "remote_manager_rank with diverse_replay_buffer: the diverse buffer "
-                    "never sends to a manager (torchgfn's manager ignores it there)"
-                )
-            from .buffers.diverse import NormBasedDiversePrioritizedReplayBuffer as _CoreDiverse
-
-            buffer: _CoreBuffer = _CoreDiverse(client, name, capacity=capacity)
-        else:
-            buffer = _CoreBuffer(
-                client,
-                name,
-                capacity=capacity,
-                prioritized_capacity=True,
-                remote_manager_rank=remote_manager_rank,
-                communication_backend=communication_backend,
-            )
-        self.remote_manager_rank = remote_manager_rank
-        super().__init__(
-            buffer,
-            rank,
-            num_training_ranks,
-            scoring_function=_scorer(scoring_function or self.default_scoring_function, env),
-            diverse_replay_buffer=False,  # the buffer above is the diverse one
-            capacity=capacity,
-            store_locally=store_locally,
-            baseline_strategy=baseline_strategy,
-            baseline_percentile=baseline_percentile,
-            baseline_ema_alpha=baseline_ema_alpha,
-            communication_backend=communication_backend,
-            timing=timing,
-            **options,
-        )
-        self.diverse_replay_buffer = diverse_replay_buffer
-
-    @property
-    def replay_buffer(self) -> _CoreBuffer:
-        """The manager's buffer (torchgfn's attribute name)."""
-        return self.buffer
-
-    def default_scoring_function(self, obj: Any, sender_rank: int = -1) -> dict[str, float]:
-        """Default score function if none provided, placeholder: ``{"score": inf}``.
-
-        Args:
-            obj: the container (unused).
-            sender_rank: the worker's rank (unused).
-
-        Returns:
-            ``{"score": inf}``.
-        """
-        return {"score": float("inf")}
-
-    def run(self, async_send: bool = True) -> None:  # type: ignore[override]
-        """Serve until every training rank has sent EXIT. ``async_send`` is accepted for
-        torchgfn compatibility: replies are small control messages, sent either way.
-
-        Args:
-            async_send: accepted, changes nothing.
-
-        Raises:
-            ControlTimeoutError: as :meth:`redisbuf.ReplayBufferManager.run`.
-        """
-        super().run()
-
-    @staticmethod
-    def get_metadata(manager_rank: int, backend: Any = "mpi", timeout: float | None = 30.0) -> dict:
-        """Ask the manager for its metadata over ``backend`` (``"mpi"``, ``"redis"``,
-        or a transport); ``"redis"`` uses the worker transport of this process's latest
-        drop-in buffer with a remote manager, or opens one to
-        :data:`DEFAULT_MANAGER_NAME` at ``$REDISBUF_URL``.
-
-        Args:
-            manager_rank: the manager's rank.
-            backend: as above.
-            timeout: seconds to wait for the reply (``None``: no limit).
-
-        Returns:
-            The manager's metadata.
-        """
-        return _CoreManager.get_metadata(manager_rank, _worker_transport(backend), timeout)
-
-    @staticmethod
-    def send_termination_signal(manager_rank: int, backend: Any = "mpi") -> None:
-        """Send EXIT to the manager over ``backend`` and release this process's
-        transport for it.
-
-        Args:
-            manager_rank: the manager's rank.
-            backend: as :meth:`get_metadata`.
-        """
-        transport = _worker_transport(backend)
-        _CoreManager.send_termination_signal(manager_rank, transport)
-        _forget_transport(transport)
