@@ -20,7 +20,7 @@ from torchrl.data import (  # noqa: E402
     TensorDictReplayBuffer,
 )
 
-from redisbuf import InvalidBatchError  # noqa: E402
+from redisbuf.errors import InvalidBatchError  # noqa: E402
 from redisbuf.torchrl import (  # noqa: E402
     RedisbufPrioritizedSampler,
     RedisbufStorage,
