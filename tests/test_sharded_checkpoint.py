@@ -291,6 +291,51 @@ def test_per_priorities_are_refused_unless_dropped(fake_client, buffer_name, tmp
     assert [len(s) for s in buffer.shards] == [2, 1]
 
 
+def test_per_priorities_are_saved_and_restored_shard_by_shard(fake_client, buffer_name,
+                                                              tmp_path):
+    per = PERSampler(alpha=1.0, eps=0.0)
+    source = ShardedReplayBuffer(fake_client, buffer_name, capacity=12, shards=3,
+                                 sampler=per)
+    ids: list[int] = []
+    for start in range(0, 9, 3):  # a batch goes to one shard
+        ids += source.add(items([start, start + 1, start + 2]),
+                          priorities=[1.0 + start, 2.0 + start, 3.0 + start]).ids.tolist()
+    source.update_priority(ids[:2], [0.25, 0.0])
+    expected = dict(zip(ids, [0.25, 0.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0], strict=True))
+    path = tmp_path / "per.rb"
+    assert source.save(path) == 9
+    state = source.state_dict()
+    assert dict(zip(state["ids"], state["per_priorities"], strict=True)) == expected
+
+    def priorities_by_value(buffer: ShardedReplayBuffer) -> dict[float, float]:
+        """Each item's PER priority, by its ``v`` (ids change on a load)."""
+        out = {}
+        for shard in buffer.shards:
+            for local, priority in fake_client.hgetall(shard.keys.per).items():
+                out[float(shard.get([int(local)])["v"][0])] = float(priority)
+        return out
+
+    before = priorities_by_value(source)
+    assert sorted(before.values()) == sorted(expected.values())
+    for target in (
+        ShardedReplayBuffer(fake_client, "same", capacity=12, shards=3, sampler=per),
+        ShardedReplayBuffer(fake_client, "spread", capacity=12, shards=2, sampler=per),
+    ):
+        assert target.load(path) == 9
+        assert priorities_by_value(target) == before
+        target.load_state_dict(state)
+        assert priorities_by_value(target) == before
+    plain = ReplayBuffer(fake_client, "plain", capacity=12, sampler=per)
+    assert plain.load(path) == 9
+    saved = {float(plain.get([int(i)])["v"][0]): float(p)
+             for i, p in fake_client.hgetall(plain.keys.per).items()}
+    assert saved == before
+    without = ShardedReplayBuffer(fake_client, "without", capacity=12, shards=3)
+    with pytest.raises(ConfigMismatchError, match="drop_per_priorities=True"):
+        without.load(path)
+    assert without.load(path, drop_per_priorities=True) == 9
+
+
 def test_a_failure_part_way_names_the_shards_already_restored(
     fake_client, source, tmp_path, monkeypatch
 ):

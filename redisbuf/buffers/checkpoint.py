@@ -442,12 +442,13 @@ class ShardedCheckpointing:
     :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer`, in the unsharded format plus
     the header's ``shards``; each shard is restored by :class:`Checkpointing` (a mixin:
     the buffer provides ``client``, ``keys``, ``name``, ``count``, ``shards``,
-    ``capacity`` and ``_on_shard``)."""
+    ``capacity``, ``per`` and ``_on_shard``)."""
 
     def _header(self) -> dict[str, Any]:
         """The save header: the unsharded one's fields for the whole buffer (global
-        capacity, counters summed over the shards, ``per`` None) plus ``shards``: the
-        shard count, each shard's capacity and each shard's counters."""
+        capacity, counters summed over the shards, ``per``: the shards' PER settings, or
+        None without PER) plus ``shards``: the shard count, each shard's capacity and
+        each shard's counters."""
         headers = []
         for k, shard in enumerate(self.shards):
             with self._on_shard(k):
@@ -465,7 +466,7 @@ class ShardedCheckpointing:
             "eviction": "reward" if self.prioritized_capacity else "fifo",
             "schema": schema,
             "counters": {key: sum(c[key] for c in counters) for key in _COUNTERS},
-            "per": None,
+            "per": next((h["per"] for h in headers if h["per"] is not None), None),
             "shards": {
                 "count": self.count,
                 "capacities": [shard.capacity for shard in self.shards],
@@ -473,21 +474,22 @@ class ShardedCheckpointing:
             },
         }
 
-    def _records(self) -> Iterator[tuple[int, float, bytes, None, int]]:
-        """Every shard's records (see :meth:`ReplayBuffer._records`), shard by shard,
-        oldest first within a shard, with global ids."""
+    def _records(self, per: bool = False) -> Iterator[tuple[int, float, bytes, Any, int]]:
+        """Every shard's records (see :meth:`ReplayBuffer._records`: PER priorities only
+        with ``per``), shard by shard, oldest first within a shard, with global ids."""
         for k, shard in enumerate(self.shards):
             with self._on_shard(k):
-                for item_id, log_reward, blob, _per, uses in shard._records():
-                    yield item_id * self.count + k, log_reward, blob, None, uses
+                for item_id, log_reward, blob, priority, uses in shard._records(per):
+                    yield item_id * self.count + k, log_reward, blob, priority, uses
 
     def save(self, path: str | Path, *, progress: Progress | None = None) -> int:
         """Write the buffer to ``path`` in the format of :meth:`ReplayBuffer.save`
         (version 2, through the same temporary file, fsync and rename): the header
-        (global capacity, counters summed over the shards, ``per`` None, plus
-        ``shards``: ``count``, each shard's ``capacities`` and ``counters``), then
-        every shard's items, shard by shard, oldest first within a shard, with their
-        global ids (``local_id * count + shard``), then the trailer. Returns the number
+        (global capacity, counters summed over the shards, ``per`` the PER settings or
+        None, plus ``shards``: ``count``, each shard's ``capacities`` and ``counters``),
+        then every shard's items (with their PER priorities under PER), shard by shard,
+        oldest first within a shard, with their global ids (``local_id * count +
+        shard``), then the trailer. Returns the number
         of items written. The file loads into a plain :class:`ReplayBuffer` too (which
         ignores ``shards``). Not a snapshot if other processes write meanwhile, neither
         within a shard nor across shards. ``progress(done, total)`` as
@@ -515,20 +517,22 @@ class ShardedCheckpointing:
         total = len(self) if progress is not None else 0
 
         def stream() -> Iterator[Any]:
-            yield self._header()
-            yield from self._records()
+            header = self._header()
+            yield header
+            yield from self._records(header["per"] is not None)
 
         return _write_save(path, stream(), progress, total)
 
     def state_dict(self) -> dict[str, Any]:
         """The whole buffer as plain data: the header of :meth:`save` and the columns of
-        :meth:`ReplayBuffer.state_dict` (``ids`` global, ``per_priorities`` None), in
-        the order :meth:`save` writes the records.
+        :meth:`ReplayBuffer.state_dict` (``ids`` global, ``per_priorities`` None each
+        without PER), in the order :meth:`save` writes the records.
 
         Returns:
             A dict of plain data (see :meth:`ReplayBuffer.state_dict`).
         """
-        return _state_of(self._header(), self._records())
+        header = self._header()
+        return _state_of(header, self._records(header["per"] is not None))
 
     def load(
         self,
@@ -562,7 +566,9 @@ class ShardedCheckpointing:
         already restored and the one that failed (which, and those after it, are as they
         were); a failure on the first shard raises its own error, every shard as it was.
 
-        Sharded buffers have no PER: a file with PER priorities raises
+        PER priorities follow :meth:`ReplayBuffer.load`'s rules in every shard: a file
+        with them restores each item's into a buffer with PER (a file without them gives
+        the items PER's initial priority); into a buffer without PER it raises
         :class:`ConfigMismatchError` unless ``drop_per_priorities=True``.
         ``progress(done, total)`` counts the items of all shards (``total`` the file's).
 
@@ -648,7 +654,7 @@ class ShardedCheckpointing:
                     f"saved items do not fit sharded buffer {self.name!r}: "
                     f"{describe_schema_difference(json.loads(raw), _saved_schema(schema_json))}"
                 )
-        if header.get("per") is not None and not drop_per_priorities:
+        if header.get("per") is not None and not drop_per_priorities and self.per is None:
             raise ConfigMismatchError(
                 f"the saved items carry PER priorities and sharded buffer {self.name!r} "
                 "has no PER: load with drop_per_priorities=True (redisbuf import "
