@@ -24,7 +24,7 @@ from key_contents import key_contents
 from process_helpers import default_signals
 from prometheus_client.parser import text_string_to_metric_families
 
-from redisbuf import BufferKeys, ReplayBuffer
+from redisbuf import BufferKeys, PERSampler, ReplayBuffer
 from redisbuf.buffers.episodes import EpisodeBuffer
 from redisbuf.buffers.sequence import SequenceBuffer
 from redisbuf.buffers.sharded import ShardedReplayBuffer
@@ -477,6 +477,34 @@ def test_export_import_move_a_sharded_buffer_whole(url, real_client, tmp_path, c
     done = main_in_process(capsys, "import", str(small), "gone", url=url)
     assert done.returncode == 1 and "truncated" in done.stderr
     assert not real_client.keys("rb:{gone*")
+
+
+def test_export_import_move_a_sharded_per_buffer_with_its_priorities(url, real_client, tmp_path,
+                                                                      capsys):
+    sharded = ShardedReplayBuffer(real_client, "shper", capacity=30, shards=3, seed=1,
+                                  sampler=PERSampler(alpha=0.7, eps=0.01))
+    for start in range(0, 12, 4):
+        sharded.add({"x": np.arange(start, start + 4), "log_rewards": np.zeros(4)},
+                    priorities=np.arange(start, start + 4) + 0.5)
+    path = tmp_path / "shper.rbuf"
+    doc = json.loads(main_in_process(capsys, "export", "shper", str(path), "--json",
+                                     url=url).stdout)
+    assert doc["per_priorities"] is True and doc["shards"] == 3
+    doc = json.loads(main_in_process(capsys, "import", str(path), "shper2", "--json",
+                                     url=url).stdout)
+    assert doc["created"] is True and doc["length"] == 12
+
+    def by_x(buffer: ShardedReplayBuffer) -> dict[float, float]:
+        out = {}
+        for shard in buffer.shards:
+            for item, priority in real_client.hgetall(shard.keys.per).items():
+                out[float(shard.get([int(item)])["x"][0])] = float(priority)
+        return out
+
+    copy = ShardedReplayBuffer.open(real_client, "shper2", sampler=PERSampler(alpha=0.7,
+                                                                              eps=0.01))
+    assert by_x(copy) == {float(x): x + 0.5 for x in range(12)} == by_x(sharded)
+    assert real_client.hget(copy.shards[0].keys.meta, "per_alpha") == b"0.7"
 
 
 def test_import_refuses_newer_format_and_mismatched_schema_leaving_target_unchanged(

@@ -442,7 +442,7 @@ class ShardedCheckpointing:
     :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer`, in the unsharded format plus
     the header's ``shards``; each shard is restored by :class:`Checkpointing` (a mixin:
     the buffer provides ``client``, ``keys``, ``name``, ``count``, ``shards``,
-    ``capacity``, ``per`` and ``_on_shard``)."""
+    ``capacity`` and ``_on_shard``)."""
 
     def _header(self) -> dict[str, Any]:
         """The save header: the unsharded one's fields for the whole buffer (global
@@ -473,6 +473,11 @@ class ShardedCheckpointing:
                 "counters": counters,
             },
         }
+
+    def _uses_per(self) -> bool:
+        """Whether the shards keep PER priorities (their stored configuration)."""
+        with self._on_shard(0):
+            return self.client.hget(self.shards[0].keys.meta, "mass") == b"per"
 
     def _records(self, per: bool = False) -> Iterator[tuple[int, float, bytes, Any, int]]:
         """Every shard's records (see :meth:`ReplayBuffer._records`: PER priorities only
@@ -654,7 +659,7 @@ class ShardedCheckpointing:
                     f"saved items do not fit sharded buffer {self.name!r}: "
                     f"{describe_schema_difference(json.loads(raw), _saved_schema(schema_json))}"
                 )
-        if header.get("per") is not None and not drop_per_priorities and self.per is None:
+        if header.get("per") is not None and not drop_per_priorities and not self._uses_per():
             raise ConfigMismatchError(
                 f"the saved items carry PER priorities and sharded buffer {self.name!r} "
                 "has no PER: load with drop_per_priorities=True (redisbuf import "

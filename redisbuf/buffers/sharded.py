@@ -28,8 +28,9 @@ shards sit on different masters, and each shard's scripts stay atomic on its one
   naming the buffer, the shard and its node; the other shards keep working for
   operations that address only them (``add`` to them, ``get`` of their ids, their own
   ``shards[k]`` buffer). Sampling, ``len`` and ``stats`` address every shard.
-* ``save`` / ``state_dict`` write the unsharded save format (version 2, ``per`` None)
-  with global capacity and summed counters, plus the header's ``shards`` (count, each
+* ``save`` / ``state_dict`` write the unsharded save format (version 2; ``per`` the PER
+  settings and every record's PER priority under PER) with global capacity and summed
+  counters, plus the header's ``shards`` (count, each
   shard's capacity and counters); the records go shard by shard, oldest first within a
   shard, with global ids. Such a file loads into a plain :class:`ReplayBuffer` as well,
   and a plain buffer's file into a sharded one. ``load`` / ``load_state_dict`` check the

@@ -194,23 +194,23 @@ def run_import(args: argparse.Namespace) -> int:
                     refusal=f"buffer {args.name!r} holds {len(buffer)} items that import "
                     "would replace",
                 )
-        elif shards is not None:
-            check_name(args.name)
-            buffer = ShardedReplayBuffer(
-                client, args.name, capacity=int(header["capacity"]),
-                prioritized_capacity=header["eviction"] == "reward", shards=shards,
-            )
-            created = True
         else:
             per = header.get("per")
-            buffer = ReplayBuffer(
-                client, args.name, capacity=int(header["capacity"]),
-                prioritized_capacity=header["eviction"] == "reward",
-                sampler=None if per is None else PERSampler(
-                    alpha=per["alpha"], eps=per["eps"],
-                    initial_priority=per["initial_priority"],
-                ),
+            sampler = None if per is None else PERSampler(
+                alpha=per["alpha"], eps=per["eps"], initial_priority=per["initial_priority"],
             )
+            if shards is not None:
+                check_name(args.name)
+                buffer = ShardedReplayBuffer(
+                    client, args.name, capacity=int(header["capacity"]),
+                    prioritized_capacity=header["eviction"] == "reward", shards=shards,
+                    sampler=sampler,
+                )
+            else:
+                buffer = ReplayBuffer(
+                    client, args.name, capacity=int(header["capacity"]),
+                    prioritized_capacity=header["eviction"] == "reward", sampler=sampler,
+                )
             created = True
         try:
             with _progress_bar() as progress:
