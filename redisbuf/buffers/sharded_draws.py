@@ -443,9 +443,10 @@ class ShardedSampling:
         by its total mass, all ``n`` drawn and committed there.
 
         A shard's commit corrects its draws to the shard's law at the commit, but the
-        shards were chosen from their totals before (``T``, the replicas caught up when
-        the sample began). So while the drawn shards commit, the others' replicas catch
-        up too, giving every shard's total ``T'`` at about the commits; a draw from shard
+        shards were chosen from their totals before (``T``, the replicas as this process
+        last caught them up). So once the drawn shards have committed, the others'
+        replicas catch up too (one request to every shard at once), giving every shard's
+        total ``T'`` at about the commits; a draw from shard
         ``k`` stands with probability ``(T'_k / T_k) / r``, ``r`` the largest such ratio
         over the shards (rejection from the law of ``T`` to that of ``T'``), and the
         others are taken back and drawn again from ``T'``. A draw that stands thus
@@ -489,8 +490,18 @@ class ShardedSampling:
         (``commit(k, count, True)``), whose shares follow the shards' masses at the commits
         (see :meth:`_draw_per`). Returns the pieces ``(shard, its draw, the positions that
         stand, the shard's share of the mass at the commits)``, the replicas and the
-        number of rounds."""
-        replicas = self._replicas(rule)
+        number of rounds.
+
+        The shares are chosen from the replicas as this process holds them (caught up at
+        its last draw): any masses serve as the proposal of the rejection, which only
+        needs those at the commits; so each draw costs one request to every shard, after
+        the commits, and none before (a replica not read yet is read first)."""
+        inline = any(shard.view.fetch_inline for shard in self.shards)
+        held = [shard.view.replicas.get(rule) for shard in self.shards]
+        if inline or any(replica is None for replica in held):
+            replicas, synced = self._replicas(rule), True
+        else:
+            replicas, synced = held, False
         pieces: list[tuple[int, Any, np.ndarray, float]] = []
         got, rounds = 0, 0
         while got < n:
@@ -501,6 +512,9 @@ class ShardedSampling:
                     f"the choice of shards and their commits ({_ROUNDS} rounds)")
             before = self._log_masses(replicas)
             if not np.isfinite(before).any():
+                if not synced:  # empty as last seen: ask again before saying so
+                    replicas, synced = self._replicas(rule), True
+                    continue
                 raise EmptyBufferError(f"buffer {self.name!r}: buffer is empty (no item "
                                        "with a non-zero mass)")
             share = np.exp(before - before.max())
@@ -511,13 +525,18 @@ class ShardedSampling:
                 counts = self.rng.multinomial(n - got, share / share.sum())
             calls: dict[int, tuple[Any, tuple[Any, ...]]] = {
                 k: (commit, (k, c, True)) for k, c in enumerate(counts.tolist()) if c}
-            inline = any(self.shards[k].view.fetch_inline for k in calls)
-            if not inline:  # the others' masses at about the commits
-                calls.update({k: (self._catch_up, (k, replicas[k]))
-                              for k in range(self.count) if k not in calls})
-            done = self._all_or_none(calls)
-            drawn = {k: done[k] for k, c in enumerate(counts.tolist()) if c}
-            after = before if inline else self._log_masses(replicas)
+            drawn = self._all_or_none(calls)
+            after = before
+            if not inline:
+                # every shard's mass just after the commits: one request to every shard at
+                # once (a drawn shard's replica is current: its reply is short)
+                try:
+                    if len(drawn) < self.count:
+                        replicas, synced = self._replicas(rule), True
+                    after = self._log_masses(replicas)
+                except BaseException:
+                    self._undo(drawn)
+                    raise
             if not np.isfinite(after).any() or (~np.isfinite(before) & np.isfinite(after)).any():
                 self._undo(drawn)  # a shard that could not be chosen holds mass now
                 continue
@@ -579,11 +598,6 @@ class ShardedSampling:
                     out[k] = math.log(replica.total) + (
                         replica.ref if replica.rule == "softmax" else 0.0)
         return out
-
-    def _catch_up(self, k: int, replica: MassReplica) -> None:
-        """Bring shard ``k``'s replica up to date (lua/masslog_read.lua)."""
-        with self._on_shard(k), replica.lock:
-            replica.sync(self.shards[k].view)
 
     def _per_commit(self, k: int, count: int, replacement: bool) -> Any:
         """Shard ``k``'s PER draw of ``count`` with replacement, committed there."""
