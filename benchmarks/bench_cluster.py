@@ -13,7 +13,7 @@ valkey unless $REDISBUF_SERVER_BIN names another server). Each round, for 1 shar
   replacement) from the filled buffer for ``--seconds``; aggregate items/s;
 * sample_per: the same with ``PERSampler`` (prioritized, with replacement; on 3 shards
   the counts per shard by the shards' masses, each process's replicas of every shard
-  caught up once per draw);
+  caught up once per draw, after its commits);
 * on 3 shards only, ``sample/local`` and ``sample_per/local``: the same draws with
   ``batch_law="shard_local"`` (each batch from one shard chosen by its mass), compared
   with 1 shard's ``sample`` and ``sample_per`` (on 1 shard both laws are the same).

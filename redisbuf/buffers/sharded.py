@@ -45,7 +45,8 @@ shards sit on different masters, and each shard's scripts stay atomic on its one
   ``weights`` and ``importance_weights`` are over the whole buffer. ``update_priority``
   routes each global id to its shard (atomic per shard). Prioritized draws read every
   shard's masses from this process's replicas (:mod:`redisbuf.sampling.replica`),
-  caught up in one pipeline when the sample begins.
+  caught up in one pipeline (with replacement, and PER: after the commits, see
+  :mod:`redisbuf.buffers.sharded_draws`).
 * ``sample(..., block=True)`` waits (polling) until the shards hold ``min_size`` items.
 * Not supported: other custom samplers, ``max_use``, ``max_staleness``, rate limiters,
   remote managers, ``sample_range``.

@@ -41,8 +41,9 @@ A sharded buffer draws a batch in one of two laws, chosen by its ``batch_law``:
   falls as shards are added.
 
 In both laws, a prioritized draw reads every shard's masses from this process's
-replicas, caught up when the sample begins (one pipeline; on a cluster, every master
-through its shard's own client, at once); each drawn item's reported
+replicas, caught up in one request to every shard at once (on a cluster, every master
+through its shard's own client): when the sample begins for draws without replacement,
+right after the commits for draws with replacement and PER (``_rounds``); each drawn item's reported
 probability is its mass over the whole buffer's; PER ``weights`` are ``(lowest mass of
 the whole buffer / mass)^beta`` and ``importance_weights`` the item's priority over the
 mean non-zero priority of the whole buffer (the drawn shards' sums as their commits
