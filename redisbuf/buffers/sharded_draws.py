@@ -222,17 +222,7 @@ class ShardedSampling:
         replicas = self._replicas(rule)
         sizes = np.array([len(r) for r in replicas], dtype=np.int64)
         drawable = np.array([r.positive for r in replicas], dtype=np.int64)
-        log_mass = np.full(self.count, -math.inf)
-        for k, replica in enumerate(replicas):
-            if replica.infinite > 0:
-                raise SamplingError(
-                    f"buffer {self.name!r}: shard {k} holds {replica.infinite} item(s) of "
-                    "log-reward +inf: the softmax of log-rewards is undefined; sample "
-                    "uniformly or remove them"
-                )
-            if replica.total > 0:
-                log_mass[k] = math.log(replica.total) + replica.ref
-        return sizes, drawable, log_mass
+        return sizes, drawable, self._log_masses(replicas)
 
     # -- drawing ------------------------------------------------------------------------
 
@@ -585,16 +575,18 @@ class ShardedSampling:
         order = self.rng.permutation(len(ids))
         return [ids[i] for i in order], [blobs[i] for i in order], probability[order], source
 
-    @staticmethod
-    def _log_masses(replicas: list[MassReplica]) -> np.ndarray:
-        """Each replica's total mass, as a log (-inf: none)."""
+    def _log_masses(self, replicas: list[MassReplica]) -> np.ndarray:
+        """Each shard's total mass as its replica holds it, as a log (-inf: none); raises
+        while a softmax replica holds an item of log-reward +inf."""
         out = np.full(len(replicas), -math.inf)
         for k, replica in enumerate(replicas):
             with replica.lock:
                 if replica.rule == "softmax" and replica.infinite > 0:
                     raise SamplingError(
-                        f"shard {k} holds {replica.infinite} item(s) of log-reward +inf: the "
-                        "softmax of log-rewards is undefined; sample uniformly or remove them")
+                        f"buffer {self.name!r}: shard {k} holds {replica.infinite} item(s) of "
+                        "log-reward +inf: the softmax of log-rewards is undefined; sample "
+                        "uniformly or remove them"
+                    )
                 if replica.total > 0 and replica.positive:
                     out[k] = math.log(replica.total) + (
                         replica.ref if replica.rule == "softmax" else 0.0)
