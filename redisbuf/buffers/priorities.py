@@ -71,30 +71,11 @@ class Prioritizing:
         except PerBusyError:
             finish_turning_per_on(self.view)  # another process began turning PER on
             reply = self._run("update_priority", self.keys.all_keys(), args)
-        updated, epoch, before, after, stamp_before, stamp_after = reply
         replica = self.view.replicas.get("per")
         if replica is not None:
-            with replica.lock:
-                if (
-                    replica.epoch == _text(epoch)
-                    and replica.version == int(before)
-                    and replica.stamp == _text(stamp_before)
-                    and int(after) == int(before) + 1
-                ):
-                    # this call's entry is the only change since the replica's version
-                    id_array = np.array(id_list, dtype=np.int64)
-                    values = np.array(texts, dtype=np.float64)
-                    last = len(id_array) - 1 - np.unique(id_array[::-1], return_index=True)[1]
-                    id_array, values = id_array[last], values[last]
-                    held = replica.slots_of(id_array) >= 0
-                    replica.set_scores(id_array[held], values[held])
-                    replica.version = int(after)
-                    replica.stamp = _text(stamp_after)
-        return int(updated)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+            replica.apply_own(reply[1:], np.array(id_list, dtype=np.int64),
+                              np.array(texts, dtype=np.float64))
+        return int(reply[0])
 
 
 def _per_priority_texts(priorities: Any, n: int) -> list[str]:
@@ -111,5 +92,3 @@ def _per_priority_texts(priorities: Any, n: int) -> list[str]:
             f"priority {bad[0]} is {values[bad[0]]!r}; priorities must be finite and >= 0"
         )
     return list(map(repr, values.tolist()))
-
-

@@ -214,28 +214,14 @@ class SequenceDrawing:
         for e, p, q in zip(ids.tolist(), pos.tolist(), prio.tolist(), strict=True):
             args += [e, p, repr(q)]
         reply = self._run("seq_update_priority", self._keys, args)
-        updated, epoch, before, after, stamp_before, stamp_after, slots, values = reply
+        slots, values = reply[6], reply[7]
         replica: MassReplica | None = self._priorities.replicas.get("per")
         if replica is not None and slots:
-            with replica.lock:
-                if (
-                    replica.epoch == _str(epoch)
-                    and replica.version == int(before)
-                    and replica.stamp == _str(stamp_before)
-                    and int(after) == int(before) + 1
-                ):
-                    # this call's entry is the only change since the replica's version
-                    replica.set_scores(  # slots as 12-digit text, priorities as text
-                        np.array(slots.split(b","), dtype=np.int64),
-                        np.array(values.split(b","), dtype=np.float64),
-                    )
-                    replica.version = int(after)
-                    replica.stamp = _str(stamp_after)
-        return int(updated)
-
-
-def _str(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+            replica.apply_own(  # slots as 12-digit text, priorities as text
+                reply[1:6], np.array(slots.split(b","), dtype=np.int64),
+                np.array(values.split(b","), dtype=np.float64),
+            )
+        return int(reply[0])
 
 
 class _PrioritySource(BufferView):

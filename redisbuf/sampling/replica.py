@@ -14,6 +14,7 @@ follow every change made before the commit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -260,6 +261,29 @@ class MassReplica:
         self.count = count
         self._new_levels(size)
         self._refresh_blocks(0, len(self.group_sums))
+
+    def apply_own(self, reply: Sequence[Any], ids: np.ndarray, scores: np.ndarray) -> None:
+        """Apply a change this process has just made, without a round trip, when its log
+        entry is the only one since this replica's version; else leave it to the next
+        catch-up. ``reply``: ``(log_epoch, log_version before, log_version after,
+        log_stamp before, log_stamp after)`` as the changing script returned them;
+        ``ids`` and their new ``scores`` (for a repeated id the last wins; ids this
+        replica does not hold are left out, as the script skipped them)."""
+        epoch, before, after, stamp_before, stamp_after = reply
+        with self.lock:
+            if not (
+                self.epoch == _text(epoch)
+                and self.version == int(before)
+                and self.stamp == _text(stamp_before)
+                and int(after) == int(before) + 1
+            ):
+                return
+            last = len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]
+            ids, scores = ids[last], scores[last]
+            held = self.slots_of(ids) >= 0
+            self.set_scores(ids[held], scores[held])
+            self.version = int(after)
+            self.stamp = _text(stamp_after)
 
     def set_scores(self, ids: np.ndarray, scores: np.ndarray) -> None:
         """Items ``ids`` (distinct; new or held) now have ``scores`` (NaN: removed)."""
@@ -652,8 +676,7 @@ def _scan(client: Any, command: str, key: bytes,
                 yield [m for m, _ in pairs], [s for _, s in pairs]
             if int(cursor) == 0:
                 return
-    connection = pool.get_connection()
-    try:
+    with _sending_ahead(client, pool) as connection:
         connection.send_command(command, key, 0, "COUNT", _SCAN_COUNT)
         while True:
             cursor, flat = connection.read_response()
@@ -664,11 +687,21 @@ def _scan(client: Any, command: str, key: bytes,
             yield flat[0::2], flat[1::2]
             if done:
                 return
+
+
+@contextlib.contextmanager
+def _sending_ahead(client: Any, pool: Any) -> Iterator[Any]:
+    """A connection of ``pool`` to send commands on ahead of their replies: given back
+    after; dropped when the block ends early (replies may still be on their way, so it
+    is not reusable), a lost server raised as ServerUnavailableError."""
+    connection = pool.get_connection()
+    try:
+        yield connection
     except LOST as exc:
         connection.disconnect()
         raise unavailable(client, exc) from None
     except BaseException:
-        connection.disconnect()  # replies may still be on their way: not reusable
+        connection.disconnect()
         raise
     finally:
         pool.release(connection)
@@ -689,8 +722,7 @@ def _read_by_id(client: Any, key: bytes, first: int, last: int,
     else:
         key_bytes = key if isinstance(key, bytes) else str(key).encode()
         head = b"$5\r\nHMGET\r\n$%d\r\n%s\r\n" % (len(key_bytes), key_bytes)
-        connection = pool.get_connection()
-        try:
+        with _sending_ahead(client, pool) as connection:
             sent = 0
             for k, (a, b) in enumerate(bounds):
                 while sent < min(len(bounds), k + _DEPTH):
@@ -700,14 +732,6 @@ def _read_by_id(client: Any, key: bytes, first: int, last: int,
                     sent += 1
                 scores[a:b] = _floats(connection.read_response())
                 renew()
-        except LOST as exc:
-            connection.disconnect()
-            raise unavailable(client, exc) from None
-        except BaseException:
-            connection.disconnect()  # replies may still be on their way: not reusable
-            raise
-        finally:
-            pool.release(connection)
     held = ~np.isnan(scores)
     return ids[held], scores[held]
 
