@@ -99,3 +99,13 @@ def check_prioritized_with_replacement(buffer: Any, draws: int) -> None:
         seen.update(values)
         np.testing.assert_allclose(info.probabilities, p[values], rtol=1e-9)
     assert chi2(seen, {v: 4 * draws * p[v] for v in range(ITEMS)}) < chi2_limit(ITEMS - 1)
+
+
+def per_priorities_by_field(client: Any, buffers: list[Any], field: str) -> dict[float, float]:
+    """Every item's PER priority in ``buffers`` (a sharded buffer's shards, or one plain
+    buffer), by the value of its ``field``: ids change on a load, values do not."""
+    out = {}
+    for buffer in buffers:
+        for item, priority in client.hgetall(buffer.keys.per).items():
+            out[float(buffer.get([int(item)])[field][0])] = float(priority)
+    return out

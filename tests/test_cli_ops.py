@@ -20,6 +20,7 @@ import msgpack
 import numpy as np
 import pytest
 import redis
+from cluster_helpers import per_priorities_by_field
 from key_contents import key_contents
 from process_helpers import default_signals
 from prometheus_client.parser import text_string_to_metric_families
@@ -495,11 +496,7 @@ def test_export_import_move_a_sharded_per_buffer_with_its_priorities(url, real_c
     assert doc["created"] is True and doc["length"] == 12
 
     def by_x(buffer: ShardedReplayBuffer) -> dict[float, float]:
-        out = {}
-        for shard in buffer.shards:
-            for item, priority in real_client.hgetall(shard.keys.per).items():
-                out[float(shard.get([int(item)])["x"][0])] = float(priority)
-        return out
+        return per_priorities_by_field(real_client, buffer.shards, "x")
 
     copy = ShardedReplayBuffer.open(real_client, "shper2", sampler=PERSampler(alpha=0.7,
                                                                               eps=0.01))

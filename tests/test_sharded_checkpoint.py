@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 import pytest
-from cluster_helpers import items
+from cluster_helpers import items, per_priorities_by_field
 from test_bad_input import snapshot
 
 from redisbuf import ReplayBuffer
@@ -308,12 +308,7 @@ def test_per_priorities_are_saved_and_restored_shard_by_shard(fake_client, buffe
     assert dict(zip(state["ids"], state["per_priorities"], strict=True)) == expected
 
     def priorities_by_value(buffer: ShardedReplayBuffer) -> dict[float, float]:
-        """Each item's PER priority, by its ``v`` (ids change on a load)."""
-        out = {}
-        for shard in buffer.shards:
-            for local, priority in fake_client.hgetall(shard.keys.per).items():
-                out[float(shard.get([int(local)])["v"][0])] = float(priority)
-        return out
+        return per_priorities_by_field(fake_client, buffer.shards, "v")
 
     before = priorities_by_value(source)
     assert sorted(before.values()) == sorted(expected.values())
@@ -327,9 +322,7 @@ def test_per_priorities_are_saved_and_restored_shard_by_shard(fake_client, buffe
         assert priorities_by_value(target) == before
     plain = ReplayBuffer(fake_client, "plain", capacity=12, sampler=per)
     assert plain.load(path) == 9
-    saved = {float(plain.get([int(i)])["v"][0]): float(p)
-             for i, p in fake_client.hgetall(plain.keys.per).items()}
-    assert saved == before
+    assert per_priorities_by_field(fake_client, [plain], "v") == before
     without = ShardedReplayBuffer(fake_client, "without", capacity=12, shards=3)
     with pytest.raises(ConfigMismatchError, match="drop_per_priorities=True"):
         without.load(path)

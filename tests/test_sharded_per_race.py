@@ -9,7 +9,8 @@ were chosen from."""
 from __future__ import annotations
 
 import multiprocessing as mp
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,61 @@ def toggler(url: str, name: str, ids: list[int], conn: Any) -> None:
     conn.close()
 
 
+def draws_while_flipped(
+    monkeypatch: pytest.MonkeyPatch, flipper: Callable[..., None], args: tuple[Any, ...],
+    sample: Callable[[], Any], draws: int = 240,
+) -> list[tuple[float, Any]]:
+    """``sample()`` ``draws`` times while a spawned ``flipper(*args, conn)`` flips shard 0
+    at the worst moment: in the shards' parallel step where each sample's first round
+    commits, once per sample, acknowledged before the commits go on. The state each
+    sample saw its commits in, and its info."""
+    parent, child = CTX.Pipe()
+    worker = CTX.Process(target=flipper, args=(*args, child))
+    worker.start()
+    states: list[float] = []
+    done: list[tuple[float, Any]] = []
+    original = sharded_draws.ShardedSampling._in_parallel
+
+    def at_the_worst_moment(self: Any, calls: Any) -> Any:
+        if len(states) == len(done):  # once per sample: its first round
+            parent.send(True)
+            assert parent.poll(60), "the toggling process did not answer"
+            states.append(parent.recv())
+        return original(self, calls)
+
+    monkeypatch.setattr(sharded_draws.ShardedSampling, "_in_parallel", at_the_worst_moment)
+    try:
+        for _ in range(draws):
+            info = sample()
+            done.append((states[-1], info))
+    finally:
+        parent.send(False)
+        worker.join(30)
+    return done
+
+
+def check_law_at_the_commits(
+    draws: list[tuple[float, Any]], shard_masses: Callable[[float], np.ndarray],
+    item_mass: Callable[[float, int], float],
+) -> None:
+    """Each draw's reported probability is its item's mass over the buffer's in the state
+    its commits saw, and the shards drawn in each state follow that state's masses
+    (chi-square): the law of the masses before (the other state) gives shard 0 far less
+    or far more."""
+    counts: dict[float, Counter[int]] = defaultdict(Counter)
+    for state, info in draws:
+        masses = shard_masses(state)
+        shard = int(info.ids[0]) % 3
+        assert info.probabilities[0] == pytest.approx(
+            item_mass(state, shard) / masses.sum(), rel=1e-9)
+        counts[state][shard] += 1
+    assert len(counts) == 2, counts  # both states were drawn in
+    for state, seen in counts.items():
+        masses = shard_masses(state)
+        expected = {k: sum(seen.values()) * masses[k] / masses.sum() for k in range(3)}
+        assert chi2(seen, expected) < chi2_limit(2), (state, seen, expected)
+
+
 @pytest.mark.parametrize("law", ["global", "shard_local"])
 def test_per_draws_follow_the_totals_at_the_commits(redis_server, buffer_name, monkeypatch, law):
     buffer = ShardedReplayBuffer(redis_server.url, buffer_name, capacity=60, shards=3, seed=3,
@@ -48,40 +104,10 @@ def test_per_draws_follow_the_totals_at_the_commits(redis_server, buffer_name, m
     assert (sizes > 0).all(), sizes
     shard0 = [i for i in ids if i % 3 == 0]
     buffer.update_priority(shard0, [LOW] * len(shard0))
-    parent, child = CTX.Pipe()
-    worker = CTX.Process(target=toggler, args=(redis_server.url, buffer_name, shard0, child))
-    worker.start()
-    states: list[float] = []
-    original = sharded_draws.ShardedSampling._in_parallel
-
-    def at_the_worst_moment(self: Any, calls: Any) -> Any:
-        if len(states) < drawn_so_far[0] + 1:  # once per sample: its first round
-            parent.send(True)
-            assert parent.poll(60), "the toggling process did not answer"
-            states.append(parent.recv())
-        return original(self, calls)
-
-    monkeypatch.setattr(sharded_draws.ShardedSampling, "_in_parallel", at_the_worst_moment)
-    drawn_so_far = [0]
-    counts: dict[float, Counter[int]] = {LOW: Counter(), HIGH: Counter()}
-    try:
-        for _ in range(240):
-            info = buffer.sample_with_info(1)
-            state = states[-1]
-            drawn_so_far[0] += 1
-            totals = sizes * np.array([state, OTHERS, OTHERS])
-            item = int(info.ids[0])
-            assert info.probabilities[0] == pytest.approx(
-                (state if item % 3 == 0 else OTHERS) / totals.sum(), rel=1e-9)
-            counts[state][item % 3] += 1
-    finally:
-        parent.send(False)
-        worker.join(30)
-    for state, seen in counts.items():
-        totals = sizes * np.array([state, OTHERS, OTHERS])
-        expected = {k: sum(seen.values()) * totals[k] / totals.sum() for k in range(3)}
-        # the law of the totals before (the other state) gives shard 0 far less or more
-        assert chi2(seen, expected) < chi2_limit(2), (state, seen, expected)
+    draws = draws_while_flipped(monkeypatch, toggler, (redis_server.url, buffer_name, shard0),
+                                lambda: buffer.sample_with_info(1))
+    check_law_at_the_commits(draws, lambda state: sizes * np.array([state, OTHERS, OTHERS]),
+                             lambda state, shard: state if shard == 0 else OTHERS)
 
 
 def softmax_toggler(url: str, name: str, conn: Any) -> None:
@@ -106,36 +132,7 @@ def test_softmax_draws_follow_the_masses_at_the_commits(redis_server, buffer_nam
                                  batch_law=law, prioritized_sampling=True)
     for k in range(3):  # 4 items of log-reward 0 in each shard
         buffer.shards[k].add({"x": np.arange(4), "log_rewards": np.zeros(4)})
-    parent, child = CTX.Pipe()
-    worker = CTX.Process(target=softmax_toggler, args=(redis_server.url, buffer_name, child))
-    worker.start()
-    states: list[float] = []
-    original = sharded_draws.ShardedSampling._in_parallel
-    samples = [0]
-
-    def at_the_worst_moment(self: Any, calls: Any) -> Any:
-        if len(states) < samples[0] + 1:  # once per sample: its first round
-            parent.send(True)
-            assert parent.poll(60), "the toggling process did not answer"
-            states.append(parent.recv())
-        return original(self, calls)
-
-    monkeypatch.setattr(sharded_draws.ShardedSampling, "_in_parallel", at_the_worst_moment)
-    counts: dict[float, Counter[int]] = {0.0: Counter(), HIGH_LOG_REWARD: Counter()}
-    try:
-        for _ in range(240):
-            info = buffer.sample_with_info(1, replacement=True)
-            state = states[-1]
-            samples[0] += 1
-            masses = np.array([4 * np.exp(state), 4.0, 4.0])
-            shard = int(info.ids[0]) % 3
-            item_mass = np.exp(state) if shard == 0 else 1.0
-            assert info.probabilities[0] == pytest.approx(item_mass / masses.sum(), rel=1e-9)
-            counts[state][shard] += 1
-    finally:
-        parent.send(False)
-        worker.join(30)
-    for state, seen in counts.items():
-        masses = np.array([4 * np.exp(state), 4.0, 4.0])
-        expected = {k: sum(seen.values()) * masses[k] / masses.sum() for k in range(3)}
-        assert chi2(seen, expected) < chi2_limit(2), (state, seen, expected)
+    draws = draws_while_flipped(monkeypatch, softmax_toggler, (redis_server.url, buffer_name),
+                                lambda: buffer.sample_with_info(1, replacement=True))
+    check_law_at_the_commits(draws, lambda state: np.array([4 * np.exp(state), 4.0, 4.0]),
+                             lambda state, shard: np.exp(state) if shard == 0 else 1.0)
