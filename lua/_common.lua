@@ -19,6 +19,17 @@ local function to_number(s)
   return tonumber(s)
 end
 
+-- Whether the text of finite numbers (one, or several joined) spells each as plain decimal,
+-- as numpy reads it too: tonumber also reads hex (0x...) and surrounding white space.
+-- Plain searches: a character class is matched a character at a time (~40 ns each).
+local NOT_PLAIN = {'x', 'X', ' ', '\t', '\n', '\r', '\v', '\f'}
+local function plain_decimals(text)
+  for i = 1, #NOT_PLAIN do
+    if string.find(text, NOT_PLAIN[i], 1, true) then return false end
+  end
+  return true
+end
+
 -- Ids sent packed: `width` decimal digits each, back to back (one argument instead of one
 -- per id). Width 12 is the stored form itself (id_str); a wider one (ids from 10^12 on)
 -- is read as a number and written back in the stored form.

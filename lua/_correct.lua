@@ -11,10 +11,11 @@ local function split(text)
   return out
 end
 
--- The mass of a logged score (text; "nan": not present) under the rule.
+-- The mass of a logged score (text, "nan" when not present; or a number) under the rule.
 local function mass_of(text, per, alpha, eps, ref)
   if text == 'nan' then return 0 end
-  local score = to_number(text)
+  local score = text
+  if type(text) == 'string' then score = to_number(text) end
   if per then
     local base = score + eps
     if base <= 0 then return 0 end
@@ -45,15 +46,27 @@ local function correct_draw(entries, per, alpha, eps, ref, total, candidates, sp
     local p2 = string.find(entry, '|', p1 + 1, true)
     local p3 = string.find(entry, '|', p2 + 1, true)
     local p4 = string.find(entry, '|', p3 + 1, true)
-    local ids = split(string.sub(entry, p2 + 1, p3 - 1))
-    local old = split(string.sub(entry, p3 + 1, p4 - 1))
-    local new = split(string.sub(entry, p4 + 1))
-    for i, id in ipairs(ids) do
-      if first_old[id] == nil then
-        first_old[id] = old[i] or 'nan'
-        list[#list + 1] = id
+    if string.sub(entry, 1, 1) == 'P' then  -- ids packed, new as text, old as IEEE bits
+      local ids = unpack_ids(string.sub(entry, p2 + 1, p3 - 1), 12)
+      local new = split(string.sub(entry, p3 + 1, p4 - 1))
+      for i, id in ipairs(ids) do
+        if first_old[id] == nil then
+          first_old[id] = number_of_bits(string.sub(entry, p4 + 16 * i - 15, p4 + 16 * i))
+          list[#list + 1] = id
+        end
+        last_new[id] = new[i]
       end
-      last_new[id] = new[i] or new[1] or 'nan'
+    else
+      local ids = split(string.sub(entry, p2 + 1, p3 - 1))
+      local old = split(string.sub(entry, p3 + 1, p4 - 1))
+      local new = split(string.sub(entry, p4 + 1))
+      for i, id in ipairs(ids) do
+        if first_old[id] == nil then
+          first_old[id] = old[i] or 'nan'
+          list[#list + 1] = id
+        end
+        last_new[id] = new[i] or new[1] or 'nan'
+      end
     end
   end
   local live, cumulative, changed = {}, {}, 0

@@ -46,10 +46,16 @@ local function per_enabled(K)
   return redis.call('HGET', K.meta, 'mass') == 'per'
 end
 
-local function per_account(K, removed, added)
+-- `removed` / `added`: the priorities a change took away and gave; `removed_total`,
+-- instead of `removed`: {their sum, how many are non-zero} (a current replica's).
+local function per_account(K, removed, added, removed_total)
+  if removed_total then removed = {removed_total[1]} end
   if #removed == 0 and #added == 0 then return end
   local conf = redis.call('HMGET', K.meta, 'per_sum', 'per_comp', 'per_nonzero')
   local sum, comp, nonzero = tonumber(conf[1]) or 0, tonumber(conf[2]) or 0, tonumber(conf[3]) or 0
+  if removed_total then  -- one value for them all, counted as its non-zero ones
+    nonzero = nonzero - removed_total[2] + (removed_total[1] ~= 0 and 1 or 0)
+  end
   local abs = math.abs
   -- Neumaier's compensated sum, written out twice (no closure call per value: this loop
   -- is most of an update's Lua time)

@@ -13,6 +13,12 @@
 --                     empty old means all were absent (an add); an empty new, all are
 --                     removed; a new of one value when k > 1, all get that value. An id
 --                     may appear in several rows: they apply in order.
+--   "P|k|stamp|ids|new|old"  a priority change sent with the scores before it (PER,
+--                     lua/update_priority.lua from a process whose replica was current):
+--                     ids: k distinct ids present, 12 digits each, back to back; new as
+--                     in C; old: each one's
+--                     score before, 16 hex digits of its IEEE 754 bits (big-endian) each,
+--                     back to back (what the sender's replica held, sent without text).
 --   "X|0|stamp"       everything changed (turned on, cleared, restored): read it all again
 -- The stamp (server time and version) differs between two histories, so a replica that
 -- finds another stamp at its version (the server restarted from an older state, or a
@@ -63,14 +69,13 @@ local function joined(list)
   return table.concat(list, ',')
 end
 
--- Append one C entry for rows ids (strings) with old and new scores (lists of text, or
--- nil: all absent / all removed; new may hold one value for all); a change of more rows
--- than one reply may carry starts a new epoch instead (every replica reads everything
--- again, in slices of bounded cost). No-op without rows or while prioritized sampling
--- is off.
-local function masslog_append(K, ids, old, new)
-  if #ids == 0 or not masslog_on(K) then return end
-  if #ids > MASSLOG_REPLY_ROWS then  -- more than one reply carries: read everything again
+-- Append one entry of kind `kind` ("C" or "P") with `rows` rows, `body` its fields after
+-- the stamp; a change of more rows than one reply may carry starts a new epoch instead
+-- (every replica reads everything again, in slices of bounded cost). No-op without rows
+-- or while prioritized sampling is off.
+local function masslog_push(K, kind, rows, body)
+  if rows == 0 or not masslog_on(K) then return end
+  if rows > MASSLOG_REPLY_ROWS then  -- more than one reply carries: read everything again
     masslog_reset(K)
     return
   end
@@ -81,10 +86,9 @@ local function masslog_append(K, ids, old, new)
     conf = redis.call('HMGET', K.meta, 'log_version', 'log_first', 'log_ids', 'capacity')
   end
   local version, first = tonumber(conf[1]) + 1, tonumber(conf[2])
-  local held = tonumber(conf[3]) + #ids
+  local held = tonumber(conf[3]) + rows
   local stamp = new_stamp(version)
-  local length = redis.call('RPUSH', K.masslog, 'C|' .. #ids .. '|' .. stamp .. '|'
-    .. table.concat(ids, ',') .. '|' .. joined(old) .. '|' .. joined(new))
+  local length = redis.call('RPUSH', K.masslog, kind .. '|' .. rows .. '|' .. stamp .. '|' .. body)
   local limit = math.max(MASSLOG_MIN_IDS, math.floor((tonumber(conf[4]) or 0) / 4))
   local pin = tonumber(conf[5])
   if pin and (tonumber(conf[6]) or 0) < server_ms() then pin = nil end
@@ -97,6 +101,30 @@ local function masslog_append(K, ids, old, new)
   end
   redis.call('HSET', K.meta, 'log_version', version, 'log_first', first, 'log_ids', held,
     'log_stamp', stamp)
+end
+
+-- Append one C entry for rows ids (strings) with old and new scores (lists of text, or
+-- nil: all absent / all removed; new may hold one value for all).
+local function masslog_append(K, ids, old, new)
+  if #ids == 0 or not masslog_on(K) then return end
+  masslog_push(K, 'C', #ids, table.concat(ids, ',') .. '|' .. joined(old) .. '|' .. joined(new))
+end
+
+-- The number whose IEEE 754 bits `hex` spells: 16 hex digits, big-endian (a P entry's old
+-- scores). Exact: the mantissa fits a double and the scaling is by a power of two.
+local function number_of_bits(hex)
+  local high = tonumber(string.sub(hex, 1, 8), 16)
+  local low = tonumber(string.sub(hex, 9, 16), 16)
+  local sign = 1
+  if high >= 2147483648 then sign, high = -1, high - 2147483648 end
+  local exponent = math.floor(high / 1048576)
+  local mantissa = (high % 1048576) * 4294967296 + low
+  if exponent == 2047 then
+    if mantissa == 0 then return sign * math.huge end
+    return 0 / 0
+  end
+  if exponent == 0 then return sign * mantissa * 2 ^ -1074 end
+  return sign * (mantissa + 4503599627370496) * 2 ^ (exponent - 1075)
 end
 
 -- The stamp of an entry (its third field).

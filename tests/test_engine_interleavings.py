@@ -78,13 +78,17 @@ def test_a_draw_of_an_earlier_epoch_never_commits(url, buffer_name, peer_factory
     assert b.stats()["sampled"] == 5 * 16
 
 
+@pytest.mark.parametrize("writer_replica", [False, True],
+                         ids=["writer-reads-items", "writer-from-its-replica"])
 def test_a_stale_draw_follows_the_law_after_another_process_cut_a_priority(
-    url, buffer_name, peer_factory
+    url, buffer_name, peer_factory, writer_replica
 ):
     """The review's scenario: right after another process cut a heavy item's priority from
     9 to 0.5, a draw of 1 from a replica that has not seen the cut: the heavy item must come
     with the current probability (0.5 / 1.5 = 1/3), not the 0.48 a redraw of the whole
-    batch gave; the returned probability says the same."""
+    batch gave; the returned probability says the same. The cutting process either has no
+    replica (its change is logged with the scores it read, a C entry) or a current one (a
+    P entry, with the scores its replica held)."""
     per = {"alpha": 1.0, "eps": 0.0}
     a = peer_factory(capacity=10, per=per)
     sampler = ReplayBuffer(url, buffer_name, capacity=10, sampler=PERSampler(**per), seed=5)
@@ -93,7 +97,11 @@ def test_a_stale_draw_follows_the_law_after_another_process_cut_a_priority(
     rounds, hits = 400, 0
     for _ in range(rounds):
         sampler.update_priority([heavy], [9.0])  # this process's replica is current again
+        if writer_replica:
+            a("sample", n=1)  # the writer's replica catches up
         a("update_priority", ids=[heavy], priorities=[0.5])  # the worst moment
+        entry = sampler.client.lindex(sampler.keys.masslog, -1)
+        assert entry[:1] == (b"P" if writer_replica else b"C")
         info = sampler.sample_with_info(1)
         hits += int(info.ids[0] == heavy)
         assert info.probabilities[0] == pytest.approx(1 / 3)

@@ -4,7 +4,8 @@ when nothing else changed the buffer)."""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from ..store import bounds
 from ..store.keys import (
     pack_ids,
 )
+
+if TYPE_CHECKING:
+    from ..sampling.replica import MassReplica
 
 
 class Prioritizing:
@@ -57,29 +61,53 @@ class Prioritizing:
             >>> buffer.update_priority(ids, [0.5, 2.0, 2.0])
             3
         """
-        id_list = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
-        texts = _per_priority_texts(priorities, len(id_list))
-        if not id_list:
+        id_array = np.asarray(ids, dtype=np.int64).reshape(-1)
+        values = _per_priorities(priorities, len(id_array))
+        if not len(id_array):
             return 0
-        if len(id_list) > bounds.MAX_ITEMS_PER_COMMAND:  # one command per slice
-            return sum(self.update_priority(id_list[start:stop], texts[start:stop])
-                       for start, stop in bounds.chunks(len(id_list)))
-        packed, width = pack_ids(np.array(id_list, dtype=np.int64))
-        args: list[Any] = [packed, width, ",".join(texts)]
+        if len(id_array) > bounds.MAX_ITEMS_PER_COMMAND:  # one command per slice
+            return sum(self.update_priority(id_array[start:stop], values[start:stop])
+                       for start, stop in bounds.chunks(len(id_array)))
+        replica = self.view.replicas.get("per")
+        if replica is not None and 0 <= int(id_array.min()) and int(id_array.max()) < 10**12:
+            id_array, values, args = _from_replica(replica, id_array, values)
+        else:
+            packed, width = pack_ids(id_array)
+            args = [packed, width, ",".join(map(repr, values.tolist()))]
         try:
             reply = self._run("update_priority", self.keys.all_keys(), args)
         except PerBusyError:
             finish_turning_per_on(self.view)  # another process began turning PER on
             reply = self._run("update_priority", self.keys.all_keys(), args)
-        replica = self.view.replicas.get("per")
         if replica is not None:
-            replica.apply_own(reply[1:], np.array(id_list, dtype=np.int64),
-                              np.array(texts, dtype=np.float64))
+            replica.apply_own(reply[1:], id_array, values)
         return int(reply[0])
 
 
-def _per_priority_texts(priorities: Any, n: int) -> list[str]:
-    """PER priorities as exact text, after checking there are ``n`` finite numbers >= 0."""
+def _from_replica(replica: MassReplica, ids: np.ndarray,
+                  values: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+    """The "@" form of lua/update_priority.lua's arguments: the ids (the last of a
+    repeated one), those the replica holds first, with what it holds for them, so that the
+    server reads no item when the replica is current. Returns the ids and priorities in
+    the order sent, and the arguments."""
+    last = len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]
+    ids, values = ids[last], values[last]
+    with replica.lock:
+        slots = replica.slots_of(ids)
+        order = np.argsort(slots < 0, kind="stable")  # the held ones first
+        ids, values, slots = ids[order], values[order], slots[order]
+        before = replica.scores[slots[slots >= 0]]
+        head = [replica.epoch, replica.version, replica.stamp]
+    packed, _ = pack_ids(ids)
+    return ids, values, [
+        "@", *head, packed, ",".join(map(repr, values.tolist())),
+        before.astype(">f8").tobytes().hex(), repr(math.fsum(before.tolist())),
+        int(np.count_nonzero(before)),
+    ]
+
+
+def _per_priorities(priorities: Any, n: int) -> np.ndarray:
+    """PER priorities as float64, after checking there are ``n`` finite numbers >= 0."""
     try:
         values = np.asarray(priorities, dtype=np.float64).reshape(-1)
     except (TypeError, ValueError) as exc:
@@ -91,4 +119,4 @@ def _per_priority_texts(priorities: Any, n: int) -> list[str]:
         raise InvalidBatchError(
             f"priority {bad[0]} is {values[bad[0]]!r}; priorities must be finite and >= 0"
         )
-    return list(map(repr, values.tolist()))
+    return values

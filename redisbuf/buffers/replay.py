@@ -52,7 +52,7 @@ from .decoding import Decoding
 from .insert import AddResult, Inserting
 from .inspection import Inspecting
 from .opening import FORMAT_VERSION, Opening, _Config  # noqa: F401
-from .priorities import Prioritizing, _per_priority_texts
+from .priorities import Prioritizing, _per_priorities
 
 DEFAULT_MAX_ITEM_BYTES = 64 * 1024 * 1024
 #: how long ``sample(..., block=True)`` waits when the call gives no ``timeout``
@@ -434,7 +434,8 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         blobs, log_rewards, schema = self.encode(batch)
         _check_add_bound(self.name, blobs)
         if priorities is not None:
-            options["per_priorities"] = _per_priority_texts(priorities, len(blobs))
+            checked = _per_priorities(priorities, len(blobs))
+            options["per_priorities"] = list(map(repr, checked.tolist()))
             if self.client.hget(self.keys.meta, "mass") != b"per":
                 raise ConfigMismatchError(
                     f"buffer {self.name!r} has no PER priorities: priorities= needs PERSampler"

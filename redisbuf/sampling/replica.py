@@ -76,6 +76,9 @@ def parse_entry(entry: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     X entry (everything must be read again)."""
     if entry[:1] == b"X":
         return None
+    if entry[:1] == b"P":  # ids 12 digits each, then the new scores (old ones: bits)
+        _, _, _, ids, new, _ = entry.split(b"|", 5)
+        return np.frombuffer(ids, dtype="S12").astype(np.int64), _numbers(new, np.float64)
     _, count, _, ids, _, new = entry.split(b"|", 5)
     k = int(count)
     id_array = _numbers(ids, np.int64)

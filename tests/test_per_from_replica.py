@@ -1,0 +1,111 @@
+"""``update_priority`` from a process whose replica is current: the server reads no item
+and logs a P entry carrying the scores before (lua/update_priority.lua's "@" form); a
+replica behind falls back to reading the items; a sampler behind corrects its draw by
+P entries as by C ones (lua/_correct.lua)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from test_bad_input import snapshot
+
+from redisbuf import BufferKeys, PERSampler, ReplayBuffer
+from redisbuf.buffers.priorities import _from_replica
+from redisbuf.errors import InvalidBatchError
+from redisbuf.sampling.replica import replica_of
+
+
+def batch(n: int) -> dict:
+    return {"x": np.arange(n, dtype=np.float32), "log_rewards": np.zeros(n)}
+
+
+def last_entry(client, name: str) -> bytes:
+    return client.lindex(BufferKeys(name).masslog, -1)
+
+
+def per_state(client, name: str) -> tuple[dict[int, float], float, int, float]:
+    """The per hash, and meta's per_sum (with its compensation), per_nonzero, per_max."""
+    keys = BufferKeys(name)
+    per = {int(k): float(v) for k, v in client.hgetall(keys.per).items()}
+    meta = client.hmget(keys.meta, "per_sum", "per_comp", "per_nonzero", "per_max")
+    return per, float(meta[0]) + float(meta[1] or 0), int(meta[2]), float(meta[3])
+
+
+def test_a_current_replica_updates_without_reading_items(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(), seed=1)
+    ids = buffer.add(batch(6)).ids.tolist()
+    buffer.sample(2)  # the replica is current from here
+    # a repeated id (the last wins), an id never stored, a zero, a subnormal, a huge one
+    assert buffer.update_priority(
+        [ids[0], ids[1], 999, ids[0], ids[2], ids[3]], [2.0, 0.0, 7.0, 0.25, 5e-324, 1e300]
+    ) == 4
+    assert last_entry(client, buffer_name).startswith(b"P|4|")
+    per, total, nonzero, top = per_state(client, buffer_name)
+    assert per == {ids[0]: 0.25, ids[1]: 0.0, ids[2]: 5e-324, ids[3]: 1e300,
+                   ids[4]: 1.0, ids[5]: 1.0}
+    assert total == math.fsum(per.values()) and nonzero == 5 and top == 1e300
+    replica = replica_of(buffer.view, "per")
+    assert replica.version == int(client.hget(BufferKeys(buffer_name).meta, "log_version"))
+    held = replica.slots_of(np.array(ids))
+    assert replica.scores[held].tolist() == [per[i] for i in ids]
+    # back from 1e300: the sums follow the scores before, sent by the replica
+    assert buffer.update_priority([ids[3], ids[1]], [3.0, 0.5]) == 2
+    per, total, nonzero, _ = per_state(client, buffer_name)
+    assert total == pytest.approx(math.fsum(per.values()), rel=1e-12) and nonzero == 6
+
+
+def test_a_replica_behind_falls_back_to_reading_the_items(client, buffer_name):
+    mine = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(), seed=1)
+    ids = mine.add(batch(3)).ids.tolist()
+    mine.sample(2)
+    other = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler())
+    added = other.add(batch(1)).ids.tolist()[0]  # mine's replica does not hold it yet
+    assert mine.update_priority([added, ids[0]], [6.0, 4.0]) == 2
+    assert last_entry(client, buffer_name).startswith(b"C|2|")
+    per, total, nonzero, top = per_state(client, buffer_name)
+    assert per == {ids[0]: 4.0, ids[1]: 1.0, ids[2]: 1.0, added: 6.0}
+    assert total == 12.0 and nonzero == 4 and top == 6.0
+
+
+def test_the_at_form_refuses_what_the_packed_form_refuses(client, buffer_name):
+    # another client could send the "@" form itself: a priority that is not finite, a
+    # negative one or a non-plain spelling is checked by the server as in the other forms
+    buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(), seed=1)
+    ids = buffer.add(batch(2)).ids
+    buffer.sample(1)
+    replica = replica_of(buffer.view, "per")
+    keys = BufferKeys(buffer_name)
+    for text in ("1e999", "-2", "nan"):
+        _, _, args = _from_replica(replica, ids, np.array([1.0, 2.0]))
+        args[5] = "1.0," + text
+        before = snapshot(client, buffer_name)
+        with pytest.raises(InvalidBatchError, match="priority 1"):
+            buffer._run("update_priority", keys.all_keys(), args)
+        assert snapshot(client, buffer_name) == before
+    _, _, args = _from_replica(replica, ids, np.array([1.0, 2.0]))
+    args[5] = "0x1p3, 2.5"  # read by Lua, not by numpy: stored as plain decimals
+    assert buffer._run("update_priority", keys.all_keys(), args)[0] == 2
+    assert client.hmget(keys.per, *[b"%012d" % i for i in ids]) == [b"8", b"2.5"]
+    assert last_entry(client, buffer_name).startswith(b"C|2|")
+
+
+def test_a_sampler_behind_corrects_its_draw_by_p_entries(client, buffer_name):
+    """Another buffer object (its own replica, current) cuts a heavy item from 9 to 0.5
+    right before this one's draw of 1, every round: the draw stands at the law after the
+    cut (1/3), reported and observed, through the P entry's scores before."""
+    per = {"alpha": 1.0, "eps": 0.0}
+    sampler = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(**per), seed=3)
+    writer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(**per), seed=4)
+    ids = sampler.add(batch(3), priorities=[9.0, 0.5, 0.5]).ids.tolist()
+    heavy, rounds, hits = ids[0], 300, 0
+    for _ in range(rounds):
+        sampler.update_priority([heavy], [9.0])
+        writer.sample(1)  # the writer's replica is current
+        writer.update_priority([heavy], [0.5])
+        assert last_entry(client, buffer_name).startswith(b"P|1|")
+        info = sampler.sample_with_info(1)
+        hits += int(info.ids[0] == heavy)
+        assert info.probabilities[0] == pytest.approx(1 / 3)
+    assert abs(hits - rounds / 3) < 4.5 * np.sqrt(rounds * (1 / 3) * (2 / 3)), hits / rounds
