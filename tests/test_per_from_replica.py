@@ -78,13 +78,13 @@ def test_the_at_form_refuses_what_the_packed_form_refuses(client, buffer_name):
     replica = replica_of(buffer.view, "per")
     keys = BufferKeys(buffer_name)
     for text in ("1e999", "-2", "nan"):
-        _, _, args = _from_replica(replica, ids, np.array([1.0, 2.0]))
+        *_, args = _from_replica(replica, ids, np.array([1.0, 2.0]))
         args[5] = "1.0," + text
         before = snapshot(client, buffer_name)
         with pytest.raises(InvalidBatchError, match="priority 1"):
             buffer._run("update_priority", keys.all_keys(), args)
         assert snapshot(client, buffer_name) == before
-    _, _, args = _from_replica(replica, ids, np.array([1.0, 2.0]))
+    *_, args = _from_replica(replica, ids, np.array([1.0, 2.0]))
     args[5] = "0x1p3, 2.5"  # read by Lua, not by numpy: stored as plain decimals
     assert buffer._run("update_priority", keys.all_keys(), args)[0] == 2
     assert client.hmget(keys.per, *[b"%012d" % i for i in ids]) == [b"8", b"2.5"]

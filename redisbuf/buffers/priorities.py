@@ -1,6 +1,6 @@
 """PER priorities of :class:`~redisbuf.buffers.replay.ReplayBuffer`: ``update_priority``
-(checked, sliced into bounded commands, and applied to this process's replica at once
-when nothing else changed the buffer)."""
+(checked, sliced into bounded commands, sent with what this process's replica holds for
+the ids, and applied to that replica at once when nothing else changed the buffer)."""
 
 from __future__ import annotations
 
@@ -37,10 +37,12 @@ class Prioritizing:
         are skipped; for a repeated id the last priority wins (across slices too, as they
         apply in order). Returns how many distinct ids were updated. A priority that is
         NaN, negative or not finite raises :class:`InvalidBatchError` and changes nothing.
-        The server's work is constant per id whatever the buffer's size (one HMGET and
-        one HSET of the ``per`` hash, one log entry); samplers re-weigh the items in their
-        replicas when they next draw (this process's replica at once, when nothing else
-        changed the buffer since it was current).
+        The server's work is constant per id whatever the buffer's size (one HSET of the
+        ``per`` hash and one log entry, after one HMGET of it unless this process's
+        replica is current: the replica then says which ids are present and what they
+        held); samplers re-weigh the items in their replicas when they next draw (this
+        process's replica at once, when nothing else changed the buffer since it was
+        current).
 
         Args:
             ids: the items' ids.
@@ -69,8 +71,9 @@ class Prioritizing:
             return sum(self.update_priority(id_array[start:stop], values[start:stop])
                        for start, stop in bounds.chunks(len(id_array)))
         replica = self.view.replicas.get("per")
+        slots = None
         if replica is not None and 0 <= int(id_array.min()) and int(id_array.max()) < 10**12:
-            id_array, values, args = _from_replica(replica, id_array, values)
+            id_array, values, slots, args = _from_replica(replica, id_array, values)
         else:
             packed, width = pack_ids(id_array)
             args = [packed, width, ",".join(map(repr, values.tolist()))]
@@ -80,16 +83,18 @@ class Prioritizing:
             finish_turning_per_on(self.view)  # another process began turning PER on
             reply = self._run("update_priority", self.keys.all_keys(), args)
         if replica is not None:
-            replica.apply_own(reply[1:], id_array, values)
+            replica.apply_own(reply[1:], id_array, values, slots)
         return int(reply[0])
 
 
-def _from_replica(replica: MassReplica, ids: np.ndarray,
-                  values: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+def _from_replica(
+    replica: MassReplica, ids: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
     """The "@" form of lua/update_priority.lua's arguments: the ids (the last of a
     repeated one), those the replica holds first, with what it holds for them, so that the
     server reads no item when the replica is current. Returns the ids and priorities in
-    the order sent, and the arguments."""
+    the order sent, their slots in the replica as it was read (-1: not held), and the
+    arguments."""
     last = len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]
     ids, values = ids[last], values[last]
     with replica.lock:
@@ -99,7 +104,7 @@ def _from_replica(replica: MassReplica, ids: np.ndarray,
         before = replica.scores[slots[slots >= 0]]
         head = [replica.epoch, replica.version, replica.stamp]
     packed, _ = pack_ids(ids)
-    return ids, values, [
+    return ids, values, slots, [
         "@", *head, packed, ",".join(map(repr, values.tolist())),
         before.astype(">f8").tobytes().hex(), repr(math.fsum(before.tolist())),
         int(np.count_nonzero(before)),

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 # ref by this much (exp stays far from overflow) or the mass underflows.
 _REBASE = 300.0
 _UNDERFLOW = float(np.exp(-_REBASE))
+_LARGEST = float(np.finfo(np.float64).max)
 # Masses are summed (and their smallest non-zero value kept) per block of _FAN slots, and
 # those per group of _FAN blocks: a draw reads _FAN block sums and _FAN masses.
 _FAN = 32
@@ -150,12 +151,14 @@ class MassReplica:
                                       self.block_mins, self.group_sums, self.group_mins))
 
     def masses_of(self, scores: np.ndarray) -> np.ndarray:
+        if self.rule == "per":  # (priority + eps) ** alpha; 0 where not above 0 or NaN
+            base = scores + self.eps
+            out = np.zeros(len(base))
+            with np.errstate(over="ignore"):
+                np.power(base, self.alpha, out=out, where=base > 0)
+            return np.minimum(out, _LARGEST, out=out)  # an overflow: the largest float
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            if self.rule == "per":
-                base = scores + self.eps
-                out = np.where(base > 0, np.power(np.maximum(base, 0.0), self.alpha), 0.0)
-            else:
-                out = np.where(np.isfinite(scores), np.exp(scores - self.ref), 0.0)
+            out = np.where(np.isfinite(scores), np.exp(scores - self.ref), 0.0)
         return np.nan_to_num(out, nan=0.0)
 
     def _count_scores(self, scores: np.ndarray, sign: int) -> None:
@@ -189,7 +192,7 @@ class MassReplica:
         blocks = np.unique(slots // _FAN)
         view = self.masses.reshape(-1, _FAN)[blocks]
         self.block_sums[blocks] = view.sum(axis=1)
-        self.block_mins[blocks] = np.where(view > 0, view, np.inf).min(axis=1)
+        self.block_mins[blocks] = view.min(axis=1, where=view > 0, initial=np.inf)
         groups = np.unique(blocks // _FAN)
         self.group_sums[groups] = self.block_sums.reshape(-1, _FAN)[groups].sum(axis=1)
         self.group_mins[groups] = self.block_mins.reshape(-1, _FAN)[groups].min(axis=1)
@@ -265,13 +268,15 @@ class MassReplica:
         self._new_levels(size)
         self._refresh_blocks(0, len(self.group_sums))
 
-    def apply_own(self, reply: Sequence[Any], ids: np.ndarray, scores: np.ndarray) -> None:
+    def apply_own(self, reply: Sequence[Any], ids: np.ndarray, scores: np.ndarray,
+                  slots: np.ndarray | None = None) -> None:
         """Apply a change this process has just made, without a round trip, when its log
         entry is the only one since this replica's version; else leave it to the next
         catch-up. ``reply``: ``(log_epoch, log_version before, log_version after,
         log_stamp before, log_stamp after)`` as the changing script returned them;
         ``ids`` and their new ``scores`` (for a repeated id the last wins; ids this
-        replica does not hold are left out, as the script skipped them)."""
+        replica does not hold are left out, as the script skipped them). ``slots``: the
+        ids' slots at the version before (:meth:`slots_of`; ids distinct), when known."""
         epoch, before, after, stamp_before, stamp_after = reply
         with self.lock:
             if not (
@@ -281,10 +286,14 @@ class MassReplica:
                 and int(after) == int(before) + 1
             ):
                 return
-            last = len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]
-            ids, scores = ids[last], scores[last]
-            held = self.slots_of(ids) >= 0
-            self.set_scores(ids[held], scores[held])
+            # (slots read before a reload of the arrays at the same version have moved)
+            if slots is None or not np.array_equal(self.ids[slots[slots >= 0]],
+                                                   ids[slots >= 0]):
+                last = len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]
+                ids, scores = ids[last], scores[last]
+                slots = self.slots_of(ids)
+            held = slots >= 0
+            self._rescore(slots[held], scores[held])
             self.version = int(after)
             self.stamp = _text(stamp_after)
 
@@ -295,16 +304,7 @@ class MassReplica:
         slots = self.slots_of(ids)
         held = slots >= 0
         gone = np.isnan(scores)
-        # re-scored or removed
-        where = slots[held]
-        if len(where):
-            self._count_scores(self.scores[where], -1)
-            new = scores[held]
-            self.scores[where] = new
-            self.masses[where] = self.masses_of(new)
-            self._count_scores(new, +1)
-            self.live -= int(np.count_nonzero(np.isnan(new)))
-            self._refresh_slots(where)
+        self._rescore(slots[held], scores[held])
         fresh = ~held & ~gone
         if fresh.any():
             self._insert(ids[fresh], scores[fresh])
@@ -316,6 +316,17 @@ class MassReplica:
                 self._rebase()
         if self.count - self.live > max(self.live, _BLOCK):
             self._compact()
+
+    def _rescore(self, slots: np.ndarray, scores: np.ndarray) -> None:
+        """Items held at ``slots`` (distinct) now have ``scores`` (NaN: removed)."""
+        if not len(slots):
+            return
+        self._count_scores(self.scores[slots], -1)
+        self.scores[slots] = scores
+        self.masses[slots] = self.masses_of(scores)
+        self._count_scores(scores, +1)
+        self.live -= int(np.count_nonzero(np.isnan(scores)))
+        self._refresh_slots(slots)
 
     def apply(self, entry: bytes) -> np.ndarray | None:
         """Apply one log entry and return the ids it names; None for an X entry."""
