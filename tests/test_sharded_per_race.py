@@ -136,3 +136,18 @@ def test_softmax_draws_follow_the_masses_at_the_commits(redis_server, buffer_nam
                                 lambda: buffer.sample_with_info(1, replacement=True))
     check_law_at_the_commits(draws, lambda state: np.array([4 * np.exp(state), 4.0, 4.0]),
                              lambda state, shard: np.exp(state) if shard == 0 else 1.0)
+
+
+@pytest.mark.parametrize("law", ["global", "shard_local"])
+def test_softmax_draws_without_replacement_follow_the_masses_at_the_commits(
+        redis_server, buffer_name, monkeypatch, law):
+    """Without replacement too: the shards' successive draws are replayed (global) or the
+    one shard is chosen (shard_local) by the masses at the commits."""
+    buffer = ShardedReplayBuffer(redis_server.url, buffer_name, capacity=12, shards=3, seed=5,
+                                 batch_law=law, prioritized_sampling=True)
+    for k in range(3):
+        buffer.shards[k].add({"x": np.arange(4), "log_rewards": np.zeros(4)})
+    draws = draws_while_flipped(monkeypatch, softmax_toggler, (redis_server.url, buffer_name),
+                                lambda: buffer.sample_with_info(1, replacement=False))
+    check_law_at_the_commits(draws, lambda state: np.array([4 * np.exp(state), 4.0, 4.0]),
+                             lambda state, shard: np.exp(state) if shard == 0 else 1.0)

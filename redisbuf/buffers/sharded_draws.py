@@ -9,10 +9,11 @@ A sharded buffer draws a batch in one of two laws, chosen by its ``batch_law``:
   and PER draws with replacement choose the counts by multinomial over the shards' total
   masses (corrected to the masses at the commits, see ``_draw_per``); prioritized
   draws without replacement draw a successive sequence of ``min(n,
-  drawable items)`` from every shard and replay the global successive draw over them
-  (torch.multinomial's distribution, at the cost of reading up to ``N`` times ``n``
-  items). Every shard that gives items is asked, at once (one thread each); a PER draw
-  that fails on one shard takes back the parts the others committed.
+  drawable items)`` from every shard and replay the global successive draw over them,
+  by the shards' masses at those commits (torch.multinomial's distribution, at the cost
+  of reading up to ``N`` times ``n`` items). Every shard that gives items is asked, at
+  once (one thread each); a draw that fails on one shard takes back the parts the others
+  committed.
 
   Uniform draws of at most ``MAX_ITEMS_PER_COMMAND`` items skip the round trip that asks
   every shard's size: the counts are chosen from the sizes the shards reported at the
@@ -34,16 +35,17 @@ A sharded buffer draws a batch in one of two laws, chosen by its ``batch_law``:
   was at least half full at the last look, the shard is chosen without asking every
   shard's size (:meth:`ShardedSampling._draw_one_by_rejection`). Prioritized (softmax)
   without replacement: the chosen shard's successive draws (the first item's law is the
-  global one, the later ones' the shard's successive law, reported as the shard's share
-  times the shard's probability); when a shard of nonzero mass holds fewer drawable
+  global one at the commit, the later ones' the shard's successive law, reported as the
+  shard's share times the shard's probability); when a shard of nonzero mass holds fewer drawable
   items than ``n``, that batch is drawn by the global law (a choice made on the masses
   alone). Only the chosen shard draws, which is why the server cost per drawn item
   falls as shards are added.
 
 In both laws, a prioritized draw reads every shard's masses from this process's
 replicas, caught up in one request to every shard at once (on a cluster, every master
-through its shard's own client): when the sample begins for draws without replacement,
-right after the commits for draws with replacement and PER (``_rounds``); each drawn item's reported
+through its shard's own client): right after the commits (``_rounds``; without
+replacement in the global law, also when the sample begins, to know which shards to
+ask); each drawn item's reported
 probability is its mass over the whole buffer's; PER ``weights`` are ``(lowest mass of
 the whole buffer / mass)^beta`` and ``importance_weights`` the item's priority over the
 mean non-zero priority of the whole buffer (the drawn shards' sums as their commits
@@ -385,7 +387,6 @@ class ShardedSampling:
             )
         top = log_mass.max()
         mass = np.exp(log_mass - top)  # relative shard masses, the largest 1
-        share = mass / mass.sum()
         replace = replacement or n > int(sizes.sum())
         if not replace and n > int(drawable.sum()):
             raise SamplingError(
@@ -395,22 +396,10 @@ class ShardedSampling:
         if replace:  # more draws than items: with replacement
             return self._assembled(*self._rounds(n, local, "softmax", self._shard_draw)[::2])
         if local and not ((mass > 0) & (drawable < n)).any():
-            k = self._choose(mass)
-            draw = self._shard_draw(k, n, replace)
-            return (
-                [i * self.count + k for i in draw.ids],
-                draw.blobs,
-                np.asarray(draw.probabilities) * share[k],
-                (k, draw.schema_json),
-            )
-        # every shard's own successive draw, then the global successive draw over them
-        sequences = self._draws(
-            {
-                k: (min(n, int(drawable[k])), False)
-                for k in range(self.count)
-                if mass[k] > 0 and drawable[k] > 0
-            }
-        )
+            # one shard's successive draws, its share corrected to the masses at the commit
+            pieces, _, rounds = self._rounds(n, True, "softmax", self._shard_draw, False)
+            return self._assembled(pieces, rounds, shuffle=False)
+        sequences, mass = self._successive_sequences(n, mass, drawable)
         remaining = mass.copy()
         taken = dict.fromkeys(sequences, 0)
         ids, blobs, out = [], [], []
@@ -426,6 +415,48 @@ class ShardedSampling:
             blobs.append(draw.blobs[j])
         first = next(iter(sequences))
         return ids, blobs, np.array(out), (first, sequences[first].schema_json)
+
+    def _successive_sequences(
+        self, n: int, mass: np.ndarray, drawable: np.ndarray
+    ) -> tuple[dict[int, Draw], np.ndarray]:
+        """Every shard's own successive draw of ``min(n, its drawable items)``, committed
+        there, and the shards' relative masses at those commits (their replicas, caught up
+        by the commits): the global successive draw replayed over the sequences then has
+        the law of the buffer at the commits, whatever changed since ``mass`` (the
+        masses the shards were chosen from) was read. The draws are taken back and made
+        again when a shard not asked holds mass at the commits, or one asked holds more
+        drawable items than it gave and fewer than ``n``."""
+        for _ in range(_ROUNDS):
+            wanted = {k: (min(n, int(drawable[k])), False) for k in range(self.count)
+                      if mass[k] > 0 and drawable[k] > 0}
+            sequences = self._all_or_none(
+                {k: (self._shard_draw, (k, count, False)) for k, (count, _) in wanted.items()})
+            try:
+                if len(sequences) < self.count:
+                    replicas = self._replicas("softmax")
+                else:
+                    replicas = [shard.view.replicas["softmax"] for shard in self.shards]
+                after = self._log_masses(replicas)
+            except BaseException:
+                self._undo(sequences)
+                raise
+            short = [k for k, draw in sequences.items()
+                     if len(draw.ids) < n and replicas[k].positive > len(draw.ids)]
+            unasked = [k for k in range(self.count) if k not in sequences]
+            if not short and not np.isfinite(after[unasked]).any() \
+                    and np.isfinite(after[list(sequences)]).all():
+                return sequences, np.exp(after - after.max())
+            self._undo(sequences)
+            _, drawable, log_mass = self._masses()
+            mass = np.exp(log_mass - log_mass.max()) if np.isfinite(log_mass).any() \
+                else np.zeros(self.count)
+            if not (mass > 0).any() or n > int(drawable.sum()):
+                raise SamplingError(
+                    f"buffer {self.name!r}: {n} draws without replacement but only "
+                    f"{int(drawable.sum())} items have nonzero probability")
+        raise SamplingError(
+            f"buffer {self.name!r}: the shards' total masses kept changing between the "
+            f"choice of shards and their commits ({_ROUNDS} rounds)")
 
     def _draw_per(self, n: int, local: bool) -> Drawn:
         """PER with replacement: item ``i`` with probability ``mass_i / sum of all
@@ -475,13 +506,14 @@ class ShardedSampling:
         return [ids[i] for i in order], [blobs[i] for i in order], probability[order], source
 
     def _rounds(
-        self, n: int, local: bool, rule: str, commit: Any
+        self, n: int, local: bool, rule: str, commit: Any, replacement: bool = True
     ) -> tuple[list[tuple[int, Any, np.ndarray, float]], list[MassReplica], int]:
         """``n`` draws with replacement by ``rule``'s masses, each committed by its shard
-        (``commit(k, count, True)``), whose shares follow the shards' masses at the commits
-        (see :meth:`_draw_per`). Returns the pieces ``(shard, its draw, the positions that
-        stand, the shard's share of the mass at the commits)``, the replicas and the
-        number of rounds.
+        (``commit(k, count, replacement)``), whose shares follow the shards' masses at the
+        commits (see :meth:`_draw_per`). Returns the pieces ``(shard, its draw, the
+        positions that stand, the shard's share of the mass at the commits)``, the
+        replicas and the number of rounds. Without replacement only one shard draws
+        (``local``): its batch stands or is taken back whole.
 
         The shares are chosen from the replicas as this process holds them (caught up at
         its last draw): any masses serve as the proposal of the rejection, which only
@@ -515,7 +547,7 @@ class ShardedSampling:
             else:
                 counts = self.rng.multinomial(n - got, share / share.sum())
             calls: dict[int, tuple[Any, tuple[Any, ...]]] = {
-                k: (commit, (k, c, True)) for k, c in enumerate(counts.tolist()) if c}
+                k: (commit, (k, c, replacement)) for k, c in enumerate(counts.tolist()) if c}
             drawn = self._all_or_none(calls)
             after = before
             if not inline:
