@@ -1,6 +1,9 @@
 """update_priority from several OS processes at once on a real server, while another
 process adds (and so evicts): every call is atomic, evicted ids are skipped, and the
-priorities, their sum and the sum tree stay consistent."""
+priorities, their sum and the replicas stay consistent. Each updater samples after each
+update, so its next update comes from a current replica when no other process wrote in
+between (no item read, a P entry) and reads the items otherwise: both forms interleave
+(in one run, 44 of 236 calls were of the first)."""
 
 from __future__ import annotations
 

@@ -80,8 +80,8 @@ from ..store.keys import BufferKeys
 from .checkpoint import ShardedCheckpointing
 from .replay import AddResult, ReplayBuffer
 from .savefile import saved_shard_count
+from .shard_calls import SHARD_LOST as _SHARD_LOST
 from .sharded_draws import BATCH_LAWS, ShardedSampling
-from .sharded_draws import SHARD_LOST as _SHARD_LOST
 
 SLOTS = 16384
 LAYOUT_VERSION = 1

@@ -55,9 +55,7 @@ report them, the other shards' from the replicas).
 from __future__ import annotations
 
 import math
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -67,16 +65,16 @@ from ..errors import (
     DecodeError,
     EmptyBufferError,
     SamplingError,
-    ServerUnavailableError,
     WaitTimeoutError,
 )
 from ..sampling import commits
 from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import Draw
 from ..store import bounds, scripts
-from ..store.connection import LOST, is_cluster
+from ..store.connection import is_cluster
 from . import quarantine
 from .replay import ReplayBuffer, SampleInfo
+from .shard_calls import ShardCalls
 
 if TYPE_CHECKING:
     from ..sampling.samplers import PERSampler
@@ -87,23 +85,11 @@ BATCH_LAWS = ("global", "shard_local")
 # again, at most this many rounds in all (each takes back a fraction ~|T' - T| / T of them)
 _ROUNDS = 64
 
-# Errors that mean a shard's server is gone or its slot has no master right now (CLUSTERDOWN
-# while a restarted master rejoins, MASTERDOWN, TRYAGAIN while its slot migrates). A
-# pipeline reply may be one of these instead of raising it: see _per_shard.
-SHARD_LOST = (
-    ServerUnavailableError,
-    *LOST,
-    redis.exceptions.ClusterDownError,  # MasterDownError is one
-    redis.exceptions.TryAgainError,
-    redis.exceptions.SlotNotCoveredError,
-    redis.exceptions.MaxConnectionsError,
-)
-
 # (global ids, blobs, probabilities or None, (shard, schema_json) to decode by)
 Drawn = tuple[list[int], list[bytes], Any, Any]
 
 
-class ShardedSampling:
+class ShardedSampling(ShardCalls):
     """Sampling of :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer` (a mixin: the
     buffer provides ``client``, ``name``, ``count``, ``shards``, ``rng``, ``per``,
     ``prioritized_sampling``, ``batch_law``, ``parallel`` and ``_on_shard``)."""
@@ -118,8 +104,6 @@ class ShardedSampling:
         prioritized_sampling: bool
         batch_law: str
         parallel: bool
-        _pool: ThreadPoolExecutor | None
-        _pool_pid: int
         _last_weights: tuple[np.ndarray, np.ndarray]
         #: (shard sizes the last uniform draws reported, misses in a row, draws to skip)
         _known: tuple[np.ndarray | None, int, int]
@@ -130,31 +114,6 @@ class ShardedSampling:
         def _on_shard(self, k: int) -> Any: ...
 
     # -- the shards' state --------------------------------------------------------------
-
-    def _per_shard(self, command: Any) -> list[Any]:
-        """``command(pipe, shard)`` (one command) for every shard in one pipeline (a
-        cluster client sends each master its part at once) and the replies in shard
-        order. When a server is lost, the shards are asked one by one, so that the error
-        names the shard that failed; a reply that is such an error (a cluster pipeline
-        returns CLUSTERDOWN and the like as replies) raises it as its shard's
-        ShardUnavailableError too."""
-        pipe = self.client.pipeline(transaction=False)
-        for shard in self.shards:
-            command(pipe, shard)
-        try:
-            replies = list(pipe.execute(raise_on_error=False))
-        except SHARD_LOST:
-            replies = []
-            for k, shard in enumerate(self.shards):
-                with self._on_shard(k):
-                    alone = self.client.pipeline(transaction=False)
-                    command(alone, shard)
-                    replies += alone.execute(raise_on_error=False)
-        for k, reply in enumerate(replies):
-            if isinstance(reply, SHARD_LOST):
-                with self._on_shard(k):
-                    raise reply
-        return replies
 
     def _sizes(self) -> np.ndarray:
         replies = self._per_shard(lambda pipe, shard: pipe.zcard(shard.keys.order))
@@ -378,29 +337,17 @@ class ShardedSampling:
                                   for k, (n, r) in wanted.items()})
 
     def _draw_prioritized(self, n: int, replacement: bool, local: bool) -> Drawn:
-        if replacement:  # the shards' shares corrected to their masses at the commits
-            return self._assembled(*self._rounds(n, local, "softmax", self._shard_draw)[::2])
-        sizes, drawable, log_mass = self._masses()
-        if int(sizes.sum()) == 0 or not np.isfinite(log_mass).any():
-            raise EmptyBufferError(
-                f"buffer {self.name!r}: buffer is empty (no item with a finite log-reward)"
-            )
-        top = log_mass.max()
-        mass = np.exp(log_mass - top)  # relative shard masses, the largest 1
-        replace = replacement or n > int(sizes.sum())
-        if not replace and n > int(drawable.sum()):
-            raise SamplingError(
-                f"buffer {self.name!r}: {n} draws without replacement but only "
-                f"{int(drawable.sum())} items have nonzero probability"
-            )
-        if replace:  # more draws than items: with replacement
+        if not replacement:
+            sizes, drawable, log_mass = self._masses()
+            mass = self._masses_to_draw(n, sizes, drawable, log_mass)
+        if replacement or mass is None:  # (None: more draws than items) with replacement,
+            # the shards' shares corrected to their masses at the commits
             return self._assembled(*self._rounds(n, local, "softmax", self._shard_draw)[::2])
         if local and not ((mass > 0) & (drawable < n)).any():
             # one shard's successive draws, its share corrected to the masses at the commit
             pieces, _, rounds = self._rounds(n, True, "softmax", self._shard_draw, False)
             return self._assembled(pieces, rounds, shuffle=False)
-        sequences, mass = self._successive_sequences(n, mass, drawable)
-        remaining = mass.copy()
+        sequences, remaining = self._successive_sequences(n, mass, drawable)
         taken = dict.fromkeys(sequences, 0)
         ids, blobs, out = [], [], []
         for _ in range(n):
@@ -416,6 +363,20 @@ class ShardedSampling:
         first = next(iter(sequences))
         return ids, blobs, np.array(out), (first, sequences[first].schema_json)
 
+    def _masses_to_draw(self, n: int, sizes: np.ndarray, drawable: np.ndarray,
+                        log_mass: np.ndarray) -> np.ndarray | None:
+        """The shards' relative masses (the largest 1) for ``n`` draws without
+        replacement; None when ``n`` exceeds the items (drawn with replacement then)."""
+        if int(sizes.sum()) == 0 or not np.isfinite(log_mass).any():
+            raise EmptyBufferError(
+                f"buffer {self.name!r}: buffer is empty (no item with a finite log-reward)")
+        if n > int(sizes.sum()):
+            return None
+        if n > int(drawable.sum()):
+            raise SamplingError(f"buffer {self.name!r}: {n} draws without replacement but "
+                                f"only {int(drawable.sum())} items have nonzero probability")
+        return np.exp(log_mass - log_mass.max())
+
     def _successive_sequences(
         self, n: int, mass: np.ndarray, drawable: np.ndarray
     ) -> tuple[dict[int, Draw], np.ndarray]:
@@ -427,15 +388,13 @@ class ShardedSampling:
         again when a shard not asked holds mass at the commits, or one asked holds more
         drawable items than it gave and fewer than ``n``."""
         for _ in range(_ROUNDS):
-            wanted = {k: (min(n, int(drawable[k])), False) for k in range(self.count)
+            wanted = {k: min(n, int(drawable[k])) for k in range(self.count)
                       if mass[k] > 0 and drawable[k] > 0}
             sequences = self._all_or_none(
-                {k: (self._shard_draw, (k, count, False)) for k, (count, _) in wanted.items()})
-            try:
-                if len(sequences) < self.count:
-                    replicas = self._replicas("softmax")
-                else:
-                    replicas = [shard.view.replicas["softmax"] for shard in self.shards]
+                {k: (self._shard_draw, (k, count, False)) for k, count in wanted.items()})
+            try:  # the shards asked are current: their commits caught them up
+                replicas = (self._replicas("softmax") if len(sequences) < self.count
+                            else [shard.view.replicas["softmax"] for shard in self.shards])
                 after = self._log_masses(replicas)
             except BaseException:
                 self._undo(sequences)
@@ -447,13 +406,11 @@ class ShardedSampling:
                     and np.isfinite(after[list(sequences)]).all():
                 return sequences, np.exp(after - after.max())
             self._undo(sequences)
-            _, drawable, log_mass = self._masses()
-            mass = np.exp(log_mass - log_mass.max()) if np.isfinite(log_mass).any() \
-                else np.zeros(self.count)
-            if not (mass > 0).any() or n > int(drawable.sum()):
-                raise SamplingError(
-                    f"buffer {self.name!r}: {n} draws without replacement but only "
-                    f"{int(drawable.sum())} items have nonzero probability")
+            sizes, drawable, log_mass = self._masses()
+            again = self._masses_to_draw(n, sizes, drawable, log_mass)
+            if again is None:  # items went meanwhile: fewer than n are left
+                break
+            mass = again
         raise SamplingError(
             f"buffer {self.name!r}: the shards' total masses kept changing between the "
             f"choice of shards and their commits ({_ROUNDS} rounds)")
@@ -629,46 +586,6 @@ class ShardedSampling:
         with self._on_shard(k):
             shard = self.shards[k]
             return commits.replica_draw(shard.view, "per", count, shard.rng, replacement)
-
-    def _undo(self, draws: dict[int, Any]) -> None:
-        """Take back the draws the shards recorded (lua/undo_draws.lua: their counts and
-        use counts)."""
-        for k, draw in draws.items():
-            if not hasattr(draw, "ids"):  # a size, not a draw
-                continue
-            members = [b"%012d" % i for i in draw.ids]
-            with self._on_shard(k):
-                self.shards[k]._run("undo_draws", self.shards[k].keys.all_keys(), members)
-
-    def _all_or_none(self, calls: dict[int, tuple[Any, tuple[Any, ...]]]) -> dict[int, Any]:
-        """Each shard's draw (see :meth:`_in_parallel`); when one fails, the draws the
-        others committed are taken back (lua/undo_draws.lua: their counts and use counts)
-        before the error is raised, so a failed sample records nothing anywhere."""
-        done: dict[int, Any] = {}
-        failures: list[BaseException] = []
-
-        def attempt(k: int, fn: Any, args: tuple[Any, ...]) -> Any:
-            try:
-                done[k] = fn(*args)
-            except BaseException as exc:  # kept, raised once the others are undone
-                failures.append(exc)
-            return None
-
-        self._in_parallel({k: (attempt, (k, fn, args)) for k, (fn, args) in calls.items()})
-        if failures:
-            self._undo(done)
-            raise failures[0]
-        return {k: done[k] for k in calls}
-
-    def _in_parallel(self, calls: dict[int, tuple[Any, tuple[Any, ...]]]) -> dict[int, Any]:
-        """``fn(*args)`` for each shard ``k`` of ``calls[k] = (fn, args)``, one thread each."""
-        if len(calls) == 1 or not self.parallel:
-            return {k: fn(*args) for k, (fn, args) in calls.items()}
-        if self._pool is None or self._pool_pid != os.getpid():  # none survives a fork
-            self._pool = ThreadPoolExecutor(self.count, thread_name_prefix="redisbuf-shard")
-            self._pool_pid = os.getpid()
-        futures = {k: self._pool.submit(fn, *args) for k, (fn, args) in calls.items()}
-        return {k: future.result() for k, future in futures.items()}
 
     def sample(
         self,

@@ -82,14 +82,10 @@ def parse_entry(entry: bytes) -> tuple[np.ndarray, np.ndarray] | None:
         return np.frombuffer(ids, dtype="S12").astype(np.int64), _numbers(new, np.float64)
     _, count, _, ids, _, new = entry.split(b"|", 5)
     k = int(count)
-    id_array = _numbers(ids, np.int64)
-    if not new:
-        scores = np.full(k, np.nan)
-    else:
-        scores = _numbers(new, np.float64)
-        if len(scores) == 1 and k > 1:
-            scores = np.full(k, scores[0])
-    return id_array, scores
+    scores = _numbers(new, np.float64) if new else np.full(k, np.nan)
+    if len(scores) == 1 and k > 1:  # one value for every row
+        scores = np.full(k, scores[0])
+    return _numbers(ids, np.int64), scores
 
 
 class MassReplica:
@@ -286,9 +282,8 @@ class MassReplica:
                 and int(after) == int(before) + 1
             ):
                 return
-            # (slots read before a reload of the arrays at the same version have moved)
-            if slots is None or not np.array_equal(self.ids[slots[slots >= 0]],
-                                                   ids[slots >= 0]):
+            held = slots >= 0 if slots is not None else None  # (a reload moves slots)
+            if held is None or not np.array_equal(self.ids[slots[held]], ids[held]):
                 last = len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]
                 ids, scores = ids[last], scores[last]
                 slots = self.slots_of(ids)

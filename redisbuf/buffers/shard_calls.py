@@ -1,0 +1,109 @@
+"""Calls to every shard of a :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer`: one
+pipeline over the shards, one thread per shard, and taking back the draws some shards
+recorded when another failed."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from ..errors import ServerUnavailableError
+from ..store.connection import LOST
+
+if TYPE_CHECKING:
+    from .replay import ReplayBuffer
+
+# Errors that mean a shard's server is gone or its slot has no master right now (CLUSTERDOWN
+# while a restarted master rejoins, MASTERDOWN, TRYAGAIN while its slot migrates). A
+# pipeline reply may be one of these instead of raising it: see _per_shard.
+SHARD_LOST = (
+    ServerUnavailableError,
+    *LOST,
+    redis.exceptions.ClusterDownError,  # MasterDownError is one
+    redis.exceptions.TryAgainError,
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.MaxConnectionsError,
+)
+
+
+class ShardCalls:
+    """A mixin of :class:`~redisbuf.buffers.sharded_draws.ShardedSampling`: the buffer
+    provides ``client``, ``count``, ``shards``, ``parallel`` and ``_on_shard``."""
+
+    if TYPE_CHECKING:
+        client: Any
+        count: int
+        shards: list[ReplayBuffer]
+        parallel: bool
+        _pool: ThreadPoolExecutor | None
+        _pool_pid: int
+
+        def _on_shard(self, k: int) -> Any: ...
+
+    def _per_shard(self, command: Any) -> list[Any]:
+        """``command(pipe, shard)`` (one command) for every shard in one pipeline (a
+        cluster client sends each master its part at once) and the replies in shard
+        order. When a server is lost, the shards are asked one by one, so that the error
+        names the shard that failed; a reply that is such an error (a cluster pipeline
+        returns CLUSTERDOWN and the like as replies) raises it as its shard's
+        ShardUnavailableError too."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.shards:
+            command(pipe, shard)
+        try:
+            replies = list(pipe.execute(raise_on_error=False))
+        except SHARD_LOST:
+            replies = []
+            for k, shard in enumerate(self.shards):
+                with self._on_shard(k):
+                    alone = self.client.pipeline(transaction=False)
+                    command(alone, shard)
+                    replies += alone.execute(raise_on_error=False)
+        for k, reply in enumerate(replies):
+            if isinstance(reply, SHARD_LOST):
+                with self._on_shard(k):
+                    raise reply
+        return replies
+
+    def _undo(self, draws: dict[int, Any]) -> None:
+        """Take back the draws the shards recorded (lua/undo_draws.lua: their counts and
+        use counts)."""
+        for k, draw in draws.items():
+            if not hasattr(draw, "ids"):  # a size, not a draw
+                continue
+            members = [b"%012d" % i for i in draw.ids]
+            with self._on_shard(k):
+                self.shards[k]._run("undo_draws", self.shards[k].keys.all_keys(), members)
+
+    def _all_or_none(self, calls: dict[int, tuple[Any, tuple[Any, ...]]]) -> dict[int, Any]:
+        """Each shard's draw (see :meth:`_in_parallel`); when one fails, the draws the
+        others committed are taken back (lua/undo_draws.lua: their counts and use counts)
+        before the error is raised, so a failed sample records nothing anywhere."""
+        done: dict[int, Any] = {}
+        failures: list[BaseException] = []
+
+        def attempt(k: int, fn: Any, args: tuple[Any, ...]) -> Any:
+            try:
+                done[k] = fn(*args)
+            except BaseException as exc:  # kept, raised once the others are undone
+                failures.append(exc)
+            return None
+
+        self._in_parallel({k: (attempt, (k, fn, args)) for k, (fn, args) in calls.items()})
+        if failures:
+            self._undo(done)
+            raise failures[0]
+        return {k: done[k] for k in calls}
+
+    def _in_parallel(self, calls: dict[int, tuple[Any, tuple[Any, ...]]]) -> dict[int, Any]:
+        """``fn(*args)`` for each shard ``k`` of ``calls[k] = (fn, args)``, one thread each."""
+        if len(calls) == 1 or not self.parallel:
+            return {k: fn(*args) for k, (fn, args) in calls.items()}
+        if self._pool is None or self._pool_pid != os.getpid():  # none survives a fork
+            self._pool = ThreadPoolExecutor(self.count, thread_name_prefix="redisbuf-shard")
+            self._pool_pid = os.getpid()
+        futures = {k: self._pool.submit(fn, *args) for k, (fn, args) in calls.items()}
+        return {k: future.result() for k, future in futures.items()}
