@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from redisbuf import (
@@ -67,6 +67,10 @@ def expected(kind: str, order: list[int], score: dict[int, float], n: int) -> li
 
 @PROPERTY
 @given(ops=OPS, prioritized_capacity=st.booleans())
+# a priority lowered after it was the highest: new items still get the highest ever set
+@example(ops=[("add", [-math.inf]), ("update", [1], 3.0), ("update", [1], 1.0),
+              ("add", [-math.inf]), ("select", "max", "priority", 1)],
+         prioritized_capacity=False)
 def test_selectors_follow_the_model(client, buffer_name, ops, prioritized_capacity):
     client.flushall()
     capacity = 5
@@ -77,9 +81,10 @@ def test_selectors_follow_the_model(client, buffer_name, ops, prioritized_capaci
     order: list[int] = []
     rewards: dict[int, float] = {}
     per: dict[int, float] = {}
+    top = 0.0  # the highest priority ever set on a stored item: what new items get
     for op in ops:
         if op[0] == "add":
-            start = max(per.values(), default=0.0)
+            start = top
             ids = writer.add(
                 {"x": np.zeros((len(op[1]), 1), np.float32), "log_rewards": np.array(op[1])}
             ).ids.tolist()
@@ -101,6 +106,7 @@ def test_selectors_follow_the_model(client, buffer_name, ops, prioritized_capaci
             for item_id in op[1]:
                 if item_id in per:
                     per[item_id] = op[2]
+                    top = max(top, op[2])
         else:
             kind, by, n = op[1:]
             sampler = SELECTORS[kind]() if kind in ("fifo", "lifo") else SELECTORS[kind](by)
