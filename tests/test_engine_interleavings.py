@@ -16,6 +16,7 @@ from peer_process import Peer
 from test_sampling import chi2, chi2_limit
 
 from redisbuf import PERSampler, ReplayBuffer
+from redisbuf.buffers import priorities as priorities_module
 from redisbuf.sampling import replica as replica_module
 from redisbuf.sampling.replica import MassReplica, replica_of
 from redisbuf.store.keys import BufferKeys
@@ -318,3 +319,48 @@ def test_clear_drop_and_a_session_switch_of_a_large_buffer_are_no_long_command(
         assert slowest_of(buffer.drop) == []
     finally:
         client.config_set("slowlog-log-slower-than", 10_000)
+
+
+@pytest.mark.parametrize("change", ["rescore", "evict"])
+def test_an_update_built_from_a_replica_made_stale_reads_the_items(
+    url, buffer_name, peer_factory, monkeypatch, change
+):
+    """This process's replica is current when it builds its update (the "@" form, with the
+    scores the replica holds); a spawned process then changes the same items before the
+    script runs: re-scores two of them, or adds items that evict them. The script must not
+    trust the scores sent: it reads the items (a C entry), skips the evicted ones, and the
+    sums and this process's replica come out exact."""
+    per = {"alpha": 1.0, "eps": 0.0}
+    peer = peer_factory(capacity=4, per=per)
+    mine = ReplayBuffer(url, buffer_name, capacity=4, sampler=PERSampler(**per), seed=1)
+    ids = mine.add(_batch(np.zeros(4)), priorities=[1.0, 2.0, 3.0, 4.0]).ids.tolist()
+    mine.sample(2)  # current from here
+    added: list[int] = []
+    built = priorities_module._from_replica
+
+    def then_the_peer_changes_them(*args):
+        out = built(*args)
+        if change == "rescore":
+            peer("update_priority", ids=ids[:2], priorities=[7.0, 8.0])
+        else:  # FIFO at capacity 4: the two oldest go
+            added.extend(peer("add", log_rewards=[0.0, 0.0], priorities=[5.0, 5.0]))
+        return out
+
+    monkeypatch.setattr(priorities_module, "_from_replica", then_the_peer_changes_them)
+    updated = mine.update_priority(ids[:3], [0.5, 0.25, 6.0])
+    assert mine.client.lindex(mine.keys.masslog, -1)[:2] == b"C|"
+    if change == "rescore":
+        expected = {ids[0]: 0.5, ids[1]: 0.25, ids[2]: 6.0, ids[3]: 4.0}
+    else:
+        expected = {ids[2]: 6.0, ids[3]: 4.0, added[0]: 5.0, added[1]: 5.0}
+    assert updated == (3 if change == "rescore" else 1)
+    stored = {int(k): float(v) for k, v in mine.client.hgetall(mine.keys.per).items()}
+    assert stored == expected
+    total, comp, nonzero = mine.client.hmget(mine.keys.meta, "per_sum", "per_comp",
+                                             "per_nonzero")
+    assert float(total) + float(comp) == sum(expected.values()) and int(nonzero) == 4
+    mine.sample(1)  # catches up
+    replica = replica_of(mine.view, "per")
+    held = list(expected)
+    assert replica.scores[replica.slots_of(np.array(held))].tolist() == [expected[i]
+                                                                         for i in held]
