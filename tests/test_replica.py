@@ -491,3 +491,23 @@ def test_a_first_softmax_read_scans_the_log_rewards(client, buffer_name, monkeyp
     expected = rewards if stored else np.zeros(120)
     assert replica_scores(replica) == dict(zip(ids.tolist(), expected.tolist(), strict=True))
     assert len(replica) == 120
+
+
+def test_slots_of_finds_every_held_id_however_the_ids_lie():
+    """The slot lookup (a direct read where ids count up without gaps, a search where
+    not) gives what a binary search over the ids gives: dense ids, ids with gaps, holes
+    of removed items, ids below, between and above the ones held."""
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        n = int(rng.integers(1, 3000))
+        if trial % 2:
+            ids = np.sort(rng.choice(np.arange(1, 5000), n, replace=False))
+        else:
+            ids = np.arange(7, 7 + n)
+        replica = MassReplica("per")
+        replica._set_arrays(ids.astype(np.int64), rng.random(n))
+        replica.scores[:n][rng.random(n) < 0.2] = np.nan  # removed: holes keep their ids
+        asked = np.concatenate([rng.integers(-5, 5200, 300), ids[rng.integers(0, n, 50)]])
+        where = np.minimum(np.searchsorted(ids, asked), n - 1)
+        held = (ids[where] == asked) & ~np.isnan(replica.scores[where])
+        assert replica.slots_of(asked).tolist() == np.where(held, where, -1).tolist()

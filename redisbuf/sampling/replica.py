@@ -212,11 +212,16 @@ class MassReplica:
     # -- changes ------------------------------------------------------------------------
 
     def slots_of(self, ids: np.ndarray) -> np.ndarray:
-        """The slot of each id, -1 for an id not held."""
+        """The slot of each id, -1 for an id not held. Ids usually count up without gaps
+        from the first slot's (a FIFO buffer's holes keep their ids until compacted):
+        each is first looked for there, one read, and searched for only when not found."""
         if self.count == 0 or len(ids) == 0:
             return np.full(len(ids), -1, dtype=np.int64)
-        where = np.searchsorted(self.ids[: self.count], ids)
-        where = np.minimum(where, self.count - 1)
+        where = np.clip(ids - self.ids[0], 0, self.count - 1)
+        missed = self.ids[where] != ids
+        if missed.any():
+            where[missed] = np.minimum(
+                np.searchsorted(self.ids[: self.count], ids[missed]), self.count - 1)
         found = (self.ids[where] == ids) & ~np.isnan(self.scores[where])
         return np.where(found, where, -1)
 
@@ -275,12 +280,8 @@ class MassReplica:
         ids' slots at the version before (:meth:`slots_of`; ids distinct), when known."""
         epoch, before, after, stamp_before, stamp_after = reply
         with self.lock:
-            if not (
-                self.epoch == _text(epoch)
-                and self.version == int(before)
-                and self.stamp == _text(stamp_before)
-                and int(after) == int(before) + 1
-            ):
+            at = (_text(epoch), int(before), _text(stamp_before))
+            if (self.epoch, self.version, self.stamp) != at or int(after) != int(before) + 1:
                 return
             held = slots >= 0 if slots is not None else None  # (a reload moves slots)
             if held is None or not np.array_equal(self.ids[slots[held]], ids[held]):
