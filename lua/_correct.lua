@@ -46,27 +46,25 @@ local function correct_draw(entries, per, alpha, eps, ref, total, candidates, sp
     local p2 = string.find(entry, '|', p1 + 1, true)
     local p3 = string.find(entry, '|', p2 + 1, true)
     local p4 = string.find(entry, '|', p3 + 1, true)
+    local ids, old, new
     if string.sub(entry, 1, 1) == 'P' then  -- ids packed, new as text, old as IEEE bits
-      local ids = unpack_ids(string.sub(entry, p2 + 1, p3 - 1), 12)
-      local new = split(string.sub(entry, p3 + 1, p4 - 1))
-      for i, id in ipairs(ids) do
-        if first_old[id] == nil then
-          first_old[id] = number_of_bits(string.sub(entry, p4 + 16 * i - 15, p4 + 16 * i))
-          list[#list + 1] = id
-        end
-        last_new[id] = new[i]
+      ids = unpack_ids(string.sub(entry, p2 + 1, p3 - 1), 12)
+      new = split(string.sub(entry, p3 + 1, p4 - 1))
+      old = {}
+      for i = 1, #ids do
+        old[i] = number_of_bits(string.sub(entry, p4 + 16 * i - 15, p4 + 16 * i))
       end
     else
-      local ids = split(string.sub(entry, p2 + 1, p3 - 1))
-      local old = split(string.sub(entry, p3 + 1, p4 - 1))
-      local new = split(string.sub(entry, p4 + 1))
-      for i, id in ipairs(ids) do
-        if first_old[id] == nil then
-          first_old[id] = old[i] or 'nan'
-          list[#list + 1] = id
-        end
-        last_new[id] = new[i] or new[1] or 'nan'
+      ids = split(string.sub(entry, p2 + 1, p3 - 1))
+      old = split(string.sub(entry, p3 + 1, p4 - 1))
+      new = split(string.sub(entry, p4 + 1))
+    end
+    for i, id in ipairs(ids) do
+      if first_old[id] == nil then
+        first_old[id] = old[i] or 'nan'
+        list[#list + 1] = id
       end
+      last_new[id] = new[i] or new[1] or 'nan'
     end
   end
   local live, cumulative, changed = {}, {}, 0

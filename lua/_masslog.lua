@@ -69,12 +69,11 @@ local function joined(list)
   return table.concat(list, ',')
 end
 
--- Append one entry of kind `kind` ("C" or "P") with `rows` rows, `body` its fields after
--- the stamp; a change of more rows than one reply may carry starts a new epoch instead
--- (every replica reads everything again, in slices of bounded cost). No-op without rows
--- or while prioritized sampling is off.
+-- Append one entry of kind `kind` ("C" or "P") with `rows` rows (at least one), `body` its
+-- fields after the stamp, while prioritized sampling is on (the caller checks masslog_on
+-- before it builds the body); a change of more rows than one reply may carry starts a
+-- new epoch instead (every replica reads everything again, in slices of bounded cost).
 local function masslog_push(K, kind, rows, body)
-  if rows == 0 or not masslog_on(K) then return end
   if rows > MASSLOG_REPLY_ROWS then  -- more than one reply carries: read everything again
     masslog_reset(K)
     return
@@ -104,7 +103,8 @@ local function masslog_push(K, kind, rows, body)
 end
 
 -- Append one C entry for rows ids (strings) with old and new scores (lists of text, or
--- nil: all absent / all removed; new may hold one value for all).
+-- nil: all absent / all removed; new may hold one value for all). No-op without rows or
+-- while prioritized sampling is off.
 local function masslog_append(K, ids, old, new)
   if #ids == 0 or not masslog_on(K) then return end
   masslog_push(K, 'C', #ids, table.concat(ids, ',') .. '|' .. joined(old) .. '|' .. joined(new))

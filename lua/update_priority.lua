@@ -38,54 +38,70 @@ end
 if conf[5] then
   return fail('RB_BUSY', 'PER is being turned on for ' .. K.meta .. ' (lua/enable_per.lua)')
 end
-local ids, texts = {}, {}
+-- What a replica at the version before needs to apply this change itself (see Returns).
+local function reply(updated)
+  local after = redis.call('HMGET', K.meta, 'log_epoch', 'log_version', 'log_stamp')
+  return {updated, after[1] or '', conf[4] or '0', after[2] or '0', conf[6] or '',
+    after[3] or ''}
+end
+
+-- The "@" form while the log is at the sender's version: the h held ids' priorities
+-- written without reading an item; nil (nothing written) when not current, not in that
+-- form's shape, or a priority is to be refused or respelled (the packed path says so).
+local function from_current_replica(ids)
+  local held = #ARGV[7] / 16
+  if not (ARGV[2] == conf[3] and ARGV[3] == conf[4] and ARGV[4] == conf[6]
+      and #ids <= RB_MAX_ITEMS and #ARGV[5] == 12 * #ids and held <= #ids
+      and held == math.floor(held) and plain_decimals(ARGV[6])) then
+    return nil
+  end
+  -- the packed path's check of each priority, written inline: Lua's per-id work is most
+  -- of this script's time
+  local pairs_, values, top, stop, huge = {}, {}, 0, 1, math.huge
+  for text, after in string.gmatch(ARGV[6], '([^,]+)()') do
+    if #values == held then break end
+    local value = tonumber(text)
+    if value == nil or value ~= value or value < 0 or value == huge then return nil end
+    local k = #values + 1
+    values[k] = value
+    pairs_[2 * k - 1] = ids[k]
+    pairs_[2 * k] = text
+    if value > top then top = value end
+    stop = after
+  end
+  if #values ~= held then return nil end
+  if held > 0 then
+    call_chunked('HSET', K.per, pairs_)
+    per_heap_set(K, pairs_)
+    per_account(K, nil, values, {tonumber(ARGV[8]), tonumber(ARGV[9])})
+    per_raise_max(K, top)
+    if masslog_on(K) then
+      masslog_push(K, 'P', held, string.sub(ARGV[5], 1, 12 * held) .. '|'
+        .. string.sub(ARGV[6], 1, stop - 1) .. '|' .. ARGV[7])
+    end
+  end
+  return reply(held)
+end
+
+local ids, texts, listed = {}, {}, nil
 if ARGV[1] == '@' then
   ids = unpack_ids(ARGV[5], 12)
-  local held = #ARGV[7] / 16
-  if ARGV[2] == conf[3] and ARGV[3] == conf[4] and ARGV[4] == conf[6] and #ids <= RB_MAX_ITEMS
-      and #ARGV[5] == 12 * #ids and held <= #ids and held == math.floor(held)
-      and plain_decimals(ARGV[6]) then
-    local pairs_, values, top, stop, huge = {}, {}, 0, 1, math.huge
-    for text, after in string.gmatch(ARGV[6], '([^,]+)()') do
-      if #values == held then break end
-      local value = tonumber(text)
-      if value == nil or value ~= value or value < 0 or value == huge then break end
-      local k = #values + 1
-      values[k] = value
-      pairs_[2 * k - 1] = ids[k]
-      pairs_[2 * k] = text
-      if value > top then top = value end
-      stop = after
-    end
-    if #values == held then
-      if held > 0 then
-        call_chunked('HSET', K.per, pairs_)
-        per_heap_set(K, pairs_)
-        per_account(K, nil, values, {tonumber(ARGV[8]), tonumber(ARGV[9])})
-        per_raise_max(K, top)
-        masslog_push(K, 'P', held, string.sub(ARGV[5], 1, 12 * held) .. '|'
-          .. string.sub(ARGV[6], 1, stop - 1) .. '|' .. ARGV[7])
-      end
-      local after = redis.call('HMGET', K.meta, 'log_epoch', 'log_version', 'log_stamp')
-      return {held, after[1] or '', conf[4] or '0', after[2] or '0', conf[6] or '',
-        after[3] or ''}
-    end
-  end
-  -- not current (or a priority to refuse): every id is read as in the packed form
-  for text in string.gmatch(ARGV[6], '[^,]+') do texts[#texts + 1] = text end
-  if #texts ~= #ids then
-    return fail('RB_INVALID', #texts .. ' priorities for ' .. #ids .. ' ids')
-  end
+  local done = from_current_replica(ids)
+  if done then return done end
+  listed = ARGV[6]  -- not current: every id is read as in the packed form
 elseif #ARGV % 2 == 1 then
   ids = unpack_ids(ARGV[1], tonumber(ARGV[2]))
-  for text in string.gmatch(ARGV[3], '[^,]+') do texts[#texts + 1] = text end
-  if #texts ~= #ids then
-    return fail('RB_INVALID', #texts .. ' priorities for ' .. #ids .. ' ids')
-  end
+  listed = ARGV[3]
 else
   for i = 1, #ARGV / 2 do
     ids[i] = ARGV[2 * i - 1]
     texts[i] = ARGV[2 * i]
+  end
+end
+if listed then
+  for text in string.gmatch(listed, '[^,]+') do texts[#texts + 1] = text end
+  if #texts ~= #ids then
+    return fail('RB_INVALID', #texts .. ' priorities for ' .. #ids .. ' ids')
   end
 end
 if #ids > RB_MAX_ITEMS then
@@ -112,6 +128,4 @@ if not plain_decimals(table.concat(texts, ',')) then
     if not plain_decimals(texts[i]) then texts[i] = fmt(values[i]) end
   end
 end
-local updated = set_priorities(K, ids, values, texts, repeated and last)
-local after = redis.call('HMGET', K.meta, 'log_epoch', 'log_version', 'log_stamp')
-return {updated, after[1] or '', conf[4] or '0', after[2] or '0', conf[6] or '', after[3] or ''}
+return reply(set_priorities(K, ids, values, texts, repeated and last))
