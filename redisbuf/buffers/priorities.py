@@ -18,6 +18,8 @@ from ..sampling.samplers import (
 )
 from ..store import bounds
 from ..store.keys import (
+    ID_WIDTH,
+    last_of_each,
     pack_ids,
 )
 
@@ -72,7 +74,8 @@ class Prioritizing:
                        for start, stop in bounds.chunks(len(id_array)))
         replica = self.view.replicas.get("per")
         slots = None
-        if replica is not None and 0 <= int(id_array.min()) and int(id_array.max()) < 10**12:
+        # the "@" form sends ids in their stored width only
+        if replica is not None and 0 <= int(id_array.min()) and int(id_array.max()) < 10**ID_WIDTH:
             id_array, values, slots, args = _from_replica(replica, id_array, values)
         else:
             packed, width = pack_ids(id_array)
@@ -95,7 +98,7 @@ def _from_replica(
     server reads no item when the replica is current. Returns the ids and priorities in
     the order sent, their slots in the replica as it was read (-1: not held), and the
     arguments."""
-    last = len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]
+    last = last_of_each(ids)
     ids, values = ids[last], values[last]
     with replica.lock:
         slots = replica.slots_of(ids)

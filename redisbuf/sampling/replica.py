@@ -27,6 +27,7 @@ import redis
 
 from ..errors import EmptyBufferError, PrioritizedSamplingOffError, SamplingError
 from ..store.connection import LOST, unavailable
+from ..store.keys import last_of_each
 
 if TYPE_CHECKING:
     from .base import BufferView
@@ -277,17 +278,16 @@ class MassReplica:
         log_stamp before, log_stamp after)`` as the changing script returned them;
         ``ids`` and their new ``scores`` (for a repeated id the last wins; ids this
         replica does not hold are left out, as the script skipped them). ``slots``: the
-        ids' slots at the version before (:meth:`slots_of`; ids distinct), when known."""
+        ids' slots at the version before (:meth:`slots_of`; ids distinct), when known;
+        checked, as a reload of the arrays at the same version moves them."""
         epoch, before, after, stamp_before, stamp_after = reply
         with self.lock:
             at = (_text(epoch), int(before), _text(stamp_before))
             if (self.epoch, self.version, self.stamp) != at or int(after) != int(before) + 1:
                 return
-            held = slots >= 0 if slots is not None else None  # (a reload moves slots)
-            if held is None or not np.array_equal(self.ids[slots[held]], ids[held]):
-                last = len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]
-                ids, scores = ids[last], scores[last]
-                slots = self.slots_of(ids)
+            if slots is None or not np.array_equal(self.ids[slots[slots >= 0]], ids[slots >= 0]):
+                last = last_of_each(ids)
+                ids, scores, slots = ids[last], scores[last], self.slots_of(ids[last])
             held = slots >= 0
             self._rescore(slots[held], scores[held])
             self.version = int(after)
@@ -332,7 +332,7 @@ class MassReplica:
         ids, scores = parsed
         self.rows_applied += len(ids)
         # an id named twice in one entry (added, then evicted at once): its last row wins
-        last = len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]
+        last = last_of_each(ids)
         self.set_scores(ids[last], scores[last])
         return ids
 

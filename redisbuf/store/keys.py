@@ -80,6 +80,14 @@ def pack_ids(ids: np.ndarray) -> tuple[bytes, int]:
     return digits.astype(np.uint8).tobytes(), width
 
 
+def last_of_each(ids: Any) -> Any:
+    """The index of each distinct id's last occurrence in ``ids`` (an array), in id
+    order: where a change names an id twice, the last one wins."""
+    import numpy as np
+
+    return len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]
+
+
 def split_ids(packed: bytes, width: int) -> list[bytes]:
     """The ids of :func:`pack_ids`'s text in their stored form (:func:`format_id`)."""
     if width == ID_WIDTH:
