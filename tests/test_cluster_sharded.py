@@ -330,6 +330,34 @@ def test_a_shard_that_fails_its_draw_leaves_no_draw_recorded_on_the_others(
     assert after == before
 
 
+@pytest.mark.parametrize("kind", ["uniform", "softmax"])
+def test_a_shard_that_fails_its_part_of_a_global_draw_leaves_none_recorded(
+    fake_client, buffer_name, monkeypatch, kind
+):
+    """The same for the draws that ask every shard at once for its part: a uniform draw
+    whose shard sizes are asked first, and the shards' successive sequences of a softmax
+    draw without replacement. When one shard fails, the others' draws are taken back."""
+    from redisbuf.errors import EmptyBufferError
+
+    buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=60, shards=3, seed=5,
+                                 prioritized_sampling=kind == "softmax")
+    for _ in range(9):  # a batch goes to one shard: several batches fill them all
+        buffer.add({"x": np.arange(5), "log_rewards": np.zeros(5)})
+    assert all(len(shard) > 0 for shard in buffer.shards)
+    before = [(fake_client.hget(s.keys.meta, "sampled"), fake_client.hgetall(s.keys.uses))
+              for s in buffer.shards]
+
+    def fails(*args, **kwargs):
+        raise EmptyBufferError("emptied between the shard choice and its draw")
+
+    monkeypatch.setattr(buffer.shards[1], "_draw", fails)
+    with pytest.raises(EmptyBufferError, match="emptied"):
+        buffer.sample(30, replacement=False)  # every shard gives some items
+    after = [(fake_client.hget(s.keys.meta, "sampled"), fake_client.hgetall(s.keys.uses))
+             for s in buffer.shards]
+    assert after == before
+
+
 def test_shards_share_one_running_max_for_new_items(fake_client, buffer_name):
     """PER's new-item rule over shards: a new item gets the highest priority set on any
     shard (as in one buffer), not its own shard's; ids that were evicted raise nothing."""

@@ -332,14 +332,14 @@ class ShardedSampling(ShardCalls):
 
     def _draws(self, wanted: dict[int, tuple[int, bool]]) -> dict[int, Draw]:
         """Shard ``k``'s draw of ``wanted[k] = (n, replacement)`` for each ``k``, the
-        shards asked at once (one thread each: their round trips overlap)."""
-        return self._in_parallel({k: (self._shard_draw, (k, n, r))
+        shards asked at once (one thread each: their round trips overlap); when one
+        fails, the others' are taken back (:meth:`_all_or_none`)."""
+        return self._all_or_none({k: (self._shard_draw, (k, n, r))
                                   for k, (n, r) in wanted.items()})
 
     def _draw_prioritized(self, n: int, replacement: bool, local: bool) -> Drawn:
         if not replacement:
-            sizes, drawable, log_mass = self._masses()
-            mass = self._masses_to_draw(n, sizes, drawable, log_mass)
+            mass, drawable = self._masses_to_draw(n)
         if replacement or mass is None:  # (None: more draws than items) with replacement,
             # the shards' shares corrected to their masses at the commits
             return self._assembled(*self._rounds(n, local, "softmax", self._shard_draw)[::2])
@@ -363,19 +363,20 @@ class ShardedSampling(ShardCalls):
         first = next(iter(sequences))
         return ids, blobs, np.array(out), (first, sequences[first].schema_json)
 
-    def _masses_to_draw(self, n: int, sizes: np.ndarray, drawable: np.ndarray,
-                        log_mass: np.ndarray) -> np.ndarray | None:
+    def _masses_to_draw(self, n: int) -> tuple[np.ndarray | None, np.ndarray]:
         """The shards' relative masses (the largest 1) for ``n`` draws without
-        replacement; None when ``n`` exceeds the items (drawn with replacement then)."""
+        replacement, None when ``n`` exceeds the items (drawn with replacement then),
+        and their drawable counts, from the replicas caught up now."""
+        sizes, drawable, log_mass = self._masses()
         if int(sizes.sum()) == 0 or not np.isfinite(log_mass).any():
             raise EmptyBufferError(
                 f"buffer {self.name!r}: buffer is empty (no item with a finite log-reward)")
         if n > int(sizes.sum()):
-            return None
+            return None, drawable
         if n > int(drawable.sum()):
             raise SamplingError(f"buffer {self.name!r}: {n} draws without replacement but "
                                 f"only {int(drawable.sum())} items have nonzero probability")
-        return np.exp(log_mass - log_mass.max())
+        return np.exp(log_mass - log_mass.max()), drawable
 
     def _successive_sequences(
         self, n: int, mass: np.ndarray, drawable: np.ndarray
@@ -388,10 +389,9 @@ class ShardedSampling(ShardCalls):
         again when a shard not asked holds mass at the commits, or one asked holds more
         drawable items than it gave and fewer than ``n``."""
         for _ in range(_ROUNDS):
-            wanted = {k: min(n, int(drawable[k])) for k in range(self.count)
-                      if mass[k] > 0 and drawable[k] > 0}
-            sequences = self._all_or_none(
-                {k: (self._shard_draw, (k, count, False)) for k, count in wanted.items()})
+            sequences = self._draws({k: (min(n, int(drawable[k])), False)
+                                     for k in range(self.count)
+                                     if mass[k] > 0 and drawable[k] > 0})
             try:  # the shards asked are current: their commits caught them up
                 replicas = (self._replicas("softmax") if len(sequences) < self.count
                             else [shard.view.replicas["softmax"] for shard in self.shards])
@@ -406,8 +406,7 @@ class ShardedSampling(ShardCalls):
                     and np.isfinite(after[list(sequences)]).all():
                 return sequences, np.exp(after - after.max())
             self._undo(sequences)
-            sizes, drawable, log_mass = self._masses()
-            again = self._masses_to_draw(n, sizes, drawable, log_mass)
+            again, drawable = self._masses_to_draw(n)
             if again is None:  # items went meanwhile: fewer than n are left
                 break
             mass = again
