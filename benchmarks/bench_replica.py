@@ -1,6 +1,7 @@
 """A sampling process's replica of a PER buffer: its first read and its size.
 
 Usage: python benchmarks/bench_replica.py [--url URL] [--sizes 1e5,1e6,2e6] [--writers 0]
+                                         [--after-load]
 
 Without --url an embedded server is started. For each size, a PER buffer of that many
 small items (random priorities) is filled, then a fresh replica (what a new sampling
@@ -13,6 +14,12 @@ the server's CPU time during the first read (INFO cpu: commands, parsing and rep
 the replica's bytes per item (its arrays) and the first read's resident-memory growth
 per item, and the longest command the server ran meanwhile. Targets (issue 31): <= 32 B
 per item, <= 1 s at 2x10^6 items, no command over 100 ms.
+
+With ``--after-load`` it measures instead what a restart from a checkpoint gives: the
+filled buffer is saved to a file and loaded back (``load`` publishes a snapshot of what it
+restored), then a fresh replica reads it. Printed per size: the save and load times, the
+first read's time and calls, and the longest command the server ran during the load and
+the read.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import resource
+import tempfile
 import time
 from typing import Any
 
@@ -112,17 +120,83 @@ def measure(url: str, size: int, writers: int) -> dict[str, Any]:
     return out
 
 
+def _slowest(client: Any) -> tuple[float, str]:
+    logged = [e for e in client.slowlog_get(1_000_000)
+              if _text(e["command"]).split(" ")[0].upper() not in ("SLOWLOG", "CONFIG")]
+    slowest = max(logged, key=lambda e: e["duration"], default=None)
+    if slowest is None:
+        return 0.0, ""
+    return slowest["duration"] / 1000, _text(slowest["command"]).split(" ")[0]
+
+
+def measure_after_load(url: str, size: int) -> dict[str, Any]:
+    name = f"bench-replica-load-{size}"
+    buffer = ReplayBuffer(url, name, capacity=size, sampler=PERSampler(), seed=0)
+    buffer.drop()
+    buffer = ReplayBuffer(url, name, capacity=size, sampler=PERSampler(), seed=0)
+    for start in range(0, size, FILL):
+        count = min(FILL, size - start)
+        buffer.add({"x": np.zeros(count, dtype=np.float32)}, priorities=np.random.rand(count))
+    client = buffer.client
+    max_len = client.config_get("slowlog-max-len")["slowlog-max-len"]
+    client.config_set("slowlog-max-len", 1_000_000)
+    client.config_set("slowlog-log-slower-than", 10_000)  # the long ones only
+    client.slowlog_reset()
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/buffer.rbuf"
+        started = time.perf_counter()
+        buffer.save(path)
+        save_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        buffer.load(path)
+        load_seconds = time.perf_counter() - started
+    published = client.hget(buffer.keys.snap, "header") is not None
+    load_longest = _slowest(client)
+    client.slowlog_reset()
+    client.config_set("slowlog-log-slower-than", 0)
+    replica = MassReplica("per")
+    started = time.perf_counter()
+    replica.load(buffer.view)  # a new process's first read after the restart
+    seconds = time.perf_counter() - started
+    calls = len(client.slowlog_get(1_000_000))
+    longest, longest_name = max(load_longest, _slowest(client))
+    client.config_set("slowlog-log-slower-than", 10_000)
+    client.config_set("slowlog-max-len", max_len)
+    buffer.drop()
+    return {"items": float(len(replica)), "save_seconds": save_seconds,
+            "load_seconds": load_seconds, "published": published, "seconds": seconds,
+            "calls": float(calls), "longest_ms": longest, "longest_name": longest_name}
+
+
+def _after_load_table(url: str, sizes: list[int]) -> Table:
+    table = Table(title="First read of a PER replica after a load from a checkpoint")
+    for column in ("items", "save s", "load s", "snapshot published", "first read s",
+                   "calls", "longest command ms (load and read)"):
+        table.add_column(column, justify="right")
+    for size in sizes:
+        r = measure_after_load(url, size)
+        table.add_row(f"{int(r['items']):,}", f"{r['save_seconds']:.1f}",
+                      f"{r['load_seconds']:.1f}", "yes" if r["published"] else "no",
+                      f"{r['seconds']:.2f}", f"{int(r['calls'])}",
+                      f"{r['longest_ms']:.1f} ({r['longest_name']})")
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url")
     parser.add_argument("--sizes", default="1e5,1e6,2e6")
     parser.add_argument("--writers", type=int, default=0)
+    parser.add_argument("--after-load", action="store_true")
     args = parser.parse_args()
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     server = None if args.url else EmbeddedServer().start()
     url = args.url or server.url
     try:
+        if args.after_load:
+            Console().print(_after_load_table(url, sizes))
+            return
         table = Table(title=f"First read of a PER replica ({args.writers} writers meanwhile)")
         for column in ("items", "read s (snapshot)", "calls", "read s (scan)", "calls",
                        "server CPU s (scan)",

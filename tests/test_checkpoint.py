@@ -5,6 +5,7 @@ change nothing; PER files meet buffers without PER by a stated rule."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -436,3 +437,67 @@ def test_a_file_written_by_the_format_1_code_loads_as_before(client, buffer_name
     assert _per_in_order(client, per.name) == [INITIAL] * 4
     assert_matches(client, per.name, per_scores(client, per.name), ALPHA, EPS)
     assert client.hlen(plain.keys.per) == 0
+
+
+# -- a load publishes the snapshot new replicas read ---------------------------------------
+
+
+@pytest.mark.parametrize("how", ["file", "state"])
+@pytest.mark.parametrize("rule", ["per", "softmax"])
+def test_a_load_publishes_a_snapshot_that_new_replicas_read_instead_of_every_item(
+    client, buffer_name, tmp_path, monkeypatch, how, rule
+):
+    """The restore starts a new log epoch; the load then reads the restored scores once
+    and publishes them, so a sampler's first draw after it reads the snapshot (no
+    lua/replica_read.lua, no scan) and holds exactly what the server holds, including a
+    change made after the snapshot. Below the snapshot size nothing is read or written."""
+    from replica_helpers import fresh_replica, replica_scores
+
+    from redisbuf.sampling import replica as replica_module
+    from redisbuf.sampling.replica import MassReplica
+
+    monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 20)
+    per = rule == "per"
+
+    def made(name: str) -> ReplayBuffer:
+        return ReplayBuffer(client, name, capacity=64, sampler=_per() if per else None,
+                            prioritized_sampling=not per)
+
+    source = made(buffer_name)
+    ids = source.add(_batch(30)).ids
+    if per:
+        source.update_priority(ids, np.arange(30.0) / 7)
+    keys = BufferKeys(buffer_name + "-to")
+    small = made(buffer_name + "-to")
+    small.add(_batch(5))
+    _save_load(_small_source(made, buffer_name), small, how, tmp_path)
+    assert client.exists(keys.snap) == 0  # 19 items: below the snapshot size
+    _save_load(source, small, how, tmp_path)
+    assert client.hget(keys.snap, "header") is not None, "the load published no snapshot"
+    header = json.loads(client.hget(keys.snap, "header"))
+    meta = client.hmget(keys.meta, "log_epoch", "log_version")
+    assert (header["epoch"], header["version"], header["rule"], header["count"]) == (
+        meta[0].decode(), int(meta[1]), rule, 30)
+    if per:  # logged after the snapshot
+        assert small.update_priority(sorted(_per_in_order_ids(client, small.name))[:3],
+                                     [9.0, 0.0, 4.5]) == 3
+    small.add(_batch(2, start=90))
+    calls: list[str] = []
+    reader = made(small.name)
+    run = reader._run
+    reader._run = lambda name, k, a: calls.append(name) or run(name, k, a)
+    replica = MassReplica(rule)
+    replica.load(reader.view)
+    assert "replica_read" not in calls  # read from the snapshot
+    assert replica_scores(replica) == replica_scores(fresh_replica(client, small.name, rule))
+    assert len(replica_scores(replica)) == 32
+
+
+def _per_in_order_ids(client, name: str) -> list[int]:
+    return [int(i) for i in client.hkeys(BufferKeys(name).per)]
+
+
+def _small_source(made, buffer_name: str) -> ReplayBuffer:
+    source = made(buffer_name + "-small")
+    source.add(_batch(19, start=40))
+    return source

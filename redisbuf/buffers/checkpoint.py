@@ -26,9 +26,12 @@ from ..errors import (
     ConfigMismatchError,
     DecodeError,
     PartialLoadError,
+    PrioritizedSamplingOffError,
+    SamplingError,
     SchemaError,
     ServerUnavailableError,
 )
+from ..sampling import replica as replica_module
 from ..store import bounds, codec
 from ..store.connection import retrying
 from ..store.containers import KINDS, describe_schema_difference
@@ -242,6 +245,11 @@ class Checkpointing:
         log-rewards and use counts (``max_use`` counts on from them; a count at or over
         this buffer's ``max_use`` raises :class:`ConfigMismatchError`).
 
+        With prioritized sampling or PER, a load of 50,000 items or more then reads the
+        restored scores once and publishes them as the buffer's snapshot
+        (``rb:{name}:snap``): samplers' first draws after the load read that, not every
+        item.
+
         PER: a file saved from a buffer with PER restores each item's PER priority, and
         so the sampling probabilities and weights (this buffer's ``alpha``, ``eps`` and
         ``initial_priority`` apply). Loading it into a buffer without PER raises
@@ -434,6 +442,26 @@ class Checkpointing:
                 pass  # the server is gone; the staging keys are only garbage
             self._forget_schema()
         self._stored_schema()
+        if len(records) >= replica_module._SNAP_MIN_ITEMS:
+            self._publish_snapshot()
+
+    def _publish_snapshot(self) -> None:
+        """Read the restored scores once and publish them as the buffer's snapshot
+        (:meth:`~redisbuf.sampling.replica.MassReplica.write_snapshot`). The restore
+        started a new mass-log epoch: without this, every sampler that draws before one
+        of them has published would read every item itself (2.6-4.7 s at 2x10^6 PER
+        items) instead of the snapshot's few large replies. A snapshot is a shortcut:
+        prioritized sampling turned off, or the buffer cleared at every attempt of the
+        read, leaves the load done without one."""
+        logged, mass = self.client.hmget(self.keys.meta, "masslog", "mass")
+        if logged not in (b"1", "1"):
+            return
+        replica = replica_module.MassReplica("per" if mass in (b"per", "per") else "softmax")
+        try:
+            with replica.lock:
+                replica.load(self.view)  # a first read publishes what it read
+        except (PrioritizedSamplingOffError, SamplingError):
+            pass
 
 
 
