@@ -35,8 +35,8 @@ end
 -- spare pool (every candidate is an independent draw of the replica, whose masses are
 -- still those of the untouched items, so among them they follow the current law); when
 -- those run out too, a hole ('') that the caller fills with a draw among the untouched
--- items (returned second: whether there is one). Nil when an entry is an X or no mass is
--- left.
+-- items (returned second: whether there is one). Nil when an entry is an X, no mass is
+-- left or the masses now are not finite numbers relative to the replica's reference.
 local function correct_draw(entries, per, alpha, eps, ref, total, candidates, spares,
                             uniforms)
   local first_old, last_new, list = {}, {}, {}
@@ -78,7 +78,12 @@ local function correct_draw(entries, per, alpha, eps, ref, total, candidates, sp
       cumulative[#live] = changed
     end
   end
-  if total <= 0 or changed > total * (1 + 1e-9) then return nil end
+  -- a touched log-reward far above the replica's reference (exp overflows; +inf) cannot
+  -- be weighed against the replica's masses: the replica catches up (re-bases) instead
+  if total <= 0 or total == math.huge or total ~= total or changed == math.huge
+      or changed > total * (1 + 1e-9) then
+    return nil
+  end
   local width = 1 + spares
   local n = #candidates / width
   local out, used, pool, holes = {}, {}, 1, false

@@ -382,3 +382,29 @@ def test_shards_share_one_running_max_for_new_items(fake_client, buffer_name):
     gone = (10**6) * 3 + k
     assert buffer.update_priority([gone], [99.0]) == 0
     assert {float(fake_client.hget(s.keys.meta, "per_max")) for s in buffer.shards} == {70.0}
+
+
+@pytest.mark.parametrize("reset_by", ["this process", "another process"])
+def test_the_shared_running_max_starts_again_after_a_clear(fake_client, buffer_name,
+                                                           reset_by):
+    """After a clear (by this buffer object or another one), the running max is the
+    highest priority set since: 50 after 100 before the clear, on every shard, so a new
+    item on another shard gets 50 (the review saw 1, initial_priority, there: this
+    process skipped sharing 50 because it had shared 100 before the clear)."""
+    from redisbuf import PERSampler
+
+    def opened(seed: int) -> ShardedReplayBuffer:
+        return ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3,
+                                   seed=seed, sampler=PERSampler(initial_priority=1.0))
+
+    buffer, other = opened(2), opened(3)
+    first = buffer.add({"x": np.arange(4)})
+    buffer.update_priority(first.ids[:1], [100.0])
+    (buffer if reset_by == "this process" else other).clear()
+    again = [buffer.add({"x": np.arange(2)}).ids for _ in range(3)]  # every shard
+    buffer.update_priority(again[0][:1], [50.0])
+    assert [float(fake_client.hget(s.keys.meta, "per_max")) for s in buffer.shards] == [50.0] * 3
+    for _ in range(3):
+        added = buffer.add({"x": np.arange(1)})
+        shard = buffer.shards[int(added.ids[0] % 3)]
+        assert float(fake_client.hget(shard.keys.per, b"%012d" % (added.ids[0] // 3))) == 50.0

@@ -165,6 +165,50 @@ def test_softmax_without_replacement_over_rewards_far_apart_returns(url, buffer_
     assert drawn[0] == ids[0] and drawn[3] == ids[3] and set(drawn[1:3]) == set(ids[1:3])
 
 
+@pytest.mark.parametrize("above", [710.0, 1000.0, float("inf")])
+def test_a_stale_softmax_draw_sees_an_item_far_above_its_reference(
+    url, buffer_name, peer_factory, above
+):
+    """This process's replica is current with every log-reward 0 (its reference); another
+    process adds one item ``above`` higher, beyond exp's range from that reference. The
+    next draw with replacement, corrected on the server, must follow the law at the
+    commit: every draw is the new item (the others weigh e^-710 or less beside it), and
+    a +inf log-reward raises as it does for a replica that knew it (the review saw the
+    server's correction overflow and keep every stale draw)."""
+    from redisbuf.errors import SamplingError
+
+    a = peer_factory(capacity=100, softmax=True)
+    sampler = ReplayBuffer(url, buffer_name, capacity=100, prioritized_sampling=True, seed=1)
+    sampler.add(_batch(np.zeros(10)))
+    sampler.sample(5, replacement=True)  # current, reference 0
+    heavy = a("add", log_rewards=[above])[0]
+    if above == float("inf"):
+        with pytest.raises(SamplingError, match=r"\+inf"):
+            sampler.sample(200, replacement=True)
+        return
+    info = sampler.sample_with_info(200, replacement=True)
+    assert set(info.ids.tolist()) == {heavy}
+    assert np.allclose(info.probabilities, 1.0)
+
+
+def test_softmax_without_replacement_keeps_the_law_among_nearly_underflowed_items(
+    url, buffer_name
+):
+    """Log-rewards 0, -744 and -745.2: once the first is drawn, the other two weigh e^-744
+    (a subnormal) and e^-745.2 (0 in float64) beside the reference; the second draw must
+    still follow their law among themselves (0.769 / 0.231; the review saw the second
+    always the -744 one)."""
+    buffer = ReplayBuffer(url, buffer_name, capacity=10, prioritized_sampling=True, seed=4)
+    ids = buffer.add(_batch([0.0, -744.0, -745.2])).ids.tolist()
+    rounds = 600
+    seconds = [int(buffer.sample_with_info(2, replacement=False).ids[1]) for _ in range(rounds)]
+    share = 1 / (1 + np.exp(-745.2 + 744.0))
+    hits = seconds.count(ids[1])
+    assert hits + seconds.count(ids[2]) == rounds
+    # within 4.5 standard deviations of the law (p ~ 7e-6); all of them is 14 away
+    assert abs(hits - rounds * share) < 4.5 * np.sqrt(rounds * share * (1 - share)), hits
+
+
 def _add_forever(url: str, name: str, stop, index: int) -> None:
     buffer = ReplayBuffer(url, name, capacity=None)
     rng = np.random.default_rng(index)

@@ -248,7 +248,6 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
                     )
                 )
         self._next = int(self.rng.integers(shards))
-        self._shared_max = -math.inf  # the running max this process last shared
         self._schema_json: str | None = None
         #: draw from the shards at once, one thread each (see _draws)
         self.parallel = True
@@ -444,9 +443,10 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
         """Raise every shard's running max priority (what new items get) to the highest
         of ``values`` just set, so the shards share one running max: a new item on any
         shard gets the highest priority set on any of them, as in an unsharded buffer.
-        Skipped while this process has already raised it that high (the max only grows)."""
+        The shards' maxima are read every time: a clear or a load (by any process) resets
+        them, so what this process shared before says nothing of them now."""
         finite = values[np.isfinite(values)]
-        if not len(finite) or float(finite.max()) <= self._shared_max:
+        if not len(finite):
             return
         # the shards' own running maxima (an id skipped as evicted raised none)
         replies = self._per_shard(lambda pipe, shard: pipe.hget(shard.keys.meta, "per_max"))
@@ -459,7 +459,6 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
             if maxima[k] < top:
                 with self._on_shard(k):
                     shard._run("per_raise_max", shard.keys.all_keys(), [repr(top)])
-        self._shared_max = top
 
     # -- reading ------------------------------------------------------------------------
 

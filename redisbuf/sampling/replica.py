@@ -574,8 +574,8 @@ class MassReplica:
         try:
             while len(chosen) < n:
                 remaining = self.total
-                if remaining <= 0 and self.rule == "softmax":
-                    # the rest underflowed beside what was drawn: re-base among them
+                if remaining < _UNDERFLOW and self.rule == "softmax":
+                    # the rest (nearly) underflowed beside what was drawn: re-base on them
                     self._rebase_without(np.array(sorted(taken), dtype=np.int64))
                     remaining = self.total
                 batch = max(2 * (n - len(chosen)), 16)
