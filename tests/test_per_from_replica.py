@@ -109,3 +109,40 @@ def test_a_sampler_behind_corrects_its_draw_by_p_entries(client, buffer_name):
         hits += int(info.ids[0] == heavy)
         assert info.probabilities[0] == pytest.approx(1 / 3)
     assert abs(hits - rounds / 3) < 4.5 * np.sqrt(rounds * (1 / 3) * (2 / 3)), hits / rounds
+
+
+def test_an_update_whose_replica_another_thread_caught_up_meanwhile(client, buffer_name):
+    """The update reads the ids' slots from this process's replica; before its script
+    runs, another process adds 2 items that evict 2 (FIFO, capacity 8), and another
+    thread of this process (a prefetching reader) catches the replica up. The update's
+    own change must then be applied at the ids' slots as they are now: the evicted id it
+    names stays absent (the review saw it come back in the replica, then be written to
+    the server by the next update from it), and a new id it names gets its priority."""
+    per = {"alpha": 1.0, "eps": 0.0}
+    learner = ReplayBuffer(client, buffer_name, capacity=8, sampler=PERSampler(**per), seed=1)
+    actor = ReplayBuffer(client, buffer_name, capacity=8, sampler=PERSampler(**per), seed=2)
+    ids = learner.add(batch(8)).ids.tolist()
+    learner.sample(4)  # current
+    replica = replica_of(learner.view, "per")
+    newest = ids[-1] + 2  # the id the actor's add is about to get last
+    run = learner._run
+
+    def interleaved(name, keys, args, *rest):
+        if name == "update_priority":
+            actor.add(batch(2))  # evicts ids[0] and ids[1]
+            replica.sync(learner.view)  # the other thread
+        return run(name, keys, args, *rest)
+
+    learner._run = interleaved
+    assert learner.update_priority([ids[0], ids[5], newest], [100.0, 3.0, 9.0]) == 2
+    learner._run = run
+    stored, total, nonzero, _ = per_state(client, buffer_name)
+    assert ids[0] not in stored and stored[ids[5]] == 3.0 and stored[newest] == 9.0
+    held = replica.slots_of(np.array([ids[0], ids[5], newest]))
+    assert held[0] == -1 and replica.scores[held[1:]].tolist() == [3.0, 9.0]
+    assert replica.version == int(client.hget(BufferKeys(buffer_name).meta, "log_version"))
+    # the next update from the (current) replica keeps the server right
+    learner.update_priority([ids[0], ids[6]], [7.0, 1.0])
+    stored, total, nonzero, _ = per_state(client, buffer_name)
+    assert ids[0] not in stored and set(stored) == set(ids[2:]) | {newest - 1, newest}
+    assert total == pytest.approx(math.fsum(stored.values())) and nonzero == 8

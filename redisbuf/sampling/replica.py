@@ -276,16 +276,16 @@ class MassReplica:
         entry is the only one since this replica's version; else leave it to the next
         catch-up. ``reply``: ``(log_epoch, log_version before, log_version after,
         log_stamp before, log_stamp after)`` as the changing script returned them;
-        ``ids`` and their new ``scores`` (for a repeated id the last wins; ids this
-        replica does not hold are left out, as the script skipped them). ``slots``: the
-        ids' slots at the version before (:meth:`slots_of`; ids distinct), when known;
-        checked, as a reload of the arrays at the same version moves them."""
+        ``ids`` and their new ``scores`` (a repeated id: the last wins; ids not held are
+        left out, as the script skipped them). ``slots``: their slots when read (ids
+        distinct), used if every id still lies there, held (a catch-up since moves some)."""
         epoch, before, after, stamp_before, stamp_after = reply
         with self.lock:
             at = (_text(epoch), int(before), _text(stamp_before))
             if (self.epoch, self.version, self.stamp) != at or int(after) != int(before) + 1:
                 return
-            if slots is None or not np.array_equal(self.ids[slots[slots >= 0]], ids[slots >= 0]):
+            if slots is None or (slots < 0).any() or not np.array_equal(self.ids[slots], ids) \
+                    or np.isnan(self.scores[slots]).any():
                 last = last_of_each(ids)
                 ids, scores, slots = ids[last], scores[last], self.slots_of(ids[last])
             held = slots >= 0
