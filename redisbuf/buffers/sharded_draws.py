@@ -519,10 +519,12 @@ class ShardedSampling(ShardCalls):
             if not np.isfinite(after).any() or (~np.isfinite(before) & np.isfinite(after)).any():
                 self._undo(drawn)  # a shard that could not be chosen holds mass now
                 continue
-            ratio = np.zeros(self.count)
+            # T'_k / T_k over the largest ratio, in logs: a total that grew by more than
+            # e^709 (a new item of a far higher log-reward) would overflow the ratio itself
+            growth = np.full(self.count, -math.inf)
             able = np.isfinite(before)  # (a shard not able to be chosen has no mass now)
-            ratio[able] = np.exp(after[able] - before[able])
-            chance = ratio / ratio.max()
+            growth[able] = after[able] - before[able]
+            chance = np.exp(growth - growth.max())
             cut = np.exp(after - after.max())
             cut /= cut.sum()
             for k, draw in drawn.items():
