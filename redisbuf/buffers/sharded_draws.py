@@ -504,7 +504,16 @@ class ShardedSampling(ShardCalls):
                 counts = self.rng.multinomial(n - got, share / share.sum())
             calls: dict[int, tuple[Any, tuple[Any, ...]]] = {
                 k: (commit, (k, c, replacement)) for k, c in enumerate(counts.tolist()) if c}
-            drawn = self._all_or_none(calls)
+            try:
+                drawn = self._all_or_none(calls)
+            except EmptyBufferError:
+                # a shard chosen holds no mass at its commit (the others' draws are taken
+                # back): its share there is 0, so the round is drawn again from the masses
+                # now; only when no shard holds mass does the error come out (above)
+                replicas, synced = self._replicas(rule), True
+                if np.isfinite(self._log_masses(replicas)[list(calls)]).all():
+                    raise  # every shard asked holds mass: not an emptied shard
+                continue
             after = before
             if not inline:
                 # every shard's mass just after the commits: one request to every shard at
