@@ -79,3 +79,66 @@ def test_a_shard_whose_mass_went_to_0_since_the_replicas_is_not_drawn(
         other.update_priority(batch, np.zeros(4))
     with pytest.raises(EmptyBufferError):
         sampler.sample_with_info(8)
+
+
+@pytest.mark.parametrize("law", ["global", "shard_local"])
+@pytest.mark.parametrize(("shard0", "shard1"), [((0.0, -800.0), (0.0, -800.0)),
+                                                ((0.0, 0.0), (-800.0, -800.0))])
+def test_softmax_draws_without_replacement_keep_masses_a_double_holds_as_0(
+        redis_server, buffer_name, law, shard0, shard1):
+    """Log-rewards 800 apart: beside an item of log-reward 0, one of -800 has mass
+    e^-800, which a double holds as 0 (within a shard, or as a whole shard's total). A
+    draw of 3 without replacement is torch.multinomial's: the two items of log-reward 0
+    first (either order), then either item of -800 with probability 1/2 (chi-square over
+    the 4 orders; the reported successive probabilities exact)."""
+    from collections import Counter
+
+    from cluster_helpers import chi2, chi2_limit
+
+    buffer = ShardedReplayBuffer(redis_server.url, buffer_name, capacity=40, shards=2,
+                                 seed=3, prioritized_sampling=True, batch_law=law)
+    values = {}
+    for k, log_rewards in enumerate((shard0, shard1)):
+        buffer.shards[k].add({"v": np.array([10.0 * k, 10.0 * k + 1]),
+                              "log_rewards": np.array(log_rewards)})
+        values.update(zip((10 * k, 10 * k + 1), log_rewards, strict=True))
+    top = sorted(v for v, r in values.items() if r == 0.0)
+    low = sorted(v for v, r in values.items() if r < 0)
+    orders: Counter[tuple[int, ...]] = Counter()
+    draws = 200
+    for _ in range(draws):
+        info = buffer.sample_with_info(3, replacement=False)
+        order = tuple(int(v) for v in info.batch["v"])
+        assert sorted(order[:2]) == top and order[2] in low, order
+        assert info.probabilities == pytest.approx([0.5, 1.0, 0.5], rel=1e-12)
+        orders[order] += 1
+    expected = {(*first, last): draws / 4 for first in (top, top[::-1]) for last in low}
+    assert set(orders) <= set(expected)
+    assert chi2(orders, expected) < chi2_limit(3), orders
+
+
+def test_a_failure_while_replaying_the_sequences_records_nothing(
+        redis_server, buffer_name, monkeypatch):
+    """The shards' committed sequences are taken back when the replay over them fails:
+    no ``sampled`` count and no use count moves."""
+    import redis
+
+    buffer = ShardedReplayBuffer(redis_server.url, buffer_name, capacity=40, shards=2,
+                                 seed=3, prioritized_sampling=True)
+    for k in range(2):
+        buffer.shards[k].add({"v": np.arange(3.0), "log_rewards": np.zeros(3)})
+    client = redis.Redis.from_url(redis_server.url)
+
+    def recorded():
+        return [(client.hget(s.keys.meta, "sampled"), client.hgetall(s.keys.uses))
+                for s in buffer.shards]
+
+    before = recorded()
+
+    def fails(*args):
+        raise RuntimeError("the replay failed")
+
+    monkeypatch.setattr(type(buffer), "_replayed", fails)
+    with pytest.raises(RuntimeError, match="the replay failed"):
+        buffer.sample(4, replacement=False)
+    assert recorded() == before
