@@ -8,11 +8,15 @@ makes the change between this process's steps, on a real server."""
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 
 import numpy as np
 import pytest
+import redis
+from cluster_helpers import chi2, chi2_limit
 
-from redisbuf import ShardedReplayBuffer
+from redisbuf import PERSampler, ShardedReplayBuffer
+from redisbuf.errors import EmptyBufferError
 
 pytestmark = pytest.mark.redis_server
 
@@ -52,11 +56,6 @@ def test_a_shard_whose_mass_went_to_0_since_the_replicas_is_not_drawn(
     other shards by their masses at the commits (uniform over their 8 items, chi-square;
     the probabilities exact) and raises nothing; only a buffer with no mass left raises
     EmptyBufferError."""
-    from cluster_helpers import chi2, chi2_limit
-
-    from redisbuf import PERSampler
-    from redisbuf.errors import EmptyBufferError
-
     sampler, other = pair(redis_server.url, buffer_name, batch_law=law,
                           sampler=PERSampler(alpha=1.0, eps=0.0))
     ids = [sampler.add({"v": np.arange(4.0) + 10 * i}).ids for i in range(3)]
@@ -91,10 +90,6 @@ def test_softmax_draws_without_replacement_keep_masses_a_double_holds_as_0(
     draw of 3 without replacement is torch.multinomial's: the two items of log-reward 0
     first (either order), then either item of -800 with probability 1/2 (chi-square over
     the 4 orders; the reported successive probabilities exact)."""
-    from collections import Counter
-
-    from cluster_helpers import chi2, chi2_limit
-
     buffer = ShardedReplayBuffer(redis_server.url, buffer_name, capacity=40, shards=2,
                                  seed=3, prioritized_sampling=True, batch_law=law)
     values = {}
@@ -121,8 +116,6 @@ def test_a_failure_while_replaying_the_sequences_records_nothing(
         redis_server, buffer_name, monkeypatch):
     """The shards' committed sequences are taken back when the replay over them fails:
     no ``sampled`` count and no use count moves."""
-    import redis
-
     buffer = ShardedReplayBuffer(redis_server.url, buffer_name, capacity=40, shards=2,
                                  seed=3, prioritized_sampling=True)
     for k in range(2):
@@ -142,3 +135,23 @@ def test_a_failure_while_replaying_the_sequences_records_nothing(
     with pytest.raises(RuntimeError, match="the replay failed"):
         buffer.sample(4, replacement=False)
     assert recorded() == before
+
+
+def test_a_global_draw_without_replacement_records_only_the_items_it_returns(
+        redis_server, buffer_name):
+    """Every shard commits a successive draw of up to ``n`` and the replay returns ``n``
+    of them: the others are taken back, so ``sampled`` moves by ``n`` a sample and each
+    item's use count is how often it was returned."""
+    buffer = ShardedReplayBuffer(redis_server.url, buffer_name, capacity=60, shards=3,
+                                 seed=1, prioritized_sampling=True)
+    for k in range(3):
+        buffer.shards[k].add({"v": np.arange(10.0) + 10 * k, "log_rewards": np.zeros(10)})
+    client = redis.Redis.from_url(redis_server.url)
+    returned: Counter[int] = Counter()
+    for _ in range(10):
+        returned.update(buffer.sample_with_info(4, replacement=False).ids.tolist())
+    assert sum(int(client.hget(s.keys.meta, "sampled")) for s in buffer.shards) == 40
+    uses = {int(local) * 3 + k: int(count)
+            for k, s in enumerate(buffer.shards)
+            for local, count in client.hgetall(s.keys.uses).items()}
+    assert uses == dict(returned)

@@ -11,7 +11,8 @@ A sharded buffer draws a batch in one of two laws, chosen by its ``batch_law``:
   draws without replacement draw a successive sequence of ``min(n,
   drawable items)`` from every shard and replay the global successive draw over them,
   by the shards' masses at those commits (torch.multinomial's distribution, at the cost
-  of reading up to ``N`` times ``n`` items). Every shard that gives items is asked, at
+  of reading up to ``N`` times ``n`` items; the items the replay did not use are taken
+  back). Every shard that gives items is asked, at
   once (one thread each); a draw that fails on one shard takes back the parts the others
   committed.
 
@@ -349,10 +350,16 @@ class ShardedSampling(ShardCalls):
             return self._assembled(pieces, rounds, shuffle=False)
         sequences, levels = self._successive_sequences(n, log_mass, drawable)
         try:
-            return self._replayed(n, sequences, levels)
+            drawn = self._replayed(n, sequences, levels)
         except BaseException:
             self._undo(sequences)  # a failed sample records nothing
             raise
+        # each shard's items after those the replay used were committed but are not
+        # returned: taken back, so counts and use counts are those of the batch (a
+        # sharded buffer has no max_use, so no committed draw removed its item)
+        used = np.bincount(np.asarray(drawn[0]) % self.count, minlength=self.count)
+        self._take_back({k: draw.ids[used[k]:] for k, draw in sequences.items()})
+        return drawn
 
     def _replayed(self, n: int, sequences: dict[int, Draw],
                   levels: dict[int, np.ndarray]) -> Drawn:
