@@ -155,3 +155,44 @@ def test_a_global_draw_without_replacement_records_only_the_items_it_returns(
             for k, s in enumerate(buffer.shards)
             for local, count in client.hgetall(s.keys.uses).items()}
     assert uses == dict(returned)
+
+
+def test_a_shard_emptied_before_its_sequence_commits_is_left_out(
+        redis_server, buffer_name, monkeypatch):
+    """Another process clears shard 1 after this process read the shards' masses for a
+    global draw without replacement and before the shards commit their sequences: the
+    sample is drawn again from the masses now, over shards 0 and 2 (the first item
+    uniform over their 6 items, chi-square), and records only what it returns (the
+    sequences committed before shard 1 failed are taken back)."""
+    sampler, other = pair(redis_server.url, buffer_name, prioritized_sampling=True)
+    for k in range(3):
+        sampler.shards[k].add({"v": np.arange(3.0) + 10 * k, "log_rewards": np.zeros(3)})
+    client = redis.Redis.from_url(redis_server.url)
+    original = type(sampler)._masses_to_draw
+    clearing = []
+
+    def then_cleared(self, n):
+        read = original(self, n)
+        if clearing:  # once a sample, right after its first read
+            other.shards[1].clear()
+            clearing.clear()
+        return read
+
+    monkeypatch.setattr(type(sampler), "_masses_to_draw", then_cleared)
+    firsts: Counter[float] = Counter()
+    draws = 120
+    for _ in range(draws):
+        other.shards[1].add({"v": np.arange(3.0) + 10, "log_rewards": np.zeros(3)})
+        sampled = [client.hget(s.keys.meta, "sampled") for s in sampler.shards]
+        clearing.append(True)
+        values = sampler.sample(3, replacement=False)["v"].tolist()
+        assert not clearing  # the shard was cleared in this sample
+        assert all(v // 10 in (0, 2) for v in values), values
+        moved = [int(client.hget(s.keys.meta, "sampled") or 0) - int(b or 0)
+                 for s, b in zip(sampler.shards, sampled, strict=True)]
+        assert moved[0] + moved[2] == 3, moved
+        # the clear set shard 1's count to 0: nothing was recorded there since
+        assert int(client.hget(sampler.shards[1].keys.meta, "sampled")) == 0
+        firsts[values[0]] += 1
+    expected = {10.0 * k + i: draws / 6 for k in (0, 2) for i in range(3)}
+    assert chi2(firsts, expected) < chi2_limit(5), firsts

@@ -416,28 +416,36 @@ class ShardedSampling(ShardCalls):
         holds mass at the commits, or one asked holds more drawable items than it gave and
         fewer than ``n``, or the sequences hold fewer than ``n`` items."""
         for _ in range(_ROUNDS):
-            sequences = self._draws({k: (min(n, int(drawable[k])), False)
-                                     for k in range(self.count)
-                                     if np.isfinite(log_mass[k]) and drawable[k] > 0})
-            try:  # the shards asked are current: their commits caught them up
-                levels = {k: self._levels(k, draw) for k, draw in sequences.items()}
-                replicas = (self._replicas("softmax") if len(sequences) < self.count
-                            else [shard.view.replicas["softmax"] for shard in self.shards])
-                after = self._log_masses(replicas)
-            except BaseException:
+            asked = [k for k in range(self.count)
+                     if np.isfinite(log_mass[k]) and drawable[k] > 0]
+            emptied: EmptyBufferError | None = None
+            sequences: dict[int, Draw] | None
+            try:
+                sequences = self._draws({k: (min(n, int(drawable[k])), False) for k in asked})
+            except EmptyBufferError as exc:  # a shard emptied since the masses were read
+                sequences, emptied = None, exc  # (the others' taken back): read them again
+            if sequences is not None:
+                try:  # the shards asked are current: their commits caught them up
+                    levels = {k: self._levels(k, draw) for k, draw in sequences.items()}
+                    replicas = (self._replicas("softmax") if len(sequences) < self.count
+                                else [shard.view.replicas["softmax"] for shard in self.shards])
+                    after = self._log_masses(replicas)
+                except BaseException:
+                    self._undo(sequences)
+                    raise
+                short = [k for k, draw in sequences.items()
+                         if len(draw.ids) < n and replicas[k].positive > len(draw.ids)]
+                unasked = [k for k in range(self.count) if k not in sequences]
+                if not short and not np.isfinite(after[unasked]).any() \
+                        and np.isfinite(after[list(sequences)]).all() \
+                        and sum(len(draw.ids) for draw in sequences.values()) >= n:
+                    return sequences, levels
                 self._undo(sequences)
-                raise
-            short = [k for k, draw in sequences.items()
-                     if len(draw.ids) < n and replicas[k].positive > len(draw.ids)]
-            unasked = [k for k in range(self.count) if k not in sequences]
-            if not short and not np.isfinite(after[unasked]).any() \
-                    and np.isfinite(after[list(sequences)]).all() \
-                    and sum(len(draw.ids) for draw in sequences.values()) >= n:
-                return sequences, levels
-            self._undo(sequences)
             again, drawable = self._masses_to_draw(n)
             if again is None:  # items went meanwhile: fewer than n are left
                 break
+            if emptied is not None and np.isfinite(again[asked]).all():
+                raise emptied  # every shard asked holds mass: not an emptied shard
             log_mass = again
         raise SamplingError(
             f"buffer {self.name!r}: the shards' total masses kept changing between the "
