@@ -78,6 +78,18 @@ class ShardCalls:
             with self._on_shard(k):
                 self.shards[k]._run("undo_draws", self.shards[k].keys.all_keys(), members)
 
+    def _take_back(self, items: dict[int, list[int]]) -> None:
+        """Take back draws of shard ``k``'s ``items[k]`` (its local ids; none: nothing
+        asked), the shards asked at once (lua/undo_draws.lua: counts and use counts)."""
+
+        def undo(k: int, members: list[bytes]) -> None:
+            with self._on_shard(k):
+                self.shards[k]._run("undo_draws", self.shards[k].keys.all_keys(), members)
+
+        calls = {k: (undo, (k, [b"%012d" % i for i in ids])) for k, ids in items.items() if ids}
+        if calls:
+            self._in_parallel(calls)
+
     def _all_or_none(self, calls: dict[int, tuple[Any, tuple[Any, ...]]]) -> dict[int, Any]:
         """Each shard's draw (see :meth:`_in_parallel`); when one fails, the draws the
         others committed are taken back (lua/undo_draws.lua: their counts and use counts)

@@ -11,7 +11,8 @@ A sharded buffer draws a batch in one of two laws, chosen by its ``batch_law``:
   draws without replacement draw a successive sequence of ``min(n,
   drawable items)`` from every shard and replay the global successive draw over them,
   by the shards' masses at those commits (torch.multinomial's distribution, at the cost
-  of reading up to ``N`` times ``n`` items). Every shard that gives items is asked, at
+  of reading up to ``N`` times ``n`` items; the items the replay did not use are taken
+  back). Every shard that gives items is asked, at
   once (one thread each); a draw that fails on one shard takes back the parts the others
   committed.
 
@@ -339,24 +340,47 @@ class ShardedSampling(ShardCalls):
 
     def _draw_prioritized(self, n: int, replacement: bool, local: bool) -> Drawn:
         if not replacement:
-            mass, drawable = self._masses_to_draw(n)
-        if replacement or mass is None:  # (None: more draws than items) with replacement,
-            # the shards' shares corrected to their masses at the commits
+            log_mass, drawable = self._masses_to_draw(n)
+        if replacement or log_mass is None:  # (None: more draws than items) with
+            # replacement, the shards' shares corrected to their masses at the commits
             return self._assembled(*self._rounds(n, local, "softmax", self._shard_draw)[::2])
-        if local and not ((mass > 0) & (drawable < n)).any():
+        if local and not (np.isfinite(log_mass) & (drawable < n)).any():
             # one shard's successive draws, its share corrected to the masses at the commit
             pieces, _, rounds = self._rounds(n, True, "softmax", self._shard_draw, False)
             return self._assembled(pieces, rounds, shuffle=False)
-        sequences, remaining = self._successive_sequences(n, mass, drawable)
+        sequences, levels = self._successive_sequences(n, log_mass, drawable)
+        try:
+            drawn = self._replayed(n, sequences, levels)
+        except BaseException:
+            self._undo(sequences)  # a failed sample records nothing
+            raise
+        # each shard's items after those the replay used were committed but are not
+        # returned: taken back, so counts and use counts are those of the batch (a
+        # sharded buffer has no max_use, so no committed draw removed its item)
+        used = np.bincount(np.asarray(drawn[0]) % self.count, minlength=self.count)
+        self._take_back({k: draw.ids[used[k]:] for k, draw in sequences.items()})
+        return drawn
+
+    def _replayed(self, n: int, sequences: dict[int, Draw],
+                  levels: dict[int, np.ndarray]) -> Drawn:
+        """The global successive draw of ``n`` replayed over the shards' sequences: each
+        step takes a shard with probability its remaining mass over the total, then that
+        shard's next item. ``levels[k][j]`` is the log of shard ``k``'s remaining mass
+        before its ``j``-th item (see :meth:`_successive_sequences`); the shares are
+        taken relative to the largest, so masses e^-745 below the rest (which a double
+        holds as 0) keep their share."""
         taken = dict.fromkeys(sequences, 0)
         ids, blobs, out = [], [], []
         for _ in range(n):
-            live = remaining.clip(min=0)
-            k = int(self.rng.choice(self.count, p=live / live.sum()))
+            level = np.full(self.count, -math.inf)
+            for k, j in taken.items():
+                if j < len(levels[k]):
+                    level[k] = levels[k][j]
+            share = np.exp(level - level.max())
+            share /= share.sum()
+            k = int(self.rng.choice(self.count, p=share))
             draw, j = sequences[k], taken[k]
-            item_mass = float(draw.probabilities[j]) * remaining[k]  # type: ignore[index]
-            out.append(item_mass / live.sum())
-            remaining[k] = remaining[k] - item_mass if j + 1 < len(draw.ids) else 0.0
+            out.append(float(draw.probabilities[j]) * share[k])  # type: ignore[index]
             taken[k] = j + 1
             ids.append(draw.ids[j] * self.count + k)
             blobs.append(draw.blobs[j])
@@ -364,9 +388,9 @@ class ShardedSampling(ShardCalls):
         return ids, blobs, np.array(out), (first, sequences[first].schema_json)
 
     def _masses_to_draw(self, n: int) -> tuple[np.ndarray | None, np.ndarray]:
-        """The shards' relative masses (the largest 1) for ``n`` draws without
-        replacement, None when ``n`` exceeds the items (drawn with replacement then),
-        and their drawable counts, from the replicas caught up now."""
+        """The shards' log masses (-inf: none) for ``n`` draws without replacement, None
+        when ``n`` exceeds the items (drawn with replacement then), and their drawable
+        counts, from the replicas caught up now."""
         sizes, drawable, log_mass = self._masses()
         if int(sizes.sum()) == 0 or not np.isfinite(log_mass).any():
             raise EmptyBufferError(
@@ -376,43 +400,69 @@ class ShardedSampling(ShardCalls):
         if n > int(drawable.sum()):
             raise SamplingError(f"buffer {self.name!r}: {n} draws without replacement but "
                                 f"only {int(drawable.sum())} items have nonzero probability")
-        return np.exp(log_mass - log_mass.max()), drawable
+        return log_mass, drawable
 
     def _successive_sequences(
-        self, n: int, mass: np.ndarray, drawable: np.ndarray
-    ) -> tuple[dict[int, Draw], np.ndarray]:
+        self, n: int, log_mass: np.ndarray, drawable: np.ndarray
+    ) -> tuple[dict[int, Draw], dict[int, np.ndarray]]:
         """Every shard's own successive draw of ``min(n, its drawable items)``, committed
-        there, and the shards' relative masses at those commits (their replicas, caught up
-        by the commits): the global successive draw replayed over the sequences then has
-        the law of the buffer at the commits, whatever changed since ``mass`` (the
-        masses the shards were chosen from) was read. The draws are taken back and made
-        again when a shard not asked holds mass at the commits, or one asked holds more
-        drawable items than it gave and fewer than ``n``."""
+        there, and for each the log of the shard's remaining mass before each of its
+        items at that commit: ``log_reward_j - log p_j``, ``p_j`` the item's successive
+        probability in the shard (its mass over the mass left), which stays exact where
+        the mass left after an item is below a double's precision beside it. The global
+        successive draw replayed over the sequences then has the law of the buffer at the
+        commits, whatever changed since ``log_mass`` (the masses the shards were chosen
+        from) was read. The draws are taken back and made again when a shard not asked
+        holds mass at the commits, or one asked holds more drawable items than it gave and
+        fewer than ``n``, or the sequences hold fewer than ``n`` items."""
         for _ in range(_ROUNDS):
-            sequences = self._draws({k: (min(n, int(drawable[k])), False)
-                                     for k in range(self.count)
-                                     if mass[k] > 0 and drawable[k] > 0})
-            try:  # the shards asked are current: their commits caught them up
-                replicas = (self._replicas("softmax") if len(sequences) < self.count
-                            else [shard.view.replicas["softmax"] for shard in self.shards])
-                after = self._log_masses(replicas)
-            except BaseException:
+            asked = [k for k in range(self.count)
+                     if np.isfinite(log_mass[k]) and drawable[k] > 0]
+            emptied: EmptyBufferError | None = None
+            sequences: dict[int, Draw] | None
+            try:
+                sequences = self._draws({k: (min(n, int(drawable[k])), False) for k in asked})
+            except EmptyBufferError as exc:  # a shard emptied since the masses were read
+                sequences, emptied = None, exc  # (the others' taken back): read them again
+            if sequences is not None:
+                try:  # the shards asked are current: their commits caught them up
+                    levels = {k: self._levels(k, draw) for k, draw in sequences.items()}
+                    replicas = (self._replicas("softmax") if len(sequences) < self.count
+                                else [shard.view.replicas["softmax"] for shard in self.shards])
+                    after = self._log_masses(replicas)
+                except BaseException:
+                    self._undo(sequences)
+                    raise
+                short = [k for k, draw in sequences.items()
+                         if len(draw.ids) < n and replicas[k].positive > len(draw.ids)]
+                unasked = [k for k in range(self.count) if k not in sequences]
+                if not short and not np.isfinite(after[unasked]).any() \
+                        and np.isfinite(after[list(sequences)]).all() \
+                        and sum(len(draw.ids) for draw in sequences.values()) >= n:
+                    return sequences, levels
                 self._undo(sequences)
-                raise
-            short = [k for k, draw in sequences.items()
-                     if len(draw.ids) < n and replicas[k].positive > len(draw.ids)]
-            unasked = [k for k in range(self.count) if k not in sequences]
-            if not short and not np.isfinite(after[unasked]).any() \
-                    and np.isfinite(after[list(sequences)]).all():
-                return sequences, np.exp(after - after.max())
-            self._undo(sequences)
             again, drawable = self._masses_to_draw(n)
             if again is None:  # items went meanwhile: fewer than n are left
                 break
-            mass = again
+            if emptied is not None and np.isfinite(again[asked]).all():
+                raise emptied  # every shard asked holds mass: not an emptied shard
+            log_mass = again
         raise SamplingError(
             f"buffer {self.name!r}: the shards' total masses kept changing between the "
             f"choice of shards and their commits ({_ROUNDS} rounds)")
+
+    def _levels(self, k: int, draw: Draw) -> np.ndarray:
+        """The log of shard ``k``'s remaining mass before each item of its successive
+        ``draw``, just committed (so its replica holds the scores of the commit)."""
+        replica = self.shards[k].view.replicas["softmax"]
+        with replica.lock:
+            slots = replica.slots_of(np.asarray(draw.ids, dtype=np.int64))
+            if (slots < 0).any():
+                raise SamplingError(f"buffer {self.name!r}: shard {k}'s replica lacks an "
+                                    "item its commit drew")
+            log_rewards = replica.scores[slots]
+        with np.errstate(divide="ignore"):
+            return log_rewards - np.log(np.asarray(draw.probabilities, dtype=float))
 
     def _draw_per(self, n: int, local: bool) -> Drawn:
         """PER with replacement: item ``i`` with probability ``mass_i / sum of all
@@ -504,7 +554,16 @@ class ShardedSampling(ShardCalls):
                 counts = self.rng.multinomial(n - got, share / share.sum())
             calls: dict[int, tuple[Any, tuple[Any, ...]]] = {
                 k: (commit, (k, c, replacement)) for k, c in enumerate(counts.tolist()) if c}
-            drawn = self._all_or_none(calls)
+            try:
+                drawn = self._all_or_none(calls)
+            except EmptyBufferError:
+                # a shard chosen holds no mass at its commit (the others' draws are taken
+                # back): its share there is 0, so the round is drawn again from the masses
+                # now; only when no shard holds mass does the error come out (above)
+                replicas, synced = self._replicas(rule), True
+                if np.isfinite(self._log_masses(replicas)[list(calls)]).all():
+                    raise  # every shard asked holds mass: not an emptied shard
+                continue
             after = before
             if not inline:
                 # every shard's mass just after the commits: one request to every shard at
@@ -519,10 +578,12 @@ class ShardedSampling(ShardCalls):
             if not np.isfinite(after).any() or (~np.isfinite(before) & np.isfinite(after)).any():
                 self._undo(drawn)  # a shard that could not be chosen holds mass now
                 continue
-            ratio = np.zeros(self.count)
+            # T'_k / T_k over the largest ratio, in logs: a total that grew by more than
+            # e^709 (a new item of a far higher log-reward) would overflow the ratio itself
+            growth = np.full(self.count, -math.inf)
             able = np.isfinite(before)  # (a shard not able to be chosen has no mass now)
-            ratio[able] = np.exp(after[able] - before[able])
-            chance = ratio / ratio.max()
+            growth[able] = after[able] - before[able]
+            chance = np.exp(growth - growth.max())
             cut = np.exp(after - after.max())
             cut /= cut.sum()
             for k, draw in drawn.items():
