@@ -209,6 +209,42 @@ def test_softmax_without_replacement_keeps_the_law_among_nearly_underflowed_item
     assert abs(hits - rounds * share) < 4.5 * np.sqrt(rounds * share * (1 - share)), hits
 
 
+@pytest.mark.parametrize("how", ["priorities to 0", "evicted by zero-priority items"])
+def test_a_stale_per_draw_after_every_mass_went_raises_instead_of_spinning(
+    url, buffer_name, peer_factory, how
+):
+    """This process's replica is current with priorities 0.1, 0.2, 0.3 (its total
+    0.6000000000000001); another process sets them all to 0, or evicts them all with
+    items of priority 0. The server's correction then leaves a rounding residue as the
+    untouched items' share (the review saw every draw come back as a hole, and the hole
+    filling spin forever): the draw must raise EmptyBufferError, within a time limit."""
+    from redisbuf.errors import EmptyBufferError
+
+    per = {"alpha": 1.0, "eps": 0.0}
+    a = peer_factory(capacity=3, per=per)
+    b = ReplayBuffer(url, buffer_name, capacity=3, sampler=PERSampler(**per), seed=1)
+    ids = b.add(_batch(np.zeros(3))).ids.tolist()
+    b.update_priority(ids, [0.1, 0.2, 0.3])
+    b.sample_with_info(2, replacement=True)  # current
+    if how == "priorities to 0":
+        a("update_priority", ids=ids, priorities=[0.0, 0.0, 0.0])
+    else:
+        a("add", log_rewards=[0.0, 0.0, 0.0], priorities=[0.0, 0.0, 0.0])
+    outcome: list = []
+
+    def draw() -> None:
+        try:
+            outcome.append(b.sample_with_info(2, replacement=True))
+        except EmptyBufferError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=draw, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert outcome, "the draw did not return in 30 s"
+    assert isinstance(outcome[0], EmptyBufferError), outcome[0]
+
+
 def _add_forever(url: str, name: str, stop, index: int) -> None:
     buffer = ReplayBuffer(url, name, capacity=None)
     rng = np.random.default_rng(index)

@@ -146,3 +146,21 @@ def test_an_update_whose_replica_another_thread_caught_up_meanwhile(client, buff
     stored, total, nonzero, _ = per_state(client, buffer_name)
     assert ids[0] not in stored and set(stored) == set(ids[2:]) | {newest - 1, newest}
     assert total == pytest.approx(math.fsum(stored.values())) and nonzero == 8
+
+
+def test_a_call_over_one_command_counts_each_distinct_id_once(client, buffer_name):
+    """More than MAX_ITEMS_PER_COMMAND ids go as one command per slice; the count is of
+    distinct ids across the slices and the last priority of each wins (the review saw
+    2049 times one id counted 2)."""
+    from redisbuf.store.bounds import MAX_ITEMS_PER_COMMAND
+
+    buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(), seed=1)
+    ids = buffer.add(batch(2)).ids.tolist()
+    many = MAX_ITEMS_PER_COMMAND + 1
+    assert buffer.update_priority([ids[0]] * many, np.arange(many, dtype=float)) == 1
+    cycling = [ids[k % 2] for k in range(2 * many + 2)]
+    values = np.arange(len(cycling), dtype=float)
+    assert buffer.update_priority(cycling, values) == 2
+    stored, total, nonzero, _ = per_state(client, buffer_name)
+    assert stored == {ids[0]: values[-2], ids[1]: values[-1]}
+    assert total == math.fsum(stored.values()) and nonzero == 2

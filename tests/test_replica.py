@@ -511,3 +511,22 @@ def test_slots_of_finds_every_held_id_however_the_ids_lie():
         where = np.minimum(np.searchsorted(ids, asked), n - 1)
         held = (ids[where] == asked) & ~np.isnan(replica.scores[where])
         assert replica.slots_of(asked).tolist() == np.where(held, where, -1).tolist()
+
+
+def test_holes_are_filled_among_the_untouched_items_however_little_they_weigh():
+    """A corrected draw's holes are filled among the items the log entries did not name,
+    in proportion to their masses, even when the named ones hold all but 1e-15 of the
+    mass (the whole replica's draws, refused, would almost never end); None when none
+    of the others holds mass."""
+    from redisbuf.sampling.commits import _fill_holes
+
+    replica = MassReplica("per")
+    replica.alpha, replica.eps = 1.0, 0.0
+    replica._set_arrays(np.array([1, 2, 3, 4], dtype=np.int64), np.array([1e15, 1.0, 3.0, 0.0]))
+    rng = np.random.default_rng(5)
+    holes = 2000
+    filled = _fill_holes(replica, b"," * (holes - 1), [np.array([1])], rng)
+    assert filled is not None and set(filled.tolist()) <= {2, 3}
+    threes = int((filled == 3).sum())
+    assert abs(threes - 0.75 * holes) < 4.5 * np.sqrt(holes * 0.75 * 0.25), threes
+    assert _fill_holes(replica, b",", [np.array([1, 2, 3])], rng) is None

@@ -70,6 +70,8 @@ class Prioritizing:
         if not len(id_array):
             return 0
         if len(id_array) > bounds.MAX_ITEMS_PER_COMMAND:  # one command per slice
+            last = last_of_each(id_array)  # distinct ids: the slices' counts add up
+            id_array, values = id_array[last], values[last]
             return sum(self.update_priority(id_array[start:stop], values[start:stop])
                        for start, stop in bounds.chunks(len(id_array)))
         replica = self.view.replicas.get("per")

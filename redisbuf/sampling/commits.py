@@ -42,6 +42,9 @@ _EXACT_SECONDS = 30.0
 # use in its place when its item changed since the replica's version
 # (lua/sample_prioritized.lua)
 _SPARES = 2
+# Draws of the whole replica tried for a hole before drawing among the items not
+# changed directly (O(n)): needed only when the changed items hold nearly all the mass
+_HOLE_ROUNDS = 8
 
 T = TypeVar("T")
 
@@ -165,7 +168,7 @@ def commit_corrected(
                 carried = None
                 continue
             carried = _fill_holes(replica, reply[4], touched, rng)
-            synced = True
+            synced = True  # (carried None: nothing untouched holds mass; drawn afresh)
             spares = _spares_for(replica, set(np.concatenate(touched).tolist()), count)
             continue
         carried = None
@@ -187,20 +190,34 @@ def commit_corrected(
 
 def _fill_holes(
     replica: MassReplica, packed: bytes, touched: list[np.ndarray], rng: np.random.Generator
-) -> np.ndarray:
+) -> np.ndarray | None:
     """The draw a "correct" commit left with holes (packed ids, '' at each hole), each hole
     filled with a draw of the replica (now at the commit's version) among the items the
     entries since did not name: the server had decided that the hole's draw falls among
-    them, and there it follows the replica's masses."""
+    them, and there it follows the replica's masses. None when none of them has mass (the
+    server's share for them was a rounding residue): the draw is then made afresh."""
     parts = packed.split(b",")
     ids = np.array([int(p) if p else -1 for p in parts], dtype=np.int64)
     excluded = np.unique(np.concatenate(touched)) if touched else np.empty(0, np.int64)
     holes = np.flatnonzero(ids < 0)
-    while len(holes):
+    for _ in range(_HOLE_ROUNDS if replica.total > 0 else 0):  # the changed ones refused
+        if not len(holes):
+            return ids
         candidates = replica.ids[replica._descend(rng, len(holes))]
         fine = ~np.isin(candidates, excluded)
         ids[holes[fine]] = candidates[fine]
         holes = holes[~fine]
+    if not len(holes):
+        return ids
+    # the changed items hold nearly all the mass: draw among the others directly, O(n)
+    masses = replica.masses[: replica.count].copy()
+    changed = replica.slots_of(excluded)
+    masses[changed[changed >= 0]] = 0.0
+    cumulative = np.cumsum(masses)
+    if not cumulative[-1] > 0:
+        return None
+    picks = np.searchsorted(cumulative, rng.random(len(holes)) * cumulative[-1], side="right")
+    ids[holes] = replica.ids[picks]
     return ids
 
 
