@@ -4,6 +4,11 @@
 local unpack = unpack or table.unpack
 local CHUNK = 1000  -- both real Redis and fakeredis refuse unpack() of ~8000 values
 
+-- A PER priority counts in meta per_sum as at most this (2^990, about 1e298, as
+-- PER_SUM_CAP in redisbuf/buffers/priorities.py): 2^32 items sum to a finite number, and
+-- sums of capped ones are exact (a power of two).
+local PER_SUM_CAP = 2 ^ 990
+
 local function fmt(x)
   return string.format('%.17g', x)
 end

@@ -47,7 +47,7 @@ local function per_enabled(K)
 end
 
 -- `removed` / `added`: the priorities a change took away and gave; `removed_total`,
--- instead of `removed`: {their sum, how many are non-zero} (a current replica's).
+-- instead of `removed`: {their sum, how many are non-zero} (a current replica's, capped).
 local function per_account(K, removed, added, removed_total)
   if removed_total then removed = {removed_total[1]} end
   if #removed == 0 and #added == 0 then return end
@@ -59,8 +59,9 @@ local function per_account(K, removed, added, removed_total)
   local abs = math.abs
   -- Neumaier's compensated sum, written out twice (no closure call per value: this loop
   -- is most of an update's Lua time)
+  local cap = removed_total and math.huge or PER_SUM_CAP  -- a replica's total is capped
   for i = 1, #removed do
-    local x = removed[i]
+    local x = math.min(removed[i], cap)
     if x ~= 0 then
       nonzero = nonzero - 1
       x = -x
@@ -70,7 +71,7 @@ local function per_account(K, removed, added, removed_total)
     end
   end
   for i = 1, #added do
-    local x = added[i]
+    local x = math.min(added[i], PER_SUM_CAP)
     if x ~= 0 then
       nonzero = nonzero + 1
       local t = sum + x

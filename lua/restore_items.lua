@@ -31,9 +31,10 @@ local function account(id, value)
   count = count + 1
   if value > 0 then
     nonzero = nonzero + 1
-    local t = sum + value  -- compensated, as per_account in lua/_items.lua
-    if math.abs(sum) >= value then comp = comp + ((sum - t) + value)
-    else comp = comp + ((value - t) + sum) end
+    local x = math.min(value, PER_SUM_CAP)  -- compensated, as per_account in lua/_items.lua
+    local t = sum + x
+    if math.abs(sum) >= x then comp = comp + ((sum - t) + x)
+    else comp = comp + ((x - t) + sum) end
     sum = t
   end
   if value > top then top = value end

@@ -12,7 +12,7 @@ import pytest
 from test_bad_input import snapshot
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer
-from redisbuf.buffers.priorities import _from_replica
+from redisbuf.buffers.priorities import PER_SUM_CAP, _from_replica
 from redisbuf.errors import InvalidBatchError
 from redisbuf.sampling.replica import replica_of
 
@@ -45,7 +45,8 @@ def test_a_current_replica_updates_without_reading_items(client, buffer_name):
     per, total, nonzero, top = per_state(client, buffer_name)
     assert per == {ids[0]: 0.25, ids[1]: 0.0, ids[2]: 5e-324, ids[3]: 1e300,
                    ids[4]: 1.0, ids[5]: 1.0}
-    assert total == math.fsum(per.values()) and nonzero == 5 and top == 1e300
+    capped = [min(v, PER_SUM_CAP) for v in per.values()]  # 1e300 counts as 2^990 there
+    assert total == math.fsum(capped) and nonzero == 5 and top == 1e300
     replica = replica_of(buffer.view, "per")
     assert replica.version == int(client.hget(BufferKeys(buffer_name).meta, "log_version"))
     held = replica.slots_of(np.array(ids))
@@ -164,3 +165,25 @@ def test_a_call_over_one_command_counts_each_distinct_id_once(client, buffer_nam
     stored, total, nonzero, _ = per_state(client, buffer_name)
     assert stored == {ids[0]: values[-2], ids[1]: values[-1]}
     assert total == math.fsum(stored.values()) and nonzero == 2
+
+
+def test_priorities_near_the_largest_double_keep_draws_and_sums_finite(client, buffer_name):
+    """Ten priorities of 1e308 are finite and accepted; their masses would sum past the
+    largest double. Draws still return (the review saw the replica's sums overflow and a
+    draw spin), the server's per_sum stays finite (each priority counts as at most
+    PER_SUM_CAP there) and comes back exact once the priorities are lowered, and a
+    process with a current replica can update them (fsum overflowed)."""
+    buffer = ReplayBuffer(client, buffer_name, capacity=20, sampler=PERSampler(alpha=1.0),
+                          seed=1)
+    ids = buffer.add(batch(12)).ids.tolist()
+    assert buffer.update_priority(ids[:10], [1e308] * 10) == 10
+    info = buffer.sample_with_info(64, replacement=True)
+    assert set(info.ids.tolist()) <= set(ids[:10])
+    assert np.isfinite(info.probabilities).all() and np.isfinite(info.weights).all()
+    _, total, nonzero, top = per_state(client, buffer_name)
+    assert total == pytest.approx(10 * PER_SUM_CAP + 2.0) and nonzero == 12 and top == 1e308
+    assert buffer.update_priority(ids[:10], [0.5] * 10) == 10  # from the current replica
+    assert last_entry(client, buffer_name).startswith(b"P|10|")
+    stored, total, nonzero, _ = per_state(client, buffer_name)
+    assert total == pytest.approx(math.fsum(stored.values()), rel=1e-12) and nonzero == 12
+    assert buffer.sample_with_info(8, replacement=True).probabilities.sum() > 0

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from ..sampling.replica import MassReplica
 
 
+# A priority counts in the server's per_sum as at most this (PER_SUM_CAP in
+# lua/_common.lua): 2^32 items sum to a finite number, sums of capped ones exactly
+PER_SUM_CAP = 2.0**990
+
 class Prioritizing:
     """A mixin of :class:`~redisbuf.buffers.replay.ReplayBuffer`: the buffer provides
     ``client``, ``keys``, ``_run`` and its replicas."""
@@ -111,7 +115,8 @@ def _from_replica(
     packed, _ = pack_ids(ids)
     return ids, values, slots, [
         "@", *head, packed, ",".join(map(repr, values.tolist())),
-        before.astype(">f8").tobytes().hex(), repr(math.fsum(before.tolist())),
+        before.astype(">f8").tobytes().hex(),
+        repr(math.fsum(np.minimum(before, PER_SUM_CAP).tolist())),
         int(np.count_nonzero(before)),
     ]
 

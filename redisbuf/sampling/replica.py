@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 # ref by this much (exp stays far from overflow) or the mass underflows.
 _REBASE = 300.0
 _UNDERFLOW = float(np.exp(-_REBASE))
-_LARGEST = float(np.finfo(np.float64).max)
+_LARGEST = 2.0**990  # a mass's cap: 2^32 such masses sum to a finite number
 # Masses are summed (and their smallest non-zero value kept) per block of _FAN slots, and
 # those per group of _FAN blocks: a draw reads _FAN block sums and _FAN masses.
 _FAN = 32
@@ -153,7 +153,7 @@ class MassReplica:
             out = np.zeros(len(base))
             with np.errstate(over="ignore"):
                 np.power(base, self.alpha, out=out, where=base > 0)
-            return np.minimum(out, _LARGEST, out=out)  # an overflow: the largest float
+            return np.minimum(out, _LARGEST, out=out)  # above it (or inf): counts as it
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             out = np.where(np.isfinite(scores), np.exp(scores - self.ref), 0.0)
         return np.nan_to_num(out, nan=0.0)
