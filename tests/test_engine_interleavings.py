@@ -17,7 +17,7 @@ from test_sampling import chi2, chi2_limit
 
 from redisbuf import PERSampler, ReplayBuffer
 from redisbuf.buffers import priorities as priorities_module
-from redisbuf.sampling import replica as replica_module
+from redisbuf.sampling import first_read
 from redisbuf.sampling.replica import MassReplica, replica_of
 from redisbuf.store.keys import BufferKeys
 
@@ -258,7 +258,7 @@ def test_a_first_read_finishes_while_two_processes_add(url, buffer_name, monkeyp
     capacity = 20_000  # the log keeps 10,000 rows: the writers pass that during the read
     buffer = ReplayBuffer(url, buffer_name, capacity=capacity, sampler=PERSampler(), seed=1)
     _fill(buffer, capacity)
-    monkeypatch.setattr(replica_module, "_SCAN_COUNT", 100)  # ~200 slices: a long read
+    monkeypatch.setattr(first_read, "_SCAN_COUNT", 100)  # ~200 slices: a long read
     with _two_writers(url, buffer, capacity + 3000):
         replica = MassReplica("per")
         started = time.monotonic()

@@ -17,6 +17,7 @@ from replica_helpers import followed_masses, fresh_replica, replica_scores
 from test_sampling import chi2, chi2_limit
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer, ShardedReplayBuffer
+from redisbuf.sampling import first_read
 from redisbuf.sampling.replica import MassReplica, replica_of
 
 
@@ -378,7 +379,7 @@ def test_a_first_read_in_slices_catches_the_writes_made_between_them(
 
     from redisbuf.sampling import replica as replica_module
 
-    monkeypatch.setattr(replica_module, "_SCAN_COUNT", 200)
+    monkeypatch.setattr(first_read, "_SCAN_COUNT", 200)
     if mode == "longer_than_a_pin":  # 15 slices of 0.25 s; a pin of 2.5 s, renewed
         monkeypatch.setattr(replica_module, "_PIN_MS", 2500)
     rng = np.random.default_rng(5)
@@ -405,9 +406,9 @@ def test_a_first_read_in_slices_catches_the_writes_made_between_them(
 
     buffer._run = recording
     if mode == "one_at_a_time":
-        monkeypatch.setattr(replica_module, "_plain_pool", lambda client: None)
+        monkeypatch.setattr(first_read, "_plain_pool", lambda client: None)
     parsed = 0
-    floats = replica_module._floats
+    floats = first_read._floats
 
     def writing(values):
         nonlocal parsed
@@ -421,7 +422,7 @@ def test_a_first_read_in_slices_catches_the_writes_made_between_them(
             time.sleep(0.25)
         return floats(values)
 
-    monkeypatch.setattr(replica_module, "_floats", writing)
+    monkeypatch.setattr(first_read, "_floats", writing)
     replica = MassReplica("per")
     replica.load(buffer.view)
     assert parsed > 4  # the writes came between two slices
@@ -463,9 +464,8 @@ def test_a_first_softmax_read_scans_the_log_rewards(client, buffer_name, monkeyp
     0); a SCAN step may return a member twice, which the replica holds once."""
     from redisbuf import PrioritizedSampler
     from redisbuf.errors import SamplingError
-    from redisbuf.sampling import replica as replica_module
 
-    monkeypatch.setattr(replica_module, "_SCAN_COUNT", 7)
+    monkeypatch.setattr(first_read, "_SCAN_COUNT", 7)
     buffer = ReplayBuffer(client, buffer_name, capacity=300, sampler=PrioritizedSampler(),
                           seed=3)
     rewards = np.linspace(-5, 5, 120)
@@ -479,14 +479,14 @@ def test_a_first_softmax_read_scans_the_log_rewards(client, buffer_name, monkeyp
             buffer.sample(2)
     else:
         buffer.sample(2)
-    scan = replica_module._scan
+    scan = first_read._scan
 
     def twice(*args):  # every step handed on twice: its members come twice
         for step in scan(*args):
             yield step
             yield step
 
-    monkeypatch.setattr(replica_module, "_scan", twice)
+    monkeypatch.setattr(first_read, "_scan", twice)
     replica = fresh_replica(client, buffer_name, "softmax")
     expected = rewards if stored else np.zeros(120)
     assert replica_scores(replica) == dict(zip(ids.tolist(), expected.tolist(), strict=True))
