@@ -434,6 +434,63 @@ def test_a_first_read_in_slices_catches_the_writes_made_between_them(
     assert replica.version == int(client.hget(BufferKeys(buffer_name).meta, "log_version"))
 
 
+def test_a_first_read_keeps_its_pin_until_it_has_caught_up(client, buffer_name, monkeypatch):
+    """More rows are written during a first read than one catch-up reply carries
+    (MASSLOG_REPLY_ROWS, 20,000), and another add comes while the replica applies the
+    first reply: the log keeps every entry after the version the read began at until the
+    replica has caught up (the pin was once dropped with the first reply, that add trimmed
+    the rest, and the read began again), so it ends in one attempt holding what the server
+    holds, and its pin is gone."""
+    monkeypatch.setattr(first_read, "_SCAN_COUNT", 200)
+    rng = np.random.default_rng(6)
+    buffer = _per_buffer(client, buffer_name, capacity=3000)
+    for _ in range(3):
+        buffer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
+    buffer.sample(4)  # prioritized sampling on (the mass log kept)
+    keys = BufferKeys(buffer_name)
+    client.delete(keys.snap)
+    writer = _per_buffer(client, buffer_name, capacity=3000)
+    starts: list[int] = []
+    run = buffer._run
+
+    def recording(name, keys_, args, **kw):
+        reply = run(name, keys_, args, **kw)
+        if name == "masslog_read" and args[3:4] == ["pin"]:
+            starts.append(int(reply[2]))
+        return reply
+
+    buffer._run = recording
+    parsed = 0
+    floats = first_read._floats
+
+    def writing(values):
+        nonlocal parsed
+        parsed += 1
+        if parsed == 3:  # 16 adds at capacity: 32,000 rows (an add and an eviction each)
+            for _ in range(16):
+                writer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
+        return floats(values)
+
+    monkeypatch.setattr(first_read, "_floats", writing)
+    applied = 0
+    apply = MassReplica.apply
+
+    def adding(self, entry):
+        nonlocal applied
+        applied += 1
+        if applied == 1:  # while the first reply is applied: the next add trims the log
+            writer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
+        return apply(self, entry)
+
+    monkeypatch.setattr(MassReplica, "apply", adding)
+    replica = MassReplica("per")
+    replica.load(buffer.view)
+    assert len(starts) == 1  # one attempt
+    assert replica_scores(replica) == _truth(client, buffer_name)
+    assert replica.version == int(client.hget(keys.meta, "log_version"))
+    assert client.hget(keys.meta, "log_pin") is None
+
+
 def test_sparse_ids_are_scanned_and_dense_ones_asked_for(client, buffer_name):
     """lua/replica_read.lua asks for the PER priorities by id while the ids from the
     oldest item to the last one are mostly present, and scans the hash once most are

@@ -340,11 +340,14 @@ class MassReplica:
             return None
         return set(np.concatenate(touched).tolist()) if touched else set()
 
-    def _follow(self, buffer: BufferView, reply: Sequence[Any]) -> list[np.ndarray] | None:
+    def _follow(self, buffer: BufferView, reply: Sequence[Any],
+                pinned: bool = False) -> list[np.ndarray] | None:
         """Apply a masslog_behind reply's entries, and the log's next ones while replies
         stop short of the version they report. The ids each entry named; None when the
         log cannot bring the replica up to date (another epoch or history, an X entry,
-        entries no longer held)."""
+        entries no longer held). ``pinned``: each further read also keeps the entries
+        after the replica's version for ``_PIN_MS`` (a first read catching up, however
+        many entries were written while it read)."""
         touched: list[np.ndarray] = []
         while True:
             epoch, version, stamp = _text(reply[1]), int(reply[2]), _text(reply[3])
@@ -364,7 +367,7 @@ class MassReplica:
                 if self.rows_applied > max(_SNAP_ROWS, self.live // 2):
                     self.write_snapshot(buffer)
                 return touched
-            reply = self._read_log(buffer)
+            reply = self._read_log(buffer, *(("pin_at", _PIN_MS) if pinned else ()))
             if int(reply[0]) == 2:
                 raise _NotOn(self.rule, self.rule == "per")
 
@@ -412,14 +415,26 @@ class MassReplica:
                 scores = scores[first]
             self._set_arrays(ids, scores)
             self.epoch, self.version, self.stamp = epoch, version, stamp
-            reply = self._read_log(buffer, "unpin", version)
-            if int(reply[0]) == 2:
-                raise _NotOn(self.rule, per)
-            if self._follow(buffer, reply) is not None:
+            # the pin stays until the replica has caught up: a reply carries at most
+            # MASSLOG_REPLY_ROWS rows, and the writers' next adds would trim the rest
+            try:
+                reply = self._read_log(buffer, "pin_at", _PIN_MS)
+                if int(reply[0]) == 2:
+                    raise _NotOn(self.rule, per)
+                followed = self._follow(buffer, reply, pinned=True) is not None
+            finally:
+                self._unpin(buffer, version)
+            if followed:
                 self.write_snapshot(buffer)  # the next replica reads that instead
                 return
-        raise SamplingError(f"buffer {buffer.name!r}: its scores could not be read "
-                            f"in {_LOAD_ATTEMPTS} attempts (it was cleared during each)")
+        raise SamplingError(
+            f"buffer {buffer.name!r}: its scores could not be read in {_LOAD_ATTEMPTS} "
+            "attempts: each time the log no longer reached back to the version the read "
+            f"began at (the buffer was cleared, or a read stalled past its {_PIN_MS} ms pin)")
+
+    def _unpin(self, buffer: BufferView, version: int) -> None:
+        """Drop this replica's pin of the log at ``version`` (lua/_replica_reads.lua)."""
+        buffer.run("masslog_read", buffer.keys.all_keys(), ["", 0, "", "unpin", version])
 
     # -- snapshots ----------------------------------------------------------------------
 
