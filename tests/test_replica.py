@@ -362,6 +362,34 @@ def test_a_snapshot_replaced_while_read_is_read_again(client, buffer_name, monke
     assert replica_scores(reader) == {int(i): float(i - 1) for i in range(1, 11)}
 
 
+def test_a_snapshot_not_used_leaves_no_pin(client, buffer_name, monkeypatch):
+    """A replica pins the log at the snapshot's version before reading it; when it does
+    not use it (the log no longer reaches back to it, or its chunks were replaced) the
+    pin goes too. One left at a version below the log's first stopped all trimming (and
+    the scan after it kept renewing it in its place), so the log grew past its limit."""
+    from redisbuf.sampling import replica as replica_module
+
+    monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)
+    monkeypatch.setattr(replica_module, "_SNAP_CHUNK", 4)
+    buffer = _per_buffer(client, buffer_name, capacity=40_000)
+    buffer.add({"x": np.arange(10)})
+    MassReplica("per").load(buffer.view)  # writes a snapshot at this version
+    keys = BufferKeys(buffer_name)
+    for _ in range(12):  # 12,000 rows: the log (10,000 rows kept) no longer reaches it
+        buffer.add({"x": np.arange(1000)})
+    later = MassReplica("per")
+    assert not later._load_snapshot(buffer.view)
+    assert client.hget(keys.meta, "log_pin") is None
+    later.load(buffer.view)  # a scan; it then publishes a snapshot of its own
+    assert client.hget(keys.meta, "log_pin") is None
+    for _ in range(12):
+        buffer.add({"x": np.arange(1000)})
+    assert int(client.hget(keys.meta, "log_ids")) <= 10_000  # trimmed to its limit
+    client.hset(keys.snap, "c1", b"\0" * 8 + b"\1" * 64)  # a chunk of another snapshot
+    assert not MassReplica("per")._load_snapshot(buffer.view)
+    assert client.hget(keys.meta, "log_pin") is None
+
+
 def _truth(client, name) -> dict[int, float]:
     return {int(k): float(v) for k, v in client.hgetall(BufferKeys(name).per).items()}
 

@@ -490,6 +490,16 @@ class MassReplica:
                             [epoch, version, stamp, "pin_at", _PIN_MS])
         if int(reply[0]) == 2:
             raise _NotOn(self.rule, self.rule == "per")
+        try:  # whatever the outcome, the pin goes (one left below log_first stops trimming)
+            return self._read_snapshot(buffer, header, reply)
+        finally:
+            self._unpin(buffer, version)
+
+    def _read_snapshot(self, buffer: BufferView, header: dict, reply: Sequence[Any]) -> bool:
+        """:meth:`_load_snapshot`'s read of the chunks and catch-up, the log pinned at the
+        snapshot's version (``reply``: the pinning masslog_read's)."""
+        keys = buffer.keys
+        epoch, version, stamp = header["epoch"], int(header["version"]), header["stamp"]
         current = (_text(reply[1]), int(reply[2]), _text(reply[3])) == (epoch, version, stamp)
         if not current and len(reply) == 4:
             return False
@@ -509,9 +519,7 @@ class MassReplica:
         self._set_arrays(ids.astype(np.int64), scores.astype(np.float64))
         self.epoch, self.version, self.stamp = epoch, version, stamp
         self.rows_applied = 0
-        followed = current or self._follow(buffer, reply) is not None
-        self._read_log(buffer, "unpin", version)
-        return followed
+        return current or self._follow(buffer, reply, pinned=True) is not None
 
     # -- drawing ------------------------------------------------------------------------
 
