@@ -390,6 +390,36 @@ def test_a_snapshot_not_used_leaves_no_pin(client, buffer_name, monkeypatch):
     assert client.hget(keys.meta, "log_pin") is None
 
 
+def test_a_first_read_across_a_re_creation_uses_the_new_settings(client, buffer_name,
+                                                                  monkeypatch):
+    """The buffer is dropped and re-created with another alpha after a new replica read
+    the PER settings and before it fixed the log's epoch: it reads again and uses the new
+    epoch's alpha (it once kept the old one, and its draws followed the old law)."""
+    priorities = np.array([1.0, 2.0, 4.0, 8.0])
+    old = _per_buffer(client, buffer_name, alpha=1.0, eps=0.0)
+    old.add({"x": np.arange(4)}, priorities=priorities)
+    old.sample(2)
+    load_snapshot = MassReplica._load_snapshot
+    recreated: list[ReplayBuffer] = []
+
+    def racing(self, buffer):
+        if not recreated:  # between the read of the settings and the read of the epoch
+            ReplayBuffer(client, buffer_name, capacity=None).drop()
+            recreated.append(_per_buffer(client, buffer_name, alpha=2.0, eps=0.0))
+            recreated[0].add({"x": np.arange(4)}, priorities=priorities)
+            recreated[0].sample(1)
+        return load_snapshot(self, buffer)
+
+    monkeypatch.setattr(MassReplica, "_load_snapshot", racing)
+    reader = ReplayBuffer(client, buffer_name, capacity=None, seed=7)
+    replica = MassReplica("per")
+    replica.load(reader.view)
+    assert replica.epoch == client.hget(BufferKeys(buffer_name).meta, "log_epoch").decode()
+    assert replica.alpha == 2.0
+    held = ~np.isnan(replica.scores[: replica.count])
+    assert replica.masses[: replica.count][held].tolist() == (priorities ** 2).tolist()
+
+
 def _truth(client, name) -> dict[int, float]:
     return {int(k): float(v) for k, v in client.hgetall(BufferKeys(name).per).items()}
 

@@ -43,6 +43,8 @@ _BLOCK = _FAN * _FAN  # slots per group; arrays are a whole number of groups
 # began at are kept for the reader this long, renewed every _PIN_MS / 4 while it reads.
 _PIN_MS = 10_000
 _LOAD_ATTEMPTS = 20
+# The meta fields that say whether the log is kept and how scores become masses
+_SETTINGS = ("masslog", "mass", "per_alpha", "per_eps")
 # A snapshot holds this many items a chunk (16 bytes each: a 1 MiB field), and a replica
 # writes a new one after applying max(_SNAP_ROWS, half its length) logged rows.
 _SNAP_CHUNK = 65_536
@@ -396,7 +398,7 @@ class MassReplica:
         keys = buffer.keys
         all_keys = keys.all_keys()
         for _ in range(_LOAD_ATTEMPTS):
-            conf = buffer.client.hmget(keys.meta, "masslog", "mass", "per_alpha", "per_eps")
+            conf = buffer.client.hmget(keys.meta, *_SETTINGS)
             logged, mass, alpha, eps = conf
             per = mass in (b"per", "per")
             if logged not in (b"1", "1") or (self.rule == "per") != per:
@@ -404,7 +406,9 @@ class MassReplica:
             if per:
                 self.alpha, self.eps = float(alpha), float(eps)
             if self._load_snapshot(buffer):
-                return
+                if self._settings_held(buffer, conf):
+                    return
+                continue
             start = buffer.run("masslog_read", all_keys, ["", 0, "", "pin", _PIN_MS])
             if int(start[0]) == 2:
                 raise _NotOn(self.rule, per)
@@ -424,13 +428,22 @@ class MassReplica:
                 followed = self._follow(buffer, reply, pinned=True) is not None
             finally:
                 self._unpin(buffer, version)
-            if followed:
+            if followed and self._settings_held(buffer, conf):
                 self.write_snapshot(buffer)  # the next replica reads that instead
                 return
         raise SamplingError(
             f"buffer {buffer.name!r}: its scores could not be read in {_LOAD_ATTEMPTS} "
             "attempts: each time the log no longer reached back to the version the read "
-            f"began at (the buffer was cleared, or a read stalled past its {_PIN_MS} ms pin)")
+            "began at, or the mass rule changed (the buffer was cleared or re-created, or "
+            f"a read stalled past its {_PIN_MS} ms pin)")
+
+    def _settings_held(self, buffer: BufferView, conf: list[Any]) -> bool:
+        """Whether the log is still of this replica's epoch and the buffer's mass rule
+        settings are still ``conf``, read before that epoch was fixed: a drop and
+        re-create with another alpha or eps in between gives the new epoch's scores,
+        whose masses need the new settings."""
+        *now, epoch = buffer.client.hmget(buffer.keys.meta, *_SETTINGS, "log_epoch")
+        return now == list(conf) and epoch is not None and _text(epoch) == self.epoch
 
     def _unpin(self, buffer: BufferView, version: int) -> None:
         """Drop this replica's pin of the log at ``version`` (lua/_replica_reads.lua)."""
