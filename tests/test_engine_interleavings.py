@@ -354,7 +354,7 @@ def test_a_first_read_keeps_the_log_until_it_has_caught_up(url, buffer_name, mon
     mine = dict(zip(replica.ids[: replica.count][held].tolist(),
                     replica.scores[: replica.count][held].tolist(), strict=True))
     assert mine == truth
-    assert buffer.client.hget(keys.meta, "log_pin") is None
+    assert buffer.client.hget(keys.meta, "log_pins") is None
 
 
 def test_a_replica_far_behind_catches_up_in_bounded_replies(url, buffer_name):

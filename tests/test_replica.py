@@ -379,15 +379,15 @@ def test_a_snapshot_not_used_leaves_no_pin(client, buffer_name, monkeypatch):
         buffer.add({"x": np.arange(1000)})
     later = MassReplica("per")
     assert not later._load_snapshot(buffer.view)
-    assert client.hget(keys.meta, "log_pin") is None
+    assert client.hget(keys.meta, "log_pins") is None
     later.load(buffer.view)  # a scan; it then publishes a snapshot of its own
-    assert client.hget(keys.meta, "log_pin") is None
+    assert client.hget(keys.meta, "log_pins") is None
     for _ in range(12):
         buffer.add({"x": np.arange(1000)})
     assert int(client.hget(keys.meta, "log_ids")) <= 10_000  # trimmed to its limit
     client.hset(keys.snap, "c1", b"\0" * 8 + b"\1" * 64)  # a chunk of another snapshot
     assert not MassReplica("per")._load_snapshot(buffer.view)
-    assert client.hget(keys.meta, "log_pin") is None
+    assert client.hget(keys.meta, "log_pins") is None
 
 
 def test_a_first_read_across_a_re_creation_uses_the_new_settings(client, buffer_name,
@@ -402,13 +402,13 @@ def test_a_first_read_across_a_re_creation_uses_the_new_settings(client, buffer_
     load_snapshot = MassReplica._load_snapshot
     recreated: list[ReplayBuffer] = []
 
-    def racing(self, buffer):
+    def racing(self, buffer, *args):
         if not recreated:  # between the read of the settings and the read of the epoch
             ReplayBuffer(client, buffer_name, capacity=None).drop()
             recreated.append(_per_buffer(client, buffer_name, alpha=2.0, eps=0.0))
             recreated[0].add({"x": np.arange(4)}, priorities=priorities)
             recreated[0].sample(1)
-        return load_snapshot(self, buffer)
+        return load_snapshot(self, buffer, *args)
 
     monkeypatch.setattr(MassReplica, "_load_snapshot", racing)
     reader = ReplayBuffer(client, buffer_name, capacity=None, seed=7)
@@ -418,6 +418,52 @@ def test_a_first_read_across_a_re_creation_uses_the_new_settings(client, buffer_
     assert replica.alpha == 2.0
     held = ~np.isnan(replica.scores[: replica.count])
     assert replica.masses[: replica.count][held].tolist() == (priorities ** 2).tolist()
+
+
+def test_each_reader_keeps_its_own_pin_of_the_log(client, buffer_name):
+    """Two first reads pin the log at once: A at an earlier version, B at a later one. A's
+    unpin leaves B's pin (the one shared pin slot once went with A's unpin, and the adds
+    after it trimmed the entries B needed); a renewal replaces the reader's own pin, so
+    one unpin drops it; once none is left the log is trimmed to its limit again. A reader
+    that names no token goes by the version it pinned."""
+    buffer = _per_buffer(client, buffer_name, capacity=20_000)  # the log keeps 10,000 rows
+    rng = np.random.default_rng(8)
+
+    def add(times: int) -> None:
+        for _ in range(times):
+            buffer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
+
+    add(20)
+    buffer.sample(1)  # prioritized sampling on (the mass log kept)
+    keys = BufferKeys(buffer_name)
+    every = keys.all_keys()
+
+    def read(*args) -> list:
+        return buffer._run("masslog_read", every, list(args))
+
+    a = read("", 0, "", "pin", 10_000)  # no token: the reader goes by its version
+    add(2)
+    b = read("", 0, "", "pin", 10_000)
+    assert int(b[2]) > int(a[2])
+    add(1)
+    read("", 0, "", "unpin", int(a[2]))  # A's read is done
+    add(15)  # 30,000 rows: past the limit, while B's pin holds
+    caught = read(b[1], int(b[2]), b[3], "unpin", int(b[2]))
+    assert len(caught) > 4  # entries from the version B pinned: it can catch up
+    assert client.hget(keys.meta, "log_pins") is None
+    add(1)
+    assert int(client.hget(keys.meta, "log_ids")) <= 10_000  # trimmed again
+    read("", 0, "", "pin", 10_000, "readerA")
+    add(1)
+    read("", 0, "", "pin", 10_000, "readerB")
+    read("", 0, "", "pin", 10_000, "readerA")  # a renewal, at the later version
+    read("", 0, "", "unpin", "readerA")
+    pins = client.hget(keys.meta, "log_pins").decode()
+    assert pins.startswith("readerB=") and ";" not in pins
+    read("", 0, "", "unpin", "readerB")
+    assert client.hget(keys.meta, "log_pins") is None
+    with pytest.raises(ValueError, match="letters and digits"):
+        read("", 0, "", "pin", 10_000, "not;a=token")
 
 
 def _truth(client, name) -> dict[int, float]:
@@ -546,7 +592,7 @@ def test_a_first_read_keeps_its_pin_until_it_has_caught_up(client, buffer_name, 
     assert len(starts) == 1  # one attempt
     assert replica_scores(replica) == _truth(client, buffer_name)
     assert replica.version == int(client.hget(keys.meta, "log_version"))
-    assert client.hget(keys.meta, "log_pin") is None
+    assert client.hget(keys.meta, "log_pins") is None
 
 
 def test_sparse_ids_are_scanned_and_dense_ones_asked_for(client, buffer_name):

@@ -28,19 +28,20 @@ _DIGITS4 = np.frombuffer(b"".join(b"%04d" % i for i in range(10_000)),
                          dtype=np.uint8).reshape(-1, 4)
 
 
-def read_scores(buffer: BufferView, version: int,
-                pin_ms: int) -> tuple[np.ndarray, np.ndarray]:
+def read_scores(buffer: BufferView, version: int, pin_ms: int,
+                holder: str) -> tuple[np.ndarray, np.ndarray]:
     """(ids, scores) of every item present from log version ``version`` until the read
     ends; an item changed meanwhile may come with either score, one added or removed
     meanwhile may come or not, an id may come twice. lua/replica_read.lua says what to
-    read and keeps the log's entries after ``version`` for ``pin_ms`` milliseconds,
-    renewed every ``pin_ms / 4`` while the read goes on; the reads are native commands
+    read and keeps the log's entries after ``version`` for ``pin_ms`` milliseconds as the
+    pin of reader ``holder`` (a token of letters and digits), renewed every
+    ``pin_ms / 4`` while the read goes on; the reads are native commands
     of bounded cost, parsed with numpy, several in flight where the ids are known
     beforehand."""
     all_keys = buffer.keys.all_keys()
 
     def pin() -> list[Any]:
-        return buffer.run("replica_read", all_keys, [pin_ms, version])
+        return buffer.run("replica_read", all_keys, [pin_ms, version, holder])
 
     plan = pin()
     how, key = plan[0].decode() if isinstance(plan[0], bytes) else str(plan[0]), plan[1]

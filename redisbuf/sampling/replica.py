@@ -343,13 +343,13 @@ class MassReplica:
         return set(np.concatenate(touched).tolist()) if touched else set()
 
     def _follow(self, buffer: BufferView, reply: Sequence[Any],
-                pinned: bool = False) -> list[np.ndarray] | None:
+                holder: str | None = None) -> list[np.ndarray] | None:
         """Apply a masslog_behind reply's entries, and the log's next ones while replies
         stop short of the version they report. The ids each entry named; None when the
         log cannot bring the replica up to date (another epoch or history, an X entry,
-        entries no longer held). ``pinned``: each further read also keeps the entries
-        after the replica's version for ``_PIN_MS`` (a first read catching up, however
-        many entries were written while it read)."""
+        entries no longer held). ``holder``: each further read also keeps the entries
+        after the replica's version for ``_PIN_MS`` as that reader's pin (a first read
+        catching up, however many entries were written while it read)."""
         touched: list[np.ndarray] = []
         while True:
             epoch, version, stamp = _text(reply[1]), int(reply[2]), _text(reply[3])
@@ -369,7 +369,7 @@ class MassReplica:
                 if self.rows_applied > max(_SNAP_ROWS, self.live // 2):
                     self.write_snapshot(buffer)
                 return touched
-            reply = self._read_log(buffer, *(("pin_at", _PIN_MS) if pinned else ()))
+            reply = self._read_log(buffer, *(("pin_at", _PIN_MS, holder) if holder else ()))
             if int(reply[0]) == 2:
                 raise _NotOn(self.rule, self.rule == "per")
 
@@ -397,6 +397,7 @@ class MassReplica:
         (a new epoch) makes it start again."""
         keys = buffer.keys
         all_keys = keys.all_keys()
+        holder = os.urandom(8).hex()  # this read's pins, apart from other readers'
         for _ in range(_LOAD_ATTEMPTS):
             conf = buffer.client.hmget(keys.meta, *_SETTINGS)
             logged, mass, alpha, eps = conf
@@ -405,15 +406,15 @@ class MassReplica:
                 raise _NotOn(self.rule, per)
             if per:
                 self.alpha, self.eps = float(alpha), float(eps)
-            if self._load_snapshot(buffer):
+            if self._load_snapshot(buffer, holder):
                 if self._settings_held(buffer, conf):
                     return
                 continue
-            start = buffer.run("masslog_read", all_keys, ["", 0, "", "pin", _PIN_MS])
+            start = buffer.run("masslog_read", all_keys, ["", 0, "", "pin", _PIN_MS, holder])
             if int(start[0]) == 2:
                 raise _NotOn(self.rule, per)
             epoch, version, stamp = _text(start[1]), int(start[2]), _text(start[3])
-            ids, scores = read_scores(buffer, version, _PIN_MS)
+            ids, scores = read_scores(buffer, version, _PIN_MS, holder)
             if len(ids) > 1 and not bool((ids[1:] > ids[:-1]).all()):
                 ids, first = np.unique(ids, return_index=True)  # SCAN may return one twice
                 scores = scores[first]
@@ -422,12 +423,12 @@ class MassReplica:
             # the pin stays until the replica has caught up: a reply carries at most
             # MASSLOG_REPLY_ROWS rows, and the writers' next adds would trim the rest
             try:
-                reply = self._read_log(buffer, "pin_at", _PIN_MS)
+                reply = self._read_log(buffer, "pin_at", _PIN_MS, holder)
                 if int(reply[0]) == 2:
                     raise _NotOn(self.rule, per)
-                followed = self._follow(buffer, reply, pinned=True) is not None
+                followed = self._follow(buffer, reply, holder) is not None
             finally:
-                self._unpin(buffer, version)
+                self._unpin(buffer, holder)
             if followed and self._settings_held(buffer, conf):
                 self.write_snapshot(buffer)  # the next replica reads that instead
                 return
@@ -445,9 +446,10 @@ class MassReplica:
         *now, epoch = buffer.client.hmget(buffer.keys.meta, *_SETTINGS, "log_epoch")
         return now == list(conf) and epoch is not None and _text(epoch) == self.epoch
 
-    def _unpin(self, buffer: BufferView, version: int) -> None:
-        """Drop this replica's pin of the log at ``version`` (lua/_replica_reads.lua)."""
-        buffer.run("masslog_read", buffer.keys.all_keys(), ["", 0, "", "unpin", version])
+    def _unpin(self, buffer: BufferView, holder: str) -> None:
+        """Drop reader ``holder``'s pin of the log; other readers' stay
+        (lua/_replica_reads.lua)."""
+        buffer.run("masslog_read", buffer.keys.all_keys(), ["", 0, "", "unpin", holder])
 
     # -- snapshots ----------------------------------------------------------------------
 
@@ -488,9 +490,11 @@ class MassReplica:
             return False  # a part written before the refusal expires with the staging key
         return bool(int(published))
 
-    def _load_snapshot(self, buffer: BufferView) -> bool:
+    def _load_snapshot(self, buffer: BufferView, holder: str | None = None) -> bool:
         """Read the buffer's snapshot and the log entries after it; False when there is
-        none of this rule, or the log no longer reaches back to it."""
+        none of this rule, or the log no longer reaches back to it. ``holder``: the
+        reader's token its pin of the log goes by (a new one when None)."""
+        holder = holder or os.urandom(8).hex()
         keys = buffer.keys
         header_text = buffer.client.hget(keys.snap, "header")
         if header_text is None:
@@ -500,15 +504,16 @@ class MassReplica:
             return False
         epoch, version, stamp = header["epoch"], int(header["version"]), header["stamp"]
         reply = buffer.run("masslog_read", keys.all_keys(),
-                            [epoch, version, stamp, "pin_at", _PIN_MS])
+                            [epoch, version, stamp, "pin_at", _PIN_MS, holder])
         if int(reply[0]) == 2:
             raise _NotOn(self.rule, self.rule == "per")
         try:  # whatever the outcome, the pin goes (one left below log_first stops trimming)
-            return self._read_snapshot(buffer, header, reply)
+            return self._read_snapshot(buffer, header, reply, holder)
         finally:
-            self._unpin(buffer, version)
+            self._unpin(buffer, holder)
 
-    def _read_snapshot(self, buffer: BufferView, header: dict, reply: Sequence[Any]) -> bool:
+    def _read_snapshot(self, buffer: BufferView, header: dict, reply: Sequence[Any],
+                       holder: str) -> bool:
         """:meth:`_load_snapshot`'s read of the chunks and catch-up, the log pinned at the
         snapshot's version (``reply``: the pinning masslog_read's)."""
         keys = buffer.keys
@@ -532,7 +537,7 @@ class MassReplica:
         self._set_arrays(ids.astype(np.int64), scores.astype(np.float64))
         self.epoch, self.version, self.stamp = epoch, version, stamp
         self.rows_applied = 0
-        return current or self._follow(buffer, reply, pinned=True) is not None
+        return current or self._follow(buffer, reply, holder) is not None
 
     # -- drawing ------------------------------------------------------------------------
 
