@@ -25,11 +25,10 @@
 -- failover lost writes) reads everything again.
 -- Meta: log_epoch (changes with every X), log_version (entries ever appended since that
 -- epoch; the last entry's version), log_first (the version of the list's first entry),
--- log_ids (rows held), log_stamp (the last entry's stamp), log_pin / log_pin_until (a
--- replica reading the whole buffer keeps the entries after log_pin until log_pin_until,
--- server milliseconds). The oldest entries are dropped while the list holds more than
--- max(MASSLOG_MIN_IDS, capacity / 4) rows (and none is pinned): a replica further behind
--- reads everything again.
+-- log_ids (rows held), log_stamp (the last entry's stamp), log_pins (the pins of the
+-- replicas reading the whole buffer or a snapshot, each kept apart: see masslog_pin). The
+-- oldest entries are dropped while the list holds more than max(MASSLOG_MIN_IDS,
+-- capacity / 4) rows (and none is pinned): a replica further behind reads everything again.
 -- @include common
 local MASSLOG_MIN_IDS = 10000
 -- A reply never carries more than this many rows of entries (a replica further behind
@@ -60,7 +59,46 @@ local function masslog_reset(K)
   redis.call('RPUSH', K.masslog, 'X|0|' .. stamp)
   redis.call('HSET', K.meta, 'log_epoch', now[1] .. string.format('%06d', now[2]),
     'log_version', 1, 'log_first', 1, 'log_ids', 0, 'log_stamp', stamp)
-  redis.call('HDEL', K.meta, 'log_pin', 'log_pin_until')
+  -- log_pin / log_pin_until: the one shared pin of earlier versions
+  redis.call('HDEL', K.meta, 'log_pins', 'log_pin', 'log_pin_until')
+end
+
+-- The pins in meta log_pins: "holder=version@until" joined by ';', one per reader (a
+-- token it names itself by): the entries after `version` are kept for it until `until`
+-- (server milliseconds). As {holder, version, until} tables.
+local function pins_of(text)
+  local pins = {}
+  if text then
+    for holder, version, till in string.gmatch(text, '([^;=]+)=([^;@]+)@([^;]+)') do
+      pins[#pins + 1] = {holder, tonumber(version), tonumber(till)}
+    end
+  end
+  return pins
+end
+
+-- Write back the pins of log_pins but `holder`'s and the expired ones, then `extra` (a
+-- pin, or nil); the field goes when none is left.
+local function pins_keep(K, holder, now, extra)
+  local parts = {}
+  for _, pin in ipairs(pins_of(redis.call('HGET', K.meta, 'log_pins'))) do
+    if pin[3] >= now and pin[1] ~= holder then
+      parts[#parts + 1] = pin[1] .. '=' .. pin[2] .. '@' .. pin[3]
+    end
+  end
+  if extra then parts[#parts + 1] = extra[1] .. '=' .. extra[2] .. '@' .. extra[3] end
+  if #parts == 0 then
+    redis.call('HDEL', K.meta, 'log_pins')
+  else
+    redis.call('HSET', K.meta, 'log_pins', table.concat(parts, ';'))
+  end
+end
+
+-- An error reply when `holder` (a pin's reader token) is not letters and digits, else nil.
+local function bad_holder(holder)
+  if holder and not string.match(holder, '^%w+$') then
+    return fail('RB_INVALID', 'a pin holder is letters and digits, got ' .. tostring(holder))
+  end
+  return nil
 end
 
 -- The rows of an entry, as text: list joined by commas; nil -> '' (all absent / removed).
@@ -79,7 +117,7 @@ local function masslog_push(K, kind, rows, body)
     return
   end
   local conf = redis.call('HMGET', K.meta, 'log_version', 'log_first', 'log_ids', 'capacity',
-    'log_pin', 'log_pin_until')
+    'log_pins')
   if not conf[1] then  -- no log yet (turned on by hand): start one
     masslog_reset(K)
     conf = redis.call('HMGET', K.meta, 'log_version', 'log_first', 'log_ids', 'capacity')
@@ -89,8 +127,13 @@ local function masslog_push(K, kind, rows, body)
   local stamp = new_stamp(version)
   local length = redis.call('RPUSH', K.masslog, kind .. '|' .. rows .. '|' .. stamp .. '|' .. body)
   local limit = math.max(MASSLOG_MIN_IDS, math.floor((tonumber(conf[4]) or 0) / 4))
-  local pin = tonumber(conf[5])
-  if pin and (tonumber(conf[6]) or 0) < server_ms() then pin = nil end
+  local pin = nil  -- the lowest version a live pin keeps the entries after
+  if conf[5] then
+    local now = server_ms()
+    for _, held in ipairs(pins_of(conf[5])) do
+      if held[3] >= now and (pin == nil or held[2] < pin) then pin = held[2] end
+    end
+  end
   while held > limit and length > 1 and (pin == nil or first < pin) do
     local oldest = redis.call('LPOP', K.masslog)
     local bar = string.find(oldest, '|', 3, true)
@@ -157,15 +200,20 @@ local function masslog_behind(K, epoch, have, have_stamp)
   return out
 end
 
--- Keep the entries after version `pin` until `ms` milliseconds from now (a replica reading
--- the whole buffer needs them afterwards, however fast the writers are).
-local function masslog_pin(K, pin, ms)
+-- Keep the entries after version `pin` until `ms` milliseconds from now for reader
+-- `holder` (a replica reading the whole buffer needs them afterwards, however fast the
+-- writers are), in place of that reader's earlier pin; other readers' pins stay as they
+-- are. A holder of nil is named by the version (`tostring(pin)`).
+local function masslog_pin(K, pin, ms, holder)
   if RB_NO_WRITES then return end
-  local conf = redis.call('HMGET', K.meta, 'log_pin', 'log_pin_until')
   local now = server_ms()
-  local current = tonumber(conf[1])
-  if current and (tonumber(conf[2]) or 0) >= now and current < pin then pin = current end
-  redis.call('HSET', K.meta, 'log_pin', pin, 'log_pin_until', now + ms)
+  pins_keep(K, holder or tostring(pin), now, {holder or tostring(pin), pin, now + ms})
+end
+
+-- Drop reader `holder`'s pin (and any expired one); other readers' pins stay.
+local function masslog_unpin(K, holder)
+  if RB_NO_WRITES then return end
+  pins_keep(K, holder, server_ms(), nil)
 end
 
 -- Items of log-reward +inf: the softmax is undefined while any is present.

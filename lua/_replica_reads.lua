@@ -12,14 +12,16 @@
 -- the ARGV). Returns {0, epoch, version, stamp, entries...}, or {2} when the log is off.
 local function masslog_read(K, argv)
   if not masslog_on(K) then return {2} end
+  local holder = argv[4] == 'unpin' and argv[5] or argv[6]
+  local bad = bad_holder(holder)
+  if bad then return bad end
   if argv[4] == 'pin' then
-    masslog_pin(K, tonumber(redis.call('HGET', K.meta, 'log_version')) or 0, tonumber(argv[5]))
+    masslog_pin(K, tonumber(redis.call('HGET', K.meta, 'log_version')) or 0, tonumber(argv[5]),
+      holder)
   elseif argv[4] == 'pin_at' then  -- keep the entries after the replica's own version
-    masslog_pin(K, tonumber(argv[2]), tonumber(argv[5]))
-  end
-  if argv[4] == 'unpin' and not RB_NO_WRITES
-      and redis.call('HGET', K.meta, 'log_pin') == tostring(argv[5]) then
-    redis.call('HDEL', K.meta, 'log_pin', 'log_pin_until')
+    masslog_pin(K, tonumber(argv[2]), tonumber(argv[5]), holder)
+  elseif argv[4] == 'unpin' then
+    masslog_unpin(K, holder)
   end
   return masslog_behind(K, argv[1], tonumber(argv[2]), argv[3])
 end

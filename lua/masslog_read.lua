@@ -9,11 +9,13 @@
 -- ARGV[1] the replica's log_epoch ("" for none)  ARGV[2] its log_version
 -- ARGV[3] its log_stamp (of the entry at its version)
 -- ARGV[4] optional: "pin" = a replica about to read the whole buffer: keep the entries
---   after the current version for ARGV[5] milliseconds (masslog_pin); "pin_at" = the same
---   for the entries after ARGV[2] (a replica about to read a snapshot of that version);
---   "unpin" = that
---   read is done: drop the pin if it is still at version ARGV[5]
+--   after the current version for ARGV[5] milliseconds for the reader ARGV[6] (a token of
+--   letters and digits; the version when absent), in place of its earlier pin
+--   (masslog_pin); "pin_at" = the same for the entries after ARGV[2] (a replica about to
+--   read a snapshot of that version, or catching up after its read); "unpin" = the read
+--   is done: drop the pin of the reader ARGV[5]; other readers' pins stay as they are
 -- Returns {0, epoch, version, stamp, entries after ARGV[2]...} (none when the replica is
 -- of another epoch or history, or further behind than the log holds: it reads everything
 -- again), or {2} when prioritized sampling is off.
+-- Errors: RB_INVALID (a pin holder not of letters and digits).
 return masslog_read(buffer_keys(KEYS), ARGV)

@@ -11,6 +11,8 @@
 -- @retry never
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
 -- ARGV[1] pin milliseconds  ARGV[2] the version pinned (the log_version read before)
+-- ARGV[3] optional: the reader's token (letters and digits; the version when absent):
+--   its pin replaces its earlier one, other readers' pins stay (masslog_pin)
 -- Returns {how, key, first, last}:
 --   {'ids', per, first, last}: PER, ids dense enough to ask for: HMGET key for every id
 --     first .. last (the oldest item present and the last id given; "%012d"; nil for an
@@ -22,10 +24,13 @@
 -- Every item present from the pinned version to the end of the read comes (a SCAN may
 -- return one twice); one added, changed or removed meanwhile may come either way: the
 -- entries after the pinned version set it right. Read-only but for the pin.
--- Errors: RB_NOLOG (prioritized sampling is off).
+-- Errors: RB_NOLOG (prioritized sampling is off),
+--   RB_INVALID (a pin holder not of letters and digits).
 local K = buffer_keys(KEYS)
 if not masslog_on(K) then return fail('RB_NOLOG', 'prioritized sampling is not enabled') end
-masslog_pin(K, tonumber(ARGV[2]), tonumber(ARGV[1]))
+local bad = bad_holder(ARGV[3])
+if bad then return bad end
+masslog_pin(K, tonumber(ARGV[2]), tonumber(ARGV[1]), ARGV[3])
 if redis.call('HGET', K.meta, 'mass') == 'per' then
   local count = redis.call('HLEN', K.per)
   local oldest = redis.call('ZRANGE', K.order, 0, 0)[1]

@@ -22,7 +22,7 @@ def _buffer(client: Any, name: str) -> BufferView:
 def fresh_replica(client: Any, name: str, rule: str) -> MassReplica:
     """A replica that reads the buffer itself (a scan), not a snapshot of it."""
     replica = MassReplica(rule)
-    replica._load_snapshot = lambda buffer: False  # type: ignore[method-assign]
+    replica._load_snapshot = lambda buffer, holder=None: False  # type: ignore[method-assign]
     replica.load(_buffer(client, name))
     return replica
 

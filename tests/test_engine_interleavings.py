@@ -17,6 +17,7 @@ from test_sampling import chi2, chi2_limit
 
 from redisbuf import PERSampler, ReplayBuffer
 from redisbuf.buffers import priorities as priorities_module
+from redisbuf.sampling import first_read
 from redisbuf.sampling import replica as replica_module
 from redisbuf.sampling.replica import MassReplica, replica_of
 from redisbuf.store.keys import BufferKeys
@@ -245,20 +246,21 @@ def test_a_stale_per_draw_after_every_mass_went_raises_instead_of_spinning(
     assert isinstance(outcome[0], EmptyBufferError), outcome[0]
 
 
-def _add_forever(url: str, name: str, stop, index: int) -> None:
+def _add_forever(url: str, name: str, stop, index: int, batch: int = 16) -> None:
     buffer = ReplayBuffer(url, name, capacity=None)
     rng = np.random.default_rng(index)
     while not stop.is_set():
-        buffer.add(_batch(rng.normal(size=16)))
+        buffer.add(_batch(rng.normal(size=batch)))
 
 
 @contextlib.contextmanager
-def _two_writers(url: str, buffer: ReplayBuffer, until_inserted: int):
-    """Two spawned processes adding to ``buffer`` as fast as they can, from when the buffer
-    has had ``until_inserted`` inserts until the block ends (they must exit cleanly)."""
+def _two_writers(url: str, buffer: ReplayBuffer, until_inserted: int, batch: int = 16):
+    """Two spawned processes adding to ``buffer`` as fast as they can, ``batch`` items an
+    add, from when the buffer has had ``until_inserted`` inserts until the block ends
+    (they must exit cleanly)."""
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
-    writers = [ctx.Process(target=_add_forever, args=(url, buffer.name, stop, k))
+    writers = [ctx.Process(target=_add_forever, args=(url, buffer.name, stop, k, batch))
                for k in range(2)]
     for writer in writers:
         writer.start()
@@ -294,7 +296,7 @@ def test_a_first_read_finishes_while_two_processes_add(url, buffer_name, monkeyp
     capacity = 20_000  # the log keeps 10,000 rows: the writers pass that during the read
     buffer = ReplayBuffer(url, buffer_name, capacity=capacity, sampler=PERSampler(), seed=1)
     _fill(buffer, capacity)
-    monkeypatch.setattr(replica_module, "_SCAN_COUNT", 100)  # ~200 slices: a long read
+    monkeypatch.setattr(first_read, "_SCAN_COUNT", 100)  # ~200 slices: a long read
     with _two_writers(url, buffer, capacity + 3000):
         replica = MassReplica("per")
         started = time.monotonic()
@@ -309,6 +311,86 @@ def test_a_first_read_finishes_while_two_processes_add(url, buffer_name, monkeyp
     mine = dict(zip(replica.ids[: replica.count][held].tolist(),
                     replica.scores[: replica.count][held].tolist(), strict=True))
     assert mine == truth
+
+
+def _inserted(buffer: ReplayBuffer) -> int:
+    """The buffer's inserts so far, read without touching its replicas (stats() would)."""
+    return int(buffer.client.hget(BufferKeys(buffer.name).meta, "inserted") or 0)
+
+
+def _inserted_past(buffer: ReplayBuffer, count: int) -> None:
+    """Wait until the buffer has had ``count`` inserts."""
+    deadline = time.monotonic() + 60
+    while _inserted(buffer) < count:
+        assert time.monotonic() < deadline, "the writers stopped adding"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("rule", ["per", "softmax"])
+def test_a_first_read_keeps_the_log_until_it_has_caught_up(url, buffer_name, monkeypatch,
+                                                           rule):
+    """A new replica of a full buffer (40,000 items: no snapshot) reads it in slices while
+    two processes add 512 items a call at capacity. During the read they log more rows
+    than one catch-up reply carries (20,000) plus what the log keeps (10,000), and they
+    add again while the replica applies its first reply: the log keeps the entries after
+    the version the read began at until the replica has caught up, so the read finishes
+    in one attempt and the replica holds what the buffer holds (the pin was once dropped
+    with the first reply: every attempt failed and the read gave up after 20)."""
+    capacity = 40_000
+    if rule == "per":
+        buffer = ReplayBuffer(url, buffer_name, capacity=capacity, sampler=PERSampler(),
+                              seed=1)
+    else:
+        buffer = ReplayBuffer(url, buffer_name, capacity=capacity, prioritized_sampling=True,
+                              seed=1)
+    _fill(buffer, capacity)
+    buffer.sample(2)  # prioritized sampling on (the mass log kept)
+    floats = first_read._floats
+    read_scores = replica_module.read_scores
+    attempts = parsed = applied = 0
+
+    def reading(*args):  # every attempt meets the same writes
+        nonlocal attempts, parsed, applied
+        attempts += 1
+        parsed = applied = 0
+        return read_scores(*args)
+
+    def slow(values):  # mid-read, the writers log 2 x 20,000 rows (an add, an eviction)
+        nonlocal parsed
+        parsed += 1
+        if parsed == 2:
+            _inserted_past(buffer, _inserted(buffer) + 20_000)
+        return floats(values)
+
+    apply = MassReplica.apply
+
+    def applying(self, entry):  # while the first reply is applied, the writers add again
+        nonlocal applied
+        applied += 1
+        if applied == 1:
+            _inserted_past(buffer, _inserted(buffer) + 1024)
+        return apply(self, entry)
+
+    with _two_writers(url, buffer, capacity + 2000, batch=512):
+        monkeypatch.setattr(first_read, "_SCAN_COUNT", 2000)
+        monkeypatch.setattr(replica_module, "read_scores", reading)
+        monkeypatch.setattr(first_read, "_floats", slow)
+        monkeypatch.setattr(MassReplica, "apply", applying)
+        replica = MassReplica(rule)
+        replica.load(buffer.view)
+        monkeypatch.undo()
+    assert attempts == 1
+    replica.sync(buffer.view)
+    keys = BufferKeys(buffer_name)
+    if rule == "per":
+        truth = {int(k): float(v) for k, v in buffer.client.hgetall(keys.per).items()}
+    else:
+        truth = {int(m): s for m, s in buffer.client.zrange(keys.prio, 0, -1, withscores=True)}
+    held = ~np.isnan(replica.scores[: replica.count])
+    mine = dict(zip(replica.ids[: replica.count][held].tolist(),
+                    replica.scores[: replica.count][held].tolist(), strict=True))
+    assert mine == truth
+    assert buffer.client.hget(keys.meta, "log_pins") is None
 
 
 def test_a_replica_far_behind_catches_up_in_bounded_replies(url, buffer_name):

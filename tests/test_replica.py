@@ -17,6 +17,7 @@ from replica_helpers import followed_masses, fresh_replica, replica_scores
 from test_sampling import chi2, chi2_limit
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer, ShardedReplayBuffer
+from redisbuf.sampling import first_read
 from redisbuf.sampling.replica import MassReplica, replica_of
 
 
@@ -361,6 +362,110 @@ def test_a_snapshot_replaced_while_read_is_read_again(client, buffer_name, monke
     assert replica_scores(reader) == {int(i): float(i - 1) for i in range(1, 11)}
 
 
+def test_a_snapshot_not_used_leaves_no_pin(client, buffer_name, monkeypatch):
+    """A replica pins the log at the snapshot's version before reading it; when it does
+    not use it (the log no longer reaches back to it, or its chunks were replaced) the
+    pin goes too. One left at a version below the log's first stopped all trimming (and
+    the scan after it kept renewing it in its place), so the log grew past its limit."""
+    from redisbuf.sampling import replica as replica_module
+
+    monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)
+    monkeypatch.setattr(replica_module, "_SNAP_CHUNK", 4)
+    buffer = _per_buffer(client, buffer_name, capacity=40_000)
+    buffer.add({"x": np.arange(10)})
+    MassReplica("per").load(buffer.view)  # writes a snapshot at this version
+    keys = BufferKeys(buffer_name)
+    for _ in range(12):  # 12,000 rows: the log (10,000 rows kept) no longer reaches it
+        buffer.add({"x": np.arange(1000)})
+    later = MassReplica("per")
+    assert not later._load_snapshot(buffer.view)
+    assert client.hget(keys.meta, "log_pins") is None
+    later.load(buffer.view)  # a scan; it then publishes a snapshot of its own
+    assert client.hget(keys.meta, "log_pins") is None
+    for _ in range(12):
+        buffer.add({"x": np.arange(1000)})
+    assert int(client.hget(keys.meta, "log_ids")) <= 10_000  # trimmed to its limit
+    client.hset(keys.snap, "c1", b"\0" * 8 + b"\1" * 64)  # a chunk of another snapshot
+    assert not MassReplica("per")._load_snapshot(buffer.view)
+    assert client.hget(keys.meta, "log_pins") is None
+
+
+def test_a_first_read_across_a_re_creation_uses_the_new_settings(client, buffer_name,
+                                                                  monkeypatch):
+    """The buffer is dropped and re-created with another alpha after a new replica read
+    the PER settings and before it fixed the log's epoch: it reads again and uses the new
+    epoch's alpha (it once kept the old one, and its draws followed the old law)."""
+    priorities = np.array([1.0, 2.0, 4.0, 8.0])
+    old = _per_buffer(client, buffer_name, alpha=1.0, eps=0.0)
+    old.add({"x": np.arange(4)}, priorities=priorities)
+    old.sample(2)
+    load_snapshot = MassReplica._load_snapshot
+    recreated: list[ReplayBuffer] = []
+
+    def racing(self, buffer, *args):
+        if not recreated:  # between the read of the settings and the read of the epoch
+            ReplayBuffer(client, buffer_name, capacity=None).drop()
+            recreated.append(_per_buffer(client, buffer_name, alpha=2.0, eps=0.0))
+            recreated[0].add({"x": np.arange(4)}, priorities=priorities)
+            recreated[0].sample(1)
+        return load_snapshot(self, buffer, *args)
+
+    monkeypatch.setattr(MassReplica, "_load_snapshot", racing)
+    reader = ReplayBuffer(client, buffer_name, capacity=None, seed=7)
+    replica = MassReplica("per")
+    replica.load(reader.view)
+    assert replica.epoch == client.hget(BufferKeys(buffer_name).meta, "log_epoch").decode()
+    assert replica.alpha == 2.0
+    held = ~np.isnan(replica.scores[: replica.count])
+    assert replica.masses[: replica.count][held].tolist() == (priorities ** 2).tolist()
+
+
+def test_each_reader_keeps_its_own_pin_of_the_log(client, buffer_name):
+    """Two first reads pin the log at once: A at an earlier version, B at a later one. A's
+    unpin leaves B's pin (the one shared pin slot once went with A's unpin, and the adds
+    after it trimmed the entries B needed); a renewal replaces the reader's own pin, so
+    one unpin drops it; once none is left the log is trimmed to its limit again. A reader
+    that names no token goes by the version it pinned."""
+    buffer = _per_buffer(client, buffer_name, capacity=20_000)  # the log keeps 10,000 rows
+    rng = np.random.default_rng(8)
+
+    def add(times: int) -> None:
+        for _ in range(times):
+            buffer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
+
+    add(20)
+    buffer.sample(1)  # prioritized sampling on (the mass log kept)
+    keys = BufferKeys(buffer_name)
+    every = keys.all_keys()
+
+    def read(*args) -> list:
+        return buffer._run("masslog_read", every, list(args))
+
+    a = read("", 0, "", "pin", 10_000)  # no token: the reader goes by its version
+    add(2)
+    b = read("", 0, "", "pin", 10_000)
+    assert int(b[2]) > int(a[2])
+    add(1)
+    read("", 0, "", "unpin", int(a[2]))  # A's read is done
+    add(15)  # 30,000 rows: past the limit, while B's pin holds
+    caught = read(b[1], int(b[2]), b[3], "unpin", int(b[2]))
+    assert len(caught) > 4  # entries from the version B pinned: it can catch up
+    assert client.hget(keys.meta, "log_pins") is None
+    add(1)
+    assert int(client.hget(keys.meta, "log_ids")) <= 10_000  # trimmed again
+    read("", 0, "", "pin", 10_000, "readerA")
+    add(1)
+    read("", 0, "", "pin", 10_000, "readerB")
+    read("", 0, "", "pin", 10_000, "readerA")  # a renewal, at the later version
+    read("", 0, "", "unpin", "readerA")
+    pins = client.hget(keys.meta, "log_pins").decode()
+    assert pins.startswith("readerB=") and ";" not in pins
+    read("", 0, "", "unpin", "readerB")
+    assert client.hget(keys.meta, "log_pins") is None
+    with pytest.raises(ValueError, match="letters and digits"):
+        read("", 0, "", "pin", 10_000, "not;a=token")
+
+
 def _truth(client, name) -> dict[int, float]:
     return {int(k): float(v) for k, v in client.hgetall(BufferKeys(name).per).items()}
 
@@ -378,7 +483,7 @@ def test_a_first_read_in_slices_catches_the_writes_made_between_them(
 
     from redisbuf.sampling import replica as replica_module
 
-    monkeypatch.setattr(replica_module, "_SCAN_COUNT", 200)
+    monkeypatch.setattr(first_read, "_SCAN_COUNT", 200)
     if mode == "longer_than_a_pin":  # 15 slices of 0.25 s; a pin of 2.5 s, renewed
         monkeypatch.setattr(replica_module, "_PIN_MS", 2500)
     rng = np.random.default_rng(5)
@@ -405,9 +510,9 @@ def test_a_first_read_in_slices_catches_the_writes_made_between_them(
 
     buffer._run = recording
     if mode == "one_at_a_time":
-        monkeypatch.setattr(replica_module, "_plain_pool", lambda client: None)
+        monkeypatch.setattr(first_read, "_plain_pool", lambda client: None)
     parsed = 0
-    floats = replica_module._floats
+    floats = first_read._floats
 
     def writing(values):
         nonlocal parsed
@@ -421,7 +526,7 @@ def test_a_first_read_in_slices_catches_the_writes_made_between_them(
             time.sleep(0.25)
         return floats(values)
 
-    monkeypatch.setattr(replica_module, "_floats", writing)
+    monkeypatch.setattr(first_read, "_floats", writing)
     replica = MassReplica("per")
     replica.load(buffer.view)
     assert parsed > 4  # the writes came between two slices
@@ -431,6 +536,63 @@ def test_a_first_read_in_slices_catches_the_writes_made_between_them(
         assert len(plans) >= 4  # renewed
     assert replica_scores(replica) == _truth(client, buffer_name)
     assert replica.version == int(client.hget(BufferKeys(buffer_name).meta, "log_version"))
+
+
+def test_a_first_read_keeps_its_pin_until_it_has_caught_up(client, buffer_name, monkeypatch):
+    """More rows are written during a first read than one catch-up reply carries
+    (MASSLOG_REPLY_ROWS, 20,000), and another add comes while the replica applies the
+    first reply: the log keeps every entry after the version the read began at until the
+    replica has caught up (the pin was once dropped with the first reply, that add trimmed
+    the rest, and the read began again), so it ends in one attempt holding what the server
+    holds, and its pin is gone."""
+    monkeypatch.setattr(first_read, "_SCAN_COUNT", 200)
+    rng = np.random.default_rng(6)
+    buffer = _per_buffer(client, buffer_name, capacity=3000)
+    for _ in range(3):
+        buffer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
+    buffer.sample(4)  # prioritized sampling on (the mass log kept)
+    keys = BufferKeys(buffer_name)
+    client.delete(keys.snap)
+    writer = _per_buffer(client, buffer_name, capacity=3000)
+    starts: list[int] = []
+    run = buffer._run
+
+    def recording(name, keys_, args, **kw):
+        reply = run(name, keys_, args, **kw)
+        if name == "masslog_read" and args[3:4] == ["pin"]:
+            starts.append(int(reply[2]))
+        return reply
+
+    buffer._run = recording
+    parsed = 0
+    floats = first_read._floats
+
+    def writing(values):
+        nonlocal parsed
+        parsed += 1
+        if parsed == 3:  # 16 adds at capacity: 32,000 rows (an add and an eviction each)
+            for _ in range(16):
+                writer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
+        return floats(values)
+
+    monkeypatch.setattr(first_read, "_floats", writing)
+    applied = 0
+    apply = MassReplica.apply
+
+    def adding(self, entry):
+        nonlocal applied
+        applied += 1
+        if applied == 1:  # while the first reply is applied: the next add trims the log
+            writer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
+        return apply(self, entry)
+
+    monkeypatch.setattr(MassReplica, "apply", adding)
+    replica = MassReplica("per")
+    replica.load(buffer.view)
+    assert len(starts) == 1  # one attempt
+    assert replica_scores(replica) == _truth(client, buffer_name)
+    assert replica.version == int(client.hget(keys.meta, "log_version"))
+    assert client.hget(keys.meta, "log_pins") is None
 
 
 def test_sparse_ids_are_scanned_and_dense_ones_asked_for(client, buffer_name):
@@ -463,9 +625,8 @@ def test_a_first_softmax_read_scans_the_log_rewards(client, buffer_name, monkeyp
     0); a SCAN step may return a member twice, which the replica holds once."""
     from redisbuf import PrioritizedSampler
     from redisbuf.errors import SamplingError
-    from redisbuf.sampling import replica as replica_module
 
-    monkeypatch.setattr(replica_module, "_SCAN_COUNT", 7)
+    monkeypatch.setattr(first_read, "_SCAN_COUNT", 7)
     buffer = ReplayBuffer(client, buffer_name, capacity=300, sampler=PrioritizedSampler(),
                           seed=3)
     rewards = np.linspace(-5, 5, 120)
@@ -479,14 +640,14 @@ def test_a_first_softmax_read_scans_the_log_rewards(client, buffer_name, monkeyp
             buffer.sample(2)
     else:
         buffer.sample(2)
-    scan = replica_module._scan
+    scan = first_read._scan
 
     def twice(*args):  # every step handed on twice: its members come twice
         for step in scan(*args):
             yield step
             yield step
 
-    monkeypatch.setattr(replica_module, "_scan", twice)
+    monkeypatch.setattr(first_read, "_scan", twice)
     replica = fresh_replica(client, buffer_name, "softmax")
     expected = rewards if stored else np.zeros(120)
     assert replica_scores(replica) == dict(zip(ids.tolist(), expected.tolist(), strict=True))

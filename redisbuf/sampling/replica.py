@@ -14,20 +14,18 @@ follow every change made before the commit.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import redis
 
 from ..errors import EmptyBufferError, PrioritizedSamplingOffError, SamplingError
-from ..store.connection import LOST, unavailable
 from ..store.keys import last_of_each
+from .first_read import read_scores
 
 if TYPE_CHECKING:
     from .base import BufferView
@@ -41,17 +39,12 @@ _LARGEST = 2.0**990  # a mass's cap: 2^32 such masses sum to a finite number
 # those per group of _FAN blocks: a draw reads _FAN block sums and _FAN masses.
 _FAN = 32
 _BLOCK = _FAN * _FAN  # slots per group; arrays are a whole number of groups
-# A first read without a snapshot: native calls of this many items each (an HMGET of that
-# many ids, or a SCAN step of that COUNT: about 5 ms of server time at 2x10^6 items), the
-# log kept for the reader meanwhile (lua/replica_read.lua, renewed every _PIN_MS / 4).
-_SCAN_COUNT = 10_000
+# A first read without a snapshot (first_read.py): the log's entries after the version it
+# began at are kept for the reader this long, renewed every _PIN_MS / 4 while it reads.
 _PIN_MS = 10_000
-# HMGET calls in flight at once: the server answers the next while this process parses one
-_DEPTH = 3
-# "0000" .. "9999": a stored id's 12 digits are three of these
-_DIGITS4 = np.frombuffer(b"".join(b"%04d" % i for i in range(10_000)),
-                         dtype=np.uint8).reshape(-1, 4)
 _LOAD_ATTEMPTS = 20
+# The meta fields that say whether the log is kept and how scores become masses
+_SETTINGS = ("masslog", "mass", "per_alpha", "per_eps")
 # A snapshot holds this many items a chunk (16 bytes each: a 1 MiB field), and a replica
 # writes a new one after applying max(_SNAP_ROWS, half its length) logged rows.
 _SNAP_CHUNK = 65_536
@@ -349,11 +342,14 @@ class MassReplica:
             return None
         return set(np.concatenate(touched).tolist()) if touched else set()
 
-    def _follow(self, buffer: BufferView, reply: Sequence[Any]) -> list[np.ndarray] | None:
+    def _follow(self, buffer: BufferView, reply: Sequence[Any],
+                holder: str | None = None) -> list[np.ndarray] | None:
         """Apply a masslog_behind reply's entries, and the log's next ones while replies
         stop short of the version they report. The ids each entry named; None when the
         log cannot bring the replica up to date (another epoch or history, an X entry,
-        entries no longer held)."""
+        entries no longer held). ``holder``: each further read also keeps the entries
+        after the replica's version for ``_PIN_MS`` as that reader's pin (a first read
+        catching up, however many entries were written while it read)."""
         touched: list[np.ndarray] = []
         while True:
             epoch, version, stamp = _text(reply[1]), int(reply[2]), _text(reply[3])
@@ -373,7 +369,7 @@ class MassReplica:
                 if self.rows_applied > max(_SNAP_ROWS, self.live // 2):
                     self.write_snapshot(buffer)
                 return touched
-            reply = self._read_log(buffer)
+            reply = self._read_log(buffer, *(("pin_at", _PIN_MS, holder) if holder else ()))
             if int(reply[0]) == 2:
                 raise _NotOn(self.rule, self.rule == "per")
 
@@ -401,34 +397,59 @@ class MassReplica:
         (a new epoch) makes it start again."""
         keys = buffer.keys
         all_keys = keys.all_keys()
+        holder = os.urandom(8).hex()  # this read's pins, apart from other readers'
         for _ in range(_LOAD_ATTEMPTS):
-            conf = buffer.client.hmget(keys.meta, "masslog", "mass", "per_alpha", "per_eps")
+            conf = buffer.client.hmget(keys.meta, *_SETTINGS)
             logged, mass, alpha, eps = conf
             per = mass in (b"per", "per")
             if logged not in (b"1", "1") or (self.rule == "per") != per:
                 raise _NotOn(self.rule, per)
             if per:
                 self.alpha, self.eps = float(alpha), float(eps)
-            if self._load_snapshot(buffer):
-                return
-            start = buffer.run("masslog_read", all_keys, ["", 0, "", "pin", _PIN_MS])
+            if self._load_snapshot(buffer, holder):
+                if self._settings_held(buffer, conf):
+                    return
+                continue
+            start = buffer.run("masslog_read", all_keys, ["", 0, "", "pin", _PIN_MS, holder])
             if int(start[0]) == 2:
                 raise _NotOn(self.rule, per)
             epoch, version, stamp = _text(start[1]), int(start[2]), _text(start[3])
-            ids, scores = _read_scores(buffer, version)
+            ids, scores = read_scores(buffer, version, _PIN_MS, holder)
             if len(ids) > 1 and not bool((ids[1:] > ids[:-1]).all()):
                 ids, first = np.unique(ids, return_index=True)  # SCAN may return one twice
                 scores = scores[first]
             self._set_arrays(ids, scores)
             self.epoch, self.version, self.stamp = epoch, version, stamp
-            reply = self._read_log(buffer, "unpin", version)
-            if int(reply[0]) == 2:
-                raise _NotOn(self.rule, per)
-            if self._follow(buffer, reply) is not None:
+            # the pin stays until the replica has caught up: a reply carries at most
+            # MASSLOG_REPLY_ROWS rows, and the writers' next adds would trim the rest
+            try:
+                reply = self._read_log(buffer, "pin_at", _PIN_MS, holder)
+                if int(reply[0]) == 2:
+                    raise _NotOn(self.rule, per)
+                followed = self._follow(buffer, reply, holder) is not None
+            finally:
+                self._unpin(buffer, holder)
+            if followed and self._settings_held(buffer, conf):
                 self.write_snapshot(buffer)  # the next replica reads that instead
                 return
-        raise SamplingError(f"buffer {buffer.name!r}: its scores could not be read "
-                            f"in {_LOAD_ATTEMPTS} attempts (it was cleared during each)")
+        raise SamplingError(
+            f"buffer {buffer.name!r}: its scores could not be read in {_LOAD_ATTEMPTS} "
+            "attempts: each time the log no longer reached back to the version the read "
+            "began at, or the mass rule changed (the buffer was cleared or re-created, or "
+            f"a read stalled past its {_PIN_MS} ms pin)")
+
+    def _settings_held(self, buffer: BufferView, conf: list[Any]) -> bool:
+        """Whether the log is still of this replica's epoch and the buffer's mass rule
+        settings are still ``conf``, read before that epoch was fixed: a drop and
+        re-create with another alpha or eps in between gives the new epoch's scores,
+        whose masses need the new settings."""
+        *now, epoch = buffer.client.hmget(buffer.keys.meta, *_SETTINGS, "log_epoch")
+        return now == list(conf) and epoch is not None and _text(epoch) == self.epoch
+
+    def _unpin(self, buffer: BufferView, holder: str) -> None:
+        """Drop reader ``holder``'s pin of the log; other readers' stay
+        (lua/_replica_reads.lua)."""
+        buffer.run("masslog_read", buffer.keys.all_keys(), ["", 0, "", "unpin", holder])
 
     # -- snapshots ----------------------------------------------------------------------
 
@@ -469,9 +490,11 @@ class MassReplica:
             return False  # a part written before the refusal expires with the staging key
         return bool(int(published))
 
-    def _load_snapshot(self, buffer: BufferView) -> bool:
+    def _load_snapshot(self, buffer: BufferView, holder: str | None = None) -> bool:
         """Read the buffer's snapshot and the log entries after it; False when there is
-        none of this rule, or the log no longer reaches back to it."""
+        none of this rule, or the log no longer reaches back to it. ``holder``: the
+        reader's token its pin of the log goes by (a new one when None)."""
+        holder = holder or os.urandom(8).hex()
         keys = buffer.keys
         header_text = buffer.client.hget(keys.snap, "header")
         if header_text is None:
@@ -481,9 +504,20 @@ class MassReplica:
             return False
         epoch, version, stamp = header["epoch"], int(header["version"]), header["stamp"]
         reply = buffer.run("masslog_read", keys.all_keys(),
-                            [epoch, version, stamp, "pin_at", _PIN_MS])
+                            [epoch, version, stamp, "pin_at", _PIN_MS, holder])
         if int(reply[0]) == 2:
             raise _NotOn(self.rule, self.rule == "per")
+        try:  # whatever the outcome, the pin goes (one left below log_first stops trimming)
+            return self._read_snapshot(buffer, header, reply, holder)
+        finally:
+            self._unpin(buffer, holder)
+
+    def _read_snapshot(self, buffer: BufferView, header: dict, reply: Sequence[Any],
+                       holder: str) -> bool:
+        """:meth:`_load_snapshot`'s read of the chunks and catch-up, the log pinned at the
+        snapshot's version (``reply``: the pinning masslog_read's)."""
+        keys = buffer.keys
+        epoch, version, stamp = header["epoch"], int(header["version"]), header["stamp"]
         current = (_text(reply[1]), int(reply[2]), _text(reply[3])) == (epoch, version, stamp)
         if not current and len(reply) == 4:
             return False
@@ -503,9 +537,7 @@ class MassReplica:
         self._set_arrays(ids.astype(np.int64), scores.astype(np.float64))
         self.epoch, self.version, self.stamp = epoch, version, stamp
         self.rows_applied = 0
-        followed = current or self._follow(buffer, reply) is not None
-        self._read_log(buffer, "unpin", version)
-        return followed
+        return current or self._follow(buffer, reply, holder) is not None
 
     # -- drawing ------------------------------------------------------------------------
 
@@ -621,149 +653,6 @@ class MassReplica:
         self.ref = float(finite.max()) if len(finite) else self.ref
         self.masses[: self.count] = self.masses_of(scores)
         self._refresh_blocks(0, len(self.group_sums))
-
-
-# -- a first read without a snapshot ---------------------------------------------------------
-
-
-def _read_scores(buffer: BufferView, version: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, scores) of every item present from log version ``version`` (pinned) until
-    the read ends; an item changed meanwhile may come with either score, one added or
-    removed meanwhile may come or not, an id may come twice. lua/replica_read.lua says
-    what to read (and renews the pin); the reads are native commands of bounded cost,
-    parsed with numpy, several in flight where the ids are known beforehand."""
-    all_keys = buffer.keys.all_keys()
-
-    def pin() -> list[Any]:
-        return buffer.run("replica_read", all_keys, [_PIN_MS, version])
-
-    plan = pin()
-    how, key = _text(plan[0]), plan[1]
-    renewed = time.monotonic()
-
-    def renew() -> None:
-        nonlocal renewed
-        if time.monotonic() - renewed > _PIN_MS / 4000:
-            pin()
-            renewed = time.monotonic()
-
-    client = buffer.client
-    if how == "ids":
-        return _read_by_id(client, key, int(plan[2]), int(plan[3]), renew)
-    command = "HSCAN" if how == "hash" else "ZSCAN"
-    id_parts, score_parts = [], []
-    for ids, scores in _scan(client, command, key, renew):
-        id_parts.append(np.array(ids, dtype=np.int64) if ids else np.empty(0, np.int64))
-        if how == "zero":  # no log-rewards stored: every item's is 0
-            score_parts.append(np.zeros(len(ids)))
-        else:
-            score_parts.append(_floats(scores))
-    return np.concatenate(id_parts), np.concatenate(score_parts)
-
-
-def _plain_pool(client: Any) -> Any:
-    """The connection pool of a client of one server (commands can be sent ahead of
-    their replies on one of its connections), None for another (a cluster's)."""
-    plain = getattr(client, "unwrapped", client)  # a Guarded client (store/connection.py)
-    return plain.connection_pool if isinstance(plain, redis.Redis) else None
-
-
-def _scan(client: Any, command: str, key: bytes,
-          renew: Callable[[], None]) -> Iterator[tuple[list[bytes], list[Any]]]:
-    """The (members, scores) of each step of a full HSCAN / ZSCAN of ``key``. The next
-    step is asked for before this one is handed on, so the server reads while the
-    caller parses."""
-    pool = _plain_pool(client)
-    if pool is None:
-        cursor: Any = 0
-        while True:
-            renew()
-            if command == "HSCAN":
-                cursor, found = client.hscan(key, cursor, count=_SCAN_COUNT)
-                yield list(found.keys()), list(found.values())
-            else:
-                cursor, pairs = client.zscan(key, cursor, count=_SCAN_COUNT)
-                yield [m for m, _ in pairs], [s for _, s in pairs]
-            if int(cursor) == 0:
-                return
-    with _sending_ahead(client, pool) as connection:
-        connection.send_command(command, key, 0, "COUNT", _SCAN_COUNT)
-        while True:
-            cursor, flat = connection.read_response()
-            done = int(cursor) == 0
-            if not done:
-                renew()
-                connection.send_command(command, key, cursor, "COUNT", _SCAN_COUNT)
-            yield flat[0::2], flat[1::2]
-            if done:
-                return
-
-
-@contextlib.contextmanager
-def _sending_ahead(client: Any, pool: Any) -> Iterator[Any]:
-    """A connection of ``pool`` to send commands on ahead of their replies: given back
-    after; dropped when the block ends early (replies may still be on their way, so it
-    is not reusable), a lost server raised as ServerUnavailableError."""
-    connection = pool.get_connection()
-    try:
-        yield connection
-    except LOST as exc:
-        connection.disconnect()
-        raise unavailable(client, exc) from None
-    except BaseException:
-        connection.disconnect()
-        raise
-    finally:
-        pool.release(connection)
-
-
-def _read_by_id(client: Any, key: bytes, first: int, last: int,
-                renew: Callable[[], None]) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, priorities) of the ids first .. last that ``key`` (the per hash) holds, by
-    HMGET slices of ``_SCAN_COUNT`` ids, ``_DEPTH`` of them in flight at once."""
-    ids = np.arange(first, last + 1, dtype=np.int64)
-    scores = np.empty(len(ids))
-    bounds = [(a, min(a + _SCAN_COUNT, len(ids))) for a in range(0, len(ids), _SCAN_COUNT)]
-    pool = _plain_pool(client)
-    if pool is None:
-        for a, b in bounds:
-            renew()
-            scores[a:b] = _floats(client.hmget(key, [b"%012d" % i for i in ids[a:b].tolist()]))
-    else:
-        key_bytes = key if isinstance(key, bytes) else str(key).encode()
-        head = b"$5\r\nHMGET\r\n$%d\r\n%s\r\n" % (len(key_bytes), key_bytes)
-        with _sending_ahead(client, pool) as connection:
-            sent = 0
-            for k, (a, b) in enumerate(bounds):
-                while sent < min(len(bounds), k + _DEPTH):
-                    lo, hi = bounds[sent]
-                    connection.send_packed_command(
-                        [b"*%d\r\n" % (hi - lo + 2) + head, _id_fields(ids[lo:hi])])
-                    sent += 1
-                scores[a:b] = _floats(connection.read_response())
-                renew()
-    held = ~np.isnan(scores)
-    return ids[held], scores[held]
-
-
-def _id_fields(ids: np.ndarray) -> bytes:
-    """Ids (below 10^12) as RESP bulk strings of their stored form (``%012d``), back to
-    back, built without a Python loop."""
-    rows = np.empty((len(ids), 19), dtype=np.uint8)
-    rows[:, :5] = np.frombuffer(b"$12\r\n", dtype=np.uint8)
-    rows[:, 5:9] = _DIGITS4[ids // 100_000_000]
-    rows[:, 9:13] = _DIGITS4[(ids // 10_000) % 10_000]
-    rows[:, 13:17] = _DIGITS4[ids % 10_000]
-    rows[:, 17] = 13
-    rows[:, 18] = 10
-    return rows.tobytes()
-
-
-def _floats(values: Sequence[Any]) -> np.ndarray:
-    """Numbers as text (or floats; ``inf``, ``-inf``), None (absent) as NaN."""
-    if None in values:
-        values = [b"nan" if v is None else v for v in values]
-    return np.array(values, dtype=np.float64) if len(values) else np.empty(0)
 
 
 class _NotOn(PrioritizedSamplingOffError):
