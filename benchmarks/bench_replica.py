@@ -11,7 +11,8 @@ priorities read in native calls of bounded cost, after which it writes one), the
 (a new process's replica: the snapshot and the log after it). Printed per size: each
 read's wall time and the commands the server ran meanwhile (SLOWLOG; the writers' too),
 the server's CPU time during the first read (INFO cpu: commands, parsing and replies),
-the replica's bytes per item (its arrays) and the first read's resident-memory growth
+the time a snapshot write takes the writing process, the replica's bytes per item (its
+arrays) and the first read's resident-memory growth
 per item, and the longest command the server ran meanwhile. Targets (issue 31): <= 32 B
 per item, <= 1 s at 2x10^6 items, no command over 100 ms.
 
@@ -93,6 +94,9 @@ def measure(url: str, size: int, writers: int) -> dict[str, Any]:
     logged = client.slowlog_get(1_000_000)
     scan_calls = len(logged)
     client.slowlog_reset()
+    started = time.perf_counter()
+    replica.write_snapshot(buffer.view)  # what a following sampler does every so often
+    write_seconds = time.perf_counter() - started
     again = MassReplica("per")
     started = time.perf_counter()
     again.load(buffer.view)  # a new process's replica: the snapshot and the log after it
@@ -114,7 +118,7 @@ def measure(url: str, size: int, writers: int) -> dict[str, Any]:
         "scan_calls": float(scan_calls), "scan_cpu": scan_cpu,
         "bytes_per_item": replica.nbytes / max(len(replica), 1),
         "rss_per_item": grown / max(len(replica), 1), "calls": float(calls),
-        "longest_ms": longest, "longest_name": longest_name,
+        "longest_ms": longest, "longest_name": longest_name, "write_seconds": write_seconds,
     }
     buffer.drop()
     return out
@@ -199,14 +203,14 @@ def main() -> None:
             return
         table = Table(title=f"First read of a PER replica ({args.writers} writers meanwhile)")
         for column in ("items", "read s (snapshot)", "calls", "read s (scan)", "calls",
-                       "server CPU s (scan)",
+                       "server CPU s (scan)", "snapshot write s",
                        "B/item (arrays)", "B/item (RSS)", "longest command ms"):
             table.add_column(column, justify="right")
         for size in sizes:
             r = measure(url, size, args.writers)
             table.add_row(f"{int(r['items']):,}", f"{r['seconds']:.2f}", f"{int(r['calls'])}",
                           f"{r['scan_seconds']:.2f}", f"{int(r['scan_calls'])}",
-                          f"{r['scan_cpu']:.2f}",
+                          f"{r['scan_cpu']:.2f}", f"{r['write_seconds']:.2f}",
                           f"{r['bytes_per_item']:.1f}", f"{r['rss_per_item']:.1f}",
                           f"{r['longest_ms']:.1f} ({r['longest_name']})")
         Console().print(table)

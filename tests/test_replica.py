@@ -691,3 +691,63 @@ def test_holes_are_filled_among_the_untouched_items_however_little_they_weigh():
     threes = int((filled == 3).sum())
     assert abs(threes - 0.75 * holes) < 4.5 * np.sqrt(holes * 0.75 * 0.25), threes
     assert _fill_holes(replica, b",", [np.array([1, 2, 3])], rng) is None
+
+
+def test_a_following_replica_keeps_the_snapshot_within_the_logs_reach(
+    client, buffer_name, monkeypatch
+):
+    """A sampler following a full buffer while another process adds writes snapshots often
+    enough that the newest stays within what the log keeps (max(10,000, capacity / 4)
+    rows): a new replica can always start from it (the review found it out of reach
+    about half the time, a replica writing one every half its length)."""
+    from redisbuf.sampling import replica as replica_module
+
+    monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)
+    capacity = 40_000
+    sampler = _per_buffer(client, buffer_name, capacity=capacity)
+    writer = _per_buffer(client, buffer_name, capacity=capacity)
+    for _ in range(capacity // 1000):
+        writer.add({"x": np.arange(1000)})
+    sampler.sample(4)  # the first read, then a snapshot
+    keys = BufferKeys(buffer_name)
+    out_of_reach = 0
+    for _ in range(40):
+        writer.add({"x": np.arange(1000)})  # 1,000 added and 1,000 evicted: 2,000 rows
+        sampler.sample(4)
+        snap, first = client.hmget(keys.meta, "snap_version", "log_first")
+        out_of_reach += int(snap) < int(first)
+    assert out_of_reach == 0
+    fresh = MassReplica("per")
+    assert fresh._load_snapshot(sampler.view)
+
+
+def test_two_following_replicas_do_not_both_write_every_snapshot(
+    client, buffer_name, monkeypatch
+):
+    """A replica skips its snapshot when another process published one in the later
+    half of the versions since its own: two samplers following the same buffer write
+    about as many snapshots between them as one alone."""
+    from redisbuf.sampling import replica as replica_module
+
+    monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)
+    written: list[int] = []
+    write = MassReplica.write_snapshot
+    monkeypatch.setattr(MassReplica, "write_snapshot",
+                        lambda self, buffer: written.append(id(self)) or write(self, buffer))
+    capacity = 40_000
+    writer = _per_buffer(client, buffer_name, capacity=capacity)
+    for _ in range(capacity // 1000):
+        writer.add({"x": np.arange(1000)})
+    samplers = [_per_buffer(client, buffer_name, capacity=capacity) for _ in range(2)]
+    counts = []
+    for sampling in (samplers[:1], samplers):
+        for sampler in sampling:
+            sampler.sample(4)
+        written.clear()
+        for _ in range(30):
+            writer.add({"x": np.arange(1000)})
+            for sampler in sampling:
+                sampler.sample(4)
+        counts.append(len(written))
+    alone, together = counts
+    assert alone >= 8 and together <= alone + 2, counts

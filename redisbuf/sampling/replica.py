@@ -46,9 +46,12 @@ _LOAD_ATTEMPTS = 20
 # The meta fields that say whether the log is kept and how scores become masses
 _SETTINGS = ("masslog", "mass", "per_alpha", "per_eps")
 # A snapshot holds this many items a chunk (16 bytes each: a 1 MiB field), and a replica
-# writes a new one after applying max(_SNAP_ROWS, half its length) logged rows.
+# writes a new one after applying max(_SNAP_ROWS, an eighth of its length) logged rows,
+# unless another process published one since half as many: the log keeps at least
+# max(10,000, capacity / 4) rows (lua/_masslog.lua), so the newest snapshot stays within
+# its reach and a new replica reads it rather than every item.
 _SNAP_CHUNK = 65_536
-_SNAP_ROWS = 20_000
+_SNAP_ROWS = 5_000
 # Below this many items a scan is a few calls: no snapshot is written (nor read)
 _SNAP_MIN_ITEMS = 50_000
 # What a server that refuses every write answers one (redisbuf/store/scripts.py)
@@ -106,6 +109,7 @@ class MassReplica:
         self.eps = 0.0
         self.ref = 0.0
         self.rows_applied = 0  # log rows applied since the last snapshot read or written
+        self.snap_mark = 0  # the log version at which this replica last wrote or skipped one
         self._set_arrays(np.empty(0, np.int64), np.empty(0))
 
     # -- storage ------------------------------------------------------------------------
@@ -366,8 +370,8 @@ class MassReplica:
                 self.version += 1
                 self.stamp = _text(entry.split(b"|", 3)[2])
             if self.version >= version:  # as of the reply (the caller's moment)
-                if self.rows_applied > max(_SNAP_ROWS, self.live // 2):
-                    self.write_snapshot(buffer)
+                if self.rows_applied > max(_SNAP_ROWS, self.live // 8):
+                    self._renew_snapshot(buffer)
                 return touched
             reply = self._read_log(buffer, *(("pin_at", _PIN_MS, holder) if holder else ()))
             if int(reply[0]) == 2:
@@ -453,6 +457,16 @@ class MassReplica:
 
     # -- snapshots ----------------------------------------------------------------------
 
+    def _renew_snapshot(self, buffer: BufferView) -> None:
+        """Write a snapshot unless another process published one of this epoch in the
+        later half of the log versions since this replica last wrote or skipped one."""
+        published = buffer.client.hmget(buffer.keys.meta, "snap_epoch", "snap_version")
+        if _text(published[0] or b"") == self.epoch and published[1] is not None \
+                and 2 * int(published[1]) >= self.snap_mark + self.version:
+            self.rows_applied, self.snap_mark = 0, self.version
+            return
+        self.write_snapshot(buffer)
+
     def write_snapshot(self, buffer: BufferView) -> bool:
         """Publish this replica's scores (when it holds at least ``_SNAP_MIN_ITEMS``) as
         the buffer's snapshot (``rb:{name}:snap``): a
@@ -463,7 +477,7 @@ class MassReplica:
         published: not when the server refuses writes (``maxmemory`` reached under
         ``noeviction``, a read-only replica), where the snapshot, a shortcut for later
         replicas, is skipped and the draw goes on."""
-        self.rows_applied = 0
+        self.rows_applied, self.snap_mark = 0, self.version
         if self.live < _SNAP_MIN_ITEMS:
             return False
         count = self.count
