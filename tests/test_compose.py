@@ -223,7 +223,11 @@ def test_compose_commands_run_together_without_docker(
     ]
     try:
         outputs = [w.communicate(timeout=120)[0] for w in workers]
-        assert [w.returncode for w in workers] == [0] * replicas, outputs
+        if [w.returncode for w in workers] != [0] * replicas:
+            if manager.poll() is None:
+                manager.kill()  # what it said is why the workers failed, or half of it
+            raise AssertionError(f"workers {[w.returncode for w in workers]}: {outputs}; "
+                                 f"the manager: {manager.communicate(timeout=30)[0]}")
         manager_out = manager.communicate(timeout=60)[0]
     finally:
         for proc in (manager, *workers):
