@@ -11,6 +11,9 @@
 -- ARGV[4] "1" = also return the blobs (atomic), "0" = only where the episodes are (a step
 -- position is never reused and an episode's steps go in one script, so a later HMGET of
 -- an episode's positions finds all its steps or none)
+-- ARGV[5] (optional, default 0) draws of the caller's previous attempt that it threw away
+-- (an episode evicted before its HMGET): taken off meta `sampled`, which counts episodes
+-- returned
 -- Returns {schema text, entry_1..entry_n}, one entry per draw: {episode id, position of
 -- its first step, number of steps, blob_1..blob_T if asked}.
 -- Errors: RB_EMPTY (no episode, or fewer than n without replacement), RB_INVALID, RB_LIMIT
@@ -52,5 +55,7 @@ for i = 1, n do
   end
   out[i + 1] = entry
 end
-if not RB_NO_WRITES then redis.call('HINCRBY', meta, 'sampled', n) end  -- read-only variant: no counter
+if not RB_NO_WRITES then  -- read-only variant: no counter
+  redis.call('HINCRBY', meta, 'sampled', n - (tonumber(ARGV[5]) or 0))
+end
 return out

@@ -13,6 +13,8 @@
 -- ARGV[5] "1" = also return the blobs (atomic), "0" = only where the windows are (a step
 -- position is never reused and an episode's steps go in one script, so a later HMGET of
 -- a window's positions finds all its steps or none)
+-- ARGV[6] (optional, default 0) windows of the caller's previous attempt that it threw
+-- away (evicted before its HMGET) and draws again here: taken off meta `sampled`
 -- Returns {schema text, entry_1..entry_n}, one entry per window: {episode id, offset of
 -- its first step in the episode, position of that step, blob_1..blob_length if asked}.
 -- Errors: RB_EMPTY (no stored episode has `length` steps), RB_INVALID, RB_LIMIT (n * length
@@ -89,5 +91,7 @@ for i = 1, n do
   end
   out[i + 1] = entry
 end
-if not RB_NO_WRITES then redis.call('HINCRBY', meta, 'sampled', n) end  -- read-only variant: no counter
+if not RB_NO_WRITES then  -- read-only variant: no counter
+  redis.call('HINCRBY', meta, 'sampled', n - (tonumber(ARGV[6]) or 0))
+end
 return out

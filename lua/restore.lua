@@ -77,6 +77,7 @@ for i = 2, m do
   redis.call('UNLINK', KEYS[i])
   if redis.call('EXISTS', KEYS[m + i]) == 1 then
     redis.call('RENAME', KEYS[m + i], KEYS[i])
+    redis.call('PERSIST', KEYS[i])  -- staged keys expire if their load dies (checkpoint.py)
   end
 end
 redis.call('UNLINK', staged_meta)

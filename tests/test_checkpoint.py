@@ -501,3 +501,63 @@ def _small_source(made, buffer_name: str) -> ReplayBuffer:
     source = made(buffer_name + "-small")
     source.add(_batch(19, start=40))
     return source
+
+
+def _load_until_killed(url: str, name: str, path: str, ready) -> None:
+    """Load ``path`` into ``name``, stopping for good after the third staging call."""
+    import time
+
+    buffer = ReplayBuffer(url, name, capacity=20_000, sampler=_per())
+    run, calls = buffer._run, []
+
+    def staged_then_stop(script, keys, args, *rest):
+        reply = run(script, keys, args, *rest)
+        if script == "restore_items":
+            calls.append(script)
+            if len(calls) == 3:
+                ready.set()
+                time.sleep(600)  # killed here
+        return reply
+
+    buffer._run = staged_then_stop
+    buffer.load(path)
+
+
+@pytest.mark.redis_server
+@pytest.mark.multiprocess
+def test_a_load_killed_halfway_leaves_staged_keys_that_expire(redis_server, buffer_name,
+                                                             tmp_path):
+    """A process killed in the middle of a load (no finally runs) leaves the buffer as it
+    was, and its staged keys expire (the review found them kept forever: a hidden copy
+    of the data); a load that finishes leaves no key with an expiry."""
+    import multiprocessing
+
+    import redis
+
+    url = redis_server.url
+    source = ReplayBuffer(url, buffer_name + "-src", capacity=20_000, sampler=_per())
+    for _ in range(5):
+        source.add(_batch(1000))
+    path = str(tmp_path / "ckpt.rbuf")
+    source.save(path)
+    target = ReplayBuffer(url, buffer_name, capacity=20_000, sampler=_per())
+    target.add(_batch(10))
+    client = redis.Redis.from_url(url)
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    child = ctx.Process(target=_load_until_killed, args=(url, buffer_name, path, ready))
+    child.start()
+    try:
+        assert ready.wait(60), "the load did not reach its third staging call"
+    finally:
+        child.kill()
+        child.join(30)
+    assert len(target) == 10
+    staged = list(client.scan_iter(f"rb:{{{buffer_name}}}:staging:*"))
+    assert staged
+    assert all(0 < client.ttl(key) <= 600 for key in staged), [client.ttl(k) for k in staged]
+    target.load(path)
+    assert len(target) == 5000
+    assert all(client.ttl(key) == -1 for key in client.scan_iter(f"rb:{{{buffer_name}}}:*")
+               if b":staging:" not in key)
+    client.close()

@@ -129,6 +129,7 @@ def test_a_window_evicted_before_its_read_is_drawn_again(client, buffer_name, mo
     for t, off in zip(w.data["t"], w.offsets, strict=True):
         np.testing.assert_array_equal(t, np.arange(off, off + 3))
     assert len(reads) == min(evictions + 1, 3)
+    assert buffer.stats()["sampled"] == 4  # the windows thrown away are not counted
 
 
 @pytest.mark.parametrize("evictions", [1, 3, 10])
@@ -156,6 +157,7 @@ def test_an_episode_evicted_before_its_read_is_drawn_again(client, buffer_name, 
         np.testing.assert_array_equal(ep["tag"], eid)
         np.testing.assert_array_equal(ep["t"], np.arange({newest - 1: 3, newest: 2}[eid]))
     assert len(reads) == min(evictions + 1, 3)
+    assert buffer.stats()["sampled"] == 2  # the draws thrown away are not counted
 
 
 def test_episodes_as_lists_of_steps_and_torch_fields(client, buffer_name):

@@ -57,6 +57,8 @@ from .savefile import (
 # server more than an add's native HSET: 1000 items took 32 ms of its time on a quiet
 # 2-core machine (benchmarks/bench_latency.py --only load), 500 about half
 _STAGE_CHUNK = 500
+# A staged key lives this long after the load's last staging call (renewed by each)
+_STAGED_SECONDS = 600
 
 
 @dataclass
@@ -401,8 +403,18 @@ class Checkpointing:
         # under PER every staged item gets its priority (saved, else the new-item one) and
         # restore_items.lua sums them per chunk: the swap then iterates no item
         per = self.client.hget(self.keys.meta, "mass") == b"per"
+
+        def keep_staged() -> None:
+            # the staged keys expire unless the load goes on: a load killed halfway (no
+            # finally runs) leaves no copy of the data behind; the swap PERSISTs them
+            pipe = self.client.pipeline(transaction=False)
+            for key in staging.all_keys():
+                pipe.expire(key, _STAGED_SECONDS)
+            pipe.execute()
+
         try:
             self._run("restore_stage", [self.keys.meta, staging.meta], [len(records)])
+            keep_staged()
             # up to _STAGE_CHUNK items a chunk, and no more than one add may store (bytes)
             slices = [
                 (start + a, start + b)
@@ -423,6 +435,7 @@ class Checkpointing:
                     for record in chunk:
                         extra += [repr(float(record[3])) if carry_per else "", str(record[4])]
                     self._run("restore_items", staging.all_keys(), extra)
+                keep_staged()
                 if progress is not None and (stop >= mark or stop == len(records)):
                     progress(stop, len(records))  # as each 1,000 items are passed
                     mark = (stop // _READ_CHUNK + 1) * _READ_CHUNK

@@ -333,12 +333,13 @@ class EpisodeBuffer:
         n = _count(n, "n")
         for attempt in range(_FETCH_ATTEMPTS + 1):
             # as in sample_windows; an episode evicted before the HMGET makes the whole
-            # draw start again (redrawing only it could repeat an episode)
+            # draw start again (redrawing only it could repeat an episode), and the draw
+            # thrown away is taken off the sampled count
             inline = attempt == _FETCH_ATTEMPTS
             reply = self._run(
                 "episode_sample",
                 [n, "1" if replace else "0", packed_uniforms(self.rng, n),
-                 "1" if inline else "0"],
+                 "1" if inline else "0", n if attempt else 0],
             )
             schema, entries = reply[0].decode(), reply[1:]
             if inline:
@@ -394,6 +395,7 @@ class EpisodeBuffer:
         offsets = np.zeros(n, dtype=np.int64)
         blobs: list[Any] = [None] * (n * length)
         todo = list(range(n))
+        thrown = 0  # windows drawn and found evicted: taken off the sampled count
         for attempt in range(_FETCH_ATTEMPTS + 1):
             # draw where the windows are, then read them with a native HMGET (far cheaper
             # for the server than returning blobs from Lua); a window evicted in between
@@ -403,7 +405,7 @@ class EpisodeBuffer:
             reply = self._run(
                 "episode_windows",
                 [k, length, WINDOW_TRIES, packed_uniforms(self.rng, k * (WINDOW_TRIES + 1)),
-                 "1" if inline else "0"],
+                 "1" if inline else "0", thrown],
             )
             schema, entries = reply[0].decode(), reply[1:]
             if inline:
@@ -419,7 +421,7 @@ class EpisodeBuffer:
                     continue
                 ids[i], offsets[i] = int(entry[0]), int(entry[1])
                 blobs[i * length : (i + 1) * length] = part
-            todo = missing
+            todo, thrown = missing, len(missing)
             if not todo:
                 break
         if schema == _STEPS_FORM:
