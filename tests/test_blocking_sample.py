@@ -53,6 +53,40 @@ def test_block_waits_for_n_items_or_min_size(client, buffer_name) -> None:
     assert buf.sample(5, block=True, timeout=5, min_size=2)["x"].shape == (5, 1)
 
 
+def test_block_on_a_buffer_another_client_drops_raises(client, buffer_name) -> None:
+    """A buffer dropped while a blocking sample waits for items never comes back: the
+    wait raises NoSuchBufferError, as a sample without block does (the review saw it
+    wait for good, and a blocking Prefetcher's next() hang)."""
+    from redisbuf.errors import NoSuchBufferError
+
+    buf = ReplayBuffer(client, buffer_name, capacity=10)
+    buf.add(_batch(1))
+    timer = _later(0.2, lambda: ReplayBuffer.open(client, buffer_name).drop())
+    start = time.monotonic()
+    try:
+        with pytest.raises(NoSuchBufferError, match="does not exist"):
+            buf.sample(4, block=True, timeout=20)
+    finally:
+        timer.join()
+    assert time.monotonic() - start < 10
+
+
+def test_per_refuses_draws_without_replacement(client, buffer_name) -> None:
+    """PERSampler draws with replacement only; asking for draws without it raises at
+    once instead of returning repeated ids (the review saw 46 of 50 batches with one),
+    and nothing is counted."""
+    from redisbuf import PERSampler
+
+    buf = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(), seed=0)
+    buf.add(_batch(4))
+    with pytest.raises(ValueError, match="PERSampler draws with replacement"):
+        buf.sample(4, replacement=False)
+    with pytest.raises(ValueError, match="replacement=False is not available"):
+        buf.sample_with_info(2, replacement=False, block=True, timeout=1)
+    assert buf.stats()["sampled"] == 0
+    assert len(buf.sample_with_info(4, replacement=True).ids) == 4
+
+
 def test_block_times_out_naming_the_buffer(client, buffer_name) -> None:
     buf = ReplayBuffer(client, buffer_name, capacity=10)
     buf.add(_batch(1))

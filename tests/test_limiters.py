@@ -252,3 +252,47 @@ def test_the_ratio_holds_across_processes(redis_server, real_client, buffer_name
             assert diff <= limiter.max_diff or inserts <= MIN_SIZE + 1
     counters = real_client.hmget(f"rb:{{{buffer_name}}}:meta", "rl_inserts", "rl_samples")
     assert [int(v) for v in counters] == [2 * INSERTS, 2 * SAMPLES]
+
+
+def _one_at_a_time(url: str, name: str, count: int, results) -> None:
+    try:
+        buf = ReplayBuffer(url, name, capacity=1000)
+        for _ in range(count):
+            buf.add(_batch(1))
+        results.put({"added": count})
+    except BaseException:  # noqa: BLE001 - reported to the parent as text
+        results.put({"error": traceback.format_exc()})
+
+
+@pytest.mark.redis_server
+@pytest.mark.multiprocess
+def test_a_blocking_batch_larger_than_the_limiter_lets_in_does_not_deadlock(
+    redis_server, real_client, buffer_name
+) -> None:
+    """The rate-control example's limiter (max_diff 10) with two writer processes adding
+    one item a call and a PER learner drawing 32 a call with ``block=True``: the learner
+    waits for the limiter's min_size_to_sample, not for 32 items the limiter holds back
+    until it samples (the review saw both sides wait for good after 5 inserts)."""
+    from redisbuf import PERSampler
+
+    limiter = SampleToInsertRatio(2, min_size_to_sample=3, error_buffer=4, timeout=60)
+    learner = ReplayBuffer(real_client, buffer_name, capacity=1000, sampler=PERSampler(),
+                           rate_limiter=limiter)
+    ctx = multiprocessing.get_context("spawn")
+    results = MessageQueue(ctx)
+    writers = [ctx.Process(target=_one_at_a_time, args=(redis_server.url, buffer_name, 15,
+                                                        results)) for _ in range(2)]
+    for writer in writers:
+        writer.start()
+    try:
+        # the limiter admits a sample while inserts * 2 - samples - 1 >= 2 and an insert
+        # while inserts * 2 - samples + 2 <= 10: two batches of 32 fit 30 inserts
+        batches = [learner.sample(32, block=True, timeout=20) for _ in range(2)]
+        reports = [results.get(timeout=60) for _ in writers]
+    finally:
+        for writer in writers:
+            writer.join(timeout=30)
+            if writer.is_alive():
+                writer.kill()
+    assert [r.get("error") for r in reports] == [None, None], reports
+    assert all(len(batch["x"]) == 32 for batch in batches) and len(learner) == 30

@@ -14,6 +14,7 @@ from ..errors import (
     EmptyBufferError,
     InvalidBatchError,
     ItemTooLargeError,
+    NoSuchBufferError,
     RateLimitTimeoutError,
     RequestTooLargeError,
     ShardedBufferError,
@@ -23,6 +24,7 @@ from ..sampling import lifetime, limiters
 from ..sampling.base import BufferView
 from ..sampling.samplers import (
     Draw,
+    PERSampler,
     PrioritizedSampler,
     Sampler,
     UniformSampler,
@@ -486,18 +488,32 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         ):
             raise ValueError(f"min_size must be a positive integer or None, got {min_size!r}")
         n = int(n)
+        if replacement is False and isinstance(self.sampler, PERSampler) \
+                and sample_range is None:
+            raise ValueError("PERSampler draws with replacement (as Reverb's and TorchRL's "
+                             "prioritized samplers do); replacement=False is not available")
         limiter = self.rate_limiter
         if not block:
             if limiter is not None:
                 limiters.acquire(self.view, limiter, "sample", n, timeout)
             return self._draw_admitted(n, replacement, sample_range)
         wait = BLOCK_TIMEOUT if timeout is UNSET else timeout
-        need = n if min_size is None else int(min_size)
+        if min_size is not None:
+            need = int(min_size)
+        elif limiter is not None and replacement is not False:
+            # the limiter says when sampling may start (Reverb's min_size_to_sample), and
+            # a batch larger than the buffer is drawn with replacement: waiting for n items
+            # as well could wait for inserts the limiter holds back until this sample
+            need = min(n, limiter.min_size_to_sample)
+        else:
+            need = n
         held_for: list[str] = []  # what the rate limiter waited for at the last attempt
 
         def attempt() -> Draw | None:
             held_for.clear()
             if len(self) < need:
+                if not self.client.exists(self.keys.meta):  # dropped: not coming back
+                    raise NoSuchBufferError(f"buffer meta {self.keys.meta} does not exist")
                 return None
             if limiter is not None:
                 reason = limiters.refusal(self.view, limiter, "sample", n)
@@ -577,7 +593,9 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         """Draw ``n`` items and return them as one batch of the buffer's kind.
 
         With ``block=True`` it first waits until the buffer holds ``min_size`` items
-        (default ``n``), the rate limiter (if any) admits the sample and a draw succeeds,
+        (default ``n``; with a rate limiter and unless ``replacement=False``, its
+        ``min_size_to_sample`` when smaller), the rate limiter (if any) admits the sample
+        and a draw succeeds,
         waking when any process adds; after ``timeout`` seconds (default 30, ``None``: no
         limit) it raises :class:`WaitTimeoutError` (a ``TimeoutError``) naming the
         buffer, or :class:`RateLimitTimeoutError` naming what the limiter waited for when
@@ -585,15 +603,16 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         to ``timeout`` seconds when given, else the limiter's own ``timeout``.
 
         Sampling is without replacement unless ``replacement=True`` or ``n`` exceeds the
-        length (torchgfn's rule). Uniform: every n-subset equally likely. Prioritized
-        (``prioritized_sampling=True``): proportional to ``exp(log_reward)``, without
-        replacement as successive draws among the items not drawn yet (torch.multinomial's
-        distribution). Raises :class:`EmptyBufferError` ("buffer is empty") when there is
-        nothing to draw, :class:`SamplingError` when prioritized sampling is undefined
-        (a +inf log-reward; more draws without replacement than items of nonzero
-        probability). ``sample_range`` (a slice over insertion order, e.g.
-        ``slice(-10_000, None)`` for the newest 10 000; DI-engine's ``sample_range``) draws
-        uniformly among those items instead, whatever the sampler.
+        length (torchgfn's rule); :class:`PERSampler` always draws with replacement, and
+        ``replacement=False`` with it raises ``ValueError``. Uniform: every n-subset equally
+        likely. Prioritized (``prioritized_sampling=True``): proportional to
+        ``exp(log_reward)``, without replacement as successive draws among the items not
+        drawn yet (torch.multinomial's distribution). Raises :class:`EmptyBufferError`
+        ("buffer is empty") when there is nothing to draw, :class:`SamplingError` when
+        prioritized sampling is undefined (a +inf log-reward; more draws without replacement
+        than items of nonzero probability). ``sample_range`` (a slice over insertion order,
+        e.g. ``slice(-10_000, None)`` for the newest 10 000; DI-engine's ``sample_range``)
+        draws uniformly among those items instead, whatever the sampler.
 
         No command holds the server for long (:mod:`redisbuf.store.bounds`): a uniform
         draw of more than ``MAX_ITEMS_PER_COMMAND`` (2048) items, ``sample_range``'s
@@ -623,7 +642,9 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             One batch of the buffer's kind holding the ``n`` drawn items.
 
         Raises:
-            ValueError: ``n`` or ``min_size`` is not a positive integer.
+            ValueError: ``n`` or ``min_size`` is not a positive integer, or
+                ``replacement=False`` with :class:`PERSampler`.
+            NoSuchBufferError: the buffer was dropped (while ``block`` waited, too).
             EmptyBufferError: there is nothing to draw.
             SamplingError: prioritized sampling is undefined.
             RequestTooLargeError: a selector's draw of more than ``MAX_ITEMS_PER_COMMAND``.
