@@ -266,6 +266,30 @@ def test_close_stops_a_thread_blocked_on_an_empty_buffer(client, buffer_name):
     batches.close()  # idempotent
 
 
+@pytest.mark.parametrize("limiter_timeout", [None, 60.0])
+def test_close_stops_a_thread_held_back_by_a_rate_limiter(client, buffer_name,
+                                                          limiter_timeout):
+    """Without ``block`` only a rate limiter makes a draw wait, for the limiter's own
+    timeout: close() ends that wait too (the review saw it never return with no limiter
+    timeout, and wait out a 60 s one)."""
+    from redisbuf.limiters import SampleToInsertRatio
+
+    limiter = SampleToInsertRatio(1, min_size_to_sample=2, error_buffer=4,
+                                  timeout=limiter_timeout)
+    buffer = ReplayBuffer(client, buffer_name, capacity=100, sampler=PERSampler(),
+                          rate_limiter=limiter)
+    buffer.add({"x": np.arange(4.0), "log_rewards": np.zeros(4)})  # 6 samples allowed
+    batches = Prefetcher(buffer, 1, prefetch=2, block=False)
+    for _ in range(6):
+        next(batches)
+    wait_until(lambda: batches.in_flight() == 1, "the 7th draw to wait on the limiter")
+    start = time.monotonic()
+    batches.close()
+    assert time.monotonic() - start < 5
+    assert not prefetch_threads()
+    assert buffer.stats()["sampled"] == 6
+
+
 def test_an_abandoned_prefetcher_stops_its_thread(client, buffer_name):
     buffer = per_buffer(client, buffer_name)
     batches = Prefetcher(buffer, 4, prefetch=2)

@@ -58,7 +58,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EmptyBufferError, InvalidBatchError, WaitTimeoutError
+from ..errors import (
+    EmptyBufferError,
+    InvalidBatchError,
+    RateLimitTimeoutError,
+    WaitTimeoutError,
+)
 from ..store import _torch
 
 #: Longest single blocking wait of the background thread: close() interrupts a blocking
@@ -215,11 +220,28 @@ class _Reader:
         except BaseException as exc:  # every error goes to the consumer
             return _Failed(exc)
 
+    def _draw_past_limiter(self, stop: Callable[[], bool]) -> Any:
+        """One batch without ``block``: only a rate limiter makes it wait, for the
+        limiter's own timeout in all, in slices so that ``stop()`` (close) ends the wait."""
+        limiter = getattr(self.buffer, "rate_limiter", None)
+        if limiter is None or "timeout" in self._kwargs:
+            return self._draw_method(self.batch_size, **self._kwargs)
+        deadline = None if limiter.timeout is None else time.monotonic() + limiter.timeout
+        while True:
+            remaining = math.inf if deadline is None else deadline - time.monotonic()
+            try:
+                return self._draw_method(self.batch_size,
+                                         timeout=max(min(WAIT_SLICE, remaining), 0.0),
+                                         **self._kwargs)
+            except RateLimitTimeoutError:
+                if stop() or (deadline is not None and time.monotonic() >= deadline):
+                    raise
+
     def _draw(self, stop: Callable[[], bool]) -> Any:
         """One batch; with ``block``, waits in slices so that ``stop()`` (close) ends the
         wait, raising WaitTimeoutError after ``timeout`` seconds in all."""
         if not self.block:
-            return self._draw_method(self.batch_size, **self._kwargs)
+            return self._draw_past_limiter(stop)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         pause = 0.005
         while True:
