@@ -30,6 +30,13 @@ AXES = ("processes", "items")
 OPERATORS = (">=", "<=", ">", "<")
 
 
+def load_average() -> str:
+    """The machine's load average (1, 5, 15 minutes) as printed under a benchmark's table:
+    these machines are shared, so a figure goes with the load it was measured under."""
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
 def parse_target(target: str) -> tuple[str, float]:
     """``">= 0.8"`` -> (``">="``, 0.8); ValueError naming the text if it is not one."""
     text = target.strip()

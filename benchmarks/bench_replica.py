@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _report import load_average
 from rich.console import Console
 from rich.table import Table
 
@@ -64,14 +65,20 @@ def _server_cpu(client: Any) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def measure(url: str, size: int, writers: int) -> dict[str, Any]:
-    name = f"bench-replica-{size}"
+def _filled(url: str, name: str, size: int) -> ReplayBuffer:
+    """A new PER buffer ``name`` of ``size`` small items with random priorities."""
     buffer = ReplayBuffer(url, name, capacity=size, sampler=PERSampler(), seed=0)
     buffer.drop()
     buffer = ReplayBuffer(url, name, capacity=size, sampler=PERSampler(), seed=0)
     for start in range(0, size, FILL):
         count = min(FILL, size - start)
         buffer.add({"x": np.zeros(count, dtype=np.float32)}, priorities=np.random.rand(count))
+    return buffer
+
+
+def measure(url: str, size: int, writers: int) -> dict[str, Any]:
+    name = f"bench-replica-{size}"
+    buffer = _filled(url, name, size)
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     procs = [ctx.Process(target=_add_forever, args=(url, name, stop)) for _ in range(writers)]
@@ -135,12 +142,7 @@ def _slowest(client: Any) -> tuple[float, str]:
 
 def measure_after_load(url: str, size: int) -> dict[str, Any]:
     name = f"bench-replica-load-{size}"
-    buffer = ReplayBuffer(url, name, capacity=size, sampler=PERSampler(), seed=0)
-    buffer.drop()
-    buffer = ReplayBuffer(url, name, capacity=size, sampler=PERSampler(), seed=0)
-    for start in range(0, size, FILL):
-        count = min(FILL, size - start)
-        buffer.add({"x": np.zeros(count, dtype=np.float32)}, priorities=np.random.rand(count))
+    buffer = _filled(url, name, size)
     client = buffer.client
     max_len = client.config_get("slowlog-max-len")["slowlog-max-len"]
     client.config_set("slowlog-max-len", 1_000_000)
@@ -214,8 +216,7 @@ def main() -> None:
                           f"{r['bytes_per_item']:.1f}", f"{r['rss_per_item']:.1f}",
                           f"{r['longest_ms']:.1f} ({r['longest_name']})")
         Console().print(table)
-        with open("/proc/loadavg") as f:
-            print("load average:", " ".join(f.read().split()[:3]))
+        print("load average:", load_average())
     finally:
         if server is not None:
             server.stop()

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import redis
+from _report import load_average
 from rich.console import Console
 from rich.table import Table
 
@@ -150,8 +151,7 @@ def main() -> None:
         for k, (label, _, _) in enumerate(results[0]):
             table.add_row(label, *(f"{r[k][1]:.3f} ({r[k][2]:.0f})" for r in results))
         Console().print(table)
-        with open("/proc/loadavg") as f:
-            print("load average:", " ".join(f.read().split()[:3]))
+        print("load average:", load_average())
     finally:
         if server is not None:
             server.stop()

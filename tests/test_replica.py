@@ -25,6 +25,25 @@ def _per_buffer(client, name, capacity=100, **kwargs):
     return ReplayBuffer(client, name, capacity=capacity, sampler=PERSampler(**kwargs), seed=3)
 
 
+def _with_a_snapshot_out_of_reach(client, name: str) -> tuple[ReplayBuffer, BufferKeys]:
+    """A PER buffer with a snapshot (of 10 items) that the log no longer reaches: 12,000
+    rows added after it, 10,000 kept. Needs _SNAP_MIN_ITEMS below 10."""
+    buffer = _per_buffer(client, name, capacity=40_000)
+    buffer.add({"x": np.arange(10)})
+    MassReplica("per").load(buffer.view)  # writes a snapshot at this version
+    for _ in range(12):
+        buffer.add({"x": np.arange(1000)})
+    return buffer, BufferKeys(name)
+
+
+def _full(client, name: str, capacity: int) -> ReplayBuffer:
+    """A PER buffer of ``capacity`` items (adds of 1,000), the one that added them."""
+    writer = _per_buffer(client, name, capacity=capacity)
+    for _ in range(capacity // 1000):
+        writer.add({"x": np.arange(1000)})
+    return writer
+
+
 def test_every_change_is_one_log_entry_and_a_follower_matches_a_fresh_read(client, buffer_name):
     buffer = _per_buffer(client, buffer_name, capacity=10)
     keys = BufferKeys(buffer_name)
@@ -326,12 +345,7 @@ def test_a_snapshot_the_log_no_longer_reaches_or_of_another_epoch_is_not_used(
     from redisbuf.sampling import replica as replica_module
 
     monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)
-    buffer = _per_buffer(client, buffer_name, capacity=40_000)
-    buffer.add({"x": np.arange(10)})
-    MassReplica("per").load(buffer.view)  # writes a snapshot at this version
-    keys = BufferKeys(buffer_name)
-    for _ in range(12):  # 12,000 rows: the log (10,000 rows kept) no longer reaches it
-        buffer.add({"x": np.arange(1000)})
+    buffer, keys = _with_a_snapshot_out_of_reach(client, buffer_name)
     assert int(client.hget(keys.meta, "log_first")) > json.loads(
         client.hget(keys.snap, "header"))["version"] + 1
     later = MassReplica("per")
@@ -371,12 +385,7 @@ def test_a_snapshot_not_used_leaves_no_pin(client, buffer_name, monkeypatch):
 
     monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)
     monkeypatch.setattr(replica_module, "_SNAP_CHUNK", 4)
-    buffer = _per_buffer(client, buffer_name, capacity=40_000)
-    buffer.add({"x": np.arange(10)})
-    MassReplica("per").load(buffer.view)  # writes a snapshot at this version
-    keys = BufferKeys(buffer_name)
-    for _ in range(12):  # 12,000 rows: the log (10,000 rows kept) no longer reaches it
-        buffer.add({"x": np.arange(1000)})
+    buffer, keys = _with_a_snapshot_out_of_reach(client, buffer_name)
     later = MassReplica("per")
     assert not later._load_snapshot(buffer.view)
     assert client.hget(keys.meta, "log_pins") is None
@@ -703,11 +712,8 @@ def test_a_following_replica_keeps_the_snapshot_within_the_logs_reach(
     from redisbuf.sampling import replica as replica_module
 
     monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)
-    capacity = 40_000
-    sampler = _per_buffer(client, buffer_name, capacity=capacity)
-    writer = _per_buffer(client, buffer_name, capacity=capacity)
-    for _ in range(capacity // 1000):
-        writer.add({"x": np.arange(1000)})
+    sampler = _per_buffer(client, buffer_name, capacity=40_000)
+    writer = _full(client, buffer_name, 40_000)
     sampler.sample(4)  # the first read, then a snapshot
     keys = BufferKeys(buffer_name)
     out_of_reach = 0
@@ -734,11 +740,8 @@ def test_two_following_replicas_do_not_both_write_every_snapshot(
     write = MassReplica.write_snapshot
     monkeypatch.setattr(MassReplica, "write_snapshot",
                         lambda self, buffer: written.append(id(self)) or write(self, buffer))
-    capacity = 40_000
-    writer = _per_buffer(client, buffer_name, capacity=capacity)
-    for _ in range(capacity // 1000):
-        writer.add({"x": np.arange(1000)})
-    samplers = [_per_buffer(client, buffer_name, capacity=capacity) for _ in range(2)]
+    writer = _full(client, buffer_name, 40_000)
+    samplers = [_per_buffer(client, buffer_name, capacity=40_000) for _ in range(2)]
     counts = []
     for sampling in (samplers[:1], samplers):
         for sampler in sampling:
