@@ -141,7 +141,9 @@ def test_a_killed_actor_is_restarted_and_the_run_goes_on(tmp_path, redis_server,
     reported = actor0["frames"] + actor1["frames"]
     assert stats["evicted"] == 0
     assert stats["length"] == stats["inserted"] >= reported == run["frames"]
-    assert stats["inserted"] - reported < 64  # at most one add of the killed process
+    # at most one add of the killed process (64 transitions): it may have been killed
+    # after its add and before its report (one CI run saw exactly 64)
+    assert stats["inserted"] - reported <= 64
 
 
 @pytest.mark.redis_server

@@ -345,3 +345,41 @@ def test_the_other_buffer_kinds_work_on_a_cluster(cluster_client):
     fragments.update_model_version("s", 0)
     fragments.add_fragment({"obs": np.zeros(3, dtype=np.int16)}, 0, "s", "a")
     assert len(fragments.fetch(1, timeout=0)) == 1
+
+
+def test_a_pipeline_that_loses_its_master_reads_the_slot_map_again(cluster_client,
+                                                                    monkeypatch):
+    """A sampler's commit is a pipeline: when its master is lost during it, the slot map
+    is read again, so the calls that follow go to the master that serves the slot now
+    (the review saw a PER sampler call a dead master for good after a failover)."""
+    import redis as redis_lib
+
+    from redisbuf import PERSampler
+    from redisbuf.errors import ServerUnavailableError
+
+    buffer = ReplayBuffer(cluster_client, "lostpipe", capacity=20, sampler=PERSampler(),
+                          seed=0)
+    buffer.add({"x": np.arange(8)})
+    buffer.sample(4)
+    client = buffer.client.unwrapped
+    reads: list[bool] = []
+    rebind = client._rebind
+    monkeypatch.setattr(client, "_rebind", lambda: reads.append(True) or rebind())
+    real = client._client.pipeline
+
+    def lost_pipeline(*args, **kwargs):
+        pipe = real(*args, **kwargs)
+
+        def lost(*_, **__):
+            raise redis_lib.exceptions.ConnectionError("master lost")
+
+        pipe.execute = lost
+        return pipe
+
+    monkeypatch.setattr(client._client, "pipeline", lost_pipeline)
+    with pytest.raises(ServerUnavailableError, match="master lost"):
+        buffer.sample(4)
+    assert reads  # the slot map was read again
+    monkeypatch.setattr(client._client, "pipeline", real)
+    assert len(buffer.sample(4)["x"]) == 4
+    buffer.drop()

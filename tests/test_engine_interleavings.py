@@ -246,6 +246,29 @@ def test_a_stale_per_draw_after_every_mass_went_raises_instead_of_spinning(
     assert isinstance(outcome[0], EmptyBufferError), outcome[0]
 
 
+def test_with_or_without_replacement_follows_the_length_as_the_sample_begins(
+    url, buffer_name, peer_factory
+):
+    """torchgfn's rule: a softmax draw of n is without replacement unless n exceeds the
+    buffer's length, the length as the sample begins (another process's adds and clears
+    before it included), not the one this process's replica last saw (the review saw
+    sample(5) of 5 items repeat ids after another process's add, and sample(3) of 2
+    raise after its clear)."""
+    a = peer_factory(capacity=100, softmax=True)
+    sampler = ReplayBuffer(url, buffer_name, capacity=100, prioritized_sampling=True, seed=1)
+    sampler.add(_batch([0.0, 1.0, 2.0]))
+    for round_ in range(8):
+        sampler.sample(2)  # the replica is current
+        a("add", log_rewards=[float(round_)])
+        n = len(sampler)
+        assert n == 4 + round_
+        ids = sampler.sample_with_info(n).ids.tolist()
+        assert len(set(ids)) == n, ids
+    a("clear")
+    a("add", log_rewards=[0.0, 1.0])
+    assert len(sampler.sample_with_info(3).ids) == 3  # more than the length: with replacement
+
+
 def _add_forever(url: str, name: str, stop, index: int, batch: int = 16) -> None:
     buffer = ReplayBuffer(url, name, capacity=None)
     rng = np.random.default_rng(index)

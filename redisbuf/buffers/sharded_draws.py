@@ -433,8 +433,11 @@ class ShardedSampling(ShardCalls):
                 except BaseException:
                     self._undo(sequences)
                     raise
+                # a shard that lost items since its masses were read draws with
+                # replacement (n above its length): its sequence repeats, so draw again
                 short = [k for k, draw in sequences.items()
-                         if len(draw.ids) < n and replicas[k].positive > len(draw.ids)]
+                         if len(draw.ids) < n and replicas[k].positive > len(draw.ids)
+                         or len(set(np.asarray(draw.ids).tolist())) < len(draw.ids)]
                 unasked = [k for k in range(self.count) if k not in sequences]
                 if not short and not np.isfinite(after[unasked]).any() \
                         and np.isfinite(after[list(sequences)]).all() \

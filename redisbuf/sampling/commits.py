@@ -248,13 +248,19 @@ def replica_draw(
     inline = bool(buffer.fetch_inline)  # max_use: the script reads
     script = scripts.load("sample_prioritized")
     with replica.lock:
+        if not replacement:
+            # with or without replacement is torchgfn's rule on the buffer's length as
+            # this sample begins, not on this replica's (one round trip when current)
+            replica.sync(buffer)
         if not (replacement or n > len(replica)):
             if n > bounds.MAX_ITEMS_PER_COMMAND:
                 raise RequestTooLargeError(
                     f"buffer {buffer.name!r}: a prioritized draw of {n} without replacement "
                     f"is one command, of at most {bounds.MAX_ITEMS_PER_COMMAND} draws "
                     "(redisbuf/store/bounds.py); draw fewer, or with replacement")
-            return _commit_exact(buffer, rule, n, rng, replica, inline, script)
+            drawn = _commit_exact(buffer, rule, n, rng, replica, inline, script)
+            if drawn is not None:
+                return drawn
         # with replacement the draws are independent: a larger draw is several commits
         parts = [
             commit_corrected(buffer, replica, rng,
@@ -292,15 +298,18 @@ def _commit_exact(
     replica: MassReplica,
     inline: bool,
     script: scripts.Script,
-) -> ReplicaDraw:
+) -> ReplicaDraw | None:
     """Successive draws (without replacement) stand only when the replica was current at
     the commit ("exact"): whether it was does not depend on what was drawn, so a draw
     found stale is simply made again from the replica caught up by the reply, and the
-    one that stands follows the law of the buffer at its commit."""
+    one that stands follows the law of the buffer at its commit. None when the buffer
+    holds fewer than ``n`` items by then (the draw is then made with replacement)."""
     all_keys = buffer.keys.all_keys()
     deadline = time.monotonic() + _EXACT_SECONDS
     synced = False
     while True:
+        if n > len(replica):
+            return None
         if not _draw_checked(buffer, replica, n, False, synced):
             synced = True
             continue

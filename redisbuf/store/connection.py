@@ -311,8 +311,8 @@ class SlotClient:
     (a MOVED reply: resharding, a failover) the cluster's slot map is read again and the
     call, which did not run, is sent once more to the master now serving the slot. When
     the master is lost, the slot map is read again for the calls that follow and the
-    error stands (the call may have run). A pipeline is bound to the master of the
-    moment it is made."""
+    error stands (the call may have run); a pipeline's too. A pipeline is bound to the
+    master of the moment it is made."""
 
     def __init__(self, cluster: Any, key: str) -> None:
         self.cluster = cluster
@@ -329,7 +329,8 @@ class SlotClient:
         try:
             self.cluster.nodes_manager.initialize()
             self._bind()
-        except (redis.exceptions.RedisError, OSError):
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException,
+                OSError):
             return False
         return self.node.name != before
 
@@ -337,9 +338,12 @@ class SlotClient:
     def connection_pool(self) -> Any:
         return self._client.connection_pool
 
+    def pipeline(self, *args: Any, **kwargs: Any) -> _SlotPipeline:
+        return _SlotPipeline(self, self._client.pipeline(*args, **kwargs))
+
     def __getattr__(self, attribute: str) -> Any:
         value = getattr(self._client, attribute)
-        if not callable(value) or attribute == "pipeline":
+        if not callable(value):
             return value
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -365,6 +369,32 @@ class SlotClient:
 
     def __repr__(self) -> str:
         return f"SlotClient({self.key!r} at {self.node.name})"
+
+
+class _SlotPipeline:
+    """A pipeline of a :class:`SlotClient`'s master: when that master is lost during
+    ``execute``, the slot map is read again for the calls that follow (a sampler's
+    commit is a pipeline: without this it kept calling a dead master after a failover)
+    and the error stands."""
+
+    def __init__(self, owner: SlotClient, pipe: Any) -> None:
+        self._owner, self._pipe = owner, pipe
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._pipe, attribute)
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._pipe.execute(*args, **kwargs)
+        except LOST:
+            self._owner._rebind()
+            raise
+
+    def __enter__(self) -> _SlotPipeline:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._pipe.reset()
 
 
 def slot_client(client: Any, key: str) -> Any:
