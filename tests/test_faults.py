@@ -1001,3 +1001,24 @@ def test_a_remembered_batch_costs_under_100_bytes(real_client, buffer_name):
     found = [k.decode() for k in real_client.scan_iter(match=f"rb:{{{buffer_name}}}:batch*")]
     used = sum(real_client.memory_usage(k, samples=0) for k in found)
     assert used / adds < 100, (found, used)
+
+
+@pytest.mark.redis_server
+def test_a_socket_timeout_that_would_cut_the_durability_wait_is_refused(replicated,
+                                                                        buffer_name):
+    """``durability="replica"`` waits with one WAIT of ``durability_timeout``; a client
+    socket timeout below it cut that wait, and the add was sent again and again (the
+    review saw it still going after 40 s with a stalled replica): refused when the buffer
+    is opened, naming both."""
+    primary, _ = replicated
+    kwargs = primary.connection_pool.connection_kwargs
+    short = redis.Redis(host=kwargs["host"], port=kwargs["port"], socket_timeout=1.0)
+    with pytest.raises(ValueError, match=r"socket_timeout \(1.0 s\).*durability_timeout"):
+        ReplayBuffer(short, buffer_name, capacity=10, durability="replica",
+                     durability_timeout=3.0)
+    long = redis.Redis(host=kwargs["host"], port=kwargs["port"], socket_timeout=5.0)
+    buffer = ReplayBuffer(long, buffer_name, capacity=10, durability="replica",
+                          durability_timeout=3.0)
+    assert len(buffer.add({"x": np.arange(4, dtype=np.float32)}).ids) == 4
+    short.close()
+    long.close()

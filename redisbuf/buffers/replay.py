@@ -154,7 +154,9 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             (:class:`~redisbuf.errors.ServerConfigError` where unsupported); an add not
             confirmed within ``durability_timeout`` seconds raises
             :class:`~redisbuf.errors.DurabilityError` (the batch is in the buffer).
-        durability_timeout: seconds ``durability``'s confirmation is waited for.
+        durability_timeout: seconds ``durability``'s confirmation is waited for (a
+            client's ``socket_timeout``, if set, must exceed it by at least 1 s, else
+            ``ValueError``).
         retry_window: seconds (at least, up to about twice that) for which the buffer
             remembers each add's batch id and reply, so that an add retried after a lost
             reply is not stored twice; fixed at creation (default 600), ``None`` adopts
@@ -236,6 +238,16 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         functions.ensure_installed(self.client)
         self.durability, self.durability_timeout = durability, float(durability_timeout)
         check_durability_support(self.client, durability)
+        socket_timeout = getattr(self.client, "connection_pool", None)
+        socket_timeout = getattr(socket_timeout, "connection_kwargs", {}).get("socket_timeout")
+        if durability is not None and socket_timeout is not None \
+                and float(socket_timeout) < self.durability_timeout + 1.0:
+            # the wait for durability is one command: the client would cut it, then
+            # resend the add, again and again (redis-py retries on a timeout too)
+            raise ValueError(
+                f"the client's socket_timeout ({socket_timeout} s) must exceed "
+                f"durability_timeout ({self.durability_timeout:g} s) by at least 1 s: the "
+                f"wait for {durability} durability could not finish")
         self.keys = BufferKeys(name)
         self.name = name
         self.max_item_bytes = max_item_bytes
