@@ -511,14 +511,17 @@ class RedisbufPrioritizedSampler(PrioritizedSampler):
 
     Item ``i`` is drawn with probability ``(p_i + eps)^alpha / sum_j (p_j + eps)^alpha``,
     with replacement; ``priority_weight`` is ``(m_i / m_min)^-beta`` with ``m = (p +
-    eps)^alpha`` and ``m_min`` over the whole buffer, as TorchRL's. ``alpha``, ``eps``
+    eps)^alpha`` and ``m_min`` over the whole buffer, as TorchRL's (but an item with
+    ``p + eps`` 0 has mass 0 and ``m_min`` is over the non-zero masses: TorchRL gives it
+    ``0^0 = 1`` at ``alpha=0``, and its zero ``m_min`` makes every weight 0). ``alpha``, ``eps``
     and ``initial_priority`` are the buffer's, fixed by the first process that samples it
     with PER (another value raises :class:`~redisbuf.errors.ConfigMismatchError`); ``beta`` is
     this sampler's and may change between draws.
 
     Differences from TorchRL's: a new item gets ``max(initial_priority, highest priority
-    stored now)`` from the server when it is inserted (TorchRL: the highest priority its
-    process has seen). ``update_priority(index, priority)`` sends the update to the
+    set since PER was turned on or the buffer cleared)`` from the server when it is
+    inserted, a running max that every process's updates raise (TorchRL: the highest
+    priority its process has seen). ``update_priority(index, priority)`` sends the update to the
     server, where every process's draws follow it; ids evicted meanwhile and negative
     indices (TorchRL's "skip" mark) are skipped, and so are NaN priorities:
     ``default_priority`` is NaN and means "keep the priority the server gave", which is
