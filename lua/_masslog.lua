@@ -206,8 +206,8 @@ end
 -- are. A holder of nil is named by the version (`tostring(pin)`).
 local function masslog_pin(K, pin, ms, holder)
   if RB_NO_WRITES then return end
-  local now = server_ms()
-  pins_keep(K, holder or tostring(pin), now, {holder or tostring(pin), pin, now + ms})
+  local now, name = server_ms(), holder or tostring(pin)
+  pins_keep(K, name, now, {name, pin, now + ms})
 end
 
 -- Drop reader `holder`'s pin (and any expired one); other readers' pins stay.

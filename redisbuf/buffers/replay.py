@@ -237,17 +237,7 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         # effort, checked once per client
         functions.ensure_installed(self.client)
         self.durability, self.durability_timeout = durability, float(durability_timeout)
-        check_durability_support(self.client, durability)
-        socket_timeout = getattr(self.client, "connection_pool", None)
-        socket_timeout = getattr(socket_timeout, "connection_kwargs", {}).get("socket_timeout")
-        if durability is not None and socket_timeout is not None \
-                and float(socket_timeout) < self.durability_timeout + 1.0:
-            # the wait for durability is one command: the client would cut it, then
-            # resend the add, again and again (redis-py retries on a timeout too)
-            raise ValueError(
-                f"the client's socket_timeout ({socket_timeout} s) must exceed "
-                f"durability_timeout ({self.durability_timeout:g} s) by at least 1 s: the "
-                f"wait for {durability} durability could not finish")
+        check_durability_support(self.client, durability, self.durability_timeout)
         self.keys = BufferKeys(name)
         self.name = name
         self.max_item_bytes = max_item_bytes

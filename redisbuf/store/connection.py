@@ -565,10 +565,13 @@ def check_eviction_policy(client: Any, strict: bool = False) -> None:
 DURABILITY = (None, "aof", "replica")
 
 
-def check_durability_support(client: Any, durability: str | None) -> None:
+def check_durability_support(client: Any, durability: str | None, timeout: float) -> None:
     """Raise :class:`ServerConfigError` unless the server can confirm ``durability``:
     ``"aof"`` needs WAITAOF (Redis >= 7.2, valkey) and ``appendonly yes``; ``"replica"``
-    needs a connected replica."""
+    needs a connected replica. ``ValueError`` when the client's ``socket_timeout`` does
+    not exceed ``timeout`` (the wait's, ``durability_timeout``) by at least 1 s: the wait
+    is one command, which the client would cut, then resend the add, again and again
+    (redis-py retries on a timeout too)."""
     if durability not in DURABILITY:
         raise ValueError(f"durability must be None, 'aof' or 'replica', got {durability!r}")
     where = server_name(client)
@@ -594,6 +597,14 @@ def check_durability_support(client: Any, durability: str | None) -> None:
             ) from None
         if replicas < 1:
             raise ServerConfigError(f"durability='replica' but Redis at {where} has no replica")
+    pool = getattr(client, "connection_pool", None)
+    socket_timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
+    if durability is not None and socket_timeout is not None \
+            and float(socket_timeout) < timeout + 1.0:
+        raise ValueError(
+            f"the client's socket_timeout ({socket_timeout} s) must exceed "
+            f"durability_timeout ({timeout:g} s) by at least 1 s: the wait for "
+            f"{durability} durability could not finish")
 
 
 def durability_wait(durability: str | None, timeout: float) -> tuple[Any, ...] | None:
