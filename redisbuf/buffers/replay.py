@@ -31,7 +31,7 @@ from ..sampling.samplers import (
 )
 from ..sampling.waiting import UNSET, Unset, wait_for
 from ..sampling.windows import WindowSampler, joined, recent_batch_size
-from ..store import bounds, codec, functions, scripts
+from ..store import bounds, functions, scripts
 from ..store.connection import (
     as_client,
     check_durability_support,
@@ -43,6 +43,7 @@ from ..store.connection import (
 from ..store.containers import (
     KINDS,
     kind_of,
+    schema_to_json,
 )
 from ..store.keys import (
     BufferKeys,
@@ -123,7 +124,8 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             ``softmax(log_rewards)_i`` (without replacement when ``n <= len``, as
             torchgfn); otherwise uniformly. See :meth:`sample`.
         kind: expected container kind (``trajectories``, ``transitions``, ``states``,
-            ``dict``); by default the first ``add`` fixes it.
+            ``dict``, or ``nest``: schemaless, a list of items of any nest, see
+            :mod:`redisbuf.store.nest`); by default the first ``add`` fixes it.
         max_item_bytes: largest encoded item accepted by ``add``.
         seed: seeds this process's sampling random numbers.
         sampler: a custom :class:`~redisbuf.sampling.samplers.Sampler` (overrides
@@ -355,7 +357,11 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
                 ranks items by log-reward.
             ItemTooLargeError: an item encodes to more than ``max_item_bytes``.
         """
-        columns, log_rewards, schema = kind_of(batch).split(batch)
+        blobs, log_rewards, schema = kind_of(batch).encode(batch)
+        if self.kind is not None and schema["kind"] != self.kind:
+            # the kind first: "buffer holds dict, batch is nest" says more than what the
+            # batch lacks for this kind (checked again, against the server, by the add)
+            self._check_schema(schema, schema_to_json(schema))
         if len(log_rewards) == 0:
             raise InvalidBatchError("batch is empty")
         if (self.prioritized_capacity or self.prioritized_sampling) and (
@@ -364,7 +370,6 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             raise InvalidBatchError(
                 "this buffer ranks items by log-reward: the batch must carry log_rewards"
             )
-        blobs = codec.encode_columns(columns, len(log_rewards))
         for index, blob in enumerate(blobs):
             if len(blob) > self.max_item_bytes:
                 raise ItemTooLargeError(
@@ -407,8 +412,9 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
 
         Args:
             batch: a container of the buffer's kind: ``Trajectories``, ``Transitions``,
-                ``States`` or a dict of equally long columns (``log_rewards`` among them where
-                items are ranked by log-reward).
+                ``States``, a dict of equally long columns (``log_rewards`` among them where
+                items are ranked by log-reward), or a list of items of any nest
+                (:class:`~redisbuf.store.containers.Items` to give them log-rewards).
             priorities: one PER priority per item, or ``None``.
             model_version: the model version that produced the batch, or ``None``.
             session_id: the session that produced the batch, or ``None``.
@@ -420,6 +426,8 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         Raises:
             InvalidBatchError: the batch is empty, malformed, or has NaN log-rewards.
             SchemaError: the batch's kind or fields differ from the buffer's.
+            UnsupportedItemError: an item of a nest batch holds a value the nest codec
+                does not store (a ``TypeError`` naming its path and type).
             ItemTooLargeError: an item encodes to more than ``max_item_bytes``.
             RequestTooLargeError: more items or bytes than one add may carry.
             ConfigMismatchError: ``priorities`` on a buffer without :class:`PERSampler`.
@@ -641,7 +649,8 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             min_size: with ``block``, the length to wait for (default ``n``).
 
         Returns:
-            One batch of the buffer's kind holding the ``n`` drawn items.
+            One batch of the buffer's kind holding the ``n`` drawn items (for a ``nest``
+            buffer, a list of the items, in draw order).
 
         Raises:
             ValueError: ``n`` or ``min_size`` is not a positive integer, or

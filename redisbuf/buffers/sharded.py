@@ -378,7 +378,7 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
     def _check_schema(self, batch: Any) -> None:
         """Fix the schema of every shard at the first add, and refuse a batch that does
         not fit it (each shard checks only its own items, so the check is global here)."""
-        _columns, _log_rewards, schema = kind_of(batch).split(batch)
+        schema = kind_of(batch).schema(batch)
         schema_json = schema_to_json(schema)
         if self._schema_json is None:
             self.client.hsetnx(self.keys.shards, "schema", schema_json)

@@ -1,0 +1,294 @@
+"""Items of any nest, kept exactly and never pickled: the records of schemaless buffers.
+
+A nest is ``None``, ``bool``, ``int`` (-2^63 <= i < 2^64), ``float``, ``str``, ``bytes``,
+a numpy array or scalar, a torch tensor, or a ``dict`` / ``list`` / ``tuple`` of nests;
+dict keys are ``str``, ``bytes``, ``int``, ``float``, ``bool``, ``None``, numpy scalars or
+tuples of keys. Types are matched exactly (a subclass such as ``OrderedDict``, a
+namedtuple, ``np.matrix`` or ``nn.Parameter`` is refused), so what comes back has the
+types, dtypes, shapes, dict key order and key types that went in. Anything else raises
+:class:`~redisbuf.errors.UnsupportedItemError` (a ``TypeError``) naming where it lies and
+its type, before anything is written.
+
+One item is one msgpack value: containers and plain values as msgpack's own types
+(``list`` an array, ``dict`` a map in its key order), arrays as the codec's ext values
+(type 1 numpy, type 2 torch; see :mod:`redisbuf.store.codec`), and two ext types of this
+module: 3, a tuple (payload: a msgpack array of its elements), and 4, a numpy scalar
+(payload: a 0-d array's, as type 1). ``docs/wire-format.md`` gives the bytes.
+
+Decoded arrays and tensors are new, writable, C-contiguous and aligned; tensors are on
+the CPU and do not require grad; numpy byte order is native (little-endian).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ..errors import DecodeError, UnsupportedItemError
+from . import _torch, codec
+
+EXT_TUPLE = 3
+EXT_NUMPY_SCALAR = 4
+
+#: deepest nesting of containers an item may have (msgpack's own limit is 512)
+MAX_DEPTH = 256
+
+_SUPPORTED = (
+    "dict, list, tuple, None, bool, int, float, str, bytes, numpy arrays and scalars "
+    "and torch tensors"
+)
+_PLAIN = (type(None), bool, int, float, str, bytes)
+
+
+def _tensor_type() -> type | None:
+    torch = _torch.imported()
+    return None if torch is None else torch.Tensor
+
+
+def _default(obj: Any) -> msgpack.ExtType:
+    """msgpack's hook for what it does not pack itself under ``strict_types``."""
+    kind = type(obj)
+    if kind is tuple:
+        return msgpack.ExtType(EXT_TUPLE, _pack(list(obj)))
+    if kind is np.ndarray or kind is _tensor_type():
+        return codec.encode_array(obj)
+    if isinstance(obj, np.generic):
+        return msgpack.ExtType(EXT_NUMPY_SCALAR, codec.encode_array(np.asarray(obj)).data)
+    raise TypeError(kind.__name__)
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, default=_default, use_bin_type=True, strict_types=True,
+                         datetime=False)
+
+
+def encode_nest(item: Any, where: str = "item") -> bytes:
+    """One nest as one record (see the module docstring).
+
+    Args:
+        item: the nest.
+        where: how the error names the item (``"items[3]"``).
+
+    Returns:
+        The record's bytes.
+
+    Raises:
+        UnsupportedItemError: ``item`` holds a value of a type not listed above, an ``int``
+            outside 64 bits, a ``str`` that is not valid UTF-8, a container that holds
+            itself or is nested deeper than :data:`MAX_DEPTH`, or an array or tensor of
+            an unsupported dtype or layout; the message names the path (``item['obs'][2]``)
+            and the type.
+
+    Examples:
+        >>> import numpy as np
+        >>> from redisbuf.store.nest import decode_nest, encode_nest
+        >>> item = {"obs": np.zeros(2, np.float32), 3: ("a", None), "r": np.float32(1)}
+        >>> back = decode_nest(encode_nest(item))
+        >>> list(back), back["obs"].dtype, back[3], type(back["r"]).__name__
+        (['obs', 3, 'r'], dtype('float32'), ('a', None), 'float32')
+    """
+    try:
+        if _loose(item, 0):
+            raise TypeError("refused before packing")
+        return _pack(item)
+    except Exception as exc:  # noqa: BLE001 - msgpack, numpy and torch refuse in their own ways
+        found = _locate(item, where, 0, set())
+        if found is None:  # the walk finds every refusal msgpack makes; never seen otherwise
+            raise UnsupportedItemError(f"cannot store {where}: {exc}") from None
+        path, problem = found
+        raise UnsupportedItemError(f"cannot store {path}: {problem}") from None
+
+
+_LOOSE = (bytearray, memoryview)
+
+
+def _loose(obj: Any, depth: int) -> bool:
+    """Whether ``obj`` holds what msgpack would take but this codec refuses: a bytearray
+    or memoryview (msgpack stores them as bytes, they would come back as ``bytes``), or
+    containers nested :data:`MAX_DEPTH` deep."""
+    kind = type(obj)
+    if kind is dict:
+        if depth >= MAX_DEPTH:
+            return True
+        for key, value in obj.items():
+            if type(key) is memoryview or (type(key) is tuple and _loose(key, depth)):
+                return True
+            kind = type(value)
+            if kind in _LOOSE or (kind in _CONTAINERS and _loose(value, depth + 1)):
+                return True
+        return False
+    if kind is list or kind is tuple:
+        if depth >= MAX_DEPTH:
+            return True
+        for value in obj:
+            kind = type(value)
+            if kind in _LOOSE or (kind in _CONTAINERS and _loose(value, depth + 1)):
+                return True
+        return False
+    return kind in _LOOSE
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def encode_items(items: Sequence[Any]) -> list[bytes]:
+    """One record per item of ``items``, errors naming the item as ``items[i]``.
+
+    Args:
+        items: the nests.
+
+    Returns:
+        Their records, in order.
+
+    Raises:
+        UnsupportedItemError: as :func:`encode_nest`; nothing is returned for any item.
+    """
+    return [encode_nest(item, f"items[{index}]") for index, item in enumerate(items)]
+
+
+def _unsupported(obj: Any) -> str:
+    kind = type(obj)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else (
+        f"{kind.__module__}.{kind.__qualname__}")
+    return f"a value of type {name} (a nest holds only {_SUPPORTED}, of exactly these types)"
+
+
+def _array_problem(obj: Any) -> str | None:
+    try:
+        codec.encode_array(obj)
+    except Exception as exc:  # noqa: BLE001 - torch refuses layouts with RuntimeError
+        return f"a {type(obj).__name__} that cannot be stored ({exc})"
+    return None
+
+
+def _locate(obj: Any, path: str, depth: int, open_ids: set[int]) -> tuple[str, str] | None:
+    """(path, problem) of the first value of ``obj`` that :func:`encode_nest` refuses."""
+    kind = type(obj)
+    if kind in _PLAIN:
+        if kind is int and not -(2**63) <= obj < 2**64:
+            return path, "an int outside the 64-bit range [-2**63, 2**64)"
+        if kind is str:
+            try:
+                obj.encode("utf-8")
+            except UnicodeEncodeError:
+                return path, "a str that is not valid UTF-8 (it holds lone surrogates)"
+        return None
+    if kind is np.ndarray or kind is _tensor_type():
+        problem = _array_problem(obj)
+        return None if problem is None else (path, problem)
+    if isinstance(obj, np.generic):
+        problem = _array_problem(np.asarray(obj))
+        return None if problem is None else (path, problem.replace("ndarray", kind.__name__))
+    if kind not in (list, tuple, dict):
+        return path, _unsupported(obj)
+    if id(obj) in open_ids:
+        return path, f"a {kind.__name__} that contains itself"
+    if depth >= MAX_DEPTH:
+        return path, f"containers nested deeper than {MAX_DEPTH}"
+    open_ids.add(id(obj))
+    try:
+        if kind is dict:
+            for key, value in obj.items():
+                found = _key_problem(key, path)
+                if found is None:
+                    found = _locate(value, f"{path}[{key!r}]", depth + 1, open_ids)
+                if found is not None:
+                    return found
+            return None
+        for index, value in enumerate(obj):
+            found = _locate(value, f"{path}[{index}]", depth + 1, open_ids)
+            if found is not None:
+                return found
+        return None
+    finally:
+        open_ids.discard(id(obj))
+
+
+def _key_problem(key: Any, path: str) -> tuple[str, str] | None:
+    kind = type(key)
+    if kind is tuple:
+        for part in key:
+            found = _key_problem(part, path)
+            if found is not None:
+                return found
+        return None
+    if kind in _PLAIN or isinstance(key, np.generic):
+        found = _locate(key, path, 0, set())
+        return None if found is None else (path, f"a dict key that is {found[1]}")
+    return path, f"a dict key of type {kind.__qualname__} (keys are str, bytes, int, float, " \
+        "bool, None, numpy scalars or tuples of these)"
+
+
+# -- decoding ---------------------------------------------------------------------------
+
+
+def _array(payload: bytes) -> np.ndarray:
+    """A new aligned, writable numpy array of an array payload's dtype code, shape and
+    data (bfloat16 as its raw uint16 words)."""
+    code, shape, offset = codec._parse_header(payload)
+    np_dtype, torch_name = codec._DTYPES[code]
+    if np_dtype is None:
+        np_dtype = codec._TORCH_RAW[torch_name]
+    size = math.prod(shape) * np_dtype.itemsize
+    if size != len(payload) - offset:
+        raise DecodeError(
+            f"array of shape {shape} needs {size} bytes, payload has {len(payload) - offset}")
+    out = np.empty(shape, dtype=np_dtype)
+    if size:
+        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(payload, np.uint8, size, offset)
+    return out
+
+
+def _ext_hook(code: int, payload: bytes) -> Any:
+    if code == EXT_TUPLE:
+        items = _unpack(payload)
+        if type(items) is not list:
+            raise DecodeError("a tuple's payload is not a msgpack array")
+        return tuple(items)
+    if code == codec.EXT_NUMPY or code == EXT_NUMPY_SCALAR:
+        dtype_code = payload[0] if payload else 0
+        if dtype_code in codec._DTYPES and codec._DTYPES[dtype_code][0] is None:
+            raise DecodeError(f"dtype code {dtype_code} exists only for torch tensors")
+        array = _array(payload)
+        if code == codec.EXT_NUMPY:
+            return array
+        if array.ndim:
+            raise DecodeError("a numpy scalar's payload has dimensions")
+        return array[()]
+    if code == codec.EXT_TORCH:
+        dtype_code = payload[0] if payload else 0
+        if dtype_code in codec._DTYPES and codec._torch_dtype(dtype_code) is None:
+            raise DecodeError(f"dtype code {dtype_code} is not supported by this torch version")
+        array = _array(payload)
+        return codec.to_library(array, "torch", codec._DTYPES[dtype_code][1])
+    raise DecodeError(f"unknown msgpack ext code {code}")
+
+
+def _unpack(blob: bytes) -> Any:
+    return msgpack.unpackb(blob, ext_hook=_ext_hook, raw=False, strict_map_key=False,
+                           use_list=True, timestamp=0)
+
+
+def decode_nest(blob: bytes) -> Any:
+    """The nest a record of :func:`encode_nest` holds, with new writable arrays.
+
+    Args:
+        blob: the record.
+
+    Returns:
+        The nest.
+
+    Raises:
+        DecodeError: the record is not one (malformed msgpack, an unknown ext type or
+            dtype code, an array whose shape and data disagree, a map key that is a list).
+    """
+    try:
+        return _unpack(blob)
+    except DecodeError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise DecodeError(f"malformed nest record: {type(exc).__name__}: {exc}") from exc
