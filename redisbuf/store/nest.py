@@ -22,6 +22,7 @@ the CPU and do not require grad; numpy byte order is native (little-endian).
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,15 +50,60 @@ def _tensor_type() -> type | None:
     return None if torch is None else torch.Tensor
 
 
+# (dtype code, shape) -> the payload header: dtype code, ndim, shape as little-endian u64
+_headers: dict[tuple[int, tuple[int, ...]], bytes] = {}
+_numpy_codes: dict[np.dtype, int] = {}  # little-endian numpy dtype -> dtype code
+
+
+def _header(code: int, shape: tuple[int, ...]) -> bytes:
+    header = _headers.get((code, shape))
+    if header is None:
+        if len(shape) > codec.MAX_NDIM:
+            raise TypeError(f"arrays of more than {codec.MAX_NDIM} dimensions are not supported")
+        header = struct.pack(f"<BB{len(shape)}Q", code, len(shape), *shape)
+        if len(_headers) < 4096:
+            _headers[(code, shape)] = header
+    return header
+
+
+def _numpy_payload(array: np.ndarray) -> bytes:
+    """The array payload of a numpy array (a C-contiguous little-endian copy if need be)."""
+    code = _numpy_codes.get(array.dtype)
+    if code is None or not array.flags.c_contiguous:
+        data, code, _ = codec.raw_numpy(array)  # converts, or refuses the dtype
+        if data.dtype.byteorder != ">":
+            _numpy_codes.setdefault(data.dtype, code)
+        array = data
+    raw = array.reshape(-1).view(np.uint8) if array.size else b""
+    return b"".join((_header(code, array.shape), raw))
+
+
+def _tensor_payload(tensor: Any) -> bytes:
+    if tensor.requires_grad or not tensor.is_cpu or not tensor.is_contiguous() or (
+            tensor.dtype is _torch.require().bfloat16):
+        data, code, _ = codec.raw_numpy(tensor)  # also refuses the dtype and layout
+    else:
+        code = codec._torch_code(tensor.dtype)
+        if code is None:
+            data, code, _ = codec.raw_numpy(tensor)
+        data = tensor.numpy()
+    raw = data.reshape(-1).view(np.uint8) if data.size else b""
+    return b"".join((_header(code, data.shape), raw))
+
+
 def _default(obj: Any) -> msgpack.ExtType:
     """msgpack's hook for what it does not pack itself under ``strict_types``."""
     kind = type(obj)
     if kind is tuple:
         return msgpack.ExtType(EXT_TUPLE, _pack(list(obj)))
-    if kind is np.ndarray or kind is _tensor_type():
-        return codec.encode_array(obj)
+    if kind is np.ndarray:
+        return msgpack.ExtType(codec.EXT_NUMPY, _numpy_payload(obj))
+    if kind is _tensor_type():
+        if obj.layout is not _torch.require().strided:
+            raise TypeError(f"a {obj.layout} tensor")
+        return msgpack.ExtType(codec.EXT_TORCH, _tensor_payload(obj))
     if isinstance(obj, np.generic):
-        return msgpack.ExtType(EXT_NUMPY_SCALAR, codec.encode_array(np.asarray(obj)).data)
+        return msgpack.ExtType(EXT_NUMPY_SCALAR, _numpy_payload(np.asarray(obj)))
     raise TypeError(kind.__name__)
 
 
@@ -226,21 +272,28 @@ def _key_problem(key: Any, path: str) -> tuple[str, str] | None:
 # -- decoding ---------------------------------------------------------------------------
 
 
+# payload header -> (numpy dtype holding the data, shape, element count, data offset)
+_parsed: dict[bytes, tuple[np.dtype, tuple[int, ...], int, int]] = {}
+
+
 def _array(payload: bytes) -> np.ndarray:
     """A new aligned, writable numpy array of an array payload's dtype code, shape and
     data (bfloat16 as its raw uint16 words)."""
-    code, shape, offset = codec._parse_header(payload)
-    np_dtype, torch_name = codec._DTYPES[code]
-    if np_dtype is None:
-        np_dtype = codec._TORCH_RAW[torch_name]
-    size = math.prod(shape) * np_dtype.itemsize
-    if size != len(payload) - offset:
-        raise DecodeError(
-            f"array of shape {shape} needs {size} bytes, payload has {len(payload) - offset}")
-    out = np.empty(shape, dtype=np_dtype)
-    if size:
-        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(payload, np.uint8, size, offset)
-    return out
+    key = payload[: 2 + 8 * payload[1]] if len(payload) >= 2 else payload
+    parsed = _parsed.get(key)
+    if parsed is None:
+        code, shape, offset = codec._parse_header(payload)
+        np_dtype, torch_name = codec._DTYPES[code]
+        if np_dtype is None:
+            np_dtype = codec._TORCH_RAW[torch_name]
+        parsed = (np_dtype, shape, math.prod(shape), offset)
+        if len(_parsed) < 4096:
+            _parsed[key] = parsed
+    np_dtype, shape, count, offset = parsed
+    if count * np_dtype.itemsize != len(payload) - offset:
+        raise DecodeError(f"array of shape {shape} needs {count * np_dtype.itemsize} bytes, "
+                          f"payload has {len(payload) - offset}")
+    return np.frombuffer(payload, np_dtype, count, offset).copy().reshape(shape)
 
 
 def _ext_hook(code: int, payload: bytes) -> Any:
