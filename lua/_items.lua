@@ -214,7 +214,9 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
     per_account(K, {}, values)
     local top = values[1] or 0
     for i = 2, #values do if values[i] > top then top = values[i] end end
-    per_raise_max(K, top)
+    -- options.per_keep_max: given priorities leave the running max as it is (DI-engine's
+    -- max priority counts updates only)
+    if not (options and options.per_keep_max) then per_raise_max(K, top) end
     scores = texts
   end
   if vecs then

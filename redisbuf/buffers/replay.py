@@ -52,6 +52,7 @@ from ..store.keys import (
 from . import quarantine
 from .checkpoint import Checkpointing
 from .decoding import Decoding
+from .editing import Editing
 from .insert import AddResult, Inserting
 from .inspection import Inspecting
 from .opening import FORMAT_VERSION, Opening, _Config  # noqa: F401
@@ -109,7 +110,9 @@ class SampleInfo:
 
 
 
-class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, Inspecting):
+class ReplayBuffer(
+    Opening, Inserting, Decoding, Prioritizing, Checkpointing, Inspecting, Editing
+):
     """A replay buffer stored in Redis under ``name``, shared by all processes using it.
 
     Args:
@@ -385,6 +388,7 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         *,
         model_version: int | None = None,
         session_id: str | None = None,
+        raise_running_max: bool = True,
     ) -> AddResult:
         """Insert every item of ``batch`` in one atomic step, then evict beyond capacity.
 
@@ -404,7 +408,10 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
 
         ``priorities`` (one finite number >= 0 per item) sets the items' PER priorities
         on a buffer using :class:`PERSampler`; without it they get
-        ``max(initial_priority, highest priority present)``.
+        ``max(initial_priority, running max)``, the running max being the highest
+        priority set since PER was turned on or the buffer cleared; with
+        ``raise_running_max=False`` these priorities leave it as it is (DI-engine's max
+        priority counts priority updates only).
 
         With a remote manager, ``.score`` of the result is the manager's score dict for
         this batch (None when nothing was sent), or with ``async_score`` the previous
@@ -418,6 +425,7 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             priorities: one PER priority per item, or ``None``.
             model_version: the model version that produced the batch, or ``None``.
             session_id: the session that produced the batch, or ``None``.
+            raise_running_max: whether ``priorities`` may raise the running max.
 
         Returns:
             The new items' ids, how many items were evicted, the manager's score, and why the
@@ -448,6 +456,8 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         if priorities is not None:
             checked = _per_priorities(priorities, len(blobs))
             options["per_priorities"] = list(map(repr, checked.tolist()))
+            if not raise_running_max:
+                options["per_keep_max"] = True
             if self.client.hget(self.keys.meta, "mass") != b"per":
                 raise ConfigMismatchError(
                     f"buffer {self.name!r} has no PER priorities: priorities= needs PERSampler"
