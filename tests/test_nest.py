@@ -306,3 +306,63 @@ def test_no_pickle_anywhere() -> None:
 def test_malformed_records_raise_decode_error(blob: bytes) -> None:
     with pytest.raises(DecodeError):
         decode_nest(blob)
+
+
+# -- registered types -----------------------------------------------------------------
+
+
+class Money:
+    def __init__(self, cents: int, currency: str) -> None:
+        self.cents, self.currency = cents, currency
+
+
+nest.register_type(Money, "tests.Money", lambda m: (m.cents, m.currency),
+                   lambda pair: Money(*pair))
+
+
+def test_registered_types_round_trip_inside_nests() -> None:
+    back = decode_nest(encode_nest({"price": [Money(150, "EUR")], "n": 1}))
+    assert type(back["price"][0]) is Money
+    assert (back["price"][0].cents, back["price"][0].currency) == (150, "EUR")
+    raw = msgpack.unpackb(encode_nest(Money(1, "X")))
+    assert raw.code == nest.EXT_TAGGED and msgpack.unpackb(raw.data)[0] == "tests.Money"
+
+
+def test_registered_types_are_matched_exactly_and_checked() -> None:
+    class Cheap(Money):
+        pass
+
+    with pytest.raises(UnsupportedItemError, match=r"item\[0\]: a value of type .*Cheap"):
+        encode_nest([Cheap(1, "EUR")])
+    with pytest.raises(UnsupportedItemError, match=r"item\['m'\]\[1\]: a value of type set"):
+        encode_nest({"m": Money(1, {"not", "a nest"})})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="registered already"):
+        nest.register_type(Money, "tests.Other", str, str)
+    nest.register_type(Money, "tests.Money", *nest._by_tag["tests.Money"][1:])  # same: fine
+
+
+def test_an_unregistered_tag_does_not_decode() -> None:
+    blob = msgpack.packb(msgpack.ExtType(nest.EXT_TAGGED, msgpack.packb(["no.Such", 1])))
+    with pytest.raises(DecodeError, match="no.Such"):
+        decode_nest(blob)
+    with pytest.raises(DecodeError, match="tag"):
+        decode_nest(msgpack.packb(msgpack.ExtType(nest.EXT_TAGGED, msgpack.packb([1]))))
+
+
+def test_easydict_round_trips() -> None:
+    easydict = pytest.importorskip("easydict")
+    config = easydict.EasyDict({"a": 1, "b": {"c": [1, {"d": 2}]}})
+    back = decode_nest(encode_nest(config))
+    assert type(back) is easydict.EasyDict and type(back.b) is easydict.EasyDict
+    assert back == config and back.b.c[1].d == 2
+
+
+def test_treetensor_trees_round_trip() -> None:
+    ttorch = pytest.importorskip("treetensor.torch")
+    tree = ttorch.as_tensor({"obs": torch.randn(4), "done": False, "info": {"a": torch.ones(2)}})
+    tree.env_data_id = ttorch.as_tensor([3])
+    back = decode_nest(encode_nest([tree]))[0]
+    assert type(back) is type(tree) and type(back.info) is type(tree)
+    assert sorted(back.keys()) == sorted(tree.keys())
+    assert torch.equal(back.obs, tree.obs) and back.env_data_id.item() == 3
+    assert back.done.dtype == torch.bool

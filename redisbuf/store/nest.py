@@ -9,11 +9,18 @@ types, dtypes, shapes, dict key order and key types that went in. Anything else 
 :class:`~redisbuf.errors.UnsupportedItemError` (a ``TypeError``) naming where it lies and
 its type, before anything is written.
 
+Other classes are stored through a registered type (:func:`register_type`): a tag and
+two functions that turn an object into a nest and back. Built in: ``easydict.EasyDict``
+and treetensor's trees (``treetensor.torch.Tensor``, ``treetensor.numpy.ndarray``,
+DI-engine's transitions), matched by class name, so neither package is imported until a
+record holds one.
+
 One item is one msgpack value: containers and plain values as msgpack's own types
 (``list`` an array, ``dict`` a map in its key order), arrays as the codec's ext values
-(type 1 numpy, type 2 torch; see :mod:`redisbuf.store.codec`), and two ext types of this
-module: 3, a tuple (payload: a msgpack array of its elements), and 4, a numpy scalar
-(payload: a 0-d array's, as type 1). ``docs/wire-format.md`` gives the bytes.
+(type 1 numpy, type 2 torch; see :mod:`redisbuf.store.codec`), and three ext types of
+this module: 3, a tuple (payload: a msgpack array of its elements), 4, a numpy scalar
+(payload: a 0-d array's, as type 1), and 5, a value of a registered type (payload: a
+msgpack array of its tag and its nest). ``docs/wire-format.md`` gives the bytes.
 
 Decoded arrays and tensors are new, writable, C-contiguous and aligned; tensors are on
 the CPU and do not require grad; numpy byte order is native (little-endian).
@@ -23,8 +30,9 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Sequence
-from typing import Any
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -34,6 +42,7 @@ from . import _torch, codec
 
 EXT_TUPLE = 3
 EXT_NUMPY_SCALAR = 4
+EXT_TAGGED = 5
 
 #: deepest nesting of containers an item may have (msgpack's own limit is 512)
 MAX_DEPTH = 256
@@ -91,6 +100,95 @@ def _tensor_payload(tensor: Any) -> bytes:
     return b"".join((_header(code, data.shape), raw))
 
 
+class _Type(NamedTuple):
+    tag: str
+    to_nest: Callable[[Any], Any]
+    from_nest: Callable[[Any], Any]
+
+
+_by_class: dict[type, _Type] = {}  # registered classes
+_by_class_name: dict[str, _Type] = {}  # built-in ones, by "module.qualname", not imported
+_by_tag: dict[str, _Type] = {}
+
+
+def register_type(
+    cls: type, tag: str, to_nest: Callable[[Any], Any], from_nest: Callable[[Any], Any]
+) -> None:
+    """Store objects of exactly ``cls`` as ``[tag, to_nest(obj)]`` (ext type 5), read back as
+    ``from_nest(nest)``; ``to_nest`` must return a nest (it may hold registered types).
+    For facades whose users' data holds such objects (a tensordict, a tree of tensors).
+    A process that reads such a record must have registered the tag too.
+
+    Args:
+        cls: the class (matched exactly, as every type of a nest).
+        tag: the name records carry (unique: ``"package.Class"`` by convention).
+        to_nest: object -> nest.
+        from_nest: nest -> object.
+
+    Raises:
+        ValueError: ``tag`` or ``cls`` is registered already with other functions.
+
+    Examples:
+        >>> import fractions
+        >>> from redisbuf.store.nest import decode_nest, encode_nest, register_type
+        >>> register_type(fractions.Fraction, "fractions.Fraction",
+        ...               lambda f: (f.numerator, f.denominator),
+        ...               lambda pair: fractions.Fraction(*pair))
+        >>> decode_nest(encode_nest({"p": fractions.Fraction(1, 3)}))
+        {'p': Fraction(1, 3)}
+    """
+    entry = _Type(tag, to_nest, from_nest)
+    for table, key in ((_by_tag, tag), (_by_class, cls)):
+        held = table.get(key)  # type: ignore[call-overload]
+        if held is not None and held != entry:
+            raise ValueError(f"{key!r} is registered already (tag {held.tag!r})")
+    _by_tag[tag] = _by_class[cls] = entry
+
+
+def _tree_to_nest(tree: Any) -> dict[str, Any]:
+    """A treevalue tree (treetensor's trees) as nested dicts of its leaves."""
+    tree_class = sys.modules["treevalue"].TreeValue  # imported: a tree exists
+    return {key: _tree_to_nest(value) if isinstance(value, tree_class) else value
+            for key, value in tree.items()}
+
+
+def _treetensor(module: str, name: str) -> Callable[[Any], Any]:
+    def build(nest: Any) -> Any:
+        try:
+            package = __import__(module, fromlist=[name])
+        except ImportError as exc:
+            raise DecodeError(f"a record holds a {module}.{name}, and {module} does not "
+                              f"import here: {exc}") from None
+        return getattr(package, name)(nest)
+    return build
+
+
+def _easydict(nest: Any) -> Any:
+    try:
+        from easydict import EasyDict
+    except ImportError as exc:
+        raise DecodeError(f"a record holds an easydict.EasyDict, and easydict does not "
+                          f"import here: {exc}") from None
+    return EasyDict(nest)
+
+
+for _class_name, _entry in {
+    "treetensor.torch.tensor.Tensor": _Type(
+        "treetensor.torch.Tensor", _tree_to_nest, _treetensor("treetensor.torch", "Tensor")),
+    "treetensor.numpy.array.ndarray": _Type(
+        "treetensor.numpy.ndarray", _tree_to_nest, _treetensor("treetensor.numpy", "ndarray")),
+    "easydict.EasyDict": _Type("easydict.EasyDict", dict, _easydict),
+}.items():
+    _by_class_name[_class_name] = _by_tag[_entry.tag] = _entry
+
+
+def _registered(kind: type) -> _Type | None:
+    entry = _by_class.get(kind)
+    if entry is None and _by_class_name:
+        entry = _by_class_name.get(f"{kind.__module__}.{kind.__qualname__}")
+    return entry
+
+
 def _default(obj: Any) -> msgpack.ExtType:
     """msgpack's hook for what it does not pack itself under ``strict_types``."""
     kind = type(obj)
@@ -104,6 +202,12 @@ def _default(obj: Any) -> msgpack.ExtType:
         return msgpack.ExtType(codec.EXT_TORCH, _tensor_payload(obj))
     if isinstance(obj, np.generic):
         return msgpack.ExtType(EXT_NUMPY_SCALAR, _numpy_payload(np.asarray(obj)))
+    entry = _registered(kind)
+    if entry is not None:
+        value = entry.to_nest(obj)
+        if _loose(value, 0):
+            raise TypeError("refused before packing")
+        return msgpack.ExtType(EXT_TAGGED, _pack([entry.tag, value]))
     raise TypeError(kind.__name__)
 
 
@@ -200,7 +304,8 @@ def _unsupported(obj: Any) -> str:
     kind = type(obj)
     name = kind.__qualname__ if kind.__module__ == "builtins" else (
         f"{kind.__module__}.{kind.__qualname__}")
-    return f"a value of type {name} (a nest holds only {_SUPPORTED}, of exactly these types)"
+    return (f"a value of type {name} (a nest holds only {_SUPPORTED}, of exactly these "
+            "types, and registered types: redisbuf.store.nest.register_type)")
 
 
 def _array_problem(obj: Any) -> str | None:
@@ -230,7 +335,14 @@ def _locate(obj: Any, path: str, depth: int, open_ids: set[int]) -> tuple[str, s
         problem = _array_problem(np.asarray(obj))
         return None if problem is None else (path, problem.replace("ndarray", kind.__name__))
     if kind not in (list, tuple, dict):
-        return path, _unsupported(obj)
+        entry = _registered(kind)
+        if entry is None:
+            return path, _unsupported(obj)
+        try:
+            value = entry.to_nest(obj)
+        except Exception as exc:  # noqa: BLE001 - a registered type's own failure
+            return path, f"a {kind.__name__} whose conversion failed ({exc})"
+        return _locate(value, path, depth, open_ids)
     if id(obj) in open_ids:
         return path, f"a {kind.__name__} that contains itself"
     if depth >= MAX_DEPTH:
@@ -297,6 +409,15 @@ def _array(payload: bytes) -> np.ndarray:
 
 
 def _ext_hook(code: int, payload: bytes) -> Any:
+    if code == EXT_TAGGED:
+        tagged = _unpack(payload)
+        if type(tagged) is not list or len(tagged) != 2 or type(tagged[0]) is not str:
+            raise DecodeError("a tagged value's payload is not [tag, nest]")
+        entry = _by_tag.get(tagged[0])
+        if entry is None:
+            raise DecodeError(f"a record holds a value tagged {tagged[0]!r}, a type not "
+                              "registered in this process (redisbuf.store.nest.register_type)")
+        return entry.from_nest(tagged[1])
     if code == EXT_TUPLE:
         items = _unpack(payload)
         if type(items) is not list:
