@@ -90,6 +90,10 @@ class SampleInfo:
             draws, ``sample_range`` and batches with recent data.
         weights: PER importance-sampling weights (:class:`PERSampler` only).
         importance_weights: ALF's importance weights (:class:`PERSampler` only).
+        records: the drawn items' stored records, as :meth:`ReplayBuffer.records` reads
+            them (what a compare and set of :meth:`ReplayBuffer.replace` expects).
+        priorities: each drawn item's PER priority when it was drawn
+            (:class:`PERSampler` only).
 
     Examples:
         >>> import fakeredis, numpy as np
@@ -106,6 +110,8 @@ class SampleInfo:
     probabilities: np.ndarray | None = None
     weights: np.ndarray | None = None
     importance_weights: np.ndarray | None = None
+    records: list[bytes] | None = None
+    priorities: np.ndarray | None = None
 
 
 
@@ -743,4 +749,6 @@ class ReplayBuffer(
             draw.probabilities,
             draw.weights,
             draw.importance_weights,
+            list(draw.blobs),
+            draw.priorities,
         )

@@ -77,11 +77,15 @@ class CorrectedCommit(Generic[T]):
             more, the number comes back down to it slowly; one that found changes sends
             at least 2).
         limit: the most candidates (draws and spares) one commit carries, or None.
+        strata: ``(first, count)``: the draws of a fresh commit are stratified, draw ``j``
+            in slice ``first + j`` of ``count`` equal slices of the mass (DI-engine's
+            PER); None: independent.
     """
 
     subject: str = "buffer"
     least_spares: int = _SPARES
     limit: int | None = None
+    strata: tuple[int, int] | None = None
 
     def check(self, replica: MassReplica) -> None:
         """Raise EmptyBufferError or SamplingError when ``replica`` cannot draw (the
@@ -148,8 +152,17 @@ def commit_corrected(
             count = commit.wanted()
             if limit is not None:
                 count = min(count, max(1, limit // (1 + spares)))
-            slots, _, _ = replica.draw(count * (1 + spares), rng, True)
-            drawn = replica.ids[slots].reshape(count, 1 + spares)
+            if commit.strata is not None and count == commit.wanted():
+                # stratified draws, independent spares (the commit corrects each draw to
+                # the law at the commit; one not corrected keeps its slice)
+                drawn = np.empty((count, 1 + spares), dtype=np.int64)
+                slots, _, _ = replica.draw(count, rng, True, strata=commit.strata)
+                drawn[:, 0] = replica.ids[slots]
+                slots, _, _ = replica.draw(count * spares, rng, True)
+                drawn[:, 1:] = replica.ids[slots].reshape(count, spares)
+            else:
+                slots, _, _ = replica.draw(count * (1 + spares), rng, True)
+                drawn = replica.ids[slots].reshape(count, 1 + spares)
         else:
             count = len(carried)
             if limit is not None:
@@ -239,11 +252,13 @@ def _spares_for(replica: MassReplica, touched: set[int], n: int) -> int:
 
 
 def replica_draw(
-    buffer: BufferView, rule: str, n: int, rng: np.random.Generator, replacement: bool
+    buffer: BufferView, rule: str, n: int, rng: np.random.Generator, replacement: bool,
+    stratified: bool = False,
 ) -> ReplicaDraw:
     """Draw ``n`` items from the buffer's replica for ``rule`` (``"softmax"`` or
     ``"per"``) and commit the draw with lua/sample_prioritized.lua, in the same round trip
-    as the blob read."""
+    as the blob read; with ``stratified`` (and replacement) draw ``j`` of ``n`` falls in
+    the ``j``-th of ``n`` equal slices of the mass."""
     replica = replica_of(buffer, rule)
     inline = bool(buffer.fetch_inline)  # max_use: the script reads
     script = scripts.load("sample_prioritized")
@@ -264,7 +279,8 @@ def replica_draw(
         # with replacement the draws are independent: a larger draw is several commits
         parts = [
             commit_corrected(buffer, replica, rng,
-                             _DrawCommit(buffer, rule, stop - start, replica, inline, script))
+                             _DrawCommit(buffer, rule, stop - start, replica, inline, script,
+                                         (start, n) if stratified else None))
             for start, stop in bounds.chunks(n)
         ]
         return parts[0] if len(parts) == 1 else ReplicaDraw(
@@ -391,9 +407,10 @@ class _DrawCommit(CorrectedCommit[ReplicaDraw]):
     reads them itself with ``inline``)."""
 
     def __init__(self, buffer: BufferView, rule: str, n: int, replica: MassReplica,
-                 inline: bool, script: scripts.Script) -> None:
+                 inline: bool, script: scripts.Script,
+                 strata: tuple[int, int] | None = None) -> None:
         self.buffer, self.rule, self.n, self.replica = buffer, rule, n, replica
-        self.inline, self.script = inline, script
+        self.inline, self.script, self.strata = inline, script, strata
         self.subject = f"buffer {buffer.name!r}"
         self.members: list[bytes] = []
 

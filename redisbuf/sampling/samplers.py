@@ -436,11 +436,19 @@ class PERSampler:
     the same. ``beta`` (the exponent of the importance weights) is this object's own and
     may be changed between calls (annealing).
 
+    With ``stratified``, the ``n`` draws of one call are stratified (DI-engine's and the
+    PER paper's rule): draw ``j`` falls in the ``j``-th of ``n`` equal slices of the total
+    mass, so an item of a ``k``-th of the mass is drawn about ``n / k`` times in every
+    batch; each item's expected count is ``n P(i)`` either way, and ``probabilities`` and
+    ``weights`` are the same. A draw the commit corrects (the replica was behind) is
+    drawn again from the whole mass.
+
     Args:
         alpha: the priority exponent (>= 0).
         beta: the importance-weight exponent (>= 0).
         initial_priority: the least priority a new item gets (>= 0).
         eps: added to every priority (>= 0).
+        stratified: stratify the draws of each call (this process's choice).
 
     Raises:
         ValueError: an argument that is not a finite number >= 0.
@@ -465,11 +473,13 @@ class PERSampler:
         beta: float = 0.4,
         initial_priority: float = 1.0,
         eps: float = 1e-6,
+        stratified: bool = False,
     ) -> None:
         self.alpha = _nonnegative("alpha", alpha)
         self.beta = _nonnegative("beta", beta)
         self.initial_priority = _nonnegative("initial_priority", initial_priority)
         self.eps = _nonnegative("eps", eps)
+        self.stratified = bool(stratified)
 
     def prepare(self, buffer: BufferView) -> None:
         """Turn PER on for the buffer (or check its settings), giving the items present
@@ -479,10 +489,10 @@ class PERSampler:
 
     def draw(self, buffer: BufferView, n: int, rng: np.random.Generator) -> Draw:
         try:
-            drawn = commits.replica_draw(buffer, "per", n, rng, True)
+            drawn = commits.replica_draw(buffer, "per", n, rng, True, self.stratified)
         except PrioritizedSamplingOffError:
             self.prepare(buffer)  # the buffer was dropped and made again: turn PER back on
-            drawn = commits.replica_draw(buffer, "per", n, rng, True)
+            drawn = commits.replica_draw(buffer, "per", n, rng, True, self.stratified)
         draw = Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
         # (N P(i))^-beta / max_j (N P(j))^-beta = (min_mass / mass_i)^beta: N and the total
         # cancel, and the largest weight belongs to the lowest non-zero mass present.
@@ -491,6 +501,7 @@ class PERSampler:
         draw.importance_weights = (
             drawn.scores / mean if mean > 0 else np.ones(n, dtype=np.float64)
         )
+        draw.priorities = np.asarray(drawn.scores, dtype=np.float64)
         return draw
 
 
