@@ -102,3 +102,26 @@ def test_given_priorities_may_leave_the_running_max(client, buffer_name) -> None
     buffer.add([4])
     per = {int(k): float(v) for k, v in client.hgetall(BufferKeys(buffer_name).per).items()}
     assert per[3] == 3.0 and per[5] == 9.0
+
+
+def test_replace_sets_priorities_with_the_records(client, buffer_name) -> None:
+    buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(eps=0.0))
+    buffer.add([{"v": 1}, {"v": 2}], priorities=[1.0, 1.0])
+    buffer.sample(4)  # a replica that follows the mass log
+    old = buffer.records([1, 2])
+    result = buffer.replace([1, 2, 3], [{"v": 10}, {"v": 20}, {"v": 30}],
+                            expected=[old[0], b"not it", b""], priorities=[5.0, 7.0, 9.0])
+    assert result.tolist() == [1, -1, 0]
+    per = {int(k): float(v) for k, v in client.hgetall(BufferKeys(buffer_name).per).items()}
+    assert per == {1: 5.0, 2: 1.0}  # only the item replaced got its priority
+    assert followed_masses(client, buffer_name, "per")[1] == pytest.approx(5.0 ** 0.6)
+    assert float(client.hget(BufferKeys(buffer_name).meta, "per_max")) == 5.0
+    with pytest.raises(InvalidBatchError):
+        buffer.replace([1], [{"v": 0}], priorities=[-1.0])
+    plain = ReplayBuffer(client, buffer_name + "plain", capacity=10)
+    plain.add([1])
+    from redisbuf.errors import ConfigMismatchError
+
+    with pytest.raises(ConfigMismatchError):
+        plain.replace([1], [2], priorities=[1.0])
+    assert buffer.get([1]) == [{"v": 10}] and plain.get([1]) == [1]

@@ -13,6 +13,7 @@ from ..errors import InvalidBatchError, RequestTooLargeError, SchemaError
 from ..store import bounds
 from ..store.containers import schema_to_json
 from ..store.keys import format_id
+from .priorities import _per_priorities
 
 
 def _id_list(ids: Sequence[int] | np.ndarray) -> list[int]:
@@ -86,7 +87,7 @@ class Editing:
 
     def replace(
         self, ids: Sequence[int] | np.ndarray, batch: Any,
-        expected: Sequence[bytes] | None = None,
+        expected: Sequence[bytes] | None = None, priorities: Any = None,
     ) -> np.ndarray:
         """Give stored items new records: item ``ids[i]`` gets item ``i`` of ``batch`` (a
         batch of the buffer's kind, the same schema) and keeps its id, place in the
@@ -97,13 +98,18 @@ class Editing:
             batch: the new items.
             expected: optional, one record per id (as :meth:`records` read them): an item
                 whose record is no longer that one is left as it is (compare and set).
+            priorities: optional, one PER priority per id (finite, >= 0), set with the
+                record of each item replaced, as :meth:`update_priority` sets it (a
+                buffer with :class:`PERSampler`).
 
         Returns:
             One int8 per id: 1 replaced, 0 not stored, -1 not the expected record.
 
         Raises:
             SchemaError: the batch's schema is not the buffer's (or it holds none yet).
-            InvalidBatchError: not one id per item, or ``expected`` of another length.
+            InvalidBatchError: not one id per item, ``expected`` or ``priorities`` of
+                another length, or a priority that is NaN, negative or not finite.
+            ConfigMismatchError: ``priorities`` on a buffer without PER.
             RequestTooLargeError: more than one add may carry.
 
         Examples:
@@ -129,9 +135,17 @@ class Editing:
         schema_json = schema_to_json(schema)
         if stored is None:
             raise SchemaError(f"buffer {self.name!r} holds no items yet: nothing to replace")
-        args: list[Any] = [schema_json, "" if expected is None else "expect"]
+        texts = None
+        if priorities is not None:
+            texts = [repr(float(p)) for p in _per_priorities(priorities, len(members))]
+        flags = ("" if expected is None else "e") + ("" if texts is None else "p")
+        args: list[Any] = [schema_json, flags]
         for position, (member, blob) in enumerate(zip(members, blobs, strict=True)):
-            args += [member, blob] if expected is None else [member, blob, expected[position]]
+            args += [member, blob]
+            if expected is not None:
+                args.append(expected[position])
+            if texts is not None:
+                args.append(texts[position])
         try:
             reply = self._run("replace", self.keys.all_keys(), args)
         except SchemaError:

@@ -597,8 +597,12 @@ class DequeBuffer(Buffer):
             held = nest.decode_nest(blob)
             new = record(held["data"] if data is None else data,
                          held["meta"] if meta is None else meta)
-            done = int(engine.replace([item_id], [new], expected=[blob])[0])
+            # PriorityExperienceReplay's new priority, set with the record
+            priority = getattr(shared.local, "priority", None)
+            done = int(engine.replace([item_id], [new], expected=[blob],
+                                      priorities=None if priority is None else [priority])[0])
             if done == 1:
+                shared.local.__dict__.pop("priority", None)
                 with shared.lock:
                     shared.cache.pop(item_id, None)
                 return True

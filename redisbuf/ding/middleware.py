@@ -374,12 +374,21 @@ class PriorityExperienceReplay(per_base()):  # type: ignore[misc]
 
     def update(self, chain: Callable[..., Any], index: str, data: Any, meta: Any,
                *args: Any, **kwargs: Any) -> bool:
-        done = chain(index, data, meta, *args, **kwargs)
+        local = self.shared.local
+        priority = meta.get("priority") if isinstance(meta, dict) else None
+        if isinstance(priority, (int, float)) and priority >= 0:
+            # the buffer's own update sets it with the record, in the same command
+            local.priority = priority + UPDATE_EPS
+        try:
+            done = chain(index, data, meta, *args, **kwargs)
+        finally:
+            pending = local.__dict__.pop("priority", None)
         if done:
             assert meta is not None, "Please indicate dict-type meta in priority update"
             priority = meta["priority"]
             assert priority >= 0, f"new_priority should greater than 0, but found {priority}"
-            self.shared.per_engine.update_priority([id_of(index)], [priority + UPDATE_EPS])
+            if pending is not None:  # not set with the record (a middleware in between)
+                self.shared.per_engine.update_priority([id_of(index)], [priority + UPDATE_EPS])
         return done
 
     def delete(self, chain: Callable[..., Any], index: Any, *args: Any, **kwargs: Any) -> Any:
