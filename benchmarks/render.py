@@ -53,6 +53,10 @@ TABLE = re.compile(
     r"^<!-- table (?P<spec>[^\n]*?) -->\n(?P<body>(?:.*\n)*?)<!-- /table -->$", re.M
 )
 NOT_A_FIGURE = "<!-- not-a-figure -->"
+# a line (or a list item) that starts with an HTML comment starts a raw HTML block in
+# Markdown (CommonMark, Python-Markdown): the paragraph breaks there and the rest of the
+# line is not Markdown any more
+LINE_START = re.compile(r"^ {0,3}(?:(?:[-*+]|\d+[.)]) +)?<!-- fig ", re.M)
 META = ("@date", "@commit", "@load", "@machine", "@command")
 FIELDS = ("value", "baseline", "ratio")
 
@@ -61,6 +65,7 @@ FIGURE_PATTERNS: dict[str, str] = {
     "a rate": r"(?<![\w.])\d[\d,.]*\s?[kM]?(?:\s?[a-z]+(?: [a-z]+)?)?/s\b",
     "a ratio": r"(?<![\w.^])\d+(?:\.\d+)?x(?![\w^])",
     "a duration": r"(?<![\w.^])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? ?(?:ms|us|µs)\b",
+    "a time": r"(?<![\w.^])\d+\.\d+(?:-\d+(?:\.\d+)?)? s\b",
     "a size": r"(?<![\w.^])\d[\d,.]* ?(?:[kKMG]B\b|B per\b)",
     "a percentage": r"(?<![\w.^])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? ?%",
     "a load average": r"\bload(?: average)?(?: of| at| about| between| was)? \d",
@@ -142,7 +147,9 @@ def load_text(data: dict[str, Any]) -> str:
 
 def commit_text(data: dict[str, Any]) -> str:
     text = data.get("commit") or "not recorded"
-    return f"{text} (with local changes)" if data.get("dirty") else text
+    if data.get("dirty"):
+        text += " (with local changes)"
+    return f"{text} ({data['commit_note']})" if data.get("commit_note") else text
 
 
 def machine_text(data: dict[str, Any]) -> str:
@@ -167,9 +174,11 @@ def meta_value(data: dict[str, Any], what: str) -> str:
 
 def provenance(name: str, data: dict[str, Any]) -> str:
     """The line above a table: what ran, at which commit, when, where, under which load."""
+    machine = machine_text(data)
     text = (
         f"From `benchmarks/results/{name}.json`: `{meta_value(data, '@command')}` at "
-        f"commit {commit_text(data)}, {meta_value(data, '@date')}; {machine_text(data)}; "
+        f"commit {commit_text(data)}, {meta_value(data, '@date')}; "
+        f"{'machine not recorded' if machine == 'not recorded' else machine}; "
         f"load average (1 min) {load_text(data)}."
     )
     if data.get("note"):
@@ -236,6 +245,12 @@ def fill(spec: str, results: Results) -> str:
         unit = low[1]
         tail = "x" if unit == "x" else f" {unit}"
         return f"{number(low[0], unit)}-{number(high[0], unit)}{tail}"
+    if template is not None and "}" in template:  # "{:.0f} %": the tail once, at the end
+        head, _, tail = template.rpartition("}")
+        try:
+            return f"{(head + '}').format(low[0])}-{(head + '}').format(high[0])}{tail}"
+        except (ValueError, IndexError, KeyError) as exc:
+            raise ResultsError(f"fig marker {spec!r}: template {template!r}: {exc}") from exc
     return f"{show(*low)}-{show(*high)}"  # type: ignore[arg-type]
 
 
@@ -419,24 +434,35 @@ def render_text(text: str, results: Results, where: str = "page",
             report.differ.append(f"{at}: {spec!r} reads {old!r}, its file gives {new!r}")
         return f"<!-- fig {spec} -->{new}<!-- /fig -->"
 
-    return FIG.sub(figures, text)
+    text = FIG.sub(figures, text)
+    for match in LINE_START.finditer(text):
+        report.problems.append(f"{where}:{line_of(text, match.start())}: a fig marker "
+                               "starts the line, which breaks the paragraph in Markdown: "
+                               "move a word of the line before onto it")
+    return text
 
 
 def prose_lines(text: str) -> Iterable[tuple[int, str]]:
     """(line number, text) of the lines a reader sees as prose: fenced code, table
-    markers' bodies, filled figures, inline code and HTML comments taken out."""
-    text = TABLE.sub(lambda m: "\n" * m[0].count("\n"), text)
+    markers' bodies, filled figures, inline code and HTML comments taken out (inline code
+    and comments may span lines), and lines marked ``<!-- not-a-figure -->`` left out."""
+
+    def blank(match: re.Match[str]) -> str:
+        return "\n" * match[0].count("\n")
+
+    text = TABLE.sub(blank, text)
     text = FIG.sub("", text)
-    fenced = False
-    for number_, line in enumerate(text.splitlines(), 1):
+    lines, fenced = [], False
+    for line in text.splitlines():
         if line.lstrip().startswith(("```", "~~~")):
             fenced = not fenced
+            lines.append("")
             continue
-        if fenced or NOT_A_FIGURE in line:
-            continue
-        line = re.sub(r"`[^`]*`", "", line)
-        line = re.sub(r"<!--.*?-->", "", line)
-        yield number_, line
+        lines.append("" if fenced or NOT_A_FIGURE in line else line)
+    text = "\n".join(lines)
+    text = re.sub(r"<!--.*?-->", blank, text, flags=re.S)
+    text = re.sub(r"`[^`]*`", blank, text)
+    yield from enumerate(text.splitlines(), 1)
 
 
 def unmarked(text: str, where: str = "page") -> list[str]:

@@ -85,6 +85,15 @@ def test_a_marker_naming_nothing_is_a_problem(render, results, spec, why):
     assert out == text and len(report.problems) == 1 and why in report.problems[0]
 
 
+@pytest.mark.parametrize("text", ["Adds ran\n<!-- fig bench_demo add -->1<!-- /fig -->.",
+                                  "- <!-- fig bench_demo add -->1<!-- /fig --> adds"])
+def test_a_marker_starting_a_line_is_refused_as_it_breaks_the_paragraph(render, results, text):
+    _, report = fill(render, results, text)
+    assert len(report.problems) == 1 and "starts the line" in report.problems[0]
+    _, report = fill(render, results, text.replace("\n<", " <").replace("- <", "- x <"))
+    assert not report.problems
+
+
 def test_a_table_marker_gets_the_runs_provenance_and_its_rows(render, results):
     out, report = fill(render, results, "<!-- table bench_demo only=add,sample -->\n"
                                         "<!-- /table -->\n")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,7 @@ from _report import FORMAT, KEY, write_results  # noqa: E402
 from common import FIGURES  # noqa: E402
 
 REFERENCE = "Reverb"
+DOCS_PNG = ROOT / "docs" / "benchmarks"
 
 
 def started(stamp: str) -> dt.datetime:
@@ -127,9 +129,18 @@ def results_of(run: dict[str, Any], commit: str | None = None,
 
 
 def publish(path: Path, name: str, commit: str | None = None,
-            command: str | None = None, directory: Path | None = None) -> Path | None:
+            command: str | None = None, directory: Path | None = None,
+            png: Path | None = None) -> Path | None:
+    """Write the results file ``name`` for the run in ``path``; ``png``, the run's plot,
+    is copied into docs/benchmarks/ (where the docs can show it) and named in the file."""
     run = json.loads(path.read_text())
     meta, extra = results_of(run, commit, command)
+    if png is not None and png.exists():
+        shown = DOCS_PNG / f"peers-{run['date']}.png"
+        if png.resolve() != shown.resolve():
+            shutil.copyfile(png, shown)
+        extra["png"] = shown.relative_to(ROOT).as_posix()
+        extra["png_caption"] = "each peer's figures of this run"
     return write_results(name, figures_of(run), meta, directory, **extra)
 
 
@@ -141,8 +152,10 @@ def main() -> None:
     parser.add_argument("--name", default="peers", help="the results file's name")
     parser.add_argument("--commit", help="the commit the run measured")
     parser.add_argument("--command", help="the command line of the run")
+    parser.add_argument("--png", type=Path, help="the run's PNG (default: beside RUN.json)")
     args = parser.parse_args()
-    print(f"wrote {publish(args.run, args.name, args.commit, args.command)} "
+    png = args.png or args.run.with_suffix(".png")
+    print(f"wrote {publish(args.run, args.name, args.commit, args.command, png=png)} "
           f"(results format {FORMAT})")
 
 

@@ -338,7 +338,7 @@ def main() -> None:
         # written after every repetition, so an interrupted run keeps what it measured
         json_path = write_outputs(console, args.out, stamp, cfg, runs, orders, active,
                                   skipped, final=rep == args.repeat - 1, meta=meta)
-    published = publish(json_path, args.name)
+    published = publish(json_path, args.name, png=json_path.with_suffix(".png"))
     if published:
         console.print(f"wrote {published}: commit it, then python benchmarks/render.py")
 
