@@ -63,17 +63,18 @@ def probe_server():
 
 def test_a_function_without_a_grant_refuses_every_role_but_admin(probe_server, monkeypatch,
                                                                  tmp_path):
+    admin = redis.Redis.from_url(probe_server.url)
+    name = f"g-{uuid.uuid4().hex[:6]}"
+    ReplayBuffer(admin, name, capacity=4)  # installs this version's library: before the probe's
+    meta = BufferKeys(name).meta
+    functions.library_source()  # cached unpatched first: the probe's is built apart
     probe = scripts.Script("zz_probe", PROBE)
     load = scripts.load
     names = functions.script_names
     monkeypatch.setattr(functions, "script_names", lambda: [*names(), "zz_probe"])
     monkeypatch.setattr(scripts, "load", lambda name: probe if name == "zz_probe" else load(name))
     source = functions.library_source.__wrapped__()
-    admin = redis.Redis.from_url(probe_server.url)
     admin.execute_command("FUNCTION", "LOAD", "REPLACE", source)
-    name = f"g-{uuid.uuid4().hex[:6]}"
-    ReplayBuffer(admin, name, capacity=4)
-    meta = BufferKeys(name).meta
     secret = tmp_path / "pw"
     secret.write_text("s3cret-pw\n")
     try:

@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -295,7 +295,7 @@ def run(config: ApexConfig, live: bool = True, console: Any = None,
     goes to ``stopped_by``) ends the run as its time limit would.
     """
     import multiprocessing as mp
-    from multiprocessing.connection import wait
+    from multiprocessing.connection import Connection, wait
 
     from rich.console import Console
 
@@ -356,7 +356,7 @@ def run(config: ApexConfig, live: bool = True, console: Any = None,
         if not readers:
             time.sleep(timeout)
             return
-        for reader in wait(list(readers), timeout):
+        for reader in cast("list[Connection]", wait(list(readers), timeout)):
             child = readers[reader]
             try:
                 for _ in range(1000):

@@ -173,7 +173,7 @@ def supported(client: Any, rules: list[str]) -> tuple[list[str], list[str]]:
     # redis-py's parser of COMMAND INFO fails on the nil reply of an unknown command: a
     # client on the same connections without reply parsing
     raw = redis.Redis(connection_pool=_unwrapped(client).connection_pool)
-    raw.response_callbacks = {}
+    raw.response_callbacks.clear()
     replies = raw.execute_command("COMMAND", "INFO", *(rule[1:] for rule in named))
     unknown = {rule for rule, reply in zip(named, replies, strict=True) if reply is None}
     return [rule for rule in rules if rule not in unknown], [r for r in rules if r in unknown]
