@@ -414,10 +414,10 @@ class ReplayBuffer(
 
         ``priorities`` (one finite number >= 0 per item) sets the items' PER priorities
         on a buffer using :class:`PERSampler`; without it they get
-        ``max(initial_priority, running max)``, the running max being the highest
-        priority set since PER was turned on or the buffer cleared; with
-        ``raise_running_max=False`` these priorities leave it as it is (DI-engine's max
-        priority counts priority updates only).
+        ``max(initial_priority, the highest priority set since PER was turned on or the
+        buffer cleared)``: a running max, which an item's eviction or a lower update does
+        not lower; with ``raise_running_max=False`` these priorities leave it as it is
+        (DI-engine's max priority counts priority updates only).
 
         With a remote manager, ``.score`` of the result is the manager's score dict for
         this batch (None when nothing was sent), or with ``async_score`` the previous
