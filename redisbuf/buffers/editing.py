@@ -5,7 +5,7 @@ reading their raw records, removing them, replacing their records (DI-engine's
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,6 +14,11 @@ from ..store import bounds
 from ..store.containers import schema_to_json
 from ..store.keys import format_id
 from .priorities import _per_priorities
+
+if TYPE_CHECKING:
+    from .needs import EditingNeeds as _EditingNeeds
+else:
+    _EditingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
 
 
 def _id_list(ids: Sequence[int] | np.ndarray) -> list[int]:
@@ -26,7 +31,7 @@ def _id_list(ids: Sequence[int] | np.ndarray) -> list[int]:
     return out
 
 
-class Editing:
+class Editing(_EditingNeeds):
     """A mixin of :class:`~redisbuf.buffers.replay.ReplayBuffer`: the buffer provides
     ``client``, ``keys``, ``name``, ``_run``, ``encode`` and its schema cache
     (``_stored_schema``, ``_schema_json``, ``_schema_refusal``)."""

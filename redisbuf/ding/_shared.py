@@ -75,7 +75,8 @@ class Shared:
         self.size = size
         self.private = name is None
         self.name = f"ding-{uuid.uuid4().hex}" if name is None else name
-        self.client = as_client(url)
+        #: the client of the buffer's server (redis-py's replies are Any here)
+        self.client: Any = as_client(url)
         self.keys = BufferKeys(self.name)
         self.state_key = self.keys.pattern[:-1] + "ding"  # rb:{name}:ding
         self.lock = threading.RLock()
@@ -112,6 +113,12 @@ class Shared:
                 self.per_engine = self._open(
                     PERSampler(alpha=self.alpha, beta=1.0, initial_priority=1.0, eps=0.0,
                            stratified=True))
+
+    def per(self) -> ReplayBuffer:
+        """The handle that draws by priority (a ``PriorityExperienceReplay`` made it)."""
+        if self.per_engine is None:
+            raise RuntimeError(f"buffer {self.name!r}: PER is not turned on in this process")
+        return self.per_engine
 
     def per_on(self) -> bool:
         """Whether the buffer has PER priorities (some process turned them on)."""

@@ -487,7 +487,8 @@ class DequeBuffer(Buffer):
         out = []
         for index, item_id in zip(indices, ids, strict=True):
             blob = blobs.get(item_id) if item_id is not None else None
-            if blob is None or (allowed is not None and item_id not in allowed):
+            if item_id is None or blob is None or (allowed is not None and
+                                                   item_id not in allowed):
                 raise KeyError(index)
             out.append(_buffered(item_id, blob))  # each its own objects, repeats too
         return out
@@ -523,8 +524,9 @@ class DequeBuffer(Buffer):
         if not replace and len(set(ids)) < len(ids):  # the buffer shrank meanwhile
             return None
         self.shared.remember(ids, info.records)
-        return [_buffered(item_id, blob) for item_id, blob in
-                zip(ids, info.records or engine.records(ids), strict=True)]
+        records = info.records if info.records is not None else engine.records(ids)
+        return [_buffered(item_id, blob) for item_id, blob in zip(ids, records, strict=True)
+                if blob is not None]
 
     def _metas(self, sample_range: slice | None) -> tuple[list[int], list[Any]]:
         """The ids and metas of the items (of ``sample_range``), oldest first."""
@@ -575,9 +577,10 @@ class DequeBuffer(Buffer):
                 group_ids = _window(group_ids, unroll_len, self.sliced)
             out.append(group_ids)
         wanted = sorted({i for group in out for i in group})
-        fetched = dict(zip(wanted, self._fetch(wanted), strict=True))
-        return [[_copy(fetched[i], seen) for i in group if fetched[i] is not None]
-                for seen in [set()] for group in out]
+        fetched = {i: item for i, item in zip(wanted, self._fetch(wanted), strict=True)
+                   if item is not None}
+        seen: set[str] = set()
+        return [[_copy(fetched[i], seen) for i in group if i in fetched] for group in out]
 
     def _update(self, index: str, data: Any | None, meta: dict | None) -> bool:
         item_id = id_of(index)

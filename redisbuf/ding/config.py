@@ -50,7 +50,7 @@ class EasyDict(dict):
         except KeyError:
             raise AttributeError(key) from None
 
-    def update(self, other: Any = (), /, **kwargs: Any) -> None:  # type: ignore[override]
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:
         for key, value in dict(other, **kwargs).items():
             self[key] = value
 

@@ -343,7 +343,7 @@ class PriorityExperienceReplay(per_base()):  # type: ignore[misc]
 
     def sample(self, chain: Callable[..., Any], size: int, *args: Any, **kwargs: Any) -> Any:
         shared = self.shared
-        engine = shared.per_engine
+        engine = shared.per()
         try:
             info = engine.sample_with_info(size)
         except EmptyBufferError:
@@ -388,7 +388,7 @@ class PriorityExperienceReplay(per_base()):  # type: ignore[misc]
             priority = meta["priority"]
             assert priority >= 0, f"new_priority should greater than 0, but found {priority}"
             if pending is not None:  # not set with the record (a middleware in between)
-                self.shared.per_engine.update_priority([id_of(index)], [priority + UPDATE_EPS])
+                self.shared.per().update_priority([id_of(index)], [priority + UPDATE_EPS])
         return done
 
     def delete(self, chain: Callable[..., Any], index: Any, *args: Any, **kwargs: Any) -> Any:

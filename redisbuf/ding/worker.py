@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -541,7 +541,7 @@ class AdvancedReplayBuffer(NaiveReplayBuffer):
         super().__init__(cfg, tb_logger, exp_name, instance_name, url=url, name=name)
         cfg = self._cfg
         self._eps = 1e-5
-        self.check_list = [lambda x: isinstance(x, dict)]
+        self.check_list: list[Callable[[Any], bool]] = [lambda x: isinstance(x, dict)]
         self.alpha = float(cfg.alpha)
         assert 0 <= self.alpha <= 1, self.alpha
         beta = float(cfg.beta)
@@ -608,7 +608,7 @@ class AdvancedReplayBuffer(NaiveReplayBuffer):
             if not can_push:
                 logger.info("Refuse to push because %s", why)
                 return
-        valid = []
+        valid: list[dict[str, Any]] = []
         for item in items:
             if all(check(item) for check in self.check_list):
                 valid.append(item)
@@ -658,7 +658,7 @@ class AdvancedReplayBuffer(NaiveReplayBuffer):
             ids.append(item_id)
             priorities.append(float(priority) + self._eps)
         if ids:
-            self.shared.per_engine.update_priority(ids, priorities)
+            self.shared.per().update_priority(ids, priorities)
 
     # -- reading ------------------------------------------------------------------------
 
@@ -692,7 +692,7 @@ class AdvancedReplayBuffer(NaiveReplayBuffer):
                 return None
         try:
             if sample_range is None:
-                info = shared.per_engine.sample_with_info(size)
+                info = shared.per().sample_with_info(size)
                 ratios = info.weights
             else:
                 info = shared.engine.sample_with_info(size, replacement=True,
@@ -792,14 +792,14 @@ def _attributes(items: list[dict[str, Any]], beta: float) -> dict[str, float]:
     }
 
 
-_REGISTRY: dict[str, type[IBuffer]] = {
+_REGISTRY: dict[str, type[NaiveReplayBuffer]] = {
     "naive": NaiveReplayBuffer,
     "advanced": AdvancedReplayBuffer,
     "episode": EpisodeReplayBuffer,
 }
 
 
-def get_buffer_cls(cfg: Mapping[str, Any]) -> type[IBuffer]:
+def get_buffer_cls(cfg: Mapping[str, Any]) -> type[NaiveReplayBuffer]:
     """The buffer class of ``cfg["type"]`` (``naive``, ``advanced``, ``episode``).
 
     Args:

@@ -27,9 +27,9 @@ import argparse
 import json
 import multiprocessing
 import os
-import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 #: Redis keys of the two-process run, besides the buffer's (under its tag)
@@ -157,7 +157,7 @@ def _collector(url: str, name: str, seed: int, exp_dir: str, max_env_steps: int)
     from redisbuf.ding import DequeBuffer, PriorityExperienceReplay
     from redisbuf.store.nest import decode_nest
 
-    client = redis.Redis.from_url(url)
+    client: Any = redis.Redis.from_url(url)
     cfg, _ = _config(seed, exp_dir)
     loaded = [0]
 
@@ -170,8 +170,8 @@ def _collector(url: str, name: str, seed: int, exp_dir: str, max_env_steps: int)
                 break
             time.sleep(0.005)
         version = int(client.get(_state_key(name, _VERSION)) or 0)
-        if version > loaded[0]:
-            blob = client.get(_state_key(name, _WEIGHTS))
+        blob = client.get(_state_key(name, _WEIGHTS)) if version > loaded[0] else None
+        if blob is not None:
             model.load_state_dict({k: torch.as_tensor(v) for k, v in decode_nest(blob).items()})
             loaded[0] = version
         client.set(_state_key(name, _ENV_STEP), ctx.env_step)
@@ -205,7 +205,7 @@ def _learner(url: str, name: str, seed: int, exp_dir: str, max_env_steps: int,
 
     from redisbuf.ding import DequeBuffer, PriorityExperienceReplay
 
-    client = redis.Redis.from_url(url)
+    client: Any = redis.Redis.from_url(url)
     cfg, _ = _config(seed, exp_dir)
     curve: list[dict[str, float]] = []
     started = time.monotonic()
@@ -213,7 +213,7 @@ def _learner(url: str, name: str, seed: int, exp_dir: str, max_env_steps: int,
     def env_step() -> int:
         return int(client.get(_state_key(name, _ENV_STEP)) or 0)
 
-    def pace(ctx: Any) -> None:
+    def pace(ctx: Any) -> Iterator[None]:
         """Train no faster than the one process does: update_per_collect batches per
         n_sample collected transitions; publish the weights now and then."""
         while _budget(cfg, env_step()) < ctx.train_iter + cfg.policy.learn.update_per_collect:
@@ -328,4 +328,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
