@@ -632,7 +632,7 @@ class NestKind(RecordKind):
     def split(self, batch: Any) -> tuple[list[codec.Column], np.ndarray, dict[str, Any]]:
         raise TypeError("nest batches have no columns: use encode")
 
-    def join(self, fields: dict[str, FieldValues], n: int, schema: dict[str, Any]) -> Any:
+    def join(self, fields: Mapping[str, FieldValues], n: int, schema: dict[str, Any]) -> Any:
         raise TypeError("nest records are joined whole: use join_records")
 
     def join_records(self, blobs: list[bytes]) -> list[Any]:

@@ -83,20 +83,18 @@ def _numpy_payload(array: np.ndarray) -> bytes:
         if data.dtype.byteorder != ">":
             _numpy_codes.setdefault(data.dtype, code)
         array = data
-    raw = array.reshape(-1).view(np.uint8) if array.size else b""
+    raw: Any = array.reshape(-1).view(np.uint8) if array.size else b""  # a buffer
     return b"".join((_header(code, array.shape), raw))
 
 
 def _tensor_payload(tensor: Any) -> bytes:
-    if tensor.requires_grad or not tensor.is_cpu or not tensor.is_contiguous() or (
-            tensor.dtype is _torch.require().bfloat16):
+    known = codec._torch_code(tensor.dtype)
+    if known is None or tensor.requires_grad or not tensor.is_cpu or (
+            not tensor.is_contiguous()) or tensor.dtype is _torch.require().bfloat16:
         data, code, _ = codec.raw_numpy(tensor)  # also refuses the dtype and layout
     else:
-        code = codec._torch_code(tensor.dtype)
-        if code is None:
-            data, code, _ = codec.raw_numpy(tensor)
-        data = tensor.numpy()
-    raw = data.reshape(-1).view(np.uint8) if data.size else b""
+        data, code = tensor.numpy(), known
+    raw: Any = data.reshape(-1).view(np.uint8) if data.size else b""  # a buffer
     return b"".join((_header(code, data.shape), raw))
 
 
@@ -138,8 +136,7 @@ def register_type(
         {'p': Fraction(1, 3)}
     """
     entry = _Type(tag, to_nest, from_nest)
-    for table, key in ((_by_tag, tag), (_by_class, cls)):
-        held = table.get(key)  # type: ignore[call-overload]
+    for key, held in ((tag, _by_tag.get(tag)), (cls, _by_class.get(cls))):
         if held is not None and held != entry:
             raise ValueError(f"{key!r} is registered already (tag {held.tag!r})")
     _by_tag[tag] = _by_class[cls] = entry
