@@ -5,7 +5,7 @@ Usage (needs DI-engine 0.5.3 for the baseline, e.g. a venv with ``pip install
 DI-engine==0.5.3`` and redisbuf; redisbuf does not require it, and without it the
 script says so and measures nothing)::
 
-    python benchmarks/bench_ding.py [--url URL] [--seconds 2] [--rounds 3] [--out FILE]
+    python benchmarks/bench_ding.py [--url URL] [--seconds 2] [--rounds 3]
 
 Without --url an embedded server is started. The data are DI-engine's DQN transitions on
 CartPole (``treetensor.torch.Tensor``: obs, next_obs, logit, action, reward, done,
@@ -23,20 +23,17 @@ The ratio printed is the median over rounds of redisbuf / DI-engine. Then ``two
 processes``: a collector pushing and a learner doing train steps on one redisbuf.ding
 buffer at the same time, for ``--seconds`` (times 3), beside one DI-engine process doing
 both in turn (8 pushes per train step, the example's ``n_sample``), as the sum of the
-items pushed and sampled per second. Results go to ``--out`` (JSON: commit, date, load,
-machine, rows) and, under ``run_all.py``, to its report.
+items pushed and sampled per second. The figures go to
+``benchmarks/results/bench_ding.json`` (``_report.record``: commit, date, load, machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import multiprocessing
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -190,22 +187,12 @@ def one_process_interleaved(seconds: float) -> tuple[float, float]:
     return pushed / elapsed, sampled / elapsed
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url")
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=None)
     args = parser.parse_args()
     server = None
     url = args.url
@@ -233,32 +220,28 @@ def main() -> None:
     for op, by_kind in rates.items():
         ratios = [r / d for r, d in zip(by_kind["redisbuf"], by_kind["ding"], strict=True)]
         unit = "steps/s" if op == "train step" else "items/s"
-        rows.append({"figure": op, "unit": unit,
+        rows.append({"figure": op, "unit": unit, "key": op.replace(" ", "-"),
                      "ding": statistics.median(by_kind["ding"]),
                      "redisbuf": statistics.median(by_kind["redisbuf"]),
                      "ratio": statistics.median(ratios)})
     pushed, sampled = two_processes(url, 3 * args.seconds)
     ding_pushed, ding_sampled = one_process_interleaved(3 * args.seconds)
     rows.append({"figure": "two processes: pushed + sampled", "unit": "items/s",
+                 "key": "two-processes",
                  "ding": ding_pushed + ding_sampled, "redisbuf": pushed + sampled,
-                 "ratio": (pushed + sampled) / (ding_pushed + ding_sampled),
-                 "detail": {"redisbuf pushed": pushed, "redisbuf sampled": sampled,
-                            "ding pushed": ding_pushed, "ding sampled": ding_sampled}})
+                 "ratio": (pushed + sampled) / (ding_pushed + ding_sampled)})
+    rows.append({"figure": "two processes: pushed", "unit": "items/s", "key": "two-pushed",
+                 "ding": ding_pushed, "redisbuf": pushed, "ratio": pushed / ding_pushed})
+    rows.append({"figure": "two processes: sampled", "unit": "items/s", "key": "two-sampled",
+                 "ding": ding_sampled, "redisbuf": sampled, "ratio": sampled / ding_sampled})
     load = f"{load_before} -> {load_average()}"
     print(f"{'figure':34} {'DI-engine':>12} {'redisbuf.ding':>14} {'ratio':>8}")
     for row in rows:
         print(f"{row['figure']:34} {row['ding']:12.0f} {row['redisbuf']:14.0f} "
               f"{row['ratio']:8.3f}  {row['unit']}")
         record(row["figure"], row["redisbuf"], row["unit"], baseline=row["ding"],
-               baseline_name="DI-engine DequeBuffer", ratio=row["ratio"])
+               baseline_name="DI-engine DequeBuffer", ratio=row["ratio"], key=row["key"])
     print(f"load average {load}")
-    result = {"script": "bench_ding", "commit": _commit(),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load": load,
-              "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus",
-              "seconds": args.seconds, "rounds": args.rounds, "rows": rows}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
     if server is not None:
         server.stop()
 
