@@ -276,16 +276,20 @@ def run_two_processes(seed: int, max_env_steps: int, exp_dir: str,
 
 
 def plot(paths: list[str], png: str) -> None:
-    """Each ``--out`` file's curve (return by env step), one line per run."""
+    """The curves (return by env step) of ``--out`` files, or of files holding several
+    runs under ``"runs"`` (docs/ding_dqn.json), one line per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    runs: list[dict[str, Any]] = []
     for path in paths:
         with open(path) as f:
-            run = json.load(f)
+            held = json.load(f)
+        runs += held["runs"] if "runs" in held else [held]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in runs:
         points = run["curve"]
         ax.plot([p["env_step"] for p in points], [p["return"] for p in points],
                 label=f"{run['buffer']} (seed {run['seed']})",
