@@ -275,6 +275,10 @@ def run_two_processes(seed: int, max_env_steps: int, exp_dir: str,
             return json.load(f)
 
 
+_LABELS = {"ding": "DI-engine DequeBuffer, one process",
+           "redisbuf": "redisbuf.ding DequeBuffer, two processes"}
+
+
 def plot(paths: list[str], png: str) -> None:
     """The curves (return by env step) of ``--out`` files, or of files holding several
     runs under ``"runs"`` (docs/ding_dqn.json), one line per run."""
@@ -292,7 +296,7 @@ def plot(paths: list[str], png: str) -> None:
     for run in runs:
         points = run["curve"]
         ax.plot([p["env_step"] for p in points], [p["return"] for p in points],
-                label=f"{run['buffer']} (seed {run['seed']})",
+                label=(f"{_LABELS[run['buffer']]}, seed {run['seed']}"),
                 linestyle="-" if run["buffer"] == "redisbuf" else "--")
     ax.axhline(195, color="grey", linewidth=0.8)
     ax.set_xlabel("env steps")
