@@ -11,15 +11,17 @@ local function split(text)
   return out
 end
 
--- The mass of a logged score (text, "nan" when not present; or a number) under the rule.
+-- The mass of a logged score (text, "nan" when not present; or a number) under the rule,
+-- as the replica weighs it (redisbuf/sampling/replica.py masses_of): a PER mass above
+-- PER_SUM_CAP (or +inf) counts as the cap.
 local function mass_of(text, per, alpha, eps, ref)
   if text == 'nan' then return 0 end
   local score = text
   if type(text) == 'string' then score = to_number(text) end
   if per then
     local base = score + eps
-    if base <= 0 then return 0 end
-    return base ^ alpha
+    if not (base > 0) then return 0 end
+    return math.min(base ^ alpha, PER_SUM_CAP)
   end
   if score == -math.huge then return 0 end
   return math.exp(score - ref)

@@ -1,0 +1,39 @@
+"""The engine's defects of issue 45, each reproduced through the public API first: a draw
+corrected on the server weighs masses as the replica does (the 2^990 cap), a sampler whose
+buffer is dropped and made again under it draws from the new one or says it is gone, a
+draw taken back leaves no use behind, and a draw whose replica holds nothing after the
+holes of a correction were named ends as a draw or as EmptyBufferError."""
+
+from __future__ import annotations
+
+import numpy as np
+from test_sampling import chi2, chi2_limit
+
+from redisbuf import PERSampler, ReplayBuffer
+
+
+def _batch(n: int) -> dict:
+    return {"x": np.arange(n, dtype=np.float32), "log_rewards": np.zeros(n)}
+
+
+def test_a_corrected_draw_caps_masses_as_the_replica_does(client, buffer_name):
+    """Priorities 1e300 and 1e308 (alpha 1, eps 0) both count as 2^990, so each item is
+    drawn with probability 1/2. Set by another process after this sampler's replica was
+    current, they reach the draw through the server's correction, which must weigh them
+    capped too (it drew the heavy one every time while reporting 1/2)."""
+    per = {"alpha": 1.0, "eps": 0.0}
+    sampler = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(**per), seed=1)
+    other = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(**per), seed=2)
+    light, heavy = sampler.add(_batch(2)).ids.tolist()
+    hits = draws = 0
+    for _ in range(40):
+        other.update_priority([light, heavy], [1.0, 1.0])
+        sampler.sample(1)  # current
+        other.update_priority([light, heavy], [1e300, 1e308])  # after the replica's version
+        info = sampler.sample_with_info(20)  # corrected on the server
+        assert client.lindex(sampler.keys.masslog, -1)[:1] in (b"C", b"P")
+        assert info.probabilities.tolist() == [0.5] * 20
+        hits += int((info.ids == heavy).sum())
+        draws += 20
+    observed = np.array([hits, draws - hits])
+    assert chi2(observed, np.array([draws / 2, draws / 2])) < chi2_limit(1), observed
