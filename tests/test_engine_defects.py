@@ -15,6 +15,7 @@ from test_sampling import chi2, chi2_limit
 
 from redisbuf import PERSampler, ReplayBuffer
 from redisbuf.errors import EmptyBufferError, NoSuchBufferError
+from redisbuf.store.keys import format_id
 
 
 def _batch(n: int) -> dict:
@@ -95,3 +96,69 @@ def test_a_draw_while_another_process_drops_and_remakes_the_buffer(
         churn.join(60)
     assert churn.exitcode == 0, outcomes
     assert outcomes["NoSuchBufferError"] > 0, outcomes  # the drops did meet the draws
+
+
+def _use_counts(buffer: ReplayBuffer) -> tuple[int, int, int]:
+    """Meta's sampled, present_uses and removed_uses."""
+    values = buffer.client.hmget(buffer.keys.meta, "sampled", "present_uses", "removed_uses")
+    return tuple(int(v or 0) for v in values)  # type: ignore[return-value]
+
+
+def test_a_draw_taken_back_after_a_clear_leaves_the_reset_counters(client, buffer_name):
+    """A sampler takes its draw back (lua/undo_draws.lua, as after a blob read as gone)
+    once its item was evicted: the eviction moved the draw's use to removed_uses, and it
+    comes off there (it stayed, a phantom use in mean_use_removed). After a clear, which
+    reset the counts, a draw taken back leaves them alone (sampled went below zero)."""
+    buffer = ReplayBuffer(client, buffer_name, capacity=2, seed=3)
+    keys = buffer.keys.all_keys()
+    buffer.add(_batch(2))
+    drawn = buffer.sample_with_info(2, replacement=True).ids.tolist()
+    buffer.clear()
+    buffer._run("undo_draws", keys, [format_id(i) for i in drawn])
+    assert _use_counts(buffer) == (0, 0, 0)
+    first = buffer.add(_batch(2)).ids.tolist()
+    again = buffer.sample_with_info(1, replacement=True).ids.tolist()
+    buffer.add(_batch(2))  # evicts both: the draw's use moves to removed_uses
+    assert _use_counts(buffer) == (1, 0, 1)
+    assert set(again) <= set(first)
+    buffer._run("undo_draws", keys, [format_id(i) for i in again])
+    assert _use_counts(buffer) == (0, 0, 0)
+
+
+def _add_in_a_loop(url: str, name: str, started, stop) -> None:
+    buffer = ReplayBuffer(url, name, capacity=32)
+    while not stop.is_set():
+        buffer.add(_batch(16))
+        started.set()
+
+
+@pytest.mark.redis_server
+@pytest.mark.multiprocess
+def test_uses_add_up_to_the_draws_returned_while_other_processes_evict(
+    redis_server, buffer_name
+):
+    """Two processes add to a full buffer (each add evicts) while this one draws: an item
+    evicted between a uniform draw's script and its blob read makes the draw be taken
+    back and made again. Afterwards present_uses + removed_uses is exactly the number of
+    draws returned (the taken-back ones left 40% more in removed_uses)."""
+    url = redis_server.url
+    buffer = ReplayBuffer(url, buffer_name, capacity=32, seed=4)
+    buffer.add(_batch(32))
+    ctx = multiprocessing.get_context("spawn")
+    started, stop = ctx.Event(), ctx.Event()
+    writers = [ctx.Process(target=_add_in_a_loop, args=(url, buffer_name, started, stop),
+                           daemon=True) for _ in range(2)]
+    for writer in writers:
+        writer.start()
+    returned = 0
+    try:
+        assert started.wait(120)
+        for _ in range(300):
+            returned += len(buffer.sample_with_info(16, replacement=True).ids)
+    finally:
+        stop.set()
+        for writer in writers:
+            writer.join(60)
+    assert all(writer.exitcode == 0 for writer in writers)
+    sampled, present, removed = _use_counts(buffer)
+    assert sampled == returned and present + removed == returned, (present, removed)
