@@ -195,7 +195,8 @@ def _fill_holes(
     filled with a draw of the replica (now at the commit's version) among the items the
     entries since did not name: the server had decided that the hole's draw falls among
     them, and there it follows the replica's masses. None when none of them has mass (the
-    server's share for them was a rounding residue): the draw is then made afresh."""
+    server's share for them was a rounding residue, the replica perhaps left holding no
+    item at all): the draw is then made afresh."""
     parts = packed.split(b",")
     ids = np.array([int(p) if p else -1 for p in parts], dtype=np.int64)
     excluded = np.unique(np.concatenate(touched)) if touched else np.empty(0, np.int64)
@@ -214,7 +215,7 @@ def _fill_holes(
     changed = replica.slots_of(excluded)
     masses[changed[changed >= 0]] = 0.0
     cumulative = np.cumsum(masses)
-    if not cumulative[-1] > 0:
+    if not (len(cumulative) and cumulative[-1] > 0):
         return None
     picks = np.searchsorted(cumulative, rng.random(len(holes)) * cumulative[-1], side="right")
     ids[holes] = replica.ids[picks]
