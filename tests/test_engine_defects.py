@@ -217,3 +217,101 @@ def test_a_prefetchers_updates_never_make_a_shard_be_read_again(client, buffer_n
             if steps == 150:
                 break
     assert len(loads) == first == 4
+
+
+_VALUES = np.log([1.0, 2.0, 3.0, 4.0, 5.0])
+
+
+def _draws_with_a_change_before_every_commit(
+    sampler: ReplayBuffer, add, monkeypatch, spares: int | None, rounds: int
+) -> tuple[collections.Counter, list[int]]:
+    """``rounds`` draws of 3 without replacement from ``sampler`` (a softmax buffer of 5
+    holding masses 1..5), ``add`` adding 3 items (evicting the 3 oldest) before each of
+    its commits, the last five added always one of each mass. Returns the counts of the
+    ordered first two masses drawn and the commits each draw took."""
+    from redisbuf.sampling import commits
+
+    added = [0]
+    sends: list[int] = []
+    send = commits._send_commit
+
+    def after_another_process_added(*args):
+        add([_VALUES[(added[0] + i) % 5] for i in range(3)])
+        added[0] += 3
+        sends[-1] += 1
+        return send(*args)
+
+    monkeypatch.setattr(commits, "_send_commit", after_another_process_added)
+    if spares is not None:
+        monkeypatch.setattr(commits, "_SUCCESSIVE_SPARES", spares)
+    pairs: collections.Counter = collections.Counter()
+    for _ in range(rounds):
+        sends.append(0)
+        info = sampler.sample_with_info(3, replacement=False)
+        ids = info.ids.tolist()
+        assert len(set(ids)) == 3
+        assert sampler.client.zmscore(sampler.keys.order,
+                                      [format_id(i) for i in ids]) == [float(i) for i in ids]
+        drawn = np.rint(np.exp(info.batch["log_rewards"])).astype(int).tolist()
+        pairs[drawn[0], drawn[1]] += 1
+    monkeypatch.undo()
+    return pairs, sends
+
+
+def _assert_successive_law(pairs: collections.Counter, rounds: int) -> None:
+    """Chi-square of the ordered first two of successive draws by masses 1..5."""
+    weights = np.arange(1.0, 6.0)
+    cells = [(i, j) for i in range(1, 6) for j in range(1, 6) if i != j]
+    expected = np.array([weights[i - 1] / 15 * weights[j - 1] / (15 - weights[i - 1])
+                         for i, j in cells]) * rounds
+    observed = np.array([pairs[c] for c in cells])
+    assert chi2(observed, expected) < chi2_limit(len(cells) - 1), pairs
+
+
+@pytest.mark.redis_server
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("spares", [None, 0], ids=["spares", "no-spares"])
+def test_softmax_draws_without_replacement_stand_beside_a_writer_before_every_commit(
+    redis_server, buffer_name, monkeypatch, spares
+):
+    """Another process adds 3 items to a full softmax buffer of 5 (evicting the 3 oldest)
+    between this process's draw without replacement and every one of its commits. The
+    draw stood only when nothing changed in between: it was made again until its 30 s
+    ran out (SamplingError; 14 s calls beside 4 writers). Corrected on the server as a
+    race, it stands at its first commit, or at a later one after the server named too few
+    arrivals, and follows the law at the commit: the masses stay 1..5 (the last five
+    added are one of each), chi-square over the ordered first two draws. Without spare
+    arrivals past the 3 drawn, the server names too few arrivals at many commits and this
+    process runs the race on: the law is the same."""
+    from peer_process import Peer
+
+    url = redis_server.url
+    peer = Peer(url, buffer_name, capacity=5, softmax=True)
+    rounds = 400
+    try:
+        sampler = ReplayBuffer(url, buffer_name, capacity=5, prioritized_sampling=True, seed=6)
+        sampler.add({"x": np.arange(5), "log_rewards": _VALUES})
+        pairs, sends = _draws_with_a_change_before_every_commit(
+            sampler, lambda values: peer("add", log_rewards=values), monkeypatch, spares,
+            rounds)
+    finally:
+        peer.stop()
+    assert 1 in sends and np.mean(sends) < 3, collections.Counter(sends)
+    if spares == 0:
+        assert sum(count > 1 for count in sends) > rounds // 10, collections.Counter(sends)
+    _assert_successive_law(pairs, rounds)
+
+
+def test_a_corrected_successive_draw_on_either_server(client, buffer_name, monkeypatch):
+    """The same with another buffer object of this process adding (its own replica), on
+    fakeredis and a real server, without spares: the server's race correction and this
+    process's run of the race on follow the law at the commit."""
+    sampler = ReplayBuffer(client, buffer_name, capacity=5, prioritized_sampling=True, seed=7)
+    writer = ReplayBuffer(client, buffer_name, capacity=5, prioritized_sampling=True)
+    sampler.add({"x": np.arange(5), "log_rewards": _VALUES})
+    rounds = 300
+    pairs, sends = _draws_with_a_change_before_every_commit(
+        sampler, lambda values: writer.add({"x": np.arange(3), "log_rewards": np.array(values)}),
+        monkeypatch, 0, rounds)
+    assert sum(count > 1 for count in sends) > rounds // 10, collections.Counter(sends)
+    _assert_successive_law(pairs, rounds)
