@@ -121,7 +121,7 @@ def test_sequence_reads_stay_bounded(redis_server, filled):
     """Windows, gather_all and get_field of far more steps than the bound."""
     _, url = filled
     client = redis.Redis.from_url(redis_server.url)
-    envs, length = 16, 4000
+    envs, length = 16, 2500
     seq = SequenceBuffer(client, "latency-bound-seq", envs, length, seed=0)
     try:
         for t in range(length):
