@@ -292,7 +292,7 @@ class PartialLoadError(RedisBufError):
 # error reply that starts with a code becomes an instance of its class here
 # (redisbuf/store/scripts.py, translate).
 SCRIPT_ERRORS: dict[str, type[RedisBufError]] = {
-    cls.code: cls  # type: ignore[misc]
+    cls.code: cls
     for cls in (
         EmptyBufferError,
         SchemaError,

@@ -43,13 +43,13 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis as redis_lib
 
 from ..errors import ControlTimeoutError, DecodeError, ProtocolError
 from ..store.codec import packb, unpackb
-from ..store.connection import as_client
+from ..store.connection import as_client, reply_bytes
 from ..store.keys import PREFIX, validate_name
 from .protocol import ANY_SOURCE
 
@@ -191,7 +191,7 @@ class _RedisEndpoint:
     def _brpop(self, key: str, timeout: float) -> bytes | None:
         # BRPOP takes seconds with millisecond resolution; 0 would mean "forever"
         reply = self.client.brpop([key], timeout=max(timeout, 0.001))
-        return None if reply is None else reply[1]
+        return None if reply is None else reply_bytes(reply[1])
 
 
 class RedisManagerTransport(_RedisEndpoint):
@@ -219,7 +219,7 @@ class RedisManagerTransport(_RedisEndpoint):
         if self.started:
             return
         k = self.keys
-        holder = self.client.get(k.manager)
+        holder = reply_bytes(self.client.get(k.manager))
         if holder is not None:
             raise ProtocolError(
                 f"a manager is already running for buffer {self.name!r} "
@@ -293,13 +293,12 @@ class RedisManagerTransport(_RedisEndpoint):
             # still queued is not lost, its EXIT (or last request) is about to be read
             for raw in self.client.lrange(self.keys.requests, 0, -1):
                 try:
-                    dead.discard(int(unpackb(raw)["src"]))
+                    dead.discard(int(unpackb(cast(bytes, raw))["src"]))
                 except (DecodeError, KeyError, TypeError, ValueError):
                     continue
         if dead:
-            dead = sorted(dead)
             raise ControlTimeoutError(
-                f"worker rank(s) {dead} of buffer {self.name!r} stopped without EXIT "
+                f"worker rank(s) {sorted(dead)} of buffer {self.name!r} stopped without EXIT "
                 f"(no heartbeat for {self.heartbeat_ttl:.1f} s, and no such process runs "
                 "on this host)"
             )
@@ -311,7 +310,7 @@ class RedisManagerTransport(_RedisEndpoint):
         if self.started:
             self.started = False
             try:
-                if _token_of(self.client.get(self.keys.manager)) == self.token:
+                if _token_of(reply_bytes(self.client.get(self.keys.manager))) == self.token:
                     self.client.delete(self.keys.manager)
             except (redis_lib.exceptions.RedisError, OSError):
                 pass
@@ -359,7 +358,7 @@ class RedisWorkerTransport(_RedisEndpoint):
         k = self.keys
         deadline = time.monotonic() + self.connect_timeout
         while True:
-            value = self.client.get(k.manager)
+            value = reply_bytes(self.client.get(k.manager))
             token = _token_of(value)
             if token is not None:
                 self._manager_process = value.split(b" ", 1)[1] if b" " in value else None
@@ -394,7 +393,7 @@ class RedisWorkerTransport(_RedisEndpoint):
     def _manager_alive(self) -> bool:
         """Whether this session's manager runs: its key holds this session's token, or it
         expired while the manager's process still runs on this host (a late beat)."""
-        value = self.client.get(self.keys.manager)
+        value = reply_bytes(self.client.get(self.keys.manager))
         if value is None:
             return runs_here(self._manager_process)
         return _token_of(value) == self.token
@@ -431,6 +430,7 @@ class RedisWorkerTransport(_RedisEndpoint):
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None
+            assert self._rank is not None  # a worker beats once it has a rank
             try:
                 self.client.delete(self.keys.heartbeat(self._rank))
             except (redis_lib.exceptions.RedisError, OSError):
