@@ -287,7 +287,7 @@ class RedisManagerTransport(_RedisEndpoint):
             # a worker whose process still runs on this host is late (starved), not dead
             described = self.client.hmget(self.keys.procs, *sorted(dead))
             dead -= {rank for rank, proc in zip(sorted(dead), described, strict=True)
-                     if runs_here(proc)}
+                     if runs_here(reply_bytes(proc))}
         if dead:
             # a worker pushes its EXIT before dropping its heartbeat: a rank with a request
             # still queued is not lost, its EXIT (or last request) is about to be read
@@ -360,7 +360,7 @@ class RedisWorkerTransport(_RedisEndpoint):
         while True:
             value = reply_bytes(self.client.get(k.manager))
             token = _token_of(value)
-            if token is not None:
+            if token is not None and value is not None:
                 self._manager_process = value.split(b" ", 1)[1] if b" " in value else None
                 break
             if time.monotonic() >= deadline:

@@ -14,6 +14,7 @@ shard's) and a sequence buffer's window starts, which describe their commit by a
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from collections.abc import Sequence
@@ -371,7 +372,8 @@ def _commit_exact(
             at = np.array([float(t) for _, t in arrivals])
             spares = min(2 * spares + 1, bounds.MAX_ITEMS_PER_COMMAND)
             _spares_without[replica] = spares
-            race = _race_on(replica, known, at, float(race.times[-1]),
+            last = float(race.times[-1]) if race.times is not None else math.inf
+            race = _race_on(replica, known, at, last,
                             n + min(spares, bounds.MAX_ITEMS_PER_COMMAND), rng)
             if race is not None and len(race.ids) < n:
                 race = None  # fewer items of non-zero mass than draws: decided afresh
@@ -402,7 +404,7 @@ def _commit_exact(
             replica.sync(buffer)
             race = None
             continue
-        if as_sent and race.probabilities is not None:
+        if as_sent and race.probabilities is not None and race.masses is not None:
             probabilities, masses = race.probabilities, race.masses
         else:  # each draw's probability given the earlier ones, in the replica now
             masses = replica.masses[where]
