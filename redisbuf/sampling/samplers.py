@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
 from ..errors import (
     EmptyBufferError,
+    NoSuchBufferError,
     PrioritizedSamplingOffError,
     SamplingError,
 )
@@ -28,6 +29,8 @@ from .uniforms import _pack_words, _uniform_words, packed_uniforms
 # tenth of returning blobs from Lua; an item evicted in between makes us draw again, and
 # after a few such races the script fetches the blobs itself, atomically.
 _FETCH_ATTEMPTS = 3
+
+T = TypeVar("T")
 
 
 def _draw_then_fetch(
@@ -382,16 +385,41 @@ class PrioritizedSampler:
     ) -> Draw:
         """Draw ``n`` items; ``replacement`` (None: this sampler's) is this call's."""
         replace = self.replacement if replacement is None else bool(replacement)
-        try:
-            drawn = commits.replica_draw(buffer, "softmax", n, rng, replace)
-        except PrioritizedSamplingOffError:
-            self.prepare(buffer)  # turned off (dropped and made again): turn it back on
-            drawn = commits.replica_draw(buffer, "softmax", n, rng, replace)
+        drawn = _draw_turning_on(
+            buffer, self.prepare, lambda: commits.replica_draw(buffer, "softmax", n, rng, replace))
         return Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
 
 
 def _forget_replica(buffer: BufferView, rule: str) -> None:
     buffer.replicas.pop(rule, None)
+
+
+# Draws of a prioritized sampler tried in one call while its rule is found off: each
+# time after the sampler turned it on in a buffer made again, which another process then
+# dropped once more before the draw committed
+_TURN_ON_ATTEMPTS = 8
+
+
+def _draw_turning_on(
+    buffer: BufferView, prepare: Callable[[BufferView], None], draw: Callable[[], T]
+) -> T:
+    """``draw()``, turning the sampler's rule back on (``prepare``) and drawing again
+    while it is found off in a buffer dropped and made again by another process; raises
+    :class:`NoSuchBufferError` when the buffer is gone (no meta) as the rule is found off,
+    or is dropped again after each of ``_TURN_ON_ATTEMPTS`` turnings on."""
+    for _ in range(_TURN_ON_ATTEMPTS):
+        try:
+            return draw()
+        except PrioritizedSamplingOffError:
+            # a missing meta reads as "not on" to the scripts: it is a buffer dropped
+            if not buffer.client.exists(buffer.keys.meta):
+                raise NoSuchBufferError(
+                    f"buffer {buffer.name!r} was dropped (meta {buffer.keys.meta} does not "
+                    "exist)") from None
+            prepare(buffer)  # made again without it: turn it on (RB_NOBUF: dropped again)
+    raise NoSuchBufferError(
+        f"buffer {buffer.name!r} was dropped and made again by another process after each "
+        f"of {_TURN_ON_ATTEMPTS} times this sampler turned prioritized sampling on in it")
 
 
 # Items given their initial PER priority per call when PER is turned on over a full buffer:
@@ -494,11 +522,9 @@ class PERSampler:
         turn_per_on(buffer, self.alpha, self.eps, self.initial_priority)
 
     def draw(self, buffer: BufferView, n: int, rng: np.random.Generator) -> Draw:
-        try:
-            drawn = commits.replica_draw(buffer, "per", n, rng, True, self.stratified)
-        except PrioritizedSamplingOffError:
-            self.prepare(buffer)  # the buffer was dropped and made again: turn PER back on
-            drawn = commits.replica_draw(buffer, "per", n, rng, True, self.stratified)
+        drawn = _draw_turning_on(
+            buffer, self.prepare,
+            lambda: commits.replica_draw(buffer, "per", n, rng, True, self.stratified))
         draw = Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
         # (N P(i))^-beta / max_j (N P(j))^-beta = (min_mass / mass_i)^beta: N and the total
         # cancel, and the largest weight belongs to the lowest non-zero mass present.

@@ -210,13 +210,17 @@ def installed_version(client: Any) -> str | None:
 
 
 def install(client: Any) -> bool:
-    """Load the library on ``client``'s server (on a ``RedisCluster``, on every primary)
-    unless this version is there already. Returns whether it loaded it."""
+    """Load the library on ``client``'s server (on a ``RedisCluster``, on every primary it
+    reaches: one that is down gets it when a call there next finds it missing, as after a
+    restart) unless this version is there already. Returns whether it loaded it."""
     client = unwrapped(client)
     if isinstance(client, redis.cluster.RedisCluster):
         loaded = False
         for node in client.get_primaries():
-            loaded |= install(client.get_redis_connection(node))
+            try:
+                loaded |= install(client.get_redis_connection(node))
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                continue  # its slots fail with an error naming them (a shard, a key)
         return loaded
     if installed_version(client) == version():
         return False
