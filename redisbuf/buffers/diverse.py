@@ -139,14 +139,13 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
         path (cutoff -1: no distance test) and inserts every record."""
         schema = json.loads(schema_json)
         batch = self._decode(KINDS[schema["kind"]], schema, blobs, None)
-        args = self._args(blobs, priorities, batch, -1.0)
+        args = self._args(blobs, priorities, diversity_vectors(batch), -1.0)
         args[0] = schema_json
         return "add_diverse", args
 
     def _args(
-        self, blobs: list[bytes], log_rewards: np.ndarray, batch: Any, cutoff: float
+        self, blobs: list[bytes], log_rewards: np.ndarray, vectors: np.ndarray, cutoff: float
     ) -> list[Any]:
-        vectors = diversity_vectors(batch)
         args: list[Any] = ["", len(blobs), "", repr(cutoff), repr(self.p_norm_distance)]
         for blob, priority, row in zip(blobs, log_rewards.tolist(), vectors, strict=True):
             args += [blob, _priority_text(priority), _vector_text(row)]
@@ -167,9 +166,11 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
             SchemaError: ``batch`` is a dict, or does not fit the buffer's schema.
             InvalidBatchError: a transition is not terminating, or a state is not finite.
         """
+        # vectors first: "give Trajectories, not a dict" says more than the kind mismatch
+        vectors = diversity_vectors(batch)
         blobs, log_rewards, schema = self.encode(batch)
         _check_add_bound(self.name, blobs)
-        args = self._args(blobs, log_rewards, batch, self.cutoff_distance)
+        args = self._args(blobs, log_rewards, vectors, self.cutoff_distance)
         reply = self._insert_with(schema, "add_diverse", args)
         first, count, evicted = (int(x) for x in reply[:3])
         return DiverseAddResult(

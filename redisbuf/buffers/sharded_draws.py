@@ -62,12 +62,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import redis
 
-from ..errors import (
-    DecodeError,
-    EmptyBufferError,
-    SamplingError,
-    WaitTimeoutError,
-)
+from ..errors import DecodeError, EmptyBufferError, SamplingError, WaitTimeoutError
 from ..sampling import commits
 from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import Draw
@@ -88,7 +83,6 @@ _ROUNDS = 64
 
 # (global ids, blobs, probabilities or None, (shard, schema_json) to decode by)
 Drawn = tuple[list[int], list[bytes], Any, Any]
-
 
 
 def _head(replica: MassReplica | None) -> tuple[str, int, str]:
