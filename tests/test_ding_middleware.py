@@ -3,6 +3,7 @@ the server (two objects on one name stand for two processes)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from cluster_helpers import chi2_limit
@@ -224,6 +225,25 @@ def test_priority_of_a_missing_update_and_bad_priorities(pair) -> None:
     empty.use(PriorityExperienceReplay(empty))
     with pytest.raises(ValueError):
         empty.sample(2)
+
+
+def test_priority_updates_take_numpy_and_torch_numbers(pair) -> None:
+    # DI-engine adds 1e-5 to whatever number it is given; a float32 or a tensor priority
+    # (a learner's own td-errors) must set the item's priority, not be dropped
+    buffer, other = pair()
+    buffer.use(PriorityExperienceReplay(buffer, IS_weight=False, priority_power_factor=1.0))
+    other.use(PriorityExperienceReplay(other, IS_weight=False, priority_power_factor=1.0))
+    indices = [buffer.push({"a": i}).index for i in range(4)]
+    given = [np.float32(6.0), torch.tensor(0.0), np.float16(0.0), torch.tensor([0.0])]
+    for index, priority in zip(indices, given, strict=True):
+        assert other.update(index, None, {"priority": priority})
+    shared = buffer.shared
+    stored = [float(p) for p in shared.client.hmget(shared.keys.per, indices)]
+    assert stored == pytest.approx([6.00001, 1e-5, 1e-5, 1e-5])
+    drawn = [d.data["a"] for _ in range(5) for d in buffer.sample(4)]
+    assert drawn.count(0) >= 19  # each draw is item 0 with probability 6 / (6 + 3e-5)
+    with pytest.raises(AssertionError):
+        other.update(indices[0], None, {"priority": np.float32(-1.0)})
 
 
 def test_a_middleware_chain_sees_the_shipped_ones_results(pair) -> None:

@@ -59,6 +59,17 @@ def _finite_or_none(value: float, name: str) -> int | None:
     return int(value)
 
 
+def _number(value: Any) -> float | None:
+    """``value`` as a float when it is a number DI-engine computes with (a Python or numpy
+    number, a one-element array or tensor), else None."""
+    if value is None or isinstance(value, (str, bytes)):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
 def clone_object() -> Callable[..., Any]:
     """Freeze pushed objects and return copies on sample (DI-engine's ``clone_object``):
     a redisbuf buffer always does, so the middleware passes every call through."""
@@ -375,10 +386,10 @@ class PriorityExperienceReplay(per_base()):  # type: ignore[misc]
     def update(self, chain: Callable[..., Any], index: str, data: Any, meta: Any,
                *args: Any, **kwargs: Any) -> bool:
         local = self.shared.local
-        priority = meta.get("priority") if isinstance(meta, dict) else None
-        if isinstance(priority, (int, float)) and priority >= 0:
+        value = _number(meta.get("priority")) if isinstance(meta, dict) else None
+        if value is not None and value >= 0:
             # the buffer's own update sets it with the record, in the same command
-            local.priority = priority + UPDATE_EPS
+            local.priority = value + UPDATE_EPS
         try:
             done = chain(index, data, meta, *args, **kwargs)
         finally:
@@ -388,7 +399,7 @@ class PriorityExperienceReplay(per_base()):  # type: ignore[misc]
             priority = meta["priority"]
             assert priority >= 0, f"new_priority should greater than 0, but found {priority}"
             if pending is not None:  # not set with the record (a middleware in between)
-                self.shared.per().update_priority([id_of(index)], [priority + UPDATE_EPS])
+                self.shared.per().update_priority([id_of(index)], [pending])
         return done
 
     def delete(self, chain: Callable[..., Any], index: Any, *args: Any, **kwargs: Any) -> Any:
