@@ -77,6 +77,29 @@ def test_use_time_check_is_fixed_before_the_first_push(pair) -> None:
     assert other.sample(1)[0].meta["use_count"] == 1
 
 
+@pytest.mark.parametrize(("max_use", "uses"), [(2.5, 3), (0, 1), (-1, 1), (np.int64(2), 2)])
+def test_use_time_check_takes_any_number_as_dienigne(pair, max_use, uses) -> None:
+    # DI-engine removes an item at the first use_count >= max_use
+    buffer, _ = pair()
+    buffer.use(use_time_check(buffer, max_use=max_use))
+    buffer.push(item())
+    counts = [buffer.sample(1)[0].meta["use_count"] for _ in range(uses)]
+    assert counts == list(range(1, uses + 1)) and buffer.count() == 0
+    with pytest.raises(ValueError, match="max_use"):
+        use_time_check(buffer, max_use="2")
+
+
+def test_staleness_check_of_a_fraction_keeps_what_dienigne_keeps(pair) -> None:
+    buffer, _ = pair()
+    buffer.use(staleness_check(buffer, max_staleness=2.5))  # removes staleness > 2.5
+    for collected in (0, 1, 2):
+        buffer.push(item(), meta={"train_iter_data_collected": collected})
+    kept = buffer.sample(size=2, train_iter_sample_data=3)
+    assert buffer.count() == 2 and {i.meta["staleness"] for i in kept} == {1, 2}
+    with pytest.raises(ValueError, match="max_staleness"):
+        staleness_check(buffer, max_staleness=-1)
+
+
 def test_staleness_check_removes_for_every_process(pair) -> None:
     buffer, other = pair()
     buffer.use(staleness_check(buffer, max_staleness=10))
