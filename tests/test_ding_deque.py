@@ -89,6 +89,10 @@ def test_sample_range_takes_positions_oldest_first(deque) -> None:
         buffer.sample(6, sample_range=slice(5, 10))
     with pytest.raises(ValueError, match="islice"):
         buffer.sample(1, sample_range=slice(-2, None))
+    with pytest.raises(ValueError, match="Step for islice"):
+        buffer.sample(1, sample_range=slice(0, 10, 0))
+    # numpy integers are integers to islice, as they are to DI-engine's deque
+    assert values(buffer.sample(2, sample_range=slice(np.int64(8), np.int32(10)))) == [8, 9]
 
 
 def test_sample_by_indices_in_their_order_each_its_own_object(deque) -> None:
@@ -158,6 +162,19 @@ def test_delete_and_positions(deque) -> None:
         buffer.get(30)
     with pytest.raises(KeyError):
         buffer.get_by_index(gone[0])
+
+
+def test_positions_are_what_a_deque_takes(deque) -> None:
+    buffer = deque()
+    for i in range(3):
+        buffer.push(i)
+    assert buffer[np.int64(1)].data == 1 and buffer[True].data == 1
+    assert buffer.get(np.uint8(2)).data == 2 and buffer[-3].data == 0
+    for bad in ("0", 0.0, slice(0, 1), None):
+        with pytest.raises(TypeError, match="sequence index must be integer"):
+            buffer[bad]
+    with pytest.raises(IndexError):
+        buffer[-4]
 
 
 def test_clear_keeps_indices_growing(deque) -> None:

@@ -3,6 +3,7 @@ the server (two objects on one name stand for two processes)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from cluster_helpers import chi2_limit
@@ -74,6 +75,29 @@ def test_use_time_check_is_fixed_before_the_first_push(pair) -> None:
         buffer.use(use_time_check(buffer, max_use=3))
     other.use(use_time_check(other))  # inf: counts only
     assert other.sample(1)[0].meta["use_count"] == 1
+
+
+@pytest.mark.parametrize(("max_use", "uses"), [(2.5, 3), (0, 1), (-1, 1), (np.int64(2), 2)])
+def test_use_time_check_takes_any_number_as_dienigne(pair, max_use, uses) -> None:
+    # DI-engine removes an item at the first use_count >= max_use
+    buffer, _ = pair()
+    buffer.use(use_time_check(buffer, max_use=max_use))
+    buffer.push(item())
+    counts = [buffer.sample(1)[0].meta["use_count"] for _ in range(uses)]
+    assert counts == list(range(1, uses + 1)) and buffer.count() == 0
+    with pytest.raises(ValueError, match="max_use"):
+        use_time_check(buffer, max_use="2")
+
+
+def test_staleness_check_of_a_fraction_keeps_what_dienigne_keeps(pair) -> None:
+    buffer, _ = pair()
+    buffer.use(staleness_check(buffer, max_staleness=2.5))  # removes staleness > 2.5
+    for collected in (0, 1, 2):
+        buffer.push(item(), meta={"train_iter_data_collected": collected})
+    kept = buffer.sample(size=2, train_iter_sample_data=3)
+    assert buffer.count() == 2 and {i.meta["staleness"] for i in kept} == {1, 2}
+    with pytest.raises(ValueError, match="max_staleness"):
+        staleness_check(buffer, max_staleness=-1)
 
 
 def test_staleness_check_removes_for_every_process(pair) -> None:
@@ -224,6 +248,25 @@ def test_priority_of_a_missing_update_and_bad_priorities(pair) -> None:
     empty.use(PriorityExperienceReplay(empty))
     with pytest.raises(ValueError):
         empty.sample(2)
+
+
+def test_priority_updates_take_numpy_and_torch_numbers(pair) -> None:
+    # DI-engine adds 1e-5 to whatever number it is given; a float32 or a tensor priority
+    # (a learner's own td-errors) must set the item's priority, not be dropped
+    buffer, other = pair()
+    buffer.use(PriorityExperienceReplay(buffer, IS_weight=False, priority_power_factor=1.0))
+    other.use(PriorityExperienceReplay(other, IS_weight=False, priority_power_factor=1.0))
+    indices = [buffer.push({"a": i}).index for i in range(4)]
+    given = [np.float32(6.0), torch.tensor(0.0), np.float16(0.0), torch.tensor([0.0])]
+    for index, priority in zip(indices, given, strict=True):
+        assert other.update(index, None, {"priority": priority})
+    shared = buffer.shared
+    stored = [float(p) for p in shared.client.hmget(shared.keys.per, indices)]
+    assert stored == pytest.approx([6.00001, 1e-5, 1e-5, 1e-5])
+    drawn = [d.data["a"] for _ in range(5) for d in buffer.sample(4)]
+    assert drawn.count(0) >= 19  # each draw is item 0 with probability 6 / (6 + 3e-5)
+    with pytest.raises(AssertionError):
+        other.update(indices[0], None, {"priority": np.float32(-1.0)})
 
 
 def test_a_middleware_chain_sees_the_shipped_ones_results(pair) -> None:

@@ -166,6 +166,19 @@ def test_advanced_max_use_and_staleness(client, buffer_name) -> None:
     assert buffer.sample(1, 5) is None and buffer.count() == 0  # staleness 5 >= 5: removed
 
 
+@pytest.mark.parametrize(("max_use", "uses"), [(2.5, 3), (0, 1)])
+def test_advanced_max_use_and_staleness_of_any_number(client, buffer_name, max_use,
+                                                      uses) -> None:
+    # DI-engine removes at use >= max_use and at staleness >= max_staleness
+    buffer = advanced(client, buffer_name, replay_buffer_size=4, max_use=max_use,
+                      max_staleness=2.5)
+    buffer.push(transitions(1, collect_iter=0), 0)
+    assert [buffer.sample(1, 0)[0]["use"] for _ in range(uses)] == list(range(1, uses + 1))
+    assert buffer.count() == 0
+    buffer.push(transitions(1, collect_iter=0), 0)
+    assert buffer.sample(1, 2) is not None and buffer.sample(1, 3) is None  # 3 >= 2.5
+
+
 def test_advanced_beta_anneals_and_is_shared(client, buffer_name) -> None:
     first = advanced(client, buffer_name, beta=0.4, anneal_step=10)
     second = advanced(client, buffer_name, beta=0.4, anneal_step=10)

@@ -12,6 +12,7 @@ the buffer's tag, so ``drop`` deletes it with the buffer.
 
 from __future__ import annotations
 
+import math
 import threading
 import uuid
 import weakref
@@ -43,6 +44,35 @@ def id_of(index: Any) -> int | None:
     if isinstance(index, str) and len(index) == 12 and index.isdigit() and index.isascii():
         return int(index)
     return None
+
+
+def number(value: Any) -> float | None:
+    """``value`` as a float when it is a number DI-engine computes with (a Python or numpy
+    number, a one-element array or tensor), else None."""
+    if value is None or isinstance(value, (str, bytes)):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def use_limit(max_use: float) -> int | None:
+    """The use at which DI-engine's ``use_count >= max_use`` removes an item (None: never):
+    the first whole use at or above ``max_use``, the first use at least."""
+    value = number(max_use)
+    if value is None or math.isnan(value):
+        raise ValueError(f"max_use must be a number or inf, got {max_use!r}")
+    return None if value == math.inf else max(1, math.ceil(value))
+
+
+def staleness_limit(max_staleness: float) -> int | None:
+    """The largest whole staleness DI-engine's ``staleness > max_staleness`` keeps (None:
+    any)."""
+    value = number(max_staleness)
+    if value is None or math.isnan(value) or value < 0:
+        raise ValueError(f"max_staleness must be a number >= 0 or inf, got {max_staleness!r}")
+    return None if value == math.inf else math.floor(value)
 
 
 def record(data: Any, meta: dict) -> dict[str, Any]:

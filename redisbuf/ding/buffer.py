@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import random
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -283,7 +284,7 @@ class DequeBuffer(Buffer):
         assert not unroll_len or (unroll_len and groupby), \
             "Parameter unroll_len needs to be used in conjunction with groupby."
         if sample_range is not None:
-            _check_range(sample_range)
+            sample_range = _checked_range(sample_range)
         sampled: list[Any] | None
         if indices:
             sampled = self._read(list(indices), sample_range)
@@ -348,10 +349,16 @@ class DequeBuffer(Buffer):
             The item.
 
         Raises:
+            TypeError: ``idx`` is not an integer (a deque's error).
             IndexError: no item there.
         """
+        try:
+            position = operator.index(idx)
+        except TypeError:
+            raise TypeError(f"sequence index must be integer, not '{type(idx).__name__}'"
+                            ) from None
         shared = self.shared
-        members = shared.client.zrange(shared.keys.order, idx, idx)
+        members = shared.client.zrange(shared.keys.order, position, position)
         if not members:
             raise IndexError("deque index out of range")
         found = self._fetch([int(members[0])])
@@ -645,11 +652,21 @@ def _window(ids: list[int], unroll_len: int, sliced: bool) -> list[int]:
     return ids[start : start + unroll_len]
 
 
-def _check_range(sample_range: slice) -> None:
+def _checked_range(sample_range: slice) -> slice:
+    """``sample_range`` with int bounds, refused as ``itertools.islice`` refuses it."""
+    bounds: list[int | None] = []
     for bound in (sample_range.start, sample_range.stop, sample_range.step):
-        if bound is not None and (not isinstance(bound, int) or bound < 0):
+        try:
+            value = None if bound is None else operator.index(bound)
+        except TypeError:
+            value = -1
+        if value is not None and value < 0:
             raise ValueError("Indices for islice() must be None or an integer: "
                              "0 <= x <= sys.maxsize.")
+        bounds.append(value)
+    if bounds[2] == 0:
+        raise ValueError("Step for islice() must be a positive integer or None.")
+    return slice(*bounds)
 
 
 def _window_length(window: slice, length: int) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import EmptyBufferError
 from ._compat import per_base
-from ._shared import SESSION, id_of, index_of
+from ._shared import SESSION, id_of, index_of, number, staleness_limit, use_limit
 from .buffer import BufferedData
 
 __all__ = [
@@ -51,14 +51,6 @@ def _shared_of(buffer: Any) -> Any:
     return shared
 
 
-def _finite_or_none(value: float, name: str) -> int | None:
-    if value == float("inf"):
-        return None
-    if not float(value).is_integer() or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer or inf, got {value!r}")
-    return int(value)
-
-
 def clone_object() -> Callable[..., Any]:
     """Freeze pushed objects and return copies on sample (DI-engine's ``clone_object``):
     a redisbuf buffer always does, so the middleware passes every call through."""
@@ -81,16 +73,15 @@ def use_time_check(buffer_: Any, max_use: int | float = float("inf")) -> Callabl
 
     Args:
         buffer_: the buffer.
-        max_use: the uses after which an item goes (``inf``: never).
+        max_use: the uses after which an item goes (``inf``: never; as in DI-engine, an
+            item goes at the first use count ``>= max_use``: 2.5 is 3, 0 is 1).
 
     Returns:
         The middleware.
     """
     shared = _shared_of(buffer_)
-    limit = _finite_or_none(max_use, "max_use")
+    limit = use_limit(max_use)
     if limit is not None:
-        if limit < 1:
-            raise ValueError(f"max_use must be at least 1, got {max_use!r}")
         shared.configure(max_use=limit)
 
     def sample(chain: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -128,13 +119,14 @@ def staleness_check(buffer_: Any, max_staleness: int | float = float("inf")) -> 
 
     Args:
         buffer_: the buffer.
-        max_staleness: the largest staleness kept (``inf``: any).
+        max_staleness: the largest staleness kept (``inf``: any; a fraction keeps the
+            whole staleness below it, as DI-engine's ``staleness > max_staleness``).
 
     Returns:
         The middleware.
     """
     shared = _shared_of(buffer_)
-    limit = _finite_or_none(max_staleness, "max_staleness")
+    limit = staleness_limit(max_staleness)
     if limit is not None:
         shared.configure(max_staleness=limit)
 
@@ -375,10 +367,10 @@ class PriorityExperienceReplay(per_base()):  # type: ignore[misc]
     def update(self, chain: Callable[..., Any], index: str, data: Any, meta: Any,
                *args: Any, **kwargs: Any) -> bool:
         local = self.shared.local
-        priority = meta.get("priority") if isinstance(meta, dict) else None
-        if isinstance(priority, (int, float)) and priority >= 0:
+        value = number(meta.get("priority")) if isinstance(meta, dict) else None
+        if value is not None and value >= 0:
             # the buffer's own update sets it with the record, in the same command
-            local.priority = priority + UPDATE_EPS
+            local.priority = value + UPDATE_EPS
         try:
             done = chain(index, data, meta, *args, **kwargs)
         finally:
@@ -388,7 +380,7 @@ class PriorityExperienceReplay(per_base()):  # type: ignore[misc]
             priority = meta["priority"]
             assert priority >= 0, f"new_priority should greater than 0, but found {priority}"
             if pending is not None:  # not set with the record (a middleware in between)
-                self.shared.per().update_priority([id_of(index)], [priority + UPDATE_EPS])
+                self.shared.per().update_priority([id_of(index)], [pending])
         return done
 
     def delete(self, chain: Callable[..., Any], index: Any, *args: Any, **kwargs: Any) -> Any:

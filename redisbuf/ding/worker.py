@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import EmptyBufferError
 from ..store import nest
 from ..store.keys import format_id
-from ._shared import SESSION, Shared
+from ._shared import SESSION, Shared, number, use_limit
 from .config import EasyDict, merged
 from .local_parts import BufferMonitor, ThruputRule, UsedDataRemover
 
@@ -401,15 +401,16 @@ class AdvancedReplayBuffer(NaiveReplayBuffer):
         assert 0 <= beta <= 1, beta
         self._anneal_step = cfg.anneal_step
         self._beta_anneal_step = (1 - beta) / self._anneal_step if self._anneal_step else 0.0
-        max_use = None if cfg.max_use == float("inf") else int(cfg.max_use)
-        max_staleness = None if cfg.max_staleness == float("inf") else int(cfg.max_staleness)
-        if max_staleness is not None and max_staleness < 1:
-            raise ValueError(f"max_staleness must be at least 1 or inf, got {cfg.max_staleness}")
-        self._max_use, self._max_staleness = max_use, max_staleness
+        max_use = use_limit(cfg.max_use)
         # DI-engine removes staleness >= max_staleness: redisbuf's max_staleness is the
         # largest staleness kept
-        self.shared.configure(alpha=self.alpha, max_use=max_use,
-                              max_staleness=None if max_staleness is None else max_staleness - 1)
+        kept = number(cfg.max_staleness)
+        if kept is None or math.isnan(kept) or kept <= 0:
+            raise ValueError(
+                f"max_staleness must be a number > 0 or inf, got {cfg.max_staleness!r}")
+        max_staleness = None if kept == math.inf else math.ceil(kept) - 1
+        self._max_use, self._max_staleness = max_use, max_staleness
+        self.shared.configure(alpha=self.alpha, max_use=max_use, max_staleness=max_staleness)
         self.shared.client.hsetnx(self.shared.state_key, "adv_beta", repr(beta))
         thruput = cfg.thruput_controller
         limit = thruput.push_sample_rate_limit
