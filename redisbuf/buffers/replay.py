@@ -22,6 +22,7 @@ from ..errors import (
 )
 from ..sampling import lifetime, limiters
 from ..sampling.base import BufferView
+from ..sampling.removers import Remover, remover_of
 from ..sampling.samplers import (
     Draw,
     PERSampler,
@@ -161,11 +162,18 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             remembers each add's batch id and reply, so that an add retried after a lost
             reply is not stored twice; fixed at creation (default 600), ``None`` adopts
             the stored one.
+        remover: what leaves the buffer when it is full, a
+            :mod:`redisbuf.sampling.removers` rule (Reverb's removers: FIFO, LIFO, uniform,
+            prioritized, max / min heap by PER priority); fixed at creation, ``None``
+            adopts the stored one (or, for a new buffer, FIFO, or lowest log-reward first
+            with ``prioritized_capacity``).
 
     Raises:
         ValueError: an argument out of range (``capacity``, ``kind``, ``max_item_bytes``,
-            ``recent_data_ratio``, ``recent_data_steps``, ``retry_window``, ``durability``).
-        TypeError: ``manager`` is not a :class:`~redisbuf.control.remote.ManagerLink`.
+            ``recent_data_ratio``, ``recent_data_steps``, ``retry_window``, ``durability``),
+            or both ``remover`` and ``prioritized_capacity``.
+        TypeError: ``manager`` is not a :class:`~redisbuf.control.remote.ManagerLink`, or
+            ``remover`` is not a :class:`~redisbuf.sampling.removers.Remover`.
         ConfigMismatchError: the stored buffer was made with another configuration.
         ServerConfigError: ``strict`` and an evicting ``maxmemory-policy``, or a
             ``durability`` the server cannot confirm.
@@ -202,6 +210,7 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         max_staleness: int | None = None,
         rate_limiter: limiters.RateLimiter | None = None,
         retry_window: float | None = None,
+        remover: Remover | None = None,
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
@@ -227,6 +236,11 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             raise ValueError(
                 f"retry_window must be a positive number of seconds, got {retry_window!r}"
             )
+        if remover is not None and not isinstance(remover, Remover):
+            raise TypeError(f"remover must be a Remover, got {type(remover).__name__}")
+        if remover is not None and prioritized_capacity:
+            raise ValueError("prioritized_capacity and remover both say what to evict: "
+                             "give one")
         self.recent_data_ratio = float(recent_data_ratio)
         self.recent_data_steps = recent_data_steps
         self._owns_client = redis_or_url is None or isinstance(redis_or_url, str)
@@ -249,9 +263,11 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
                                lambda *args, **kwargs: self._run(*args, **kwargs))
         self._schema: dict[str, Any] | None = None
         self._schema_json: str | None = None
-        self._config = self._open(
-            capacity, "reward" if prioritized_capacity else "fifo", retry_window
-        )
+        if remover is not None:
+            eviction = remover.eviction
+        else:
+            eviction = "reward" if prioritized_capacity else "fifo"
+        self._config = self._open(capacity, eviction, retry_window)
         self.retry_window = self._config.retry_window
         self.capacity = self._config.capacity
         self.prioritized_capacity = self._config.eviction == "reward"
@@ -272,6 +288,10 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             sampler = PrioritizedSampler() if prioritized_sampling else UniformSampler()
         self.sampler = sampler
         self.sampler.prepare(self.view)
+        #: what leaves the buffer when it is full (None: ``prioritized_capacity``)
+        self.remover = remover_of(self._config.eviction)
+        if self.remover is not None:
+            self.remover.prepare(self.view)
         if manager is not None and not isinstance(manager, ManagerLink):
             raise TypeError(f"manager must be a ManagerLink, got {type(manager).__name__}")
         #: this worker's link to its manager (None: no manager)
@@ -388,7 +408,8 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         refused and counted (``rejected`` of the result says why; nothing is stored).
 
         Eviction removes the oldest items (FIFO), or with ``prioritized_capacity`` the
-        lowest log-reward ones (oldest first among equal log-rewards; new items included).
+        lowest log-reward ones (oldest first among equal log-rewards; new items included),
+        or what the buffer's ``remover`` chooses, one new item at a time.
         Log-rewards may be -inf or +inf (+inf items are evicted last; prioritized sampling
         refuses to draw while one is present, as the softmax is undefined).
         A batch that is rejected (wrong kind or schema, NaN log-rewards, an item
@@ -436,6 +457,9 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         """
         options = lifetime.add_options(model_version, session_id)
         blobs, log_rewards, schema = self.encode(batch)
+        if self.remover is not None and self.remover.random:
+            # the remover's choices (lua/_removers.lua) draw on this process's generator
+            options["evict_u"] = self.rng.random(2 * len(blobs) + 8).tolist()
         _check_add_bound(self.name, blobs)
         if priorities is not None:
             checked = _per_priorities(priorities, len(blobs))
