@@ -10,7 +10,8 @@
 -- current state) and the counters below, so stats() needs no scan:
 --   present_uses / removed_uses / removed_items: uses of items present / removed, items
 --   removed (evicted, used up, stale); retired: items removed by max_use;
---   stale_removed, rejected_stale, rejected_session; staleness_sum / staleness_count:
+--   stale_removed, rejected_stale, rejected_session; sampled_unique: items sampled at
+--   least once (each counted at its first draw); staleness_sum / staleness_count:
 --   staleness of sampled items that carry a version.
 
 -- Why a batch may not be stored (MineStudio's rule): "session" when options.session_id
@@ -378,7 +379,9 @@ local function record_draws(K, ids)
   end
   -- one HMGET and one HSET rather than an HINCRBY per item: a third of the server time
   local before, used_up, total, use_pairs = hmget_chunked(K.uses, distinct), {}, 0, {}
+  local first_time = 0  -- items sampled for the first time (Reverb's num_unique_samples)
   for j, id in ipairs(distinct) do
+    if not before[j] then first_time = first_time + 1 end
     total = total + counts[id]
     local uses = (tonumber(before[j]) or 0) + counts[id]
     use_pairs[2 * j - 1] = id
@@ -387,6 +390,7 @@ local function record_draws(K, ids)
   end
   call_chunked('HSET', K.uses, use_pairs)
   redis.call('HINCRBY', K.meta, 'present_uses', total)
+  if first_time > 0 then redis.call('HINCRBY', K.meta, 'sampled_unique', first_time) end
   if conf[2] then
     local current, sum, count = tonumber(conf[2]), 0, 0
     local versions = zmscore_chunked(K.versions, distinct)

@@ -10,13 +10,18 @@
 -- ARGV[3] heap score: "log_reward" (prio zset) | "priority" (PER priorities: the per_heap
 -- zset, built from the per hash by lua/heap_build.lua a bounded slice at a time, and kept
 -- in step by every change from the build's start, see lua/_items.lua)
--- ARGV[4] "1" = also return blobs  ARGV[5] unused (the samplers' uniforms slot)
+-- ARGV[4] "1" = also return blobs  ARGV[5] "successive" (Reverb's successive
+-- selections, below) or "" (the samplers' uniforms slot)
 -- Returns the first n ids of the order, {id_1..id_n}, and, if asked, {blob_1..blob_n}
 -- after them: fifo = oldest first, lifo = newest first, max / min = highest / lowest score
 -- first with the oldest first among equal scores. When n exceeds the length the order
--- repeats. O(log len + n). Errors: RB_EMPTY, RB_CONFIG (no PER priorities), RB_LIMIT (n
--- above RB_MAX_ITEMS, redisbuf/store/bounds.py), RB_NOHEAP (by priority before the heap
--- is built).
+-- repeats. Successive selections are n selections of the first item of the order, each
+-- made after the earlier ones were counted: without max_use all n are the first item;
+-- with it, each item is selected until its uses reach max_use (then it is removed and
+-- the next is first), and when the items hold fewer uses than n, the reply has that many
+-- ids (and blobs). O(log len + n). Errors: RB_EMPTY, RB_CONFIG (no PER priorities),
+-- RB_LIMIT (n above RB_MAX_ITEMS, redisbuf/store/bounds.py), RB_NOHEAP (by priority
+-- before the heap is built).
 local K = buffer_keys(KEYS)
 local n, mode = tonumber(ARGV[1]), ARGV[2]
 if n == nil or n > RB_MAX_ITEMS then
@@ -65,7 +70,25 @@ else
   end
 end
 local ids = {}
-for i = 1, n do ids[i] = seq[(i - 1) % m + 1] end
+if ARGV[5] == 'successive' then
+  local max_use = tonumber(redis.call('HGET', K.meta, 'max_use'))
+  if not max_use then
+    for i = 1, n do ids[i] = seq[1] end
+  else
+    local uses = hmget_chunked(K.uses, seq)
+    for j = 1, #seq do
+      local left = max_use - (tonumber(uses[j]) or 0)
+      for _ = 1, left do
+        if #ids == n then break end
+        ids[#ids + 1] = seq[j]
+      end
+      if #ids == n then break end
+    end
+    n = #ids
+  end
+else
+  for i = 1, n do ids[i] = seq[(i - 1) % m + 1] end
+end
 local blobs
 if ARGV[4] == '1' then blobs = hmget_chunked(K.items, ids) end
 record_draws(K, ids)  -- after reading the blobs: it may remove used-up items

@@ -3,6 +3,12 @@
 ``sample(n)`` returns the first ``n`` items of the order (the order repeats when ``n``
 exceeds the length), chosen and counted as drawn in one Lua call (lua/sample_select.lua).
 Nothing is removed: combine with a lifetime rule to consume items.
+
+``successive=True`` makes the ``n`` selections as Reverb's table makes ``n`` samples, one
+after the other: each takes the first item of the order as the earlier ones left it.
+Without ``max_use`` all ``n`` are that item; with it, an item is selected until its uses
+reach ``max_use`` (which removes it), then the next, and a draw asking more selections
+than the items' uses left returns the ones left.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ class _Selector:
     name = ""
     _order = ""
     by = "log_reward"
+    successive = False
+
+    def __init__(self, successive: bool = False) -> None:
+        self.successive = bool(successive)
 
     def prepare(self, buffer: BufferView) -> None:
         return None
@@ -53,11 +63,15 @@ class _Selector:
             )
 
         def parse(reply: list[Any], n: int) -> tuple[list[bytes], None, int]:
+            if self.successive:  # fewer than n when the uses left are fewer
+                n = len(reply) // 2 if buffer.fetch_inline else len(reply)
             return reply[:n], None, n
 
         def select() -> Draw:
+            # the samplers' uniforms slot (ARGV[5]) says "successive" to the script
             return _draw_then_fetch(buffer, "sample_select", buffer.keys.all_keys(),
-                                    [n, self._order, self.by], n, b"", parse)
+                                    [n, self._order, self.by], n,
+                                    b"successive" if self.successive else b"", parse)
 
         for _ in range(_HEAP_ATTEMPTS):
             try:
@@ -69,7 +83,8 @@ class _Selector:
 
 
 class FifoSampler(_Selector):
-    """The oldest items first (insertion order).
+    """The oldest items first (insertion order); ``successive``: Reverb's successive
+    selections (see the module).
 
     Examples:
         >>> import fakeredis, numpy as np
@@ -84,7 +99,8 @@ class FifoSampler(_Selector):
 
 
 class LifoSampler(_Selector):
-    """The newest items first.
+    """The newest items first; ``successive``: Reverb's successive selections (see the
+    module).
 
     Examples:
         >>> import fakeredis, numpy as np
@@ -99,7 +115,8 @@ class LifoSampler(_Selector):
 
 
 class _Heap(_Selector):
-    def __init__(self, by: str = "log_reward") -> None:
+    def __init__(self, by: str = "log_reward", successive: bool = False) -> None:
+        super().__init__(successive)
         if by not in _SCORES:
             raise ValueError(f"by must be one of {_SCORES}, got {by!r}")
         self.by = by
@@ -112,6 +129,7 @@ class MaxHeapSampler(_Heap):
 
     Args:
         by: ``"log_reward"`` or ``"priority"``.
+        successive: Reverb's successive selections (see the module).
 
     Raises:
         ValueError: another ``by``.
@@ -134,6 +152,7 @@ class MinHeapSampler(_Heap):
 
     Args:
         by: ``"log_reward"`` or ``"priority"``.
+        successive: Reverb's successive selections (see the module).
 
     Raises:
         ValueError: another ``by``.

@@ -77,7 +77,9 @@ GRANTS: dict[str, str] = {
                      # records that do not decode
                      "snapshot_commit", "quarantine", "heap_build"),
                     "sample"),
-    **dict.fromkeys(("update_priority", "seq_update_priority", "per_raise_max"), "priority"),
+    **dict.fromkeys(("update_priority", "seq_update_priority", "per_raise_max",
+                     # Reverb's mutate_priorities deletes: the learner's
+                     "remove"), "priority"),
     "rate_limit": "rate",
     **dict.fromkeys(("lifetime_config", "limiter_config"), "config"),
     # "create": init.lua makes a buffer (admin) or, when it exists, only reads its meta
