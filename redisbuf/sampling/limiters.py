@@ -341,6 +341,18 @@ def can(buffer: BufferView, side: str, n: int) -> bool:
     return int(_call(buffer, f"can_{side}", n)[0]) == 1
 
 
+def counts(buffer: BufferView) -> tuple[int, int]:
+    """The counters ``(inserts, samples)`` the limiter has counted (0, 0 without one)."""
+    inserts, samples = buffer.client.hmget(buffer.keys.meta, "rl_inserts", "rl_samples")
+    return int(inserts or 0), int(samples or 0)
+
+
+def set_counts(buffer: BufferView, inserts: int, samples: int) -> None:
+    """Set the counters (a checkpoint's, restored with the buffer's items)."""
+    buffer.client.hset(buffer.keys.meta, mapping={"rl_inserts": int(inserts),
+                                                  "rl_samples": int(samples)})
+
+
 def refusal(buffer: BufferView, limiter: RateLimiter, side: str, n: int) -> str | None:
     """Admit and count ``side`` of ``n`` items if the limiter allows it now (None); else,
     without waiting, what the call would wait for (e.g. ``"inserts: the buffer holds 2
@@ -356,5 +368,5 @@ def release(buffer: BufferView, side: str, n: int) -> None:
 
 __all__ = [
     "MinSize", "Queue", "RateLimiter", "SampleToInsertRatio", "Stack", "acquire",
-    "acquire_upto", "can", "configure", "refusal", "release",
+    "acquire_upto", "can", "configure", "counts", "refusal", "release", "set_counts",
 ]

@@ -68,7 +68,9 @@ READ_ONLY = frozenset({"rb_version", "rb_sample_uniform_ro", "rb_len", "rb_stats
 # mass log) is its drawer's: the learner's.
 GRANTS: dict[str, str] = {
     **dict.fromkeys(("add", "add_reserve", "add_commit", "add_release", "add_diverse",
-                     "episode_push", "fragment_add", "seq_add", "seq_episode"), "add"),
+                     "episode_push", "fragment_add", "seq_add", "seq_episode",
+                     # a step store's writers insert, and sweep what they made
+                     "steps_insert", "steps_sweep"), "add"),
     **dict.fromkeys(("sample_uniform", "sample_prioritized", "sample_select", "sample_window",
                      "undo_draws", "episode_sample", "episode_windows", "fragment_fetch",
                      "masslog_read", "replica_read", "seq_read", "seq_sample",

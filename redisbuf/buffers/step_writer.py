@@ -1,0 +1,587 @@
+"""StepWriter: appends steps to a :class:`~redisbuf.buffers.steps.StepStore` and makes
+items of them in its buffers (the engine of Reverb's ``TrajectoryWriter``).
+
+A step is a flat list of cells, one per column (``None``: no cell in that column at this
+step); a column's first cell fixes its dtype and shape, and a later cell of another is
+refused (``ValueError``). Each column keeps its last ``num_keep_alive_refs`` cells
+alive: an item takes cells only among those (:class:`CellRef`, as :meth:`append`
+returns them). :meth:`create_item` never blocks: the item waits in this writer until
+the steps it reads that have no chunk yet number ``chunk_length`` (or until
+:meth:`flush`), then it and every item waiting with it are *sealed*: their new cells
+become chunks (step ranges of one episode, at most ``chunk_length`` steps each) and a
+background thread sends chunks and items in one insert each, in order. Before sending, a
+buffer's rate limiter admits its items one at a time as Reverb's table does
+(:func:`~redisbuf.sampling.limiters.acquire_upto`): items up to the first one not
+admitted go, the rest wait. An error of a send is raised by the next :meth:`append`,
+:meth:`create_item`, :meth:`flush` or :meth:`end_episode`.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import RateLimitTimeoutError, StepsGoneError, WaitTimeoutError
+from ..sampling import limiters
+from .step_records import ItemColumn, encode_chunk, encode_item
+from .steps import StepStore, TableBatch
+
+#: How long the sender waits on a rate limiter before looking at ``close`` again (s).
+_WAIT_SLICE = 0.25
+#: Items waiting unsealed at most: past this many they are sealed whatever their steps.
+MAX_UNSEALED = 64
+
+
+def as_cell(value: Any) -> np.ndarray:
+    """A cell as a numpy array: Python ints as int64, floats as float64, bools as bool
+    (Reverb's conversions)."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, bool):
+        return np.asarray(value, dtype=np.bool_)
+    if isinstance(value, int):
+        return np.asarray(value, dtype=np.int64)
+    if isinstance(value, float):
+        return np.asarray(value, dtype=np.float64)
+    if hasattr(value, "numpy") and not isinstance(value, np.generic):
+        return np.asarray(value.numpy())  # torch, TF eager
+    return np.asarray(value)
+
+
+_TF_DTYPES = {"float64": "double", "float32": "float", "float16": "half",
+              "complex64": "complex64", "complex128": "complex128"}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """A dtype as TensorFlow names it in Reverb's messages (``double``, ``int64``, ...)."""
+    if dtype.kind in "USO":
+        return "string"
+    return _TF_DTYPES.get(dtype.name, dtype.name)
+
+
+def shape_text(shape: Sequence[int | None]) -> str:
+    """A shape as Reverb's messages write it: ``[2,3]``, ``[]``, ``[?,3]``."""
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+class CellRef:
+    """A reference to one cell (a column's value at one step) of a :class:`StepWriter`,
+    alive while the column keeps it (Reverb's ``WeakCellRef``)."""
+
+    __slots__ = ("__weakref__", "array", "chunk", "column", "episode", "expired_flag",
+                 "row", "step", "writer_id")
+
+    def __init__(self, writer_id: str, column: int, episode: int, step: int,
+                 array: np.ndarray) -> None:
+        self.writer_id, self.column, self.episode, self.step = writer_id, column, episode, step
+        self.array = array
+        self.chunk: str | None = None  # the chunk holding it, once sealed
+        self.row = 0  # its row among its column's cells in that chunk
+        self.expired_flag = False
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.array.dtype
+
+    @property
+    def expired(self) -> bool:
+        """Whether the column no longer keeps the cell (it cannot go into new items)."""
+        return self.expired_flag
+
+    def numpy(self) -> np.ndarray:
+        """The cell's value.
+
+        Raises:
+            RuntimeError: the reference has expired.
+        """
+        if self.expired_flag:
+            raise RuntimeError("the cell reference has expired")
+        return self.array
+
+    def __repr__(self) -> str:
+        return f"CellRef(column={self.column}, step={self.step}, episode={self.episode})"
+
+
+@dataclass
+class _Item:
+    table: str
+    priority: float
+    columns: list[list[CellRef]]
+    squeeze: list[bool]
+    record: bytes = b""
+    chunks: list[str] = field(default_factory=list)
+    first_of_episode: bool = False  # its episode's first item in its table
+
+
+@dataclass
+class _Send:
+    """Sealed items and the chunks they need, in order."""
+
+    chunks: dict[str, bytes]
+    items: list[_Item]
+
+
+class StepWriter:
+    """Appends steps to ``store`` and makes items of them (see the module).
+
+    Args:
+        store: the step store.
+        num_keep_alive_refs: how many of its last cells each column keeps alive (>= 1).
+        chunk_length: the most steps of one chunk, and how many new steps waiting items
+            read before they are sealed; default ``num_keep_alive_refs``.
+        timeout: how long :meth:`flush` and :meth:`end_episode` wait by default
+            (seconds, ``None``: no limit).
+        background: send from a thread of the writer's (the default); ``False`` sends in
+            :meth:`flush` and :meth:`end_episode`, on the caller's thread.
+
+    Raises:
+        ValueError: ``num_keep_alive_refs`` or ``chunk_length`` below 1.
+    """
+
+    def __init__(self, store: StepStore, num_keep_alive_refs: int,
+                 chunk_length: int | None = None, timeout: float | None = None,
+                 background: bool = True) -> None:
+        if num_keep_alive_refs < 1:
+            raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be a "
+                             "positive integer")
+        if chunk_length is not None and chunk_length < 1:
+            raise ValueError(f"chunk_length ({chunk_length}) must be a positive integer")
+        self.store = store
+        self.num_keep_alive_refs = int(num_keep_alive_refs)
+        self.chunk_length = int(chunk_length or num_keep_alive_refs)
+        self.timeout = timeout
+        self.writer_id = os.urandom(6).hex()
+        self.episode = int.from_bytes(os.urandom(7), "little")
+        self.episode_steps = 0  # complete steps of this episode
+        self._open = False  # the current step got a partial append
+        self._specs: list[tuple[np.dtype, tuple[int, ...]] | None] = []
+        self._kept: list[collections.deque[CellRef]] = []
+        self._unsealed: list[_Item] = []
+        self._queue: collections.deque[_Send] = collections.deque()
+        self._in_flight = 0  # items sealed and not yet confirmed (queued or being sent)
+        self._chunk_seq = 0
+        self._chunk_blobs: dict[str, bytes] = {}  # chunks with a live cell, to send again
+        self._chunk_live: dict[str, int] = collections.Counter()
+        self._error: BaseException | None = None
+        # (table, episode) pairs sent (the store counts each table's episodes)
+        self._episodes_seen: set[tuple[str, int]] = set()
+        self._shut = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._send_loop, daemon=True,
+                                            name=f"redisbuf-step-writer-{self.writer_id}")
+            self._thread.start()
+
+    # -- steps --------------------------------------------------------------------------
+
+    def append(self, cells: Sequence[Any], partial: bool = False) -> list[CellRef | None]:
+        """Add a step's cells (``None``: none in that column), or with ``partial`` part of
+        the step (the next append adds to the same step). A list longer than before adds
+        columns. Returns a reference per cell (``None`` where none).
+
+        Raises:
+            ValueError: a cell whose dtype or shape differs from its column's first.
+            TypeError: a cell of Python objects.
+        """
+        self._raise_error()
+        arrays = [None if value is None else as_cell(value) for value in cells]
+        for index, array in enumerate(arrays):
+            if array is None:
+                continue
+            if array.dtype.hasobject:
+                raise TypeError(f"column {index}: cells of Python objects cannot be stored")
+            spec = self._specs[index] if index < len(self._specs) else None
+            if spec is None:
+                continue
+            if array.dtype != spec[0]:
+                raise ValueError(
+                    f"Tensor of wrong dtype provided for column {index}. Got "
+                    f"{dtype_name(array.dtype)} but expected {dtype_name(spec[0])}.")
+            if array.shape != spec[1]:
+                raise ValueError(
+                    f"Tensor of incompatible shape provided for column {index}. Got "
+                    f"{shape_text(array.shape)} which is incompatible with "
+                    f"{shape_text(spec[1])}.")
+        refs: list[CellRef | None] = []
+        for index, array in enumerate(arrays):
+            while len(self._specs) <= index:
+                self._specs.append(None)
+                self._kept.append(collections.deque())
+            if array is None:
+                refs.append(None)
+                continue
+            if self._specs[index] is None:
+                self._specs[index] = (array.dtype, tuple(array.shape))
+            # a copy: the caller may reuse its array for the next step
+            ref = CellRef(self.writer_id, index, self.episode, self.episode_steps,
+                          np.array(array, copy=True))
+            kept = self._kept[index]
+            kept.append(ref)
+            if len(kept) > self.num_keep_alive_refs:
+                with self._cond:
+                    self._expire(kept.popleft())
+            refs.append(ref)
+        self._open = partial
+        if not partial:
+            self.episode_steps += 1
+        return refs
+
+    def _expire(self, ref: CellRef) -> None:
+        ref.expired_flag = True
+        if ref.chunk is not None:
+            self._chunk_live[ref.chunk] -= 1
+            if self._chunk_live[ref.chunk] <= 0:
+                self._chunk_live.pop(ref.chunk, None)
+                self._chunk_blobs.pop(ref.chunk, None)
+
+    @property
+    def step_is_open(self) -> bool:
+        """Whether the last append was partial."""
+        return self._open
+
+    # -- items --------------------------------------------------------------------------
+
+    def create_item(self, table: str, priority: float, columns: Sequence[Sequence[CellRef]],
+                    squeeze: Sequence[bool] | None = None) -> None:
+        """Make an item of ``table`` with ``priority`` whose flat columns are ``columns``
+        (each a list of references of one column of this writer, in the item's order;
+        ``squeeze[i]``: column ``i`` is its one cell, without a time dimension). Never
+        blocks; the item is sent once sealed (see the module).
+
+        Raises:
+            ValueError: an empty or squeezed column of more than one cell, a reference
+                that has expired or is another writer's, cells of one column mixed.
+        """
+        self._raise_error()
+        squeeze = [False] * len(columns) if squeeze is None else list(squeeze)
+        if not columns:
+            raise ValueError("an item needs at least one column")
+        checked: list[list[CellRef]] = []
+        for index, refs in enumerate(columns):
+            refs = list(refs)
+            if not refs:
+                raise ValueError(f"column {index} of the item has no cell")
+            if squeeze[index] and len(refs) != 1:
+                raise ValueError(f"squeezed column {index} must hold one cell, got {len(refs)}")
+            for ref in refs:
+                if not isinstance(ref, CellRef) or ref.writer_id != self.writer_id:
+                    raise ValueError(f"column {index} holds a reference not of this writer")
+                if ref.expired_flag:
+                    raise ValueError(f"column {index} references a cell that has expired "
+                                     f"(step {ref.step}: it left the last "
+                                     f"{self.num_keep_alive_refs} cells of its column)")
+                if ref.column != refs[0].column:
+                    raise ValueError(f"column {index} mixes cells of columns "
+                                     f"{refs[0].column} and {ref.column}")
+            checked.append(refs)
+        item = _Item(str(table), float(priority), checked, squeeze)
+        with self._cond:
+            self._unsealed.append(item)
+            if len(self._unsealed) >= MAX_UNSEALED or self._new_steps() >= self.chunk_length:
+                self._seal(len(self._unsealed))
+
+    def _new_steps(self) -> int:
+        steps = {(ref.episode, ref.step) for item in self._unsealed for refs in item.columns
+                 for ref in refs if ref.chunk is None}
+        return len(steps)
+
+    def _seal(self, count: int) -> None:
+        """Seal the first ``count`` unsealed items: chunk their new cells, encode their
+        records, queue them for the sender. Called with the lock held."""
+        items, self._unsealed = self._unsealed[:count], self._unsealed[count:]
+        if not items:
+            return
+        fresh: dict[tuple[int, int], list[CellRef]] = {}
+        for item in items:
+            for refs in item.columns:
+                for ref in refs:
+                    if ref.chunk is None:
+                        fresh.setdefault((ref.episode, ref.step), [])
+                        if ref not in fresh[(ref.episode, ref.step)]:
+                            fresh[(ref.episode, ref.step)].append(ref)
+        chunks: dict[str, bytes] = {}
+        steps = sorted(fresh)
+        start = 0
+        while start < len(steps):
+            episode = steps[start][0]
+            stop = start
+            while (stop < len(steps) and steps[stop][0] == episode
+                   and stop - start < self.chunk_length):
+                stop += 1
+            key = f"{self.writer_id}:{self._chunk_seq}"
+            self._chunk_seq += 1
+            by_column: dict[int, list[CellRef]] = {}
+            for step in steps[start:stop]:
+                for ref in fresh[step]:
+                    by_column.setdefault(ref.column, []).append(ref)
+            body = {}
+            live = 0
+            for column, refs in by_column.items():
+                refs.sort(key=lambda r: r.step)
+                for row, ref in enumerate(refs):
+                    ref.chunk, ref.row = key, row
+                    live += 0 if ref.expired_flag else 1
+                body[column] = ([r.step for r in refs], np.stack([r.array for r in refs]))
+            blob = encode_chunk(episode, body)
+            chunks[key] = blob
+            if live:
+                self._chunk_blobs[key] = blob
+                self._chunk_live[key] = live
+            start = stop
+        for item in items:
+            order: dict[str, int] = {}
+            columns = []
+            for refs, squeeze in zip(item.columns, item.squeeze, strict=True):
+                runs: list[list[int]] = []
+                for ref in refs:
+                    index = order.setdefault(ref.chunk, len(order))  # type: ignore[arg-type]
+                    if runs and runs[-1][0] == index and runs[-1][1] + runs[-1][2] == ref.row:
+                        runs[-1][2] += 1
+                    else:
+                        runs.append([index, ref.row, 1])
+                columns.append(ItemColumn(refs[0].column, [tuple(r) for r in runs], squeeze))
+            item.chunks = list(order)
+            episode = item.columns[-1][-1].episode
+            item.record = encode_item(episode, item.chunks, columns, item.priority)
+            if (item.table, episode) not in self._episodes_seen:
+                self._episodes_seen.add((item.table, episode))
+                item.first_of_episode = True
+        self._queue.append(_Send(chunks, items))
+        self._in_flight += len(items)
+        self._cond.notify_all()
+
+    # -- flushing -----------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Items made and not yet confirmed by the server (sealed or not)."""
+        with self._cond:
+            return len(self._unsealed) + self._in_flight
+
+    def flush(self, block_until_num_items: int = 0, timeout: float | None | str = "default"
+              ) -> None:
+        """Seal the oldest items so that at most ``block_until_num_items`` wait unsealed,
+        then wait until at most that many items are unconfirmed. After ``timeout``
+        seconds (default the writer's; ``None``: no limit) raise
+        :class:`~redisbuf.errors.WaitTimeoutError`; the sends go on in the background.
+
+        Raises:
+            ValueError: ``block_until_num_items`` below 0.
+            WaitTimeoutError: the timeout passed first.
+        """
+        if block_until_num_items < 0:
+            raise ValueError(f"block_until_num_items must be >= 0, got {block_until_num_items}")
+        wait = self.timeout if timeout == "default" else timeout
+        deadline = None if wait is None else time.monotonic() + float(wait)  # type: ignore[arg-type]
+        with self._cond:
+            self._raise_error_locked()
+            if len(self._unsealed) > block_until_num_items:
+                self._seal(len(self._unsealed) - block_until_num_items)
+            while len(self._unsealed) + self._in_flight > block_until_num_items:
+                self._raise_error_locked()
+                if self._thread is None:  # send here, on the caller's thread
+                    self._cond.release()
+                    try:
+                        self._send_next(deadline)
+                    finally:
+                        self._cond.acquire()
+                    continue
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise WaitTimeoutError(
+                        f"flush waited {wait:g} s: {len(self._unsealed) + self._in_flight} "
+                        f"items are not confirmed yet, above {block_until_num_items}")
+                self._cond.wait(0.5 if left is None else min(left, 0.5))
+            self._raise_error_locked()
+
+    def end_episode(self, clear_buffers: bool = True, timeout: float | None | str = "default"
+                    ) -> None:
+        """Send every item and begin a new episode (``episode_steps`` back to 0; with
+        ``clear_buffers`` the columns forget their cells). The episode is new even when
+        the wait times out (:class:`~redisbuf.errors.WaitTimeoutError`)."""
+        try:
+            self.flush(0, timeout)
+        finally:
+            with self._cond:  # items of the ending episode may still come, none older
+                self._episodes_seen = {seen for seen in self._episodes_seen
+                                       if seen[1] == self.episode}
+            self.episode = int.from_bytes(os.urandom(7), "little")
+            self.episode_steps = 0
+            self._open = False
+            if clear_buffers:
+                with self._cond:
+                    for kept in self._kept:
+                        while kept:
+                            self._expire(kept.popleft())
+
+    def close(self) -> None:
+        """Stop the sender, as Reverb's writer closes: a send under way ends, items not
+        sent yet are dropped (:meth:`flush` first to send them). A second call does
+        nothing."""
+        with self._cond:
+            if self._shut:
+                return
+            self._shut = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30.0)
+
+    def __enter__(self) -> StepWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        """Flush (unless an exception is on its way), then close."""
+        try:
+            if exc_type is None:
+                self.flush()
+        finally:
+            self.close()
+
+    def _raise_error(self) -> None:
+        with self._cond:
+            self._raise_error_locked()
+
+    def _raise_error_locked(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    # -- the sender ---------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._shut:
+                    self._cond.wait()
+                if self._shut:  # closing: what is left is not sent
+                    self._in_flight -= sum(len(s.items) for s in self._queue)
+                    self._queue.clear()
+                    self._cond.notify_all()
+                    return
+            self._send_next(None)
+
+    def _send_next(self, deadline: float | None) -> None:
+        """Send (part of) the first queued send, waiting for its rate limiters until
+        ``deadline`` (monotonic seconds; None: until closed). A failure is kept for the
+        user's thread and drops the send."""
+        with self._cond:
+            if not self._queue:
+                return
+            send = self._queue[0]
+        try:
+            done = self._send(send, deadline)
+        except BaseException as exc:  # noqa: BLE001 - raised on the user's thread
+            with self._cond:
+                self._queue.popleft()
+                self._in_flight -= len(send.items)
+                self._error = exc
+                self._cond.notify_all()
+            return
+        with self._cond:
+            if done == len(send.items):
+                self._queue.popleft()
+            elif done:
+                send.items = send.items[done:]
+                send.chunks = {}
+            self._in_flight -= done
+            self._cond.notify_all()
+
+    def _admitted(self, items: list[_Item]) -> int:
+        """How many of the first ``items`` their buffers' rate limiters admit now, one
+        item at a time in order (waiting up to a slice for the first); the admissions of
+        items not sent are taken back."""
+        counts: dict[str, int] = collections.Counter(item.table for item in items)
+        granted: dict[str, int] = {}
+        for table in counts:
+            buffer = self.store.table(table)
+            limiter = buffer.rate_limiter
+            if limiter is None:
+                granted[table] = counts[table]
+                continue
+            try:
+                granted[table] = limiters.acquire_upto(buffer.view, limiter, "insert",
+                                                       counts[table], timeout=_WAIT_SLICE)
+            except RateLimitTimeoutError:
+                granted[table] = 0
+        used: dict[str, int] = collections.Counter()
+        prefix = 0
+        for item in items:
+            if used[item.table] >= granted[item.table]:
+                break
+            used[item.table] += 1
+            prefix += 1
+        for table, count in granted.items():
+            buffer = self.store.table(table)
+            if buffer.rate_limiter is not None and count > used[table]:
+                limiters.release(buffer.view, "insert", count - used[table])
+        return prefix
+
+    def _send(self, send: _Send, deadline: float | None = None) -> int:
+        """Send the first items of ``send`` the limiters admit; returns how many (0 when
+        closed or past ``deadline`` first)."""
+        while True:
+            prefix = self._admitted(send.items)
+            if prefix:
+                break
+            with self._cond:
+                if self._shut:
+                    return 0
+            if deadline is not None and time.monotonic() >= deadline:
+                return 0
+        items = send.items[:prefix]
+        chunks = dict(send.chunks)
+        batches: dict[str, TableBatch] = {}
+        for item in items:
+            batch = batches.get(item.table)
+            if batch is None:
+                buffer = self.store.table(item.table)
+                options: dict[str, Any] = {}
+                if buffer.remover is not None and buffer.remover.random:
+                    options["evict_u"] = np.random.default_rng().random(
+                        2 * len(items) + 8).tolist()
+                batch = batches[item.table] = TableBatch(buffer, [], [], [], options)
+            batch.new_episodes += item.first_of_episode
+            batch.records.append(item.record)
+            batch.priorities.append(item.priority)
+            batch.refs.append(item.chunks)
+        for _ in range(3):
+            try:
+                self.store.insert(chunks, list(batches.values()))
+                return prefix
+            except StepsGoneError as gone:
+                with self._cond:  # append() forgets chunks on the user's thread
+                    kept = {key: self._chunk_blobs[key] for key in gone.chunks
+                            if key in self._chunk_blobs}
+                lost = [key for key in gone.chunks if key not in kept]
+                if lost:
+                    for item in items:
+                        buffer = self.store.table(item.table)
+                        if buffer.rate_limiter is not None:
+                            limiters.release(buffer.view, "insert", 1)
+                    raise ValueError(
+                        f"items reference steps whose chunks the store freed and this "
+                        f"writer no longer holds ({lost[:3]}...): they were not inserted"
+                    ) from gone
+                chunks.update(kept)
+            except BaseException:
+                for table, batch in batches.items():
+                    buffer = self.store.table(table)
+                    if buffer.rate_limiter is not None:
+                        limiters.release(buffer.view, "insert", len(batch.records))
+                raise
+        raise AssertionError("chunks freed again and again while being sent")
+
+
+__all__ = ["MAX_UNSEALED", "CellRef", "StepWriter", "as_cell", "dtype_name", "shape_text"]
