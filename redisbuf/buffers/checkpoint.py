@@ -324,6 +324,12 @@ class Checkpointing:
                     f"saved record {item_id} has use count {uses!r:.40}; use counts must be "
                     "integers in [0, 2**53]"
                 )
+        if schema.get("kind") == "steps":  # references to a step store's chunks
+            from .step_records import decode_item
+
+            for record in records:
+                decode_item(record[2])
+            return
         kind = KINDS.get(schema.get("kind"))
         if kind is None:
             raise DecodeError(f"saved schema names an unknown kind {schema.get('kind')!r}")

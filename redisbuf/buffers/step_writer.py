@@ -171,8 +171,10 @@ class StepWriter:
         self._queue: collections.deque[_Send] = collections.deque()
         self._in_flight = 0  # items sealed and not yet confirmed (queued or being sent)
         self._chunk_seq = 0
-        self._chunk_blobs: dict[str, bytes] = {}  # chunks with a live cell, to send again
-        self._chunk_live: dict[str, int] = collections.Counter()
+        # the chunks a live cell or an unsent item holds, to send again should a sweep
+        # free them before an item reading them is sent; their holds, by chunk
+        self._chunk_blobs: dict[str, bytes] = {}
+        self._chunk_holds: collections.Counter[str] = collections.Counter()
         self._error: BaseException | None = None
         # (table, episode) pairs sent (the store counts each table's episodes)
         self._episodes_seen: set[tuple[str, int]] = set()
@@ -241,10 +243,15 @@ class StepWriter:
     def _expire(self, ref: CellRef) -> None:
         ref.expired_flag = True
         if ref.chunk is not None:
-            self._chunk_live[ref.chunk] -= 1
-            if self._chunk_live[ref.chunk] <= 0:
-                self._chunk_live.pop(ref.chunk, None)
-                self._chunk_blobs.pop(ref.chunk, None)
+            self._release_chunk(ref.chunk)
+
+    def _release_chunk(self, key: str, holds: int = 1) -> None:
+        """Drop ``holds`` holds of chunk ``key`` (a cell expired, an item was sent); the
+        last one forgets its blob. Called with the lock held."""
+        self._chunk_holds[key] -= holds
+        if self._chunk_holds[key] <= 0:
+            del self._chunk_holds[key]
+            self._chunk_blobs.pop(key, None)
 
     @property
     def step_is_open(self) -> bool:
@@ -336,9 +343,8 @@ class StepWriter:
                 body[column] = ([r.step for r in refs], np.stack([r.array for r in refs]))
             blob = encode_chunk(episode, body)
             chunks[key] = blob
-            if live:
-                self._chunk_blobs[key] = blob
-                self._chunk_live[key] = live
+            self._chunk_blobs[key] = blob
+            self._chunk_holds[key] += live
             start = stop
         for item in items:
             order: dict[str, int] = {}
@@ -353,6 +359,8 @@ class StepWriter:
                         runs.append([index, ref.row, 1])
                 columns.append(ItemColumn(refs[0].column, [tuple(r) for r in runs], squeeze))
             item.chunks = list(order)
+            for key in item.chunks:  # held until the item is sent (or dropped)
+                self._chunk_holds[key] += 1
             episode = item.columns[-1][-1].episode
             item.record = encode_item(episode, item.chunks, columns, item.priority)
             if (item.table, episode) not in self._episodes_seen:
@@ -391,6 +399,11 @@ class StepWriter:
                 self._seal(len(self._unsealed) - block_until_num_items)
             while len(self._unsealed) + self._in_flight > block_until_num_items:
                 self._raise_error_locked()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise WaitTimeoutError(
+                        f"flush waited {wait:g} s: {len(self._unsealed) + self._in_flight} "
+                        f"items are not confirmed yet, above {block_until_num_items}")
                 if self._thread is None:  # send here, on the caller's thread
                     self._cond.release()
                     try:
@@ -398,11 +411,6 @@ class StepWriter:
                     finally:
                         self._cond.acquire()
                     continue
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise WaitTimeoutError(
-                        f"flush waited {wait:g} s: {len(self._unsealed) + self._in_flight} "
-                        f"items are not confirmed yet, above {block_until_num_items}")
                 self._cond.wait(0.5 if left is None else min(left, 0.5))
             self._raise_error_locked()
 
@@ -466,7 +474,8 @@ class StepWriter:
                 while not self._queue and not self._shut:
                     self._cond.wait()
                 if self._shut:  # closing: what is left is not sent
-                    self._in_flight -= sum(len(s.items) for s in self._queue)
+                    for left in self._queue:
+                        self._finished(left.items)
                     self._queue.clear()
                     self._cond.notify_all()
                     return
@@ -485,18 +494,26 @@ class StepWriter:
         except BaseException as exc:  # noqa: BLE001 - raised on the user's thread
             with self._cond:
                 self._queue.popleft()
-                self._in_flight -= len(send.items)
+                self._finished(send.items)
                 self._error = exc
                 self._cond.notify_all()
             return
         with self._cond:
+            self._finished(send.items[:done])
             if done == len(send.items):
                 self._queue.popleft()
             elif done:
                 send.items = send.items[done:]
                 send.chunks = {}
-            self._in_flight -= done
             self._cond.notify_all()
+
+    def _finished(self, items: list[_Item]) -> None:
+        """Items sent (or dropped): no longer in flight, their chunks' holds released.
+        Called with the lock held."""
+        self._in_flight -= len(items)
+        for item in items:
+            for key in item.chunks:
+                self._release_chunk(key)
 
     def _admitted(self, items: list[_Item]) -> int:
         """How many of the first ``items`` their buffers' rate limiters admit now, one

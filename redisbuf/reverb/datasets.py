@@ -1,15 +1,383 @@
-"""Reverb's datasets without TensorFlow: placeholder until written."""
+"""Reverb's datasets without TensorFlow: ``TrajectoryDataset``, ``TimestepDataset`` and
+``ReplayDataset`` as prefetching iterators of numpy (or torch) ``ReplaySample``\\ s.
+
+Each has Reverb's constructor and ``from_table_signature``, and the few ``tf.data``
+methods Acme-style code chains on them: ``batch(n, drop_remainder)``, ``prefetch(n)``,
+``map(fn)``, ``take(n)``, ``as_numpy_iterator()``, and ``as_torch_iterator()`` (torch
+tensors, the ``torch`` extra). A ``TrajectoryDataset`` yields one sample per item, its
+data the item's trajectory in the structure of ``dtypes``; a ``TimestepDataset`` one per
+step of each item. Batches stack every leaf (and the info fields, as arrays) along a new
+first dimension. A background thread draws ahead: ``max_in_flight_samples_per_worker``
+items a call, or a batch's worth once batched, keeping at most ``prefetch`` of them
+waiting. A draw the table's rate limiter holds back longer than
+``rate_limiter_timeout_ms`` (``-1``: no limit) ends the iteration, as Reverb's
+datasets end; so does ``max_samples`` samples.
+"""
 
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
-class TrajectoryDataset:
-    pass
+import numpy as np
+
+from ..errors import RateLimitTimeoutError
+from . import nest
+from .client import Client
+from .replay_sample import ReplaySample, SampleInfo
+from .tensor_spec import TensorShape, numpy_dtype, shape_of, shapes_compatible
+
+_END = object()
+_INFO_DTYPES = SampleInfo.tf_dtypes()
 
 
-class TimestepDataset:
-    pass
+def _check(leaf_dtype: Any, leaf_shape: Any, value: np.ndarray, path: Any) -> np.ndarray:
+    want = numpy_dtype(leaf_dtype)
+    if value.dtype != want:
+        raise ValueError(f"the sampled data at {path} is {value.dtype}, the dataset expects "
+                         f"{want}")
+    shape = shape_of(leaf_shape)
+    if not shapes_compatible(shape, tuple(value.shape)):
+        raise ValueError(f"the sampled data at {path} has shape {tuple(value.shape)}, the "
+                         f"dataset expects {shape}")
+    return value
 
 
-class ReplayDataset:
-    pass
+class _Dataset:
+    """What the datasets share: the iteration chain (batch, prefetch, map, take)."""
+
+    def __init__(self, parent: _Dataset | None = None) -> None:
+        self._parent = parent
+
+    def _elements(self, chunk: int | None) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._elements(None)
+
+    def as_numpy_iterator(self) -> Iterator[Any]:
+        """An iterator of the elements (numpy)."""
+        return iter(self)
+
+    def as_torch_iterator(self, device: Any = None) -> Iterator[Any]:
+        """An iterator of the elements with torch tensors at the leaves (on ``device``)."""
+        from .._extras import require
+
+        torch = require("torch", "torch", "redisbuf.reverb datasets as torch tensors")
+
+        def convert(value: Any) -> Any:
+            tensor = torch.from_numpy(np.ascontiguousarray(value))
+            return tensor if device is None else tensor.to(device)
+
+        for element in self:
+            yield nest.map_structure(convert, element)
+
+    def batch(self, batch_size: int, drop_remainder: bool = False) -> _Dataset:
+        """Elements stacked ``batch_size`` at a time (the last smaller unless
+        ``drop_remainder``)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+        return _Batched(self, batch_size, drop_remainder)
+
+    def prefetch(self, buffer_size: int) -> _Dataset:
+        """The same elements, at most ``buffer_size`` drawn ahead (-1: Reverb's AUTOTUNE,
+        2)."""
+        return _Prefetched(self, 2 if buffer_size is None or buffer_size < 1 else buffer_size)
+
+    def map(self, fn: Callable[[Any], Any]) -> _Dataset:
+        """``fn`` of each element."""
+        return _Mapped(self, fn)
+
+    def take(self, count: int) -> _Dataset:
+        """The first ``count`` elements (``-1``: all)."""
+        return _Taken(self, count)
+
+
+class _Batched(_Dataset):
+    def __init__(self, parent: _Dataset, size: int, drop_remainder: bool) -> None:
+        super().__init__(parent)
+        self._size, self._drop = size, drop_remainder
+
+    def _elements(self, chunk: int | None) -> Iterator[Any]:
+        batch: list[Any] = []
+        for element in self._parent._elements(self._size):  # type: ignore[union-attr]
+            batch.append(element)
+            if len(batch) == self._size:
+                yield _stack(batch)
+                batch = []
+        if batch and not self._drop:
+            yield _stack(batch)
+
+
+def _stack(elements: list[Any]) -> Any:
+    def stack(*leaves: Any) -> np.ndarray:
+        return np.stack([np.asarray(leaf) for leaf in leaves])
+
+    first = elements[0]
+    if isinstance(first, ReplaySample):
+        info = SampleInfo(*(np.asarray([getattr(e.info, f) for e in elements], dtype=d)
+                            for f, d in zip(SampleInfo._fields, _INFO_DTYPES, strict=True)))
+        data = nest.map_structure(stack, *[e.data for e in elements])
+        return ReplaySample(info, data)
+    return nest.map_structure(stack, *elements)
+
+
+class _Prefetched(_Dataset):
+    def __init__(self, parent: _Dataset, depth: int) -> None:
+        super().__init__(parent)
+        self._depth = depth
+
+    def _elements(self, chunk: int | None) -> Iterator[Any]:
+        out: queue.Queue[Any] = queue.Queue(maxsize=self._depth)
+        stop = threading.Event()
+        source = self._parent._elements(chunk)  # type: ignore[union-attr]
+
+        def produce() -> None:
+            try:
+                for element in source:
+                    while not stop.is_set():
+                        try:
+                            out.put(element, timeout=0.25)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                out.put(_END)
+            except BaseException as exc:  # noqa: BLE001 - raised on the consumer's side
+                out.put(exc)
+
+        thread = threading.Thread(target=produce, daemon=True, name="redisbuf-reverb-prefetch")
+        thread.start()
+        try:
+            while True:
+                element = out.get()
+                if element is _END:
+                    return
+                if isinstance(element, BaseException):
+                    raise element
+                yield element
+        finally:
+            stop.set()
+
+
+class _Mapped(_Dataset):
+    def __init__(self, parent: _Dataset, fn: Callable[[Any], Any]) -> None:
+        super().__init__(parent)
+        self._fn = fn
+
+    def _elements(self, chunk: int | None) -> Iterator[Any]:
+        for element in self._parent._elements(chunk):  # type: ignore[union-attr]
+            yield self._fn(element)
+
+
+class _Taken(_Dataset):
+    def __init__(self, parent: _Dataset, count: int) -> None:
+        super().__init__(parent)
+        self._count = count
+
+    def _elements(self, chunk: int | None) -> Iterator[Any]:
+        if self._count == 0:
+            return
+        for done, element in enumerate(self._parent._elements(chunk), start=1):  # type: ignore[union-attr]
+            yield element
+            if done == self._count:
+                return
+
+
+class TrajectoryDataset(_Dataset):
+    """Samples of ``table``, one per item: ``ReplaySample(info, data)``, ``data`` the
+    item's trajectory in the structure of ``dtypes`` (checked against ``dtypes`` and
+    ``shapes``, which nest alike).
+
+    Args:
+        server_address: the server (``host:port`` or a Redis URL).
+        table: the table.
+        dtypes: the trajectory's dtypes (a nest; numpy or TensorFlow dtypes).
+        shapes: its shapes (the same nest; ``None`` dimensions match any length).
+        max_in_flight_samples_per_worker: items drawn per call, unbatched (>= 1).
+        num_workers_per_iterator: accepted (-1 or >= 1); one thread draws.
+        max_samples_per_stream: accepted (-1 or >= 1).
+        rate_limiter_timeout_ms: how long a draw may wait on the rate limiter before the
+            iteration ends (-1: no limit).
+        max_samples: the iteration ends after this many samples (-1: never).
+
+    Raises:
+        ValueError: as Reverb's (structures that differ, an argument out of range).
+    """
+
+    def __init__(self, server_address: str, table: str, dtypes: Any, shapes: Any,
+                 max_in_flight_samples_per_worker: int, num_workers_per_iterator: int = -1,
+                 max_samples_per_stream: int = -1, rate_limiter_timeout_ms: int = -1,
+                 max_samples: int = -1) -> None:
+        super().__init__()
+        nest.assert_same_structure(dtypes, shapes, check_types=False)
+        if max_in_flight_samples_per_worker < 1:
+            raise ValueError(f"max_in_flight_samples_per_worker "
+                             f"({max_in_flight_samples_per_worker}) must be a positive integer")
+        if num_workers_per_iterator < 1 and num_workers_per_iterator != -1:
+            raise ValueError(f"num_workers_per_iterator ({num_workers_per_iterator}) must be "
+                             "a positive integer or -1")
+        if max_samples_per_stream < 1 and max_samples_per_stream != -1:
+            raise ValueError(f"max_samples_per_stream ({max_samples_per_stream}) must be a "
+                             "positive integer or -1")
+        if rate_limiter_timeout_ms < -1:
+            raise ValueError(f"rate_limiter_timeout_ms ({rate_limiter_timeout_ms}) must be an "
+                             "integer >= -1")
+        if max_samples < 1 and max_samples != -1:
+            raise ValueError(f"max_samples ({max_samples}) must be a positive integer or -1")
+        self._client = Client(server_address)
+        self._table = table
+        self._dtypes, self._shapes = dtypes, shapes
+        self._in_flight = max_in_flight_samples_per_worker
+        self._timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
+        self._max_samples = max_samples
+
+    @classmethod
+    def from_table_signature(cls, server_address: str, table: str,
+                             max_in_flight_samples_per_worker: int,
+                             num_workers_per_iterator: int = -1,
+                             max_samples_per_stream: int = -1,
+                             rate_limiter_timeout_ms: int = -1,
+                             get_signature_timeout_secs: int | None = None,
+                             max_samples: int = -1) -> Any:
+        """The dataset of ``table`` with its signature's dtypes and shapes.
+
+        Raises:
+            ValueError: the server has no such table, or it has no signature.
+            DeadlineExceededError: the server did not answer within
+                ``get_signature_timeout_secs``.
+        """
+        info = Client(server_address).server_info(get_signature_timeout_secs)
+        if table not in info:
+            raise ValueError(f"Server at {server_address} does not contain any table named "
+                             f"{table}. Found: {', '.join(sorted(info))}.")
+        signature = info[table].signature
+        if not signature:
+            raise ValueError(f"Table {table} at {server_address} does not have a signature.")
+        return cls(server_address=server_address, table=table,
+                   shapes=nest.map_structure(lambda spec: spec.shape, signature),
+                   dtypes=nest.map_structure(lambda spec: spec.dtype, signature),
+                   max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,
+                   num_workers_per_iterator=num_workers_per_iterator,
+                   max_samples_per_stream=max_samples_per_stream,
+                   rate_limiter_timeout_ms=rate_limiter_timeout_ms, max_samples=max_samples)
+
+    @property
+    def element_spec(self) -> ReplaySample:
+        """``ReplaySample(info dtypes, (dtypes, shapes))`` of an element."""
+        return ReplaySample(_INFO_DTYPES, (self._dtypes, self._shapes))
+
+    def _items(self, chunk: int | None) -> Iterator[Any]:
+        """The sampled items, drawn ``chunk`` (or max_in_flight) at a time."""
+        store = self._client.store()
+        buffer = self._client.table(self._table)
+        count = chunk or self._in_flight
+        given = 0
+        while self._max_samples < 0 or given < self._max_samples:
+            want = count if self._max_samples < 0 else min(count, self._max_samples - given)
+            try:
+                items = store.sample(buffer, want, timeout=self._timeout)
+            except RateLimitTimeoutError:
+                return  # Reverb's datasets end when the rate limiter times out
+            for item in items:
+                given += 1
+                yield item
+
+    def _data(self, item: Any) -> Any:
+        flat_dtypes = nest.flatten(self._dtypes)
+        flat_shapes = nest.flatten(self._shapes)
+        if len(item.columns) != len(flat_dtypes):
+            raise ValueError(f"the sampled item has {len(item.columns)} columns, the dataset "
+                             f"expects {len(flat_dtypes)}")
+        checked = [_check(d, s, c, i) for i, (d, s, c)
+                   in enumerate(zip(flat_dtypes, flat_shapes, item.columns, strict=True))]
+        return nest.unflatten_as(self._dtypes, checked)
+
+    def _elements(self, chunk: int | None) -> Iterator[Any]:
+        for item in self._items(chunk):
+            yield ReplaySample(_info(item), self._data(item))
+
+
+def _info(item: Any) -> SampleInfo:
+    return SampleInfo(key=np.uint64(item.key), probability=np.float64(item.probability),
+                      table_size=np.int64(item.table_size), priority=np.float64(item.priority),
+                      times_sampled=np.int32(item.times_sampled))
+
+
+class TimestepDataset(TrajectoryDataset):
+    """Samples of ``table``, one per step of each item: every column of an item has the
+    same number of steps, and ``shapes`` are a step's shapes (Reverb's
+    ``TimestepDataset``)."""
+
+    def _elements(self, chunk: int | None) -> Iterator[Any]:
+        flat_dtypes, flat_shapes = nest.flatten(self._dtypes), nest.flatten(self._shapes)
+        for item in self._items(chunk):
+            lengths = {len(column) for column in item.columns}
+            if len(lengths) != 1:
+                raise ValueError("Can't split non timestep trajectory into timesteps.")
+            info = _info(item)
+            for step in range(lengths.pop()):
+                leaves = [_check(d, s, np.asarray(c[step]), i) for i, (d, s, c)
+                          in enumerate(zip(flat_dtypes, flat_shapes, item.columns,
+                                           strict=True))]
+                yield ReplaySample(info, nest.unflatten_as(self._dtypes, leaves))
+
+
+class ReplayDataset(TrajectoryDataset):
+    """Reverb's ``ReplayDataset`` (removed in Reverb 0.8.0, kept here for code written
+    before it): samples of every step of each item (``emit_timesteps``, ``shapes`` a
+    step's), or of whole items whose every column has ``sequence_length`` steps of
+    ``shapes`` (when given; else any length)."""
+
+    def __init__(self, server_address: str, table: str, dtypes: Any, shapes: Any,
+                 max_in_flight_samples_per_worker: int, num_workers_per_iterator: int = -1,
+                 max_samples_per_stream: int = -1, sequence_length: int | None = None,
+                 emit_timesteps: bool = True, rate_limiter_timeout_ms: int = -1) -> None:
+        if not emit_timesteps:
+            length = sequence_length
+            shapes = nest.map_structure(
+                lambda shape: TensorShape((length, *(shape_of(shape) or ()))), shapes)
+        super().__init__(server_address, table, dtypes, shapes,
+                         max_in_flight_samples_per_worker, num_workers_per_iterator,
+                         max_samples_per_stream, rate_limiter_timeout_ms)
+        self._emit_timesteps = emit_timesteps
+
+    @classmethod
+    def from_table_signature(cls, server_address: str, table: str,  # type: ignore[override]
+                             max_in_flight_samples_per_worker: int,
+                             num_workers_per_iterator: int = -1,
+                             max_samples_per_stream: int = -1,
+                             sequence_length: int | None = None, emit_timesteps: bool = True,
+                             rate_limiter_timeout_ms: int = -1,
+                             get_signature_timeout_secs: int | None = None) -> ReplayDataset:
+        """The dataset of ``table`` with its signature's dtypes and shapes (a step's).
+
+        Raises:
+            ValueError: the server has no such table, or it has no signature.
+        """
+        info = Client(server_address).server_info(get_signature_timeout_secs)
+        if table not in info:
+            raise ValueError(f"Server at {server_address} does not contain any table named "
+                             f"{table}. Found: {', '.join(sorted(info))}.")
+        signature = info[table].signature
+        if not signature:
+            raise ValueError(f"Table {table} at {server_address} does not have a signature.")
+        return cls(server_address, table,
+                   dtypes=nest.map_structure(lambda spec: spec.dtype, signature),
+                   shapes=nest.map_structure(lambda spec: spec.shape, signature),
+                   max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,
+                   num_workers_per_iterator=num_workers_per_iterator,
+                   max_samples_per_stream=max_samples_per_stream,
+                   sequence_length=sequence_length, emit_timesteps=emit_timesteps,
+                   rate_limiter_timeout_ms=rate_limiter_timeout_ms)
+
+    def _elements(self, chunk: int | None) -> Iterator[Any]:
+        if self._emit_timesteps:
+            return TimestepDataset._elements(self, chunk)
+        return TrajectoryDataset._elements(self, chunk)
+
+
+__all__ = ["ReplayDataset", "TimestepDataset", "TrajectoryDataset"]

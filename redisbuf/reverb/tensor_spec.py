@@ -29,15 +29,63 @@ def numpy_dtype(dtype: Any) -> np.dtype:
     return np.dtype(dtype)
 
 
-def _shape_of(shape: Any) -> tuple[int | None, ...] | None:
+def shape_of(shape: Any) -> tuple[int | None, ...] | None:
+    """A shape (tuple, list, TensorShape, ``tf.TensorShape``) as a tuple, or None for an
+    unknown rank."""
     if shape is None:
         return None
+    if isinstance(shape, TensorShape):
+        return shape.dims
     as_list = getattr(shape, "as_list", None)
     if as_list is not None:
         if getattr(shape, "rank", 0) is None:
             return None
         shape = as_list()
     return tuple(None if d is None else int(d) for d in shape)
+
+
+class TensorShape:
+    """A shape: dimensions (``None``: any length), or ``None`` for any rank. A leaf of a
+    nest (not a tuple), as ``tf.TensorShape`` is; equal to the tuple or list of its
+    dimensions."""
+
+    __slots__ = ("dims",)
+
+    def __init__(self, dims: Sequence[int | None] | None) -> None:
+        self.dims = shape_of(dims)
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.dims is None else len(self.dims)
+
+    def as_list(self) -> list[int | None]:
+        if self.dims is None:
+            raise ValueError("as_list() is not defined on an unknown shape")
+        return list(self.dims)
+
+    def __iter__(self) -> Any:
+        return iter(self.dims or ())
+
+    def __len__(self) -> int:
+        return len(self.dims or ())
+
+    def __getitem__(self, index: Any) -> Any:
+        if self.dims is None:
+            raise ValueError("an unknown shape has no dimensions")
+        return self.dims[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TensorShape):
+            return other.dims == self.dims
+        if isinstance(other, (tuple, list)):
+            return self.dims == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.dims)
+
+    def __repr__(self) -> str:
+        return "TensorShape(None)" if self.dims is None else f"TensorShape({list(self.dims)})"
 
 
 class TensorSpec:
@@ -53,21 +101,21 @@ class TensorSpec:
         >>> from redisbuf.reverb import TensorSpec
         >>> spec = TensorSpec([None, 3], np.float32, "obs")
         >>> spec.shape, spec.dtype, spec.is_compatible_with(np.zeros((5, 3), np.float32))
-        ((None, 3), dtype('float32'), True)
+        (TensorShape([None, 3]), dtype('float32'), True)
     """
 
     __slots__ = ("dtype", "name", "shape")
 
     def __init__(self, shape: Sequence[int | None] | None, dtype: Any = np.float32,
                  name: str | None = None) -> None:
-        self.shape = _shape_of(shape)
+        self.shape = TensorShape(shape)
         self.dtype = numpy_dtype(dtype)
         self.name = name
 
     @classmethod
     def from_spec(cls, spec: Any, name: str | None = None) -> TensorSpec:
         """This class's spec of any object with ``.shape`` and ``.dtype``."""
-        return cls(_shape_of(spec.shape), numpy_dtype(spec.dtype),
+        return cls(shape_of(spec.shape), numpy_dtype(spec.dtype),
                    name if name is not None else getattr(spec, "name", None))
 
     @classmethod
@@ -81,23 +129,23 @@ class TensorSpec:
             else np.asarray(value)
         if numpy_dtype(other.dtype) != self.dtype:
             return False
-        return shapes_compatible(self.shape, _shape_of(other.shape))
+        return shapes_compatible(self.shape.dims, shape_of(other.shape))
 
     def __eq__(self, other: object) -> bool:
         if not (hasattr(other, "shape") and hasattr(other, "dtype")):
             return NotImplemented
         try:
-            return (_shape_of(other.shape) == self.shape  # type: ignore[attr-defined]
+            return (shape_of(other.shape) == self.shape.dims  # type: ignore[attr-defined]
                     and numpy_dtype(other.dtype) == self.dtype  # type: ignore[attr-defined]
                     and getattr(other, "name", None) == self.name)
         except TypeError:
             return False
 
     def __hash__(self) -> int:
-        return hash((self.shape, self.dtype.str, self.name))
+        return hash((self.shape.dims, self.dtype.str, self.name))
 
     def __repr__(self) -> str:
-        shape = "None" if self.shape is None else list(self.shape)
+        shape = "None" if self.shape.dims is None else list(self.shape.dims)
         return f"TensorSpec(shape={shape}, dtype={self.dtype.name}, name={self.name!r})"
 
 
@@ -138,7 +186,7 @@ def to_json(signature: Any) -> Any:
     if not is_spec(signature):
         raise ValueError(f"Unsupported signature spec: {signature}")
     spec = TensorSpec.from_spec(signature)
-    return {"shape": None if spec.shape is None else list(spec.shape),
+    return {"shape": None if spec.shape.dims is None else list(spec.shape.dims),
             "dtype": _dtype_text(spec.dtype), "name": spec.name}
 
 
@@ -182,9 +230,9 @@ def spec_text(specs: Sequence[TensorSpec]) -> str:
 
     return ", ".join(
         f"{i}: Tensor<name: '{s.name or ''}', dtype: {dtype_name(s.dtype)}, shape: "
-        f"{'<unknown>' if s.shape is None else shape_text(s.shape)}>"
+        f"{'<unknown>' if s.shape.dims is None else shape_text(s.shape.dims)}>"
         for i, s in enumerate(specs))
 
 
-__all__ = ["TensorSpec", "flat_specs", "from_json", "is_spec", "make_spec", "numpy_dtype",
-           "shapes_compatible", "spec_text", "to_json"]
+__all__ = ["TensorShape", "TensorSpec", "flat_specs", "from_json", "is_spec", "make_spec",
+           "numpy_dtype", "shape_of", "shapes_compatible", "spec_text", "to_json"]

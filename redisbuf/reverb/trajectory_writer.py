@@ -114,14 +114,14 @@ def _check_signature(table: str, want: list[TensorSpec], got: list[TensorSpec]) 
             f"\n\t{spec_text(want)}\n\nThe provided trajectory signature was:\n\t"
             f"{spec_text(got)}.\n")
     for i, (w, g) in enumerate(zip(want, got, strict=True)):
-        if w.dtype != g.dtype or not shapes_compatible(w.shape, g.shape):
+        if w.dtype != g.dtype or not shapes_compatible(w.shape.dims, g.shape.dims):
             raise ValueError(
                 f"Unable to create item in table '{table}' since the provided trajectory "
                 f"is inconsistent with the table signature. The table expects column {i} "
-                f"to be a {dtype_name(w.dtype)} {shape_text(w.shape or ())} tensor but got "
-                f"a {dtype_name(g.dtype)} {shape_text(g.shape or ())} tensor.\n\nThe table "
-                f"signature is:\n\t{spec_text(want)}\n\nThe provided trajectory signature "
-                f"is:\n\t{spec_text(got)}.\n")
+                f"to be a {dtype_name(w.dtype)} {shape_text(w.shape.dims or ())} tensor but "
+                f"got a {dtype_name(g.dtype)} {shape_text(g.shape.dims or ())} tensor.\n\n"
+                f"The table signature is:\n\t{spec_text(want)}\n\nThe provided trajectory "
+                f"signature is:\n\t{spec_text(got)}.\n")
 
 
 class TrajectoryWriter:
