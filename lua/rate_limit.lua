@@ -1,6 +1,7 @@
 -- Admit (or refuse) an insert or a sample under the buffer's rate limiter, and count it,
 -- in one step for every process (Reverb's RateLimiter; redisbuf/sampling/limiters.py).
 -- @include common
+-- @include admission
 -- @keys 2
 -- @retry never
 -- KEYS[1] meta  KEYS[2] order (its length is the buffer's size)
@@ -42,18 +43,7 @@ if conf[1] then
   elseif op == 'insert_upto' or op == 'sample_upto' then
     local k = 0
     if op == 'insert_upto' then
-      -- item j (1-based) enters while size + j <= min_size or
-      -- (inserts + j) * spi - samples <= max_diff; both hold for a prefix of j
-      local free = math.max(0, min_size - size)
-      local ratio = math.floor((max_diff + samples) / spi - inserts)
-      k = math.max(free, ratio)
-      if k > n then k = n end
-      while k > 0 and not (size + k <= min_size or (inserts + k) * spi - samples <= max_diff) do
-        k = k - 1
-      end
-      while k < n and (size + k + 1 <= min_size or (inserts + k + 1) * spi - samples <= max_diff) do
-        k = k + 1
-      end
+      k = inserts_admitted(meta, KEYS[2], n)  -- lua/_admission.lua
     elseif size >= min_size then
       -- sample j is admitted while diff - j >= min_diff
       k = math.floor(diff - min_diff)

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RateLimitTimeoutError, StepsGoneError, WaitTimeoutError
-from ..sampling import limiters
+from ..errors import StepsGoneError, WaitTimeoutError
+from ..sampling.waiting import wait_for
 from .step_records import ItemColumn, encode_chunk, encode_item
 from .steps import StepStore, TableBatch
 
@@ -37,6 +37,8 @@ from .steps import StepStore, TableBatch
 _WAIT_SLICE = 0.25
 #: Items waiting unsealed at most: past this many they are sealed whatever their steps.
 MAX_UNSEALED = 64
+#: The most items one insert sends (queued sends are merged up to it).
+MAX_SEND = 512
 
 
 def as_cell(value: Any) -> np.ndarray:
@@ -176,6 +178,7 @@ class StepWriter:
         self._chunk_blobs: dict[str, bytes] = {}
         self._chunk_holds: collections.Counter[str] = collections.Counter()
         self._error: BaseException | None = None
+        self._rng = np.random.default_rng()  # the random removers' uniforms
         # (table, episode) pairs sent (the store counts each table's episodes)
         self._episodes_seen: set[tuple[str, int]] = set()
         self._shut = False
@@ -488,6 +491,12 @@ class StepWriter:
         with self._cond:
             if not self._queue:
                 return
+            if len(self._queue) > 1:  # the sends waiting, as one (up to MAX_SEND items)
+                merged = self._queue.popleft()
+                while self._queue and len(merged.items) + len(self._queue[0].items) <= MAX_SEND:
+                    more = self._queue.popleft()
+                    merged = _Send({**merged.chunks, **more.chunks}, merged.items + more.items)
+                self._queue.appendleft(merged)
             send = self._queue[0]
         try:
             done = self._send(send, deadline)
@@ -515,89 +524,64 @@ class StepWriter:
             for key in item.chunks:
                 self._release_chunk(key)
 
-    def _admitted(self, items: list[_Item]) -> int:
-        """How many of the first ``items`` their buffers' rate limiters admit now, one
-        item at a time in order (waiting up to a slice for the first); the admissions of
-        items not sent are taken back."""
-        counts: dict[str, int] = collections.Counter(item.table for item in items)
-        granted: dict[str, int] = {}
-        for table in counts:
-            buffer = self.store.table(table)
-            limiter = buffer.rate_limiter
-            if limiter is None:
-                granted[table] = counts[table]
-                continue
-            try:
-                granted[table] = limiters.acquire_upto(buffer.view, limiter, "insert",
-                                                       counts[table], timeout=_WAIT_SLICE)
-            except RateLimitTimeoutError:
-                granted[table] = 0
-        used: dict[str, int] = collections.Counter()
-        prefix = 0
-        for item in items:
-            if used[item.table] >= granted[item.table]:
-                break
-            used[item.table] += 1
-            prefix += 1
-        for table, count in granted.items():
-            buffer = self.store.table(table)
-            if buffer.rate_limiter is not None and count > used[table]:
-                limiters.release(buffer.view, "insert", count - used[table])
-        return prefix
-
     def _send(self, send: _Send, deadline: float | None = None) -> int:
-        """Send the first items of ``send`` the limiters admit; returns how many (0 when
-        closed or past ``deadline`` first)."""
+        """Send the first items of ``send`` the buffers' rate limiters admit, one at a
+        time in order (the insert's own script decides), waiting for a change of the
+        buffer that holds the next one back; returns how many were sent (0 when closed
+        or past ``deadline`` first)."""
         while True:
-            prefix = self._admitted(send.items)
-            if prefix:
-                break
+            stored, held = self._insert(send)
+            if stored:
+                return stored
             with self._cond:
                 if self._shut:
                     return 0
             if deadline is not None and time.monotonic() >= deadline:
                 return 0
-        items = send.items[:prefix]
-        chunks = dict(send.chunks)
+            buffer = self.store.table(held)  # type: ignore[arg-type]
+            try:
+                wait_for(buffer.client, buffer.keys.meta, lambda: None, _WAIT_SLICE,
+                         lambda: "", error=WaitTimeoutError)
+            except WaitTimeoutError:
+                pass
+
+    def _insert(self, send: _Send) -> tuple[int, str | None]:
+        """One insert of ``send``'s chunks and items, admitted by the limiters in the
+        script; chunks a sweep freed are sent again. Returns (stored, the buffer that
+        held the next item back)."""
         batches: dict[str, TableBatch] = {}
-        for item in items:
+        order: list[int] = []
+        names: list[str] = []
+        for item in send.items:
             batch = batches.get(item.table)
             if batch is None:
                 buffer = self.store.table(item.table)
                 options: dict[str, Any] = {}
                 if buffer.remover is not None and buffer.remover.random:
-                    options["evict_u"] = np.random.default_rng().random(
-                        2 * len(items) + 8).tolist()
+                    options["evict_u"] = self._rng.random(2 * len(send.items) + 8).tolist()
                 batch = batches[item.table] = TableBatch(buffer, [], [], [], options)
-            batch.new_episodes += item.first_of_episode
+                names.append(item.table)
+            order.append(names.index(item.table))
             batch.records.append(item.record)
             batch.priorities.append(item.priority)
             batch.refs.append(item.chunks)
+            batch.first_of_episode.append(item.first_of_episode)
+        chunks = dict(send.chunks)
         for _ in range(3):
             try:
-                self.store.insert(chunks, list(batches.values()))
-                return prefix
+                result = self.store.insert(chunks, [batches[n] for n in names], order)
+                return result.stored, result.held
             except StepsGoneError as gone:
                 with self._cond:  # append() forgets chunks on the user's thread
                     kept = {key: self._chunk_blobs[key] for key in gone.chunks
                             if key in self._chunk_blobs}
                 lost = [key for key in gone.chunks if key not in kept]
                 if lost:
-                    for item in items:
-                        buffer = self.store.table(item.table)
-                        if buffer.rate_limiter is not None:
-                            limiters.release(buffer.view, "insert", 1)
                     raise ValueError(
                         f"items reference steps whose chunks the store freed and this "
                         f"writer no longer holds ({lost[:3]}...): they were not inserted"
                     ) from gone
                 chunks.update(kept)
-            except BaseException:
-                for table, batch in batches.items():
-                    buffer = self.store.table(table)
-                    if buffer.rate_limiter is not None:
-                        limiters.release(buffer.view, "insert", len(batch.records))
-                raise
         raise AssertionError("chunks freed again and again while being sent")
 
 

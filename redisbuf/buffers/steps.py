@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -67,16 +67,20 @@ class TableBatch:
     priorities: list[float]
     refs: list[list[str]]
     options: dict[str, Any]
-    #: episodes whose first items in this buffer these are (meta ``episodes:NAME``)
-    new_episodes: int = 0
+    #: per record: whether it is its episode's first in this buffer (meta episodes:NAME)
+    first_of_episode: list[bool] = field(default_factory=list)
 
 
 @dataclass
 class InsertResult:
-    """The ids the insert gave each buffer's items, and how many each evicted."""
+    """The ids the insert gave each buffer's items, how many each evicted, how many
+    items it stored, and (with ``order``) the buffer whose rate limiter held the next
+    one back (None: all were stored)."""
 
     ids: dict[str, list[int]]
     evicted: dict[str, int]
+    stored: int = 0
+    held: str | None = None
 
 
 class StepStore:
@@ -165,11 +169,15 @@ class StepStore:
 
         return StepWriter(self, num_keep_alive_refs, **kwargs)
 
-    def insert(self, chunks: dict[str, bytes], batches: list[TableBatch]) -> InsertResult:
+    def insert(self, chunks: dict[str, bytes], batches: list[TableBatch],
+               order: list[int] | None = None) -> InsertResult:
         """Write ``chunks`` (new chunk key -> blob) and each batch's items into its buffer
         in one MULTI/EXEC (``lua/steps_insert.lua``), exactly once (a retry after a lost
-        reply gets the first reply back), then sweep. The buffers' rate limiters are not
-        consulted: the caller admits the items first.
+        reply gets the first reply back), and sweep in the same round trip. Without
+        ``order`` every item is stored (the caller admitted them); with it (the index in
+        ``batches`` of each item's batch, in the writer's order) the buffers' rate
+        limiters admit the items one at a time in that order, and those up to the first
+        one held back are stored (the chunks with them; nothing when none is).
 
         Raises:
             StepsGoneError: an item references a chunk the store no longer holds and
@@ -180,27 +188,42 @@ class StepStore:
         schema = schema_text(self.name)
         keys = list(self.keys.all_keys())
         args: list[Any] = [len(batches), len(chunks), *chunks]
+        if order is None:
+            args.extend(["", ""])
+        else:
+            args.extend(["admit", " ".join(str(t + 1) for t in order)])
         for batch in batches:
             keys.extend(batch.buffer.keys.all_keys())
             n = len(batch.records)
+            flags = batch.first_of_episode or [False] * n
             args.extend([batch.buffer.name, schema, n,
                          json.dumps(batch.options) if batch.options else "",
-                         batch.new_episodes])
+                         "".join("1" if flag else "0" for flag in flags)])
             args.extend(repr(float(p)) for p in batch.priorities)
             args.extend(batch.records)
             args.extend(" ".join(refs) for refs in batch.refs)
-        reply = self._transaction(chunks, keys, args)
+        reply = self._transaction(chunks, keys, args,
+                                  SWEEP_PER_CHUNK * len(chunks) + SWEEP_MIN)
+        stored, held = int(reply[0]), int(reply[1])
+        reply = [*reply, *[0] * (2 + 3 * len(batches) - len(reply))]  # nothing stored: short
         ids: dict[str, list[int]] = {}
         evicted: dict[str, int] = {}
         for t, batch in enumerate(batches):
-            first, count, gone = (int(v) for v in reply[3 * t : 3 * t + 3])
+            first, count, gone = (int(v) for v in reply[2 + 3 * t : 5 + 3 * t])
             ids[batch.buffer.name] = list(range(first, first + count))
             evicted[batch.buffer.name] = gone
-        self.sweep(SWEEP_PER_CHUNK * len(chunks) + SWEEP_MIN)
-        return InsertResult(ids, evicted)
+        return InsertResult(ids, evicted, stored,
+                            batches[held - 1].buffer.name if held else None)
 
-    def _transaction(self, chunks: dict[str, bytes], keys: list[str], args: list[Any]) -> Any:
+    def _transaction(self, chunks: dict[str, bytes], keys: list[str], args: list[Any],
+                     sweep: int) -> Any:
+        """The insert's MULTI/EXEC, then a sweep of ``sweep`` chunks, one round trip."""
         script = scripts.load("steps_insert").remembering
+        sweeper = scripts.load("steps_sweep")
+        names = self._registered()
+        sweep_keys = [*self.keys.all_keys(),
+                      *(BufferKeys(name).items if name else self.keys.meta for name in names)]
+        sweep_args = [len(names), sweep, int(GRACE_SECONDS * 1000)]
         memory = [self.keys.batches, self.keys.batches_old]
         batch_id = os.urandom(12).hex()
         full_keys, full_args = [*keys, *memory], [*args, batch_id, 600_000]
@@ -224,12 +247,17 @@ class StepStore:
                     pipe.execute_command("HSET", self.keys.chunks, *fields)
                 scripts.queue(pipe, self.client, script, full_keys, full_args)
                 pipe.execute_command("EXEC")
+                scripts.queue(pipe, self.client, sweeper, sweep_keys, sweep_args)
                 sent[0] = True
                 replies = pipe.execute(raise_on_error=False)
-                executed = replies[-1]
+                executed, swept = replies[-2], replies[-1]
                 if isinstance(executed, Exception):
-                    refused = [r for r in replies[:-1] if isinstance(r, Exception)]
+                    refused = [r for r in replies[:-2] if isinstance(r, Exception)]
                     raise (refused or [executed])[0]
+                if isinstance(swept, list) and int(swept[0]) < 0:
+                    self._registry = None  # the registry grew: read it at the next sweep
+                elif scripts.missing(swept):
+                    scripts.reload(self.client, sweeper)
                 reply = executed[-1]
                 if scripts.missing(reply) and not load:
                     if fields:  # the HSET ran without the script: take the blobs back
