@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import redis
+from _report import key_of, record
 
 from redisbuf import ReplayBuffer
 from redisbuf.ops.latency import LatencyProbe
@@ -200,6 +201,11 @@ def run(url: str, items: int, dim: int, only: set[str]) -> None:
                 print(f"{name:48s} {seen.probe_worst * 1e3:9.1f} ms "
                       f"{seen.server_worst * 1e3:10.1f} ms {wall:7.2f}s  "
                       f"{' '.join(seen.server_command)}{status}", flush=True)
+                shown = f"{name} ({status.strip()[:40]})" if status else name
+                record(f"{shown}: probe's worst wait", seen.probe_worst * 1e3, "ms",
+                       key=f"{key_of(name)}/probe")
+                record(f"{shown}: slowest command", seen.server_worst * 1e3, "ms",
+                       key=f"{key_of(name)}/server")
             # UNLINK: freeing 2x10^6 items is for a background thread, not the server's
             client.unlink(*buffer.keys.all_keys())
 

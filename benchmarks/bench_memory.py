@@ -5,7 +5,7 @@ Usage: python benchmarks/bench_memory.py [--url URL] [--items 200000] [--large 2
 Without --url an embedded server is started. For transitions of 200 bytes (--items of
 them) and trajectories of about 4 KiB (--large of them) it fills, one after the other on
 an otherwise idle server: a plain redisbuf buffer (uniform sampling), a PER buffer
-(PERSampler: PER priorities and the sum tree), and the raw redis-py layout of the same
+(PERSampler: PER priorities and the mass log), and the raw redis-py layout of the same
 blobs (one hash, the same 12-digit ids as fields, the blobs read back from the buffer).
 Each figure is the server's ``used_memory`` after the fill minus before it, from a fresh
 Lua state (SCRIPT FLUSH) each time, divided by the number of items. Printed: bytes per

@@ -308,7 +308,7 @@ class StepsGoneError(RedisBufError):
 # error reply that starts with a code becomes an instance of its class here
 # (redisbuf/store/scripts.py, translate).
 SCRIPT_ERRORS: dict[str, type[RedisBufError]] = {
-    cls.code: cls  # type: ignore[misc]
+    cls.code: cls
     for cls in (
         EmptyBufferError,
         SchemaError,

@@ -4,7 +4,7 @@ set aside, see buffers/quarantine.py) and joining items into one batch."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     DecodeError,
@@ -17,8 +17,13 @@ from ..store.containers import (
     ContainerKind,
 )
 
+if TYPE_CHECKING:
+    from .needs import DecodingNeeds as _DecodingNeeds
+else:
+    _DecodingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
 
-class Decoding:
+
+class Decoding(_DecodingNeeds):
     """A mixin of :class:`~redisbuf.buffers.replay.ReplayBuffer`: the buffer provides
     ``client``, ``keys``, ``name``, its schema cache and ``_stored_schema``."""
 

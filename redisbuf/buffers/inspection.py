@@ -4,7 +4,7 @@ lifetime's model version, and the lifecycle (``remove``, ``close``, ``clear``, `
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import redis
@@ -13,8 +13,13 @@ from ..sampling import lifetime
 from ..store import bounds
 from ..store.keys import decode_meta, format_id, keeps_rewards, pack_ids
 
+if TYPE_CHECKING:
+    from .needs import InspectingNeeds as _InspectingNeeds
+else:
+    _InspectingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
 
-class Inspecting:
+
+class Inspecting(_InspectingNeeds):
     """A mixin of :class:`~redisbuf.buffers.replay.ReplayBuffer`: the buffer provides
     ``client``, ``keys``, ``name``, ``capacity``, ``sampler``, ``_config``, ``_rates``,
     ``_owns_client``, ``_run``, ``decode`` and ``_forget_schema``."""

@@ -24,6 +24,11 @@ from ..store.keys import (
 )
 
 if TYPE_CHECKING:
+    from .needs import PrioritizingNeeds as _PrioritizingNeeds
+else:
+    _PrioritizingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
+
+if TYPE_CHECKING:
     from ..sampling.replica import MassReplica
 
 
@@ -31,7 +36,7 @@ if TYPE_CHECKING:
 # lua/_common.lua): 2^32 items sum to a finite number, sums of capped ones exactly
 PER_SUM_CAP = 2.0**990
 
-class Prioritizing:
+class Prioritizing(_PrioritizingNeeds):
     """A mixin of :class:`~redisbuf.buffers.replay.ReplayBuffer`: the buffer provides
     ``client``, ``keys``, ``_run`` and its replicas."""
 

@@ -420,7 +420,9 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
 
         ``priorities`` (one finite number >= 0 per item) sets the items' PER priorities
         on a buffer using :class:`PERSampler`; without it they get
-        ``max(initial_priority, highest priority present)``.
+        ``max(initial_priority, the highest priority set since PER was turned on or the
+        buffer cleared)``: a running max, which an item's eviction or a lower update does
+        not lower.
 
         With a remote manager, ``.score`` of the result is the manager's score dict for
         this batch (None when nothing was sent), or with ``async_score`` the previous

@@ -78,7 +78,8 @@ from ..store.connection import as_client, guarded, is_cluster
 from ..store.containers import kind_of, schema_to_json
 from ..store.keys import BufferKeys
 from .checkpoint import ShardedCheckpointing
-from .replay import AddResult, ReplayBuffer
+from .insert import AddResult
+from .replay import ReplayBuffer
 from .savefile import saved_shard_count
 from .shard_calls import SHARD_LOST as _SHARD_LOST
 from .sharded_draws import BATCH_LAWS, ShardedSampling

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import redis
@@ -99,6 +99,8 @@ class ShardedSampling(ShardCalls):
         client: Any
         name: str
         count: int
+
+        def __len__(self) -> int: ...
         shards: list[ReplayBuffer]
         rng: np.random.Generator
         per: PERSampler | None
@@ -169,10 +171,11 @@ class ShardedSampling(ShardCalls):
                 if int(reply[0]) == 2:  # not on in this shard (made again): turn it on
                     shard.sampler.prepare(shard.view)
                     replicas[k] = None
-                if replicas[k] is None:
+                held = replicas[k]
+                if held is None:
                     replica = replica_of(shard.view, rule)  # reads the shard
                 else:
-                    replica = replicas[k]
+                    replica = held
                     with replica.lock:
                         replica.catch_up(shard.view, reply)
             out.append(replica)
@@ -533,7 +536,7 @@ class ShardedSampling(ShardCalls):
         if inline or any(replica is None for replica in held):
             replicas, synced = self._replicas(rule), True
         else:
-            replicas, synced = held, False
+            replicas, synced = cast("list[MassReplica]", held), False  # none is None
         pieces: list[tuple[int, Any, np.ndarray, float]] = []
         got, rounds = 0, 0
         while got < n:

@@ -36,13 +36,13 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis as redis_lib
 
 from ..errors import ControlTimeoutError, DecodeError, ProtocolError
 from ..store.codec import packb, unpackb
-from ..store.connection import as_client
+from ..store.connection import as_client, reply_bytes
 from ..store.keys import PREFIX, validate_name
 from .protocol import ANY_SOURCE
 
@@ -137,7 +137,7 @@ class _RedisEndpoint:
     def _brpop(self, key: str, timeout: float) -> bytes | None:
         # BRPOP takes seconds with millisecond resolution; 0 would mean "forever"
         reply = self.client.brpop([key], timeout=max(timeout, 0.001))
-        return None if reply is None else reply[1]
+        return None if reply is None else reply_bytes(reply[1])
 
 
 class RedisManagerTransport(_RedisEndpoint):
@@ -165,7 +165,7 @@ class RedisManagerTransport(_RedisEndpoint):
         if self.started:
             return
         k = self.keys
-        holder = self.client.get(k.manager)
+        holder = reply_bytes(self.client.get(k.manager))
         if holder is not None:
             raise ProtocolError(
                 f"a manager is already running for buffer {self.name!r} "
@@ -234,13 +234,12 @@ class RedisManagerTransport(_RedisEndpoint):
             # still queued is not lost, its EXIT (or last request) is about to be read
             for raw in self.client.lrange(self.keys.requests, 0, -1):
                 try:
-                    dead.discard(int(unpackb(raw)["src"]))
+                    dead.discard(int(unpackb(cast(bytes, raw))["src"]))
                 except (DecodeError, KeyError, TypeError, ValueError):
                     continue
         if dead:
-            dead = sorted(dead)
             raise ControlTimeoutError(
-                f"worker rank(s) {dead} of buffer {self.name!r} stopped without EXIT "
+                f"worker rank(s) {sorted(dead)} of buffer {self.name!r} stopped without EXIT "
                 f"(no heartbeat for {self.heartbeat_ttl:.1f} s)"
             )
 
@@ -251,7 +250,7 @@ class RedisManagerTransport(_RedisEndpoint):
         if self.started:
             self.started = False
             try:
-                if _token_of(self.client.get(self.keys.manager)) == self.token:
+                if _token_of(reply_bytes(self.client.get(self.keys.manager))) == self.token:
                     self.client.delete(self.keys.manager)
             except (redis_lib.exceptions.RedisError, OSError):
                 pass
@@ -298,7 +297,7 @@ class RedisWorkerTransport(_RedisEndpoint):
         k = self.keys
         deadline = time.monotonic() + self.connect_timeout
         while True:
-            token = _token_of(self.client.get(k.manager))
+            token = _token_of(reply_bytes(self.client.get(k.manager)))
             if token is not None:
                 break
             if time.monotonic() >= deadline:
@@ -326,7 +325,7 @@ class RedisWorkerTransport(_RedisEndpoint):
         self.client.lpush(self.keys.requests, envelope)
 
     def _manager_alive(self) -> bool:
-        return _token_of(self.client.get(self.keys.manager)) == self.token
+        return _token_of(reply_bytes(self.client.get(self.keys.manager))) == self.token
 
     def recv(self, source: int, tag: int, timeout: float | None = None) -> tuple[int, bytes]:
         self.connect()
@@ -360,6 +359,7 @@ class RedisWorkerTransport(_RedisEndpoint):
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None
+            assert self._rank is not None  # a worker beats once it has a rank
             try:
                 self.client.delete(self.keys.heartbeat(self._rank))
             except (redis_lib.exceptions.RedisError, OSError):

@@ -409,6 +409,7 @@ class MassReplica:
             if logged not in (b"1", "1") or (self.rule == "per") != per:
                 raise _NotOn(self.rule, per)
             if per:
+                assert alpha is not None and eps is not None  # stored when PER was turned on
                 self.alpha, self.eps = float(alpha), float(eps)
             if self._load_snapshot(buffer, holder):
                 if self._settings_held(buffer, conf):

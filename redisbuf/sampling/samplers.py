@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -331,8 +331,8 @@ def _draw_chunked(
             buffer.client.unlink(drawn_key)
         except Exception:
             pass  # it expires by itself
-    if inline:
-        schema_json = buffer.client.hget(buffer.keys.meta, "schema")
+    if inline:  # bytes: redisbuf's clients never decode replies (redis-py types say str too)
+        schema_json = cast("bytes | None", buffer.client.hget(buffer.keys.meta, "schema"))
     if scanned:
         order = rng.permutation(len(ids)).tolist()
         ids = [ids[i] for i in order]
@@ -412,6 +412,9 @@ def finish_turning_per_on(buffer: BufferView) -> None:
     process that met RB_BUSY without a PERSampler of its own)."""
     alpha, eps, initial = buffer.client.hmget(buffer.keys.meta, "per_alpha", "per_eps",
                                               "per_initial")
+    if alpha is None or eps is None or initial is None:
+        raise PrioritizedSamplingOffError(
+            f"buffer {buffer.name!r}: PER's settings are not in its meta (turned off meanwhile)")
     turn_per_on(buffer, float(alpha), float(eps), float(initial))
 
 
@@ -425,13 +428,16 @@ def _nonnegative(name: str, value: float) -> float:
 class PERSampler:
     """Prioritized experience replay (Schaul et al.; ALF, DI-engine, Reverb): with
     replacement, item ``i`` is drawn with probability ``(p_i + eps)^alpha / sum_j
-    (p_j + eps)^alpha``, from this process's replica of the priorities (a sum tree in
-    numpy, :mod:`redisbuf.sampling.replica`); the server commits the draw, corrected to the law
-    at the commit when the replica was behind (lua/sample_prioritized.lua).
+    (p_j + eps)^alpha``, from this process's replica of the priorities (dense numpy
+    arrays with the sums of blocks of items, :mod:`redisbuf.sampling.replica`); the server
+    commits the draw, corrected to the law at the commit when the replica was behind
+    (lua/sample_prioritized.lua).
 
     ``p_i`` is the item's PER priority (the ``per`` sorted set), set by
     :meth:`ReplayBuffer.update_priority` or ``add(..., priorities=...)``; a new item
-    otherwise gets ``max(initial_priority, highest priority present)``. ``alpha``,
+    otherwise gets ``max(initial_priority, the highest priority set since PER was turned
+    on or the buffer cleared)``: a running max (meta ``per_max``), which neither the
+    eviction of the item that held it nor a lower update lowers. ``alpha``,
     ``eps`` and ``initial_priority`` are stored with the buffer: every process must use
     the same. ``beta`` (the exponent of the importance weights) is this object's own and
     may be changed between calls (annealing).

@@ -175,7 +175,8 @@ def _padded_steps(values: FieldValues, spec: dict[str, Any], horizon: int, fill:
         if values.flat.shape[1:] != trailing or values.flat.dtype != dtype:
             shape = values.flat.shape[1:]
             raise DecodeError(f"stored items of shape {shape} do not fit {trailing}")
-        flat, rows = values.flat, values.rows
+        flat: np.ndarray | None = values.flat
+        rows = values.rows
         n = len(rows)
     else:
         flat = codec.concat_raw(values, dtype, trailing) if values else None
@@ -183,6 +184,7 @@ def _padded_steps(values: FieldValues, spec: dict[str, Any], horizon: int, fill:
     view, out = _alloc(spec, (horizon, n, *trailing), fill)
     if n == 0:
         return out
+    assert flat is not None  # None only for no items
     if rows.max(initial=0) > horizon:
         raise DecodeError(f"stored item has {rows.max()} steps, more than {horizon}")
     item_of_row = np.repeat(np.arange(n), rows)
@@ -229,7 +231,7 @@ class ContainerKind:
     def split(self, batch: Any) -> tuple[list[codec.Column], np.ndarray, dict[str, Any]]:
         raise NotImplementedError
 
-    def join(self, fields: dict[str, FieldValues], n: int, schema: dict[str, Any]) -> Any:
+    def join(self, fields: Mapping[str, FieldValues], n: int, schema: dict[str, Any]) -> Any:
         raise NotImplementedError
 
 
@@ -272,6 +274,7 @@ class _RowKind(ContainerKind):
         if len(set(sizes.values())) != 1:
             raise InvalidBatchError(f"fields disagree on the batch size: {sizes}")
         n = next(iter(sizes.values()))
+        assert n is not None  # a field without a batch dimension was refused above
         log_rewards = _log_rewards(arrays.get("log_rewards"), n)
         schema = {
             "kind": self.name,
@@ -280,7 +283,7 @@ class _RowKind(ContainerKind):
         columns = [_column(k, arrays[k]) for k in sorted(arrays)]
         return columns, log_rewards, schema
 
-    def join(self, fields: dict[str, FieldValues], n: int, schema: dict[str, Any]) -> Any:
+    def join(self, fields: Mapping[str, FieldValues], n: int, schema: dict[str, Any]) -> Any:
         out = {name: _stack_rows(fields[name], spec) for name, spec in schema["fields"].items()}
         return self._make(out, schema)
 
@@ -519,7 +522,9 @@ class TrajectoriesKind(ContainerKind):
             columns.append(_column("log_rewards", log_rewards))
         return columns, log_rewards, schema
 
-    def join(self, fields: dict[str, FieldValues], n: int, schema: dict[str, Any]) -> Trajectories:
+    def join(
+        self, fields: Mapping[str, FieldValues], n: int, schema: dict[str, Any]
+    ) -> Trajectories:
         spec = schema["fields"]
         pads = schema.get("pad", {})
         actions = fields["actions"]

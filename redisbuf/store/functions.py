@@ -12,7 +12,8 @@ remembering variant, ``lua/_remember.lua``); each registered function is
 ``lua/_register.lua``. Registered: the public functions below, and
 for Python each script's three variants under ``Script.function``
 (``rbs_NAME[_ro|_once]_SHA``). Every registered function that changes a buffer first
-checks its caller's grant (GRANTS below; the roles of redisbuf/ops/acl.py).
+checks its caller's grant (GRANTS below; the roles of redisbuf/ops/acl.py); one without
+an entry there asks the admin's.
 
 =====================  =========  ==============================  ========================
 function               script     KEYS                            flags
@@ -63,9 +64,11 @@ READ_ONLY = frozenset({"rb_version", "rb_sample_uniform_ro", "rb_len", "rb_stats
 
 # What a writing function asks of its caller (redisbuf/ops/acl.py): PUBLISH permission on
 # the channel rb:{NAME}:grant:GRANT of the buffer its KEYS[1] belongs to, checked by
-# lua/_grant.lua (which says what "rate", "config" and "create" mean). Read-only variants
-# and the scripts of scripts.READS ask nothing. A sampler's own set-up (PER, the softmax
-# mass log) is its drawer's: the learner's.
+# lua/_grant.lua (which says what "rate", "config" and "create" mean). Only the read-only
+# variants (flagged no-writes: the server refuses any write in them) ask nothing. A script
+# missing here is the administrator's only (DEFAULT_GRANT: closed by default);
+# tests/test_grants.py fails for it, naming the line to add. A sampler's own set-up (PER,
+# the softmax mass log) is its drawer's: the learner's.
 GRANTS: dict[str, str] = {
     **dict.fromkeys(("add", "add_reserve", "add_commit", "add_release", "add_diverse",
                      "episode_push", "fragment_add", "seq_add", "seq_episode",
@@ -92,6 +95,17 @@ GRANTS: dict[str, str] = {
                      "restore_items", "restore_stage", "seq_init", "shard_layout",
                      "update_model_version"), "admin"),
 }
+
+# the grant of a writing script without an entry in GRANTS: nobody's but the admin's
+DEFAULT_GRANT = "admin"
+
+
+def grant_of(name: str) -> str:
+    """The grant the writing variants of script ``name`` ask of their caller: its entry
+    in :data:`GRANTS`, else :data:`DEFAULT_GRANT` (``"admin"``), so that a script added
+    without one refuses every role but the buffer's administrator."""
+    return GRANTS.get(name, DEFAULT_GRANT)
+
 
 def script_names() -> list[str]:
     """Every operation script of lua/ (the files not starting with ``_``), sorted."""
@@ -134,9 +148,6 @@ def library_source() -> str:
     from .keys import DEFAULT_RETRY_WINDOW
 
     names = script_names()
-    unclassified = [n for n in names if n not in GRANTS and n not in scripts.READS]
-    if unclassified:
-        raise RuntimeError(f"lua scripts without a grant in functions.GRANTS: {unclassified}")
     body = "".join([
         scripts.template("grant"),
         *(_operation(name) for name in names),
@@ -145,13 +156,15 @@ def library_source() -> str:
     registrations = [_register("rb_add", "rb_add_checked(keys, args)", "add", False,
                                scripts.load("add").keys)]
     for public, (name, read_only) in _OPERATIONS.items():
-        grant = None if public in READ_ONLY else GRANTS[name]
+        grant = None if public in READ_ONLY else grant_of(name)
         call = f"OP.{name}(keys, args, {'true' if read_only else 'false'})"
         registrations.append(
             _register(public, call, grant, public in READ_ONLY, scripts.load(name).keys))
     for name in names:
         script = scripts.load(name)
-        grant = GRANTS.get(name)
+        # a script of scripts.READS runs as its read-only variant: its plain one may
+        # write, so it asks a grant like any other (the admin's, as it has no entry)
+        grant = grant_of(name)
         registrations += [
             _register(script.function, f"OP.{name}(keys, args, false)", grant, False,
                       script.keys),
@@ -159,7 +172,7 @@ def library_source() -> str:
                       script.keys),
             # remembering writes the batch memory even around a read: not for every caller
             _register(script.remembering.function, f"ONCE.{name}(keys, args)",
-                      grant or "admin", False, script.keys, extra=2),
+                      grant, False, script.keys, extra=2),
         ]
     values = {
         "LIBRARY": LIBRARY, "DEFAULT_WINDOW": repr(DEFAULT_RETRY_WINDOW),
