@@ -13,7 +13,8 @@
 -- @include admission
 -- @keys 19..
 -- @retry remembered
--- KEYS[1..6] the store's meta, chunks, refs, order, dead, tables (StepKeys.all_keys())
+-- KEYS[1] the store's meta  KEYS[1..6] its meta, chunks, refs, order, dead, tables
+-- (StepKeys.all_keys())
 -- KEYS[7..] 13 keys of each buffer, in BufferKeys.all_keys() order, in ARGV's order
 -- ARGV[1] T, the number of buffers  ARGV[2] C, the number of new chunks
 -- ARGV[3..2+C] the new chunks' keys (their blobs already in the chunks hash)

@@ -9,7 +9,8 @@
 -- @include common
 -- @keys 6..
 -- @retry safe
--- KEYS[1..6] the store's meta, chunks, refs, order, dead, tables (StepKeys.all_keys())
+-- KEYS[1] the store's meta  KEYS[1..6] its meta, chunks, refs, order, dead, tables
+-- (StepKeys.all_keys())
 -- KEYS[7..] the items hash of each buffer of the registry, by index (1, 2, ...)
 -- ARGV[1] how many buffers the caller passed  ARGV[2] k, chunks per kind of candidate
 -- ARGV[3] the grace period (ms)

@@ -360,7 +360,8 @@ class StepWriter:
                         runs[-1][2] += 1
                     else:
                         runs.append([index, ref.row, 1])
-                columns.append(ItemColumn(refs[0].column, [tuple(r) for r in runs], squeeze))
+                columns.append(ItemColumn(refs[0].column, [(r[0], r[1], r[2]) for r in runs],
+                                          squeeze))
             item.chunks = list(order)
             for key in item.chunks:  # held until the item is sent (or dropped)
                 self._chunk_holds[key] += 1
@@ -394,8 +395,8 @@ class StepWriter:
         """
         if block_until_num_items < 0:
             raise ValueError(f"block_until_num_items must be >= 0, got {block_until_num_items}")
-        wait = self.timeout if timeout == "default" else timeout
-        deadline = None if wait is None else time.monotonic() + float(wait)  # type: ignore[arg-type]
+        wait = self.timeout if isinstance(timeout, str) else timeout
+        deadline = None if wait is None else time.monotonic() + float(wait)
         with self._cond:
             self._raise_error_locked()
             if len(self._unsealed) > block_until_num_items:

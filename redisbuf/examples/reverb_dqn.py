@@ -161,8 +161,7 @@ def make_server(reverb: Any, config: Config) -> Any:
 
 
 def _tf_spec(shape: list[int], dtype: Any) -> Any:
-    import tensorflow as tf
-
+    tf = importlib.import_module("tensorflow")  # DeepMind's Reverb only
     return tf.TensorSpec(shape, tf.as_dtype(dtype))
 
 

@@ -313,17 +313,21 @@ class TimestepDataset(TrajectoryDataset):
     ``TimestepDataset``)."""
 
     def _elements(self, chunk: int | None) -> Iterator[Any]:
-        flat_dtypes, flat_shapes = nest.flatten(self._dtypes), nest.flatten(self._shapes)
-        for item in self._items(chunk):
-            lengths = {len(column) for column in item.columns}
-            if len(lengths) != 1:
-                raise ValueError("Can't split non timestep trajectory into timesteps.")
-            info = _info(item)
-            for step in range(lengths.pop()):
-                leaves = [_check(d, s, np.asarray(c[step]), i) for i, (d, s, c)
-                          in enumerate(zip(flat_dtypes, flat_shapes, item.columns,
-                                           strict=True))]
-                yield ReplaySample(info, nest.unflatten_as(self._dtypes, leaves))
+        return _timesteps(self, self._items(chunk))
+
+
+def _timesteps(dataset: TrajectoryDataset, items: Iterator[Any]) -> Iterator[Any]:
+    """One sample per step of each item, checked against the dataset's (step) specs."""
+    flat_dtypes, flat_shapes = nest.flatten(dataset._dtypes), nest.flatten(dataset._shapes)
+    for item in items:
+        lengths = {len(column) for column in item.columns}
+        if len(lengths) != 1:
+            raise ValueError("Can't split non timestep trajectory into timesteps.")
+        info = _info(item)
+        for step in range(lengths.pop()):
+            leaves = [_check(d, s, np.asarray(c[step]), i) for i, (d, s, c)
+                      in enumerate(zip(flat_dtypes, flat_shapes, item.columns, strict=True))]
+            yield ReplaySample(info, nest.unflatten_as(dataset._dtypes, leaves))
 
 
 class ReplayDataset(TrajectoryDataset):
@@ -376,7 +380,7 @@ class ReplayDataset(TrajectoryDataset):
 
     def _elements(self, chunk: int | None) -> Iterator[Any]:
         if self._emit_timesteps:
-            return TimestepDataset._elements(self, chunk)
+            return _timesteps(self, self._items(chunk))
         return TrajectoryDataset._elements(self, chunk)
 
 

@@ -37,7 +37,7 @@ def _rebuild(template: Any, children: list[Any]) -> Any:
         by_key = dict(zip(sorted(template), children, strict=True))
         items = [(key, by_key[key]) for key in template]
         try:
-            return type(template)(items)
+            return type(template)(items)  # type: ignore[call-arg]
         except TypeError:  # a mapping type that takes no pairs
             return dict(items)
     if _is_namedtuple(template):

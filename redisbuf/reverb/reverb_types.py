@@ -48,10 +48,12 @@ class Message:
 
 
 class PrioritizedOptions(Message):
+    priority_exponent: float
     _defaults = {"priority_exponent": 0.0}
 
 
 class HeapOptions(Message):
+    min_heap: bool
     _defaults = {"min_heap": False}
 
 
@@ -60,12 +62,23 @@ class KeyDistributionOptions(Message):
     ``priority_exponent``), ``heap`` (its ``min_heap``), ``lifo``; and
     ``is_deterministic``."""
 
+    fifo: bool
+    uniform: bool
+    prioritized: PrioritizedOptions
+    heap: HeapOptions
+    lifo: bool
+    is_deterministic: bool
     _defaults = {"fifo": False, "uniform": False, "prioritized": PrioritizedOptions,
                  "heap": HeapOptions, "lifo": False, "is_deterministic": False}
     _oneof = ("fifo", "uniform", "prioritized", "heap", "lifo")
 
 
 class RateLimiterCallStats(Message):
+    pending: int
+    completed: int
+    limited: int
+    completed_wait_time: Any
+    pending_wait_time: Any
     _defaults = {"pending": 0, "completed": 0, "limited": 0, "completed_wait_time": None,
                  "pending_wait_time": None}
 
@@ -73,6 +86,12 @@ class RateLimiterCallStats(Message):
 class RateLimiterInfo(Message):
     """A rate limiter's numbers, and the inserts and samples it counted."""
 
+    samples_per_insert: float
+    min_diff: float
+    max_diff: float
+    min_size_to_sample: int
+    insert_stats: RateLimiterCallStats
+    sample_stats: RateLimiterCallStats
     _defaults = {"samples_per_insert": 0.0, "min_diff": 0.0, "max_diff": 0.0,
                  "min_size_to_sample": 0, "insert_stats": RateLimiterCallStats,
                  "sample_stats": RateLimiterCallStats}
@@ -81,6 +100,8 @@ class RateLimiterInfo(Message):
 class TableWorkerTime(Message):
     """Reverb's table worker times: redisbuf has no table worker (zeros)."""
 
+    running_ms: int
+    sleeping_ms: int
     _defaults = {"running_ms": 0, "sleeping_ms": 0}
 
 

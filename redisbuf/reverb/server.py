@@ -232,7 +232,7 @@ class Server:
         self._client.hset(self._store.keys.meta, "checkpoint_root", self._checkpointer.path)
 
     def _load_checkpoint(self) -> dict[str, ReplayBuffer]:
-        found = step_checkpoint.latest(self._checkpointer.path)
+        found: Any = step_checkpoint.latest(self._checkpointer.path)
         if found is None and self._checkpointer.fallback_checkpoint_path:
             found = self._checkpointer.fallback_checkpoint_path
         if found is None:

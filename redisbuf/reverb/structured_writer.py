@@ -32,6 +32,10 @@ class PatternNode(Message):
     ``start`` (< 0) the slice ``[start:stop:step]`` of its history, else the one cell
     ``[stop]`` (< 0)."""
 
+    flat_source_index: int
+    start: int
+    stop: int
+    step: int
     _defaults = {"flat_source_index": 0, "start": None, "stop": None, "step": None}
 
     def __init__(self, **fields: Any) -> None:
@@ -42,6 +46,8 @@ class PatternNode(Message):
 
 
 class ModEq(Message):
+    mod: int
+    eq: int
     _defaults = {"mod": 0, "eq": 0}
 
 
@@ -50,6 +56,15 @@ class ConditionProto(Message):
     ``buffer_length``, ``is_end_episode``, ``flat_source_index``) compared by ``eq``,
     ``ge`` or ``mod_eq``; ``inverse`` negates it."""
 
+    step_index: bool
+    steps_since_applied: bool
+    buffer_length: bool
+    is_end_episode: bool
+    flat_source_index: int
+    eq: int
+    ge: int
+    mod_eq: ModEq
+    inverse: bool
     _defaults = {"step_index": False, "steps_since_applied": False, "buffer_length": False,
                  "is_end_episode": False, "flat_source_index": 0, "eq": 0, "ge": 0,
                  "mod_eq": ModEq, "inverse": False}
@@ -78,11 +93,16 @@ class Priority(Message):
     ``td_error`` (``max_priority_weight``, ``flat_source_index``)."""
 
     class ConstantPriorityFn(Message):
+        value: float
         _defaults = {"value": 0.0}
 
     class TDError(Message):
+        max_priority_weight: float
+        flat_source_index: int
         _defaults = {"max_priority_weight": 0.0, "flat_source_index": 0}
 
+    constant_fn: ConstantPriorityFn
+    td_error: TDError
     _defaults = {"constant_fn": ConstantPriorityFn, "td_error": TDError}
     _oneof = ("constant_fn", "td_error")
 
@@ -94,6 +114,11 @@ class StructuredWriterConfig(Message):
     """A config: ``flat`` pattern nodes, ``pattern_structure`` (their nest), ``table``,
     ``priority``, ``conditions``."""
 
+    flat: list[PatternNode]
+    pattern_structure: Any
+    table: str
+    priority: Priority
+    conditions: list[ConditionProto]
     _defaults = {"flat": list, "pattern_structure": None, "table": "",
                  "priority": Priority, "conditions": list}
 

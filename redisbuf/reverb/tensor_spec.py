@@ -135,8 +135,8 @@ class TensorSpec:
         if not (hasattr(other, "shape") and hasattr(other, "dtype")):
             return NotImplemented
         try:
-            return (shape_of(other.shape) == self.shape.dims  # type: ignore[attr-defined]
-                    and numpy_dtype(other.dtype) == self.dtype  # type: ignore[attr-defined]
+            return (shape_of(other.shape) == self.shape.dims
+                    and numpy_dtype(other.dtype) == self.dtype
                     and getattr(other, "name", None) == self.name)
         except TypeError:
             return False

@@ -326,7 +326,7 @@ def _union(a: Any, b: Any) -> Any:
     if a is None or isinstance(a, int):
         return a
     if isinstance(a, tuple) and hasattr(a, "_fields"):
-        return type(a)(**_union(a._asdict(), b._asdict()))
+        return type(a)(**_union(a._asdict(), b._asdict()))  # type: ignore[attr-defined]
     if isinstance(a, (list, tuple)):
         return type(a)(_union(x, y) for x, y in itertools.zip_longest(a, b))
     merged = dict(a)
