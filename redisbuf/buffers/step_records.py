@@ -3,10 +3,10 @@ that reference them, as msgpack blobs (arrays as dtype text, shape and raw bytes
 pickle).
 
 A *chunk* holds cells of one writer's episode: for each column it holds, the steps it has
-a cell for (ascending) and those cells stacked in one array. An *item* names the chunks it
-reads and, for each of its flat columns, the runs ``(chunk index, first row, rows)`` of
-the cells it takes, in order, and whether the column is squeezed (one cell, without the
-leading time dimension).
+a cell for (ascending, as int64 bytes) and those cells stacked in one array. An *item*
+names the chunks it reads and, for each of its flat columns, the runs ``(chunk index,
+first row, rows)`` of the cells it takes, in order, and whether the column is squeezed
+(one cell, without the leading time dimension).
 """
 
 from __future__ import annotations
@@ -35,25 +35,39 @@ def decode_array(value: list[Any]) -> np.ndarray:
 
 @dataclass
 class Chunk:
-    """Decoded chunk: its episode and, by column index, (steps, stacked cells)."""
+    """Decoded chunk: its episode, and by column index its stacked cells and (as raw
+    int64 bytes, see :meth:`steps_of`) the steps they belong to."""
 
     episode: int
-    columns: dict[int, tuple[np.ndarray, np.ndarray]]
+    columns: dict[int, np.ndarray]
+    steps: dict[int, bytes]
+
+    def steps_of(self, column: int) -> np.ndarray:
+        """The steps of ``column``'s cells, ascending."""
+        return np.frombuffer(self.steps[column], dtype="<i8")
+
+
+_DTYPES: dict[str, np.dtype] = {}
 
 
 def encode_chunk(episode: int, columns: dict[int, tuple[list[int], np.ndarray]]) -> bytes:
     """A chunk's blob: ``columns`` maps a column index to its steps and stacked cells."""
-    body = {str(col): [list(steps), encode_array(cells)] for col, (steps, cells)
-            in columns.items()}
+    body = [[col, np.asarray(steps, dtype="<i8").tobytes(), *encode_array(cells)]
+            for col, (steps, cells) in columns.items()]
     return msgpack.packb({"e": episode, "c": body}, use_bin_type=True)
 
 
 def decode_chunk(blob: bytes) -> Chunk:
     try:
         record = msgpack.unpackb(blob, raw=False)
-        columns = {int(col): (np.asarray(steps, dtype=np.int64), decode_array(cells))
-                   for col, (steps, cells) in record["c"].items()}
-        return Chunk(int(record["e"]), columns)
+        columns, steps = {}, {}
+        for col, raw_steps, dtype, shape, raw in record["c"]:
+            known = _DTYPES.get(dtype)
+            if known is None:
+                known = _DTYPES[dtype] = np.dtype(dtype)
+            columns[col] = np.frombuffer(raw, dtype=known).reshape(shape)
+            steps[col] = raw_steps
+        return Chunk(int(record["e"]), columns, steps)
     except Exception as exc:  # noqa: BLE001 - any malformed chunk is a DecodeError
         raise DecodeError(f"a chunk of steps does not decode: {type(exc).__name__}: {exc}") \
             from exc
@@ -81,9 +95,17 @@ class ItemRecord:
 
 def encode_item(episode: int, chunks: list[str], columns: list[ItemColumn],
                 priority: float) -> bytes:
-    body = [[c.column, [list(run) for run in c.runs], bool(c.squeeze)] for c in columns]
-    return msgpack.packb({"e": episode, "k": chunks, "t": body, "p": float(priority)},
-                         use_bin_type=True)
+    return encode_item_raw(episode, chunks, [(c.column, c.runs, c.squeeze) for c in columns],
+                           priority)
+
+
+def encode_item_raw(episode: int, chunks: list[str], columns: list[tuple[int, Any, bool]],
+                    priority: float) -> bytes:
+    """:func:`encode_item` of columns given as ``(column, runs, squeeze)`` tuples."""
+    return _pack({"e": episode, "k": chunks, "t": columns, "p": float(priority)})
+
+
+_pack = msgpack.Packer(use_bin_type=True).pack
 
 
 def decode_item(blob: bytes) -> ItemRecord:
@@ -105,7 +127,7 @@ def assemble(item: ItemRecord, chunks: dict[str, Chunk]) -> list[np.ndarray]:
     for column in item.columns:
         parts = []
         for index, first, rows in column.runs:
-            cells = chunks[item.chunks[index]].columns[column.column][1]
+            cells = chunks[item.chunks[index]].columns[column.column]
             parts.append(cells[first : first + rows])
         data = parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
         out.append(data[0] if column.squeeze else data)
@@ -114,5 +136,5 @@ def assemble(item: ItemRecord, chunks: dict[str, Chunk]) -> list[np.ndarray]:
 
 __all__ = [
     "Chunk", "ItemColumn", "ItemRecord", "assemble", "decode_array", "decode_chunk",
-    "decode_item", "encode_array", "encode_chunk", "encode_item",
+    "decode_item", "encode_array", "encode_chunk", "encode_item", "encode_item_raw",
 ]

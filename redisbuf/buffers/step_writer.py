@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import StepsGoneError, WaitTimeoutError
 from ..sampling.waiting import wait_for
-from .step_records import ItemColumn, encode_chunk, encode_item
+from .step_records import encode_chunk, encode_item_raw
 from .steps import StepStore, TableBatch
 
 #: How long the sender waits on a rate limiter before looking at ``close`` again (s).
@@ -39,6 +39,8 @@ _WAIT_SLICE = 0.25
 MAX_UNSEALED = 64
 #: The most items one insert sends (queued sends are merged up to it).
 MAX_SEND = 512
+#: The size a writer aims its chunks at by default (bytes), and their most steps.
+CHUNK_BYTES, MAX_CHUNK_LENGTH = 16 * 1024, 32
 
 
 def as_cell(value: Any) -> np.ndarray:
@@ -141,7 +143,8 @@ class StepWriter:
         store: the step store.
         num_keep_alive_refs: how many of its last cells each column keeps alive (>= 1).
         chunk_length: the most steps of one chunk, and how many new steps waiting items
-            read before they are sealed; default ``num_keep_alive_refs``.
+            read before they are sealed; by default set at the first item, to make chunks
+            of about :data:`CHUNK_BYTES` (from 1 to :data:`MAX_CHUNK_LENGTH` steps).
         timeout: how long :meth:`flush` and :meth:`end_episode` wait by default
             (seconds, ``None``: no limit).
         background: send from a thread of the writer's (the default); ``False`` sends in
@@ -162,6 +165,7 @@ class StepWriter:
         self.store = store
         self.num_keep_alive_refs = int(num_keep_alive_refs)
         self.chunk_length = int(chunk_length or num_keep_alive_refs)
+        self._auto_length = chunk_length is None
         self.timeout = timeout
         self.writer_id = os.urandom(6).hex()
         self.episode = int.from_bytes(os.urandom(7), "little")
@@ -170,6 +174,7 @@ class StepWriter:
         self._specs: list[tuple[np.dtype, tuple[int, ...]] | None] = []
         self._kept: list[collections.deque[CellRef]] = []
         self._unsealed: list[_Item] = []
+        self._fresh_steps: set[tuple[int, int]] = set()  # unsealed items' steps, no chunk
         self._queue: collections.deque[_Send] = collections.deque()
         self._in_flight = 0  # items sealed and not yet confirmed (queued or being sent)
         self._chunk_seq = 0
@@ -201,42 +206,50 @@ class StepWriter:
             TypeError: a cell of Python objects.
         """
         self._raise_error()
-        arrays = [None if value is None else as_cell(value) for value in cells]
-        for index, array in enumerate(arrays):
-            if array is None:
+        specs, kept_all = self._specs, self._kept
+        while len(specs) < len(cells):
+            specs.append(None)
+            kept_all.append(collections.deque())
+        arrays: list[np.ndarray | None] = []
+        for index, value in enumerate(cells):  # every check before anything is kept
+            if value is None:
+                arrays.append(None)
                 continue
-            if array.dtype.hasobject:
-                raise TypeError(f"column {index}: cells of Python objects cannot be stored")
-            spec = self._specs[index] if index < len(self._specs) else None
+            array = value if type(value) is np.ndarray else as_cell(value)
+            spec = specs[index]
             if spec is None:
-                continue
-            if array.dtype != spec[0]:
+                if array.dtype.hasobject:
+                    raise TypeError(f"column {index}: cells of Python objects cannot be stored")
+            elif array.dtype != spec[0]:
                 raise ValueError(
                     f"Tensor of wrong dtype provided for column {index}. Got "
                     f"{dtype_name(array.dtype)} but expected {dtype_name(spec[0])}.")
-            if array.shape != spec[1]:
+            elif array.shape != spec[1]:
                 raise ValueError(
                     f"Tensor of incompatible shape provided for column {index}. Got "
                     f"{shape_text(array.shape)} which is incompatible with "
                     f"{shape_text(spec[1])}.")
+            arrays.append(array)
         refs: list[CellRef | None] = []
-        for index, array in enumerate(arrays):
-            while len(self._specs) <= index:
-                self._specs.append(None)
-                self._kept.append(collections.deque())
-            if array is None:
+        keep = self.num_keep_alive_refs
+        for index, cell in enumerate(arrays):
+            if cell is None:
                 refs.append(None)
                 continue
-            if self._specs[index] is None:
-                self._specs[index] = (array.dtype, tuple(array.shape))
+            if specs[index] is None:
+                specs[index] = (cell.dtype, tuple(cell.shape))
             # a copy: the caller may reuse its array for the next step
             ref = CellRef(self.writer_id, index, self.episode, self.episode_steps,
-                          np.array(array, copy=True))
-            kept = self._kept[index]
+                          cell.copy())
+            kept = kept_all[index]
             kept.append(ref)
-            if len(kept) > self.num_keep_alive_refs:
-                with self._cond:
-                    self._expire(kept.popleft())
+            if len(kept) > keep:
+                gone = kept.popleft()
+                if gone.chunk is None:
+                    gone.expired_flag = True
+                else:
+                    with self._cond:
+                        self._expire(gone)
             refs.append(ref)
         self._open = partial
         if not partial:
@@ -255,6 +268,12 @@ class StepWriter:
         if self._chunk_holds[key] <= 0:
             del self._chunk_holds[key]
             self._chunk_blobs.pop(key, None)
+
+    def set_chunk_length(self, length: int) -> None:
+        """Chunks of at most ``length`` steps from now on (>= 1)."""
+        if length < 1:
+            raise ValueError(f"chunk_length ({length}) must be a positive integer")
+        self.chunk_length, self._auto_length = int(length), False
 
     @property
     def step_is_open(self) -> bool:
@@ -297,15 +316,19 @@ class StepWriter:
                                      f"{refs[0].column} and {ref.column}")
             checked.append(refs)
         item = _Item(str(table), float(priority), checked, squeeze)
-        with self._cond:
-            self._unsealed.append(item)
-            if len(self._unsealed) >= MAX_UNSEALED or self._new_steps() >= self.chunk_length:
+        if self._auto_length:  # chunks of about CHUNK_BYTES, from this item's cells
+            step_bytes = sum(refs[0].array.nbytes for refs in checked) + 8
+            self.chunk_length = max(1, min(MAX_CHUNK_LENGTH, CHUNK_BYTES // step_bytes))
+            self._auto_length = False
+        fresh = self._fresh_steps
+        for refs in checked:
+            for ref in refs:
+                if ref.chunk is None:
+                    fresh.add((ref.episode, ref.step))
+        self._unsealed.append(item)  # the user's thread's own list: no lock
+        if len(self._unsealed) >= MAX_UNSEALED or len(fresh) >= self.chunk_length:
+            with self._cond:
                 self._seal(len(self._unsealed))
-
-    def _new_steps(self) -> int:
-        steps = {(ref.episode, ref.step) for item in self._unsealed for refs in item.columns
-                 for ref in refs if ref.chunk is None}
-        return len(steps)
 
     def _seal(self, count: int) -> None:
         """Seal the first ``count`` unsealed items: chunk their new cells, encode their
@@ -313,14 +336,15 @@ class StepWriter:
         items, self._unsealed = self._unsealed[:count], self._unsealed[count:]
         if not items:
             return
-        fresh: dict[tuple[int, int], list[CellRef]] = {}
+        fresh: dict[tuple[int, int], dict[int, CellRef]] = {}  # step -> column -> cell
         for item in items:
             for refs in item.columns:
                 for ref in refs:
                     if ref.chunk is None:
-                        fresh.setdefault((ref.episode, ref.step), [])
-                        if ref not in fresh[(ref.episode, ref.step)]:
-                            fresh[(ref.episode, ref.step)].append(ref)
+                        cells = fresh.get((ref.episode, ref.step))
+                        if cells is None:
+                            cells = fresh[(ref.episode, ref.step)] = {}
+                        cells[ref.column] = ref
         chunks: dict[str, bytes] = {}
         steps = sorted(fresh)
         start = 0
@@ -333,13 +357,12 @@ class StepWriter:
             key = f"{self.writer_id}:{self._chunk_seq}"
             self._chunk_seq += 1
             by_column: dict[int, list[CellRef]] = {}
-            for step in steps[start:stop]:
-                for ref in fresh[step]:
+            for step in steps[start:stop]:  # ascending: each column's cells in step order
+                for ref in fresh[step].values():
                     by_column.setdefault(ref.column, []).append(ref)
             body = {}
             live = 0
             for column, refs in by_column.items():
-                refs.sort(key=lambda r: r.step)
                 for row, ref in enumerate(refs):
                     ref.chunk, ref.row = key, row
                     live += 0 if ref.expired_flag else 1
@@ -349,27 +372,35 @@ class StepWriter:
             self._chunk_blobs[key] = blob
             self._chunk_holds[key] += live
             start = stop
+        holds = self._chunk_holds
+        seen = self._episodes_seen
         for item in items:
             order: dict[str, int] = {}
             columns = []
             for refs, squeeze in zip(item.columns, item.squeeze, strict=True):
                 runs: list[list[int]] = []
+                last: list[int] | None = None
                 for ref in refs:
-                    index = order.setdefault(ref.chunk, len(order))  # type: ignore[arg-type]
-                    if runs and runs[-1][0] == index and runs[-1][1] + runs[-1][2] == ref.row:
-                        runs[-1][2] += 1
+                    index = order.get(ref.chunk)  # type: ignore[arg-type]
+                    if index is None:
+                        index = order[ref.chunk] = len(order)  # type: ignore[index]
+                    if last is not None and last[0] == index and last[1] + last[2] == ref.row:
+                        last[2] += 1
                     else:
-                        runs.append([index, ref.row, 1])
-                columns.append(ItemColumn(refs[0].column, [(r[0], r[1], r[2]) for r in runs],
-                                          squeeze))
+                        last = [index, ref.row, 1]
+                        runs.append(last)
+                columns.append((refs[0].column, runs, squeeze))
             item.chunks = list(order)
             for key in item.chunks:  # held until the item is sent (or dropped)
-                self._chunk_holds[key] += 1
+                holds[key] = holds.get(key, 0) + 1
             episode = item.columns[-1][-1].episode
-            item.record = encode_item(episode, item.chunks, columns, item.priority)
-            if (item.table, episode) not in self._episodes_seen:
-                self._episodes_seen.add((item.table, episode))
+            item.record = encode_item_raw(episode, item.chunks, columns, item.priority)
+            if (item.table, episode) not in seen:
+                seen.add((item.table, episode))
                 item.first_of_episode = True
+        self._fresh_steps = {  # the steps without a chunk that items left unsealed read
+            (ref.episode, ref.step) for item in self._unsealed for refs in item.columns
+            for ref in refs if ref.chunk is None}
         self._queue.append(_Send(chunks, items))
         self._in_flight += len(items)
         self._cond.notify_all()
@@ -462,8 +493,9 @@ class StepWriter:
             self.close()
 
     def _raise_error(self) -> None:
-        with self._cond:
-            self._raise_error_locked()
+        if self._error is not None:  # set by the sender; checked without the lock first
+            with self._cond:
+                self._raise_error_locked()
 
     def _raise_error_locked(self) -> None:
         if self._error is not None:
@@ -586,4 +618,5 @@ class StepWriter:
         raise AssertionError("chunks freed again and again while being sent")
 
 
-__all__ = ["MAX_UNSEALED", "CellRef", "StepWriter", "as_cell", "dtype_name", "shape_text"]
+__all__ = ["CHUNK_BYTES", "MAX_CHUNK_LENGTH", "MAX_UNSEALED", "CellRef", "StepWriter",
+           "as_cell", "dtype_name", "shape_text"]

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,12 +41,15 @@ from ..store import scripts
 from ..store.connection import as_client, guarded, is_cluster, retrying
 from ..store.keys import BufferKeys, StepKeys, decode_meta
 from .replay import ReplayBuffer
-from .step_records import Chunk, decode_chunk
+from .step_records import Chunk, ItemRecord, decode_chunk, decode_item
 
 #: How long a chunk found unreferenced is kept before it is freed (seconds).
 GRACE_SECONDS = 10.0
 #: How many chunks a sweep examines per chunk an insert wrote (and at least).
 SWEEP_PER_CHUNK, SWEEP_MIN = 4, 4
+#: What a StepStore object keeps decoded by default: chunks (bytes of their blobs), item
+#: records (how many).
+DEFAULT_CACHE_BYTES, DEFAULT_CACHE_RECORDS = 64 * 2**20, 100_000
 
 
 def steps_schema(store: str) -> dict[str, Any]:
@@ -119,6 +124,14 @@ class StepStore:
         self.keys = StepKeys(name)
         self._tables: dict[str, ReplayBuffer] = {}
         self._registry: list[str] | None = None
+        #: how many bytes of decoded chunks (their blobs' size) and how many decoded item
+        #: records this object keeps for later reads
+        self.cache_bytes, self.cache_records = DEFAULT_CACHE_BYTES, DEFAULT_CACHE_RECORDS
+        self._chunk_cache: OrderedDict[str, Chunk] = OrderedDict()
+        self._chunk_sizes: dict[str, int] = {}
+        self._cached_bytes = 0
+        self._record_cache: OrderedDict[bytes, ItemRecord] = OrderedDict()
+        self._cache_lock = threading.Lock()  # datasets read from several threads
 
     # -- buffers ------------------------------------------------------------------------
 
@@ -321,12 +334,60 @@ class StepStore:
 
     def read(self, chunk_keys: Iterable[str]) -> dict[str, Chunk]:
         """The chunks held of ``chunk_keys``, decoded (missing ones are left out)."""
+        pipe = self.client.pipeline(transaction=False)
+        finish = self.chunks_into(pipe, chunk_keys)
+        return finish(pipe.execute())
+
+    def chunks_into(self, pipe: Any, chunk_keys: Iterable[str]
+                    ) -> Callable[[list[Any]], dict[str, Chunk]]:
+        """Queue on ``pipe`` the read of the chunks of ``chunk_keys`` this object does not
+        hold decoded (one HMGET, or nothing); returns the function that, given the
+        replies of what it queued (first in the list, the rest ignored), returns every
+        chunk found by key. Chunks never change (a chunk key is written once), so the
+        recent ones stay decoded here, up to :attr:`cache_bytes` of cells."""
         wanted = list(dict.fromkeys(chunk_keys))
-        if not wanted:
-            return {}
-        blobs = self.client.hmget(self.keys.chunks, wanted)
-        return {key: decode_chunk(blob) for key, blob in zip(wanted, blobs, strict=True)
-                if blob is not None}
+        cache = self._chunk_cache
+        with self._cache_lock:
+            found = {key: cache[key] for key in wanted if key in cache}
+            for key in found:
+                cache.move_to_end(key)
+        missing = [key for key in wanted if key not in found]
+        if missing:
+            pipe.hmget(self.keys.chunks, missing)
+
+        def finish(replies: list[Any]) -> dict[str, Chunk]:
+            if missing:
+                for key, blob in zip(missing, replies[0], strict=True):
+                    if blob is not None:
+                        chunk = decode_chunk(blob)
+                        found[key] = chunk
+                        with self._cache_lock:
+                            self._remember(key, chunk, len(blob))
+            return found
+
+        return finish
+
+    def _remember(self, key: str, chunk: Chunk, size: int) -> None:
+        cache = self._chunk_cache
+        if key not in cache:
+            self._cached_bytes += size
+        cache[key] = chunk
+        self._chunk_sizes[key] = size
+        while self._cached_bytes > self.cache_bytes and cache:
+            old, _ = cache.popitem(last=False)
+            self._cached_bytes -= self._chunk_sizes.pop(old)
+
+    def record(self, blob: bytes) -> ItemRecord:
+        """An item's record decoded (the recent ones are kept decoded, by their bytes)."""
+        cache = self._record_cache
+        record = cache.get(blob)
+        if record is None:
+            record = decode_item(blob)
+            with self._cache_lock:
+                cache[blob] = record
+                if len(cache) > self.cache_records:
+                    cache.popitem(last=False)
+        return record
 
     def sample(self, table: ReplayBuffer, n: int, **kwargs: Any) -> list[Any]:
         """``n`` items drawn from ``table`` with their data and sample info (see
@@ -363,8 +424,6 @@ class StepStore:
     def episodes_present(self, table: ReplayBuffer) -> int:
         """How many distinct episodes the items of ``table`` reference now (a scan of its
         items, in slices)."""
-        from .step_records import decode_item
-
         episodes: set[int] = set()
         cursor = 0
         while True:

@@ -24,6 +24,9 @@ from . import errors, nest, replay_sample, tables
 from .reverb_types import TableInfo
 from .tensor_spec import flat_specs
 
+#: the most samples ``Client.sample`` draws in one request
+_SAMPLE_AHEAD = 256
+
 
 def url_of(address: str) -> str:
     """The Redis URL of a Reverb server address (``host:port``; URLs pass)."""
@@ -318,12 +321,10 @@ class Client:
 
         buffer = self.table(table)
         store = self.store()
-        left, batch = num_samples, 1
+        left = num_samples
         while left > 0:
-            # a growing request: lazy at first, as Reverb's one-at-a-time sampler,
-            # then a round trip per hundreds of samples
-            drawn = store.sample(buffer, min(left, batch))
-            batch = min(batch * 2, 512)
+            # drawn ahead in requests of up to _SAMPLE_AHEAD, as Reverb's sampler streams
+            drawn = store.sample(buffer, min(left, _SAMPLE_AHEAD))
             for item in drawn:
                 left -= 1
                 info = replay_sample.SampleInfo(key=item.key, probability=item.probability,

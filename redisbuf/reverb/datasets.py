@@ -23,13 +23,16 @@ from typing import Any
 
 import numpy as np
 
+from ..buffers import step_reads
+from ..buffers.step_reads import SampledBatch
 from ..errors import RateLimitTimeoutError
 from . import nest
 from .client import Client
 from .replay_sample import ReplaySample, SampleInfo
 from .tensor_spec import TensorShape, numpy_dtype, shape_of, shapes_compatible
 
-_END = object()
+_END = object()  # the iteration ends (a rate-limiter timeout)
+_DONE = object()  # one worker of a parallel iteration is done
 _INFO_DTYPES = SampleInfo.tf_dtypes()
 
 
@@ -187,6 +190,63 @@ class _Taken(_Dataset):
                 return
 
 
+class _Budget:
+    """The samples left to give (``max_samples``; -1: no end), shared by workers."""
+
+    def __init__(self, total: int) -> None:
+        self._left, self._lock = total, threading.Lock()
+
+    def take(self, want: int) -> int:
+        with self._lock:
+            if self._left < 0:
+                return want
+            got = min(want, self._left)
+            self._left -= got
+            return got
+
+
+def _parallel(make: Callable[[threading.Event], Iterator[Any]], workers: int,
+              depth: int = 2) -> Iterator[Any]:
+    """The elements of ``workers`` threads each iterating ``make(stop)``, as they come;
+    the iteration ends when every one has ended, or when one yields ``_END``."""
+    out: queue.Queue[Any] = queue.Queue(maxsize=depth * workers)
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for element in make(stop):
+                while not stop.is_set():
+                    try:
+                        out.put(element, timeout=0.25)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            out.put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - raised on the consumer's side
+            out.put(exc)
+
+    threads = [threading.Thread(target=run, daemon=True, name="redisbuf-reverb-dataset")
+               for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    done = 0
+    try:
+        while done < workers:
+            element = out.get()
+            if element is _DONE:
+                done += 1
+                continue
+            if element is _END:
+                return
+            if isinstance(element, BaseException):
+                raise element
+            yield element
+    finally:
+        stop.set()
+
+
 class TrajectoryDataset(_Dataset):
     """Samples of ``table``, one per item: ``ReplaySample(info, data)``, ``data`` the
     item's trajectory in the structure of ``dtypes`` (checked against ``dtypes`` and
@@ -198,7 +258,8 @@ class TrajectoryDataset(_Dataset):
         dtypes: the trajectory's dtypes (a nest; numpy or TensorFlow dtypes).
         shapes: its shapes (the same nest; ``None`` dimensions match any length).
         max_in_flight_samples_per_worker: items drawn per call, unbatched (>= 1).
-        num_workers_per_iterator: accepted (-1 or >= 1); one thread draws.
+        num_workers_per_iterator: how many threads draw a batched dataset's batches at
+            once (-1: 2; an unbatched dataset draws from one).
         max_samples_per_stream: accepted (-1 or >= 1).
         rate_limiter_timeout_ms: how long a draw may wait on the rate limiter before the
             iteration ends (-1: no limit).
@@ -232,6 +293,7 @@ class TrajectoryDataset(_Dataset):
         self._table = table
         self._dtypes, self._shapes = dtypes, shapes
         self._in_flight = max_in_flight_samples_per_worker
+        self._workers = 2 if num_workers_per_iterator == -1 else num_workers_per_iterator
         self._timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
         self._max_samples = max_samples
 
@@ -264,6 +326,17 @@ class TrajectoryDataset(_Dataset):
                    num_workers_per_iterator=num_workers_per_iterator,
                    max_samples_per_stream=max_samples_per_stream,
                    rate_limiter_timeout_ms=rate_limiter_timeout_ms, max_samples=max_samples)
+
+    def batch(self, batch_size: int, drop_remainder: bool = False) -> _Dataset:
+        """Samples stacked ``batch_size`` at a time, each batch drawn at once and cut
+        out of the chunks column by column (see :func:`redisbuf.buffers.step_reads.
+        sample_batch`); ``drop_remainder`` drops a last smaller batch (at
+        ``max_samples`` or a rate-limiter timeout)."""
+        if type(self) is not TrajectoryDataset:
+            return super().batch(batch_size, drop_remainder)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+        return _BatchedTrajectories(self, batch_size, drop_remainder)
 
     @property
     def element_spec(self) -> ReplaySample:
@@ -299,6 +372,71 @@ class TrajectoryDataset(_Dataset):
     def _elements(self, chunk: int | None) -> Iterator[Any]:
         for item in self._items(chunk):
             yield ReplaySample(_info(item), self._data(item))
+
+
+class _BatchedTrajectories(_Dataset):
+    """A TrajectoryDataset's batches, each drawn whole (fewer items a draw only when the
+    rate limiter admits fewer), by ``num_workers_per_iterator`` threads at once (2 for
+    -1), so that their round trips to the server overlap."""
+
+    def __init__(self, parent: TrajectoryDataset, size: int, drop_remainder: bool) -> None:
+        super().__init__(parent)
+        self._source, self._size, self._drop = parent, size, drop_remainder
+
+    def _elements(self, chunk: int | None) -> Iterator[Any]:
+        source = self._source
+        store = source._client.store()
+        buffer = source._client.table(source._table)
+        flat_dtypes = nest.flatten(source._dtypes)
+        flat_shapes = [shape_of(s) for s in nest.flatten(source._shapes)]
+        budget = _Budget(source._max_samples)
+
+        def batches(stop: threading.Event) -> Iterator[Any]:
+            while not stop.is_set():
+                size = budget.take(self._size)
+                if size == 0:
+                    return
+                parts: list[SampledBatch] = []
+                have = 0
+                try:
+                    while have < size:
+                        part = step_reads.sample_batch(store, buffer, size - have,
+                                                       timeout=source._timeout)
+                        parts.append(part)
+                        have += len(part)
+                except RateLimitTimeoutError:
+                    if parts and not self._drop:
+                        yield self._sample(parts, flat_dtypes, flat_shapes)
+                    yield _END  # Reverb's datasets end when the rate limiter times out
+                    return
+                if have < self._size and self._drop:
+                    return
+                yield self._sample(parts, flat_dtypes, flat_shapes)
+
+        return _parallel(batches, source._workers)
+
+    def _sample(self, parts: list[SampledBatch], dtypes: list[Any],
+                shapes: list[Any]) -> ReplaySample:
+        def joined(name: str) -> np.ndarray:
+            return np.concatenate([getattr(part, name) for part in parts])
+
+        info = SampleInfo(joined("keys"), joined("probabilities"), joined("table_sizes"),
+                          joined("priorities"), joined("times_sampled"))
+        if all(part.columns is not None for part in parts) and len(
+                {len(part.columns or ()) for part in parts}) == 1:
+            columns = [np.concatenate(leaves) if len(leaves) > 1 else leaves[0]
+                       for leaves in zip(*(part.columns or () for part in parts),
+                                         strict=True)]
+        else:  # items whose columns differ in shape: stacked one by one (or refused)
+            items = [item for part in parts for item in (part.items or [])]
+            columns = [np.stack([item.columns[i] for item in items])
+                       for i in range(len(dtypes))]
+        if len(columns) != len(dtypes):
+            raise ValueError(f"the sampled items have {len(columns)} columns, the dataset "
+                             f"expects {len(dtypes)}")
+        checked = [_check(d, None if s is None else (None, *s), c, i)
+                   for i, (d, s, c) in enumerate(zip(dtypes, shapes, columns, strict=True))]
+        return ReplaySample(info, nest.unflatten_as(self._source._dtypes, checked))
 
 
 def _info(item: Any) -> SampleInfo:

@@ -12,18 +12,34 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
+
 
 def _is_namedtuple(value: Any) -> bool:
     return isinstance(value, tuple) and hasattr(value, "_fields")
 
 
+_CONTAINERS = (dict, list, tuple)
+_LEAVES = (np.ndarray, np.generic, int, float, bool, str, bytes, type(None))
+
+
 def is_nested(value: Any) -> bool:
     """Whether ``value`` is a container (not a leaf)."""
+    kind = type(value)
+    if kind in _CONTAINERS:
+        return True
+    if kind in _LEAVES:
+        return False
     return isinstance(value, (Mapping, list, tuple))
 
 
 def _children(value: Any) -> list[tuple[Any, Any]]:
     """(path element, child) of a container, in flattening order."""
+    kind = type(value)
+    if kind is dict:
+        return [(key, value[key]) for key in sorted(value)]
+    if kind is list or kind is tuple:
+        return list(enumerate(value))
     if isinstance(value, Mapping):
         return [(key, value[key]) for key in sorted(value)]
     if _is_namedtuple(value):
@@ -70,7 +86,17 @@ def flatten(structure: Any) -> list[Any]:
         >>> flatten({"b": 1, "a": [2, (3, None)]})
         [2, 3, None, 1]
     """
-    return [leaf for _, leaf in flatten_with_path(structure)]
+    out: list[Any] = []
+
+    def walk(value: Any) -> None:
+        if not is_nested(value):
+            out.append(value)
+            return
+        for _, child in _children(value):
+            walk(child)
+
+    walk(structure)
+    return out
 
 
 def unflatten_as(structure: Any, flat: list[Any]) -> Any:

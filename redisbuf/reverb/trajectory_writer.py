@@ -63,9 +63,11 @@ class InternalWriter:
         return self._writer.append(data, partial=True)
 
     def ConfigureChunker(self, column: int, options: Any) -> None:  # noqa: N802
-        # one chunk length for the writer: the shortest asked of any column
-        length = getattr(options, "max_chunk_length", None) or options.num_keep_alive_refs
-        self._writer.chunk_length = min(self._writer.chunk_length, int(length))
+        # one chunk length for the writer: the shortest constant one asked of any column
+        # (an auto-tuned one leaves the writer's own choice)
+        length = getattr(options, "max_chunk_length", None)
+        if length is not None:
+            self._writer.set_chunk_length(min(self._writer.chunk_length, int(length)))
 
     def _table_signature(self, table: str) -> tuple[bool, list[TensorSpec] | None]:
         if self._signatures is None:
@@ -86,11 +88,26 @@ class InternalWriter:
         if not found:
             raise ValueError(f"Unable to create item in table '{table}' since the table "
                              "could not be found.")
-        if signature is not None:
+        if signature is not None and not self._fits(table, signature, columns, squeeze):
             got = [TensorSpec((*refs[0].shape,) if sq else (len(refs), *refs[0].shape),
                               refs[0].dtype) for refs, sq in zip(columns, squeeze, strict=True)]
             _check_signature(table, signature, got)
         self._writer.create_item(table, priority, columns, squeeze)
+
+    def _fits(self, table: str, signature: list[TensorSpec], columns: Sequence[Sequence[Any]],
+              squeeze: Sequence[bool]) -> bool:
+        """Whether the item's columns fit the table's flat signature (the quick check;
+        the error, when not, comes from :func:`_check_signature`)."""
+        if len(signature) != len(columns):
+            return False
+        for spec, refs, squeezed in zip(signature, columns, squeeze, strict=True):
+            first = refs[0]
+            if first.dtype != spec.dtype:
+                return False
+            shape = tuple(first.shape) if squeezed else (len(refs), *first.shape)
+            if not shapes_compatible(spec.shape.dims, shape):
+                return False
+        return True
 
     def Flush(self, block_until_num_items: int = 0, timeout_ms: int = -1) -> None:  # noqa: N802
         self._writer.flush(block_until_num_items,
@@ -143,6 +160,7 @@ class TrajectoryWriter:
         self._path_to_column_index: dict[tuple[Any, ...], int] = {}
         self._path_to_column_config: dict[tuple[Any, ...], Any] = {}
         self._last_step_is_open = False
+        self._history_view: Any = None
 
     def __enter__(self) -> TrajectoryWriter:
         return self
@@ -168,7 +186,9 @@ class TrajectoryWriter:
         if not self._column_history:
             raise RuntimeError(
                 "history cannot be accessed before `append` is called at least once.")
-        return self._unflatten(self._column_history)
+        if self._history_view is None:  # the columns change in place; the shape on _grow
+            self._history_view = self._unflatten(self._column_history)
+        return self._history_view
 
     @property
     def episode_steps(self) -> int:
@@ -209,14 +229,16 @@ class TrajectoryWriter:
             ValueError: a field given twice in one step, or a value whose dtype or shape
                 differs from its column's.
         """
-        if self._structure is None:
-            self._grow(nest.map_structure(lambda _: None, data))
-        with_paths = nest.flatten_with_path(data)
-        if any(path not in self._path_to_column_index for path, _ in with_paths):
-            self._grow(_union(self._structure, nest.map_structure(lambda _: None, data)))
-        flat: list[Any] = [None] * len(self._path_to_column_index)
-        for path, value in with_paths:
-            flat[self._path_to_column_index[path]] = value
+        flat = self._flat_dict(data)  # the common step: a dict of leaves seen before
+        if flat is None:
+            if self._structure is None:
+                self._grow(nest.map_structure(lambda _: None, data))
+            with_paths = nest.flatten_with_path(data)
+            if any(path not in self._path_to_column_index for path, _ in with_paths):
+                self._grow(_union(self._structure, nest.map_structure(lambda _: None, data)))
+            flat = [None] * len(self._path_to_column_index)
+            for path, value in with_paths:
+                flat[self._path_to_column_index[path]] = value
         if self._last_step_is_open:
             for index, (column, value) in enumerate(zip(self._column_history, flat,
                                                         strict=True)):
@@ -242,6 +264,20 @@ class TrajectoryWriter:
                 column.set_last(ref)
         self._last_step_is_open = partial_step
 
+    def _flat_dict(self, data: Any) -> list[Any] | None:
+        """``data``'s values in column order when it is a dict of leaves (arrays,
+        numbers, None) whose every key is a column already; else None."""
+        if type(data) is not dict or self._structure is None:
+            return None
+        index = self._path_to_column_index
+        flat: list[Any] = [None] * len(index)
+        for key, value in data.items():
+            column = index.get((key,))
+            if column is None or nest.is_nested(value):
+                return None
+            flat[column] = value
+        return flat
+
     def create_item(self, table: str, priority: float, trajectory: Any) -> None:
         """Make an item of ``table`` with ``priority`` whose data is ``trajectory``, a
         nest of :class:`TrajectoryColumn` (flattened for the table). It never blocks;
@@ -253,10 +289,11 @@ class TrajectoryWriter:
                 not exist or whose signature the trajectory does not fit.
         """
         flat = nest.flatten(trajectory)
-        if not all(isinstance(column, TrajectoryColumn) for column in flat):
-            raise TypeError(f"All leaves of `trajectory` must be `TrajectoryColumn` but got "
-                            f"{trajectory}")
-        self._writer.CreateItem(table, priority, [list(column) for column in flat],
+        for column in flat:
+            if not isinstance(column, TrajectoryColumn):
+                raise TypeError(f"All leaves of `trajectory` must be `TrajectoryColumn` but "
+                                f"got {trajectory}")
+        self._writer.CreateItem(table, priority, [column.references for column in flat],
                                 [column.is_squeezed for column in flat])
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None) -> None:
@@ -318,6 +355,7 @@ class TrajectoryWriter:
                     self._writer.ConfigureChunker(index, self._path_to_column_config[path])
             columns.append(index)
         self._structure = nest.unflatten_as(structure, columns)
+        self._history_view = None
 
 
 def _union(a: Any, b: Any) -> Any:
@@ -436,6 +474,11 @@ class TrajectoryColumn:
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._data_references)
+
+    @property
+    def references(self) -> list[Any]:
+        """The column's references, in order."""
+        return list(self._data_references)
 
     def __getitem__(self, where: Any) -> TrajectoryColumn:
         if isinstance(where, int):
