@@ -241,45 +241,40 @@ def sample_batch(store: StepStore, table: ReplayBuffer, n: int,
 
 
 def _gather(records: list[ItemRecord], chunks: dict[str, Chunk]) -> list[np.ndarray] | None:
-    """Each flat column of every record stacked, by one gather per column from the
-    concatenation of the chunks' cells of its source column; None when the records'
-    columns differ (in number, source column, length, squeezing, or cell shape)."""
+    """Each flat column of every record stacked, copied run by run from the chunks into
+    one array per column; None when the records' columns differ (in number, source
+    column, length, squeezing, or cell dtype and shape)."""
     first = records[0]
     width = len(first.columns)
+    if any(len(record.columns) != width for record in records):
+        return None
     out = []
     for position in range(width):
         model = first.columns[position]
         length = sum(rows for _, _, rows in model.runs)
-        bases: dict[str, int] = {}
-        parts: list[np.ndarray] = []
-        rows_of: list[int] = []
-        total = 0
-        for record in records:
-            if len(record.columns) != width:
-                return None
+        source = model.column
+        copies: list[tuple[int, int, np.ndarray, int, int]] = []  # item, at, cells, start, n
+        kind: tuple[Any, ...] | None = None
+        for j, record in enumerate(records):
             column = record.columns[position]
-            if column.column != model.column or column.squeeze != model.squeeze:
+            if column.column != source or column.squeeze != model.squeeze:
                 return None
-            taken = 0
+            at = 0
             for index, start, rows in column.runs:
-                key = record.chunks[index]
-                base = bases.get(key)
-                if base is None:
-                    cells = chunks[key].columns[column.column]
-                    if parts and (cells.shape[1:] != parts[0].shape[1:]
-                                  or cells.dtype != parts[0].dtype):
-                        return None
-                    base = bases[key] = total
-                    parts.append(cells)
-                    total += len(cells)
-                rows_of.extend(range(base + start, base + start + rows))
-                taken += rows
-            if taken != length:
+                cells = chunks[record.chunks[index]].columns[source]
+                if kind is None:
+                    kind = (cells.dtype, cells.shape[1:])
+                elif cells.dtype != kind[0] or cells.shape[1:] != kind[1]:
+                    return None
+                copies.append((j, at, cells, start, rows))
+                at += rows
+            if at != length:
                 return None
-        pool = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        picked = np.asarray(rows_of, dtype=np.int64).reshape(len(records), length)
-        gathered = pool[picked]
-        out.append(gathered[:, 0] if model.squeeze else gathered)
+        assert kind is not None
+        stacked = np.empty((len(records), length, *kind[1]), dtype=kind[0])
+        for j, at, cells, start, rows in copies:
+            stacked[j, at : at + rows] = cells[start : start + rows]
+        out.append(stacked[:, 0] if model.squeeze else stacked)
     return out
 
 

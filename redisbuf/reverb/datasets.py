@@ -190,6 +190,28 @@ class _Taken(_Dataset):
                 return
 
 
+def _split(parts: list[SampledBatch], size: int, keep_last: bool) -> Iterator[SampledBatch]:
+    """Batches of ``size`` items of ``parts`` (the last smaller when ``keep_last``)."""
+    fields = ("keys", "probabilities", "table_sizes", "priorities", "times_sampled")
+    joined = {name: np.concatenate([getattr(p, name) for p in parts]) for name in fields}
+    ragged = any(p.columns is None for p in parts)
+    items = [item for p in parts for item in (p.items or [])] if ragged else None
+    columns = None if ragged else [
+        np.concatenate(leaves) if len(leaves) > 1 else leaves[0]
+        for leaves in zip(*(p.columns or () for p in parts), strict=True)]
+    total = len(joined["keys"])
+    for start in range(0, total, size):
+        stop = min(start + size, total)
+        if stop - start < size and not keep_last:
+            return
+        yield SampledBatch(
+            joined["keys"][start:stop], joined["probabilities"][start:stop],
+            joined["table_sizes"][start:stop], joined["priorities"][start:stop],
+            joined["times_sampled"][start:stop],
+            None if columns is None else [c[start:stop] for c in columns],
+            None if items is None else items[start:stop])
+
+
 class _Budget:
     """The samples left to give (``max_samples``; -1: no end), shared by workers."""
 
@@ -391,9 +413,12 @@ class _BatchedTrajectories(_Dataset):
         flat_shapes = [shape_of(s) for s in nest.flatten(source._shapes)]
         budget = _Budget(source._max_samples)
 
+        # a draw takes max_in_flight_samples_per_worker items (whole batches of them)
+        per_draw = self._size * max(1, source._in_flight // self._size)
+
         def batches(stop: threading.Event) -> Iterator[Any]:
             while not stop.is_set():
-                size = budget.take(self._size)
+                size = budget.take(per_draw)
                 if size == 0:
                     return
                 parts: list[SampledBatch] = []
@@ -405,13 +430,12 @@ class _BatchedTrajectories(_Dataset):
                         parts.append(part)
                         have += len(part)
                 except RateLimitTimeoutError:
-                    if parts and not self._drop:
-                        yield self._sample(parts, flat_dtypes, flat_shapes)
+                    for whole in _split(parts, self._size, keep_last=not self._drop):
+                        yield self._sample([whole], flat_dtypes, flat_shapes)
                     yield _END  # Reverb's datasets end when the rate limiter times out
                     return
-                if have < self._size and self._drop:
-                    return
-                yield self._sample(parts, flat_dtypes, flat_shapes)
+                for whole in _split(parts, self._size, keep_last=not self._drop):
+                    yield self._sample([whole], flat_dtypes, flat_shapes)
 
         return _parallel(batches, source._workers)
 
