@@ -212,6 +212,32 @@ def _split(parts: list[SampledBatch], size: int, keep_last: bool) -> Iterator[Sa
             None if items is None else items[start:stop])
 
 
+def _shapes_like(dtypes: Any, shapes: Any) -> Any:
+    """``shapes`` in the structure of ``dtypes``, a shape where ``dtypes`` has a leaf
+    (a tuple or list of dimensions there is a shape, not a nest: no TensorFlow needed).
+
+    Raises:
+        ValueError: the two do not nest alike above the leaves of ``dtypes``.
+    """
+    flat: list[Any] = []
+
+    def walk(d: Any, s: Any, path: tuple[Any, ...]) -> None:
+        if not nest.is_nested(d):
+            flat.append(TensorShape(shape_of(s)))
+            return
+        if not nest.is_nested(s) or isinstance(d, dict) != isinstance(s, dict):
+            raise ValueError(f"dtypes and shapes differ at {path}: {d!r} and {s!r}")
+        keys = sorted(d) if isinstance(d, dict) else list(range(len(d)))
+        other = sorted(s) if isinstance(s, dict) else list(range(len(s)))
+        if keys != other:
+            raise ValueError(f"dtypes and shapes differ at {path}: {d!r} and {s!r}")
+        for key in keys:
+            walk(d[key], s[key], (*path, key))
+
+    walk(dtypes, shapes, ())
+    return nest.unflatten_as(dtypes, flat)
+
+
 class _Budget:
     """The samples left to give (``max_samples``; -1: no end), shared by workers."""
 
@@ -296,7 +322,7 @@ class TrajectoryDataset(_Dataset):
                  max_samples_per_stream: int = -1, rate_limiter_timeout_ms: int = -1,
                  max_samples: int = -1) -> None:
         super().__init__()
-        nest.assert_same_structure(dtypes, shapes, check_types=False)
+        shapes = _shapes_like(dtypes, shapes)
         if max_in_flight_samples_per_worker < 1:
             raise ValueError(f"max_in_flight_samples_per_worker "
                              f"({max_in_flight_samples_per_worker}) must be a positive integer")
