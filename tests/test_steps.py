@@ -274,3 +274,33 @@ def test_a_cluster_client_is_refused(redis_cluster):
     client = redis.cluster.RedisCluster.from_url(redis_cluster.urls[0])
     with pytest.raises(ServerConfigError, match="one server"):
         StepStore(client, "s")
+
+
+def test_a_draw_whose_chunks_were_freed_before_its_read_is_drawn_again(client, monkeypatch):
+    store = StepStore(client, "s")
+    table = store.table("t", capacity=20, sampler=FifoSampler())
+    with store.writer(num_keep_alive_refs=1, chunk_length=1) as writer:
+        for t in range(6):
+            writer.create_item("t", 1.0, [[writer.append(step(t))[0]]], [True])
+    real_draw = step_reads._draw
+    stale = {}
+
+    def draw_then_lose_it(buffer, n, timeout):
+        draw = real_draw(buffer, n, timeout)
+        if not stale:  # the worst moment: the items leave and their chunks are freed
+            stale["ids"] = list(draw.ids)
+            buffer.remove(draw.ids)
+            store.sweep(100, grace=0)
+            store.sweep(100, grace=0)
+        return draw
+
+    monkeypatch.setattr(step_reads, "_draw", draw_then_lose_it)
+    batch = step_reads.sample_batch(store, table, 2)
+    assert stale["ids"] == [1, 2]
+    assert batch.keys.tolist() == [3, 4]  # drawn again: the next two, whole
+    assert batch.columns[0][:, 0].tolist() == [2.0, 3.0]
+    stale.clear()
+    # a process holding those chunks decoded still has them: a draw made before the
+    # items left is served (as Reverb's sample holds its item's chunks)
+    assert [i.key for i in step_reads.sample(store, table, 2)] == [3, 4]
+    assert len(table) == 2
