@@ -214,6 +214,7 @@ def test_a_dataset_ends_when_the_rate_limiter_times_out(client):
         client.server_address, "queue", dtypes=[np.int64], shapes=[(1,)],
         max_in_flight_samples_per_worker=2, rate_limiter_timeout_ms=200)
     assert list(dataset) == []  # the queue is empty
+    assert list(dataset.batch(2)) == []
     for value in range(3):
         client.insert(np.int64(value), priorities={"queue": 1.0})
     assert [int(s.data[0][0]) for s in dataset] == [0, 1, 2]

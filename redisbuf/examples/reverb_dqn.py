@@ -273,6 +273,19 @@ def _fetch(client: Any, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 # -- the learner -------------------------------------------------------------------------
 
 
+def n_step_targets(rewards: np.ndarray, discounts: np.ndarray, gamma: float
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Each item's n-step return ``sum_k gamma^k r_k`` over its steps up to the one that
+    ended its episode (a discount of 0: terminal), and the factor of its bootstrap value
+    (``gamma^n`` when no step ended it, else 0)."""
+    n = rewards.shape[1]
+    gammas = (gamma ** np.arange(n)).astype(np.float32)
+    alive = np.cumprod(np.concatenate(
+        [np.ones((len(rewards), 1), np.float32), discounts[:, :-1]], 1), 1)
+    returns = (rewards * alive * gammas).sum(1)
+    return returns, (gamma ** n) * alive[:, -1] * discounts[:, -1]
+
+
 def run_learner(address: str, config: dict[str, Any], progress: Any, stop: Any) -> None:
     cfg = Config(**config)
     reverb = load_reverb(cfg.backend)
@@ -287,16 +300,11 @@ def run_learner(address: str, config: dict[str, Any], progress: Any, stop: Any) 
         max_in_flight_samples_per_worker=2 * cfg.batch_size,
         rate_limiter_timeout_ms=1000,
     ).batch(cfg.batch_size, drop_remainder=True).prefetch(2)
-    gammas = cfg.gamma ** np.arange(cfg.n_step, dtype=np.float32)
     steps = 0
     while not stop.is_set():
         for sample in dataset.as_numpy_iterator():  # ends when the limiter times out
             data, info = sample.data, sample.info
-            # n-step returns, no bootstrap past a terminal step (discount 0)
-            alive = np.cumprod(np.concatenate(
-                [np.ones((len(info.key), 1), np.float32), data["discounts"][:, :-1]], 1), 1)
-            returns = (data["rewards"] * alive * gammas).sum(1)
-            bootstrap = (cfg.gamma ** cfg.n_step) * alive[:, -1] * data["discounts"][:, -1]
+            returns, bootstrap = n_step_targets(data["rewards"], data["discounts"], cfg.gamma)
             rows = np.arange(len(info.key))
             next_q, _ = q_values(params, data["next_observation"])  # double DQN
             next_target, _ = q_values(target, data["next_observation"])

@@ -192,6 +192,8 @@ class _Taken(_Dataset):
 
 def _split(parts: list[SampledBatch], size: int, keep_last: bool) -> Iterator[SampledBatch]:
     """Batches of ``size`` items of ``parts`` (the last smaller when ``keep_last``)."""
+    if not parts:
+        return
     fields = ("keys", "probabilities", "table_sizes", "priorities", "times_sampled")
     joined = {name: np.concatenate([getattr(p, name) for p in parts]) for name in fields}
     ragged = any(p.columns is None for p in parts)
