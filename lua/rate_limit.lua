@@ -44,15 +44,8 @@ if conf[1] then
     local k = 0
     if op == 'insert_upto' then
       k = inserts_admitted(meta, KEYS[2], n)  -- lua/_admission.lua
-    elseif size >= min_size then
-      -- sample j is admitted while diff - j >= min_diff
-      k = math.floor(diff - min_diff)
-      if k > n then k = n end
-      if redis.call('HEXISTS', meta, 'max_use') == 1 then
-        k = math.min(k, size - min_size + 1)
-      end
-      while k > 0 and not (diff - k >= min_diff) do k = k - 1 end
-      while k < n and diff - (k + 1) >= min_diff do k = k + 1 end
+    else
+      k = samples_admitted(meta, KEYS[2], n)  -- lua/_admission.lua
     end
     if k < 0 then k = 0 end
     if k > 0 then

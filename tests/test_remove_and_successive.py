@@ -89,3 +89,23 @@ def test_items_sampled_at_least_once_are_counted(client, buffer_name):
     assert buffer.stats()["sampled_unique"] == 3
     buffer.clear()
     assert buffer.stats()["sampled_unique"] == 0
+
+
+def test_a_selection_that_asks_the_limiter_counts_what_it_takes(client, buffer_name):
+    from redisbuf.errors import RateLimitTimeoutError, WaitTimeoutError
+    from redisbuf.limiters import Queue
+
+    queue = ReplayBuffer(client, buffer_name, capacity=3, max_use=1,
+                         sampler=FifoSampler(successive=True, admits=True),
+                         rate_limiter=Queue(3, timeout=0))
+    with pytest.raises(RateLimitTimeoutError):
+        queue.sample(1)
+    queue.add({"x": np.arange(2.0)})
+    assert queue.sample(5)["x"].tolist() == [0.0, 1.0]  # two admitted: two taken, counted
+    assert [int(v) for v in client.hmget(queue.keys.meta, "rl_inserts", "rl_samples")] == [2, 2]
+    queue.add({"x": np.array([2.0])})
+    assert queue.sample(3, block=True, timeout=5)["x"].tolist() == [2.0]
+    with pytest.raises(WaitTimeoutError, match="drawable items"):
+        queue.sample(1, block=True, timeout=0.2)  # empty: it waits for an item
+    with pytest.raises(ValueError, match="successive"):
+        FifoSampler(admits=True)

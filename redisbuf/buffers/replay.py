@@ -521,6 +521,8 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             raise ValueError("PERSampler draws with replacement (as Reverb's and TorchRL's "
                              "prioritized samplers do); replacement=False is not available")
         limiter = self.rate_limiter
+        if limiter is not None and getattr(self.sampler, "admits", False) and not block:
+            return self._draw_self_admitted(n, timeout)
         if not block:
             if limiter is not None:
                 limiters.acquire(self.view, limiter, "sample", n, timeout)
@@ -543,15 +545,20 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
                 if not self.client.exists(self.keys.meta):  # dropped: not coming back
                     raise NoSuchBufferError(f"buffer meta {self.keys.meta} does not exist")
                 return None
-            if limiter is not None:
+            admits = getattr(self.sampler, "admits", False)  # asks the limiter itself
+            if limiter is not None and not admits:
                 reason = limiters.refusal(self.view, limiter, "sample", n)
                 if reason is not None:
                     held_for.append(reason)
                     return None
             try:
-                return self._draw_admitted(n, replacement, sample_range)
+                drawn = self._draw_admitted(n, replacement, sample_range)
             except EmptyBufferError:
                 return None  # e.g. every item has log-reward -inf: wait for a drawable one
+            if not drawn.ids:
+                held_for.append("the rate limiter to admit a sample")
+                return None
+            return drawn
 
         try:
             return wait_for(
@@ -572,12 +579,28 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
                 ) from None
             raise
 
+    def _draw_self_admitted(self, n: int, timeout: float | None | Unset) -> Draw:
+        """The draw of a sampler that asks the rate limiter itself (``admits``), waiting
+        while it admits nothing, up to ``timeout`` (else the limiter's)."""
+        limiter = self.rate_limiter
+        assert limiter is not None
+
+        def attempt() -> Draw | None:
+            draw = self._draw_now(n, None, None)
+            return draw if draw.ids else None
+
+        wait = limiter.timeout if timeout is UNSET else timeout
+        return wait_for(self.client, self.keys.meta, attempt, wait,
+                        lambda: f"buffer {self.name!r}: sample({n}) waited {wait:g} s for the "
+                        "rate limiter to admit a sample", error=RateLimitTimeoutError)
+
     def _draw_admitted(self, n: int, replacement: bool | None, sample_range: slice | None) -> Draw:
-        """Draw, taking back the rate limiter's count when nothing is drawn."""
+        """Draw, taking back the rate limiter's count when nothing is drawn (a sampler
+        that asks the limiter itself counted nothing then)."""
         try:
             return self._draw_now(n, replacement, sample_range)
         except BaseException:
-            if self.rate_limiter is not None:
+            if self.rate_limiter is not None and not getattr(self.sampler, "admits", False):
                 limiters.release(self.view, "sample", n)
             raise
 

@@ -76,6 +76,8 @@ def _draw(table: ReplayBuffer, n: int, timeout: float | None) -> Draw:
     time, as Reverb's table: fewer than ``n`` when it admits fewer) and it holds one,
     waiting up to ``timeout`` seconds (None: no limit)."""
     limiter = table.rate_limiter
+    if limiter is not None and getattr(table.sampler, "admits", False):
+        limiter = None  # the selection asks the limiter itself, in its script
 
     def attempt() -> Draw | None:
         admitted = n
@@ -93,6 +95,8 @@ def _draw(table: ReplayBuffer, n: int, timeout: float | None) -> Draw:
         return draw if draw.ids else None
 
     def describe() -> str:
+        if table.rate_limiter is not None and limiter is None:
+            return f"buffer {table.name!r}: a sample waited {timeout:g} s for the rate limiter"
         if limiter is not None:
             why = limiters.refusal(table.view, limiter, "sample", 1)
             if why is None:

@@ -9,8 +9,10 @@ Reverb                            redisbuf
 ================================  ===========================================================
 sampler ``Uniform()``             ``UniformSampler(replacement=True)`` (independent draws)
 sampler ``Prioritized(e)``        ``PERSampler(alpha=e, eps=0)``
-sampler ``Fifo()``, ``Lifo()``    ``FifoSampler`` / ``LifoSampler(successive=True)``
-sampler ``MaxHeap()``, ...        ``MaxHeapSampler(by="priority", successive=True)``, ...
+sampler ``Fifo()``, ``Lifo()``    ``FifoSampler`` / ``LifoSampler(successive=True,
+                                  admits=True)`` (the limiter asked in the draw's script)
+sampler ``MaxHeap()``, ...        ``MaxHeapSampler(by="priority", successive=True,
+                                  admits=True)``, ...
 remover ``Fifo()`` ...            ``FifoRemover()``, ``LifoRemover()``, ``UniformRemover()``,
                                   ``PrioritizedRemover(e)``, ``MaxHeapRemover()``, ...
 ``max_times_sampled``             ``max_use`` (``< 1``: none)
@@ -89,11 +91,11 @@ def sampler_of(selector: pybind.ItemSelector) -> Any:
         return PERSampler(alpha=selector.priority_exponent, eps=0.0, initial_priority=1.0)
     if isinstance(selector, pybind.HeapSelector):
         heap = MinHeapSampler if selector.min_heap else MaxHeapSampler
-        return heap(by="priority", successive=True)
+        return heap(by="priority", successive=True, admits=True)
     if isinstance(selector, pybind.FifoSelector):
-        return FifoSampler(successive=True)
+        return FifoSampler(successive=True, admits=True)
     if isinstance(selector, pybind.LifoSelector):
-        return LifoSampler(successive=True)
+        return LifoSampler(successive=True, admits=True)
     return UniformSampler(replacement=True)
 
 

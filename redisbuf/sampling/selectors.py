@@ -8,7 +8,12 @@ Nothing is removed: combine with a lifetime rule to consume items.
 after the other: each takes the first item of the order as the earlier ones left it.
 Without ``max_use`` all ``n`` are that item; with it, an item is selected until its uses
 reach ``max_use`` (which removes it), then the next, and a draw asking more selections
-than the items' uses left returns the ones left.
+than the items' uses left returns the ones left. ``admits=True`` (with ``successive``)
+also asks the buffer's rate limiter in the selecting script, one step for both: the draw
+takes as many selections as it admits (none: an empty draw) and counts them, so that no
+insert can take the room of items counted as sampled and not yet removed (a queue: the
+limiter keeps it from overflowing, and its remover never evicts an item unread). A
+buffer with such a sampler does not ask its limiter before the draw.
 """
 
 from __future__ import annotations
@@ -44,9 +49,13 @@ class _Selector:
     _order = ""
     by = "log_reward"
     successive = False
+    #: whether the selection asks the buffer's rate limiter itself (see the module)
+    admits = False
 
-    def __init__(self, successive: bool = False) -> None:
-        self.successive = bool(successive)
+    def __init__(self, successive: bool = False, admits: bool = False) -> None:
+        if admits and not successive:
+            raise ValueError("admits=True is for successive selections (successive=True)")
+        self.successive, self.admits = bool(successive), bool(admits)
 
     def prepare(self, buffer: BufferView) -> None:
         return None
@@ -68,6 +77,11 @@ class _Selector:
             return reply[:n], None, n
 
         def select() -> Draw:
+            if self.admits:  # counted by the limiter in the script: blobs read there too
+                reply = buffer.run("sample_select", buffer.keys.all_keys(),
+                                   [n, self._order, self.by, 1, b"successive+admit"])
+                k = len(reply) // 2
+                return Draw([int(m) for m in reply[:k]], list(reply[k:]))
             # the samplers' uniforms slot (ARGV[5]) says "successive" to the script
             return _draw_then_fetch(buffer, "sample_select", buffer.keys.all_keys(),
                                     [n, self._order, self.by], n,
@@ -84,7 +98,7 @@ class _Selector:
 
 class FifoSampler(_Selector):
     """The oldest items first (insertion order); ``successive``: Reverb's successive
-    selections (see the module).
+    selections, ``admits``: asking the rate limiter itself (see the module).
 
     Examples:
         >>> import fakeredis, numpy as np
@@ -99,8 +113,8 @@ class FifoSampler(_Selector):
 
 
 class LifoSampler(_Selector):
-    """The newest items first; ``successive``: Reverb's successive selections (see the
-    module).
+    """The newest items first; ``successive``: Reverb's successive selections,
+    ``admits``: asking the rate limiter itself (see the module).
 
     Examples:
         >>> import fakeredis, numpy as np
@@ -115,8 +129,9 @@ class LifoSampler(_Selector):
 
 
 class _Heap(_Selector):
-    def __init__(self, by: str = "log_reward", successive: bool = False) -> None:
-        super().__init__(successive)
+    def __init__(self, by: str = "log_reward", successive: bool = False,
+                 admits: bool = False) -> None:
+        super().__init__(successive, admits)
         if by not in _SCORES:
             raise ValueError(f"by must be one of {_SCORES}, got {by!r}")
         self.by = by
@@ -130,9 +145,10 @@ class MaxHeapSampler(_Heap):
     Args:
         by: ``"log_reward"`` or ``"priority"``.
         successive: Reverb's successive selections (see the module).
+        admits: the selection asks the rate limiter itself (see the module).
 
     Raises:
-        ValueError: another ``by``.
+        ValueError: another ``by``, or ``admits`` without ``successive``.
 
     Examples:
         >>> import fakeredis, numpy as np
@@ -153,9 +169,10 @@ class MinHeapSampler(_Heap):
     Args:
         by: ``"log_reward"`` or ``"priority"``.
         successive: Reverb's successive selections (see the module).
+        admits: the selection asks the rate limiter itself (see the module).
 
     Raises:
-        ValueError: another ``by``.
+        ValueError: another ``by``, or ``admits`` without ``successive``.
 
     Examples:
         >>> import fakeredis, numpy as np
