@@ -19,6 +19,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -240,6 +241,20 @@ def _shapes_like(dtypes: Any, shapes: Any) -> Any:
     return nest.unflatten_as(dtypes, flat)
 
 
+@dataclass
+class _Source:
+    """A trajectory dataset's table and settings."""
+
+    client: Client
+    table: str
+    dtypes: Any
+    shapes: Any
+    per_worker: int
+    workers: int
+    timeout: float | None
+    max_samples: int
+
+
 class _Budget:
     """The samples left to give (``max_samples``; -1: no end), shared by workers."""
 
@@ -339,13 +354,12 @@ class TrajectoryDataset(_Dataset):
                              "integer >= -1")
         if max_samples < 1 and max_samples != -1:
             raise ValueError(f"max_samples ({max_samples}) must be a positive integer or -1")
-        self._client = Client(server_address)
-        self._table = table
-        self._dtypes, self._shapes = dtypes, shapes
-        self._in_flight = max_in_flight_samples_per_worker
-        self._workers = 2 if num_workers_per_iterator == -1 else num_workers_per_iterator
-        self._timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000
-        self._max_samples = max_samples
+        #: what the dataset draws from and how (read by its batched form too)
+        self.source = _Source(
+            Client(server_address), table, dtypes, shapes, max_in_flight_samples_per_worker,
+            2 if num_workers_per_iterator == -1 else num_workers_per_iterator,
+            None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000,
+            max_samples)
 
     @classmethod
     def from_table_signature(cls, server_address: str, table: str,
@@ -391,18 +405,19 @@ class TrajectoryDataset(_Dataset):
     @property
     def element_spec(self) -> ReplaySample:
         """``ReplaySample(info dtypes, (dtypes, shapes))`` of an element."""
-        return ReplaySample(_INFO_DTYPES, (self._dtypes, self._shapes))
+        return ReplaySample(_INFO_DTYPES, (self.source.dtypes, self.source.shapes))
 
     def _items(self, chunk: int | None) -> Iterator[Any]:
         """The sampled items, drawn ``chunk`` (or max_in_flight) at a time."""
-        store = self._client.store()
-        buffer = self._client.table(self._table)
-        count = chunk or self._in_flight
+        store = self.source.client.store()
+        buffer = self.source.client.table(self.source.table)
+        count = chunk or self.source.per_worker
         given = 0
-        while self._max_samples < 0 or given < self._max_samples:
-            want = count if self._max_samples < 0 else min(count, self._max_samples - given)
+        most = self.source.max_samples
+        while most < 0 or given < most:
+            want = count if most < 0 else min(count, most - given)
             try:
-                items = store.sample(buffer, want, timeout=self._timeout)
+                items = store.sample(buffer, want, timeout=self.source.timeout)
             except RateLimitTimeoutError:
                 return  # Reverb's datasets end when the rate limiter times out
             for item in items:
@@ -410,14 +425,14 @@ class TrajectoryDataset(_Dataset):
                 yield item
 
     def _data(self, item: Any) -> Any:
-        flat_dtypes = nest.flatten(self._dtypes)
-        flat_shapes = nest.flatten(self._shapes)
+        flat_dtypes = nest.flatten(self.source.dtypes)
+        flat_shapes = nest.flatten(self.source.shapes)
         if len(item.columns) != len(flat_dtypes):
             raise ValueError(f"the sampled item has {len(item.columns)} columns, the dataset "
                              f"expects {len(flat_dtypes)}")
         checked = [_check(d, s, c, i) for i, (d, s, c)
                    in enumerate(zip(flat_dtypes, flat_shapes, item.columns, strict=True))]
-        return nest.unflatten_as(self._dtypes, checked)
+        return nest.unflatten_as(self.source.dtypes, checked)
 
     def _elements(self, chunk: int | None) -> Iterator[Any]:
         for item in self._items(chunk):
@@ -431,18 +446,18 @@ class _BatchedTrajectories(_Dataset):
 
     def __init__(self, parent: TrajectoryDataset, size: int, drop_remainder: bool) -> None:
         super().__init__(parent)
-        self._source, self._size, self._drop = parent, size, drop_remainder
+        self._source, self._size, self._drop = parent.source, size, drop_remainder
 
     def _elements(self, chunk: int | None) -> Iterator[Any]:
         source = self._source
-        store = source._client.store()
-        buffer = source._client.table(source._table)
-        flat_dtypes = nest.flatten(source._dtypes)
-        flat_shapes = [shape_of(s) for s in nest.flatten(source._shapes)]
-        budget = _Budget(source._max_samples)
+        store = source.client.store()
+        buffer = source.client.table(source.table)
+        flat_dtypes = nest.flatten(source.dtypes)
+        flat_shapes = [shape_of(s) for s in nest.flatten(source.shapes)]
+        budget = _Budget(source.max_samples)
 
         # a draw takes max_in_flight_samples_per_worker items (whole batches of them)
-        per_draw = self._size * max(1, source._in_flight // self._size)
+        per_draw = self._size * max(1, source.per_worker // self._size)
 
         def batches(stop: threading.Event) -> Iterator[Any]:
             while not stop.is_set():
@@ -454,7 +469,7 @@ class _BatchedTrajectories(_Dataset):
                 try:
                     while have < size:
                         part = step_reads.sample_batch(store, buffer, size - have,
-                                                       timeout=source._timeout)
+                                                       timeout=source.timeout)
                         parts.append(part)
                         have += len(part)
                 except RateLimitTimeoutError:
@@ -465,7 +480,7 @@ class _BatchedTrajectories(_Dataset):
                 for whole in _split(parts, self._size, keep_last=not self._drop):
                     yield self._sample([whole], flat_dtypes, flat_shapes)
 
-        return _parallel(batches, source._workers)
+        return _parallel(batches, source.workers)
 
     def _sample(self, parts: list[SampledBatch], dtypes: list[Any],
                 shapes: list[Any]) -> ReplaySample:
@@ -488,7 +503,7 @@ class _BatchedTrajectories(_Dataset):
                              f"expects {len(dtypes)}")
         checked = [_check(d, None if s is None else (None, *s), c, i)
                    for i, (d, s, c) in enumerate(zip(dtypes, shapes, columns, strict=True))]
-        return ReplaySample(info, nest.unflatten_as(self._source._dtypes, checked))
+        return ReplaySample(info, nest.unflatten_as(self._source.dtypes, checked))
 
 
 def _info(item: Any) -> SampleInfo:
@@ -508,7 +523,8 @@ class TimestepDataset(TrajectoryDataset):
 
 def _timesteps(dataset: TrajectoryDataset, items: Iterator[Any]) -> Iterator[Any]:
     """One sample per step of each item, checked against the dataset's (step) specs."""
-    flat_dtypes, flat_shapes = nest.flatten(dataset._dtypes), nest.flatten(dataset._shapes)
+    source = dataset.source
+    flat_dtypes, flat_shapes = nest.flatten(source.dtypes), nest.flatten(source.shapes)
     for item in items:
         lengths = {len(column) for column in item.columns}
         if len(lengths) != 1:
@@ -517,7 +533,7 @@ def _timesteps(dataset: TrajectoryDataset, items: Iterator[Any]) -> Iterator[Any
         for step in range(lengths.pop()):
             leaves = [_check(d, s, np.asarray(c[step]), i) for i, (d, s, c)
                       in enumerate(zip(flat_dtypes, flat_shapes, item.columns, strict=True))]
-            yield ReplaySample(info, nest.unflatten_as(dataset._dtypes, leaves))
+            yield ReplaySample(info, nest.unflatten_as(dataset.source.dtypes, leaves))
 
 
 class ReplayDataset(TrajectoryDataset):
