@@ -269,6 +269,11 @@ class StepWriter:
             del self._chunk_holds[key]
             self._chunk_blobs.pop(key, None)
 
+    def kept(self, column: int) -> list[CellRef]:
+        """The cells ``column`` keeps alive, oldest first (at most
+        ``num_keep_alive_refs``): those an item may take."""
+        return list(self._kept[column]) if column < len(self._kept) else []
+
     def set_chunk_length(self, length: int) -> None:
         """Chunks of at most ``length`` steps from now on (>= 1)."""
         if length < 1:

@@ -34,6 +34,7 @@ import math
 import multiprocessing
 import os
 import queue
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -391,6 +392,27 @@ def run(config: Config, log: Any = print) -> Result:
     return result
 
 
+def report(result: Result, date: str, load_before: list[float], command: list[str]
+           ) -> dict[str, Any]:
+    """The run as JSON data, in the layout benchmarks/publish_example.py reads (one run
+    of one seed): the time and frames to the target, frames and learner steps per second,
+    and every episode's (time, actor, return)."""
+    frames_to_target = None
+    frames = sum(total for _, _, total in result.returns)  # CartPole: 1 per frame
+    if result.reached is not None:
+        frames_to_target = sum(total for when, _, total in result.returns
+                               if when <= result.reached)
+    run_ = {"seed": result.config["seed"], "time_to_target": result.reached,
+            "frames_to_target": frames_to_target,
+            "frames_per_s": frames / result.seconds if result.seconds else None,
+            "learner_steps": result.learner_steps,
+            "learner_steps_per_s": (result.learner_steps / result.seconds
+                                    if result.seconds else None),
+            "final_return": result.final_return, "returns": result.returns}
+    return {"date": date, "load": {"before": load_before, "after": list(os.getloadavg())},
+            "command": command, "config": result.config, "runs": [run_]}
+
+
 def plot(result: Result, path: Path) -> None:
     import matplotlib
 
@@ -427,11 +449,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = Config(actors=args.actors, minutes=args.minutes, target=args.target,
                     seed=args.seed, backend=args.backend)
+    load_before = list(os.getloadavg())
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     result = run(config)
     out = Path(args.out)
-    document = asdict(result)
-    document["load"] = list(os.getloadavg())
-    out.with_suffix(".json").write_text(json.dumps(document, indent=1))
+    out.with_suffix(".json").write_text(json.dumps(
+        report(result, date, load_before, ["python", "-m", "redisbuf.examples.reverb_dqn",
+                                           *(argv if argv is not None else sys.argv[1:])]),
+        indent=1))
     try:
         plot(result, out.with_suffix(".png"))
     except ImportError:
