@@ -9,7 +9,8 @@
 -- time, unix seconds, scored by its first id). Meta: max_use, max_staleness, cur_session, cur_version (configuration and
 -- current state) and the counters below, so stats() needs no scan:
 --   present_uses / removed_uses / removed_items: uses of items present / removed, items
---   removed (evicted, used up, stale); retired: items removed by max_use;
+--   removed (evicted, used up, stale); retired: items removed by max_use; reset_through:
+--   the last id given out when a clear or a load last reset these counters;
 --   stale_removed, rejected_stale, rejected_session; sampled_unique: items sampled at
 --   least once (each counted at its first draw); staleness_sum / staleness_count:
 --   staleness of sampled items that carry a version.
@@ -215,7 +216,9 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
     per_account(K, {}, values)
     local top = values[1] or 0
     for i = 2, #values do if values[i] > top then top = values[i] end end
-    per_raise_max(K, top)
+    -- options.per_keep_max: given priorities leave the running max as it is (DI-engine's
+    -- max priority counts updates only)
+    if not (options and options.per_keep_max) then per_raise_max(K, top) end
     scores = texts
   end
   if vecs then
@@ -412,17 +415,28 @@ local function record_draws(K, ids)
 end
 
 -- Take back draws that were not returned (their items vanished before the blobs were
--- read); the same guards as record_draws.
+-- read); the same guards as record_draws. Each draw's use comes off where it is counted
+-- now: the item's uses and present_uses while it is stored; removed_uses once it was
+-- removed since (its removal moved the use there: delete_items); nowhere, nor from
+-- sampled, for an id at or below meta reset_through (a clear or a load since reset the
+-- counters; ids are never reused).
 local function unrecord_draws(K, ids)
   if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
-  redis.call('HINCRBY', K.meta, 'sampled', -#ids)
-  -- the uses of items still present (a removed item's uses are already in removed_uses)
-  local taken = 0
+  local reset = tonumber(redis.call('HGET', K.meta, 'reset_through')) or -1
+  local present, removed, unsampled = 0, 0, 0
   for i = 1, #ids do
     if redis.call('HEXISTS', K.items, ids[i]) == 1 then
-      if redis.call('HINCRBY', K.uses, ids[i], -1) <= 0 then redis.call('HDEL', K.uses, ids[i]) end
-      taken = taken + 1
+      local left = redis.call('HINCRBY', K.uses, ids[i], -1)
+      -- back to never sampled: its first draw is no longer counted in sampled_unique
+      if left == 0 then unsampled = unsampled + 1 end
+      if left <= 0 then redis.call('HDEL', K.uses, ids[i]) end
+      present = present + 1
+    elseif tonumber(ids[i]) > reset then
+      removed = removed + 1
     end
   end
-  if taken > 0 then redis.call('HINCRBY', K.meta, 'present_uses', -taken) end
+  if present + removed > 0 then redis.call('HINCRBY', K.meta, 'sampled', -(present + removed)) end
+  if present > 0 then redis.call('HINCRBY', K.meta, 'present_uses', -present) end
+  if removed > 0 then redis.call('HINCRBY', K.meta, 'removed_uses', -removed) end
+  if unsampled > 0 then redis.call('HINCRBY', K.meta, 'sampled_unique', -unsampled) end
 end

@@ -1,34 +1,38 @@
--- Remove items by id (Reverb's mutate_priorities deletes): every per-item structure, as
--- an eviction removes them, logged for prioritized samplers' replicas.
+-- Remove chosen items (Reverb's mutate_priorities deletes, DI-engine's delete, any
+-- facade's removal by id): each id still stored leaves every per-item structure as an
+-- eviction removes it (remove_items: order, log-rewards, PER priorities, uses, versions,
+-- and a mass-log entry so that samplers' replicas stop drawing it). Ids not stored
+-- (never, or removed already) are skipped; an id named twice is removed once.
 -- @include common
 -- @include masslog
 -- @include items
 -- @keys 13
--- @retry safe
--- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
--- ARGV[1] the ids packed (pack_ids in redisbuf/store/keys.py)  ARGV[2] their width
--- Ids not stored (never, or removed already) are skipped; an id named twice is removed
--- once. Counts the removed items in meta deleted. Returns how many were removed.
--- Errors: RB_NOBUF, RB_LIMIT (more than RB_MAX_ITEMS ids).
+-- @retry never
+-- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order (see
+-- buffer_keys in _common.lua)
+-- ARGV[1..] the ids to remove (stored form, 12 digits); an id may repeat
+-- At most RB_MAX_ADD ids per call (removing an item costs what storing one does:
+-- redisbuf/store/bounds.py). Counted in meta removed_items, as every removal, and in meta
+-- deleted (removals by id: stats()['deleted'], Reverb's num_deleted_episodes). Returns the
+-- number of items removed (never retried: a retry after a lost reply would count 0).
+-- Errors: RB_NOBUF, RB_LIMIT.
 local K = buffer_keys(KEYS)
+if #ARGV > RB_MAX_ADD then
+  return fail('RB_LIMIT', 'one call removes at most ' .. RB_MAX_ADD .. ' items, got ' .. #ARGV)
+end
 if not redis.call('HGET', K.meta, 'capacity') then
   return fail('RB_NOBUF', 'buffer meta ' .. K.meta .. ' does not exist')
 end
-local ids = unpack_ids(ARGV[1], tonumber(ARGV[2]))
-if #ids > RB_MAX_ITEMS then
-  return fail('RB_LIMIT', 'one command removes at most ' .. RB_MAX_ITEMS .. ' ids, asked '
-    .. #ids)
-end
-local present, seen = {}, {}
-local scores = zmscore_chunked(K.order, ids)
-for i = 1, #ids do
-  if scores[i] and not seen[ids[i]] then
-    seen[ids[i]] = true
-    present[#present + 1] = ids[i]
+local stored, seen = {}, {}
+for i = 1, #ARGV do
+  local id = ARGV[i]
+  if not seen[id] and redis.call('HEXISTS', K.items, id) == 1 then
+    stored[#stored + 1] = id
   end
+  seen[id] = true
 end
-if #present == 0 then return 0 end
-remove_items(K, present)
-redis.call('HINCRBY', K.meta, 'deleted', #present)
+if #stored == 0 then return 0 end
+remove_items(K, stored)
+redis.call('HINCRBY', K.meta, 'deleted', #stored)
 notify_changed(K.meta)  -- a rate limiter counts the size: inserts may go on
-return #present
+return #stored

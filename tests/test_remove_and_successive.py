@@ -91,6 +91,23 @@ def test_items_sampled_at_least_once_are_counted(client, buffer_name):
     assert buffer.stats()["sampled_unique"] == 0
 
 
+def test_a_first_draw_taken_back_is_no_longer_counted_unique(client, buffer_name):
+    from redisbuf.store.keys import format_id
+
+    buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=FifoSampler())
+    buffer.add({"x": np.arange(3.0)})
+    buffer.sample(1)  # item 1
+    buffer.sample(2)  # items 1 and 2: 2 is new
+    buffer.sample(2)  # both again
+    assert buffer.stats()["sampled_unique"] == 2
+    keys = buffer.keys.all_keys()
+    # a sampler takes back draws (as after blobs read as gone): one of 1, both of 2
+    buffer._run("undo_draws", keys, [format_id(1), format_id(2), format_id(2)])
+    assert buffer.stats()["sampled_unique"] == 1  # 1 keeps two draws; 2 has none now
+    buffer.sample(2)
+    assert buffer.stats()["sampled_unique"] == 2
+
+
 def test_a_selection_that_asks_the_limiter_counts_what_it_takes(client, buffer_name):
     from redisbuf.errors import RateLimitTimeoutError, WaitTimeoutError
     from redisbuf.limiters import Queue

@@ -17,9 +17,10 @@ of observation a step):
 * priority updates: ``Client.mutate_priorities`` of 256 sampled keys a call.
 
 The table: Prioritized(0.6) sampler, Fifo remover, MinSize(1), 100,000 items, a signature
-(``tf.TensorSpec`` for Reverb, ``reverb.TensorSpec`` for redisbuf), which the dataset reads. Each figure
-is the median over ``--repeat`` runs; ``ratio`` is redisbuf over Reverb. The figures go
-to ``benchmarks/results/reverb_api.json`` (``benchmarks/_report.py``). Never run in CI.
+(``tf.TensorSpec`` for Reverb, ``reverb.TensorSpec`` for redisbuf), which the dataset
+reads. Each figure is the median over ``--repeat`` runs; ``ratio`` is redisbuf over
+Reverb. The figures go to ``benchmarks/results/reverb_api.json``
+(``benchmarks/_report.py``). Never run in CI.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -94,7 +94,7 @@ def workload(backend: str, steps: int, obs_size: int, seconds: float) -> dict[st
 
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        for sample in client.sample(TABLE, BATCH, emit_timesteps=False):
+        for _sample in client.sample(TABLE, BATCH, emit_timesteps=False):
             count += 1
     out["sample_client"] = count / (time.perf_counter() - start)
 

@@ -15,6 +15,7 @@ from ..store import codec
 from ..store.containers import (
     KINDS,
     ContainerKind,
+    RecordKind,
 )
 
 if TYPE_CHECKING:
@@ -102,6 +103,8 @@ class Decoding(_DecodingNeeds):
         self, kind: ContainerKind, schema: dict[str, Any], blobs: list[bytes],
         scratch: codec.Scratch,
     ) -> Any:
+        if isinstance(kind, RecordKind):  # whole items, no fields to gather
+            return kind.join_records(blobs)
         names = set(schema["fields"])
         # array fields may be views of scratch: the container's join copies them out
         fields: dict[str, Any] | None = codec.decode_same_layout(blobs, scratch)

@@ -11,7 +11,7 @@ import redis
 
 from ..sampling import lifetime
 from ..store import bounds
-from ..store.keys import decode_meta, format_id, keeps_rewards, pack_ids
+from ..store.keys import decode_meta, format_id, keeps_rewards
 
 if TYPE_CHECKING:
     from .needs import InspectingNeeds as _InspectingNeeds
@@ -228,39 +228,6 @@ class Inspecting(_InspectingNeeds):
         return total
 
     # -- lifecycle ----------------------------------------------------------------------
-
-    def remove(self, ids: Any) -> int:
-        """Remove the items with these ids (Reverb's ``mutate_priorities(deletes=...)``),
-        from every structure, as an eviction does; ids not stored are skipped. Each slice
-        of :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` ids is one atomic step.
-
-        Args:
-            ids: the items' ids.
-
-        Returns:
-            How many items were removed.
-
-        Raises:
-            ValueError: an id is not a positive integer.
-
-        Examples:
-            >>> import fakeredis, numpy as np
-            >>> from redisbuf import ReplayBuffer
-            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo")
-            >>> _ = buffer.add({"obs": np.arange(3.0)})
-            >>> buffer.remove([2, 2, 9]), len(buffer)
-            (1, 2)
-        """
-        wanted = np.asarray(ids).reshape(-1)
-        if wanted.size == 0:
-            return 0
-        if wanted.dtype.kind not in "iu" or int(wanted.min()) < 1:
-            raise ValueError(f"ids must be positive integers, got {ids!r}")
-        removed = 0
-        for start, stop in bounds.chunks(len(wanted), bounds.MAX_ITEMS_PER_COMMAND):
-            packed, width = pack_ids(wanted[start:stop])
-            removed += int(self._run("remove", self.keys.all_keys(), [packed, width]))
-        return removed
 
     def clear(self) -> int:
         """Remove every item, reset the counters; keep capacity, kind and schema.

@@ -108,6 +108,14 @@ class InspectingNeeds(ReplayCore, SchemaCache, Protocol):
                schema_json: bytes | None = None) -> Any: ...
 
 
+class EditingNeeds(ReplayCore, SchemaCache, Protocol):
+    """``Editing``: records, remove, replace."""
+
+    def encode(self, batch: Any) -> tuple[list[bytes], np.ndarray, dict[str, Any]]: ...
+
+    def _schema_refusal(self, schema: dict[str, Any]) -> SchemaError: ...
+
+
 class ShardedCheckpointingNeeds(Protocol):
     """``ShardedCheckpointing``: save and load of a sharded buffer, shard by shard."""
 

@@ -572,8 +572,10 @@ class MassReplica:
                 "replacement=True"
             )
 
-    def _descend(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """``n`` slots, each drawn in proportion to its mass."""
+    def _descend(self, rng: np.random.Generator, n: int,
+                 strata: tuple[int, int] | None = None) -> np.ndarray:
+        """``n`` slots, each drawn in proportion to its mass; with ``strata`` ``(first,
+        count)``, slot ``j`` within slice ``first + j`` of ``count`` equal slices."""
         sums = self.group_sums
         cumulative = np.cumsum(sums)
         total = cumulative[-1]
@@ -581,7 +583,10 @@ class MassReplica:
         slots = np.empty(n, dtype=np.int64)
         todo = np.arange(n)
         while len(todo):
-            targets = rng.random(len(todo)) * total
+            if strata is None:
+                targets = rng.random(len(todo)) * total
+            else:
+                targets = (strata[0] + todo + rng.random(len(todo))) / strata[1] * total
             groups = np.minimum(np.searchsorted(cumulative, targets, side="right"),
                                 len(sums) - 1)
             offsets = targets - (cumulative[groups] - sums[groups])
@@ -599,13 +604,15 @@ class MassReplica:
         return slots
 
     def draw(
-        self, n: int, rng: np.random.Generator, replace: bool
+        self, n: int, rng: np.random.Generator, replace: bool,
+        strata: tuple[int, int] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(slots, probabilities, masses) of ``n`` draws: with replacement each from the
-        whole distribution; without, successive draws among the items not drawn yet (the
-        probability of each given the earlier ones)."""
+        whole distribution (``strata``: stratified, see :meth:`_descend`); without,
+        successive draws among the items not drawn yet (the probability of each given
+        the earlier ones)."""
         if replace:
-            slots = self._descend(rng, n)
+            slots = self._descend(rng, n, strata)
             masses = self.masses[slots]
             return slots, masses / self.total, masses
         # Successive draws: draws with replacement, each kept unless its item was drawn

@@ -73,7 +73,9 @@ GRANTS: dict[str, str] = {
     **dict.fromkeys(("add", "add_reserve", "add_commit", "add_release", "add_diverse",
                      "episode_push", "fragment_add", "seq_add", "seq_episode",
                      # a step store's writers insert, and sweep what they made
-                     "steps_insert", "steps_sweep"), "add"),
+                     "steps_insert", "steps_sweep",
+                     # rewriting a stored record (a writer's correction, DI-engine's update)
+                     "replace"), "add"),
     **dict.fromkeys(("sample_uniform", "sample_prioritized", "sample_select", "sample_window",
                      "undo_draws", "episode_sample", "episode_windows", "fragment_fetch",
                      "masslog_read", "replica_read", "seq_read", "seq_sample",
@@ -83,7 +85,8 @@ GRANTS: dict[str, str] = {
                      "snapshot_commit", "quarantine", "heap_build"),
                     "sample"),
     **dict.fromkeys(("update_priority", "seq_update_priority", "per_raise_max",
-                     # Reverb's mutate_priorities deletes: the learner's
+                     # deletes by id (Reverb's mutate_priorities, DI-engine's delete):
+                     # the learner's, who changes priorities
                      "remove"), "priority"),
     "rate_limit": "rate",
     **dict.fromkeys(("lifetime_config", "limiter_config"), "config"),
@@ -212,13 +215,17 @@ def installed_version(client: Any) -> str | None:
 
 
 def install(client: Any) -> bool:
-    """Load the library on ``client``'s server (on a ``RedisCluster``, on every primary)
-    unless this version is there already. Returns whether it loaded it."""
+    """Load the library on ``client``'s server (on a ``RedisCluster``, on every primary it
+    reaches: one that is down gets it when a call there next finds it missing, as after a
+    restart) unless this version is there already. Returns whether it loaded it."""
     client = unwrapped(client)
     if isinstance(client, redis.cluster.RedisCluster):
         loaded = False
         for node in client.get_primaries():
-            loaded |= install(client.get_redis_connection(node))
+            try:
+                loaded |= install(client.get_redis_connection(node))
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                continue  # its slots fail with an error naming them (a shard, a key)
         return loaded
     if installed_version(client) == version():
         return False
