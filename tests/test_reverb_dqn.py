@@ -58,3 +58,25 @@ def test_dqn_on_reverbs_api_learns_cartpole():
     assert result.learner_steps > 0
     greedy = [g for _, i, g in result.returns if i == 1]
     assert np.mean(greedy[:20]) < LEARNED <= result.final_return
+
+
+def test_a_run_report_carries_its_python_and_plots_from_json(tmp_path):
+    import json
+    import sys
+    from dataclasses import asdict
+
+    from redisbuf.examples.reverb_dqn import Result, main, report
+
+    pytest.importorskip("matplotlib")
+    result = Result(config=asdict(Config(actors=2)),
+                    returns=[(1.0, 1, 20.0), (2.0, 0, 9.0), (3.0, 1, 40.0)],
+                    learner_steps=10, seconds=4.0, reached=3.0, final_return=30.0)
+    document = report(result, "2026-01-01 00:00 UTC", [1.0, 1.0, 1.0], ["python"])
+    (run_,) = document["runs"]
+    assert run_["python"] == "{}.{}.{}".format(*sys.version_info[:3])
+    assert run_["frames_to_target"] == 69 and run_["time_to_target"] == 3.0
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(document))
+    png = tmp_path / "both.png"
+    assert main(["--plot", str(path), str(path), "--png", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

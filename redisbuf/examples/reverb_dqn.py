@@ -22,7 +22,8 @@ example runs wherever the lean package does, Python 3.11 to 3.13. Actor ``i`` of
 explores with Ape-X's ``eps_i = 0.4 ** (1 + 7 i / (N - 1))``; "return" is the mean over
 the last 20 episodes of the greediest actor. The run stops at ``--target``, after
 ``--minutes`` or at Ctrl-C, and writes a JSON of the run and, with matplotlib, its curve
-(``--out``).
+(``--out``); ``--plot A.json B.json --png OUT.png`` draws the curves of several runs
+(Python 3.11 and 3.13, say) into one figure.
 """
 
 from __future__ import annotations
@@ -408,29 +409,36 @@ def report(result: Result, date: str, load_before: list[float], command: list[st
             "learner_steps": result.learner_steps,
             "learner_steps_per_s": (result.learner_steps / result.seconds
                                     if result.seconds else None),
-            "final_return": result.final_return, "returns": result.returns}
+            "final_return": result.final_return,
+            "python": "{}.{}.{}".format(*sys.version_info[:3]), "returns": result.returns}
     return {"date": date, "load": {"before": load_before, "after": list(os.getloadavg())},
             "command": command, "config": result.config, "runs": [run_]}
 
 
-def plot(result: Result, path: Path) -> None:
+def plot(reports: list[dict[str, Any]], path: Path) -> None:
+    """Draw the greediest actor's returns (the mean of the last ``WINDOW`` episodes) of
+    each run of these reports (as :func:`report` writes them), one curve per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    greedy = result.config["actors"] - 1
-    points = [(t, g) for t, i, g in result.returns if i == greedy]
-    if not points:
-        return
-    times, values = zip(*points, strict=True)
-    smooth = [float(np.mean(values[max(0, k - WINDOW + 1): k + 1])) for k in range(len(values))]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(times, values, ".", alpha=0.3, label="episode return (greediest actor)")
-    ax.plot(times, smooth, label=f"mean of the last {WINDOW}")
+    for document in reports:
+        config = document["config"]
+        greedy = config["actors"] - 1
+        for run_ in document["runs"]:
+            points = [(t, g) for t, i, g in run_["returns"] if i == greedy]
+            if not points:
+                continue
+            times, values = zip(*points, strict=True)
+            smooth = [float(np.mean(values[max(0, k - WINDOW + 1): k + 1]))
+                      for k in range(len(values))]
+            label = f"{config['backend']}, Python {run_.get('python', '?')}, seed {run_['seed']}"
+            ax.plot(times, smooth, label=label)
     ax.set_xlabel("seconds")
-    ax.set_ylabel("return")
-    ax.set_title(f"DQN on {ENV_ID} through Reverb's API ({result.config['backend']})")
+    ax.set_ylabel(f"return (mean of the last {WINDOW})")
+    ax.set_title(f"DQN on {ENV_ID} through Reverb's API")
     ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path)
@@ -446,20 +454,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=["redisbuf", "reverb"], default="redisbuf")
     parser.add_argument("--out", default="reverb_dqn", help="prefix of the JSON and PNG")
+    parser.add_argument("--plot", nargs="+", metavar="JSON",
+                        help="draw the curves of these --out JSON files into --png instead "
+                             "of training")
+    parser.add_argument("--png", default="reverb_dqn.png", help="the PNG that --plot draws")
     args = parser.parse_args(argv)
+    if args.plot:
+        plot([json.loads(Path(name).read_text()) for name in args.plot], Path(args.png))
+        return 0
     config = Config(actors=args.actors, minutes=args.minutes, target=args.target,
                     seed=args.seed, backend=args.backend)
     load_before = list(os.getloadavg())
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     result = run(config)
     out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(
-        report(result, date, load_before, ["python", "-m", "redisbuf.examples.reverb_dqn",
-                                           *(argv if argv is not None else sys.argv[1:])]),
-        indent=1))
+    python = "python{}.{}".format(*sys.version_info[:2])
+    document = report(result, date, load_before, [
+        python, "-m", "redisbuf.examples.reverb_dqn",
+        *(argv if argv is not None else sys.argv[1:])])
+    out.with_suffix(".json").write_text(json.dumps(document, indent=1))
     try:
-        plot(result, out.with_suffix(".png"))
-    except ImportError:
+        plot([document], out.with_suffix(".png"))
+    except ImportError:  # no matplotlib: --plot draws the JSON elsewhere
         pass
     print(f"mean return {result.final_return:.1f} after {result.seconds:.0f} s, "
           f"{result.learner_steps} learner steps")
