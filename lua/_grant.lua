@@ -16,7 +16,9 @@ local RB_GRANT_VERBS = {add = 'add to', sample = 'sample from',
 local function rb_refused(keys, args, grant)
   if grant == nil then return nil end
   if grant == 'rate' then
-    grant = (args[1] == 'insert' or args[1] == 'unsert') and 'add' or 'sample'
+    local op = args[1]
+    grant = (op == 'insert' or op == 'unsert' or op == 'insert_upto' or op == 'can_insert')
+      and 'add' or 'sample'
   elseif grant == 'config' then
     -- every process opening the buffer calls it; with nothing asked it only reads
     local asked = false

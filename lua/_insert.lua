@@ -5,6 +5,7 @@
 -- @include masslog
 -- @include items
 -- @include history
+-- @include removers
 
 -- The per-batch options of an add script's options argument: "" (none) or a JSON object.
 local function batch_options(text)
@@ -60,8 +61,9 @@ local function reserve_ids(K, n, options)
 end
 
 -- Store the items with ids `ids` (first_id .. first_id + n - 1, reserved by reserve_ids),
--- then evict (count - capacity) items: the oldest ("fifo": lowest ids), or the lowest
--- log-reward with the oldest first among equals ("reward"; new items may go at once).
+-- then evict (count - capacity) items: the oldest ("fifo": lowest ids), the lowest
+-- log-reward with the oldest first among equals ("reward"; new items may go at once), or
+-- as a Reverb remover chooses them, one new item at a time (lua/_removers.lua).
 -- blobs nil: their blobs are in the items hash already (add_commit.lua). The first batch
 -- fixes the schema. Returns {first_id, n, evicted}.
 local function commit_batch(K, conf, schema_json, options, ids, first, blobs, priorities, vecs)
@@ -81,7 +83,11 @@ local function commit_batch(K, conf, schema_json, options, ids, first, blobs, pr
   if excess > 0 then
     local source = K.order
     if conf[2] == 'reward' and rewards_kept(K) then source = K.prio end
-    victims = redis.call('ZRANGE', source, 0, excess - 1)
+    if per_item_remover(conf[2]) then  -- Reverb's removers (lua/_removers.lua)
+      victims = remover_victims(K, conf[2], ids, excess, options)
+    else
+      victims = redis.call('ZRANGE', source, 0, excess - 1)
+    end
     before = delete_items(K, victims)
     redis.call('HINCRBY', meta, 'evicted', #victims)
   end

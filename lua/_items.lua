@@ -11,7 +11,8 @@
 --   present_uses / removed_uses / removed_items: uses of items present / removed, items
 --   removed (evicted, used up, stale); retired: items removed by max_use; reset_through:
 --   the last id given out when a clear or a load last reset these counters;
---   stale_removed, rejected_stale, rejected_session; staleness_sum / staleness_count:
+--   stale_removed, rejected_stale, rejected_session; sampled_unique: items sampled at
+--   least once (each counted at its first draw); staleness_sum / staleness_count:
 --   staleness of sampled items that carry a version.
 
 -- Why a batch may not be stored (MineStudio's rule): "session" when options.session_id
@@ -381,7 +382,9 @@ local function record_draws(K, ids)
   end
   -- one HMGET and one HSET rather than an HINCRBY per item: a third of the server time
   local before, used_up, total, use_pairs = hmget_chunked(K.uses, distinct), {}, 0, {}
+  local first_time = 0  -- items sampled for the first time (Reverb's num_unique_samples)
   for j, id in ipairs(distinct) do
+    if not before[j] then first_time = first_time + 1 end
     total = total + counts[id]
     local uses = (tonumber(before[j]) or 0) + counts[id]
     use_pairs[2 * j - 1] = id
@@ -390,6 +393,7 @@ local function record_draws(K, ids)
   end
   call_chunked('HSET', K.uses, use_pairs)
   redis.call('HINCRBY', K.meta, 'present_uses', total)
+  if first_time > 0 then redis.call('HINCRBY', K.meta, 'sampled_unique', first_time) end
   if conf[2] then
     local current, sum, count = tonumber(conf[2]), 0, 0
     local versions = zmscore_chunked(K.versions, distinct)
@@ -419,10 +423,13 @@ end
 local function unrecord_draws(K, ids)
   if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
   local reset = tonumber(redis.call('HGET', K.meta, 'reset_through')) or -1
-  local present, removed = 0, 0
+  local present, removed, unsampled = 0, 0, 0
   for i = 1, #ids do
     if redis.call('HEXISTS', K.items, ids[i]) == 1 then
-      if redis.call('HINCRBY', K.uses, ids[i], -1) <= 0 then redis.call('HDEL', K.uses, ids[i]) end
+      local left = redis.call('HINCRBY', K.uses, ids[i], -1)
+      -- back to never sampled: its first draw is no longer counted in sampled_unique
+      if left == 0 then unsampled = unsampled + 1 end
+      if left <= 0 then redis.call('HDEL', K.uses, ids[i]) end
       present = present + 1
     elseif tonumber(ids[i]) > reset then
       removed = removed + 1
@@ -431,4 +438,5 @@ local function unrecord_draws(K, ids)
   if present + removed > 0 then redis.call('HINCRBY', K.meta, 'sampled', -(present + removed)) end
   if present > 0 then redis.call('HINCRBY', K.meta, 'present_uses', -present) end
   if removed > 0 then redis.call('HINCRBY', K.meta, 'removed_uses', -removed) end
+  if unsampled > 0 then redis.call('HINCRBY', K.meta, 'sampled_unique', -unsampled) end
 end

@@ -20,7 +20,8 @@ redis.call('HSET', K.meta, 'inserted', 0, 'evicted', 0, 'sampled', 0,
 -- data-lifetime counters (lua/_items.lua); the current version and session stay
 redis.call('HDEL', K.meta, 'present_uses', 'removed_uses', 'removed_items', 'retired',
   'stale_removed', 'rejected_stale', 'rejected_session', 'staleness_sum', 'staleness_count',
-  'rl_inserts', 'rl_samples')  -- and the rate limiter's (lua/rate_limit.lua)
+  'rl_inserts', 'rl_samples',  -- and the rate limiter's (lua/rate_limit.lua)
+  'sampled_unique', 'deleted')  -- items ever sampled, removed by id (lua/remove.lua)
 redis.call('HDEL', K.meta, 'per_sum', 'per_comp', 'per_nonzero', 'per_max')
 if masslog_on(K) then masslog_reset(K) end
 return removed

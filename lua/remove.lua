@@ -1,7 +1,8 @@
--- Remove chosen items (DI-engine's delete, a facade's removal by id): each id still
--- stored leaves every per-item structure as an eviction removes it (remove_items: order,
--- log-rewards, PER priorities, uses, versions, and a mass-log entry so that samplers'
--- replicas stop drawing it). Ids not stored (never, or removed already) are skipped.
+-- Remove chosen items (Reverb's mutate_priorities deletes, DI-engine's delete, any
+-- facade's removal by id): each id still stored leaves every per-item structure as an
+-- eviction removes it (remove_items: order, log-rewards, PER priorities, uses, versions,
+-- and a mass-log entry so that samplers' replicas stop drawing it). Ids not stored
+-- (never, or removed already) are skipped; an id named twice is removed once.
 -- @include common
 -- @include masslog
 -- @include items
@@ -11,8 +12,10 @@
 -- buffer_keys in _common.lua)
 -- ARGV[1..] the ids to remove (stored form, 12 digits); an id may repeat
 -- At most RB_MAX_ADD ids per call (removing an item costs what storing one does:
--- redisbuf/store/bounds.py). Counted in meta removed_items, as every removal. Returns the
--- number of items removed. Errors: RB_NOBUF, RB_LIMIT.
+-- redisbuf/store/bounds.py). Counted in meta removed_items, as every removal, and in meta
+-- deleted (removals by id: stats()['deleted'], Reverb's num_deleted_episodes). Returns the
+-- number of items removed (never retried: a retry after a lost reply would count 0).
+-- Errors: RB_NOBUF, RB_LIMIT.
 local K = buffer_keys(KEYS)
 if #ARGV > RB_MAX_ADD then
   return fail('RB_LIMIT', 'one call removes at most ' .. RB_MAX_ADD .. ' items, got ' .. #ARGV)
@@ -28,6 +31,8 @@ for i = 1, #ARGV do
   end
   seen[id] = true
 end
+if #stored == 0 then return 0 end
 remove_items(K, stored)
-if #stored > 0 then notify_changed(K.meta) end
+redis.call('HINCRBY', K.meta, 'deleted', #stored)
+notify_changed(K.meta)  -- a rate limiter counts the size: inserts may go on
 return #stored

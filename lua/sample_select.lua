@@ -3,6 +3,7 @@
 -- @include common
 -- @include masslog
 -- @include items
+-- @include admission
 -- @keys 13
 -- @retry draw
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
@@ -10,13 +11,22 @@
 -- ARGV[3] heap score: "log_reward" (prio zset) | "priority" (PER priorities: the per_heap
 -- zset, built from the per hash by lua/heap_build.lua a bounded slice at a time, and kept
 -- in step by every change from the build's start, see lua/_items.lua)
--- ARGV[4] "1" = also return blobs  ARGV[5] unused (the samplers' uniforms slot)
+-- ARGV[4] "1" = also return blobs  ARGV[5] "successive" (Reverb's successive
+-- selections, below), "successive+admit" (the same, n first cut to what the buffer's rate
+-- limiter admits, lua/_admission.lua, and the selections counted as its samples, in this
+-- one step: a sample counted has removed its items before an insert may take their room)
+-- or "" (the samplers' uniforms slot)
 -- Returns the first n ids of the order, {id_1..id_n}, and, if asked, {blob_1..blob_n}
 -- after them: fifo = oldest first, lifo = newest first, max / min = highest / lowest score
 -- first with the oldest first among equal scores. When n exceeds the length the order
--- repeats. O(log len + n). Errors: RB_EMPTY, RB_CONFIG (no PER priorities), RB_LIMIT (n
--- above RB_MAX_ITEMS, redisbuf/store/bounds.py), RB_NOHEAP (by priority before the heap
--- is built).
+-- repeats. Successive selections are n selections of the first item of the order, each
+-- made after the earlier ones were counted: without max_use all n are the first item;
+-- with it, each item is selected until its uses reach max_use (then it is removed and
+-- the next is first), and when the items hold fewer uses than n, the reply has that many
+-- ids (and blobs), and with "admit" none (an empty reply) when the limiter admits none.
+-- O(log len + n). Errors: RB_EMPTY, RB_CONFIG (no PER priorities),
+-- RB_LIMIT (n above RB_MAX_ITEMS, redisbuf/store/bounds.py), RB_NOHEAP (by priority
+-- before the heap is built).
 local K = buffer_keys(KEYS)
 local n, mode = tonumber(ARGV[1]), ARGV[2]
 if n == nil or n > RB_MAX_ITEMS then
@@ -38,6 +48,11 @@ elseif mode == 'max' or mode == 'min' then
     end
     source = K.per_heap
   end
+end
+local admit = ARGV[5] == 'successive+admit'
+if admit then
+  n = samples_admitted(K.meta, K.order, n)
+  if n == 0 then return {} end
 end
 local len = redis.call('ZCARD', K.order)
 if len == 0 then return fail('RB_EMPTY', 'buffer is empty') end
@@ -65,9 +80,31 @@ else
   end
 end
 local ids = {}
-for i = 1, n do ids[i] = seq[(i - 1) % m + 1] end
+if ARGV[5] == 'successive' or admit then
+  local max_use = tonumber(redis.call('HGET', K.meta, 'max_use'))
+  if not max_use then
+    for i = 1, n do ids[i] = seq[1] end
+  else
+    local uses = hmget_chunked(K.uses, seq)
+    for j = 1, #seq do
+      local left = max_use - (tonumber(uses[j]) or 0)
+      for _ = 1, left do
+        if #ids == n then break end
+        ids[#ids + 1] = seq[j]
+      end
+      if #ids == n then break end
+    end
+    n = #ids
+  end
+else
+  for i = 1, n do ids[i] = seq[(i - 1) % m + 1] end
+end
 local blobs
 if ARGV[4] == '1' then blobs = hmget_chunked(K.items, ids) end
+if admit and n > 0 and redis.call('HEXISTS', K.meta, 'rl_spi') == 1 then
+  redis.call('HINCRBY', K.meta, 'rl_samples', n)
+  notify_changed(K.meta)
+end
 record_draws(K, ids)  -- after reading the blobs: it may remove used-up items
 if blobs then
   for i = 1, n do ids[n + i] = blobs[i] end

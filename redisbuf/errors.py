@@ -306,6 +306,22 @@ class PartialLoadError(RedisBufError):
         self.failed = failed
 
 
+class StepsGoneError(RedisBufError):
+    """An insert into a step store referenced chunks the store no longer holds (its
+    sweep freed them: no item referenced them any longer); nothing was written. A writer
+    that still holds those steps sends them again (redisbuf/buffers/step_writer.py).
+
+    Attributes:
+        chunks: the keys of the missing chunks.
+    """
+
+    code = "RB_GONE"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"chunks no longer held: {message}")
+        self.chunks = message.split()
+
+
 # The one mapping of script error codes to exceptions: a script's or FCALL function's
 # error reply that starts with a code becomes an instance of its class here
 # (redisbuf/store/scripts.py, translate).
@@ -324,5 +340,6 @@ SCRIPT_ERRORS: dict[str, type[RedisBufError]] = {
         InvalidBatchError,
         SamplingError,
         RequestTooLargeError,
+        StepsGoneError,
     )
 }

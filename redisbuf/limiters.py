@@ -6,5 +6,7 @@ A public namespace, as Reverb's ``reverb.rate_limiters``: the classes live in
 """
 
 from .sampling.limiters import MinSize as MinSize
+from .sampling.limiters import Queue as Queue
 from .sampling.limiters import RateLimiter as RateLimiter
 from .sampling.limiters import SampleToInsertRatio as SampleToInsertRatio
+from .sampling.limiters import Stack as Stack

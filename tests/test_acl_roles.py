@@ -236,6 +236,12 @@ def _py_update(ctx: Context) -> None:
     assert float(ctx.admin.hget(BufferKeys(ctx.name).per, "000000000002")) == 4.0
 
 
+def _py_remove(ctx: Context) -> None:
+    with ReplayBuffer.open(ctx.url, ctx.name) as mine:
+        assert mine.remove([2]) == 1
+    assert not ctx.admin.hexists(BufferKeys(ctx.name).items, "000000000002")
+
+
 def _py_inspect(ctx: Context) -> None:
     with ReplayBuffer.open(ctx.url, ctx.name) as mine:
         assert len(mine) == 4 and mine.stats()["length"] == 4
@@ -335,6 +341,7 @@ TABLE: dict[str, tuple[Callable[[Context], None], frozenset[str]]] = {
     "python sample by priority, update priorities": (_py_sample_per_and_update,
                                                      frozenset({"learner"})),
     "python update priorities": (_py_update, frozenset({"learner"})),
+    "python remove by id": (_py_remove, frozenset({"learner"})),
     "python len, stats": (_py_inspect, EVERYONE),
     "python get": (_py_get, READERS),
     "python clear": (_py_clear, frozenset()),

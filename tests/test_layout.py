@@ -88,19 +88,28 @@ def test_public_namespaces():
     import redisbuf.errors
     import redisbuf.limiters
     import redisbuf.selectors
-    from redisbuf.sampling import limiters, samplers, selectors
+    from redisbuf.sampling import limiters, removers, samplers, selectors
 
     def public(module):
         return {name for name in vars(module) if not name.startswith("_")}
 
-    assert public(redisbuf.selectors) == {
+    samplers_and_selectors = {
         "UniformSampler", "PrioritizedSampler", "PERSampler",
         "FifoSampler", "LifoSampler", "MaxHeapSampler", "MinHeapSampler",
     }
-    for name in public(redisbuf.selectors):
+    remover_names = {
+        "Remover", "FifoRemover", "LifoRemover", "UniformRemover", "PrioritizedRemover",
+        "MaxHeapRemover", "MinHeapRemover",
+    }
+    assert public(redisbuf.selectors) == samplers_and_selectors | remover_names
+    for name in samplers_and_selectors:
         home = samplers if hasattr(samplers, name) else selectors
         assert getattr(redisbuf.selectors, name) is getattr(home, name) is getattr(redisbuf, name)
-    assert public(redisbuf.limiters) == {"MinSize", "RateLimiter", "SampleToInsertRatio"}
+    for name in remover_names:  # in the namespace only
+        assert getattr(redisbuf.selectors, name) is getattr(removers, name)
+        assert not hasattr(redisbuf, name)
+    assert public(redisbuf.limiters) == {
+        "MinSize", "Queue", "RateLimiter", "SampleToInsertRatio", "Stack"}
     for name in public(redisbuf.limiters):
         assert getattr(redisbuf.limiters, name) is getattr(limiters, name)
         assert not hasattr(redisbuf, name)

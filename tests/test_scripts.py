@@ -106,9 +106,10 @@ def test_each_helper_is_pasted_once_after_the_helpers_it_includes(name):
 
 
 def test_a_helper_included_along_two_chains_is_pasted_once():
-    # add.lua names common, masslog, items, history and insert; items and insert name
-    # common and masslog again: each comes once, in dependency order
-    assert scripts._helpers(["insert"]) == ["common", "masslog", "items", "history", "insert"]
+    # add.lua names common, masslog, items, history and insert (which names removers);
+    # items and insert name common and masslog again: each comes once, in dependency order
+    assert scripts._helpers(["insert"]) == [
+        "common", "masslog", "items", "history", "removers", "insert"]
     assert scripts._helpers(["items", "masslog", "common"]) == ["common", "masslog", "items"]
     source = scripts.load("add")._expanded
     assert source.count("local function fmt(x)") == 1

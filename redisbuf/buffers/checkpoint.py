@@ -330,6 +330,12 @@ class Checkpointing(_CheckpointingNeeds):
                     f"saved record {item_id} has use count {uses!r:.40}; use counts must be "
                     "integers in [0, 2**53]"
                 )
+        if schema.get("kind") == "steps":  # references to a step store's chunks
+            from .step_records import decode_item
+
+            for record in records:
+                decode_item(record[2])
+            return
         kind_name = schema.get("kind")
         kind = KINDS.get(kind_name) if isinstance(kind_name, str) else None
         if kind is None:

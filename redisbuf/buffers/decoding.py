@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import (
     DecodeError,
     EmptyBufferError,
+    SchemaError,
 )
 from ..store import codec
 from ..store.containers import (
@@ -31,6 +32,12 @@ class Decoding(_DecodingNeeds):
         schema = self._stored_schema()
         if schema is None:
             raise EmptyBufferError(f"buffer {self.name!r} is empty")
+        if schema["kind"] == "steps":
+            raise SchemaError(
+                f"buffer {self.name!r} holds items referencing the steps of step store "
+                f"{schema.get('store')!r}: sample them with StepStore.sample "
+                "(redisbuf.buffers.steps) or redisbuf.reverb"
+            )
         return KINDS[schema["kind"]], schema
 
     def decode(

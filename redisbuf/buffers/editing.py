@@ -65,15 +65,19 @@ class Editing(_EditingNeeds):
 
     def remove(self, ids: Sequence[int] | np.ndarray) -> int:
         """Remove these items, as an eviction removes them (their priorities, uses and
-        versions go too, and every process's samplers stop drawing them). Ids not stored
-        are skipped. Atomic per command of at most
-        :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS` ids.
+        versions go too, and every process's samplers stop drawing them): DI-engine's
+        ``delete``, Reverb's ``mutate_priorities(deletes=...)``. Ids not stored are
+        skipped; an id named twice is removed once. Counted in ``stats()['deleted']``.
+        Atomic per command of at most :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS` ids.
 
         Args:
             ids: the items' ids.
 
         Returns:
             How many items were removed.
+
+        Raises:
+            ValueError: an id is not a positive integer.
 
         Examples:
             >>> import fakeredis, numpy as np

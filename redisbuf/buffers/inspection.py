@@ -1,6 +1,6 @@
 """What :class:`~redisbuf.buffers.replay.ReplayBuffer` offers besides adding, drawing and
 priorities: reading items by id, inspecting (length, ``top``, ``stats``, memory), the data
-lifetime's model version, and the lifecycle (``close``, ``clear``, ``drop``)."""
+lifetime's model version, and the lifecycle (``remove``, ``close``, ``clear``, ``drop``)."""
 
 from __future__ import annotations
 
@@ -142,7 +142,8 @@ class Inspecting(_InspectingNeeds):
 
         Returns:
             A dict keyed by name (``length``, ``capacity``, ``inserted``, ``evicted``,
-            ``sampled``, ``quarantined``, ...).
+            ``sampled``, ``sampled_unique`` (items sampled at least once), ``deleted``
+            (removed by :meth:`remove`), ``quarantined``, ...).
 
         Examples:
             >>> import fakeredis, numpy as np
@@ -165,6 +166,8 @@ class Inspecting(_InspectingNeeds):
             "inserted": int(meta.get("inserted", 0)),
             "evicted": int(meta.get("evicted", 0)),
             "sampled": int(meta.get("sampled", 0)),
+            "sampled_unique": int(meta.get("sampled_unique", 0)),
+            "deleted": int(meta.get("deleted", 0)),
             "last_id": int(meta.get("last_id", 0)),
             "kind": meta.get("kind"),
             "eviction": meta.get("eviction"),

@@ -85,7 +85,7 @@ class Opening(_OpeningNeeds):
         if capacity is not None and stored.eviction != eviction:
             raise ConfigMismatchError(
                 f"buffer {self.name!r} exists with eviction policy {stored.eviction!r}, "
-                f"not {eviction!r} (prioritized_capacity mismatch)"
+                f"not {eviction!r} (prioritized_capacity or remover mismatch)"
             )
         if retry_window is not None and stored.retry_window != float(retry_window):
             raise ConfigMismatchError(

@@ -22,6 +22,7 @@ from ..errors import (
 )
 from ..sampling import lifetime, limiters
 from ..sampling.base import BufferView
+from ..sampling.removers import Remover, remover_of
 from ..sampling.samplers import (
     Draw,
     PERSampler,
@@ -172,11 +173,18 @@ class ReplayBuffer(
             remembers each add's batch id and reply, so that an add retried after a lost
             reply is not stored twice; fixed at creation (default 600), ``None`` adopts
             the stored one.
+        remover: what leaves the buffer when it is full, a
+            :mod:`redisbuf.sampling.removers` rule (Reverb's removers: FIFO, LIFO, uniform,
+            prioritized, max / min heap by PER priority); fixed at creation, ``None``
+            adopts the stored one (or, for a new buffer, FIFO, or lowest log-reward first
+            with ``prioritized_capacity``).
 
     Raises:
         ValueError: an argument out of range (``capacity``, ``kind``, ``max_item_bytes``,
-            ``recent_data_ratio``, ``recent_data_steps``, ``retry_window``, ``durability``).
-        TypeError: ``manager`` is not a :class:`~redisbuf.control.remote.ManagerLink`.
+            ``recent_data_ratio``, ``recent_data_steps``, ``retry_window``, ``durability``),
+            or both ``remover`` and ``prioritized_capacity``.
+        TypeError: ``manager`` is not a :class:`~redisbuf.control.remote.ManagerLink`, or
+            ``remover`` is not a :class:`~redisbuf.sampling.removers.Remover`.
         ConfigMismatchError: the stored buffer was made with another configuration.
         ServerConfigError: ``strict`` and an evicting ``maxmemory-policy``, or a
             ``durability`` the server cannot confirm.
@@ -213,6 +221,7 @@ class ReplayBuffer(
         max_staleness: int | None = None,
         rate_limiter: limiters.RateLimiter | None = None,
         retry_window: float | None = None,
+        remover: Remover | None = None,
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0
@@ -238,6 +247,11 @@ class ReplayBuffer(
             raise ValueError(
                 f"retry_window must be a positive number of seconds, got {retry_window!r}"
             )
+        if remover is not None and not isinstance(remover, Remover):
+            raise TypeError(f"remover must be a Remover, got {type(remover).__name__}")
+        if remover is not None and prioritized_capacity:
+            raise ValueError("prioritized_capacity and remover both say what to evict: "
+                             "give one")
         self.recent_data_ratio = float(recent_data_ratio)
         self.recent_data_steps = recent_data_steps
         self._owns_client = redis_or_url is None or isinstance(redis_or_url, str)
@@ -260,9 +274,11 @@ class ReplayBuffer(
                                lambda *args, **kwargs: self._run(*args, **kwargs))
         self._schema: dict[str, Any] | None = None
         self._schema_json: str | None = None
-        self._config = self._open(
-            capacity, "reward" if prioritized_capacity else "fifo", retry_window
-        )
+        if remover is not None:
+            eviction = remover.eviction
+        else:
+            eviction = "reward" if prioritized_capacity else "fifo"
+        self._config = self._open(capacity, eviction, retry_window)
         self.retry_window = self._config.retry_window
         self.capacity = self._config.capacity
         self.prioritized_capacity = self._config.eviction == "reward"
@@ -283,6 +299,10 @@ class ReplayBuffer(
             sampler = PrioritizedSampler() if prioritized_sampling else UniformSampler()
         self.sampler = sampler
         self.sampler.prepare(self.view)
+        #: what leaves the buffer when it is full (None: ``prioritized_capacity``)
+        self.remover = remover_of(self._config.eviction)
+        if self.remover is not None:
+            self.remover.prepare(self.view)
         if manager is not None and not isinstance(manager, ManagerLink):
             raise TypeError(f"manager must be a ManagerLink, got {type(manager).__name__}")
         #: this worker's link to its manager (None: no manager)
@@ -403,7 +423,8 @@ class ReplayBuffer(
         refused and counted (``rejected`` of the result says why; nothing is stored).
 
         Eviction removes the oldest items (FIFO), or with ``prioritized_capacity`` the
-        lowest log-reward ones (oldest first among equal log-rewards; new items included).
+        lowest log-reward ones (oldest first among equal log-rewards; new items included),
+        or what the buffer's ``remover`` chooses, one new item at a time.
         Log-rewards may be -inf or +inf (+inf items are evicted last; prioritized sampling
         refuses to draw while one is present, as the softmax is undefined).
         A batch that is rejected (wrong kind or schema, NaN log-rewards, an item
@@ -458,6 +479,9 @@ class ReplayBuffer(
         """
         options = lifetime.add_options(model_version, session_id)
         blobs, log_rewards, schema = self.encode(batch)
+        if self.remover is not None and self.remover.random:
+            # the remover's choices (lua/_removers.lua) draw on this process's generator
+            options["evict_u"] = self.rng.random(2 * len(blobs) + 8).tolist()
         _check_add_bound(self.name, blobs)
         if priorities is not None:
             checked = _per_priorities(priorities, len(blobs))
@@ -519,6 +543,8 @@ class ReplayBuffer(
             raise ValueError("PERSampler draws with replacement (as Reverb's and TorchRL's "
                              "prioritized samplers do); replacement=False is not available")
         limiter = self.rate_limiter
+        if limiter is not None and getattr(self.sampler, "admits", False) and not block:
+            return self._draw_self_admitted(n, timeout)
         if not block:
             if limiter is not None:
                 limiters.acquire(self.view, limiter, "sample", n, timeout)
@@ -541,15 +567,20 @@ class ReplayBuffer(
                 if not self.client.exists(self.keys.meta):  # dropped: not coming back
                     raise NoSuchBufferError(f"buffer meta {self.keys.meta} does not exist")
                 return None
-            if limiter is not None:
+            admits = getattr(self.sampler, "admits", False)  # asks the limiter itself
+            if limiter is not None and not admits:
                 reason = limiters.refusal(self.view, limiter, "sample", n)
                 if reason is not None:
                     held_for.append(reason)
                     return None
             try:
-                return self._draw_admitted(n, replacement, sample_range)
+                drawn = self._draw_admitted(n, replacement, sample_range)
             except EmptyBufferError:
                 return None  # e.g. every item has log-reward -inf: wait for a drawable one
+            if not drawn.ids:
+                held_for.append("the rate limiter to admit a sample")
+                return None
+            return drawn
 
         try:
             return wait_for(
@@ -570,12 +601,28 @@ class ReplayBuffer(
                 ) from None
             raise
 
+    def _draw_self_admitted(self, n: int, timeout: float | None | Unset) -> Draw:
+        """The draw of a sampler that asks the rate limiter itself (``admits``), waiting
+        while it admits nothing, up to ``timeout`` (else the limiter's)."""
+        limiter = self.rate_limiter
+        assert limiter is not None
+
+        def attempt() -> Draw | None:
+            draw = self._draw_now(n, None, None)
+            return draw if draw.ids else None
+
+        wait = limiter.timeout if timeout is UNSET else timeout
+        return wait_for(self.client, self.keys.meta, attempt, wait,
+                        lambda: f"buffer {self.name!r}: sample({n}) waited {wait:g} s for the "
+                        "rate limiter to admit a sample", error=RateLimitTimeoutError)
+
     def _draw_admitted(self, n: int, replacement: bool | None, sample_range: slice | None) -> Draw:
-        """Draw, taking back the rate limiter's count when nothing is drawn."""
+        """Draw, taking back the rate limiter's count when nothing is drawn (a sampler
+        that asks the limiter itself counted nothing then)."""
         try:
             return self._draw_now(n, replacement, sample_range)
         except BaseException:
-            if self.rate_limiter is not None:
+            if self.rate_limiter is not None and not getattr(self.sampler, "admits", False):
                 limiters.release(self.view, "sample", n)
             raise
 

@@ -178,7 +178,8 @@ def _saved_schema(schema_json: Any) -> dict[str, Any]:
         schema = None
     if (
         not isinstance(schema, dict)
-        or schema.get("kind") not in KINDS
+        # "steps": items referencing a step store's chunks (redisbuf/buffers/steps.py)
+        or (schema.get("kind") not in KINDS and schema.get("kind") != "steps")
         or not isinstance(schema.get("fields"), dict)
         or schema_to_json(schema) != schema_json
     ):

@@ -162,6 +162,50 @@ def MinSize(n: int, timeout: float | None = DEFAULT_TIMEOUT) -> RateLimiter:  # 
     return RateLimiter(1.0, n, -math.inf, math.inf, timeout)
 
 
+def Queue(size: int, timeout: float | None = DEFAULT_TIMEOUT) -> RateLimiter:  # noqa: N802
+    """Reverb's ``Queue(size)`` limiter: with a FIFO sampler, a FIFO remover, ``max_use=1``
+    and ``capacity=size`` the buffer is a bounded queue: a sample waits while it is empty,
+    an insert while ``size`` items wait unread (``samples_per_insert=1``,
+    ``min_size_to_sample=1``, ``min_diff=0``, ``max_diff=size``).
+
+    Args:
+        size: the most items waiting (>= 1).
+        timeout: this process's patience in seconds (``None``: no limit).
+
+    Returns:
+        The limiter.
+
+    Raises:
+        ValueError: ``size`` is not an integer >= 1.
+
+    Examples:
+        >>> from redisbuf.limiters import Queue
+        >>> limiter = Queue(10)
+        >>> limiter.min_diff, limiter.max_diff, limiter.min_size_to_sample
+        (0.0, 10.0, 1)
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"size must be an integer >= 1, got {size!r}")
+    return RateLimiter(1.0, 1, 0.0, float(size), timeout)
+
+
+def Stack(size: int, timeout: float | None = DEFAULT_TIMEOUT) -> RateLimiter:  # noqa: N802
+    """Reverb's ``Stack(size)`` limiter: the same numbers as :func:`Queue`, for a buffer
+    with a LIFO sampler and a LIFO remover (newest first).
+
+    Args:
+        size: the most items waiting (>= 1).
+        timeout: this process's patience in seconds (``None``: no limit).
+
+    Returns:
+        The limiter.
+
+    Raises:
+        ValueError: ``size`` is not an integer >= 1.
+    """
+    return Queue(size, timeout)
+
+
 def _text(value: float) -> str:
     if value == math.inf:
         return "inf"
@@ -259,6 +303,56 @@ def acquire(
                     error=RateLimitTimeoutError)
 
 
+def acquire_upto(
+    buffer: BufferView,
+    limiter: RateLimiter,
+    side: str,
+    n: int,
+    timeout: float | None | Unset = UNSET,
+) -> int:
+    """Wait until the limiter admits at least one item of ``side`` ("insert" or
+    "sample"), then admit and count as many of the ``n`` as it admits one after the
+    other (Reverb's arithmetic, an item at a time). Returns how many (1 to ``n``); the
+    caller takes back with :func:`release` those it does not use. A given ``timeout``
+    (None: no limit) overrides the limiter's; raises :class:`RateLimitTimeoutError`."""
+    last: list[Any] = []
+
+    def attempt() -> int | None:
+        reply = _call(buffer, f"{side}_upto", n)
+        last[:] = reply
+        admitted = int(reply[0])
+        return admitted if admitted > 0 else None
+
+    def describe() -> str:
+        return (f"buffer {buffer.name!r}: {side} waited {wait:g} s for "
+                f"{_waited_for(limiter, side, last)}")
+
+    wait = limiter.timeout if timeout is UNSET else timeout
+    return wait_for(buffer.client, buffer.keys.meta, attempt, wait, describe,
+                    error=RateLimitTimeoutError)
+
+
+def can(buffer: BufferView, side: str, n: int) -> bool:
+    """Whether ``side`` ("insert" or "sample") of ``n`` items would be admitted now by
+    Reverb's ``can_insert(n)`` / ``can_sample(n)``: ``size + n <= min_size_to_sample``
+    or ``(inserts + n) * samples_per_insert - samples <= max_diff``; ``size >=
+    min_size_to_sample`` and ``inserts * samples_per_insert - samples - n >= min_diff``.
+    Counts nothing; True on a buffer without a limiter."""
+    return int(_call(buffer, f"can_{side}", n)[0]) == 1
+
+
+def counts(buffer: BufferView) -> tuple[int, int]:
+    """The counters ``(inserts, samples)`` the limiter has counted (0, 0 without one)."""
+    inserts, samples = buffer.client.hmget(buffer.keys.meta, "rl_inserts", "rl_samples")
+    return int(inserts or 0), int(samples or 0)
+
+
+def set_counts(buffer: BufferView, inserts: int, samples: int) -> None:
+    """Set the counters (a checkpoint's, restored with the buffer's items)."""
+    buffer.client.hset(buffer.keys.meta, mapping={"rl_inserts": int(inserts),
+                                                  "rl_samples": int(samples)})
+
+
 def refusal(buffer: BufferView, limiter: RateLimiter, side: str, n: int) -> str | None:
     """Admit and count ``side`` of ``n`` items if the limiter allows it now (None); else,
     without waiting, what the call would wait for (e.g. ``"inserts: the buffer holds 2
@@ -273,6 +367,6 @@ def release(buffer: BufferView, side: str, n: int) -> None:
 
 
 __all__ = [
-    "MinSize", "RateLimiter", "SampleToInsertRatio", "acquire", "configure", "refusal",
-    "release",
+    "MinSize", "Queue", "RateLimiter", "SampleToInsertRatio", "Stack", "acquire",
+    "acquire_upto", "can", "configure", "counts", "refusal", "release", "set_counts",
 ]

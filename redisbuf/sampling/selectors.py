@@ -3,6 +3,17 @@
 ``sample(n)`` returns the first ``n`` items of the order (the order repeats when ``n``
 exceeds the length), chosen and counted as drawn in one Lua call (lua/sample_select.lua).
 Nothing is removed: combine with a lifetime rule to consume items.
+
+``successive=True`` makes the ``n`` selections as Reverb's table makes ``n`` samples, one
+after the other: each takes the first item of the order as the earlier ones left it.
+Without ``max_use`` all ``n`` are that item; with it, an item is selected until its uses
+reach ``max_use`` (which removes it), then the next, and a draw asking more selections
+than the items' uses left returns the ones left. ``admits=True`` (with ``successive``)
+also asks the buffer's rate limiter in the selecting script, one step for both: the draw
+takes as many selections as it admits (none: an empty draw) and counts them, so that no
+insert can take the room of items counted as sampled and not yet removed (a queue: the
+limiter keeps it from overflowing, and its remover never evicts an item unread). A
+buffer with such a sampler does not ask its limiter before the draw.
 """
 
 from __future__ import annotations
@@ -37,6 +48,14 @@ class _Selector:
     name = ""
     _order = ""
     by = "log_reward"
+    successive = False
+    #: whether the selection asks the buffer's rate limiter itself (see the module)
+    admits = False
+
+    def __init__(self, successive: bool = False, admits: bool = False) -> None:
+        if admits and not successive:
+            raise ValueError("admits=True is for successive selections (successive=True)")
+        self.successive, self.admits = bool(successive), bool(admits)
 
     def prepare(self, buffer: BufferView) -> None:
         return None
@@ -53,11 +72,20 @@ class _Selector:
             )
 
         def parse(reply: list[Any], n: int) -> tuple[list[bytes], None, int]:
+            if self.successive:  # fewer than n when the uses left are fewer
+                n = len(reply) // 2 if buffer.fetch_inline else len(reply)
             return reply[:n], None, n
 
         def select() -> Draw:
+            if self.admits:  # counted by the limiter in the script: blobs read there too
+                reply = buffer.run("sample_select", buffer.keys.all_keys(),
+                                   [n, self._order, self.by, 1, b"successive+admit"])
+                k = len(reply) // 2
+                return Draw([int(m) for m in reply[:k]], list(reply[k:]))
+            # the samplers' uniforms slot (ARGV[5]) says "successive" to the script
             return _draw_then_fetch(buffer, "sample_select", buffer.keys.all_keys(),
-                                    [n, self._order, self.by], n, b"", parse)
+                                    [n, self._order, self.by], n,
+                                    b"successive" if self.successive else b"", parse)
 
         for _ in range(_HEAP_ATTEMPTS):
             try:
@@ -69,7 +97,8 @@ class _Selector:
 
 
 class FifoSampler(_Selector):
-    """The oldest items first (insertion order).
+    """The oldest items first (insertion order); ``successive``: Reverb's successive
+    selections, ``admits``: asking the rate limiter itself (see the module).
 
     Examples:
         >>> import fakeredis, numpy as np
@@ -84,7 +113,8 @@ class FifoSampler(_Selector):
 
 
 class LifoSampler(_Selector):
-    """The newest items first.
+    """The newest items first; ``successive``: Reverb's successive selections,
+    ``admits``: asking the rate limiter itself (see the module).
 
     Examples:
         >>> import fakeredis, numpy as np
@@ -99,7 +129,9 @@ class LifoSampler(_Selector):
 
 
 class _Heap(_Selector):
-    def __init__(self, by: str = "log_reward") -> None:
+    def __init__(self, by: str = "log_reward", successive: bool = False,
+                 admits: bool = False) -> None:
+        super().__init__(successive, admits)
         if by not in _SCORES:
             raise ValueError(f"by must be one of {_SCORES}, got {by!r}")
         self.by = by
@@ -112,9 +144,11 @@ class MaxHeapSampler(_Heap):
 
     Args:
         by: ``"log_reward"`` or ``"priority"``.
+        successive: Reverb's successive selections (see the module).
+        admits: the selection asks the rate limiter itself (see the module).
 
     Raises:
-        ValueError: another ``by``.
+        ValueError: another ``by``, or ``admits`` without ``successive``.
 
     Examples:
         >>> import fakeredis, numpy as np
@@ -134,9 +168,11 @@ class MinHeapSampler(_Heap):
 
     Args:
         by: ``"log_reward"`` or ``"priority"``.
+        successive: Reverb's successive selections (see the module).
+        admits: the selection asks the rate limiter itself (see the module).
 
     Raises:
-        ValueError: another ``by``.
+        ValueError: another ``by``, or ``admits`` without ``successive``.
 
     Examples:
         >>> import fakeredis, numpy as np

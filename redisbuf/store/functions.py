@@ -72,6 +72,8 @@ READ_ONLY = frozenset({"rb_version", "rb_sample_uniform_ro", "rb_len", "rb_stats
 GRANTS: dict[str, str] = {
     **dict.fromkeys(("add", "add_reserve", "add_commit", "add_release", "add_diverse",
                      "episode_push", "fragment_add", "seq_add", "seq_episode",
+                     # a step store's writers insert, and sweep what they made
+                     "steps_insert", "steps_sweep",
                      # rewriting a stored record (a writer's correction, DI-engine's update)
                      "replace"), "add"),
     **dict.fromkeys(("sample_uniform", "sample_prioritized", "sample_select", "sample_window",
@@ -82,7 +84,10 @@ GRANTS: dict[str, str] = {
                      # records that do not decode
                      "snapshot_commit", "quarantine", "heap_build"),
                     "sample"),
-    **dict.fromkeys(("update_priority", "seq_update_priority", "per_raise_max"), "priority"),
+    **dict.fromkeys(("update_priority", "seq_update_priority", "per_raise_max",
+                     # deletes by id (Reverb's mutate_priorities, DI-engine's delete):
+                     # the learner's, who changes priorities
+                     "remove"), "priority"),
     "rate_limit": "rate",
     **dict.fromkeys(("lifetime_config", "limiter_config"), "config"),
     # "create": init.lua makes a buffer (admin) or, when it exists, only reads its meta
@@ -90,7 +95,7 @@ GRANTS: dict[str, str] = {
     **dict.fromkeys(("baseline", "clear", "drop", "episode_clear", "episode_init",
                      "fragment_clear", "fragment_init", "fragment_stats",
                      "fragment_update_version", "manager_score", "restore",
-                     "remove", "restore_items", "restore_stage", "seq_init", "shard_layout",
+                     "restore_items", "restore_stage", "seq_init", "shard_layout",
                      "update_model_version"), "admin"),
 }
 

@@ -26,8 +26,9 @@ key                        type    content
 
 Other keys under the same tag: the control plane's ``rb:{name}:ctl:*``
 (redisbuf/control/redis.py) and a load's ``rb:{name}:staging:*``, which belong to the
-buffer too (``drop`` deletes them), and the keys of an EpisodeBuffer, SequenceBuffer or
-FragmentBuffer of the same name (``episodes:``, ``seq:``, ``fragments:``), which do not.
+buffer too (``drop`` deletes them), and the keys of an EpisodeBuffer, SequenceBuffer,
+FragmentBuffer or StepStore of the same name (``episodes:``, ``seq:``, ``fragments:``,
+``steps:``, see :class:`StepKeys`), which do not.
 
 Item ids are positive integers written as 12-digit zero-padded decimals, so that
 lexicographic order (Redis' tie-break inside a sorted set) is insertion order.
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 PREFIX = "rb"
 # Key namespaces under a buffer's tag that belong to the other structures of the same name
 # (redisbuf/buffers/episodes.py, sequence.py, fragments.py), which ReplayBuffer.drop leaves alone.
-FOREIGN = ("episodes:", "seq:", "fragments:")
+FOREIGN = ("episodes:", "seq:", "fragments:", "steps:")
 ID_WIDTH = 12
 #: Seconds a buffer remembers an add's batch id by default (``retry_window``), so that a
 #: retried add is not inserted twice (see Script.__call__): far longer than any retry takes.
@@ -325,3 +326,84 @@ class StagingKeys(BufferKeys):
 
     def _key(self, suffix: str) -> str:
         return f"{PREFIX}:{{{self.name}}}:staging:{self.token}:{suffix}"
+
+
+@dataclass(frozen=True)
+class StepKeys:
+    """The key names of the step store called ``name`` (redisbuf/buffers/steps.py): steps
+    stored once, in chunks, which items of any number of buffers reference.
+
+    =================================  ======  ==========================================
+    key                                type    content
+    =================================  ======  ==========================================
+    ``rb:{name}:steps:meta``           hash    counters, the chunk sequence, the sweep's
+                                               cursor, the tables' registry (``table:T``
+                                               -> index, ``tname:I`` -> name)
+    ``rb:{name}:steps:chunks``         hash    chunk key -> msgpack blob of its steps
+    ``rb:{name}:steps:refs``           hash    chunk key -> the items referencing it
+                                               (``I:ID`` words: table index, item id)
+    ``rb:{name}:steps:order``          zset    chunk key -> its sequence number
+    ``rb:{name}:steps:dead``           zset    chunk key -> server ms it was found
+                                               unreferenced (freed a grace period later)
+    ``rb:{name}:steps:tables``         hash    table name -> JSON description (signature)
+    =================================  ======  ==========================================
+
+    Examples:
+        >>> from redisbuf.store.keys import StepKeys
+        >>> StepKeys("demo").chunks
+        'rb:{demo}:steps:chunks'
+    """
+
+    name: str
+
+    def __post_init__(self) -> None:
+        validate_name(self.name)
+
+    def _key(self, suffix: str) -> str:
+        return f"{PREFIX}:{{{self.name}}}:steps:{suffix}"
+
+    @property
+    def meta(self) -> str:
+        return self._key("meta")
+
+    @property
+    def chunks(self) -> str:
+        return self._key("chunks")
+
+    @property
+    def refs(self) -> str:
+        return self._key("refs")
+
+    @property
+    def order(self) -> str:
+        return self._key("order")
+
+    @property
+    def dead(self) -> str:
+        return self._key("dead")
+
+    @property
+    def tables(self) -> str:
+        return self._key("tables")
+
+    @property
+    def batches(self) -> str:
+        """The memory of recent inserts' batch ids (a retried insert runs once)."""
+        return self._key("batches")
+
+    @property
+    def batches_old(self) -> str:
+        return self._key("batches:old")
+
+    def all_keys(self) -> list[str]:
+        """The keys the step scripts take first, in their order.
+
+        Returns:
+            ``[meta, chunks, refs, order, dead, tables]``.
+        """
+        return [self.meta, self.chunks, self.refs, self.order, self.dead, self.tables]
+
+    @property
+    def pattern(self) -> str:
+        """SCAN pattern of every key of the store."""
+        return self._key("*")

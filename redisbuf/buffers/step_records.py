@@ -1,0 +1,140 @@
+"""The records of a step store (redisbuf/buffers/steps.py): chunks of steps, and the items
+that reference them, as msgpack blobs (arrays as dtype text, shape and raw bytes; no
+pickle).
+
+A *chunk* holds cells of one writer's episode: for each column it holds, the steps it has
+a cell for (ascending, as int64 bytes) and those cells stacked in one array. An *item*
+names the chunks it reads and, for each of its flat columns, the runs ``(chunk index,
+first row, rows)`` of the cells it takes, in order, and whether the column is squeezed
+(one cell, without the leading time dimension).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ..errors import DecodeError
+
+
+def encode_array(array: np.ndarray) -> list[Any]:
+    """``[dtype text, shape, raw bytes]`` of a fixed-width array (C order, native bytes)."""
+    array = np.ascontiguousarray(array)
+    if array.dtype.hasobject:
+        raise TypeError(f"arrays of dtype {array.dtype} (Python objects) cannot be stored")
+    return [array.dtype.str, list(array.shape), array.tobytes()]
+
+
+def decode_array(value: list[Any]) -> np.ndarray:
+    dtype, shape, raw = value
+    return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape)
+
+
+@dataclass
+class Chunk:
+    """Decoded chunk: its episode, and by column index its stacked cells and (as raw
+    int64 bytes, see :meth:`steps_of`) the steps they belong to."""
+
+    episode: int
+    columns: dict[int, np.ndarray]
+    steps: dict[int, bytes]
+
+    def steps_of(self, column: int) -> np.ndarray:
+        """The steps of ``column``'s cells, ascending."""
+        return np.frombuffer(self.steps[column], dtype="<i8")
+
+
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def encode_chunk(episode: int, columns: dict[int, tuple[list[int], np.ndarray]]) -> bytes:
+    """A chunk's blob: ``columns`` maps a column index to its steps and stacked cells."""
+    body = [[col, np.asarray(steps, dtype="<i8").tobytes(), *encode_array(cells)]
+            for col, (steps, cells) in columns.items()]
+    return msgpack.packb({"e": episode, "c": body}, use_bin_type=True)
+
+
+def decode_chunk(blob: bytes) -> Chunk:
+    try:
+        record = msgpack.unpackb(blob, raw=False)
+        columns, steps = {}, {}
+        for col, raw_steps, dtype, shape, raw in record["c"]:
+            known = _DTYPES.get(dtype)
+            if known is None:
+                known = _DTYPES[dtype] = np.dtype(dtype)
+            columns[col] = np.frombuffer(raw, dtype=known).reshape(shape)
+            steps[col] = raw_steps
+        return Chunk(int(record["e"]), columns, steps)
+    except Exception as exc:  # noqa: BLE001 - any malformed chunk is a DecodeError
+        raise DecodeError(f"a chunk of steps does not decode: {type(exc).__name__}: {exc}") \
+            from exc
+
+
+@dataclass
+class ItemColumn:
+    """One flat column of an item: its runs of cells and whether it is squeezed."""
+
+    column: int
+    runs: list[tuple[int, int, int]]
+    squeeze: bool
+
+
+@dataclass
+class ItemRecord:
+    """Decoded item: its episode, the chunk keys it reads, its flat columns and the
+    priority it was inserted with (its current one is the buffer's ``per`` hash's)."""
+
+    episode: int
+    chunks: list[str]
+    columns: list[ItemColumn]
+    priority: float = 0.0
+
+
+def encode_item(episode: int, chunks: list[str], columns: list[ItemColumn],
+                priority: float) -> bytes:
+    return encode_item_raw(episode, chunks, [(c.column, c.runs, c.squeeze) for c in columns],
+                           priority)
+
+
+def encode_item_raw(episode: int, chunks: list[str], columns: list[tuple[int, Any, bool]],
+                    priority: float) -> bytes:
+    """:func:`encode_item` of columns given as ``(column, runs, squeeze)`` tuples."""
+    return _pack({"e": episode, "k": chunks, "t": columns, "p": float(priority)})
+
+
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+def decode_item(blob: bytes) -> ItemRecord:
+    try:
+        record = msgpack.unpackb(blob, raw=False)
+        columns = [ItemColumn(int(col), [tuple(run) for run in runs], bool(squeeze))
+                   for col, runs, squeeze in record["t"]]
+        return ItemRecord(int(record["e"]), list(record["k"]), columns,
+                          float(record.get("p", 0.0)))
+    except Exception as exc:  # noqa: BLE001
+        raise DecodeError(f"an item of a step store does not decode: {type(exc).__name__}: "
+                          f"{exc}") from exc
+
+
+def assemble(item: ItemRecord, chunks: dict[str, Chunk]) -> list[np.ndarray]:
+    """The item's flat columns: each the concatenation of its runs (a squeezed column:
+    its one cell). Raises KeyError naming a chunk ``chunks`` lacks."""
+    out = []
+    for column in item.columns:
+        parts = []
+        for index, first, rows in column.runs:
+            cells = chunks[item.chunks[index]].columns[column.column]
+            parts.append(cells[first : first + rows])
+        data = parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
+        out.append(data[0] if column.squeeze else data)
+    return out
+
+
+__all__ = [
+    "Chunk", "ItemColumn", "ItemRecord", "assemble", "decode_array", "decode_chunk",
+    "decode_item", "encode_array", "encode_chunk", "encode_item", "encode_item_raw",
+]

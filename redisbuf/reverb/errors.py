@@ -1,0 +1,20 @@
+"""Reverb's exceptions (``reverb.errors``): what the API raises where Reverb raises them.
+
+Other failures are redisbuf's own (:mod:`redisbuf.errors`: a lost server is
+:class:`~redisbuf.errors.ServerUnavailableError`), and bad arguments raise ``ValueError``
+or ``TypeError`` as in Reverb.
+"""
+
+from __future__ import annotations
+
+
+class ReverbError(Exception):
+    """The base of Reverb's errors."""
+
+
+class DeadlineExceededError(ReverbError):
+    """A call did not complete within its timeout (``flush(timeout_ms=...)``,
+    ``server_info(timeout=...)``, a dataset's ``rate_limiter_timeout_ms``)."""
+
+
+__all__ = ["DeadlineExceededError", "ReverbError"]
