@@ -28,8 +28,8 @@ _DIGITS4 = np.frombuffer(b"".join(b"%04d" % i for i in range(10_000)),
                          dtype=np.uint8).reshape(-1, 4)
 
 
-def read_scores(buffer: BufferView, version: int, pin_ms: int,
-                holder: str) -> tuple[np.ndarray, np.ndarray, str | None]:
+def read_scores(buffer: BufferView, version: int, pin_ms: int, holder: str,
+                base: bool = False) -> tuple[np.ndarray, np.ndarray, str | None]:
     """(ids, scores, base stamp) of every item present from log version ``version`` until
     the read ends; an item changed meanwhile may come with either score, one added or
     removed meanwhile may come or not, an id may come twice. lua/replica_read.lua says
@@ -38,11 +38,13 @@ def read_scores(buffer: BufferView, version: int, pin_ms: int,
     every ``pin_ms / 4`` while the read goes on; the reads are native commands of bounded
     cost, parsed with numpy, several in flight where the ids are known beforehand.
 
-    Under PER (no snapshot of the epoch: the caller tried it first) the scores are the
-    epoch's base, as of its first entry (version 1, which ``version`` must then be): the
-    ids present, each with the priority lua/replica_read.lua names, or the per hash of the
-    earlier layout; the base stamp is that entry's stamp ("" when the log no longer holds
-    it), None for softmax, whose scores are as of the read."""
+    With ``base`` (a replay buffer's PER, whose priorities are the snapshot and the log;
+    no snapshot of the epoch: the caller tried it first) the scores are the epoch's base,
+    as of its first entry (version 1, which ``version`` must then be): the ids present,
+    each with the priority lua/replica_read.lua names, or the per hash of the earlier
+    layout; the base stamp is that entry's stamp ("" when the log no longer holds it).
+    Otherwise (softmax, a sequence buffer's priorities) the scores are as of the read and
+    the base stamp is None."""
     all_keys = buffer.keys.all_keys()
 
     def pin() -> list[Any]:
@@ -59,7 +61,7 @@ def read_scores(buffer: BufferView, version: int, pin_ms: int,
             renewed = time.monotonic()
 
     client = buffer.client
-    stamp = _text(plan[-1]) if how in ("base", "ids", "hash") else None
+    stamp = _text(plan[-1]) if base else None
     if how == "ids":
         return (*_read_by_id(client, key, int(plan[2]), int(plan[3]), renew), stamp)
     command = "HSCAN" if how == "hash" else "ZSCAN"

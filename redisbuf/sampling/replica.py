@@ -48,7 +48,7 @@ _BLOCK = _FAN * _FAN  # slots per group; arrays are a whole number of groups
 _PIN_MS = 10_000
 _LOAD_ATTEMPTS = 20
 # The meta fields that say whether the log is kept and how scores become masses
-_SETTINGS = ("masslog", "mass", "per_alpha", "per_eps")
+_SETTINGS = ("masslog", "mass", "per_alpha", "per_eps", "log_truth")
 # A snapshot holds this many items a page (two fields: the ids as runs of consecutive ids,
 # the scores as float64: 8 bytes an item, 32 KiB), and a replica writes a new one after
 # applying max(_SNAP_ROWS, an eighth of its length) logged rows, unless another process
@@ -132,6 +132,9 @@ class MassReplica:
         self.snap_mark = 0  # the log version at which this replica last wrote or skipped one
         #: log version of each U entry applied lately -> how many ids it updated
         self.held_counts: dict[int, int] = {}
+        #: the buffer's scores are the snapshot and the log (PER of a ReplayBuffer: meta
+        #: log_truth), read at the first read
+        self.log_truth = False
         self._last_held: int | None = None
         self._set_arrays(np.empty(0, np.int64), np.empty(0))
 
@@ -513,7 +516,8 @@ class MassReplica:
         holder = os.urandom(8).hex()  # this read's pins, apart from other readers'
         for _ in range(_LOAD_ATTEMPTS):
             conf = buffer.client.hmget(keys.meta, *_SETTINGS)
-            logged, mass, alpha, eps = conf
+            logged, mass, alpha, eps, truth = conf
+            self.log_truth = truth in (b"1", "1")
             per = mass in (b"per", "per")
             if logged not in (b"1", "1") or (self.rule == "per") != per:
                 raise _NotOn(self.rule, per)
@@ -527,9 +531,10 @@ class MassReplica:
             if int(start[0]) == 2:
                 raise _NotOn(self.rule, per)
             epoch, version, stamp = _text(start[1]), int(start[2]), _text(start[3])
-            if per:  # no snapshot of this epoch: its base, as of its first entry
+            if self.log_truth:  # no snapshot of this epoch: its base, as of its first entry
                 version = 1
-            ids, scores, base_stamp = read_scores(buffer, version, _PIN_MS, holder)
+            ids, scores, base_stamp = read_scores(buffer, version, _PIN_MS, holder,
+                                                  self.log_truth)
             if base_stamp is not None:
                 if not base_stamp:  # the log no longer holds the epoch's first entry
                     self._unpin(buffer, holder)
@@ -591,16 +596,16 @@ class MassReplica:
         the server refuses writes (``maxmemory`` reached under ``noeviction``, a read-only
         replica), where the snapshot is skipped and the draw goes on."""
         self.rows_applied, self.snap_mark = 0, self.version
-        if self.rule != "per" and self.live < _SNAP_MIN_ITEMS:
+        if not self.log_truth and self.live < _SNAP_MIN_ITEMS:
             return False
         held = ~np.isnan(self.scores[: self.count])
-        masses = self.masses[: self.count][held] if self.rule == "per" else None
+        masses = self.masses[: self.count][held] if self.log_truth else None
         try:
             return snapshots.publish(
                 buffer, self.ids[: self.count][held], self.scores[: self.count][held], masses,
                 {"epoch": self.epoch, "version": self.version, "stamp": self.stamp,
-                 "rule": self.rule, "total": self.total if self.rule == "per" else None},
-                _SNAP_CHUNK)
+                 "rule": self.rule, "total": self.total if self.log_truth else None},
+                _SNAP_CHUNK, self.log_truth)
         except _REFUSED_WRITES:
             return False  # a part written before the refusal expires with the staging key
 

@@ -81,15 +81,18 @@ def stage(client: Any, key: str, ids: np.ndarray, scores: np.ndarray,
 
 
 def publish(buffer: BufferView, ids: np.ndarray, scores: np.ndarray,
-            masses: np.ndarray | None, header: dict[str, Any], page: int) -> bool:
+            masses: np.ndarray | None, header: dict[str, Any], page: int,
+            log_truth: bool = False) -> bool:
     """Write a replica's snapshot (``header``: its epoch, version, stamp, rule, total)
     under a staging key and swap it in with lua/snapshot_commit.lua when it is newer than
-    the one there (which also unlinks an earlier layout's per hash). Whether it was
-    published; redis-py's errors of a server refusing writes propagate."""
+    the one there (which also unlinks an earlier layout's per hash when ``log_truth``: a
+    replay buffer's PER). Whether it was published; redis-py's errors of a server
+    refusing writes propagate."""
     keys = buffer.keys
     token_key = keys.snap_staging(os.urandom(8).hex())
     full = stage(buffer.client, token_key, ids, scores, masses, page, **header)
-    return bool(int(buffer.run("snapshot_commit", [keys.meta, token_key, keys.snap, keys.per],
+    commit_keys = [keys.meta, token_key, keys.snap, *([keys.per] if log_truth else [])]
+    return bool(int(buffer.run("snapshot_commit", commit_keys,
                                [json.dumps(full), header["epoch"], header["version"]])))
 
 
