@@ -116,7 +116,8 @@ class Checkpointing:
         start = 0
         # without log-rewards stored (every item's is 0), order answers "present" instead
         kept = keeps_rewards(self.client, self.keys)
-        replica = replica_module.replica_of(self.view, "per") if per else None
+        # this process's replica, or one of the save's own that writes nothing
+        replica = replica_module.readable_replica(self.view, "per", keep=False) if per else None
         while True:
             members = self.client.zrange(self.keys.order, start, start + _READ_CHUNK - 1)
             if not members:

@@ -28,8 +28,10 @@ _DIGITS4 = np.frombuffer(b"".join(b"%04d" % i for i in range(10_000)),
                          dtype=np.uint8).reshape(-1, 4)
 
 
-def read_scores(buffer: BufferView, version: int, pin_ms: int, holder: str,
-                base: bool = False) -> tuple[np.ndarray, np.ndarray, str | None]:
+def read_scores(
+    buffer: BufferView, version: int, pin_ms: int, holder: str, base: bool = False,
+    read: bool = False,
+) -> tuple[np.ndarray, np.ndarray, str | None]:
     """(ids, scores, base stamp) of every item present from log version ``version`` until
     the read ends; an item changed meanwhile may come with either score, one added or
     removed meanwhile may come or not, an id may come twice. lua/replica_read.lua says
@@ -44,11 +46,11 @@ def read_scores(buffer: BufferView, version: int, pin_ms: int, holder: str,
     each with the priority lua/replica_read.lua names, or the per hash of the earlier
     layout; the base stamp is that entry's stamp ("" when the log no longer holds it).
     Otherwise (softmax, a sequence buffer's priorities) the scores are as of the read and
-    the base stamp is None."""
+    the base stamp is None. ``read``: with the script's read-only variant (no pin)."""
     all_keys = buffer.keys.all_keys()
 
     def pin() -> list[Any]:
-        return buffer.run("replica_read", all_keys, [pin_ms, version, holder])
+        return buffer.run("replica_read", all_keys, [pin_ms, version, holder], read=read)
 
     plan = pin()
     how, key = plan[0].decode() if isinstance(plan[0], bytes) else str(plan[0]), plan[1]

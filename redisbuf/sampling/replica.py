@@ -135,6 +135,9 @@ class MassReplica:
         #: the buffer's scores are the snapshot and the log (PER of a ReplayBuffer: meta
         #: log_truth), read at the first read
         self.log_truth = False
+        #: reads only (the scripts' read-only variants: no pin of the log, no snapshot
+        #: written), for a user who may not sample (redisbuf/ops/acl.py)
+        self.read_only = False
         self._last_held: int | None = None
         self._set_arrays(np.empty(0, np.int64), np.empty(0))
 
@@ -491,7 +494,7 @@ class MassReplica:
 
     def _read_log(self, buffer: BufferView, *extra: Any) -> list[Any]:
         return buffer.run("masslog_read", buffer.keys.all_keys(),
-                          [self.epoch, self.version, self.stamp, *extra])
+                          [self.epoch, self.version, self.stamp, *extra], read=self.read_only)
 
     def sync(self, buffer: BufferView) -> set[int] | None:
         """Catch up with the buffer now (one round trip when current or close behind);
@@ -527,14 +530,15 @@ class MassReplica:
                 if self._settings_held(buffer, conf):
                     return
                 continue
-            start = buffer.run("masslog_read", all_keys, ["", 0, "", "pin", _PIN_MS, holder])
+            start = buffer.run("masslog_read", all_keys, ["", 0, "", "pin", _PIN_MS, holder],
+                               read=self.read_only)
             if int(start[0]) == 2:
                 raise _NotOn(self.rule, per)
             epoch, version, stamp = _text(start[1]), int(start[2]), _text(start[3])
             if self.log_truth:  # no snapshot of this epoch: its base, as of its first entry
                 version = 1
             ids, scores, base_stamp = read_scores(buffer, version, _PIN_MS, holder,
-                                                  self.log_truth)
+                                                  self.log_truth, self.read_only)
             if base_stamp is not None:
                 if not base_stamp:  # the log no longer holds the epoch's first entry
                     self._unpin(buffer, holder)
@@ -574,7 +578,8 @@ class MassReplica:
     def _unpin(self, buffer: BufferView, holder: str) -> None:
         """Drop reader ``holder``'s pin of the log; other readers' stay
         (lua/_replica_reads.lua)."""
-        buffer.run("masslog_read", buffer.keys.all_keys(), ["", 0, "", "unpin", holder])
+        buffer.run("masslog_read", buffer.keys.all_keys(), ["", 0, "", "unpin", holder],
+                   read=self.read_only)
 
     # -- snapshots ----------------------------------------------------------------------
 
@@ -596,7 +601,7 @@ class MassReplica:
         the server refuses writes (``maxmemory`` reached under ``noeviction``, a read-only
         replica), where the snapshot is skipped and the draw goes on."""
         self.rows_applied, self.snap_mark = 0, self.version
-        if not self.log_truth and self.live < _SNAP_MIN_ITEMS:
+        if self.read_only or (not self.log_truth and self.live < _SNAP_MIN_ITEMS):
             return False
         held = ~np.isnan(self.scores[: self.count])
         masses = self.masses[: self.count][held] if self.log_truth else None
@@ -623,7 +628,8 @@ class MassReplica:
             return False
         epoch, version, stamp = header["epoch"], int(header["version"]), header["stamp"]
         reply = buffer.run("masslog_read", keys.all_keys(),
-                            [epoch, version, stamp, "pin_at", _PIN_MS, holder])
+                           [epoch, version, stamp, "pin_at", _PIN_MS, holder],
+                           read=self.read_only)
         if int(reply[0]) == 2:
             raise _NotOn(self.rule, self.rule == "per")
         try:  # whatever the outcome, the pin goes (one left below log_first stops trimming)
@@ -795,4 +801,23 @@ def replica_of(buffer: BufferView, rule: str) -> MassReplica:
     return replica
 
 
-__all__ = ["MassReplica", "parse_entry", "replica_of"]
+def readable_replica(buffer: BufferView, rule: str, keep: bool = True) -> MassReplica:
+    """A replica to read the buffer's scores with (stats, a save): the buffer's own for
+    ``rule`` (:func:`replica_of`, made and kept when ``keep``), or one of this call's
+    own that reads with the scripts' read-only variants (no pin of the log, no snapshot
+    written: the read changes nothing), when ``keep`` is False and this process has none,
+    or for a user who may not sample (its ACL role refuses the pins: redisbuf/ops/acl.py).
+    Under PER the log is trimmed only behind the newest snapshot, so an unpinned read
+    that meets a newer snapshot reads that one."""
+    if keep or rule in buffer.replicas:
+        try:
+            return replica_of(buffer, rule)
+        except redis.exceptions.NoPermissionError:
+            pass
+    replica = MassReplica(rule)
+    replica.read_only = True
+    replica.load(buffer)
+    return replica
+
+
+__all__ = ["MassReplica", "parse_entry", "readable_replica", "replica_of"]
