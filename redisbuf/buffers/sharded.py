@@ -505,6 +505,27 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
             return 0
         return None if any(c is None for c in counts) else int(sum(counts))
 
+    def priorities(self, ids: Any) -> np.ndarray:
+        """The current PER priority of each of the global ``ids`` (NaN for one not
+        stored), each read on its shard (:meth:`ReplayBuffer.priorities`).
+
+        Args:
+            ids: global item ids.
+
+        Returns:
+            float64 priorities, in the order of ``ids``.
+
+        Raises:
+            ConfigMismatchError: the buffer has no PER.
+        """
+        id_array = np.asarray(ids, dtype=np.int64).reshape(-1)
+        out = np.full(len(id_array), np.nan)
+        for k in sorted(set((id_array % self.count).tolist())):
+            mine = id_array % self.count == k
+            with self._on_shard(k):
+                out[mine] = self.shards[k].priorities(id_array[mine] // self.count)
+        return out
+
     def get(self, ids: Any) -> Any:
         """The items with these global ids, as one batch (KeyError names any id not
         present); only the shards holding them are addressed.
