@@ -14,7 +14,8 @@
 -- @include snapshot
 -- @keys 14
 -- @retry draw
--- KEYS[1..13] the buffer's keys, in BufferKeys.all_keys() order  KEYS[14] snap
+-- KEYS[1] meta  KEYS[2..13] the buffer's other keys, in BufferKeys.all_keys() order
+-- KEYS[14] snap
 -- ARGV[1] n (at most RB_SERVER_DRAWS)  ARGV[2] uniforms in [0, 1), packed 6 bytes each
 --   (see uniform_at; at most 64 per draw): the draws consume them in turn (a draw takes
 --   about 5, more where the log changed much of the mass) and stop when they run out, so
