@@ -45,6 +45,7 @@ _LARGEST = 2.0**990  # a mass's cap: 2^32 such masses sum to a finite number
 # those per group of _FAN blocks: a draw reads _FAN block sums and _FAN masses.
 _FAN = 32
 _BLOCK = _FAN * _FAN  # slots per group; arrays are a whole number of groups
+_ONES = np.ones(_FAN)
 # A first read without a snapshot (first_read.py): the log's entries after the version it
 # began at are kept for the reader this long, renewed every _PIN_MS / 4 while it reads.
 _PIN_MS = 10_000
@@ -172,8 +173,9 @@ class MassReplica:
         self.score_group_sums = np.zeros(levels // _BLOCK)
 
     def _capped(self, scores: np.ndarray) -> np.ndarray:
-        """Priorities as the sum of priorities counts them: NaN (holes) as 0, capped."""
-        return np.minimum(np.nan_to_num(scores, nan=0.0), _SUM_CAP)
+        """Priorities as the sum of priorities counts them: NaN (holes) as 0, capped
+        (fmax drops a NaN; PER priorities are >= 0)."""
+        return np.minimum(np.fmax(scores, 0.0), _SUM_CAP)
 
     def _refresh_blocks(self, first: int, stop: int) -> None:
         """Recompute the sums and minimums of groups first .. stop - 1 (of _BLOCK slots)."""
@@ -193,18 +195,22 @@ class MassReplica:
 
     def _refresh_slots(self, slots: np.ndarray) -> None:
         """Recompute the block and group sums and minimums over these slots."""
-        blocks = np.unique(slots // _FAN)
+        # (sums as products with ones and minimums along the first axis: numpy's
+        # reductions of many short rows cost several times more)
+        blocks = np.unique(slots >> 5)  # _FAN = 32
         view = self.masses.reshape(-1, _FAN)[blocks]
-        self.block_sums[blocks] = view.sum(axis=1)
-        self.block_mins[blocks] = view.min(axis=1, where=view > 0, initial=np.inf)
-        groups = np.unique(blocks // _FAN)
-        self.group_sums[groups] = self.block_sums.reshape(-1, _FAN)[groups].sum(axis=1)
-        self.group_mins[groups] = self.block_mins.reshape(-1, _FAN)[groups].min(axis=1)
+        self.block_sums[blocks] = view @ _ONES
+        view = view.T
+        self.block_mins[blocks] = np.where(view > 0, view, np.inf).min(axis=0)
+        groups = blocks >> 5  # sorted: the first of each run
+        if len(groups) > 1:
+            groups = groups[np.concatenate(([True], groups[1:] != groups[:-1]))]
+        self.group_sums[groups] = self.block_sums.reshape(-1, _FAN)[groups] @ _ONES
+        self.group_mins[groups] = self.block_mins.reshape(-1, _FAN)[groups].T.min(axis=0)
         if self.rule == "per":
             scores = self._capped(self.scores.reshape(-1, _FAN)[blocks])
-            self.score_block_sums[blocks] = scores.sum(axis=1)
-            self.score_group_sums[groups] = \
-                self.score_block_sums.reshape(-1, _FAN)[groups].sum(axis=1)
+            self.score_block_sums[blocks] = scores @ _ONES
+            self.score_group_sums[groups] = self.score_block_sums.reshape(-1, _FAN)[groups] @ _ONES
 
     @property
     def total(self) -> float:
@@ -361,12 +367,41 @@ class MassReplica:
         return ids
 
     def rescore_held(self, ids: np.ndarray, scores: np.ndarray) -> int:
-        """Re-score the items ``ids`` (distinct) that the replica holds, skipping the
-        others (not stored at this point of the log); returns how many it held."""
+        """Re-score the items ``ids`` (distinct) that the replica holds with PER
+        priorities ``scores`` (finite and >= 0: checked by the update's sender and its
+        script), skipping the others (not stored at this point of the log); returns how
+        many it held."""
         slots = self.slots_of(ids)
         held = slots >= 0
-        self._rescore(slots[held], scores[held])
-        return int(np.count_nonzero(held))
+        if not held.all():
+            slots, scores = slots[held], scores[held]
+        if not len(slots):
+            return 0
+        if self.rule != "per":
+            self._rescore(slots, scores)
+            return len(slots)
+        # _rescore for known priorities: nothing removed, counts by difference, masses
+        # without the checks masses_of makes for any score
+        gained = int(np.count_nonzero(scores)) - int(np.count_nonzero(self.scores[slots]))
+        self.nonzero += gained
+        if not self.eps > 0:  # drawable is non-zero then (with eps > 0: every item)
+            self.positive += gained
+        self.scores[slots] = scores
+        if self.alpha > 0:
+            masses = np.power(np.minimum(scores + self.eps, self._base_cap), self.alpha)
+        else:  # 0^0 would be 1: a zero base has no mass
+            masses = (scores + self.eps > 0).astype(np.float64)
+        self.masses[slots] = np.minimum(masses, _LARGEST, out=masses)
+        self._refresh_slots(slots)
+        return len(slots)
+
+    @property
+    def _base_cap(self) -> float:
+        """The base above which (base)^alpha passes the mass cap: bases are clipped to it
+        first, so the power never overflows (the cap is applied after)."""
+        if not self.alpha > 990 / 1023:  # then base^alpha <= base: no overflow
+            return np.inf
+        return 2.0 ** (990 / self.alpha + 1)
 
     def _note_held(self, version: int) -> None:
         """Keep the count of the U entry just applied as that of log version ``version``
