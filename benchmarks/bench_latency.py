@@ -7,7 +7,9 @@ Usage: python benchmarks/bench_latency.py [--url URL] [--items 2000000] [--dim 8
 name: uniform, prioritized, per, add (4 KiB items at capacity 16384), add64 (64 KiB
 items at capacity 2048), lifetime
 (``update_model_version`` removing half the buffer as stale), load (save, then load over
-a PER buffer of up to 500 000 items).
+a PER buffer of up to 500 000 items), sequence (a SequenceBuffer of 16 streams of
+``--items / 16`` steps: get_batch, gather_all and get_field of far more steps than one
+command's bound).
 
 Without --url it starts the bundled valkey 8 (as the tests do). A probe process PINGs
 the server every 2 ms while each operation runs once at a large
@@ -30,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import redis
+from _report import key_of, record
 
 from redisbuf import ReplayBuffer
 from redisbuf.ops.latency import LatencyProbe
@@ -200,8 +203,54 @@ def run(url: str, items: int, dim: int, only: set[str]) -> None:
                 print(f"{name:48s} {seen.probe_worst * 1e3:9.1f} ms "
                       f"{seen.server_worst * 1e3:10.1f} ms {wall:7.2f}s  "
                       f"{' '.join(seen.server_command)}{status}", flush=True)
+                shown = f"{name} ({status.strip()[:40]})" if status else name
+                record(f"{shown}: probe's worst wait", seen.probe_worst * 1e3, "ms",
+                       key=f"{key_of(name)}/probe")
+                record(f"{shown}: slowest command", seen.server_worst * 1e3, "ms",
+                       key=f"{key_of(name)}/server")
             # UNLINK: freeing 2x10^6 items is for a background thread, not the server's
             client.unlink(*buffer.keys.all_keys())
+        if not only or "sequence" in only:
+            sequence_run(client, probe, items, rng)
+
+
+def sequence_run(client: redis.Redis, probe: LatencyProbe, items: int,
+                 rng: np.random.Generator) -> None:
+    """A SequenceBuffer's reads of far more steps than one command's bound, beside the
+    probe (tests/test_latency_bound.py checks the same reads' work on the server)."""
+    from redisbuf import SequenceBuffer
+
+    envs, length = 16, max(64, min(items // 16, 250_000))
+    seq = SequenceBuffer(client, "latency-sequence", envs, length, seed=0)
+    started = time.perf_counter()
+    for start in range(0, length, 256):
+        steps = min(256, length - start)
+        for t in range(start, start + steps):
+            seq.add_batch({"obs": rng.standard_normal((envs, 128)).astype(np.float32),
+                           "t": np.full(envs, t, dtype=np.int64)})
+    print(f"(sequence: {envs} x {length} steps filled in "
+          f"{time.perf_counter() - started:.0f} s)", flush=True)
+    windows = min(length // 2, 100_000)
+    envs_ids = np.repeat(np.arange(envs), min(length, 10_000))
+    positions = np.tile(np.arange(min(length, 10_000)), envs)
+    for name, op in [
+        (f"get_batch({windows}, 16)", lambda: seq.get_batch(windows, 16)),
+        (f"gather_all() of {envs * length} steps", seq.gather_all),
+        (f"get_field('t', {len(envs_ids)} steps)",
+         lambda: seq.get_field("t", envs_ids, positions)),
+    ]:
+        started = time.perf_counter()
+        with probe.window() as seen:
+            op()
+        wall = time.perf_counter() - started
+        print(f"{name:48s} {seen.probe_worst * 1e3:9.1f} ms "
+              f"{seen.server_worst * 1e3:10.1f} ms {wall:7.2f}s  "
+              f"{' '.join(seen.server_command)}", flush=True)
+        record(f"{name}: probe's worst wait", seen.probe_worst * 1e3, "ms",
+               key=f"{key_of(name)}/probe")
+        record(f"{name}: slowest command", seen.server_worst * 1e3, "ms",
+               key=f"{key_of(name)}/server")
+    seq.drop()
 
 
 def _has(client: redis.Redis, setting: str) -> bool:

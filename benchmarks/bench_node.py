@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import redis
+from _report import record
 
 from redisbuf import ReplayBuffer
 from redisbuf.servers.embedded import EmbeddedServer
@@ -113,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         "node_over_python": median["node"] / median["python"],
         "node_over_python_fcall": median["node"] / median["python_fcall"],
     }
+    record("Node.js rb_add", median["node"], "items/s", baseline=median["python"],
+           baseline_name="Python add", key="node")
+    record("Python through FCALL rb_add", median["python_fcall"], "items/s",
+           baseline=median["python"], baseline_name="Python add", key="python-fcall")
     json.dump(document, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

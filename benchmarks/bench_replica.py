@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _report import load_average
+from _report import key_of, load_average, record
 from rich.console import Console
 from rich.table import Table
 
@@ -181,6 +181,12 @@ def _after_load_table(url: str, sizes: list[int]) -> Table:
         table.add_column(column, justify="right")
     for size in sizes:
         r = measure_after_load(url, size)
+        n = f"{int(r['items']):,} items"
+        for what, value, unit in (("save", r["save_seconds"], "s"),
+                                  ("load", r["load_seconds"], "s"),
+                                  ("first read after the load", r["seconds"], "s"),
+                                  ("longest command, load and read", r["longest_ms"], "ms")):
+            record(f"{what}, {n}", value, unit, key=f"after-load/{key_of(what)}/{size}")
         table.add_row(f"{int(r['items']):,}", f"{r['save_seconds']:.1f}",
                       f"{r['load_seconds']:.1f}", "yes" if r["published"] else "no",
                       f"{r['seconds']:.2f}", f"{int(r['calls'])}",
@@ -210,6 +216,18 @@ def main() -> None:
             table.add_column(column, justify="right")
         for size in sizes:
             r = measure(url, size, args.writers)
+            n = f"{int(r['items']):,} items"
+            for what, value, unit in (
+                ("first read from the snapshot", r["seconds"], "s"),
+                ("first read without a snapshot", r["scan_seconds"], "s"),
+                ("server CPU of the read without a snapshot", r["scan_cpu"], "s"),
+                ("snapshot write", r["write_seconds"], "s"),
+                ("replica arrays per item", r["bytes_per_item"], "B"),
+                ("resident memory growth per item", r["rss_per_item"], "B"),
+                ("longest command meanwhile", r["longest_ms"], "ms"),
+            ):
+                record(f"{what}, {n}, {args.writers} writers", value, unit,
+                       key=f"{key_of(what)}/{size}")
             table.add_row(f"{int(r['items']):,}", f"{r['seconds']:.2f}", f"{int(r['calls'])}",
                           f"{r['scan_seconds']:.2f}", f"{int(r['scan_calls'])}",
                           f"{r['scan_cpu']:.2f}", f"{r['write_seconds']:.2f}",

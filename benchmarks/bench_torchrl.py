@@ -23,6 +23,7 @@ from collections.abc import Callable
 from urllib.parse import urlparse
 
 import torch
+from _report import record
 from rich.console import Console
 from rich.table import Table
 from tensordict import TensorDict
@@ -111,7 +112,13 @@ def main() -> None:
             theirs = [r[op] for r in results[(layout, "StoreStorage")]]
             ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
             met = "met" if statistics.median(ratios) >= target else "MISSED"
-            table.add_row("4 KiB" if layout == "4k" else "~200 B", op,
+            size = "4 KiB" if layout == "4k" else "~200 B"
+            record(f"{op} of {BATCH}, {size} items", statistics.median(ours), "items/s",
+                   baseline=statistics.median(theirs), baseline_name="StoreStorage",
+                   ratio=statistics.median(ratios),
+                   spread=f"{min(ratios):.2f}-{max(ratios):.2f}", target=f">= {target:.1f}",
+                   key=f"{op}-{layout}")
+            table.add_row(size, op,
                           f"{statistics.median(ours):,.0f}", f"{statistics.median(theirs):,.0f}",
                           f"{statistics.median(ratios):.2f}x",
                           ", ".join(f"{r:.2f}" for r in ratios),

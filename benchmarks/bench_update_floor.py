@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import redis
-from _report import load_average
+from _report import key_of, load_average, record
 from rich.console import Console
 from rich.table import Table
 
@@ -158,6 +158,11 @@ def main() -> None:
             table.add_column(f"{size:,} items", justify="right")
         for k, (label, _, _) in enumerate(results[0]):
             table.add_row(label, *(f"{r[k][1]:.3f} ({r[k][2]:.0f})" for r in results))
+            for size, r in zip(sizes, results, strict=True):
+                key = f"{key_of(label)}/{size}"
+                record(f"{label}, {size:,} items", r[k][1], "ms", key=key)
+                record(f"{label}, {size:,} items: server time", r[k][2], "us",
+                       key=f"{key}/server")
         Console().print(table)
         print("load average:", load_average())
     finally:

@@ -1,5 +1,5 @@
-"""Run every benchmark script, print one table and write it into docs/performance.md with
-a PNG.
+"""Run every benchmark script, print one table, and write it as the results file that
+docs/performance.md's latest run is rendered from, with a PNG.
 
 Usage: python benchmarks/run_all.py [--quick] [--only NAME ...] [--skip NAME ...]
                                     [--timeout S] [--no-write]
@@ -7,15 +7,17 @@ Usage: python benchmarks/run_all.py [--quick] [--only NAME ...] [--skip NAME ...
 Runs each ``benchmarks/bench_*.py`` (found by name, so new scripts join without an edit
 here) in its own process, one after another, passing ``--quick`` to those that accept
 it. Each script records its headline figures with ``_report.record`` (see
-``benchmarks/_report.py``) into a JSON-lines file named by ``$REDISBUF_BENCH_REPORT``; a
-script that records nothing only shows its own output. Then it prints one table (figure,
-value, baseline, ratio, target, met?), notes the date, the machine and its load average
-before and after, replaces the block between ``<!-- benchmarks:begin -->`` and
-``<!-- benchmarks:end -->`` in docs/performance.md, and draws
+``benchmarks/_report.py``), which writes the script's own results file
+(``benchmarks/results/<script>.json``) and hands the rows to this runner through a
+JSON-lines file named by ``$REDISBUF_BENCH_REPORT``; a script that records nothing only
+shows its own output. Then it prints one table (figure, value, baseline, ratio, target,
+met?), writes every row with the date, the commit, the machine, its load average before
+and after and which scripts ran to ``benchmarks/results/run_all.json``, draws
 ``docs/benchmarks/throughput.png`` (inside docs/, so that ``mkdocs build --strict``
-serves it; the page links it by a path relative to itself): throughput against processes
-and against buffer size, from the rows that carry an ``axis``. Never run in CI: it takes
-minutes and its figures depend on the machine.
+serves it): throughput against processes and against buffer size, from the rows that
+carry an ``axis``, and renders docs/performance.md (its ``<!-- table run_all -->``
+block) and the other pages from the results files (``benchmarks/render.py``). Never run
+in CI: it takes minutes and its figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -23,26 +25,24 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 import os
-import platform
 import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _report import ENV, parse_target
+import render
+from _report import ENV, RESULTS_ENV, load_average, results_dir, run_meta, write_results
 
 HERE = Path(__file__).resolve().parent
 PAGE = HERE.parent / "docs" / "performance.md"
 PNG = HERE.parent / "docs" / "benchmarks" / "throughput.png"
-BEGIN = "<!-- benchmarks:begin -->"
-END = "<!-- benchmarks:end -->"
+NAME = "run_all"  # the results file the page's latest run is rendered from
+MARKER = f"<!-- table {NAME} -->"
 
 
 def discover(bench_dir: Path, only: Sequence[str] = (), skip: Sequence[str] = ()) -> list[Path]:
@@ -68,12 +68,14 @@ def script_args(script: Path, quick: bool) -> list[str]:
     return ["--quick"] if quick and '"--quick"' in script.read_text() else []
 
 
-def run_script(script: Path, args: list[str], report: Path, timeout: float) -> dict[str, Any]:
+def run_script(script: Path, args: list[str], report: Path, timeout: float,
+               results: Path | None) -> dict[str, Any]:
     """Run one script (its output goes to ours); returns its name, exit code and seconds.
     On timeout its whole process group (servers, mpiexec ranks) is killed."""
     # _report importable from scripts outside this folder too (the tests run such ones)
     path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, **{ENV: str(report), "PYTHONPATH": path})
+    env = dict(os.environ, **{ENV: str(report), "PYTHONPATH": path,
+                              RESULTS_ENV: str(results) if results else "off"})
     start = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, str(script), *args], env=env, start_new_session=True
@@ -98,42 +100,19 @@ def load_rows(report: Path) -> list[dict[str, Any]]:
 
 
 def assemble(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows with ``ratio`` filled in (value / baseline unless recorded) and ``met``:
-    True / False against the target, None without a target or the number it applies to."""
-    out = []
-    for row in rows:
-        row = dict(row, ratio=row.get("ratio"))
-        if row["ratio"] is None and row.get("baseline"):
-            row["ratio"] = row["value"] / row["baseline"]
-        row["met"] = None
-        if row.get("target"):
-            op, bound = parse_target(row["target"])
-            of = row.get("target_of") or ("ratio" if row.get("ratio") is not None else "value")
-            subject = row.get(of)
-            if subject is not None and math.isfinite(subject):
-                row["met"] = {
-                    ">=": subject >= bound,
-                    "<=": subject <= bound,
-                    ">": subject > bound,
-                    "<": subject < bound,
-                }[op]
-            unit = "x" if of == "ratio" or row["unit"] == "x" else f" {row['unit']}"
-            row["target_text"] = f"{op} {bound:g}{unit}"
-        out.append(row)
-    return out
+    """Rows with ``ratio`` filled in (value / baseline unless recorded), ``met``: True /
+    False against the target, None without a target or the number it applies to, and
+    ``target_text`` (see ``render.judge``)."""
+    return [render.judge(row) for row in rows]
 
 
 def fmt(value: float | None) -> str:
-    """A number with 3 significant digits (thousands separated), or empty for None."""
+    """A ratio with 3 significant digits (thousands separated), or empty for None."""
     if value is None:
         return ""
     if value != 0 and abs(value) >= 1000:
         return f"{value:,.0f}"
     return f"{value:.3g}"
-
-
-def with_unit(value: float, unit: str) -> str:
-    return f"{fmt(value)}{unit}" if unit == "x" else f"{fmt(value)} {unit}"
 
 
 MET = {True: "yes", False: "no", None: ""}
@@ -142,18 +121,16 @@ COLUMNS = ("script", "figure", "value", "baseline", "ratio", "target", "met?")
 
 def cells(row: dict[str, Any]) -> list[str]:
     """A row's table cells, in the order of :data:`COLUMNS`."""
-    baseline = ""
-    if row.get("baseline") is not None:
-        baseline = with_unit(row["baseline"], row["unit"])
-        if row.get("baseline_name"):
-            baseline += f" ({row['baseline_name']})"
+    baseline = render.with_unit(row.get("baseline"), row["unit"])
+    if baseline and row.get("baseline_name"):
+        baseline += f" ({row['baseline_name']})"
     ratio = fmt(row.get("ratio"))
     if ratio and row.get("spread"):
         ratio += f" ({row['spread']})"
     return [
         row["script"].removeprefix("bench_"),
         row["figure"],
-        with_unit(row["value"], row["unit"]),
+        render.with_unit(row["value"], row["unit"]),
         baseline,
         ratio,
         row.get("target_text", ""),
@@ -161,86 +138,21 @@ def cells(row: dict[str, Any]) -> list[str]:
     ]
 
 
-def machine() -> dict[str, Any]:
-    """What ran the benchmarks: CPU model, cores, memory, OS, Python."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory = ""
-    try:
-        kib = int(Path("/proc/meminfo").read_text().split()[1])
-        memory = f", {kib / 2**20:.0f} GiB"
-    except (OSError, ValueError, IndexError):
-        pass
-    return {
-        "cpu": f"{cpu}, {os.cpu_count()} cores{memory}",
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-    }
-
-
 def outcome(run: dict[str, Any]) -> str:
     return "timed out" if run["code"] is None else f"exit {run['code']}"
 
 
-def load_average() -> str:
-    return " / ".join(f"{x:.1f}" for x in os.getloadavg())
-
-
-def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], runs: list[dict[str, Any]]) -> str:
-    """The page's block (without its markers): when, where, what ran, the table, the PNG."""
-    lines = [
-        f"Generated by `python benchmarks/run_all.py{' --quick' if meta['quick'] else ''}` "
-        f"on {meta['date']}: {meta['machine']['cpu']}; {meta['machine']['os']}, "
-        f"Python {meta['machine']['python']}. Load average (1 / 5 / 15 min) "
-        f"{meta['load_before']} before, {meta['load_after']} after. One run of each "
-        "script, each baseline measured in that run; in parentheses after a ratio, the "
-        "range of its per-round ratios where the script records it.",
-        "",
-    ]
-    failed = [r for r in runs if r["code"] != 0]
+def note(runs: list[dict[str, Any]]) -> str:
+    """Which scripts ran, how long, and which failed: the results file's note."""
+    parts = []
     ran = ", ".join(f"`{r['script']}` ({r['seconds']:.0f} s)" for r in runs if r["code"] == 0)
     if ran:
-        lines += [f"Ran: {ran}.", ""]
+        parts.append(f"Ran: {ran}.")
+    failed = [r for r in runs if r["code"] != 0]
     if failed:
-        lines += [
-            "Failed (rows recorded before the failure are kept): "
-            + ", ".join(f"`{r['script']}` ({outcome(r)})" for r in failed)
-            + ".",
-            "",
-        ]
-    lines = [  # the prose wrapped like the rest of the page; table rows stay whole
-        textwrap.fill(line, 90, break_on_hyphens=False, break_long_words=False)
-        for line in lines
-    ]
-    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for row in rows:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells(row)) + " |")
-    if not rows:
-        lines.append("| " + " | ".join(["(no rows recorded)"] + [""] * (len(COLUMNS) - 1)) + " |")
-    if meta.get("png"):
-        lines += ["", f"![throughput against processes and buffer size]({meta['png']})"]
-    return "\n".join(lines)
-
-
-def rewrite_block(text: str, block: str) -> str:
-    """``text`` with the lines between the marker lines (each marker alone on its line)
-    replaced by ``block``; ValueError if a marker line is missing, repeated or out of
-    order (nothing is guessed)."""
-    lines = text.splitlines(keepends=True)
-    begins = [i for i, line in enumerate(lines) if line.strip() == BEGIN]
-    ends = [i for i, line in enumerate(lines) if line.strip() == END]
-    if len(begins) != 1 or len(ends) != 1:
-        raise ValueError(f"the page needs exactly one {BEGIN} line and one {END} line")
-    if ends[0] < begins[0]:
-        raise ValueError(f"{END} comes before {BEGIN}")
-    body = block.strip() + "\n" if block.strip() else ""
-    return "".join(lines[: begins[0] + 1]) + body + "".join(lines[ends[0] :])
+        parts.append("Failed (rows recorded before the failure are kept): "
+                     + ", ".join(f"`{r['script']}` ({outcome(r)})" for r in failed) + ".")
+    return " ".join(parts)
 
 
 def plot(rows: list[dict[str, Any]], path: Path, caption: str = "") -> bool:
@@ -311,45 +223,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bench-dir", type=Path, default=HERE, help=argparse.SUPPRESS)
     parser.add_argument("--page", type=Path, default=PAGE, help=argparse.SUPPRESS)
     parser.add_argument("--png", type=Path, default=PNG, help=argparse.SUPPRESS)
+    parser.add_argument("--results", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         scripts = discover(args.bench_dir, args.only, args.skip)
     except ValueError as exc:
         parser.error(str(exc))
-    if not args.no_write:  # fail before minutes of benchmarks, not after
-        try:
-            rewrite_block(args.page.read_text(), "")
-        except (OSError, ValueError) as exc:
-            parser.error(f"{args.page}: {exc}")
-    meta: dict[str, Any] = {
-        "quick": args.quick,
-        "machine": machine(),
-        "load_before": load_average(),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    }
+    results = None if args.no_write else (args.results or results_dir())
+    if not args.no_write and MARKER not in args.page.read_text():
+        # fail before minutes of benchmarks, not after
+        parser.error(f"{args.page} has no {MARKER} line to render the run into")
+    started = dt.datetime.now(dt.UTC)
+    load_before = [round(x, 2) for x in os.getloadavg()]
     runs = []
     with tempfile.TemporaryDirectory(prefix="redisbuf-bench-") as tmp:
         report = Path(tmp) / "rows.jsonl"
         for script in scripts:
             extra = script_args(script, args.quick)
             print(f"\n=== {script.name} {' '.join(extra)}", flush=True)
-            runs.append(run_script(script, extra, report, args.timeout))
+            runs.append(run_script(script, extra, report, args.timeout, results))
             print(f"=== {script.name}: {outcome(runs[-1])}, {runs[-1]['seconds']:.0f} s")
         rows = assemble(load_rows(report))
-    meta["load_after"] = load_average()
     print_table(rows)
     for run in runs:
         if run["code"] != 0:
             print(f"{run['script']}: {outcome(run)}")
-    if args.no_write:
-        return 0 if all(r["code"] == 0 for r in runs) else 1
-    caption = f"{meta['date']}, {meta['machine']['cpu']}, load {meta['load_after']}"
+    status = 0 if all(r["code"] == 0 for r in runs) else 1
+    if results is None:
+        return status
+    meta = run_meta(started, load_before)
+    caption = f"{meta['date']}, {meta['machine']['cpu']}, load {load_average()}"
+    extra: dict[str, Any] = {"note": note(runs), "runs": runs,
+                             "png_caption": "throughput against processes and buffer size"}
     if plot(rows, args.png, caption):
-        meta["png"] = Path(os.path.relpath(args.png, args.page.parent)).as_posix()
-    text = rewrite_block(args.page.read_text(), markdown(rows, meta, runs))
-    args.page.write_text(text)
-    print(f"wrote {args.page}" + (f" and {args.png}" if meta.get("png") else ""))
-    return 0 if all(r["code"] == 0 for r in runs) else 1
+        root = HERE.parent
+        extra["png"] = (args.png.resolve().relative_to(root).as_posix()
+                        if args.png.resolve().is_relative_to(root) else str(args.png.resolve()))
+    figures = {f"{row['script']}/{row['key']}": row for row in rows}
+    path = write_results(NAME, figures, meta, results, **extra)
+    print(f"wrote {path}" + (f" and {args.png}" if extra.get("png") else ""))
+    render.run([args.page.resolve()], check=False, results=render.Results(results))
+    return status
 
 
 if __name__ == "__main__":

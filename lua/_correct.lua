@@ -203,3 +203,86 @@ local function draws_at_commit(K, log, replica, mass, packed, width, spares, uni
   end
   return ids, entries, sent
 end
+
+-- Draws without replacement as a race: item i arrives at an exponential time of rate its
+-- mass, and successive draws are the items in order of arrival. A replica's first m
+-- arrivals with their times (`candidates`, `times` ascending: every arrival up to the
+-- last time is among them) are corrected to the law now by the log entries since the
+-- replica's version: each touched item (added, re-scored or removed) arrives at a fresh
+-- time of rate its mass now (the j-th of them with mass by the j-th uniform of `pool`;
+-- never when its mass is 0), every other candidate at its own; when at least n times up
+-- to the last candidate's are known, the first n arrivals are the draw. Returns it; else
+-- nil and every known arrival (ids, times: the untouched candidates' and each touched
+-- item's with mass), for the caller to run the race on from the last candidate's time
+-- (its other items arrive after it); false when the entries cannot correct it (an X
+-- entry, a mass now that is not a finite number, more touched items than uniforms).
+local function correct_successive(entries, per, alpha, eps, ref, candidates, times, n, pool)
+  local touched = touched_masses(entries, per, alpha, eps, ref)
+  if not touched then return false end
+  local list, masses = touched[1], touched[2]
+  local last = times[#times]
+  local ids, at = {}, {}
+  for k, id in ipairs(candidates) do
+    if masses[id] == nil then
+      ids[#ids + 1] = id
+      at[#at + 1] = times[k]
+    end
+  end
+  local j, known = 0, #ids
+  for _, id in ipairs(list) do
+    local m = masses[id]
+    if m == math.huge or m ~= m then return false end
+    if m > 0 then
+      j = j + 1
+      if 6 * j > #pool then return false end
+      local t = -math.log(1 - uniform_at(pool, j)) / m
+      ids[#ids + 1] = id
+      at[#at + 1] = t
+      if t <= last then known = known + 1 end
+    end
+  end
+  if known < n then return nil, ids, at end
+  local order = {}
+  for i = 1, #ids do order[i] = i end
+  table.sort(order, function(a, b) return at[a] < at[b] end)
+  local out = {}
+  for i = 1, n do out[i] = ids[order[i]] end
+  return out
+end
+
+-- The draws of a commit in "successive" mode (without replacement) as they stand at this
+-- call, as draws_at_commit for "correct": `packed` / `width` the replica's first arrivals
+-- (see correct_successive), `times_text` their times (comma-separated), `n` the draws,
+-- `pool` the uniforms of touched items' times. Returns the draws, the entries they were
+-- corrected by ({}: the first n candidates stand as sent) and the first n candidates; or
+-- nil and the reply: the replica's catch-up (masslog_behind) when the log cannot correct
+-- the draw, or {3, epoch, version, stamp, "id:time,..." (every known arrival),
+-- entries...} when fewer than n arrivals are known up to the last candidate's time
+-- (nothing is recorded: the caller, caught up, runs the race on and commits again).
+local function successive_at_commit(K, log, replica, mass, packed, width, n, times_text, pool)
+  local candidates = unpack_ids(packed, width)
+  local sent = {}
+  for j = 1, n do sent[j] = candidates[j] end
+  if log[1] == replica[1] and log[2] == replica[2] and log[3] == replica[3] then
+    return sent, {}, sent
+  end
+  local behind = masslog_behind(K, replica[1], tonumber(replica[2]), replica[3])
+  if #behind == 4 or #behind - 4 ~= tonumber(behind[3]) - tonumber(replica[2]) then
+    return nil, behind
+  end
+  local entries = {}
+  for i = 5, #behind do entries[#entries + 1] = behind[i] end
+  local times = {}
+  for part in string.gmatch(times_text, '[^,]+') do times[#times + 1] = tonumber(part) end
+  local ids, known, at = correct_successive(entries, mass[1], mass[2], mass[3], mass[4],
+    candidates, times, n, pool)
+  if ids == false then return nil, behind end
+  if not ids then
+    local arrivals = {}
+    for i = 1, #known do arrivals[i] = known[i] .. ':' .. fmt(at[i]) end
+    local out = {3, log[1] or '', log[2] or '0', log[3] or '', table.concat(arrivals, ',')}
+    for i = 1, #entries do out[#out + 1] = entries[i] end
+    return nil, out
+  end
+  return ids, entries, sent
+end

@@ -4,7 +4,9 @@
 -- caller needs PUBLISH permission on the channel rb:{NAME}:grant:GRANT of the buffer its
 -- KEYS[1] belongs to (the roles of redisbuf/ops/acl.py; functions.GRANTS says which grant
 -- each script asks). A user with every channel (the default user) or the buffer's
--- (rb:{NAME}:*, the admin role) passes every check. grant nil asks nothing.
+-- (rb:{NAME}:*, the admin role) passes every check. grant nil asks nothing: only the
+-- read-only (no-writes) functions pass nil; a script without an entry in functions.GRANTS
+-- asks "admin" (functions.grant_of).
 -- "rate": rate_limit.lua admits inserts (actor) and samples (learner): ARGV[1] says which.
 -- "config": the settings every opening process passes: "admin" when one is given,
 -- nothing when none is. "create": "admin" when the buffer does not exist yet.

@@ -9,7 +9,8 @@
 -- time, unix seconds, scored by its first id). Meta: max_use, max_staleness, cur_session, cur_version (configuration and
 -- current state) and the counters below, so stats() needs no scan:
 --   present_uses / removed_uses / removed_items: uses of items present / removed, items
---   removed (evicted, used up, stale); retired: items removed by max_use;
+--   removed (evicted, used up, stale); retired: items removed by max_use; reset_through:
+--   the last id given out when a clear or a load last reset these counters;
 --   stale_removed, rejected_stale, rejected_session; staleness_sum / staleness_count:
 --   staleness of sampled items that carry a version.
 
@@ -170,7 +171,9 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
     per_heap_set(K, per_pairs)
     local top = values[1] or 0
     for i = 2, #values do if values[i] > top then top = values[i] end end
-    per_raise_max(K, top)
+    -- options.per_keep_max: given priorities leave the running max as it is (DI-engine's
+    -- max priority counts updates only)
+    if not (options and options.per_keep_max) then per_raise_max(K, top) end
     scores = texts
   end
   if vecs then
@@ -248,6 +251,37 @@ local function remove_items(K, ids)
   masslog_append(K, ids, before, nil)
 end
 
+-- Set the PER priorities of ids known to be stored (the caller checked each, in the same
+-- script: lua/replace.lua). priorities: numbers; texts: how each is logged (plain
+-- decimals); last: nil when no id repeats, else each id's last position (its priority
+-- wins). Logs one C entry (the ids present, with their priorities now), raises the running
+-- max and keeps the priority heap, as lua/update_priority.lua's U entry would, whose
+-- presence check the replicas then need not make.
+local function set_priorities(K, ids, priorities, texts, last)
+  if last then  -- keep each id's last occurrence
+    local kept_ids, kept_values, kept_texts = {}, {}, {}
+    for i = 1, #ids do
+      if last[ids[i]] == i then
+        kept_ids[#kept_ids + 1] = ids[i]
+        kept_values[#kept_values + 1] = priorities[i]
+        kept_texts[#kept_texts + 1] = texts[i]
+      end
+    end
+    ids, priorities, texts = kept_ids, kept_values, kept_texts
+  end
+  if #ids == 0 then return 0 end
+  local pairs_, top = {}, 0
+  for i = 1, #ids do
+    pairs_[2 * i - 1] = ids[i]
+    pairs_[2 * i] = texts[i]
+    if priorities[i] > top then top = priorities[i] end
+  end
+  per_heap_set(K, pairs_)
+  per_raise_max(K, top)
+  masslog_append(K, ids, nil, texts)
+  return #ids
+end
+
 -- Bookkeeping for items a sampling script has chosen (ids may repeat): every sampling
 -- script calls this once with everything it returns, AFTER reading their blobs: an item
 -- drawn for the max_use-th time is removed here (DI-engine's max_use), whichever process
@@ -304,17 +338,24 @@ local function record_draws(K, ids)
 end
 
 -- Take back draws that were not returned (their items vanished before the blobs were
--- read); the same guards as record_draws.
+-- read); the same guards as record_draws. Each draw's use comes off where it is counted
+-- now: the item's uses and present_uses while it is stored; removed_uses once it was
+-- removed since (its removal moved the use there: delete_items); nowhere, nor from
+-- sampled, for an id at or below meta reset_through (a clear or a load since reset the
+-- counters; ids are never reused).
 local function unrecord_draws(K, ids)
   if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
-  redis.call('HINCRBY', K.meta, 'sampled', -#ids)
-  -- the uses of items still present (a removed item's uses are already in removed_uses)
-  local taken = 0
+  local reset = tonumber(redis.call('HGET', K.meta, 'reset_through')) or -1
+  local present, removed = 0, 0
   for i = 1, #ids do
     if redis.call('HEXISTS', K.items, ids[i]) == 1 then
       if redis.call('HINCRBY', K.uses, ids[i], -1) <= 0 then redis.call('HDEL', K.uses, ids[i]) end
-      taken = taken + 1
+      present = present + 1
+    elseif tonumber(ids[i]) > reset then
+      removed = removed + 1
     end
   end
-  if taken > 0 then redis.call('HINCRBY', K.meta, 'present_uses', -taken) end
+  if present + removed > 0 then redis.call('HINCRBY', K.meta, 'sampled', -(present + removed)) end
+  if present > 0 then redis.call('HINCRBY', K.meta, 'present_uses', -present) end
+  if removed > 0 then redis.call('HINCRBY', K.meta, 'removed_uses', -removed) end
 end

@@ -22,7 +22,8 @@
 -- (apart from that gap in the ids).
 -- Blobs in the items hash that no item owns (blobs of a transaction whose script never
 -- ran: NOSCRIPT, then the writer died before its retry) are deleted here, found by
--- HLEN items exceeding ZCARD order + n (O(1); the search is O(length), and rare).
+-- HLEN items exceeding ZCARD order + n (O(1); the search is O(length), and rare), by a
+-- caller allowed to read the items.
 local K = buffer_keys(KEYS)
 local first, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 local ids = id_range(first, n)
@@ -46,7 +47,10 @@ if err then return refuse(err) end
 -- PER may have been switched on or off since the reservation: check before any write
 local ok, problem = pcall(per_batch_priorities, K, n, options)
 if not ok then return refuse(redis.error_reply(tostring(problem))) end
-if redis.call('HLEN', K.items) > redis.call('ZCARD', K.order) + n then
+-- the search reads the items hash: a caller that may only write it (the actor role of
+-- redisbuf/ops/acl.py) leaves the orphans to the next caller that may read it
+if redis.call('HLEN', K.items) > redis.call('ZCARD', K.order) + n
+    and (not redis.acl_check_cmd or redis.acl_check_cmd('HKEYS', K.items)) then
   drop_orphans(K, ids)
 end
 return commit_batch(K, conf, ARGV[1], options, ids, first, nil, priorities, nil)

@@ -15,7 +15,8 @@ local removed = redis.call('ZCARD', K.order)
 -- UNLINK: large hashes and sorted sets are freed in the background, so clearing a
 -- buffer of millions of items is no long command
 for i = 2, #KEYS do redis.call('UNLINK', KEYS[i]) end
-redis.call('HSET', K.meta, 'inserted', 0, 'evicted', 0, 'sampled', 0)
+redis.call('HSET', K.meta, 'inserted', 0, 'evicted', 0, 'sampled', 0,
+  'reset_through', redis.call('HGET', K.meta, 'last_id') or 0)
 -- data-lifetime counters (lua/_items.lua); the current version and session stay
 redis.call('HDEL', K.meta, 'present_uses', 'removed_uses', 'removed_items', 'retired',
   'stale_removed', 'rejected_stale', 'rejected_session', 'staleness_sum', 'staleness_count',

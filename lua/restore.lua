@@ -85,7 +85,7 @@ local inserted = math.max(tonumber(ARGV[1]), length)
 local last = math.max(tonumber(conf[2] or '0'), tonumber(staged[2] or '0'))
 redis.call('HSET', meta, 'inserted', string.format('%.0f', inserted),
   'evicted', string.format('%.0f', inserted - length), 'sampled', ARGV[2],
-  'last_id', string.format('%.0f', last),
+  'last_id', string.format('%.0f', last), 'reset_through', string.format('%.0f', last),
   'present_uses', string.format('%.0f', used))
 redis.call('HDEL', meta, 'per_sum', 'per_comp', 'per_nonzero', 'per_max', 'per_heap',
   'per_legacy')

@@ -15,7 +15,9 @@
 --   stamp (then it follows every change made before this call, whatever it drew);
 --   "correct" (draws with replacement): as "exact" when nothing changed since; otherwise
 --   the draw is corrected here to the current law (see draws_at_commit, correct_draw)
---   and stands
+--   and stands; "successive" (draws without replacement): as "exact" when nothing
+--   changed since; otherwise corrected to the current law as a race (see
+--   successive_at_commit, correct_successive)
 -- ARGV[6] "1" = also return blobs
 -- ARGV[7] the drawn ids, packed (see unpack_ids; may repeat)  ARGV[8] their width
 -- "correct": also ARGV[9] S, the spare draws per draw  ARGV[10] two uniforms per draw,
@@ -23,6 +25,10 @@
 --   softmax reference (masses exp(log_reward - ref); "0" under PER); ARGV[7] then holds
 --   the candidates: 1 + S per draw (the draw, then S more draws of the replica), draw
 --   after draw
+-- "successive": also ARGV[9] n, the draws  ARGV[10] uniforms for the touched items' times,
+--   packed as ARGV[10] of "correct"  ARGV[11] the candidates' arrival times, ascending,
+--   comma-separated  ARGV[12] the softmax reference; ARGV[7] then holds the candidates:
+--   the replica's first arrivals (n or more), in order
 -- Returns {1, length, 0, 0, ids, epoch, version, stamp, count,
 -- blob_1..blob_count, entry_1..} when the draw stands: ids "" when it stands as sent,
 -- else the corrected draw (ids comma-separated), with the log entries after the
@@ -33,18 +39,36 @@
 -- entries...} when a corrected draw has holes: ids as above with '' at each position
 -- whose candidates ran out (or whose touched item drawn was not stored); nothing is
 -- recorded, and the caller, caught up by the entries, fills each hole with a fresh draw
--- of its replica and commits the whole draw again. Else the replica's catch-up (masslog_behind): {0, epoch, version,
+-- of its replica and commits the whole draw again. "successive": {3, epoch, version,
+-- stamp, "id:time,..." (every arrival known), entries...} when too few arrivals are known
+-- (see successive_at_commit); nothing is recorded, and the caller, caught up, runs the
+-- race on and commits again. Else the replica's catch-up (masslog_behind): {0, epoch, version,
 -- stamp, entries...}. The work is bounded: a
 -- correction reads at most the entries one catch-up reply carries (masslog_behind).
 -- Errors: RB_NOLOG (prioritized sampling, or PER for "per", is not on), RB_CONFIG (the
--- buffer samples by the other rule), RB_LIMIT (more than RB_MAX_ITEMS draws).
+-- buffer samples by the other rule), RB_LIMIT (more than RB_MAX_ITEMS draws, or for
+-- "successive" more than twice as many candidates), RB_INVALID ("successive": not one
+-- time per candidate, or fewer candidates than draws).
 
 local K = buffer_keys(KEYS)
 local draws = #ARGV[7] / tonumber(ARGV[8])
+local candidates = draws
 if ARGV[5] == 'correct' then draws = draws / (1 + tonumber(ARGV[9])) end
+if ARGV[5] == 'successive' then draws = tonumber(ARGV[9]) end
 if draws > RB_MAX_ITEMS then
   return fail('RB_LIMIT', 'one command commits at most ' .. RB_MAX_ITEMS .. ' draws, got '
     .. draws .. ' (redisbuf/store/bounds.py)')
+end
+if ARGV[5] == 'successive' then
+  if candidates > 2 * RB_MAX_ITEMS then
+    return fail('RB_LIMIT', 'a successive draw sends at most ' .. 2 * RB_MAX_ITEMS
+      .. ' candidates, got ' .. candidates .. ' (redisbuf/store/bounds.py)')
+  end
+  local _, commas = string.gsub(ARGV[11], ',', '')
+  if draws > candidates or commas + 1 ~= candidates then
+    return fail('RB_INVALID', 'a successive draw needs one arrival time per candidate and'
+      .. ' at least as many candidates as draws')
+  end
 end
 local conf = redis.call('HMGET', K.meta, 'masslog', 'mass', 'log_epoch', 'log_version',
   'log_stamp', 'per_alpha', 'per_eps')
@@ -65,6 +89,14 @@ if ARGV[5] == 'correct' then
     {per, tonumber(conf[6]) or 1, tonumber(conf[7]) or 0, tonumber(ARGV[12])},
     ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10],
     function(id) return redis.call('HEXISTS', K.items, id) == 1 end)
+  if not ids then return stand end
+  entries = stand
+elseif ARGV[5] == 'successive' then
+  local stand
+  ids, stand, primaries = successive_at_commit(K, {conf[3], conf[4], conf[5]},
+    {ARGV[2], ARGV[3], ARGV[4]},
+    {per, tonumber(conf[6]) or 1, tonumber(conf[7]) or 0, tonumber(ARGV[12])},
+    ARGV[7], tonumber(ARGV[8]), draws, ARGV[11], ARGV[10])
   if not ids then return stand end
   entries = stand
 else

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from .servers.cluster import LocalCluster as LocalCluster
     from .servers.embedded import EmbeddedServer as EmbeddedServer
     from .store.connection import connect as connect
+    from .store.containers import Items as Items
     from .store.containers import States as States
     from .store.containers import Trajectories as Trajectories
     from .store.containers import Transitions as Transitions
@@ -71,7 +72,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "sampling.selectors": ("FifoSampler", "LifoSampler", "MaxHeapSampler", "MinHeapSampler"),
     "sampling.reader": ("Prefetcher",),
     "store.connection": ("connect",),
-    "store.containers": ("States", "Trajectories", "Transitions"),
+    "store.containers": ("Items", "States", "Trajectories", "Transitions"),
     "store.keys": ("BufferKeys",),
     "servers.embedded": ("EmbeddedServer",),
     "servers.cluster": ("LocalCluster",),

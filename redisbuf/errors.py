@@ -155,6 +155,24 @@ class ItemTooLargeError(InvalidBatchError):
     """
 
 
+class UnsupportedItemError(InvalidBatchError, TypeError):
+    """An item of a schemaless buffer holds a value the nest codec does not store
+    (:mod:`redisbuf.store.nest`): the message names its path and type. Also a
+    ``TypeError``. Nothing was written.
+
+    Examples:
+        >>> import fakeredis
+        >>> from redisbuf import ReplayBuffer
+        >>> from redisbuf.errors import UnsupportedItemError
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", kind="nest")
+        >>> try:
+        ...     buffer.add([{"obs": [1, 2]}, {"obs": {1, 2}}])
+        ... except TypeError as error:
+        ...     print(type(error).__name__, "--", str(error)[:55], "--", len(buffer))
+        UnsupportedItemError -- cannot store items[1]['obs']: a value of type set (a ne -- 0
+    """
+
+
 class RequestTooLargeError(InvalidBatchError):
     """One call asked the server for more items than one command may touch
     (:data:`redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`; a batch ``add`` above
@@ -308,7 +326,7 @@ class PartialLoadError(RedisBufError):
 # error reply that starts with a code becomes an instance of its class here
 # (redisbuf/store/scripts.py, translate).
 SCRIPT_ERRORS: dict[str, type[RedisBufError]] = {
-    cls.code: cls  # type: ignore[misc]
+    cls.code: cls
     for cls in (
         EmptyBufferError,
         SchemaError,

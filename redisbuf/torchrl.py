@@ -59,7 +59,7 @@ import math
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -396,8 +396,8 @@ class RedisbufStorage(Storage):
                 "seed": self.seed, "device": str(self.device), "kwargs": self._buffer_kwargs}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], state["name"], state["max_size"], seed=state["seed"],
-                      device=state["device"], **state["kwargs"])
+        type(self).__init__(self, state["url"], state["name"], state["max_size"],
+                            seed=state["seed"], device=state["device"], **state["kwargs"])
 
     def __repr__(self) -> str:
         return (f"RedisbufStorage(name={self.name!r}, max_size={self.max_size}, "
@@ -575,7 +575,7 @@ class RedisbufPrioritizedSampler(PrioritizedSampler):
             raise ValueError(f"beta must be >= 0, got {value}")
         self._beta = float(value)
         if self._handle is not None:
-            self._handle.sampler.beta = self._beta
+            cast(PERSampler, self._handle.sampler).beta = self._beta  # its own, made PER
 
     @property
     def device(self) -> torch.device:

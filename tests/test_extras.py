@@ -41,18 +41,6 @@ def _one_error_line(done: subprocess.CompletedProcess[str], expected: str) -> No
             "redisbuf metrics needs prometheus_client (not installed): "
             "pip install 'redisbuf[metrics]'",
         ),
-        (
-            "torch",
-            ["demo", "--url", URL],
-            "redisbuf demo (HyperGrid's trajectories are tensors) needs torch (not "
-            "installed): pip install 'redisbuf[torch]'",
-        ),
-        (
-            "torch",
-            ["worker", "--url", URL],
-            "redisbuf worker (HyperGrid's trajectories are tensors) needs torch (not "
-            "installed): pip install 'redisbuf[torch]'",
-        ),
     ],
 )
 def test_command_names_the_missing_extra(tmp_path, blocked, argv, expected):
@@ -95,6 +83,33 @@ def test_tensors_without_torch_name_the_torch_extra(monkeypatch):
     )
     assert caught.value.name == "torch"
     assert isinstance(caught.value, ImportError) and isinstance(caught.value, RedisBufError)
+
+
+@pytest.mark.redis_server
+def test_the_demo_and_a_worker_run_without_torch(redis_server):
+    """HyperGrid's numpy trajectories: `redisbuf demo` and `redisbuf worker` need no torch
+    (each of their processes imported it, seconds apiece; they refused without it)."""
+    demo = _run(redisbuf_without(["torch"], "demo", "--workers", "1", "--batches", "2",
+                                 "--batch-size", "4", "--yes", "--url", redis_server.url))
+    assert demo.returncode == 0, demo.stderr
+    worker = _run(redisbuf_without(["torch"], "worker", "--name", "demo", "--batches", "1",
+                                   "--batch-size", "4", "--url", redis_server.url))
+    assert worker.returncode == 0, worker.stderr
+    from redisbuf import ReplayBuffer
+
+    assert ReplayBuffer.open(redis_server.url, "demo").stats()["inserted"] == 12
+
+
+def test_hypergrid_gives_numpy_trajectories_without_torch(monkeypatch):
+    import numpy as np
+
+    from redisbuf.envs import HyperGrid
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    batch = HyperGrid(ndim=2, height=4).sample_trajectories(
+        3, np.random.default_rng(0), tensors=False)
+    assert isinstance(batch.states, np.ndarray) and batch.states.shape[1:] == (3, 2)
+    assert len(batch) == 3 and batch.log_rewards.shape == (3,)
 
 
 def test_hypergrid_without_torch_names_the_torch_extra(monkeypatch):

@@ -158,6 +158,17 @@ def test_new_items_get_the_highest_priority_ever_set(client, buffer_name):
     assert per_scores(client, buffer_name)[int(fifth[0])] == 2.0  # cleared: the initial
 
 
+def test_the_new_item_priority_outlives_the_item_that_set_it(client, buffer_name):
+    """Evicting the only item of priority 9 leaves the running max at 9: the next item
+    gets 9, not the highest priority present (1)."""
+    buffer = ReplayBuffer(client, buffer_name, capacity=1, sampler=PERSampler())
+    buffer.add(batch([0]), priorities=[9.0])
+    kept = buffer.add(batch([1]), priorities=[1.0]).ids  # evicts the item of priority 9
+    assert per_scores(client, buffer_name) == {int(kept[0]): 1.0}
+    newest = buffer.add(batch([2])).ids  # evicts the one of priority 1
+    assert per_scores(client, buffer_name) == {int(newest[0]): 9.0}
+
+
 def test_eviction_follows_log_rewards_not_per_priorities(client, buffer_name):
     """With prioritized_capacity, the lowest log-reward goes first whatever its PER
     priority; without it, the oldest goes first."""

@@ -259,7 +259,7 @@ def test_close_stops_a_thread_blocked_on_an_empty_buffer(client, buffer_name):
     assert prefetch_threads()
     start = time.monotonic()
     batches.close()
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30  # not the limiter's 60 s (a hang guard)
     assert not prefetch_threads()
     with pytest.raises(StopIteration):
         next(batches)
@@ -285,7 +285,7 @@ def test_close_stops_a_thread_held_back_by_a_rate_limiter(client, buffer_name,
     wait_until(lambda: batches.in_flight() == 1, "the 7th draw to wait on the limiter")
     start = time.monotonic()
     batches.close()
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30  # not the limiter's 60 s (a hang guard)
     assert not prefetch_threads()
     assert buffer.stats()["sampled"] == 6
 

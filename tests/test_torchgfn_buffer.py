@@ -205,7 +205,9 @@ def test_sample(fake_client, buffer_name, envs):
     assert isinstance(drawn, Trajectories) and len(drawn) == 10
     assert drawn.log_probs is None and drawn.estimator_outputs is None
     assert drawn.device == buffer.device == torch.device("cpu")
-    assert len(buffer.sample(30)) == 30  # more than held: with replacement, as torchgfn
+    # more than held: with replacement (torchgfn 2.4.1's uniform sample returns the 20
+    # held; docs/coming-from/torchgfn.md lists the difference)
+    assert len(buffer.sample(30)) == 30
 
 
 def test_save_load(fake_client, buffer_name, envs, tmp_path):

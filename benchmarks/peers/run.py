@@ -21,7 +21,10 @@ Each peer runs in its own process (``peer_*.py``), the order rotating from one r
 to the next; the load average is recorded around each. Every figure is the median over
 repetitions (the spread is kept in the JSON). The run prints one table (figure, each
 peer, ratio to Reverb) and writes ``peers-<time>.json``, ``.png``, ``.md`` and the peers' logs
-to ``--out`` (default ``benchmarks/peers/results``, ignored by git). Never run in CI.
+to ``--out`` (default ``benchmarks/peers/results``, ignored by git). At its end it also
+writes the results file the docs quote, ``benchmarks/results/peers.json`` (``--name``
+another; see ``publish.py`` and benchmarks/results/README.md): commit this and run
+``python benchmarks/render.py`` to bring the README and the docs to it. Never run in CI.
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from common import FIGURES, LOWER_IS_BETTER  # noqa: E402
+from publish import publish  # noqa: E402
+
+sys.path.insert(0, str(HERE.parent))
+from _report import commit  # noqa: E402
 
 HOME = Path(os.environ.get("REDISBUF_PEERS_HOME", Path.home() / ".cache" / "redisbuf-peers"))
 
@@ -280,6 +287,8 @@ def main() -> None:
     parser.add_argument("--figures", help="comma-separated subset of figure ids")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--peer-timeout", type=float, default=3600.0)
+    parser.add_argument("--name", default="peers",
+                        help="results file written at the end (benchmarks/results/NAME.json)")
     args = parser.parse_args()
     console = Console(width=max(Console().width, 200))
     peers = args.peers.split(",") if args.peers else list(PEERS)
@@ -310,6 +319,8 @@ def main() -> None:
         "apex_size": args.apex_size or (200_000 if args.quick else 2_000_000),
     }
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%MZ")
+    # what ran, taken before the first repetition (a commit made during a run is not it)
+    meta = {"command": " ".join(["python benchmarks/peers/run.py", *sys.argv[1:]]), **commit()}
     args.out.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     orders = []
@@ -325,15 +336,20 @@ def main() -> None:
                 console.print(f"[red]{peer}: {report['error']}[/red]")
         runs.append(run)
         # written after every repetition, so an interrupted run keeps what it measured
-        write_outputs(console, args.out, stamp, cfg, runs, orders, active, skipped,
-                      final=rep == args.repeat - 1)
+        json_path = write_outputs(console, args.out, stamp, cfg, runs, orders, active,
+                                  skipped, final=rep == args.repeat - 1, meta=meta)
+    published = publish(json_path, args.name, png=json_path.with_suffix(".png"))
+    if published:
+        console.print(f"wrote {published}: commit it, then python benchmarks/render.py")
 
 
 def write_outputs(
     console: Console, out: Path, stamp: str, cfg: dict[str, Any], runs: list[dict[str, Any]],
     orders: list[list[str]], active: list[str], skipped: dict[str, str], final: bool,
-) -> None:
-    """JSON, PNG and Markdown of the repetitions so far; the table too when ``final``."""
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """JSON, PNG and Markdown of the repetitions so far (the JSON's path returned); the
+    table too when ``final``."""
     summary = summarize(runs, active)
     loads = [r[p]["load_before"][0] for r in runs for p in r] + [
         r[p]["load_after"][0] for r in runs for p in r
@@ -346,6 +362,8 @@ def write_outputs(
     )
     result = {
         "date": stamp,
+        **(meta or {}),
+        "shares": {p: SHARES.get(p, "") for p in active},
         "machine": {"node": platform.node(), "cpus": os.cpu_count(),
                     "platform": platform.platform(), "python": platform.python_version()},
         "config": cfg,
@@ -369,6 +387,7 @@ def write_outputs(
         for peer, why in skipped.items():
             console.print(f"{peer}: not run ({why})")
         console.print(f"wrote {json_path}, {png_path} and {md_path}")
+    return json_path
 
 if __name__ == "__main__":
     main()

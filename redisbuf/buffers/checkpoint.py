@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,6 +54,12 @@ from .savefile import (
     saved_shard_count,
 )
 
+if TYPE_CHECKING:
+    from .needs import CheckpointingNeeds as _CheckpointingNeeds
+    from .needs import ShardedCheckpointingNeeds as _ShardedCheckpointingNeeds
+else:  # for type checkers only: see redisbuf/buffers/needs.py
+    _CheckpointingNeeds = _ShardedCheckpointingNeeds = object
+
 # Items per staging add of a load: lua/add.lua takes the blobs through Lua, which costs the
 # server more than an add's native HSET: 1000 items took 32 ms of its time on a quiet
 # 2-core machine (benchmarks/bench_latency.py --only load), 500 about half
@@ -76,7 +82,7 @@ class _Restore:
 
 
 
-class Checkpointing:
+class Checkpointing(_CheckpointingNeeds):
     """Save, load, ``state_dict`` and ``load_state_dict`` of
     :class:`~redisbuf.buffers.replay.ReplayBuffer` (a mixin: the buffer provides
     ``client``, ``keys``, ``name``, ``capacity``, ``max_use``, ``_run``, ``_run_once``, its
@@ -226,7 +232,7 @@ class Checkpointing:
         """
         total = len(self) if progress is not None else 0
 
-        def stream() -> Iterator[tuple[Any, ...]]:
+        def stream() -> Iterator[dict[str, Any] | tuple[Any, ...]]:  # the header, records
             header = self._header()
             yield header
             yield from self._records(header["per"] is not None)
@@ -333,7 +339,8 @@ class Checkpointing:
                     f"saved record {item_id} has use count {uses!r:.40}; use counts must be "
                     "integers in [0, 2**53]"
                 )
-        kind = KINDS.get(schema.get("kind"))
+        kind_name = schema.get("kind")
+        kind = KINDS.get(kind_name) if isinstance(kind_name, str) else None
         if kind is None:
             raise DecodeError(f"saved schema names an unknown kind {schema.get('kind')!r}")
         for start in range(0, len(records), _READ_CHUNK):
@@ -385,6 +392,7 @@ class Checkpointing:
             )
         saved_per = header.get("per") is not None
         if records:
+            assert schema_json  # refused above when items come without a schema
             self._check_records(records, json.loads(schema_json), saved_per)
         inserted, sampled = _saved_counters(header, len(records))
         carry_per = saved_per and not drop_per_priorities
@@ -438,6 +446,7 @@ class Checkpointing:
             mark = _READ_CHUNK
             for start, stop in slices:
                 chunk = records[start:stop]
+                assert schema_json is not None  # items come with a schema (_prepare_restore)
                 script, args = self._restore_args(
                     [record[2] for record in chunk],
                     np.array([record[1] for record in chunk], dtype=np.float64),
@@ -519,12 +528,20 @@ class Checkpointing:
 
 
 
-class ShardedCheckpointing:
+def _offset_progress(progress: Progress, offset: int, total: int) -> Progress:
+    """A shard's restore progress as the whole load's: ``offset`` items done before it."""
+    return lambda done, _total: progress(offset + done, total)
+
+
+class ShardedCheckpointing(_ShardedCheckpointingNeeds):
     """Save, load, ``state_dict`` and ``load_state_dict`` of
     :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer`, in the unsharded format plus
     the header's ``shards``; each shard is restored by :class:`Checkpointing` (a mixin:
     the buffer provides ``client``, ``keys``, ``name``, ``count``, ``shards``,
     ``capacity`` and ``_on_shard``)."""
+
+    #: the shards' schema as stored (None: read again at the next add)
+    _schema_json: str | None
 
     def _header(self) -> dict[str, Any]:
         """The save header: the unsharded one's fields for the whole buffer (global
@@ -775,11 +792,8 @@ class ShardedCheckpointing:
             offset = done
             try:
                 with self._on_shard(k):
-                    shard._apply_restore(
-                        plan,
-                        None if progress is None
-                        else lambda d, _t, offset=offset: progress(offset + d, total),
-                    )
+                    shard._apply_restore(plan, None if progress is None
+                                         else _offset_progress(progress, offset, total))
             except Exception as exc:
                 if not restored:
                     raise

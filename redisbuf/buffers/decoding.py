@@ -4,7 +4,7 @@ set aside, see buffers/quarantine.py) and joining items into one batch."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     DecodeError,
@@ -14,10 +14,16 @@ from ..store import codec
 from ..store.containers import (
     KINDS,
     ContainerKind,
+    RecordKind,
 )
 
+if TYPE_CHECKING:
+    from .needs import DecodingNeeds as _DecodingNeeds
+else:
+    _DecodingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
 
-class Decoding:
+
+class Decoding(_DecodingNeeds):
     """A mixin of :class:`~redisbuf.buffers.replay.ReplayBuffer`: the buffer provides
     ``client``, ``keys``, ``name``, its schema cache and ``_stored_schema``."""
 
@@ -90,6 +96,8 @@ class Decoding:
         self, kind: ContainerKind, schema: dict[str, Any], blobs: list[bytes],
         scratch: codec.Scratch,
     ) -> Any:
+        if isinstance(kind, RecordKind):  # whole items, no fields to gather
+            return kind.join_records(blobs)
         names = set(schema["fields"])
         # array fields may be views of scratch: the container's join copies them out
         fields: dict[str, Any] | None = codec.decode_same_layout(blobs, scratch)

@@ -152,7 +152,7 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
             args += [blob, _priority_text(priority), _vector_text(row)]
         return args
 
-    def add(self, batch: Any) -> DiverseAddResult:
+    def add(self, batch: Any) -> DiverseAddResult:  # type: ignore[override]  # torchgfn's add(batch)
         """Add what the diversity rule lets through, atomically with its tests; a rejected
         batch (see :meth:`ReplayBuffer.add`) leaves the buffer unchanged.
 

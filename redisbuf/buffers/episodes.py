@@ -34,7 +34,7 @@ from ..errors import ConfigMismatchError, InvalidBatchError
 from ..sampling.uniforms import packed_uniforms
 from ..store import _torch, codec, scripts
 from ..store.connection import as_client
-from ..store.keys import PREFIX, validate_name
+from ..store.keys import PREFIX, decode_meta, validate_name
 
 FORMAT_VERSION = 1
 # Rejection draws per window before the exact (scan every episode) fallback.
@@ -210,7 +210,7 @@ class EpisodeBuffer:
 
     def _meta(self) -> dict[str, str]:
         raw = self.client.hgetall(self.keys.meta)
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        return decode_meta(raw)
 
     @staticmethod
     def _encode(episode: Any) -> tuple[str, list[bytes]]:

@@ -47,7 +47,7 @@ from ..sampling.uniforms import packed_uniforms
 from ..sampling.waiting import wait_for
 from ..store import codec, scripts
 from ..store.connection import as_client
-from ..store.keys import PREFIX, validate_name
+from ..store.keys import PREFIX, decode_meta, validate_name
 
 FORMAT_VERSION = 1
 _CONFIG = ("max_chunks", "fragments_per_chunk", "max_staleness", "max_reuse")
@@ -240,7 +240,7 @@ class FragmentBuffer:
             meta = _pairs(reply)
         else:
             raw = self.client.hgetall(self.keys.meta)
-            meta = {k.decode(): v.decode() for k, v in raw.items()}
+            meta = decode_meta(raw)
             if not meta:
                 raise ConfigMismatchError(
                     f"fragment buffer {name!r} does not exist; give its configuration"

@@ -16,7 +16,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import redis
@@ -26,6 +26,11 @@ from ..store import scripts
 from ..store.connection import check_durability, durability_wait, retrying
 from ..store.containers import schema_to_json
 from ..store.keys import BufferKeys, format_id
+
+if TYPE_CHECKING:
+    from .needs import InsertingNeeds as _InsertingNeeds
+else:
+    _InsertingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
 
 
 @dataclass
@@ -74,7 +79,7 @@ def _refusal(reply: Any) -> str | None:
 
 
 
-class Inserting:
+class Inserting(_InsertingNeeds):
     """The methods of :class:`~redisbuf.buffers.replay.ReplayBuffer` that store a batch
     (a mixin: the buffer provides ``client``, ``keys``, ``retry_window``, the durability
     settings, ``_run`` and its schema cache, ``_check_schema`` and ``_schema_refusal``)."""
@@ -85,6 +90,10 @@ class Inserting:
     retry_window: float
     durability: str | None
     durability_timeout: float
+    # the schema cache (Opening's), set by the first add
+    _schema: dict[str, Any] | None
+    _schema_json: str | None
+    kind: str | None
 
     def _memory(self, keys: BufferKeys, batch_id: str | None = None) -> tuple[Any, ...]:
         """The ``batch`` argument of a remembering script call (see Script.__call__): a

@@ -4,7 +4,7 @@ lifetime's model version, and the lifecycle (``close``, ``clear``, ``drop``)."""
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import redis
@@ -13,11 +13,17 @@ from ..sampling import lifetime
 from ..store import bounds
 from ..store.keys import decode_meta, format_id, keeps_rewards
 
+if TYPE_CHECKING:
+    from .needs import InspectingNeeds as _InspectingNeeds
+else:
+    _InspectingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
+
 # Ids one lua/priority_read.lua call reads (RB_PRIORITY_IDS there)
 PRIORITY_READ_IDS = 16
 
 
-class Inspecting:
+
+class Inspecting(_InspectingNeeds):
     """A mixin of :class:`~redisbuf.buffers.replay.ReplayBuffer`: the buffer provides
     ``client``, ``keys``, ``name``, ``capacity``, ``sampler``, ``_config``, ``_rates``,
     ``_owns_client``, ``_run``, ``decode`` and ``_forget_schema``."""
@@ -69,8 +75,10 @@ class Inspecting:
         """The current PER priority of each of ``ids`` (NaN for an id not stored), read on
         the server from where the priorities are (the mass log and the snapshot behind
         it) by lua/priority_read.lua, the script FCALL ``rb_priority`` runs: no replica
-        is made. Each call of at most 16 ids is one atomic read; its cost grows with the
-        log's length (see docs/wire-format.md).
+        is made. Each command of at most 16 ids is one atomic read; its cost grows with
+        the log's length (see docs/wire-format.md). Above 64 ids, or where this process
+        holds a replica of the priorities, they are read from that replica (or one made
+        for the call, read-only), caught up now: the same values, in a few large reads.
 
         Args:
             ids: the items' ids.
@@ -92,12 +100,31 @@ class Inspecting:
         """
         wanted = [int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1)]
         keys = self.keys
+        if len(wanted) > 4 * PRIORITY_READ_IDS or "per" in self.view.replicas:
+            return self._priorities_from_replica(np.array(wanted, dtype=np.int64))
         out = np.full(len(wanted), np.nan)
         for start in range(0, len(wanted), PRIORITY_READ_IDS):
             part = wanted[start : start + PRIORITY_READ_IDS]
             reply = self._run("priority_read", [keys.meta, keys.order, keys.masslog,
                                                 keys.snap, keys.per_heap, keys.per], part)
             out[start : start + len(part)] = [np.nan if v is None else float(v) for v in reply]
+        return out
+
+    def _priorities_from_replica(self, ids: np.ndarray) -> np.ndarray:
+        """:meth:`priorities` of many ids (or with this process's replica): from a
+        replica caught up now, this process's or, without one, a read-only one of this
+        call's own (``readable_replica``: no pin, no snapshot written)."""
+        from ..errors import ConfigMismatchError
+        from ..sampling.replica import readable_replica
+
+        if self.client.hget(self.keys.meta, "mass") not in (b"per", "per"):
+            raise ConfigMismatchError(
+                f"buffer {self.name!r} has no PER priorities (use PERSampler)")
+        replica = readable_replica(self.view, "per", keep=False)
+        with replica.lock:
+            replica.sync(self.view)
+            slots = replica.slots_of(ids)
+            out = np.where(slots >= 0, replica.scores[np.maximum(slots, 0)], np.nan)
         return out
 
     def close(self) -> None:

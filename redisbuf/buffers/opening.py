@@ -8,11 +8,16 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BufferShardedError, ConfigMismatchError, SchemaError
 from ..store.containers import describe_schema_difference
 from ..store.keys import DEFAULT_RETRY_WINDOW, decode_meta
+
+if TYPE_CHECKING:
+    from .needs import OpeningNeeds as _OpeningNeeds
+else:
+    _OpeningNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
 
 #: Layout of a buffer's keys in Redis (meta ``format_version``).
 FORMAT_VERSION = 1
@@ -26,10 +31,15 @@ class _Config:
     retry_window: float = DEFAULT_RETRY_WINDOW
 
 
-class Opening:
+class Opening(_OpeningNeeds):
     """A mixin of :class:`~redisbuf.buffers.replay.ReplayBuffer`: the buffer provides
-    ``client``, ``keys``, ``name``, ``_run`` and its schema cache (``_schema``,
-    ``_schema_json``)."""
+    ``client``, ``keys``, ``name``, ``_run`` (redisbuf/buffers/needs.py, OpeningNeeds) and
+    sets the schema cache below to None before it opens."""
+
+    #: the schema the first batch fixed, as stored (parsed, and its text), and its kind
+    _schema: dict[str, Any] | None
+    _schema_json: str | None
+    kind: str | None
 
     def _open(self, capacity: int | None, eviction: str, retry_window: float | None) -> _Config:
         if capacity is None:

@@ -5,7 +5,7 @@ it updated."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,12 +14,17 @@ from ..sampling.replica import replica_of
 from ..store import bounds
 from ..store.keys import ID_WIDTH, last_of_each, pack_ids
 
+if TYPE_CHECKING:
+    from .needs import PrioritizingNeeds as _PrioritizingNeeds
+else:
+    _PrioritizingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
+
 # A priority counts in a replica's sum of priorities as at most this (as its masses do):
 # 2^32 items sum to a finite number, sums of capped ones exactly
 PER_SUM_CAP = 2.0**990
 
 
-class Prioritizing:
+class Prioritizing(_PrioritizingNeeds):
     """A mixin of :class:`~redisbuf.buffers.replay.ReplayBuffer`: the buffer provides
     ``view`` (its client, keys and replicas) and ``_run``."""
 

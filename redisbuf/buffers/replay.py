@@ -31,7 +31,7 @@ from ..sampling.samplers import (
 )
 from ..sampling.waiting import UNSET, Unset, wait_for
 from ..sampling.windows import WindowSampler, joined, recent_batch_size
-from ..store import bounds, codec, functions, scripts
+from ..store import bounds, functions, scripts
 from ..store.connection import (
     as_client,
     check_durability_support,
@@ -43,6 +43,7 @@ from ..store.connection import (
 from ..store.containers import (
     KINDS,
     kind_of,
+    schema_to_json,
 )
 from ..store.keys import (
     BufferKeys,
@@ -51,6 +52,7 @@ from ..store.keys import (
 from . import quarantine
 from .checkpoint import Checkpointing
 from .decoding import Decoding
+from .editing import Editing
 from .insert import AddResult, Inserting
 from .inspection import Inspecting
 from .opening import FORMAT_VERSION, Opening, _Config  # noqa: F401
@@ -88,6 +90,10 @@ class SampleInfo:
             draws, ``sample_range`` and batches with recent data.
         weights: PER importance-sampling weights (:class:`PERSampler` only).
         importance_weights: ALF's importance weights (:class:`PERSampler` only).
+        records: the drawn items' stored records, as :meth:`ReplayBuffer.records` reads
+            them (what a compare and set of :meth:`ReplayBuffer.replace` expects).
+        priorities: each drawn item's PER priority when it was drawn
+            (:class:`PERSampler` only).
 
     Examples:
         >>> import fakeredis, numpy as np
@@ -104,11 +110,15 @@ class SampleInfo:
     probabilities: np.ndarray | None = None
     weights: np.ndarray | None = None
     importance_weights: np.ndarray | None = None
+    records: list[bytes] | None = None
+    priorities: np.ndarray | None = None
 
 
 
 
-class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, Inspecting):
+class ReplayBuffer(
+    Opening, Inserting, Decoding, Prioritizing, Checkpointing, Inspecting, Editing
+):
     """A replay buffer stored in Redis under ``name``, shared by all processes using it.
 
     Args:
@@ -123,7 +133,8 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             ``softmax(log_rewards)_i`` (without replacement when ``n <= len``, as
             torchgfn); otherwise uniformly. See :meth:`sample`.
         kind: expected container kind (``trajectories``, ``transitions``, ``states``,
-            ``dict``); by default the first ``add`` fixes it.
+            ``dict``, or ``nest``: schemaless, a list of items of any nest, see
+            :mod:`redisbuf.store.nest`); by default the first ``add`` fixes it.
         max_item_bytes: largest encoded item accepted by ``add``.
         seed: seeds this process's sampling random numbers.
         sampler: a custom :class:`~redisbuf.sampling.samplers.Sampler` (overrides
@@ -355,7 +366,11 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
                 ranks items by log-reward.
             ItemTooLargeError: an item encodes to more than ``max_item_bytes``.
         """
-        columns, log_rewards, schema = kind_of(batch).split(batch)
+        blobs, log_rewards, schema = kind_of(batch).encode(batch)
+        if self.kind is not None and schema["kind"] != self.kind:
+            # the kind first: "buffer holds dict, batch is nest" says more than what the
+            # batch lacks for this kind (checked again, against the server, by the add)
+            self._check_schema(schema, schema_to_json(schema))
         if len(log_rewards) == 0:
             raise InvalidBatchError("batch is empty")
         if (self.prioritized_capacity or self.prioritized_sampling) and (
@@ -364,7 +379,6 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             raise InvalidBatchError(
                 "this buffer ranks items by log-reward: the batch must carry log_rewards"
             )
-        blobs = codec.encode_columns(columns, len(log_rewards))
         for index, blob in enumerate(blobs):
             if len(blob) > self.max_item_bytes:
                 raise ItemTooLargeError(
@@ -380,6 +394,7 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         *,
         model_version: int | None = None,
         session_id: str | None = None,
+        raise_running_max: bool = True,
     ) -> AddResult:
         """Insert every item of ``batch`` in one atomic step, then evict beyond capacity.
 
@@ -399,7 +414,10 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
 
         ``priorities`` (one finite number >= 0 per item) sets the items' PER priorities
         on a buffer using :class:`PERSampler`; without it they get
-        ``max(initial_priority, highest priority present)``.
+        ``max(initial_priority, the highest priority set since PER was turned on or the
+        buffer cleared)``: a running max, which an item's eviction or a lower update does
+        not lower; with ``raise_running_max=False`` these priorities leave it as it is
+        (DI-engine's max priority counts priority updates only).
 
         With a remote manager, ``.score`` of the result is the manager's score dict for
         this batch (None when nothing was sent), or with ``async_score`` the previous
@@ -407,11 +425,13 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
 
         Args:
             batch: a container of the buffer's kind: ``Trajectories``, ``Transitions``,
-                ``States`` or a dict of equally long columns (``log_rewards`` among them where
-                items are ranked by log-reward).
+                ``States``, a dict of equally long columns (``log_rewards`` among them where
+                items are ranked by log-reward), or a list of items of any nest
+                (:class:`~redisbuf.store.containers.Items` to give them log-rewards).
             priorities: one PER priority per item, or ``None``.
             model_version: the model version that produced the batch, or ``None``.
             session_id: the session that produced the batch, or ``None``.
+            raise_running_max: whether ``priorities`` may raise the running max.
 
         Returns:
             The new items' ids, how many items were evicted, the manager's score, and why the
@@ -420,6 +440,8 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         Raises:
             InvalidBatchError: the batch is empty, malformed, or has NaN log-rewards.
             SchemaError: the batch's kind or fields differ from the buffer's.
+            UnsupportedItemError: an item of a nest batch holds a value the nest codec
+                does not store (a ``TypeError`` naming its path and type).
             ItemTooLargeError: an item encodes to more than ``max_item_bytes``.
             RequestTooLargeError: more items or bytes than one add may carry.
             ConfigMismatchError: ``priorities`` on a buffer without :class:`PERSampler`.
@@ -440,6 +462,8 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
         if priorities is not None:
             checked = _per_priorities(priorities, len(blobs))
             options["per_priorities"] = list(map(repr, checked.tolist()))
+            if not raise_running_max:
+                options["per_keep_max"] = True
             if self.client.hget(self.keys.meta, "mass") != b"per":
                 raise ConfigMismatchError(
                     f"buffer {self.name!r} has no PER priorities: priorities= needs PERSampler"
@@ -641,7 +665,8 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             min_size: with ``block``, the length to wait for (default ``n``).
 
         Returns:
-            One batch of the buffer's kind holding the ``n`` drawn items.
+            One batch of the buffer's kind holding the ``n`` drawn items (for a ``nest``
+            buffer, a list of the items, in draw order).
 
         Raises:
             ValueError: ``n`` or ``min_size`` is not a positive integer, or
@@ -724,4 +749,6 @@ class ReplayBuffer(Opening, Inserting, Decoding, Prioritizing, Checkpointing, In
             draw.probabilities,
             draw.weights,
             draw.importance_weights,
+            list(draw.blobs),
+            draw.priorities,
         )

@@ -157,7 +157,7 @@ def _state_records(state: dict[str, Any]) -> list[tuple[Any, ...]]:
     columns = ["ids", "priorities", "blobs"]
     if state["version"] >= 2:
         columns += ["per_priorities", "uses"]
-    lists = [state.get(column) for column in columns]
+    lists: list[Any] = [state.get(column) for column in columns]
     for column, values in zip(columns, lists, strict=True):
         if not isinstance(values, list):
             raise DecodeError(f"saved state's {column!r} is not a list")

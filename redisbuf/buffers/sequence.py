@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
@@ -248,14 +248,14 @@ class SequenceBuffer(SequenceDrawing, SequenceReading):
         reward_clip: tuple[float, float] | None = None,
         seed: int | None = None,
     ) -> None:
-        for label, value, low in (
+        for label, value, least in (
             ("num_environments", num_environments, 1),
             ("max_length", max_length, 1),
             ("recent_data_steps", recent_data_steps, 1),
             ("num_earliest_frames_ignored", num_earliest_frames_ignored, 0),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{label} must be an integer >= {low}, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{label} must be an integer >= {least}, got {value!r}")
         if num_environments >= 10**6:
             raise ValueError("num_environments must be below 10**6")
         if step_type_field is not None and done_field is not None:
@@ -439,7 +439,7 @@ class SequenceBuffer(SequenceDrawing, SequenceReading):
             self._schema = json.loads(raw)
         return self._schema
 
-    def _decode(self, blobs: list[bytes | None], shape: tuple[int, ...]) -> dict[str, Any]:
+    def _decode(self, blobs: Sequence[bytes | None], shape: tuple[int, ...]) -> dict[str, Any]:
         """Blobs of ``prod(shape)`` steps -> nested dict of arrays shaped ``shape + item``."""
         schema = self._stored_schema()
         count = int(np.prod(shape))

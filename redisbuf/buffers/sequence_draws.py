@@ -29,6 +29,11 @@ from ..store.keys import pack_ids
 from .sequence_reads import BatchInfo, _as_int_array
 
 if TYPE_CHECKING:
+    from .needs import SequenceDrawingNeeds as _SequenceDrawingNeeds
+else:
+    _SequenceDrawingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
+
+if TYPE_CHECKING:
     from .sequence import SequenceBuffer
 
 _TRIES = 4  # candidate draws per window and call before rejection gives up
@@ -41,7 +46,7 @@ _SPARES = 0
 _MAX_DRAWS_PER_WINDOW = 8
 
 
-class SequenceDrawing:
+class SequenceDrawing(_SequenceDrawingNeeds):
     """A mixin of :class:`~redisbuf.buffers.sequence.SequenceBuffer`: the buffer provides
     ``client``, ``name``, ``keys``, ``_keys``, ``rng``, its sampling options
     (``prioritized_sampling``, ``recent_data_ratio``, ``recent_data_steps``,
@@ -254,7 +259,7 @@ class _WindowCommit(CorrectedCommit[list[Any]]):
     least_spares = _SPARES
     limit = bounds.MAX_ITEMS_PER_COMMAND  # one command's candidates (store/bounds.py)
 
-    def __init__(self, buffer: SequenceBuffer, head: list[Any], wanted: int, length: int,
+    def __init__(self, buffer: SequenceDrawing, head: list[Any], wanted: int, length: int,
                  replica: MassReplica) -> None:
         self.buffer, self.head, self.length, self.replica = buffer, head, length, replica
         self.count = buffer._draw_count(wanted, length)

@@ -5,7 +5,7 @@ windows: episode boundaries, one field at given positions, every stored step
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -15,6 +15,11 @@ from ..errors import (
     SamplingError,
 )
 from ..store import _torch, bounds
+
+if TYPE_CHECKING:
+    from .needs import SequenceReadingNeeds as _SequenceReadingNeeds
+else:
+    _SequenceReadingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
 
 _DISCOUNTED_RETURN = "discounted_return"
 
@@ -43,7 +48,7 @@ def _as_int_array(values: Any, name: str) -> np.ndarray:
     return array.astype(np.int64)
 
 
-class SequenceReading:
+class SequenceReading(_SequenceReadingNeeds):
     """A mixin of :class:`~redisbuf.buffers.sequence.SequenceBuffer`: the buffer provides
     ``client``, ``name``, ``_keys``, ``num_environments``, its options
     (``record_episodic_return``, ``default_return``, ``num_earliest_frames_ignored``) and
@@ -129,7 +134,7 @@ class SequenceReading:
         schema = self._stored_schema()
         if field_name not in schema:
             raise KeyError(f"no field {field_name!r}; fields: {sorted(schema)}")
-        data = self._decode(blobs, (len(names),))
+        data: Any = self._decode(blobs, (len(names),))  # a nested field's dict, then its array
         for part in field_name.split("."):
             data = data[part]
         return data.reshape((*shape, *tuple(schema[field_name]["shape"])))

@@ -70,6 +70,7 @@ from ..errors import (
     BufferNotShardedError,
     ConfigMismatchError,
     SchemaError,
+    ServerUnavailableError,
     ShardUnavailableError,
 )
 from ..sampling.samplers import PERSampler
@@ -78,7 +79,8 @@ from ..store.connection import as_client, guarded, is_cluster
 from ..store.containers import kind_of, schema_to_json
 from ..store.keys import BufferKeys
 from .checkpoint import ShardedCheckpointing
-from .replay import AddResult, ReplayBuffer
+from .insert import AddResult
+from .replay import ReplayBuffer
 from .savefile import saved_shard_count
 from .shard_calls import SHARD_LOST as _SHARD_LOST
 from .sharded_draws import BATCH_LAWS, ShardedSampling
@@ -276,6 +278,10 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
             raw = scripts.load("shard_layout")(
                 self.client, [self.keys.shards, self.keys.meta], [layout]
             )
+        except _SHARD_LOST as exc:
+            raise ServerUnavailableError(
+                f"sharded buffer {self.name!r}: its layout ({self.keys.shards}, "
+                f"{self._node_of(self.name)}) cannot be read: {exc}") from None
         except BufferNotShardedError:
             raise ConfigMismatchError(
                 f"buffer {self.name!r} exists unsharded; it cannot be opened with shards= "
@@ -347,16 +353,19 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
     def _where(self, k: int) -> str:
         """Shard ``k``'s name, slot and (on a cluster, as last known) node."""
         meta = self.keys.meta.replace(f"{{{self.name}}}", f"{{{self.shard_names[k]}}}")
-        where = f"{self.shard_names[k]!r}, slot {_slot(self.shard_names[k])}"
+        where = f"{self.shard_names[k]!r}, {self._node_of(self.shard_names[k])}"
+        return f"{where}; keys {meta.rsplit(':', 1)[0]}:*"
+
+    def _node_of(self, tag: str) -> str:
+        """The slot of hash tag ``tag`` and (on a cluster, as last known) its node."""
+        where = f"slot {_slot(tag)}"
         if is_cluster(self.client):
             try:
-                node = self.client.unwrapped.nodes_manager.get_node_from_slot(
-                    _slot(self.shard_names[k])
-                )
+                node = self.client.unwrapped.nodes_manager.get_node_from_slot(_slot(tag))
                 where += f", node {node.name}"
             except redis.exceptions.RedisClusterException:
                 where += ", no node serves it"
-        return f"{where}; keys {meta.rsplit(':', 1)[0]}:*"
+        return where
 
     @contextmanager
     def _on_shard(self, k: int) -> Iterator[None]:
@@ -378,7 +387,7 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
     def _check_schema(self, batch: Any) -> None:
         """Fix the schema of every shard at the first add, and refuse a batch that does
         not fit it (each shard checks only its own items, so the check is global here)."""
-        _columns, _log_rewards, schema = kind_of(batch).split(batch)
+        schema = kind_of(batch).schema(batch)
         schema_json = schema_to_json(schema)
         if self._schema_json is None:
             self.client.hsetnx(self.keys.shards, "schema", schema_json)

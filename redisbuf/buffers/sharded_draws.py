@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import redis
@@ -90,6 +90,14 @@ _ROUNDS = 64
 Drawn = tuple[list[int], list[bytes], Any, Any]
 
 
+
+def _head(replica: MassReplica | None) -> tuple[str, int, str]:
+    """A replica's (epoch, version, stamp), read under its lock; a first read's for none."""
+    if replica is None:
+        return ("", 0, "")
+    with replica.lock:
+        return (replica.epoch, replica.version, replica.stamp)
+
 class ShardedSampling(ShardCalls):
     """Sampling of :class:`~redisbuf.buffers.sharded.ShardedReplayBuffer` (a mixin: the
     buffer provides ``client``, ``name``, ``count``, ``shards``, ``rng``, ``per``,
@@ -99,6 +107,8 @@ class ShardedSampling(ShardCalls):
         client: Any
         name: str
         count: int
+
+        def __len__(self) -> int: ...
         shards: list[ReplayBuffer]
         rng: np.random.Generator
         per: PERSampler | None
@@ -129,20 +139,19 @@ class ShardedSampling(ShardCalls):
         every change made before it."""
         script = scripts.load("masslog_read")
         replicas = [shard.view.replicas.get(rule) for shard in self.shards]
+        # each replica's position read under its lock: another thread's update_priority
+        # moves it (version, then stamp) and a torn one reads as another history
+        heads = [_head(replica) for replica in replicas]
 
         def command(pipe: Any, shard: ReplayBuffer) -> None:
-            replica = replicas[self.shards.index(shard)]
             keys = shard.keys.all_keys()
-            args = ([replica.epoch, replica.version, replica.stamp] if replica is not None
-                    else ["", 0, ""])
-            scripts.queue(pipe, self.client, script, keys, args)
+            scripts.queue(pipe, self.client, script, keys,
+                          list(heads[self.shards.index(shard)]))
 
         def read(k: int) -> Any:
-            replica, shard = replicas[k], self.shards[k]
-            args = ([replica.epoch, replica.version, replica.stamp] if replica is not None
-                    else ["", 0, ""])
+            shard = self.shards[k]
             with self._on_shard(k):
-                return shard._run("masslog_read", shard.keys.all_keys(), args)
+                return shard._run("masslog_read", shard.keys.all_keys(), list(heads[k]))
 
         if is_cluster(self.client):
             # each shard's master through its own client, at once: a cluster pipeline
@@ -169,12 +178,16 @@ class ShardedSampling(ShardCalls):
                 if int(reply[0]) == 2:  # not on in this shard (made again): turn it on
                     shard.sampler.prepare(shard.view)
                     replicas[k] = None
-                if replicas[k] is None:
+                held = replicas[k]
+                if held is None:
                     replica = replica_of(shard.view, rule)  # reads the shard
                 else:
-                    replica = replicas[k]
+                    replica = held
                     with replica.lock:
-                        replica.catch_up(shard.view, reply)
+                        if _head(replica) == heads[k]:
+                            replica.catch_up(shard.view, reply)
+                        else:  # moved since (an update of this process): on from there
+                            replica.sync(shard.view)
             out.append(replica)
         return out
 
@@ -531,7 +544,7 @@ class ShardedSampling(ShardCalls):
         if inline or any(replica is None for replica in held):
             replicas, synced = self._replicas(rule), True
         else:
-            replicas, synced = held, False
+            replicas, synced = cast("list[MassReplica]", held), False  # none is None
         pieces: list[tuple[int, Any, np.ndarray, float]] = []
         got, rounds = 0, 0
         while got < n:

@@ -11,7 +11,8 @@ import numpy as np
 from ..errors import InvalidBatchError, SchemaError
 from ..store import _torch
 from ..store.containers import Array, States, Trajectories, Transitions
-from .replay import AddResult, ReplayBuffer
+from .insert import AddResult
+from .replay import ReplayBuffer
 
 
 def _rows(array: Array | None, mask: Array) -> Array | None:
@@ -87,7 +88,7 @@ class TerminatingStateBuffer(ReplayBuffer):
             raise ValueError(f"a TerminatingStateBuffer holds states, not {kind!r}")
         super().__init__(*args, kind="states", **kwargs)
 
-    def add(self, batch: Any) -> AddResult:
+    def add(self, batch: Any) -> AddResult:  # type: ignore[override]  # torchgfn's add(batch)
         """Add the terminating states of ``batch``. Transitions without a terminating
         one add nothing (an empty result), as in torchgfn.
 

@@ -163,10 +163,8 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._extras import check as check_extra
     from ..servers.embedded import EmbeddedServer
 
-    check_extra("torch", "torch", "redisbuf demo (HyperGrid's trajectories are tensors)")
     _check(args)
     out = error_console() if args.json else console()
     url = resolve_url(args)

@@ -52,10 +52,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._extras import check as check_extra
     from ..demos.processes import run_worker
 
-    check_extra("torch", "torch", "redisbuf worker (HyperGrid's trajectories are tensors)")
     client, url = connect_args(args, "redisbuf worker")
     out = error_console() if args.json else console()
     try:

@@ -201,7 +201,7 @@ class ReplayBufferManager:
         self.rank = rank
         self.num_training_ranks = num_training_ranks
         self.scoring_function = scoring_function or default_scoring_function
-        self.diverse_replay_buffer = diverse_replay_buffer
+        self.diverse_replay_buffer: bool = diverse_replay_buffer
         self.store_locally = store_locally
         self.baseline_strategy = baseline_strategy
         self.baseline_percentile = float(baseline_percentile)

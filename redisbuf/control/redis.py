@@ -12,9 +12,10 @@ key                                type    content
                                            sender rank, tag, session token, message)
 ``rb:{name}:ctl:rep:{rank}:{tag}`` list    replies to worker ``rank`` on ``tag`` (0 = score,
                                            1 = metadata); expire an hour after the last one
-``rb:{name}:ctl:hb:{rank}``        string  worker ``rank``'s heartbeat (expires like the
-                                           manager's)
+``rb:{name}:ctl:hb:{rank}``        string  worker ``rank``'s heartbeat: the session token,
+                                           its pid and host (expires like the manager's)
 ``rb:{name}:ctl:workers``          set     ranks of the workers that joined this session
+``rb:{name}:ctl:procs``            hash    rank -> the worker's pid and host (this session)
 ``rb:{name}:ctl:ranks``            string  counter that hands out worker ranks 1, 2, ...
 =================================  ======  ==================================================
 
@@ -25,6 +26,12 @@ a background thread, so long computations do not look like death. A worker waiti
 reply notices within about ``heartbeat_interval`` when the manager's key expires or
 changes (restart) and raises :class:`~redisbuf.errors.ControlTimeoutError`; the manager
 raises the same when a registered worker's heartbeat expires before its EXIT.
+
+An expired heartbeat is only a suspicion: a process on a starved machine may not beat for
+longer than the TTL. Each beat names its process (pid, host and pid namespace), and a
+process on the same host and namespace as the one checking whose pid still runs (and is
+no zombie) is late, not dead: it is waited for. The TTL alone decides for a process on
+another host.
 """
 
 from __future__ import annotations
@@ -36,13 +43,13 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis as redis_lib
 
 from ..errors import ControlTimeoutError, DecodeError, ProtocolError
 from ..store.codec import packb, unpackb
-from ..store.connection import as_client
+from ..store.connection import as_client, reply_bytes
 from ..store.keys import PREFIX, validate_name
 from .protocol import ANY_SOURCE
 
@@ -85,6 +92,53 @@ class ControlKeys:
 
     def heartbeat(self, rank: int) -> str:
         return self._key(f"hb:{rank}")
+
+    @property
+    def procs(self) -> str:
+        return self._key("procs")
+
+
+def _namespace() -> str:
+    """This process's pid namespace (``pid:[N]``; "" where /proc does not say)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def this_process() -> bytes:
+    """How a heartbeat names its process: ``pid=P host=H ns=NS``."""
+    return b"pid=%d host=%s ns=%s" % (os.getpid(), socket.gethostname().encode(),
+                                      _namespace().encode())
+
+
+def runs_here(described: bytes | None) -> bool:
+    """Whether the process a heartbeat value (or a ``procs`` entry) names is on this host,
+    in this pid namespace, and still runs (not a zombie): then an expired heartbeat of it
+    means a late beat (a starved process), not a death. False when it cannot tell."""
+    if not described:
+        return False
+    fields = dict(part.split(b"=", 1) for part in described.split() if b"=" in part)
+    try:
+        pid = int(fields.get(b"pid", b""))
+    except ValueError:
+        return False
+    if fields.get(b"host") != socket.gethostname().encode() or \
+            fields.get(b"ns", b"").decode() != _namespace():
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here: whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return True
 
 
 class _Heartbeat:
@@ -137,7 +191,7 @@ class _RedisEndpoint:
     def _brpop(self, key: str, timeout: float) -> bytes | None:
         # BRPOP takes seconds with millisecond resolution; 0 would mean "forever"
         reply = self.client.brpop([key], timeout=max(timeout, 0.001))
-        return None if reply is None else reply[1]
+        return None if reply is None else reply_bytes(reply[1])
 
 
 class RedisManagerTransport(_RedisEndpoint):
@@ -165,15 +219,15 @@ class RedisManagerTransport(_RedisEndpoint):
         if self.started:
             return
         k = self.keys
-        holder = self.client.get(k.manager)
+        holder = reply_bytes(self.client.get(k.manager))
         if holder is not None:
             raise ProtocolError(
                 f"a manager is already running for buffer {self.name!r} "
                 f"({k.manager} = {holder.decode(errors='replace')})"
             )
         # clear the previous session before announcing this one: workers wait for the key
-        self.client.delete(k.requests, k.workers, k.ranks)
-        value = b"%s pid=%d host=%s" % (self.token, os.getpid(), socket.gethostname().encode())
+        self.client.delete(k.requests, k.workers, k.ranks, k.procs)
+        value = b"%s %s" % (self.token, this_process())
         if not self.client.set(k.manager, value, nx=True, px=int(self.heartbeat_ttl * 1000)):
             raise ProtocolError(f"another manager for buffer {self.name!r} started just now")
         self._heartbeat = _Heartbeat(
@@ -230,18 +284,23 @@ class RedisManagerTransport(_RedisEndpoint):
             pipe.exists(self.keys.heartbeat(rank))
         dead = {rank for rank, alive in zip(ranks, pipe.execute(), strict=True) if not alive}
         if dead:
+            # a worker whose process still runs on this host is late (starved), not dead
+            described = self.client.hmget(self.keys.procs, *sorted(dead))
+            dead -= {rank for rank, proc in zip(sorted(dead), described, strict=True)
+                     if runs_here(reply_bytes(proc))}
+        if dead:
             # a worker pushes its EXIT before dropping its heartbeat: a rank with a request
             # still queued is not lost, its EXIT (or last request) is about to be read
             for raw in self.client.lrange(self.keys.requests, 0, -1):
                 try:
-                    dead.discard(int(unpackb(raw)["src"]))
+                    dead.discard(int(unpackb(cast(bytes, raw))["src"]))
                 except (DecodeError, KeyError, TypeError, ValueError):
                     continue
         if dead:
-            dead = sorted(dead)
             raise ControlTimeoutError(
-                f"worker rank(s) {dead} of buffer {self.name!r} stopped without EXIT "
-                f"(no heartbeat for {self.heartbeat_ttl:.1f} s)"
+                f"worker rank(s) {sorted(dead)} of buffer {self.name!r} stopped without EXIT "
+                f"(no heartbeat for {self.heartbeat_ttl:.1f} s, and no such process runs "
+                "on this host)"
             )
 
     def close(self) -> None:
@@ -251,7 +310,7 @@ class RedisManagerTransport(_RedisEndpoint):
         if self.started:
             self.started = False
             try:
-                if _token_of(self.client.get(self.keys.manager)) == self.token:
+                if _token_of(reply_bytes(self.client.get(self.keys.manager))) == self.token:
                     self.client.delete(self.keys.manager)
             except (redis_lib.exceptions.RedisError, OSError):
                 pass
@@ -284,6 +343,7 @@ class RedisWorkerTransport(_RedisEndpoint):
         self.connect_timeout = connect_timeout
         self.reply_timeout = reply_timeout
         self.token: bytes | None = None
+        self._manager_process: bytes | None = None  # pid, host and ns its key named
 
     @property
     def rank(self) -> int:
@@ -298,8 +358,10 @@ class RedisWorkerTransport(_RedisEndpoint):
         k = self.keys
         deadline = time.monotonic() + self.connect_timeout
         while True:
-            token = _token_of(self.client.get(k.manager))
-            if token is not None:
+            value = reply_bytes(self.client.get(k.manager))
+            token = _token_of(value)
+            if token is not None and value is not None:
+                self._manager_process = value.split(b" ", 1)[1] if b" " in value else None
                 break
             if time.monotonic() >= deadline:
                 raise ControlTimeoutError(
@@ -313,10 +375,13 @@ class RedisWorkerTransport(_RedisEndpoint):
         rank = self._rank
         self.client.delete(k.reply(rank, 0), k.reply(rank, 1))  # stale replies of a past run
         # beat before joining, so the manager never sees a joined rank without a heartbeat
+        me = this_process()
         self._heartbeat = _Heartbeat(
-            self.client, k.heartbeat(rank), token, self.heartbeat_interval, self.heartbeat_ttl
+            self.client, k.heartbeat(rank), b"%s %s" % (token, me), self.heartbeat_interval,
+            self.heartbeat_ttl
         )
         self._heartbeat.start()
+        self.client.hset(k.procs, rank, me)
         self.client.sadd(k.workers, rank)
         self.token = token
 
@@ -326,7 +391,12 @@ class RedisWorkerTransport(_RedisEndpoint):
         self.client.lpush(self.keys.requests, envelope)
 
     def _manager_alive(self) -> bool:
-        return _token_of(self.client.get(self.keys.manager)) == self.token
+        """Whether this session's manager runs: its key holds this session's token, or it
+        expired while the manager's process still runs on this host (a late beat)."""
+        value = reply_bytes(self.client.get(self.keys.manager))
+        if value is None:
+            return runs_here(self._manager_process)
+        return _token_of(value) == self.token
 
     def recv(self, source: int, tag: int, timeout: float | None = None) -> tuple[int, bytes]:
         self.connect()
@@ -360,6 +430,7 @@ class RedisWorkerTransport(_RedisEndpoint):
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None
+            assert self._rank is not None  # a worker beats once it has a rank
             try:
                 self.client.delete(self.keys.heartbeat(self._rank))
             except (redis_lib.exceptions.RedisError, OSError):

@@ -94,7 +94,7 @@ def _worker_main(
         remote = buffer.remote
         assert remote is not None
         for _ in range(batches):
-            score = buffer.add(env.sample_trajectories(batch_size, rng)).score
+            score = buffer.add(env.sample_trajectories(batch_size, rng, tensors=False)).score
             events.put(("score", (index, transport.rank, score, remote.baseline_kept,
                                   remote.baseline_total)))
         ReplayBufferManager.send_termination_signal(0, buffer)

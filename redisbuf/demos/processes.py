@@ -174,7 +174,8 @@ def run_worker(
     while config.batches == 0 or done < config.batches:
         if should_stop is not None and should_stop():
             break
-        batch = env.sample_trajectories(config.batch_size, rng)
+        # numpy trajectories: a worker needs no torch (importing it costs seconds a process)
+        batch = env.sample_trajectories(config.batch_size, rng, tensors=False)
         buffer.add(batch)
         drawn = buffer.sample(config.sample_size)
         added += len(batch)

@@ -40,11 +40,14 @@ class HyperGrid:
         return self.log_reward(np.stack(axes, axis=-1).reshape(-1, self.ndim))
 
     def sample_trajectories(
-        self, n: int, rng: np.random.Generator, exit_probability: float | None = None
+        self, n: int, rng: np.random.Generator, exit_probability: float | None = None,
+        *, tensors: bool = True,
     ) -> Trajectories:
         """``n`` trajectories of a random policy: exit with ``exit_probability`` (default
         ``1 / (ndim + 1)``), else increment a uniformly chosen coordinate that can still
-        grow. States are padded with -1 (the sink state), actions with -1."""
+        grow. States are padded with -1 (the sink state), actions with -1. Their arrays
+        are torch tensors, as torchgfn's (``tensors=False``: numpy arrays, without
+        torch)."""
         p_exit = 1.0 / (self.ndim + 1) if exit_probability is None else exit_probability
         horizon = self.max_length
         states = np.full((horizon + 1, n, self.ndim), -1, dtype=np.int64)
@@ -74,13 +77,16 @@ class HyperGrid:
             lengths[exits] = t + 1
             alive &= ~exits
         terminal = states[lengths - 1, np.arange(n)]
-        torch = _torch.require()  # the trajectories are tensors, as torchgfn's
+        arrays = [states, actions, lengths, self.log_reward(terminal), log_probs]
+        if tensors:
+            torch = _torch.require()
+            arrays = [torch.from_numpy(a) for a in arrays]
         return Trajectories(
-            states=torch.from_numpy(states),
-            actions=torch.from_numpy(actions),
-            terminating_idx=torch.from_numpy(lengths),
-            log_rewards=torch.from_numpy(self.log_reward(terminal)),
-            log_probs=torch.from_numpy(log_probs),
+            states=arrays[0],
+            actions=arrays[1],
+            terminating_idx=arrays[2],
+            log_rewards=arrays[3],
+            log_probs=arrays[4],
             states_pad_value=-1.0,
             actions_pad_value=-1.0,
         )

@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -295,7 +295,7 @@ def run(config: ApexConfig, live: bool = True, console: Any = None,
     goes to ``stopped_by``) ends the run as its time limit would.
     """
     import multiprocessing as mp
-    from multiprocessing.connection import wait
+    from multiprocessing.connection import Connection, wait
 
     from rich.console import Console
 
@@ -356,7 +356,7 @@ def run(config: ApexConfig, live: bool = True, console: Any = None,
         if not readers:
             time.sleep(timeout)
             return
-        for reader in wait(list(readers), timeout):
+        for reader in cast("list[Connection]", wait(list(readers), timeout)):
             child = readers[reader]
             try:
                 for _ in range(1000):
@@ -647,6 +647,8 @@ def main(argv: list[str] | None = None) -> int:
         # written; the second stops at once
         previous.update({sig: signal.signal(sig, request_stop)
                          for sig in (signal.SIGINT, signal.SIGTERM)})
+        started = time.time()  # the run's date and load go into OUT.json
+        load_before = os.getloadavg()
         for seed in args.seeds:
             config = ApexConfig(url=url, name=args.name, actors=args.actors, seed=seed,
                                 minutes=args.minutes, target=args.target,
@@ -684,7 +686,10 @@ def main(argv: list[str] | None = None) -> int:
         document = {"env": ENV_ID, "command": [
             "python", "-m", "redisbuf.examples.apex_dqn", *sys.argv[1:]], "config": {
             k: v for k, v in asdict(config).items() if k not in ("url", "seed")},
-            "runs": [asdict(r) for r in results]}
+            "runs": [asdict(r) for r in results],
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+            "load": {"before": [round(x, 2) for x in load_before],
+                     "after": [round(x, 2) for x in os.getloadavg()]}}
         out.with_suffix(".json").write_text(json.dumps(_finite(document), indent=1) + "\n")
         console.print(f"wrote {out.with_suffix('.png')} and {out.with_suffix('.json')}")
     finally:

@@ -147,7 +147,7 @@ class NStep:
 
     def take(self) -> dict[str, np.ndarray]:
         """The complete transitions as one batch (a dict of arrays), and forget them."""
-        batch = {
+        batch: dict[str, np.ndarray] = {
             "obs": np.asarray(self.cols["obs"], np.float32).reshape(-1, OBS_DIM),
             "action": np.asarray(self.cols["action"], np.int64),
             "reward": np.asarray(self.cols["reward"], np.float32),

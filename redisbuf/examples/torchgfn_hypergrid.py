@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import torch
 from gfn.estimators import DiscretePolicyEstimator
@@ -34,7 +35,7 @@ def train(
     prioritized: bool = True,
     n_validation_samples: int = 20_000,
     buffer_class: type = ReplayBuffer,
-    **buffer_kwargs,
+    **buffer_kwargs: Any,
 ) -> dict[str, float]:
     """Train, then return ``{"l1_dist": ..., "seconds": ...}`` (L1 distance between the
     sampler's empirical terminating-state distribution and the true one)."""

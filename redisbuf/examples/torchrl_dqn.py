@@ -175,7 +175,8 @@ def run_redisbuf(frames: int, seed: int, url: str | None) -> list[tuple[int, flo
     from redisbuf.torchrl import RedisbufStorage
 
     server = EmbeddedServer().__enter__() if url is None else None
-    url = url or server.url
+    url = server.url if server is not None else url
+    assert url is not None
     name = f"torchrl-dqn-{uuid.uuid4().hex[:8]}"
     try:
         torch.manual_seed(seed)

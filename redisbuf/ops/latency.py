@@ -66,7 +66,7 @@ class LatencyProbe:
         self.interval = interval
         self.threshold = slowlog_threshold_us
         self.admin = redis.Redis.from_url(url)
-        self._saved: dict[str, Any] = {}
+        self._saved: dict[Any, Any] = {}
         self._process: Any = None
         self._conn: Any = None
 

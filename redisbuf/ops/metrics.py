@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 import redis
 
@@ -469,7 +472,7 @@ class BufferCollector:
         up.add_metric([], 1)
         yield up
         units = "in the class's unit: items, steps, episodes or chunks"
-        gauges = {
+        gauges: dict[str, tuple[str, Callable[[Any], float | None]]] = {
             "length": (f"what the buffer holds ({units})", lambda s: s.length),
             "capacity": (f"the buffer's capacity ({units})", lambda s: s.capacity),
             "memory_bytes": ("bytes Redis uses for the buffer's keys", lambda s: s.memory_bytes),
@@ -478,6 +481,7 @@ class BufferCollector:
             ),
         }
         labels = ["buffer", "class"]
+        family: Metric
         for metric, (doc, read) in gauges.items():
             family = GaugeMetricFamily(f"redisbuf_{metric}", doc, labels=labels)
             for snap in snaps:

@@ -107,6 +107,7 @@ class Draw:
     schema_json: bytes | None = None  # the meta's schema, read in the same round trip
     weights: np.ndarray | None = None  # PER importance-sampling weights (DI-engine's IS)
     importance_weights: np.ndarray | None = None  # ALF's priority / mean non-zero priority
+    priorities: np.ndarray | None = None  # PER: each drawn item's priority at the commit
 
 
 class Sampler(Protocol):

@@ -2,10 +2,11 @@
 made from a process's replica of the scores (:mod:`redisbuf.sampling.replica`).
 
 A draw is made in numpy from the replica, then sent to the server with the replica's log
-version. The server commits it when the replica was current; a draw with replacement
-whose replica was behind is corrected there to the law at the commit
-(lua/_correct.lua); otherwise the reply carries the log entries the replica lacks, and
-the draw is made again from the replica caught up. Every prioritized draw goes through
+version. The server commits it when the replica was current; a draw whose replica was
+behind is corrected there to the law at the commit (lua/_correct.lua: each draw with
+replacement on its own, draws without replacement as a race of exponential arrival
+times); otherwise the reply carries the log entries the replica lacks, and the draw is
+made again from the replica caught up. Every prioritized draw goes through
 the loops here: a replay buffer's softmax and PER draws (:func:`replica_draw`, also each
 shard's) and a sequence buffer's window starts, which describe their commit by a
 :class:`CorrectedCommit` (the script, its arguments, what a reply that stands gives).
@@ -13,7 +14,9 @@ shard's) and a sequence buffer's window starts, which describe their commit by a
 
 from __future__ import annotations
 
+import math
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -42,6 +45,17 @@ _EXACT_SECONDS = 30.0
 # use in its place when its item changed since the replica's version
 # (lua/sample_prioritized.lua)
 _SPARES = 2
+# Arrivals past n sent with a draw without replacement (at least), for the server to use
+# when candidates changed since the replica's version; a reply that named too few
+# arrivals doubles them for the replica's next draws, a draw that stood lowers them
+# slowly (_spares_without)
+_SUCCESSIVE_SPARES = 4
+_spares_without: weakref.WeakKeyDictionary[MassReplica, int] = weakref.WeakKeyDictionary()
+# Uniforms sent with a draw without replacement for the fresh arrival times of the items
+# changed since the replica's version (the server refuses to correct with too few: the
+# replica catches up and the next draw sends twice the changes it saw, up to the max)
+_POOL = 64
+_POOL_MAX = 4096
 
 T = TypeVar("T")
 
@@ -75,11 +89,15 @@ class CorrectedCommit(Generic[T]):
             more, the number comes back down to it slowly; one that found changes sends
             at least 2).
         limit: the most candidates (draws and spares) one commit carries, or None.
+        strata: ``(first, count)``: the draws of a fresh commit are stratified, draw ``j``
+            in slice ``first + j`` of ``count`` equal slices of the mass (DI-engine's
+            PER); None: independent.
     """
 
     subject: str = "buffer"
     least_spares: int = _SPARES
     limit: int | None = None
+    strata: tuple[int, int] | None = None
 
     def check(self, replica: MassReplica) -> None:
         """Raise EmptyBufferError or SamplingError when ``replica`` cannot draw (the
@@ -146,8 +164,17 @@ def commit_corrected(
             count = commit.wanted()
             if limit is not None:
                 count = min(count, max(1, limit // (1 + spares)))
-            slots, _, _ = replica.draw(count * (1 + spares), rng, True)
-            drawn = replica.ids[slots].reshape(count, 1 + spares)
+            if commit.strata is not None and count == commit.wanted():
+                # stratified draws, independent spares (the commit corrects each draw to
+                # the law at the commit; one not corrected keeps its slice)
+                drawn = np.empty((count, 1 + spares), dtype=np.int64)
+                slots, _, _ = replica.draw(count, rng, True, strata=commit.strata)
+                drawn[:, 0] = replica.ids[slots]
+                slots, _, _ = replica.draw(count * spares, rng, True)
+                drawn[:, 1:] = replica.ids[slots].reshape(count, spares)
+            else:
+                slots, _, _ = replica.draw(count * (1 + spares), rng, True)
+                drawn = replica.ids[slots].reshape(count, 1 + spares)
         else:
             count = len(carried)
             if limit is not None:
@@ -225,11 +252,13 @@ def _spares_for(replica: MassReplica, touched: set[int], n: int) -> int:
 
 
 def replica_draw(
-    buffer: BufferView, rule: str, n: int, rng: np.random.Generator, replacement: bool
+    buffer: BufferView, rule: str, n: int, rng: np.random.Generator, replacement: bool,
+    stratified: bool = False,
 ) -> ReplicaDraw:
     """Draw ``n`` items from the buffer's replica for ``rule`` (``"softmax"`` or
     ``"per"``) and commit the draw with lua/sample_prioritized.lua, in the same round trip
-    as the blob read."""
+    as the blob read; with ``stratified`` (and replacement) draw ``j`` of ``n`` falls in
+    the ``j``-th of ``n`` equal slices of the mass."""
     replica = replica_of(buffer, rule)
     inline = bool(buffer.fetch_inline)  # max_use: the script reads
     script = scripts.load("sample_prioritized")
@@ -250,7 +279,8 @@ def replica_draw(
         # with replacement the draws are independent: a larger draw is several commits
         parts = [
             commit_corrected(buffer, replica, rng,
-                             _DrawCommit(buffer, rule, stop - start, replica, inline, script))
+                             _DrawCommit(buffer, rule, stop - start, replica, inline, script,
+                                         (start, n) if stratified else None))
             for start, stop in bounds.chunks(n)
         ]
         return parts[0] if len(parts) == 1 else ReplicaDraw(
@@ -285,47 +315,154 @@ def _commit_exact(
     inline: bool,
     script: scripts.Script,
 ) -> ReplicaDraw | None:
-    """Successive draws (without replacement) stand only when the replica was current at
-    the commit ("exact"): whether it was does not depend on what was drawn, so a draw
-    found stale is simply made again from the replica caught up by the reply, and the
-    one that stands follows the law of the buffer at its commit. None when the buffer
+    """Successive draws (without replacement) of ``n``, committed as a race
+    (lua/_correct.lua correct_successive): each item arrives at an exponential time of
+    rate its mass and the draws are the first ``n`` arrivals, so the replica's first
+    arrivals with their times (a few spares past ``n``) are corrected on the server to the
+    law at the commit by the log entries since the replica's version: a changed item gets
+    a fresh time, every other keeps its own. When fewer than ``n`` arrivals are known up to
+    the last one sent, the reply names those known and this process, caught up, runs the
+    race on (:func:`_race_on`) and commits again; a reply the log cannot correct is a
+    catch-up, after which the draw is made afresh (whether it can does not depend on
+    what was drawn). A softmax draw whose masses underflowed beside the items drawn
+    (re-based within the draw) cannot be timed: it stands only when the replica was
+    current ("exact"), as every draw without replacement did before. None when the buffer
     holds fewer than ``n`` items by then (the draw is then made with replacement)."""
     all_keys = buffer.keys.all_keys()
     deadline = time.monotonic() + _EXACT_SECONDS
     synced = False
+    race: _Race | None = None  # arrivals to commit again, after a reply that named holes
+    spares = max(_SUCCESSIVE_SPARES, _spares_without.get(replica, 0))
+    pool = _POOL
     while True:
-        if n > len(replica):
-            return None
-        if not _draw_checked(buffer, replica, n, False, synced):
-            synced = True
-            continue
-        slots, probabilities, masses = replica.draw(n, rng, False)
-        ids = replica.ids[slots]
-        packed, width = pack_ids(ids)
-        members = split_ids(packed, width)
-        args = [rule, replica.epoch, replica.version, replica.stamp, "exact", int(inline),
-                packed, width]
+        if race is None:
+            if n > len(replica):
+                return None
+            if not _draw_checked(buffer, replica, n, False, synced):
+                synced = True
+                continue
+            more = min(spares, replica.positive - n, 2 * bounds.MAX_ITEMS_PER_COMMAND - n)
+            race = _first_arrivals(replica, n, max(0, more), rng)
+        if race.times is None:  # not timed: "exact"
+            packed, width = pack_ids(race.ids[:n])
+            args = [rule, replica.epoch, replica.version, replica.stamp, "exact", int(inline),
+                    packed, width]
+        else:
+            packed, width = pack_ids(race.ids)
+            args = [rule, replica.epoch, replica.version, replica.stamp, "successive",
+                    int(inline), packed, width, n, packed_uniforms(rng, pool),
+                    ",".join(map(repr, race.times.tolist())), repr(replica.ref)]
+        members = split_ids(*pack_ids(race.ids[:n]))
         replies = _send_commit(buffer, script, args, None if inline else members)
         reply = replies[0]
-        if int(reply[0]) != 1:
-            replica.catch_up(buffer, reply)
+        status = int(reply[0])
+        if status != 1 and time.monotonic() > deadline:
+            raise SamplingError(
+                f"buffer {buffer.name!r}: a prioritized draw without replacement could "
+                f"not be committed in {_EXACT_SECONDS:.0f} s: the buffer changed between "
+                "every draw and its commit (draw with replacement, or slow the writers)")
+        if status == 3:  # too few arrivals known: run the race on from the last one sent
+            touched = replica._follow(buffer, [0, reply[1], reply[2], reply[3], *reply[5:]])
             synced = True
-            if time.monotonic() > deadline:
-                raise SamplingError(
-                    f"buffer {buffer.name!r}: a prioritized draw without replacement "
-                    f"could not be committed in {_EXACT_SECONDS:.0f} s: the buffer changed "
-                    "between every draw and its commit (draw with replacement, which the "
-                    "server corrects, or slow the writers)")
+            if touched is None:  # (cannot happen: the reply carries every entry)
+                replica.load(buffer)
+                race = None
+                continue
+            arrivals = [part.split(b":") for part in reply[4].split(b",") if part]
+            known = np.array([int(i) for i, _ in arrivals], dtype=np.int64)
+            at = np.array([float(t) for _, t in arrivals])
+            spares = min(2 * spares + 1, bounds.MAX_ITEMS_PER_COMMAND)
+            _spares_without[replica] = spares
+            last = float(race.times[-1]) if race.times is not None else math.inf
+            race = _race_on(replica, known, at, last,
+                            n + min(spares, bounds.MAX_ITEMS_PER_COMMAND), rng)
+            if race is not None and len(race.ids) < n:
+                race = None  # fewer items of non-zero mass than draws: decided afresh
             continue
-        blobs = reply[9 : 9 + int(reply[8])] if inline else replies[1]
-        if any(blob is None for blob in blobs):
-            buffer.run("undo_draws", all_keys, members)  # gone before the HMGET: no draw
+        if status != 1:
+            touched_ids = replica.catch_up(buffer, reply)
+            synced = True
+            if touched_ids:
+                pool = min(max(pool, 2 * len(touched_ids)), _POOL_MAX)
+            race = None
+            continue
+        count = int(reply[8])
+        blobs = list(reply[9 : 9 + count]) if inline else list(replies[1])
+        as_sent = not reply[4]
+        if as_sent:
+            ids = race.ids[:n]
+        else:  # corrected: catch up with the entries it went by
+            ids = np.array(reply[4].split(b","), dtype=np.int64)
+            follow(buffer, replica, reply[5:8], reply[9 + count :])
+            if not inline:  # the script read the blobs of the draws it moved (atomic)
+                for position, blob in enumerate(reply[9 : 9 + count]):
+                    if blob is not None:
+                        blobs[position] = blob
+        final = [b"%012d" % i for i in ids.tolist()]
+        where = replica.slots_of(ids)
+        if any(blob is None for blob in blobs) or (where < 0).any():
+            buffer.run("undo_draws", all_keys, final)  # gone before the HMGET: no draw
             replica.sync(buffer)
+            race = None
             continue
+        if as_sent and race.probabilities is not None and race.masses is not None:
+            probabilities, masses = race.probabilities, race.masses
+        else:  # each draw's probability given the earlier ones, in the replica now
+            masses = replica.masses[where]
+            before = np.concatenate([[0.0], np.cumsum(masses)[:-1]])
+            probabilities = masses / np.maximum(replica.total - before, masses)
+        _spares_without[replica] = max(_SUCCESSIVE_SPARES, int(spares * 0.9))
         return ReplicaDraw(
-            ids.tolist(), list(blobs), replies[-1], probabilities, masses,
-            replica.scores[slots], replica.min_mass, replica.score_sum, replica.nonzero,
+            [int(i) for i in ids.tolist()], blobs, replies[-1], probabilities, masses,
+            replica.scores[where], replica.min_mass, replica.score_sum, replica.nonzero,
         )
+
+
+@dataclass
+class _Race:
+    """The first arrivals of a race over a replica's items (see :func:`_commit_exact`):
+    their ids and times (ascending; None when they cannot be timed), and, for a fresh
+    draw, the first ``n`` draws' probabilities and masses as the replica drew them."""
+
+    ids: np.ndarray
+    times: np.ndarray | None
+    probabilities: np.ndarray | None = None
+    masses: np.ndarray | None = None
+
+
+def _first_arrivals(replica: MassReplica, n: int, spares: int,
+                    rng: np.random.Generator) -> _Race:
+    """The replica's first ``n + spares`` arrivals: its successive draws, each timed by
+    an exponential gap of rate the mass left before it (the time to the next arrival of
+    a race does not depend on which item arrives)."""
+    slots, probabilities, masses = replica.draw(n + spares, rng, False)
+    ids = replica.ids[slots]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        left = masses / probabilities  # the mass left before each draw (original scale)
+        times = np.cumsum(rng.standard_exponential(len(slots)) / left)
+    timed = bool((masses > 0).all() and np.isfinite(times).all())
+    return _Race(ids, times if timed else None, probabilities[:n], masses[:n])
+
+
+def _race_on(replica: MassReplica, known: np.ndarray, at: np.ndarray, last: float,
+             m: int, rng: np.random.Generator) -> _Race | None:
+    """The first ``m`` arrivals of the race over the replica (caught up) whose arrivals
+    ``known`` at times ``at`` the server named, every other item arriving after ``last``
+    (memoryless: ``last`` plus an exponential of rate its mass); fewer when fewer items
+    have mass. O(items held), needed only after a reply that named holes."""
+    count = replica.count
+    ids = replica.ids[:count]
+    masses = replica.masses[:count]
+    free = (masses > 0) & ~np.isin(ids, known)
+    if not free.any() and not len(known):
+        return None
+    times = np.concatenate([
+        last + rng.standard_exponential(int(free.sum())) / masses[free], at])
+    everyone = np.concatenate([ids[free], known])
+    arrived = np.isfinite(times)
+    times, everyone = times[arrived], everyone[arrived]
+    first = np.argsort(times, kind="stable")[:m]
+    return _Race(everyone[first], times[first])
 
 
 def _send_commit(
@@ -377,9 +514,10 @@ class _DrawCommit(CorrectedCommit[ReplicaDraw]):
     reads them itself with ``inline``)."""
 
     def __init__(self, buffer: BufferView, rule: str, n: int, replica: MassReplica,
-                 inline: bool, script: scripts.Script) -> None:
+                 inline: bool, script: scripts.Script,
+                 strata: tuple[int, int] | None = None) -> None:
         self.buffer, self.rule, self.n, self.replica = buffer, rule, n, replica
-        self.inline, self.script = inline, script
+        self.inline, self.script, self.strata = inline, script, strata
         self.subject = f"buffer {buffer.name!r}"
         self.members: list[bytes] = []
 

@@ -597,8 +597,9 @@ def _dataset_class() -> type:
     if _DATASET_CLASS is not None:
         return _DATASET_CLASS
     torch = _torch.require()
+    base: Any = torch.utils.data.IterableDataset  # torch is imported here, not above
 
-    class ReplayDataset(torch.utils.data.IterableDataset):
+    class ReplayDataset(base):
         """A ``torch.utils.data.IterableDataset`` of prefetched batches, as Reverb's
         ``ReplayDataset``: each ``__iter__`` runs a :class:`Prefetcher` and yields its
         batches with every numpy array made a torch tensor (:func:`to_torch`). Use it

@@ -525,6 +525,7 @@ class MassReplica:
             if logged not in (b"1", "1") or (self.rule == "per") != per:
                 raise _NotOn(self.rule, per)
             if per:
+                assert alpha is not None and eps is not None  # stored when PER was turned on
                 self.alpha, self.eps = float(alpha), float(eps)
             if self._load_snapshot(buffer, holder):
                 if self._settings_held(buffer, conf):
@@ -672,8 +673,10 @@ class MassReplica:
                 "replacement=True"
             )
 
-    def _descend(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """``n`` slots, each drawn in proportion to its mass."""
+    def _descend(self, rng: np.random.Generator, n: int,
+                 strata: tuple[int, int] | None = None) -> np.ndarray:
+        """``n`` slots, each drawn in proportion to its mass; with ``strata`` ``(first,
+        count)``, slot ``j`` within slice ``first + j`` of ``count`` equal slices."""
         sums = self.group_sums
         cumulative = np.cumsum(sums)
         total = cumulative[-1]
@@ -681,7 +684,10 @@ class MassReplica:
         slots = np.empty(n, dtype=np.int64)
         todo = np.arange(n)
         while len(todo):
-            targets = rng.random(len(todo)) * total
+            if strata is None:
+                targets = rng.random(len(todo)) * total
+            else:
+                targets = (strata[0] + todo + rng.random(len(todo))) / strata[1] * total
             groups = np.minimum(np.searchsorted(cumulative, targets, side="right"),
                                 len(sums) - 1)
             offsets = targets - (cumulative[groups] - sums[groups])
@@ -699,13 +705,15 @@ class MassReplica:
         return slots
 
     def draw(
-        self, n: int, rng: np.random.Generator, replace: bool
+        self, n: int, rng: np.random.Generator, replace: bool,
+        strata: tuple[int, int] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(slots, probabilities, masses) of ``n`` draws: with replacement each from the
-        whole distribution; without, successive draws among the items not drawn yet (the
-        probability of each given the earlier ones)."""
+        whole distribution (``strata``: stratified, see :meth:`_descend`); without,
+        successive draws among the items not drawn yet (the probability of each given
+        the earlier ones)."""
         if replace:
-            slots = self._descend(rng, n)
+            slots = self._descend(rng, n, strata)
             masses = self.masses[slots]
             return slots, masses / self.total, masses
         # Successive draws: draws with replacement, each kept unless its item was drawn

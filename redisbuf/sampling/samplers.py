@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
 from ..errors import (
     EmptyBufferError,
+    NoSuchBufferError,
     PrioritizedSamplingOffError,
     SamplingError,
 )
@@ -28,6 +29,8 @@ from .uniforms import _pack_words, _uniform_words, packed_uniforms
 # tenth of returning blobs from Lua; an item evicted in between makes us draw again, and
 # after a few such races the script fetches the blobs itself, atomically.
 _FETCH_ATTEMPTS = 3
+
+T = TypeVar("T")
 
 
 def _draw_then_fetch(
@@ -331,8 +334,8 @@ def _draw_chunked(
             buffer.client.unlink(drawn_key)
         except Exception:
             pass  # it expires by itself
-    if inline:
-        schema_json = buffer.client.hget(buffer.keys.meta, "schema")
+    if inline:  # bytes: redisbuf's clients never decode replies (redis-py types say str too)
+        schema_json = cast("bytes | None", buffer.client.hget(buffer.keys.meta, "schema"))
     if scanned:
         order = rng.permutation(len(ids)).tolist()
         ids = [ids[i] for i in order]
@@ -382,16 +385,41 @@ class PrioritizedSampler:
     ) -> Draw:
         """Draw ``n`` items; ``replacement`` (None: this sampler's) is this call's."""
         replace = self.replacement if replacement is None else bool(replacement)
-        try:
-            drawn = commits.replica_draw(buffer, "softmax", n, rng, replace)
-        except PrioritizedSamplingOffError:
-            self.prepare(buffer)  # turned off (dropped and made again): turn it back on
-            drawn = commits.replica_draw(buffer, "softmax", n, rng, replace)
+        drawn = _draw_turning_on(
+            buffer, self.prepare, lambda: commits.replica_draw(buffer, "softmax", n, rng, replace))
         return Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
 
 
 def _forget_replica(buffer: BufferView, rule: str) -> None:
     buffer.replicas.pop(rule, None)
+
+
+# Draws of a prioritized sampler tried in one call while its rule is found off: each
+# time after the sampler turned it on in a buffer made again, which another process then
+# dropped once more before the draw committed
+_TURN_ON_ATTEMPTS = 8
+
+
+def _draw_turning_on(
+    buffer: BufferView, prepare: Callable[[BufferView], None], draw: Callable[[], T]
+) -> T:
+    """``draw()``, turning the sampler's rule back on (``prepare``) and drawing again
+    while it is found off in a buffer dropped and made again by another process; raises
+    :class:`NoSuchBufferError` when the buffer is gone (no meta) as the rule is found off,
+    or is dropped again after each of ``_TURN_ON_ATTEMPTS`` turnings on."""
+    for _ in range(_TURN_ON_ATTEMPTS):
+        try:
+            return draw()
+        except PrioritizedSamplingOffError:
+            # a missing meta reads as "not on" to the scripts: it is a buffer dropped
+            if not buffer.client.exists(buffer.keys.meta):
+                raise NoSuchBufferError(
+                    f"buffer {buffer.name!r} was dropped (meta {buffer.keys.meta} does not "
+                    "exist)") from None
+            prepare(buffer)  # made again without it: turn it on (RB_NOBUF: dropped again)
+    raise NoSuchBufferError(
+        f"buffer {buffer.name!r} was dropped and made again by another process after each "
+        f"of {_TURN_ON_ATTEMPTS} times this sampler turned prioritized sampling on in it")
 
 
 # (lua/enable_per.lua's fourth argument, unused since turning PER on is O(1): earlier
@@ -412,6 +440,9 @@ def finish_turning_per_on(buffer: BufferView) -> None:
     process that met RB_BUSY without a PERSampler of its own)."""
     alpha, eps, initial = buffer.client.hmget(buffer.keys.meta, "per_alpha", "per_eps",
                                               "per_initial")
+    if alpha is None or eps is None or initial is None:
+        raise PrioritizedSamplingOffError(
+            f"buffer {buffer.name!r}: PER's settings are not in its meta (turned off meanwhile)")
     turn_per_on(buffer, float(alpha), float(eps), float(initial))
 
 
@@ -425,23 +456,34 @@ def _nonnegative(name: str, value: float) -> float:
 class PERSampler:
     """Prioritized experience replay (Schaul et al.; ALF, DI-engine, Reverb): with
     replacement, item ``i`` is drawn with probability ``(p_i + eps)^alpha / sum_j
-    (p_j + eps)^alpha``, from this process's replica of the priorities (a sum tree in
-    numpy, :mod:`redisbuf.sampling.replica`); the server commits the draw, corrected to the law
-    at the commit when the replica was behind (lua/sample_prioritized.lua).
+    (p_j + eps)^alpha``, from this process's replica of the priorities (dense numpy
+    arrays with the sums of blocks of items, :mod:`redisbuf.sampling.replica`); the server
+    commits the draw, corrected to the law at the commit when the replica was behind
+    (lua/sample_prioritized.lua).
 
     ``p_i`` is the item's PER priority (kept as the buffer's snapshot and mass log, which
     every sampling process's replica applies), set by :meth:`ReplayBuffer.update_priority`
     or ``add(..., priorities=...)``; a new item otherwise gets ``max(initial_priority,
-    the highest priority given since PER was turned on or the buffer cleared)``. ``alpha``,
+    the highest priority given since PER was turned on or the buffer cleared)``: a running
+    max (meta ``per_max``), which neither the eviction of the item that held it nor a
+    lower update lowers. ``alpha``,
     ``eps`` and ``initial_priority`` are stored with the buffer: every process must use
     the same. ``beta`` (the exponent of the importance weights) is this object's own and
     may be changed between calls (annealing).
+
+    With ``stratified``, the ``n`` draws of one call are stratified (DI-engine's and the
+    PER paper's rule): draw ``j`` falls in the ``j``-th of ``n`` equal slices of the total
+    mass, so an item of a ``k``-th of the mass is drawn about ``n / k`` times in every
+    batch; each item's expected count is ``n P(i)`` either way, and ``probabilities`` and
+    ``weights`` are the same. A draw the commit corrects (the replica was behind) is
+    drawn again from the whole mass.
 
     Args:
         alpha: the priority exponent (>= 0).
         beta: the importance-weight exponent (>= 0).
         initial_priority: the least priority a new item gets (>= 0).
         eps: added to every priority (>= 0).
+        stratified: stratify the draws of each call (this process's choice).
 
     Raises:
         ValueError: an argument that is not a finite number >= 0.
@@ -466,11 +508,13 @@ class PERSampler:
         beta: float = 0.4,
         initial_priority: float = 1.0,
         eps: float = 1e-6,
+        stratified: bool = False,
     ) -> None:
         self.alpha = _nonnegative("alpha", alpha)
         self.beta = _nonnegative("beta", beta)
         self.initial_priority = _nonnegative("initial_priority", initial_priority)
         self.eps = _nonnegative("eps", eps)
+        self.stratified = bool(stratified)
 
     def prepare(self, buffer: BufferView) -> None:
         """Turn PER on for the buffer (or check its settings): the items present get
@@ -480,11 +524,9 @@ class PERSampler:
         turn_per_on(buffer, self.alpha, self.eps, self.initial_priority)
 
     def draw(self, buffer: BufferView, n: int, rng: np.random.Generator) -> Draw:
-        try:
-            drawn = commits.replica_draw(buffer, "per", n, rng, True)
-        except PrioritizedSamplingOffError:
-            self.prepare(buffer)  # the buffer was dropped and made again: turn PER back on
-            drawn = commits.replica_draw(buffer, "per", n, rng, True)
+        drawn = _draw_turning_on(
+            buffer, self.prepare,
+            lambda: commits.replica_draw(buffer, "per", n, rng, True, self.stratified))
         draw = Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
         # (N P(i))^-beta / max_j (N P(j))^-beta = (min_mass / mass_i)^beta: N and the total
         # cancel, and the largest weight belongs to the lowest non-zero mass present.
@@ -493,6 +535,7 @@ class PERSampler:
         draw.importance_weights = (
             drawn.scores / mean if mean > 0 else np.ones(n, dtype=np.float64)
         )
+        draw.priorities = np.asarray(drawn.scores, dtype=np.float64)
         return draw
 
 

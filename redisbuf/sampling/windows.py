@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -152,7 +152,8 @@ class WindowSampler:
                 buffer.client.unlink(drawn_key)
             except Exception:
                 pass  # it expires by itself
-        schema_json = buffer.client.hget(buffer.keys.meta, "schema")
+        # bytes: redisbuf's clients never decode replies (redis-py types say str too)
+        schema_json = cast("bytes | None", buffer.client.hget(buffer.keys.meta, "schema"))
         return Draw(ids, blobs, None, schema_json)
 
 

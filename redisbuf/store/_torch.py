@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import sys
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers: neither is imported at run time
+    import torch
+    from typing_extensions import TypeIs
 
 
-def is_tensor(value: Any) -> bool:
+def is_tensor(value: Any) -> TypeIs[torch.Tensor]:
     """True if ``value`` is a ``torch.Tensor``; never imports torch."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)

@@ -285,7 +285,7 @@ class Column:
             np.prod(self.data.shape[2:], dtype=np.int64)
         )
         self.item_bytes = self.row_bytes * self.data.shape[1]
-        self.flat = memoryview(self.data.reshape(-1).view(np.uint8)) if self.data.size else None
+        self.flat = self.data.reshape(-1).view(np.uint8).data if self.data.size else None
         self._frames: dict[int, bytes] = {}
 
     def _frame(self, rows: int | None) -> bytes:
@@ -653,7 +653,7 @@ def decode_ragged(
         table = scratch.join(blobs, int(ends[-1]))
     else:
         table = np.frombuffer(b"".join(blobs), dtype=np.uint8)
-    view = memoryview(table)
+    view = table.data  # a memoryview (numpy's stubs give ndarray no __buffer__ before 3.12)
 
     def gather(at: np.ndarray, width: int) -> np.ndarray | None:
         index = at[:, None] + np.arange(width)
@@ -684,6 +684,7 @@ def decode_ragged(
             columns[segment.key] = _numbers(data, segment)
             at = value_at + (segment.start - segment.tag_at) + segment.size
             continue
+        assert segment.shape is not None  # a number's segment went on above
         ndim = len(segment.shape)
         if ndim == 0:
             return None
@@ -704,7 +705,7 @@ def decode_ragged(
         if scratch is not None:
             # the rows go into a scratch area (no new memory): one copy per item
             area = scratch.part(len(columns), int(sizes.sum()))
-            target = memoryview(area)
+            target = area.data
             pos = 0
             for start, size in zip(data_at.tolist(), sizes.tolist(), strict=True):
                 target[pos : pos + size] = view[start : start + size]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.cluster
@@ -132,7 +132,7 @@ class PackingConnection(redis.connection.Connection):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("command_packer", RespPacker())
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]  # redis-py's
 
 
 class PackingSSLConnection(redis.connection.SSLConnection):
@@ -287,6 +287,13 @@ def is_cluster(client: Any) -> bool:
     """Whether ``client`` (possibly :class:`Guarded`) is a Redis Cluster client."""
     client = getattr(client, "unwrapped", client)
     return isinstance(client, redis.cluster.RedisCluster)
+
+
+def reply_bytes(value: Any) -> bytes | None:
+    """A reply of one of redisbuf's clients as the bytes (or None) it is: they never decode
+    responses (:func:`as_client` refuses a client that does), while redis-py's types say
+    ``bytes | str`` for either setting."""
+    return cast("bytes | None", value)
 
 
 def as_client(redis_or_url: Any) -> redis.Redis:

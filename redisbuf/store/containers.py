@@ -14,9 +14,13 @@ A batch is one of:
 * a plain ``dict`` of numpy arrays or torch tensors sharing the leading batch dimension
   (``obs``, ``action``, ``reward``, ``next_obs``, ``done``...); per-item log-rewards, if any,
   under the key ``log_rewards``.
+* a ``list`` of items of any nest (:mod:`redisbuf.store.nest`), or :class:`Items` (such a
+  list with one log-reward per item): the schemaless kind ``nest``; ``sample`` returns a
+  list of items.
 
 Arrays may be numpy or torch; a buffer's schema (kind, per-field dtype, trailing shape and
-library) is fixed by its first batch, and ``sample`` returns the same kind of batch.
+library) is fixed by its first batch, and ``sample`` returns the same kind of batch. A
+``nest`` buffer's schema fixes only whether its items carry log-rewards.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 import numpy as np
 
 from ..errors import DecodeError, InvalidBatchError, SchemaError
-from . import _torch, codec
+from . import _torch, codec, nest
 from .codec import dtype_name
 
 if TYPE_CHECKING:
@@ -175,7 +179,8 @@ def _padded_steps(values: FieldValues, spec: dict[str, Any], horizon: int, fill:
         if values.flat.shape[1:] != trailing or values.flat.dtype != dtype:
             shape = values.flat.shape[1:]
             raise DecodeError(f"stored items of shape {shape} do not fit {trailing}")
-        flat, rows = values.flat, values.rows
+        flat: np.ndarray | None = values.flat
+        rows = values.rows
         n = len(rows)
     else:
         flat = codec.concat_raw(values, dtype, trailing) if values else None
@@ -183,6 +188,7 @@ def _padded_steps(values: FieldValues, spec: dict[str, Any], horizon: int, fill:
     view, out = _alloc(spec, (horizon, n, *trailing), fill)
     if n == 0:
         return out
+    assert flat is not None  # None only for no items
     if rows.max(initial=0) > horizon:
         raise DecodeError(f"stored item has {rows.max()} steps, more than {horizon}")
     item_of_row = np.repeat(np.arange(n), rows)
@@ -229,7 +235,24 @@ class ContainerKind:
     def split(self, batch: Any) -> tuple[list[codec.Column], np.ndarray, dict[str, Any]]:
         raise NotImplementedError
 
-    def join(self, fields: dict[str, FieldValues], n: int, schema: dict[str, Any]) -> Any:
+    def join(self, fields: Mapping[str, FieldValues], n: int, schema: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def encode(self, batch: Any) -> tuple[list[bytes], np.ndarray, dict[str, Any]]:
+        """(one record per item, the items' log-rewards, the schema) of a batch."""
+        columns, log_rewards, schema = self.split(batch)
+        return codec.encode_columns(columns, len(log_rewards)), log_rewards, schema
+
+    def schema(self, batch: Any) -> dict[str, Any]:
+        """The schema of a batch, which is checked as :meth:`split` checks it."""
+        return self.split(batch)[2]
+
+
+class RecordKind(ContainerKind):
+    """A kind whose records decode one by one into whole items (no fields to gather):
+    ``join_records`` makes the batch of the blobs."""
+
+    def join_records(self, blobs: list[bytes]) -> Any:
         raise NotImplementedError
 
 
@@ -272,6 +295,7 @@ class _RowKind(ContainerKind):
         if len(set(sizes.values())) != 1:
             raise InvalidBatchError(f"fields disagree on the batch size: {sizes}")
         n = next(iter(sizes.values()))
+        assert n is not None  # a field without a batch dimension was refused above
         log_rewards = _log_rewards(arrays.get("log_rewards"), n)
         schema = {
             "kind": self.name,
@@ -280,7 +304,7 @@ class _RowKind(ContainerKind):
         columns = [_column(k, arrays[k]) for k in sorted(arrays)]
         return columns, log_rewards, schema
 
-    def join(self, fields: dict[str, FieldValues], n: int, schema: dict[str, Any]) -> Any:
+    def join(self, fields: Mapping[str, FieldValues], n: int, schema: dict[str, Any]) -> Any:
         out = {name: _stack_rows(fields[name], spec) for name, spec in schema["fields"].items()}
         return self._make(out, schema)
 
@@ -519,7 +543,9 @@ class TrajectoriesKind(ContainerKind):
             columns.append(_column("log_rewards", log_rewards))
         return columns, log_rewards, schema
 
-    def join(self, fields: dict[str, FieldValues], n: int, schema: dict[str, Any]) -> Trajectories:
+    def join(
+        self, fields: Mapping[str, FieldValues], n: int, schema: dict[str, Any]
+    ) -> Trajectories:
         spec = schema["fields"]
         pads = schema.get("pad", {})
         actions = fields["actions"]
@@ -552,8 +578,75 @@ class TrajectoriesKind(ContainerKind):
         return out
 
 
+@dataclass
+class Items:
+    """Items of any nest (see :mod:`redisbuf.store.nest`) with one log-reward each, for a
+    schemaless buffer that ranks items by log-reward; a plain ``list`` is the same
+    without log-rewards (each 0). A buffer's first add fixes which of the two it holds.
+
+    Attributes:
+        items: the items.
+        log_rewards: one log-reward per item (not NaN), or ``None``.
+
+    Examples:
+        >>> import fakeredis, numpy as np
+        >>> from redisbuf import Items, ReplayBuffer
+        >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", prioritized_capacity=True,
+        ...                       capacity=2)
+        >>> _ = buffer.add(Items([{"a": 1}, ("b",), None], log_rewards=[0.0, 2.0, 1.0]))
+        >>> buffer.get([2, 3])
+        [('b',), None]
+    """
+
+    items: list[Any]
+    log_rewards: Any = None
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+_NEST_REWARD_FIELD = {"dtype": "float64", "lib": "numpy", "shape": []}
+
+
+class NestKind(RecordKind):
+    """A ``list`` of items (or :class:`Items`), each stored whole by the nest codec."""
+
+    name = "nest"
+
+    def encode(self, batch: Any) -> tuple[list[bytes], np.ndarray, dict[str, Any]]:
+        items, rewards = (batch.items, batch.log_rewards) if isinstance(batch, Items) else (
+            batch, None)
+        if not isinstance(items, list):
+            raise InvalidBatchError(
+                f"a nest batch is a list of items, got {type(items).__name__}")
+        if rewards is not None:
+            rewards = _as_array(rewards, "log_rewards")
+        log_rewards = _log_rewards(rewards, len(items))
+        return nest.encode_items(items), log_rewards, self.schema(batch)
+
+    def schema(self, batch: Any) -> dict[str, Any]:
+        has_rewards = isinstance(batch, Items) and batch.log_rewards is not None
+        fields = {"log_rewards": dict(_NEST_REWARD_FIELD)} if has_rewards else {}
+        return {"kind": self.name, "fields": fields}
+
+    def split(self, batch: Any) -> tuple[list[codec.Column], np.ndarray, dict[str, Any]]:
+        raise TypeError("nest batches have no columns: use encode")
+
+    def join(self, fields: Mapping[str, FieldValues], n: int, schema: dict[str, Any]) -> Any:
+        raise TypeError("nest records are joined whole: use join_records")
+
+    def join_records(self, blobs: list[bytes]) -> list[Any]:
+        out = []
+        for blob in blobs:
+            if blob is None:
+                raise DecodeError("no such item")
+            out.append(nest.decode_nest(blob))
+        return out
+
+
 KINDS: dict[str, ContainerKind] = {
-    kind.name: kind for kind in (TrajectoriesKind(), TransitionsKind(), StatesKind(), DictKind())
+    kind.name: kind
+    for kind in (TrajectoriesKind(), TransitionsKind(), StatesKind(), DictKind(), NestKind())
 }
 
 
@@ -567,9 +660,11 @@ def kind_of(batch: Any) -> ContainerKind:
         return KINDS["states"]
     if isinstance(batch, Mapping):
         return KINDS["dict"]
+    if isinstance(batch, (list, Items)):
+        return KINDS["nest"]
     raise SchemaError(
         f"unsupported batch type {type(batch).__name__}: use Trajectories, Transitions, "
-        "States or a dict of arrays"
+        "States, a dict of arrays or a list of items (any nest)"
     )
 
 

@@ -12,7 +12,8 @@ remembering variant, ``lua/_remember.lua``); each registered function is
 ``lua/_register.lua``. Registered: the public functions below, and
 for Python each script's three variants under ``Script.function``
 (``rbs_NAME[_ro|_once]_SHA``). Every registered function that changes a buffer first
-checks its caller's grant (GRANTS below; the roles of redisbuf/ops/acl.py).
+checks its caller's grant (GRANTS below; the roles of redisbuf/ops/acl.py); one without
+an entry there asks the admin's.
 
 =====================  =========  ==============================  ========================
 function               script     KEYS                            flags
@@ -70,12 +71,16 @@ READ_ONLY = frozenset({"rb_version", "rb_sample_uniform_ro", "rb_priority", "rb_
 
 # What a writing function asks of its caller (redisbuf/ops/acl.py): PUBLISH permission on
 # the channel rb:{NAME}:grant:GRANT of the buffer its KEYS[1] belongs to, checked by
-# lua/_grant.lua (which says what "rate", "config" and "create" mean). Read-only variants
-# and the scripts of scripts.READS ask nothing. A sampler's own set-up (PER, the softmax
-# mass log) is its drawer's: the learner's.
+# lua/_grant.lua (which says what "rate", "config" and "create" mean). Only the read-only
+# variants (flagged no-writes: the server refuses any write in them) ask nothing. A script
+# missing here is the administrator's only (DEFAULT_GRANT: closed by default);
+# tests/test_grants.py fails for it, naming the line to add. A sampler's own set-up (PER,
+# the softmax mass log) is its drawer's: the learner's.
 GRANTS: dict[str, str] = {
     **dict.fromkeys(("add", "add_reserve", "add_commit", "add_release", "add_diverse",
-                     "episode_push", "fragment_add", "seq_add", "seq_episode"), "add"),
+                     "episode_push", "fragment_add", "seq_add", "seq_episode",
+                     # rewriting a stored record (a writer's correction, DI-engine's update)
+                     "replace"), "add"),
     **dict.fromkeys(("sample_uniform", "sample_prioritized", "sample_per", "sample_select",
                      "sample_window",
                      "undo_draws", "episode_sample", "episode_windows", "fragment_fetch",
@@ -93,9 +98,20 @@ GRANTS: dict[str, str] = {
     **dict.fromkeys(("baseline", "clear", "drop", "episode_clear", "episode_init",
                      "fragment_clear", "fragment_init", "fragment_stats",
                      "fragment_update_version", "manager_score", "restore",
-                     "restore_items", "restore_stage", "seq_init", "shard_layout",
+                     "remove", "restore_items", "restore_stage", "seq_init", "shard_layout",
                      "update_model_version"), "admin"),
 }
+
+# the grant of a writing script without an entry in GRANTS: nobody's but the admin's
+DEFAULT_GRANT = "admin"
+
+
+def grant_of(name: str) -> str:
+    """The grant the writing variants of script ``name`` ask of their caller: its entry
+    in :data:`GRANTS`, else :data:`DEFAULT_GRANT` (``"admin"``), so that a script added
+    without one refuses every role but the buffer's administrator."""
+    return GRANTS.get(name, DEFAULT_GRANT)
+
 
 def script_names() -> list[str]:
     """Every operation script of lua/ (the files not starting with ``_``), sorted."""
@@ -138,9 +154,6 @@ def library_source() -> str:
     from .keys import DEFAULT_RETRY_WINDOW
 
     names = script_names()
-    unclassified = [n for n in names if n not in GRANTS and n not in scripts.READS]
-    if unclassified:
-        raise RuntimeError(f"lua scripts without a grant in functions.GRANTS: {unclassified}")
     body = "".join([
         scripts.template("grant"),
         *(_operation(name) for name in names),
@@ -149,13 +162,15 @@ def library_source() -> str:
     registrations = [_register("rb_add", "rb_add_checked(keys, args)", "add", False,
                                scripts.load("add").keys)]
     for public, (name, read_only) in _OPERATIONS.items():
-        grant = None if public in READ_ONLY else GRANTS[name]
+        grant = None if public in READ_ONLY else grant_of(name)
         call = f"OP.{name}(keys, args, {'true' if read_only else 'false'})"
         registrations.append(
             _register(public, call, grant, public in READ_ONLY, scripts.load(name).keys))
     for name in names:
         script = scripts.load(name)
-        grant = GRANTS.get(name)
+        # a script of scripts.READS runs as its read-only variant: its plain one may
+        # write, so it asks a grant like any other (the admin's, as it has no entry)
+        grant = grant_of(name)
         registrations += [
             _register(script.function, f"OP.{name}(keys, args, false)", grant, False,
                       script.keys),
@@ -163,7 +178,7 @@ def library_source() -> str:
                       script.keys),
             # remembering writes the batch memory even around a read: not for every caller
             _register(script.remembering.function, f"ONCE.{name}(keys, args)",
-                      grant or "admin", False, script.keys, extra=2),
+                      grant, False, script.keys, extra=2),
         ]
     values = {
         "LIBRARY": LIBRARY, "DEFAULT_WINDOW": repr(DEFAULT_RETRY_WINDOW),
@@ -203,13 +218,17 @@ def installed_version(client: Any) -> str | None:
 
 
 def install(client: Any) -> bool:
-    """Load the library on ``client``'s server (on a ``RedisCluster``, on every primary)
-    unless this version is there already. Returns whether it loaded it."""
+    """Load the library on ``client``'s server (on a ``RedisCluster``, on every primary it
+    reaches: one that is down gets it when a call there next finds it missing, as after a
+    restart) unless this version is there already. Returns whether it loaded it."""
     client = unwrapped(client)
     if isinstance(client, redis.cluster.RedisCluster):
         loaded = False
         for node in client.get_primaries():
-            loaded |= install(client.get_redis_connection(node))
+            try:
+                loaded |= install(client.get_redis_connection(node))
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                continue  # its slots fail with an error naming them (a shard, a key)
         return loaded
     if installed_version(client) == version():
         return False

@@ -175,7 +175,7 @@ class ReplayBuffer:
         self.baseline_refresh_after = baseline_refresh_after
         self.seed = seed
         private = name is None
-        self.name = f"torchgfn-{uuid.uuid4().hex[:16]}" if private else name
+        self.name: str = f"torchgfn-{uuid.uuid4().hex[:16]}" if name is None else name
         options: dict[str, Any] = {"seed": seed}
         if remote_manager_rank is not None:
             # torchgfn's lazy_sort defers a per-add sort that redisbuf does not do (eviction
@@ -291,8 +291,9 @@ class ReplayBuffer:
 
     def sample(self, n_samples: int) -> Any:
         """``n_samples`` items as a container of the class added; without replacement
-        when ``n_samples <= len(self)``. An empty buffer raises :class:`BufferEmptyError`
-        (a ValueError, as torchgfn).
+        when ``n_samples <= len(self)``, else with replacement (torchgfn 2.4.1's uniform
+        sample returns the ``len(self)`` items held instead). An empty buffer raises
+        :class:`BufferEmptyError` (a ValueError, as torchgfn).
 
         Args:
             n_samples: how many items.

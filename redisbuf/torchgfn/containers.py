@@ -55,7 +55,7 @@ def _kind_of(container: Any) -> str:
 
 
 def _same_conditions(a: torch.Tensor | None, b: torch.Tensor | None, what: str) -> None:
-    if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
+    if (a is None) != (b is None) or (a is not None and b is not None and not torch.equal(a, b)):
         raise ValueError(f"{what}: conditions differ; redisbuf stores one condition per item")
 
 
@@ -167,7 +167,9 @@ def to_redisbuf(container: Any, env: Any, states_kind: str = "dict") -> Any:
     return batch
 
 
-def _pad_from_env(tensor: torch.Tensor, lengths: torch.Tensor, fill: torch.Tensor, first: int):
+def _pad_from_env(
+    tensor: torch.Tensor, lengths: torch.Tensor, fill: torch.Tensor, first: int
+) -> torch.Tensor:
     """Overwrite time steps ``t >= lengths + first`` of a (T, B, ...) tensor with ``fill``."""
     steps = torch.arange(tensor.shape[0], device=tensor.device).unsqueeze(1)
     pad = steps >= (lengths.to(tensor.device).unsqueeze(0) + first)
@@ -198,10 +200,11 @@ def from_redisbuf(batch: Any, env: Any, device: torch.device | str | None = None
     """
     device = torch.device(device if device is not None else env.device)
 
-    def tensor(value: Any) -> torch.Tensor | None:
-        if value is None:
-            return None
+    def tensor(value: Any) -> torch.Tensor:
         return torch.as_tensor(value).to(device)
+
+    def maybe(value: Any) -> torch.Tensor | None:  # conditions and log-rewards may be absent
+        return None if value is None else tensor(value)
 
     if isinstance(batch, rb.Trajectories):
         states, actions = tensor(batch.states), tensor(batch.actions)
@@ -210,7 +213,7 @@ def from_redisbuf(batch: Any, env: Any, device: torch.device | str | None = None
         # trajectory b holds its stored sink state, later steps are padding
         states = _pad_from_env(states, lengths, env.sf, 1)
         actions = _pad_from_env(actions, lengths, env.dummy_action, 0)
-        conditions = tensor(batch.conditions)
+        conditions = maybe(batch.conditions)
         if conditions is not None:
             conditions = conditions.unsqueeze(0).expand(states.shape[0], *conditions.shape)
         return Trajectories(
@@ -218,32 +221,32 @@ def from_redisbuf(batch: Any, env: Any, device: torch.device | str | None = None
             states=_states(env, states, conditions),
             actions=env.actions_from_tensor(actions),
             terminating_idx=lengths,
-            log_rewards=tensor(batch.log_rewards),
+            log_rewards=maybe(batch.log_rewards),
         )
     if isinstance(batch, rb.Transitions):
-        conditions = tensor(batch.conditions)
+        conditions = maybe(batch.conditions)
         return Transitions(
             env,
             states=_states(env, tensor(batch.states), conditions),
             actions=env.actions_from_tensor(tensor(batch.actions)),
             is_terminating=tensor(batch.is_terminating).to(torch.bool),
             next_states=_states(env, tensor(batch.next_states), conditions),
-            log_rewards=tensor(batch.log_rewards),
+            log_rewards=maybe(batch.log_rewards),
         )
     if isinstance(batch, dict):
         return StatesContainer(
             env,
-            states=_states(env, tensor(batch["states"]), tensor(batch.get("conditions"))),
+            states=_states(env, tensor(batch["states"]), maybe(batch.get("conditions"))),
             is_terminating=tensor(batch["is_terminating"]).to(torch.bool),
-            log_rewards=tensor(batch["log_rewards"]),
+            log_rewards=maybe(batch["log_rewards"]),
         )
     if isinstance(batch, rb.States):  # inline terminating states (scoring_only workers)
         states = tensor(batch.states)
         return StatesContainer(
             env,
-            states=_states(env, states, tensor(batch.conditions)),
+            states=_states(env, states, maybe(batch.conditions)),
             is_terminating=torch.ones(states.shape[0], dtype=torch.bool, device=device),
-            log_rewards=tensor(batch.log_rewards),
+            log_rewards=maybe(batch.log_rewards),
         )
     raise TypeError(f"not a batch of the torchgfn drop-in: {type(batch).__name__}")
 

@@ -53,7 +53,8 @@ def _worker_transport(backend: Any, url: Any = None, name: str | None = None) ->
 
 
 def _forget_transport(transport: Any) -> None:
-    for table in (_WORKER_TRANSPORTS, _LAST_TRANSPORT):
+    tables: tuple[dict[Any, Any], ...] = (_WORKER_TRANSPORTS, _LAST_TRANSPORT)
+    for table in tables:
         for key, value in list(table.items()):
             if value is transport:
                 del table[key]
@@ -216,7 +217,7 @@ class ReplayBufferManager(_CoreManager):
         """
         return {"score": float("inf")}
 
-    def run(self, async_send: bool = True) -> None:  # type: ignore[override]
+    def run(self, async_send: bool = True) -> None:
         """Serve until every training rank has sent EXIT. ``async_send`` is accepted for
         torchgfn compatibility: replies are small control messages, sent either way.
 
