@@ -17,8 +17,8 @@ import redis
 from command_work import watched
 
 from redisbuf import PERSampler, ReplayBuffer, SequenceBuffer
-from redisbuf.sampling.replica import MassReplica
 from redisbuf.sampling import first_read
+from redisbuf.sampling.replica import MassReplica
 from redisbuf.store import bounds, functions
 
 pytestmark = pytest.mark.redis_server

@@ -85,7 +85,8 @@ class Prioritizing(_PrioritizingNeeds):
                   for start, stop in bounds.chunks(len(id_array))]
         if replica is None:
             return None
-        return None if any(c is None for c in counts) else sum(counts)  # type: ignore[misc]
+        known = [c for c in counts if c is not None]
+        return sum(known) if len(known) == len(counts) else None
 
     def _update_slice(self, ids: np.ndarray, values: np.ndarray, replica: Any) -> int | None:
         """One atomic append of ``ids`` (distinct, storable) and their ``values``; the

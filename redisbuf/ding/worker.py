@@ -749,7 +749,8 @@ class AdvancedReplayBuffer(NaiveReplayBuffer):
         shared = self.shared
         members = shared.client.zrange(shared.keys.order, 0, -1)
         blobs = shared.engine.records([int(m) for m in members])
-        read = shared.engine.priorities([int(m) for m in members]) if members else []
+        read: list[float] = (shared.engine.priorities([int(m) for m in members]).tolist()
+                             if members else [])
         priorities = [None if p != p else float(p) for p in read]  # NaN: not stored
         uses = shared.client.hmget(shared.keys.uses, members) if members else []
         data = []

@@ -33,19 +33,19 @@ def parse_entry(entry: bytes) -> tuple[np.ndarray, np.ndarray, bool] | None:
     if kind == b"U":  # k ids of 12 digits, then k big-endian doubles
         _, count, _, payload = entry.split(b"|", 3)
         k = int(count)
-        ids = np.frombuffer(payload, dtype="S12", count=k).astype(np.int64)
-        return ids, np.frombuffer(payload, dtype=">f8", count=k, offset=12 * k).astype(
+        held = np.frombuffer(payload, dtype="S12", count=k).astype(np.int64)
+        return held, np.frombuffer(payload, dtype=">f8", count=k, offset=12 * k).astype(
             np.float64), True
     if kind == b"P":  # ids 12 digits each, then the new scores (old ones: bits)
-        _, _, _, ids, new, _ = entry.split(b"|", 5)
-        return (np.frombuffer(ids, dtype="S12").astype(np.int64), _numbers(new, np.float64),
+        _, _, _, packed, new, _ = entry.split(b"|", 5)
+        return (np.frombuffer(packed, dtype="S12").astype(np.int64), _numbers(new, np.float64),
                 True)
-    _, count, _, ids, _, new = entry.split(b"|", 5)
+    _, count, _, listed, _, new = entry.split(b"|", 5)
     k = int(count)
     scores = _numbers(new, np.float64) if new else np.full(k, np.nan)
     if len(scores) == 1 and k > 1:  # one value for every row
         scores = np.full(k, scores[0])
-    return _numbers(ids, np.int64), scores, False
+    return _numbers(listed, np.int64), scores, False
 
 
 __all__ = ["parse_entry", "text"]
