@@ -10,9 +10,12 @@ that reads then writes the 256 fields (the least any per-item hash needs: the ol
 for the sums, the new one), a native HSET of the fields (no read, no script), APPEND of a
 packed binary delta in a script, and a native BITFIELD SET at 256 offsets of the packed
 array (the command's bytes built by hand). A PING and redisbuf's own ``update_priority``
-(no replica, a PER buffer of that size) are timed beside them. Printed: ms per call and
-the server's microseconds per call (INFO commandstats). docs/performance.md uses these
-to say why priority updates stay under half of Reverb's.
+on a PER buffer of that size are timed beside them: with ``count=False`` from a process
+without a replica (the bare append, as Reverb's ``mutate_priorities`` counts nothing),
+and from a learner's process, whose replica applies and counts each update (made and
+caught up before the timing). Printed: ms per call and the server's microseconds per
+call (INFO commandstats). docs/performance.md uses these to say where an update's time
+goes.
 """
 
 from __future__ import annotations
@@ -116,11 +119,16 @@ def measure(url: str, size: int, calls: int) -> list[tuple[str, float, float]]:
         ("script: APPEND a packed delta", "evalsha",
          lambda i: append_delta(keys=[log, meta], args=[deltas[i % 64]])),
         ("native BITFIELD SET i64 x256 (packed array)", "bitfield", bitfield),
-        ("redisbuf update_priority(256), no replica", "fcall",
+        ("redisbuf update_priority(256), count=False, no replica", "fcall",
+         lambda i: bare.update_priority(*updates[i % 64], count=False)),
+        ("redisbuf update_priority(256), the learner's replica counting", "fcall",
          lambda i: buffer.update_priority(*updates[i % 64])),
     ]
+    bare = ReplayBuffer(url, f"floor-{size}", capacity=None)
+    buffer.sample(1)  # the learner's replica, read (and its snapshot written) before timing
     rows = []
     for label, command, fn in ways:
+        fn(0)
         client.config_resetstat()
         seconds = _timed(calls, fn)
         rows.append((label, seconds * 1e3, _server_us(client, command)))

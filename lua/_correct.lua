@@ -11,13 +11,12 @@ local function split(text)
   return out
 end
 
--- The mass of a logged score (text, "nan" when not present; or a number) under the rule,
--- as the replica weighs it (redisbuf/sampling/replica.py masses_of): a PER mass above
+-- The mass of a score (a number, or text: "nan" when not present) under the rule, as the
+-- replica weighs it (redisbuf/sampling/replica.py masses_of): a PER mass above
 -- PER_SUM_CAP (or +inf) counts as the cap.
-local function mass_of(text, per, alpha, eps, ref)
-  if text == 'nan' then return 0 end
-  local score = text
-  if type(text) == 'string' then score = to_number(text) end
+local function mass_of(score, per, alpha, eps, ref)
+  if score == 'nan' then return 0 end
+  if type(score) == 'string' then score = to_number(score) end
   if per then
     local base = score + eps
     if not (base > 0) then return 0 end
@@ -27,106 +26,142 @@ local function mass_of(text, per, alpha, eps, ref)
   return math.exp(score - ref)
 end
 
--- The items log entries name, in order of first mention, with each one's score before
--- the first entry (its first row's old) and after the last (its last row's new), as text
--- ('nan': not present); nil when an entry is an X.
-local function touched_scores(entries)
-  local first_old, last_new, list = {}, {}, {}
+-- The items the log entries since a replica's version name ("touched": the only ones whose
+-- mass may have changed) with their mass now: {list of ids, id -> mass now, id -> true
+-- for an id whose presence the entries leave open, id -> score now}, or nil when an entry
+-- is an X. A C
+-- row sets its id (present with a score, or removed: "nan"); a U row (or a P row of
+-- earlier versions) re-scores its id only if stored at that point: for an id a C row
+-- named before, the entries say whether it was; for one they have not named, it was
+-- stored there exactly when it is stored now (nothing since added or removed it), which
+-- they leave open: its mass counts as if present, and the caller checks presence only
+-- where such an id is drawn.
+local function touched_masses(entries, per, alpha, eps, ref)
+  local score, certain, list = {}, {}, {}
+  local function note(id)
+    if score[id] == nil then list[#list + 1] = id end
+  end
   for _, entry in ipairs(entries) do
-    if string.sub(entry, 1, 1) == 'X' then return nil end
+    local kind = string.sub(entry, 1, 1)
+    if kind == 'X' then return nil end
     local p1 = string.find(entry, '|', 3, true)
     local p2 = string.find(entry, '|', p1 + 1, true)
-    local p3 = string.find(entry, '|', p2 + 1, true)
-    local p4 = string.find(entry, '|', p3 + 1, true)
-    local ids, old, new
-    if string.sub(entry, 1, 1) == 'P' then  -- ids packed, new as text, old as IEEE bits
-      ids = unpack_ids(string.sub(entry, p2 + 1, p3 - 1), 12)
-      new = split(string.sub(entry, p3 + 1, p4 - 1))
-      old = {}
-      for i = 1, #ids do
-        old[i] = number_of_bits(string.sub(entry, p4 + 16 * i - 15, p4 + 16 * i))
+    if kind == 'U' then  -- ids 12 digits each, then k big-endian doubles
+      local k = tonumber(string.sub(entry, 3, p1 - 1))
+      local base = p2 + 12 * k
+      for i = 1, k do
+        local id = string.sub(entry, p2 + 12 * i - 11, p2 + 12 * i)
+        if not certain[id] or score[id] ~= 'nan' then
+          note(id)
+          score[id] = double_at(entry, base + 8 * i - 7)
+        end
       end
     else
-      ids = split(string.sub(entry, p2 + 1, p3 - 1))
-      old = split(string.sub(entry, p3 + 1, p4 - 1))
-      new = split(string.sub(entry, p4 + 1))
-    end
-    for i, id in ipairs(ids) do
-      if first_old[id] == nil then
-        first_old[id] = old[i] or 'nan'
-        list[#list + 1] = id
+      local p3 = string.find(entry, '|', p2 + 1, true)
+      local p4 = string.find(entry, '|', p3 + 1, true)
+      local ids, new
+      if kind == 'P' then  -- (earlier versions) ids packed, new as text, all present
+        ids = unpack_ids(string.sub(entry, p2 + 1, p3 - 1), 12)
+        new = split(string.sub(entry, p3 + 1, p4 - 1))
+      else
+        ids = split(string.sub(entry, p2 + 1, p3 - 1))
+        new = split(string.sub(entry, p4 + 1))
       end
-      last_new[id] = new[i] or new[1] or 'nan'
+      for i, id in ipairs(ids) do
+        note(id)
+        score[id] = new[i] or new[1] or 'nan'
+        certain[id] = true
+      end
     end
   end
-  return first_old, last_new, list
+  local masses, open = {}, {}
+  for _, id in ipairs(list) do
+    masses[id] = mass_of(score[id], per, alpha, eps, ref)
+    if not certain[id] then open[id] = true end
+  end
+  return {list, masses, open, score}
 end
 
 -- The draw of a replica at an earlier version corrected to the current law, given the
--- log entries since that version: the items they name ("touched": added, re-scored or
--- removed) are the only ones whose mass changed, and the entries give each one's score
--- at that version (its first row's old) and now (its last row's new). Each draw
--- independently: with probability (mass now of the touched items) / (total mass now), a
--- touched item in proportion to its mass now (its first uniform decides, its second
--- picks); else a candidate not touched: its own first, else the first unused one of the
--- spare pool (every candidate is an independent draw of the replica, whose masses are
--- still those of the untouched items, so among them they follow the current law); when
--- those run out too, a hole ('') that the caller fills with a draw among the untouched
--- items (returned second: whether there is one). Nil when an entry is an X, no mass is
--- left or the masses now are not finite numbers relative to the replica's reference.
+-- log entries since that version (touched_masses: the items they name are the only ones
+-- whose mass changed; D, the mass now of those). Each draw independently repeats, until
+-- it ends: with probability D / (T + D) (T the replica's total mass) it ends on a touched
+-- item drawn in proportion to its mass now; else it takes its next candidate (its own,
+-- then the first unused one of the spare pool: every candidate is an independent draw of
+-- the replica) and ends on it if untouched, or goes on if touched. An untouched item's
+-- mass is the replica's, so each round ends on item i with probability proportional to
+-- its mass now: the draw follows the current law exactly, without the replica's masses of
+-- the touched items. The coin of the next round is the last one's, rescaled (uniform and
+-- independent of what it decided). Where the candidates run out, or the touched item
+-- drawn turns out absent (`present`, asked only for the ids touched_masses left open; nil
+-- when none can be), a hole ('') that the caller fills with a fresh draw at the current
+-- law: what the rounds would have ended on. Returns the draws and whether any is a hole;
+-- nil when an entry is an X, or the masses now are not finite numbers relative to the
+-- replica's (a softmax reference far below a new log-reward).
 local function correct_draw(entries, per, alpha, eps, ref, total, candidates, spares,
-                            uniforms)
-  local first_old, last_new, list = touched_scores(entries)
-  if not first_old then return nil end
+                            uniforms, present)
+  local touched = touched_masses(entries, per, alpha, eps, ref)
+  if not touched then return nil end
+  local list, masses, open = touched[1], touched[2], touched[3]
   local live, cumulative, changed = {}, {}, 0
   for _, id in ipairs(list) do
-    total = total + mass_of(last_new[id], per, alpha, eps, ref)
-      - mass_of(first_old[id], per, alpha, eps, ref)
-    local m = mass_of(last_new[id], per, alpha, eps, ref)
+    local m = masses[id]
     if m > 0 then
       changed = changed + m
       live[#live + 1] = id
       cumulative[#live] = changed
     end
   end
-  -- a touched log-reward far above the replica's reference (exp overflows; +inf) cannot
-  -- be weighed against the replica's masses: the replica catches up (re-bases) instead
-  if total <= 0 or total == math.huge or total ~= total or changed == math.huge
-      or changed > total * (1 + 1e-9) then
+  if not (total >= 0) or total == math.huge or changed == math.huge or changed ~= changed
+      or total + changed <= 0 then
     return nil
   end
+  local q = changed / (total + changed)
   local width = 1 + spares
   local n = #candidates / width
-  local out, used, pool, holes = {}, {}, 1, false
-  local function untouched(k)
-    local id = candidates[k]
-    return first_old[id] == nil and not used[k]
-  end
-  for j = 1, n do
-    if #live > 0 and uniform_at(uniforms, 2 * j - 1) * total < changed then
-      local target = uniform_at(uniforms, 2 * j) * changed
-      local lo, hi = 1, #live
-      while lo < hi do  -- the first cumulative mass above the target
-        local mid = math.floor((lo + hi) / 2)
-        if cumulative[mid] > target then hi = mid else lo = mid + 1 end
-      end
-      out[j] = live[lo]
-    else
-      for k = width * (j - 1) + 1, width * j do
-        if untouched(k) then
-          out[j], used[k] = candidates[k], true
-          break
-        end
-      end
-      if not out[j] then  -- its own candidates were all touched: one from the spare pool
-        while pool <= #candidates and not untouched(pool) do pool = pool + 1 end
-        if pool <= #candidates then
-          out[j], used[pool] = candidates[pool], true
-        else
-          out[j], holes = '', true  -- the caller fills it among the untouched items
-        end
+  local out, used, pool, holes, known = {}, {}, 1, false, {}
+  local function next_candidate(j)
+    for k = width * (j - 1) + 1, width * j do
+      if not used[k] then
+        used[k] = true
+        return candidates[k]
       end
     end
+    while pool <= #candidates and used[pool] do pool = pool + 1 end
+    if pool > #candidates then return nil end
+    used[pool] = true
+    return candidates[pool]
+  end
+  for j = 1, n do
+    local coin = uniform_at(uniforms, 2 * j - 1)
+    while true do
+      if coin < q then
+        local target = uniform_at(uniforms, 2 * j) * changed
+        local lo, hi = 1, #live
+        while lo < hi do  -- the first cumulative mass above the target
+          local mid = math.floor((lo + hi) / 2)
+          if cumulative[mid] > target then hi = mid else lo = mid + 1 end
+        end
+        local id = live[lo]
+        if open[id] then
+          if known[id] == nil then known[id] = present ~= nil and present(id) end
+          if not known[id] then id = '' end  -- never stored here: drawn afresh
+        end
+        out[j] = id
+        break
+      end
+      coin = (coin - q) / (1 - q)
+      local id = next_candidate(j)
+      if id == nil then
+        out[j] = ''
+        break
+      end
+      if masses[id] == nil then
+        out[j] = id
+        break
+      end
+    end
+    if out[j] == '' then holes = true end
   end
   return out, holes
 end
@@ -136,14 +171,15 @@ end
 -- {log_epoch, log_version, log_stamp} (meta); `replica`: the sender's {epoch, version,
 -- stamp, total mass} (its ARGV, as text but the total); `mass`: {per, alpha, eps, ref}
 -- (see correct_draw); `packed` / `width`: the candidates (see unpack_ids), 1 + `spares`
--- per draw, draw after draw; `uniforms`: two per draw (see correct_draw). Returns the
--- draws, the log entries they were corrected by ({} when the log is at the replica's
--- epoch, version and stamp: the draws are then each draw's first candidate) and each
--- draw's first candidate. When they cannot stand, nil and the reply to return (nothing
--- is recorded): the replica's catch-up (masslog_behind) when it cannot catch up from the
--- log, is further behind than one reply carries or the entries hold an X; {3, epoch,
--- version, stamp, draws with '' at each hole, entries...} when a correction left holes.
-local function draws_at_commit(K, log, replica, mass, packed, width, spares, uniforms)
+-- per draw, draw after draw; `uniforms`: two per draw (see correct_draw); `present`: see
+-- correct_draw. Returns the draws, the log entries they were corrected by ({} when the log
+-- is at the replica's epoch, version and stamp: the draws are then each draw's first
+-- candidate) and each draw's first candidate. When they cannot stand, nil and the reply to
+-- return (nothing is recorded): the replica's catch-up (masslog_behind) when it cannot
+-- catch up from the log, is further behind than one reply carries or the entries hold an
+-- X; {3, epoch, version, stamp, draws with '' at each hole, entries...} when a correction
+-- left holes.
+local function draws_at_commit(K, log, replica, mass, packed, width, spares, uniforms, present)
   local candidates = unpack_ids(packed, width)
   local stride = 1 + spares
   local sent = {}
@@ -158,7 +194,7 @@ local function draws_at_commit(K, log, replica, mass, packed, width, spares, uni
   local entries = {}
   for i = 5, #behind do entries[#entries + 1] = behind[i] end
   local ids, holes = correct_draw(entries, mass[1], mass[2], mass[3], mass[4], replica[4],
-    candidates, spares, uniforms)
+    candidates, spares, uniforms, present)
   if not ids then return nil, behind end
   if holes then  -- nothing is recorded: the caller completes the draw and commits it
     local out = {3, log[1] or '', log[2] or '0', log[3] or '', table.concat(ids, ',')}
@@ -181,19 +217,20 @@ end
 -- (its other items arrive after it); false when the entries cannot correct it (an X
 -- entry, a mass now that is not a finite number, more touched items than uniforms).
 local function correct_successive(entries, per, alpha, eps, ref, candidates, times, n, pool)
-  local first_old, last_new, list = touched_scores(entries)
-  if not first_old then return false end
+  local touched = touched_masses(entries, per, alpha, eps, ref)
+  if not touched then return false end
+  local list, masses = touched[1], touched[2]
   local last = times[#times]
   local ids, at = {}, {}
   for k, id in ipairs(candidates) do
-    if first_old[id] == nil then
+    if masses[id] == nil then
       ids[#ids + 1] = id
       at[#at + 1] = times[k]
     end
   end
   local j, known = 0, #ids
   for _, id in ipairs(list) do
-    local m = mass_of(last_new[id], per, alpha, eps, ref)
+    local m = masses[id]
     if m == math.huge or m ~= m then return false end
     if m > 0 then
       j = j + 1

@@ -106,7 +106,8 @@ local function commit_batch(K, conf, schema_json, options, ids, first, blobs, pr
         old[n + i] = before[i]
         new[n + i] = 'nan'
       end
-      masslog_append(K, rows, old, new)
+      -- under PER nothing logs the scores before (delete_items returns none)
+      masslog_append(K, rows, #before > 0 and old or nil, new)
     end
   end
   record_history(meta)

@@ -38,51 +38,14 @@ local function admit_batch(K, n, options)
   return nil
 end
 
--- Prioritized experience replay (PER) keeps the items' priorities in the per hash (id ->
--- priority as text: any item's priority is one HGET) and, in meta: per_sum (with
--- per_comp, its Neumaier compensation, so long update sequences do not drift) and
--- per_nonzero, the number of non-zero priorities (the mean non-zero priority in O(1));
--- per_max, the highest priority ever set since PER was turned on or the buffer cleared
--- (a running max, as DI-engine and TorchRL keep: new items get it without a scan).
+-- Prioritized experience replay (PER) keeps no priority per item on the server: the
+-- priorities are the newest snapshot and the mass log after it (lua/_masslog.lua, meta
+-- log_truth = 1), which every change appends to and the samplers' replicas apply. Meta
+-- keeps per_max, the highest priority ever set since PER was turned on or the buffer
+-- cleared (a running max, as DI-engine and TorchRL keep: new items get it without a
+-- scan).
 local function per_enabled(K)
   return redis.call('HGET', K.meta, 'mass') == 'per'
-end
-
--- `removed` / `added`: the priorities a change took away and gave; `removed_total`,
--- instead of `removed`: {their sum, how many are non-zero} (a current replica's, capped).
-local function per_account(K, removed, added, removed_total)
-  if removed_total then removed = {removed_total[1]} end
-  if #removed == 0 and #added == 0 then return end
-  local conf = redis.call('HMGET', K.meta, 'per_sum', 'per_comp', 'per_nonzero')
-  local sum, comp, nonzero = tonumber(conf[1]) or 0, tonumber(conf[2]) or 0, tonumber(conf[3]) or 0
-  if removed_total then  -- one value for them all, counted as its non-zero ones
-    nonzero = nonzero - removed_total[2] + (removed_total[1] ~= 0 and 1 or 0)
-  end
-  local abs = math.abs
-  -- Neumaier's compensated sum, written out twice (no closure call per value: this loop
-  -- is most of an update's Lua time)
-  local cap = removed_total and math.huge or PER_SUM_CAP  -- a replica's total is capped
-  for i = 1, #removed do
-    local x = math.min(removed[i], cap)
-    if x ~= 0 then
-      nonzero = nonzero - 1
-      x = -x
-      local t = sum + x
-      if abs(sum) >= abs(x) then comp = comp + ((sum - t) + x) else comp = comp + ((x - t) + sum) end
-      sum = t
-    end
-  end
-  for i = 1, #added do
-    local x = math.min(added[i], PER_SUM_CAP)
-    if x ~= 0 then
-      nonzero = nonzero + 1
-      local t = sum + x
-      if abs(sum) >= abs(x) then comp = comp + ((sum - t) + x) else comp = comp + ((x - t) + sum) end
-      sum = t
-    end
-  end
-  if nonzero <= 0 then sum, comp, nonzero = 0, 0, 0 end
-  redis.call('HSET', K.meta, 'per_sum', fmt(sum), 'per_comp', fmt(comp), 'per_nonzero', nonzero)
 end
 
 -- Raise meta per_max to `value` (a number) when it is higher.
@@ -92,7 +55,7 @@ local function per_raise_max(K, value)
 end
 
 -- Keep the per_heap zset (PER priorities in order, for heap selectors) in step with the
--- per hash: pairs {id, priority text, ...} set, or ids removed. Only once a heap selector
+-- priorities: pairs {id, priority text, ...} set, or ids removed. Only once a heap selector
 -- by priority asked for it (lua/heap_build.lua: meta per_heap = b while it builds the
 -- heap, changes kept from its start; 1 once built): other buffers pay no O(log n) per
 -- change.
@@ -114,11 +77,6 @@ end
 local function per_heap_remove(K, ids)
   if not heap_kept(K) then return end
   call_chunked('ZREM', K.per_heap, ids)
-end
-
--- The PER priorities of ids as text (false for ids without one), one HMGET per CHUNK ids.
-local function per_texts(K, ids)
-  return hmget_chunked(K.per, ids)
 end
 
 -- A PER priority given as text: a finite number >= 0, or nil.
@@ -211,9 +169,7 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
       per_pairs[2 * i - 1] = ids[i]
       per_pairs[2 * i] = texts[i] or texts[1]
     end
-    call_chunked('HSET', K.per, per_pairs)
     per_heap_set(K, per_pairs)
-    per_account(K, {}, values)
     local top = values[1] or 0
     for i = 2, #values do if values[i] > top then top = values[i] end end
     -- options.per_keep_max: given priorities leave the running max as it is (DI-engine's
@@ -233,12 +189,12 @@ local function store_items(K, ids, blobs, priorities, first, vecs, options)
   return scores
 end
 
--- The scores the mass log holds for ids (text; "nan" for an id without one): PER
--- priorities under PER, else log-rewards.
+-- The scores the mass log holds for ids (text; "nan" for an id without one): their
+-- log-rewards; nil under PER, whose entries log no score before a change.
 local function logged_scores(K, ids)
   local found
   if per_enabled(K) then
-    found = per_texts(K, ids)
+    return nil
   elseif rewards_kept(K) then
     found = zmscore_chunked(K.prio, ids)
   else
@@ -263,7 +219,8 @@ local function trim_times(K)
 end
 
 -- Delete items from every per-item structure. Returns their scores before (see
--- logged_scores) when prioritized sampling is on, for the mass log entry (the caller's).
+-- logged_scores; {} under PER or while prioritized sampling is off), for the mass log
+-- entry (the caller's).
 local function delete_items(K, ids)
   if #ids == 0 then return {} end
   local before
@@ -279,17 +236,7 @@ local function delete_items(K, ids)
   end
   call_chunked('HDEL', K.uses, ids)
   call_chunked('ZREM', K.versions, ids)
-  if per_enabled(K) then
-    -- the log's scores before are these priorities (logged_scores): not read twice
-    local old, present = before or per_texts(K, ids), {}
-    for i = 1, #ids do
-      local text = old[i]
-      if text and text ~= 'nan' then present[#present + 1] = tonumber(text) end
-    end
-    per_account(K, present, {})
-    call_chunked('HDEL', K.per, ids)
-    per_heap_remove(K, ids)
-  end
+  if per_enabled(K) then per_heap_remove(K, ids) end
   call_chunked('HDEL', K.items, ids)
   call_chunked('ZREM', K.prio, ids)
   call_chunked('ZREM', K.order, ids)
@@ -305,11 +252,12 @@ local function remove_items(K, ids)
   masslog_append(K, ids, before, nil)
 end
 
--- Set the PER priorities of ids present, skipping ids no longer stored. priorities:
--- numbers; texts: how each is stored (plain decimals, as numpy and Lua both read them);
--- last: nil when no id repeats, else each id's last position (its priority wins). One
--- HMGET, one HSET and one log entry for the whole call, whatever the buffer's size.
--- Returns how many distinct ids were updated.
+-- Set the PER priorities of ids known to be stored (the caller checked each, in the same
+-- script: lua/replace.lua). priorities: numbers; texts: how each is logged (plain
+-- decimals); last: nil when no id repeats, else each id's last position (its priority
+-- wins). Logs one C entry (the ids present, with their priorities now), raises the running
+-- max and keeps the priority heap, as lua/update_priority.lua's U entry would, whose
+-- presence check the replicas then need not make.
 local function set_priorities(K, ids, priorities, texts, last)
   if last then  -- keep each id's last occurrence
     local kept_ids, kept_values, kept_texts = {}, {}, {}
@@ -322,38 +270,17 @@ local function set_priorities(K, ids, priorities, texts, last)
     end
     ids, priorities, texts = kept_ids, kept_values, kept_texts
   end
-  local old = per_texts(K, ids)
-  local n = #ids
-  for i = 1, n do
-    if not old[i] then  -- rare: ids evicted since the caller drew them
-      local kept_ids, kept_values, kept_texts, kept_old = {}, {}, {}, {}
-      for j = 1, n do
-        if old[j] then
-          kept_ids[#kept_ids + 1] = ids[j]
-          kept_values[#kept_values + 1] = priorities[j]
-          kept_texts[#kept_texts + 1] = texts[j]
-          kept_old[#kept_old + 1] = old[j]
-        end
-      end
-      ids, priorities, texts, old, n = kept_ids, kept_values, kept_texts, kept_old, #kept_ids
-      break
-    end
-  end
-  if n == 0 then return 0 end
-  local removed, pairs_, top = {}, {}, 0
-  for i = 1, n do
-    local value = priorities[i]
-    removed[i] = tonumber(old[i])
+  if #ids == 0 then return 0 end
+  local pairs_, top = {}, 0
+  for i = 1, #ids do
     pairs_[2 * i - 1] = ids[i]
     pairs_[2 * i] = texts[i]
-    if value > top then top = value end
+    if priorities[i] > top then top = priorities[i] end
   end
-  call_chunked('HSET', K.per, pairs_)
   per_heap_set(K, pairs_)
-  per_account(K, removed, priorities)
   per_raise_max(K, top)
-  masslog_append(K, ids, old, texts)
-  return n
+  masslog_append(K, ids, nil, texts)
+  return #ids
 end
 
 -- Bookkeeping for items a sampling script has chosen (ids may repeat): every sampling

@@ -1,24 +1,30 @@
 -- The mass log, a helper scripts name with "-- @include masslog".
 -- Prioritized sampling (softmax of log-rewards, or PER) draws in the sampling processes,
--- each from its own replica of the items' scores (redisbuf/sampling/replica.py). The server keeps
--- the truth (the prio zset for softmax, the per hash for PER) and, while prioritized
--- sampling is on (meta masslog = 1), this log of every change to it, appended by the same
--- script that makes the change, so a replica catches up by reading the entries after the
--- version it has. Writing a change costs one RPUSH whatever the buffer's size.
+-- each from its own replica of the items' scores (redisbuf/sampling/replica.py). For
+-- softmax the server keeps the truth (the prio zset) and, while prioritized sampling is on
+-- (meta masslog = 1), this log of every change to it, appended by the same script that
+-- makes the change, so a replica catches up by reading the entries after the version it
+-- has. Under PER (meta log_truth = 1) the server keeps no per-item priority at all: the
+-- priorities are the newest snapshot (rb:{name}:snap, written by a following replica) and
+-- this log after it, which is therefore trimmed only behind that snapshot. Writing a
+-- change costs one RPUSH whatever the buffer's size.
 --
 -- The masslog list holds the newest entries, one per script that changed scores:
 --   "C|k|stamp|ids|old|new"  k rows: ids (decimal, comma-separated); each one's score
 --                     before the change and after it (log-rewards under softmax, PER
---                     priorities under PER; "nan" for not present), comma-separated. An
---                     empty old means all were absent (an add); an empty new, all are
---                     removed; a new of one value when k > 1, all get that value. An id
---                     may appear in several rows: they apply in order.
---   "P|k|stamp|ids|new|old"  a priority change sent with the scores before it (PER,
---                     lua/update_priority.lua from a process whose replica was current):
---                     ids: k distinct ids present, 12 digits each, back to back; new as
---                     in C; old: each one's
---                     score before, 16 hex digits of its IEEE 754 bits (big-endian) each,
---                     back to back (what the sender's replica held, sent without text).
+--                     priorities under PER; "nan" for not present), comma-separated. Under
+--                     PER old is empty (not logged). An empty old otherwise means all were
+--                     absent (an add); an empty new, all are removed; a new of one value
+--                     when k > 1, all get that value. An id may appear in several rows:
+--                     they apply in order. C entries set what they name: a row's new
+--                     score holds whether the id was present before or not.
+--   "U|k|stamp|IP"    a PER priority update (lua/update_priority.lua): I, k ids of 12
+--                     digits each back to back; P, right after them, their priorities as
+--                     k IEEE 754 doubles, 8 bytes each, big-endian (binary). Each applies
+--                     only to an id stored at that point of the log (an id evicted
+--                     before, or never added, is skipped); the last of a repeated id wins.
+--   "P|k|stamp|ids|new|old"  (written by earlier versions) a priority change of k ids
+--                     present, 12 digits each; new as in C; old as 16 hex digits each.
 --   "X|0|stamp"       everything changed (turned on, cleared, restored): read it all again
 -- The stamp (server time and version) differs between two histories, so a replica that
 -- finds another stamp at its version (the server restarted from an older state, or a
@@ -26,9 +32,11 @@
 -- Meta: log_epoch (changes with every X), log_version (entries ever appended since that
 -- epoch; the last entry's version), log_first (the version of the list's first entry),
 -- log_ids (rows held), log_stamp (the last entry's stamp), log_pins (the pins of the
--- replicas reading the whole buffer or a snapshot, each kept apart: see masslog_pin). The
--- oldest entries are dropped while the list holds more than max(MASSLOG_MIN_IDS,
--- capacity / 4) rows (and none is pinned): a replica further behind reads everything again.
+-- replicas reading the whole buffer or a snapshot, each kept apart: see masslog_pin),
+-- log_truth (1: PER, the log and the snapshot are the priorities). The oldest entries are
+-- dropped while the list holds more than max(MASSLOG_MIN_IDS, capacity / 4) rows (and
+-- none is pinned; under log_truth, only entries before the snapshot's version of this
+-- epoch): a replica further behind reads everything again.
 -- @include common
 local MASSLOG_MIN_IDS = 10000
 -- A reply never carries more than this many rows of entries (a replica further behind
@@ -107,20 +115,24 @@ local function joined(list)
   return table.concat(list, ',')
 end
 
--- Append one entry of kind `kind` ("C" or "P") with `rows` rows (at least one), `body` its
+-- Append one entry of kind `kind` ("C" or "U") with `rows` rows (at least one), `body` its
 -- fields after the stamp, while prioritized sampling is on (the caller checks masslog_on
 -- before it builds the body); a change of more rows than one reply may carry starts a
 -- new epoch instead (every replica reads everything again, in slices of bounded cost).
 local function masslog_push(K, kind, rows, body)
-  if rows > MASSLOG_REPLY_ROWS then  -- more than one reply carries: read everything again
+  -- more than one reply carries: read everything again (not under log_truth, where the
+  -- log is the priorities: such an entry is one reply on its own; no bounded command
+  -- writes one)
+  if rows > MASSLOG_REPLY_ROWS and redis.call('HGET', K.meta, 'log_truth') ~= '1' then
     masslog_reset(K)
     return
   end
   local conf = redis.call('HMGET', K.meta, 'log_version', 'log_first', 'log_ids', 'capacity',
-    'log_pins')
+    'log_pins', 'log_truth', 'snap_epoch', 'snap_version', 'log_epoch')
   if not conf[1] then  -- no log yet (turned on by hand): start one
     masslog_reset(K)
-    conf = redis.call('HMGET', K.meta, 'log_version', 'log_first', 'log_ids', 'capacity')
+    conf = redis.call('HMGET', K.meta, 'log_version', 'log_first', 'log_ids', 'capacity',
+      'log_pins', 'log_truth', 'snap_epoch', 'snap_version', 'log_epoch')
   end
   local version, first = tonumber(conf[1]) + 1, tonumber(conf[2])
   local held = tonumber(conf[3]) + rows
@@ -133,6 +145,10 @@ local function masslog_push(K, kind, rows, body)
     for _, held in ipairs(pins_of(conf[5])) do
       if held[3] >= now and (pin == nil or held[2] < pin) then pin = held[2] end
     end
+  end
+  if conf[6] == '1' then  -- the log holds the priorities after the snapshot: keep them
+    local covered = conf[7] == conf[9] and tonumber(conf[8]) or 0
+    if pin == nil or covered < pin then pin = covered end
   end
   while held > limit and length > 1 and (pin == nil or first < pin) do
     local oldest = redis.call('LPOP', K.masslog)
@@ -168,6 +184,44 @@ local function number_of_bits(hex)
   end
   if exponent == 0 then return sign * mantissa * 2 ^ -1074 end
   return sign * (mantissa + 4503599627370496) * 2 ^ (exponent - 1075)
+end
+
+-- The IEEE 754 double whose 8 bytes, big-endian, start at position i of s (a U entry's
+-- priorities). Exact, as number_of_bits.
+local function double_at(s, i)
+  local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(s, i, i + 7)
+  local sign = 1
+  if b1 >= 128 then sign, b1 = -1, b1 - 128 end
+  local exponent = b1 * 16 + math.floor(b2 / 16)
+  local mantissa = ((((((b2 % 16) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256
+    + b7) * 256 + b8
+  if exponent == 2047 then
+    if mantissa == 0 then return sign * math.huge end
+    return 0 / 0
+  end
+  if exponent == 0 then return sign * mantissa * 2 ^ -1074 end
+  return sign * (mantissa + 4503599627370496) * 2 ^ (exponent - 1075)
+end
+
+-- The position (1-based, in values) of the largest of k big-endian doubles packed back
+-- to back in `packed`, and whether every value is a finite number >= 0. Compared by their
+-- bytes read as two 32-bit integers (not as strings: Lua compares strings by the server's
+-- collation locale): for numbers >= 0 (sign bit 0) that order is the numbers', and a
+-- negative number (-0.0 too), an infinity or a NaN has its high word at or above
+-- 0x7FF00000, the high word of +inf. One pass, no number built per value.
+local PLUS_INF_HIGH = 2146435072  -- 0x7FF00000
+local function largest_double(packed, k)
+  local byte = string.byte
+  local top, high, low = 0, -1, -1
+  for i = 1, k do
+    local b1, b2, b3, b4, b5, b6, b7, b8 = byte(packed, 8 * i - 7, 8 * i)
+    local h = ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+    if h >= high then
+      local l = ((b5 * 256 + b6) * 256 + b7) * 256 + b8
+      if h > high or l > low then top, high, low = i, h, l end
+    end
+  end
+  return top, high < PLUS_INF_HIGH
 end
 
 -- The stamp of an entry (its third field).

@@ -24,4 +24,9 @@ redis.call('HDEL', K.meta, 'present_uses', 'removed_uses', 'removed_items', 'ret
   'sampled_unique', 'deleted')  -- items ever sampled, removed by id (lua/remove.lua)
 redis.call('HDEL', K.meta, 'per_sum', 'per_comp', 'per_nonzero', 'per_max')
 if masslog_on(K) then masslog_reset(K) end
+-- PER: the new epoch's base has no item (any priority will do for none)
+local initial = redis.call('HGET', K.meta, 'per_initial')
+if initial and redis.call('HGET', K.meta, 'mass') == 'per' then
+  redis.call('HSET', K.meta, 'per_base', initial)
+end
 return removed

@@ -3,8 +3,9 @@
 -- and version; only its record changes. Ids not stored are skipped. With expected
 -- records, an item whose record is no longer the one given (another process replaced
 -- it meanwhile) is left as it is: the caller reads it again and retries. With
--- priorities, each replaced item's PER priority is set too, as lua/update_priority.lua
--- sets it (the running max, the sums, one mass-log entry), in the same atomic step.
+-- priorities, each replaced item's PER priority is set too (the running max, one
+-- mass-log entry naming the items, stored: set_priorities in lua/_items.lua), in the same
+-- atomic step.
 -- @include common
 -- @include masslog
 -- @include items

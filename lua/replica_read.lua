@@ -13,11 +13,20 @@
 -- ARGV[1] pin milliseconds  ARGV[2] the version pinned (the log_version read before)
 -- ARGV[3] optional: the reader's token (letters and digits; the version when absent):
 --   its pin replaces its earlier one, other readers' pins stay (masslog_pin)
--- Returns {how, key, first, last}:
---   {'ids', per, first, last}: PER, ids dense enough to ask for: HMGET key for every id
---     first .. last (the oldest item present and the last id given; "%012d"; nil for an
---     id not present), each value a priority
---   {'hash', per}: PER, HSCAN the key (field: the id, value: its priority)
+-- Returns {how, key, ...}:
+--   {'base', order, priority, stamp}: PER with no snapshot of this epoch (the replica
+--     tried it first): the epoch's first entry (its X, version 1; stamp: its stamp, ''
+--     when the log no longer holds it) gave every item present then `priority` (meta
+--     per_base, the initial priority when PER was turned on; any priority after a clear,
+--     none being present): ZSCAN the key for the ids present, give each that priority
+--     and apply the log from version 1 (pin version 1); stamp '' too for an epoch that
+--     began with its snapshot (a load: no per_base), which then is its only base
+--   {'ids', per, first, last, stamp}: PER of the earlier layout (meta per_legacy: the epoch's
+--     base is the per hash, which nothing writes any more), ids dense enough to ask for:
+--     HMGET key for every id first .. last (the oldest item present and the last id
+--     given; "%012d"; nil for an id not present), each value a priority; then, as for
+--     'base', the log from version 1 (stamp: the last element)
+--   {'hash', per, stamp}: the same, HSCAN the key (field: the id, value: its priority)
 --   {'zset', prio}: softmax, ZSCAN the key (member: the id, score: its log-reward)
 --   {'zero', order}: softmax with no log-rewards stored, ZSCAN the key for the ids (every
 --     log-reward is 0)
@@ -31,7 +40,15 @@ if not masslog_on(K) then return fail('RB_NOLOG', 'prioritized sampling is not e
 local bad = bad_holder(ARGV[3])
 if bad then return bad end
 masslog_pin(K, tonumber(ARGV[2]), tonumber(ARGV[1]), ARGV[3])
-if redis.call('HGET', K.meta, 'mass') == 'per' then
+local conf = redis.call('HMGET', K.meta, 'mass', 'per_legacy', 'per_base', 'per_initial',
+  'log_first')
+local stamp = ''  -- PER: the stamp of the epoch's first entry, where the base is as of
+if conf[5] == '1' then stamp = entry_stamp(redis.call('LINDEX', K.masslog, 0)) end
+if conf[1] == 'per' and conf[2] ~= '1' then
+  -- no per_base: the epoch began with its snapshot (a load), which is the only base
+  if not conf[3] then stamp = '' end
+  return {'base', K.order, conf[3] or conf[4] or '1', stamp}
+elseif conf[1] == 'per' then
   local count = redis.call('HLEN', K.per)
   local oldest = redis.call('ZRANGE', K.order, 0, 0)[1]
   local last = tonumber(redis.call('HGET', K.meta, 'last_id'))
@@ -40,10 +57,10 @@ if redis.call('HGET', K.meta, 'mass') == 'per' then
     -- an HMGET costs the server about 2/3 of what a SCAN step does per item returned
     -- (measured at 2x10^6 items): ask by id unless the range is half holes or more
     if last - first + 1 <= count * 1.5 then
-      return {'ids', K.per, first, last}
+      return {'ids', K.per, first, last, stamp}
     end
   end
-  return {'hash', K.per}
+  return {'hash', K.per, stamp}
 elseif rewards_kept(K) then
   return {'zset', K.prio}
 end

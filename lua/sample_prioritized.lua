@@ -29,19 +29,20 @@
 --   packed as ARGV[10] of "correct"  ARGV[11] the candidates' arrival times, ascending,
 --   comma-separated  ARGV[12] the softmax reference; ARGV[7] then holds the candidates:
 --   the replica's first arrivals (n or more), in order
--- Returns {1, length, per_sum, per_nonzero, ids, epoch, version, stamp, count,
+-- Returns {1, length, 0, 0, ids, epoch, version, stamp, count,
 -- blob_1..blob_count, entry_1..} when the draw stands: ids "" when it stands as sent,
 -- else the corrected draw (ids comma-separated), with the log entries after the
 -- replica's version (its catch-up) after the blobs (count of them: 0 unless asked, or
 -- for a corrected draw not asked, n, nil but where the draw moved from its candidate);
--- per_sum / per_nonzero: the mean non-zero PER priority. {3, epoch, version, stamp, ids,
+-- (the two 0s: where earlier versions sent the PER sum, which the replicas now keep).
+-- {3, epoch, version, stamp, ids,
 -- entries...} when a corrected draw has holes: ids as above with '' at each position
--- whose candidates were all touched; nothing is recorded, and the caller, caught up by
--- the entries, fills each hole with a draw among the items they do not name and commits
--- the whole draw again. "successive": {3, epoch, version, stamp, "id:time,..." (every
--- arrival known), entries...} when too few arrivals are known (see successive_at_commit);
--- nothing is recorded, and the caller, caught up, runs the race on and commits again.
--- Else the replica's catch-up (masslog_behind): {0, epoch, version,
+-- whose candidates ran out (or whose touched item drawn was not stored); nothing is
+-- recorded, and the caller, caught up by the entries, fills each hole with a fresh draw
+-- of its replica and commits the whole draw again. "successive": {3, epoch, version,
+-- stamp, "id:time,..." (every arrival known), entries...} when too few arrivals are known
+-- (see successive_at_commit); nothing is recorded, and the caller, caught up, runs the
+-- race on and commits again. Else the replica's catch-up (masslog_behind): {0, epoch, version,
 -- stamp, entries...}. The work is bounded: a
 -- correction reads at most the entries one catch-up reply carries (masslog_behind).
 -- Errors: RB_NOLOG (prioritized sampling, or PER for "per", is not on), RB_CONFIG (the
@@ -70,7 +71,7 @@ if ARGV[5] == 'successive' then
   end
 end
 local conf = redis.call('HMGET', K.meta, 'masslog', 'mass', 'log_epoch', 'log_version',
-  'log_stamp', 'per_sum', 'per_comp', 'per_nonzero', 'per_alpha', 'per_eps')
+  'log_stamp', 'per_alpha', 'per_eps')
 local per = conf[2] == 'per'
 if conf[1] ~= '1' or (ARGV[1] == 'per' and not per) then
   if ARGV[1] == 'per' then return fail('RB_NOLOG', 'prioritized experience replay is not enabled') end
@@ -85,15 +86,16 @@ if ARGV[5] == 'correct' then
   local stand
   ids, stand, primaries = draws_at_commit(K, {conf[3], conf[4], conf[5]},
     {ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[11])},
-    {per, tonumber(conf[9]) or 1, tonumber(conf[10]) or 0, tonumber(ARGV[12])},
-    ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10])
+    {per, tonumber(conf[6]) or 1, tonumber(conf[7]) or 0, tonumber(ARGV[12])},
+    ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10],
+    function(id) return redis.call('HEXISTS', K.items, id) == 1 end)
   if not ids then return stand end
   entries = stand
 elseif ARGV[5] == 'successive' then
   local stand
   ids, stand, primaries = successive_at_commit(K, {conf[3], conf[4], conf[5]},
     {ARGV[2], ARGV[3], ARGV[4]},
-    {per, tonumber(conf[9]) or 1, tonumber(conf[10]) or 0, tonumber(ARGV[12])},
+    {per, tonumber(conf[6]) or 1, tonumber(conf[7]) or 0, tonumber(ARGV[12])},
     ARGV[7], tonumber(ARGV[8]), draws, ARGV[11], ARGV[10])
   if not ids then return stand end
   entries = stand
@@ -103,10 +105,9 @@ else
   end
   ids = unpack_ids(ARGV[7], tonumber(ARGV[8]))
 end
-local sum = (tonumber(conf[6]) or 0) + (tonumber(conf[7]) or 0)
 local corrected = ''
 if #entries > 0 then corrected = table.concat(ids, ',') end
-local out = {1, redis.call('ZCARD', K.order), fmt(sum), conf[8] or '0', corrected, conf[3] or '',
+local out = {1, redis.call('ZCARD', K.order), '0', '0', corrected, conf[3] or '',
   conf[4] or '0', conf[5] or '', 0}
 if ARGV[6] == '1' then
   local blobs = hmget_chunked(K.items, ids)

@@ -43,6 +43,10 @@ if not more and conf[2] and conf[2] ~= ARGV[1] then
   if uses > 0 then redis.call('HINCRBY', K.meta, 'removed_uses', uses) end
   redis.call('HDEL', K.meta, 'present_uses', 'per_sum', 'per_comp', 'per_nonzero')
   if masslog_on(K) then masslog_reset(K) end
+  local initial = redis.call('HGET', K.meta, 'per_initial')  -- PER: a base of no item
+  if initial and redis.call('HGET', K.meta, 'mass') == 'per' then
+    redis.call('HSET', K.meta, 'per_base', initial)
+  end
   notify_changed(K.meta)
 end
 if not more then

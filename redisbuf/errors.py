@@ -73,6 +73,22 @@ class HeapNotBuiltError(ConfigMismatchError):
     code = "RB_NOHEAP"
 
 
+class NoSnapshotError(ConfigMismatchError):
+    """A draw made by the server (FCALL ``rb_sample_per``) found no snapshot of the
+    buffer's PER priorities of this log epoch (``RB_NOSNAP``): a Python process that
+    samples or reads the buffer writes one."""
+
+    code = "RB_NOSNAP"
+
+
+class SnapshotBehindError(ConfigMismatchError):
+    """A draw made by the server (FCALL ``rb_sample_per``) found more log after the
+    snapshot than one command reads (``RB_BEHIND``): a following sampler writes a newer
+    one every max(5,000, length / 8) rows."""
+
+    code = "RB_BEHIND"
+
+
 class BufferShardedError(ConfigMismatchError):
     """The name is a sharded buffer's (``RB_SHARDED``): a plain buffer of that name
     would hide it, so none is made."""
@@ -335,6 +351,8 @@ SCRIPT_ERRORS: dict[str, type[RedisBufError]] = {
         PrioritizedSamplingOffError,
         PerBusyError,
         HeapNotBuiltError,
+        NoSnapshotError,
+        SnapshotBehindError,
         BufferShardedError,
         BufferNotShardedError,
         InvalidBatchError,

@@ -106,6 +106,7 @@ def per_priorities_by_field(client: Any, buffers: list[Any], field: str) -> dict
     buffer), by the value of its ``field``: ids change on a load, values do not."""
     out = {}
     for buffer in buffers:
-        for item, priority in client.hgetall(buffer.keys.per).items():
-            out[float(buffer.get([int(item)])[field][0])] = float(priority)
+        ids = [int(m) for m in client.zrange(buffer.keys.order, 0, -1)]
+        for item, priority in zip(ids, buffer.priorities(ids).tolist(), strict=True):
+            out[float(buffer.get([item])[field][0])] = priority
     return out

@@ -20,9 +20,12 @@ def _buffer(client: Any, name: str) -> BufferView:
 
 
 def fresh_replica(client: Any, name: str, rule: str) -> MassReplica:
-    """A replica that reads the buffer itself (a scan), not a snapshot of it."""
+    """A replica that reads the buffer itself (a scan), not a snapshot of it; under PER,
+    where the snapshot and the log after it are the priorities, a new replica's read
+    (the snapshot, else the epoch's base, and the log)."""
     replica = MassReplica(rule)
-    replica._load_snapshot = lambda buffer, holder=None: False  # type: ignore[method-assign]
+    if rule != "per":
+        replica._load_snapshot = lambda buffer, holder=None: False  # type: ignore[method-assign]
     replica.load(_buffer(client, name))
     return replica
 
@@ -57,6 +60,11 @@ def assert_tree_sums(replica: MassReplica) -> None:
     assert len(replica) == len(_held(replica))
 
 
+def followed_replica(client: Any, name: str, rule: str) -> MassReplica:
+    """The replica :func:`followed_masses` keeps for buffer ``name`` (as of its last call)."""
+    return _followers[(id(client), name, rule)]
+
+
 def followed_masses(client: Any, name: str, rule: str) -> dict[int, float]:
     """Item id -> mass as seen by a replica that has followed buffer ``name``'s mass log
     since the first call for it (made then by reading the buffer), after checking that
@@ -70,6 +78,15 @@ def followed_masses(client: Any, name: str, rule: str) -> dict[int, float]:
     fresh = fresh_replica(client, name, rule)
     assert replica_scores(follower) == replica_scores(fresh)
     assert follower.positive == fresh.positive and follower.infinite == fresh.infinite
+    assert follower.nonzero == fresh.nonzero
     assert_tree_sums(follower)
     assert_tree_sums(fresh)
     return replica_masses(follower)
+
+
+def stored_priorities(client: Any, name: str) -> dict[int, float]:
+    """Item id -> its PER priority as the server reads it now (lua/priority_read.lua, from
+    the mass log and the snapshot behind it), for every item stored."""
+    buffer = ReplayBuffer(client, name, capacity=None)
+    ids = [int(m) for m in client.zrange(buffer.keys.order, 0, -1)]
+    return dict(zip(ids, buffer.priorities(ids).tolist(), strict=True))

@@ -98,13 +98,14 @@ def test_learner_samples_and_updates_priorities(setup, real_client):
     learner = user("learner")
     reply = _fcall(learner, "rb_sample_uniform", name, 2, 0, 1, bytes(12))
     assert reply[2:4] == [b"000000000001", b"000000000002"]
-    assert _fcall(learner, "rb_update_priority", name, "000000000001", "3.5")[0] == 1
-    assert float(real_client.hget(buffer.keys.per, "000000000001")) == 3.5
+    update = [b"000000000001", np.array([3.5], ">f8").tobytes()]  # one append
+    assert len(_fcall(learner, "rb_update_priority", name, *update)) == 5
+    assert buffer.priorities([1]).tolist() == [3.5]
     _refused(
         real_client,
-        lambda: learner.hset(BufferKeys(other).per, "000000000002", 9),
+        lambda: learner.hset(BufferKeys(other).items, "000000000002", 9),
         lambda: learner.flushdb(),
-        lambda: _fcall(learner, "rb_update_priority", other, "000000000001", "1"),
+        lambda: _fcall(learner, "rb_update_priority", other, *update),
         lambda: learner.execute_command("FUNCTION", "FLUSH"),
     )
 
@@ -226,14 +227,14 @@ def _py_sample_per_and_update(ctx: Context) -> None:
     with ReplayBuffer.open(ctx.url, ctx.name, sampler=PERSampler()) as mine:
         info = mine.sample_with_info(2)
         mine.update_priority(info.ids, [7.0, 7.0])
-    per = BufferKeys(ctx.name).per
-    assert [float(ctx.admin.hget(per, b"%012d" % i)) for i in info.ids] == [7.0, 7.0]
+    read = ReplayBuffer(ctx.admin, ctx.name, capacity=None).priorities(info.ids)
+    assert read.tolist() == [7.0, 7.0]
 
 
 def _py_update(ctx: Context) -> None:
     with ReplayBuffer.open(ctx.url, ctx.name, sampler=PERSampler()) as mine:
         mine.update_priority([1, 2], [3.0, 4.0])
-    assert float(ctx.admin.hget(BufferKeys(ctx.name).per, "000000000002")) == 4.0
+    assert ReplayBuffer(ctx.admin, ctx.name, capacity=None).priorities([2]).tolist() == [4.0]
 
 
 def _py_remove(ctx: Context) -> None:
@@ -302,7 +303,9 @@ def _fcall_sample(ctx: Context) -> None:
 
 
 def _fcall_update(ctx: Context) -> None:
-    assert _user_fcall(ctx, "rb_update_priority", "000000000001", "3.5")[0] == 1
+    update = [b"000000000001", np.array([3.5], ">f8").tobytes()]  # one append
+    assert len(_user_fcall(ctx, "rb_update_priority", *update)) == 5
+    assert ReplayBuffer(ctx.admin, ctx.name, capacity=None).priorities([1]).tolist() == [3.5]
 
 
 def _fcall_read(ctx: Context) -> None:

@@ -8,6 +8,7 @@ import io
 
 import numpy as np
 import pytest
+from replica_helpers import fresh_replica, replica_scores
 
 pytest.importorskip("gymnasium")
 
@@ -122,13 +123,14 @@ def test_apex_learns_cartpole_and_leaves_the_buffer_consistent(redis_server, rea
     stats = buffer.stats()
     assert stats["length"] <= capacity
     assert stats["inserted"] - stats["evicted"] == stats["length"] == result.buffer_length
-    per = real_client.hgetall(keys.per)
-    order = real_client.zrange(keys.order, 0, -1)
+    # the priorities as a new sampler reads them (the snapshot and the log after it)
+    per = replica_scores(fresh_replica(real_client, name, "per"))
+    order = [int(m) for m in real_client.zrange(keys.order, 0, -1)]
     assert len(per) == len(order) == real_client.hlen(keys.items) == stats["length"]
     assert set(per) == set(order)
-    blobs = real_client.hmget(keys.items, list(per))
+    blobs = real_client.hmget(keys.items, [b"%012d" % i for i in per])
     assert all(blob is not None for blob in blobs)  # every prioritized id has its blob
-    priorities = np.array([float(v) for v in per.values()])
+    priorities = np.array(list(per.values()))
     assert np.isfinite(priorities).all() and (priorities >= 0).all()
     assert priorities.max() > 0
 

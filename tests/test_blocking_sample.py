@@ -166,3 +166,46 @@ def test_ctrl_c_interrupts_a_blocked_sample(redis_server, buffer_name) -> None:
         assert "interrupted" in out
     finally:
         proc.kill()
+
+
+_PER_SAMPLER = """
+import sys
+import redisbuf.sampling.waiting as waiting
+waiting.DEFAULT_RECHECK = 600.0  # only a notification can end the wait in this test
+from redisbuf import PERSampler, ReplayBuffer
+buf = ReplayBuffer(sys.argv[1], sys.argv[2], capacity=100, seed=1,
+                   sampler=PERSampler(alpha=1.0, eps=0.0))
+print("ready", flush=True)
+info = buf.sample_with_info(4, block=True, timeout=None)
+print("got", *sorted(set(info.ids.tolist())), flush=True)
+"""
+
+
+@pytest.mark.redis_server
+@pytest.mark.multiprocess
+def test_a_sampler_blocked_on_zero_mass_wakes_on_an_update(redis_server, real_client,
+                                                           buffer_name):
+    """A PER sampler blocked because every priority is 0 (eps 0: nothing can be drawn)
+    wakes when another process's update_priority gives one mass: the update publishes on
+    the change channel as an add does (it once did not, and the waiter slept until its
+    re-check, 2 s by default)."""
+    from redisbuf import PERSampler
+
+    writer = ReplayBuffer(real_client, buffer_name, capacity=100,
+                          sampler=PERSampler(alpha=1.0, eps=0.0))
+    ids = writer.add(_batch(6), priorities=np.zeros(6)).ids.tolist()
+    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-c", _PER_SAMPLER, redis_server.url, buffer_name],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        channel = f"rb:{{{buffer_name}}}:changed"
+        deadline = time.monotonic() + 30
+        while real_client.pubsub_numsub(channel)[0][1] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # harness only: until it is subscribed (blocked)
+        writer.update_priority([ids[2]], [5.0])
+        out, err = proc.communicate(timeout=60)  # far below the 600 s re-check
+        assert proc.returncode == 0, err
+        assert out.split() == ["got", str(ids[2])]
+    finally:
+        proc.kill()

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import redis.connection
 from key_contents import key_contents
+from replica_helpers import fresh_replica, replica_scores, stored_priorities
 
 from redisbuf.buffers.sequence import SequenceBuffer, SequenceKeys
 from redisbuf.errors import RequestTooLargeError
@@ -260,14 +261,16 @@ def test_load_swap_keeps_the_sums_it_no_longer_counts(client, buffer_name, tmp_p
     target.add({"x": np.arange(10, dtype=np.int64), "log_rewards": np.zeros(10)})
     assert target.load(tmp_path / "b.rbuf") == n
     meta = {k.decode(): v.decode() for k, v in client.hgetall(target.keys.meta).items()}
-    per = np.array([float(v) for v in client.hvals(target.keys.per)])
+    stored = stored_priorities(client, buffer_name)  # the restored snapshot, read by the server
+    per = np.array(list(stored.values()))
     uses = sum(int(v) for v in client.hvals(target.keys.uses))
     assert len(per) == n and len(target) == n
     if not saved_with_per:
         assert (per == 2.5).all()
-    assert float(meta["per_sum"]) + float(meta["per_comp"]) == pytest.approx(per.sum(),
-                                                                             rel=1e-12)
-    assert int(meta["per_nonzero"]) == int((per > 0).sum())
+    replica = fresh_replica(client, buffer_name, "per")  # its sums: the snapshot's own
+    assert replica_scores(replica) == stored
+    assert replica.score_sum == pytest.approx(per.sum(), rel=1e-12)
+    assert replica.nonzero == int((per > 0).sum())
     assert float(meta["per_max"]) == per.max()
     assert int(meta["present_uses"]) == uses == 1500
     assert not [k for k in meta if k.startswith(("uses:", "per:"))]

@@ -17,7 +17,8 @@ import pytest
 import redis
 from process_helpers import alive
 
-from redisbuf import ReplayBuffer, cli
+from redisbuf import PERSampler, ReplayBuffer, cli
+from redisbuf.cli.inspect import redis_cli_lines
 from redisbuf.demos.processes import DemoConfig, DemoError, run_demo
 from redisbuf.envs import HyperGrid
 from redisbuf.servers.embedded import EmbeddedServer
@@ -349,6 +350,40 @@ def test_inspect_text_shows_state_and_keys(redis_server, filled):
                  "float32", "Top 2 by log-reward", "1.0000", f"rb:{{{filled.name}}}:items",
                  f"ZREVRANGE 'rb:{{{filled.name}}}:prio' 0 9 WITHSCORES", "memory in Redis"):
         assert text in out, out
+
+
+@pytest.mark.redis_server
+def test_inspect_reads_current_priorities(redis_server, server_client, buffer_name, capsys):
+    buffer = ReplayBuffer(server_client, buffer_name, capacity=8,
+                          sampler=PERSampler(initial_priority=2.0))
+    buffer.add({"obs": np.arange(10, dtype=np.float32)})  # ids 1..10; 1 and 2 evicted
+    buffer.update_priority([3, 5, 1], [0.25, 7.0, 9.0])  # id 1 no longer stored
+    args = ["inspect", buffer_name, "--url", redis_server.url, "--json", "--priority",
+            "3", "5", "4", "1", "99"]
+    assert cli.main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["priorities"] == [
+        {"id": 3, "priority": 0.25}, {"id": 5, "priority": 7.0}, {"id": 4, "priority": 2.0},
+        {"id": 1, "priority": None}, {"id": 99, "priority": None}]
+    # the redis-cli line it prints reads the same (FCALL_RO rb_priority, item 1 there)
+    lines = redis_cli_lines(redis_server.url, buffer)
+    line = next(x for x in lines if "rb_priority" in x)
+    words = line.split("FCALL_RO ", 1)[1].split()
+    keys = [w.strip("'") for w in words[2:-1]]
+    assert int(words[1]) == len(keys)
+    read = server_client.execute_command("FCALL_RO", "rb_priority", len(keys), *keys, 5)
+    assert float(read[0]) == 7.0
+    proc = run_cli("inspect", buffer_name, "--url", redis_server.url, "--priority", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert "priority" in proc.stdout and "7" in proc.stdout
+
+
+@pytest.mark.redis_server
+def test_inspect_priority_of_a_buffer_without_per_is_one_clear_line(
+        redis_server, filled, capsys):
+    code = cli.main(["inspect", filled.name, "--url", redis_server.url, "--priority", "3"])
+    assert code == 1
+    assert_one_error_line(capsys.readouterr().err, "no PER priorities")
 
 
 @pytest.mark.redis_server

@@ -133,8 +133,8 @@ def test_every_script_path_runs_on_a_cluster_slot(cluster_client, tmp_path):
     assert per.save(tmp_path / "per.rb") == 4
     per.clear()
     assert per.load(tmp_path / "per.rb") == 4
-    assert sorted(float(s) for s in cluster_client.hvals(per.keys.per)) == [
-        1.0, 2.0, 3.0, 4.0]
+    stored = [int(m) for m in cluster_client.zrange(per.keys.order, 0, -1)]
+    assert sorted(per.priorities(stored).tolist()) == [1.0, 2.0, 3.0, 4.0]
     assert sorted(int(u) for u in cluster_client.hvals(per.keys.uses)) == uses
     assert len(per.sample_with_info(3).ids) == 3
     used = ReplayBuffer(cluster_client, "used", capacity=8, max_use=1)

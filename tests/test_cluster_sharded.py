@@ -360,7 +360,9 @@ def test_a_shard_that_fails_its_part_of_a_global_draw_leaves_none_recorded(
 
 def test_shards_share_one_running_max_for_new_items(fake_client, buffer_name):
     """PER's new-item rule over shards: a new item gets the highest priority set on any
-    shard (as in one buffer), not its own shard's; ids that were evicted raise nothing."""
+    shard (as in one buffer), not its own shard's. An update is one append, whose ids the
+    server does not look up: a priority given to an id no longer stored raises it too,
+    on every shard (as in one buffer)."""
     from redisbuf import PERSampler
 
     buffer = ShardedReplayBuffer(fake_client, buffer_name, capacity=30, shards=3, seed=2,
@@ -373,15 +375,14 @@ def test_shards_share_one_running_max_for_new_items(fake_client, buffer_name):
     for _ in range(3):  # one add per shard: every shard gets new items
         added = buffer.add({"x": np.arange(2)})
         shard = buffer.shards[int(added.ids[0] % 3)]
-        local = [b"%012d" % (i // 3) for i in added.ids]
-        assert [float(p) for p in fake_client.hmget(shard.keys.per, local)] == [50.0, 50.0]
+        assert shard.priorities(added.ids // 3).tolist() == [50.0, 50.0]
     # explicit priorities raise it too, wherever the batch lands
     buffer.add({"x": np.arange(1)}, priorities=[70.0])
     assert {float(fake_client.hget(s.keys.meta, "per_max")) for s in buffer.shards} == {70.0}
-    # an id no longer stored raises nothing
+    # an id no longer stored: not updated (counted 0), and its priority was given
     gone = (10**6) * 3 + k
     assert buffer.update_priority([gone], [99.0]) == 0
-    assert {float(fake_client.hget(s.keys.meta, "per_max")) for s in buffer.shards} == {70.0}
+    assert {float(fake_client.hget(s.keys.meta, "per_max")) for s in buffer.shards} == {99.0}
 
 
 @pytest.mark.parametrize("reset_by", ["this process", "another process"])
@@ -407,4 +408,4 @@ def test_the_shared_running_max_starts_again_after_a_clear(fake_client, buffer_n
     for _ in range(3):
         added = buffer.add({"x": np.arange(1)})
         shard = buffer.shards[int(added.ids[0] % 3)]
-        assert float(fake_client.hget(shard.keys.per, b"%012d" % (added.ids[0] // 3))) == 50.0
+        assert shard.priorities([added.ids[0] // 3]).tolist() == [50.0]

@@ -16,7 +16,6 @@ from peer_process import Peer
 from test_sampling import chi2, chi2_limit
 
 from redisbuf import PERSampler, ReplayBuffer
-from redisbuf.buffers import priorities as priorities_module
 from redisbuf.sampling import first_read
 from redisbuf.sampling import replica as replica_module
 from redisbuf.sampling.replica import MassReplica, replica_of
@@ -88,9 +87,9 @@ def test_a_stale_draw_follows_the_law_after_another_process_cut_a_priority(
     """The review's scenario: right after another process cut a heavy item's priority from
     9 to 0.5, a draw of 1 from a replica that has not seen the cut: the heavy item must come
     with the current probability (0.5 / 1.5 = 1/3), not the 0.48 a redraw of the whole
-    batch gave; the returned probability says the same. The cutting process either has no
-    replica (its change is logged with the scores it read, a C entry) or a current one (a
-    P entry, with the scores its replica held)."""
+    batch gave; the returned probability says the same. The cutting process has no
+    replica, or a current one: either way its change is one U entry, which carries no
+    score from before the cut."""
     per = {"alpha": 1.0, "eps": 0.0}
     a = peer_factory(capacity=10, per=per)
     sampler = ReplayBuffer(url, buffer_name, capacity=10, sampler=PERSampler(**per), seed=5)
@@ -103,7 +102,7 @@ def test_a_stale_draw_follows_the_law_after_another_process_cut_a_priority(
             a("sample", n=1)  # the writer's replica catches up
         a("update_priority", ids=[heavy], priorities=[0.5])  # the worst moment
         entry = sampler.client.lindex(sampler.keys.masslog, -1)
-        assert entry[:1] == (b"P" if writer_replica else b"C")
+        assert entry[:1] == b"U"
         info = sampler.sample_with_info(1)
         hits += int(info.ids[0] == heavy)
         assert info.probabilities[0] == pytest.approx(1 / 3)
@@ -289,7 +288,7 @@ def _two_writers(url: str, buffer: ReplayBuffer, until_inserted: int, batch: int
         writer.start()
     try:
         deadline = time.monotonic() + 60
-        while buffer.stats()["inserted"] < until_inserted:
+        while _inserted(buffer) < until_inserted:  # (stats() would sync this one's replica)
             assert time.monotonic() < deadline, "the writers did not start adding"
             time.sleep(0.05)
         yield
@@ -328,12 +327,25 @@ def test_a_first_read_finishes_while_two_processes_add(url, buffer_name, monkeyp
         moved = buffer.stats()["inserted"]
     assert moved > capacity + 3000  # writers kept adding during the read
     replica.sync(buffer.view)
-    keys = BufferKeys(buffer_name)
-    truth = {int(k): float(v) for k, v in buffer.client.hgetall(keys.per).items()}
+    truth = _truth(buffer)
     held = ~np.isnan(replica.scores[: replica.count])
     mine = dict(zip(replica.ids[: replica.count][held].tolist(),
                     replica.scores[: replica.count][held].tolist(), strict=True))
     assert mine == truth
+
+
+def _truth(buffer: ReplayBuffer) -> dict[int, float]:
+    """Item id -> PER priority now: a new replica's read (snapshot and log), a random
+    sample of which the server's own read (lua/priority_read.lua) confirms."""
+    fresh = MassReplica("per")
+    fresh.load(buffer.view)
+    held = ~np.isnan(fresh.scores[: fresh.count])
+    out = dict(zip(fresh.ids[: fresh.count][held].tolist(),
+                   fresh.scores[: fresh.count][held].tolist(), strict=True))
+    ids = np.array(sorted(out), dtype=np.int64)
+    some = np.random.default_rng(0).choice(ids, min(64, len(ids)), replace=False)
+    assert buffer.priorities(some).tolist() == [out[int(i)] for i in some]
+    return out
 
 
 def _inserted(buffer: ReplayBuffer) -> int:
@@ -368,7 +380,10 @@ def test_a_first_read_keeps_the_log_until_it_has_caught_up(url, buffer_name, mon
                               seed=1)
     _fill(buffer, capacity)
     buffer.sample(2)  # prioritized sampling on (the mass log kept)
-    floats = first_read._floats
+    if rule == "per":  # no snapshot: the read is of the epoch's base and the whole log
+        buffer.client.delete(BufferKeys(buffer_name).snap)
+        buffer.client.hdel(BufferKeys(buffer_name).meta, "snap_epoch", "snap_version")
+    scan = first_read._scan
     read_scores = replica_module.read_scores
     attempts = parsed = applied = 0
 
@@ -378,12 +393,13 @@ def test_a_first_read_keeps_the_log_until_it_has_caught_up(url, buffer_name, mon
         parsed = applied = 0
         return read_scores(*args)
 
-    def slow(values):  # mid-read, the writers log 2 x 20,000 rows (an add, an eviction)
+    def slow(*args):  # mid-read, the writers log 2 x 20,000 rows (an add, an eviction)
         nonlocal parsed
-        parsed += 1
-        if parsed == 2:
-            _inserted_past(buffer, _inserted(buffer) + 20_000)
-        return floats(values)
+        for step in scan(*args):
+            parsed += 1
+            if parsed == 2:
+                _inserted_past(buffer, _inserted(buffer) + 20_000)
+            yield step
 
     apply = MassReplica.apply
 
@@ -397,7 +413,7 @@ def test_a_first_read_keeps_the_log_until_it_has_caught_up(url, buffer_name, mon
     with _two_writers(url, buffer, capacity + 2000, batch=512):
         monkeypatch.setattr(first_read, "_SCAN_COUNT", 2000)
         monkeypatch.setattr(replica_module, "read_scores", reading)
-        monkeypatch.setattr(first_read, "_floats", slow)
+        monkeypatch.setattr(first_read, "_scan", slow)
         monkeypatch.setattr(MassReplica, "apply", applying)
         replica = MassReplica(rule)
         replica.load(buffer.view)
@@ -406,7 +422,7 @@ def test_a_first_read_keeps_the_log_until_it_has_caught_up(url, buffer_name, mon
     replica.sync(buffer.view)
     keys = BufferKeys(buffer_name)
     if rule == "per":
-        truth = {int(k): float(v) for k, v in buffer.client.hgetall(keys.per).items()}
+        truth = _truth(buffer)
     else:
         truth = {int(m): s for m, s in buffer.client.zrange(keys.prio, 0, -1, withscores=True)}
     held = ~np.isnan(replica.scores[: replica.count])
@@ -507,45 +523,44 @@ def test_clear_drop_and_a_session_switch_of_a_large_buffer_are_no_long_command(
 
 
 @pytest.mark.parametrize("change", ["rescore", "evict"])
-def test_an_update_built_from_a_replica_made_stale_reads_the_items(
+def test_an_update_sent_from_a_replica_made_stale_applies_in_the_logs_order(
     url, buffer_name, peer_factory, monkeypatch, change
 ):
-    """This process's replica is current when it builds its update (the "@" form, with the
-    scores the replica holds); a spawned process then changes the same items before the
-    script runs: re-scores two of them, or adds items that evict them. The script must not
-    trust the scores sent: it reads the items (a C entry), skips the evicted ones, and the
-    sums and this process's replica come out exact."""
+    """This process's replica is current when it sends its update (with the replica's
+    version); a spawned process then changes the same items before the script runs:
+    re-scores two of them, or adds items that evict them. The update's entry lands after
+    the peer's: replicas apply both in that order, so this update's priorities win where
+    the items are still stored and the evicted ones are skipped; the count (by this
+    process's replica, caught up from the reply) and every reader come out exact."""
     per = {"alpha": 1.0, "eps": 0.0}
     peer = peer_factory(capacity=4, per=per)
     mine = ReplayBuffer(url, buffer_name, capacity=4, sampler=PERSampler(**per), seed=1)
     ids = mine.add(_batch(np.zeros(4)), priorities=[1.0, 2.0, 3.0, 4.0]).ids.tolist()
     mine.sample(2)  # current from here
     added: list[int] = []
-    built = priorities_module._from_replica
+    run = mine._run
 
-    def then_the_peer_changes_them(*args):
-        out = built(*args)
-        if change == "rescore":
-            peer("update_priority", ids=ids[:2], priorities=[7.0, 8.0])
-        else:  # FIFO at capacity 4: the two oldest go
-            added.extend(peer("add", log_rewards=[0.0, 0.0], priorities=[5.0, 5.0]))
-        return out
+    def then_the_peer_changes_them(name, keys, args, *rest):
+        if name == "update_priority":
+            if change == "rescore":
+                peer("update_priority", ids=ids[:2], priorities=[7.0, 8.0])
+            else:  # FIFO at capacity 4: the two oldest go
+                added.extend(peer("add", log_rewards=[0.0, 0.0], priorities=[5.0, 5.0]))
+        return run(name, keys, args, *rest)
 
-    monkeypatch.setattr(priorities_module, "_from_replica", then_the_peer_changes_them)
+    monkeypatch.setattr(mine, "_run", then_the_peer_changes_them)
     updated = mine.update_priority(ids[:3], [0.5, 0.25, 6.0])
-    assert mine.client.lindex(mine.keys.masslog, -1)[:2] == b"C|"
+    monkeypatch.undo()
+    assert mine.client.lindex(mine.keys.masslog, -1)[:2] == b"U|"
     if change == "rescore":
         expected = {ids[0]: 0.5, ids[1]: 0.25, ids[2]: 6.0, ids[3]: 4.0}
     else:
         expected = {ids[2]: 6.0, ids[3]: 4.0, added[0]: 5.0, added[1]: 5.0}
     assert updated == (3 if change == "rescore" else 1)
-    stored = {int(k): float(v) for k, v in mine.client.hgetall(mine.keys.per).items()}
-    assert stored == expected
-    total, comp, nonzero = mine.client.hmget(mine.keys.meta, "per_sum", "per_comp",
-                                             "per_nonzero")
-    assert float(total) + float(comp) == sum(expected.values()) and int(nonzero) == 4
-    mine.sample(1)  # catches up
-    replica = replica_of(mine.view, "per")
+    replica = replica_of(mine.view, "per")  # caught up by the update's reply
+    assert replica.version == int(mine.client.hget(mine.keys.meta, "log_version"))
+    assert replica.score_sum == sum(expected.values()) and replica.nonzero == 4
     held = list(expected)
     assert replica.scores[replica.slots_of(np.array(held))].tolist() == [expected[i]
                                                                          for i in held]
+    assert _truth(mine) == expected

@@ -182,25 +182,101 @@ def test_rb_sample_uniform_returns_python_records_and_counts_the_draw(client, bu
         client.fcall("rb_sample_uniform", len(keys), *keys, 3, 0, 1, b"short")
 
 
+def _update_args(ids, priorities) -> list[bytes]:
+    """rb_update_priority's arguments: 12-digit ids back to back, big-endian doubles."""
+    return [b"".join(b"%012d" % i for i in ids), np.asarray(priorities, ">f8").tobytes()]
+
+
 def test_rb_update_priority_moves_the_python_samplers_draws(client, buffer_name):
     buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(alpha=1.0))
     buffer.add(_batch(4))
     keys = buffer.keys.all_keys()
-    reply = client.fcall(
-        "rb_update_priority", len(keys), *keys,
-        "000000000001", "0", "000000000002", "0", "000000000003", "0", "000000000004", "5",
-        "000000000099", "1",  # not stored: skipped
-    )
-    assert reply[0] == 4
+    # 99 is not stored: the replicas skip it (the server looks no id up, and counts none)
+    reply = client.fcall("rb_update_priority", len(keys), *keys,
+                         *_update_args([1, 2, 3, 4, 99], [0, 0, 0, 5, 1]))
+    assert int(reply[2]) == int(reply[1]) + 1 and len(reply) == 5  # one entry, appended
     info = buffer.sample_with_info(8, replacement=True)
     assert info.ids.tolist() == [4] * 8
     before = _snapshot(client, buffer_name)
-    with pytest.raises(redis.exceptions.ResponseError, match="RB_INVALID"):
-        client.fcall("rb_update_priority", len(keys), *keys, "000000000001", "-1")
+    for bad in (-1.0, np.nan, np.inf):
+        with pytest.raises(redis.exceptions.ResponseError, match="RB_INVALID priority 0"):
+            client.fcall("rb_update_priority", len(keys), *keys, *_update_args([1], [bad]))
+    with pytest.raises(redis.exceptions.ResponseError, match="RB_INVALID the ids are 12"):
+        client.fcall("rb_update_priority", len(keys), *keys, b"1", bytes(8))
     assert _snapshot(client, buffer_name) == before
     # PER priorities given with rb_add (options JSON, as ReplayBuffer.add(priorities=))
     assert _fcall_add(client, buffer_name, _batch(1, 4), options='{"per_priorities":["7"]}')
-    assert float(client.hget(buffer.keys.per, "000000000005")) == 7.0
+    reader = [buffer.keys.meta, buffer.keys.order, buffer.keys.masslog, buffer.keys.snap,
+              buffer.keys.per_heap, buffer.keys.per]
+    assert client.fcall_ro("rb_priority", len(reader), *reader, 5, 4, 1, 99) == [
+        b"7", b"5", b"0", None]
+
+
+def test_rb_priority_reads_the_log_then_the_snapshot(client, buffer_name):
+    """rb_priority answers every item's current priority from where the priorities are:
+    the newest entry naming it, else the snapshot behind the log, else the epoch's base
+    (items present when PER was turned on), and nothing for an item not stored."""
+    plain = ReplayBuffer(client, buffer_name, capacity=11)
+    plain.add(_batch(3))  # present when PER is turned on: the base, 2.5
+    buffer = ReplayBuffer(client, buffer_name, capacity=11,
+                          sampler=PERSampler(alpha=1.0, initial_priority=2.5), seed=1)
+    reader = [buffer.keys.meta, buffer.keys.order, buffer.keys.masslog, buffer.keys.snap,
+              buffer.keys.per_heap, buffer.keys.per]
+
+    def read(*ids):
+        return [None if v is None else float(v)
+                for v in client.fcall_ro("rb_priority", len(reader), *reader, *ids)]
+
+    assert read(1, 2, 3) == [2.5, 2.5, 2.5]
+    buffer.add(_batch(6), priorities=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])  # ids 4..9
+    buffer.update_priority([2, 5, 40], [0.5, 9.0, 8.0])
+    buffer.sample(2)  # a first read: it writes a snapshot of all this
+    assert client.hget(buffer.keys.snap, "header") is not None
+    buffer.update_priority([4], [7.5])  # logged after the snapshot
+    buffer.add(_batch(4))  # ids 10..13: the two oldest (1, 2) evicted
+    assert read(1, 2, 3, 4, 5, 9, 13, 40) == [None, None, 2.5, 7.5, 9.0, 6.0, 9.0, None]
+    assert buffer.priorities([3, 4, 13]).tolist() == [2.5, 7.5, 9.0]  # the same script
+    with pytest.raises(redis.exceptions.ResponseError, match="RB_LIMIT"):
+        read(*range(1, 18))
+
+
+def test_rb_sample_per_draws_by_the_current_priorities(client, buffer_name):
+    """A client without a replica draws by PER on the server: from the snapshot a Python
+    sampler published and the log after it (an update, an add and its evictions since),
+    every draw at the current law (chi-square), never an evicted item, each draw's
+    priority now returned and its use counted; no snapshot yet: RB_NOSNAP."""
+    from test_sampling import chi2, chi2_limit
+
+    buffer = ReplayBuffer(client, buffer_name, capacity=8,
+                          sampler=PERSampler(alpha=1.0, eps=0.0), seed=1)
+    buffer.add(_batch(6), priorities=[1.0, 2.0, 3.0, 4.0, 0.0, 6.0])  # ids 1..6
+    keys = [*buffer.keys.all_keys(), buffer.keys.snap]
+    with pytest.raises(redis.exceptions.ResponseError, match="RB_NOSNAP"):
+        client.fcall("rb_sample_per", len(keys), *keys, 4, bytes(6 * 64 * 4), 0)
+    buffer.sample(2)  # the Python sampler's first read publishes a snapshot
+    buffer.update_priority([2, 3], [10.0, 0.0])
+    buffer.add(_batch(4), priorities=[5.0, 5.0, 1.0, 0.0])  # ids 7..10: 1 and 2 evicted
+    law = {4: 4.0, 6: 6.0, 7: 5.0, 8: 5.0, 9: 1.0}
+    total = sum(law.values())
+    rng = np.random.default_rng(3)
+    seen: dict[int, int] = {}
+    draws = 0
+    sampled = int(client.hget(buffer.keys.meta, "sampled"))
+    for _ in range(60):
+        reply = client.fcall("rb_sample_per", len(keys), *keys, 50, rng.bytes(6 * 16 * 50), 1)
+        count = int(reply[0])
+        ids = [int(i) for i in reply[2].split(b",")] if count else []
+        priorities = [float(p) for p in reply[3].split(b",")] if count else []
+        assert [law[i] for i in ids] == priorities
+        assert reply[4:] == [buffer.client.hget(buffer.keys.items, b"%012d" % i) for i in ids]
+        for i in ids:
+            seen[i] = seen.get(i, 0) + 1
+        draws += count
+    assert draws > 2500 and set(seen) <= set(law)
+    counts = np.array([seen.get(i, 0) for i in law])
+    expected = np.array([draws * law[i] / total for i in law])
+    assert chi2(counts, expected) < chi2_limit(len(law) - 1)
+    assert int(client.hget(buffer.keys.meta, "sampled")) == sampled + draws
 
 
 def test_every_function_refuses_a_wrong_number_of_keys_before_it_runs(client, buffer_name):
@@ -210,7 +286,7 @@ def test_every_function_refuses_a_wrong_number_of_keys_before_it_runs(client, bu
     buffer.add(_batch(4))
     keys = buffer.keys.all_keys()
     before = _snapshot(client, buffer_name)
-    for function, args in (("rb_update_priority", ["000000000001", "5"]),
+    for function, args in (("rb_update_priority", _update_args([1], [5.0])),
                            ("rb_sample_uniform", [1, 0, 1, bytes(6)]),
                            ("rb_add", [_schema(_batch(1)), 1, "", b"x", "0"])):
         for wrong in (keys[:12], [*keys, keys[0], keys[1]], []):
@@ -221,10 +297,10 @@ def test_every_function_refuses_a_wrong_number_of_keys_before_it_runs(client, bu
     update = next(f for f in plain if f.startswith("rbs_update_priority_") and "_ro_" not in f
                   and "_once_" not in f)
     with pytest.raises(redis.exceptions.ResponseError, match="takes 13 keys, got 2"):
-        client.fcall(update, 2, *keys[:2], "000000000001", "5")
+        client.fcall(update, 2, *keys[:2], *_update_args([1], [5.0]))
     remembering = next(f for f in plain if f.startswith("rbs_update_priority_once_"))
     with pytest.raises(redis.exceptions.ResponseError, match="takes 15 keys, got 13"):
-        client.fcall(remembering, 13, *keys, "000000000001", "5")
+        client.fcall(remembering, 13, *keys, *_update_args([1], [5.0]))
     assert _snapshot(client, buffer_name) == before
 
 

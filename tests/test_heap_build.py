@@ -1,10 +1,12 @@
-"""The priority heap of the MaxHeap / MinHeap selectors by PER priority is built a bounded
-slice a call (lua/heap_build.lua); changes made between the slices (updates, adds,
-evictions, removals by max_use) are kept, so the built heap is exactly the per hash."""
+"""The priority heap of the MaxHeap / MinHeap selectors by PER priority is built from a
+replica of the priorities a bounded slice a call (lua/heap_build.lua); changes made
+between the slices (updates, adds, evictions) are kept, so the built heap is exactly the
+priorities the server reads."""
 
 from __future__ import annotations
 
 import numpy as np
+from replica_helpers import stored_priorities
 
 from redisbuf import PERSampler, ReplayBuffer
 from redisbuf.sampling.selectors import MaxHeapSampler, MinHeapSampler, build_heap
@@ -18,7 +20,7 @@ def _heap(client, keys) -> dict[int, float]:
 
 
 def _per(client, keys) -> dict[int, float]:
-    return {int(k): float(v) for k, v in client.hgetall(keys.per).items()}
+    return stored_priorities(client, keys.name)
 
 
 def test_changes_between_slices_are_kept(client, buffer_name) -> None:
@@ -28,20 +30,30 @@ def test_changes_between_slices_are_kept(client, buffer_name) -> None:
         n = min(1000, N - start)
         buffer.add({"x": np.zeros((n, 1), np.float32)}, priorities=rng.random(n))
     keys = buffer.keys
-    calls = 0
-    while not int(buffer._run("heap_build", keys.all_keys(), [])):
-        calls += 1
-        # between two slices: re-prioritise items (some copied already, some not), add
-        # items (which evict the oldest) and nothing of it may be lost
-        ids = [int(m) for m in client.zrange(keys.order, 0, -1)]
-        chosen = rng.choice(ids, 300, replace=False)
-        buffer.update_priority(chosen, rng.random(300) * 10)
-        buffer.add({"x": np.zeros((50, 1), np.float32)}, priorities=rng.random(50) + 20)
-        assert client.hget(keys.meta, "per_heap") == b"b"
-    assert calls >= 2  # sliced: N is over the per-command bound
+    writer = ReplayBuffer(client, buffer_name, capacity=N, sampler=PERSampler())
+    run, steps = buffer._run, []
+
+    def changing(name, keys_, args, *rest):
+        reply = run(name, keys_, args, *rest)
+        if name == "heap_build" and args[0] in ("start", "slice"):
+            steps.append(args[0])
+            # after the start and between two slices another process re-prioritises items
+            # (some copied already, some not), adds items (which evict the oldest): none
+            # of it may be lost
+            ids = [int(m) for m in client.zrange(keys.order, 0, -1)]
+            chosen = rng.choice(ids, 300, replace=False)
+            writer.update_priority(chosen, rng.random(300) * 10)
+            writer.add({"x": np.zeros((50, 1), np.float32)}, priorities=rng.random(50) + 20)
+            assert client.hget(keys.meta, "per_heap") == b"b"
+        return reply
+
+    buffer._run = changing
+    build_heap(buffer.view)
+    buffer._run = run
+    assert steps.count("slice") >= 2  # sliced: N is over the per-command bound
     assert client.hget(keys.meta, "per_heap") == b"1"
     assert _heap(client, keys) == _per(client, keys)
-    buffer.update_priority([int(client.zrange(keys.order, 0, 0)[0])], [99.0])  # kept now
+    writer.update_priority([int(client.zrange(keys.order, 0, 0)[0])], [99.0])  # kept now
     assert _heap(client, keys) == _per(client, keys)
 
 

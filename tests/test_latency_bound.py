@@ -18,6 +18,7 @@ from command_work import watched
 
 from redisbuf import PERSampler, ReplayBuffer, SequenceBuffer
 from redisbuf.sampling import first_read
+from redisbuf.sampling.replica import MassReplica
 from redisbuf.store import bounds, functions
 
 pytestmark = pytest.mark.redis_server
@@ -110,9 +111,10 @@ def test_load_over_a_large_buffer_stays_bounded(filled, tmp_path):
     try:
         for _ in range(2):
             assert _bounded(url, lambda: target.load(tmp_path / "all.rbuf"), "load") == ITEMS
-        assert len(target) == ITEMS and target.client.hlen(target.keys.per) == ITEMS
-        meta = target.client.hmget(target.keys.meta, "per_sum", "per_nonzero")
-        assert float(meta[0]) == pytest.approx(2.0 * ITEMS) and int(meta[1]) == ITEMS
+        replica = MassReplica("per")  # the restored snapshot: every item, at 2.0
+        replica.load(target.view)
+        assert len(target) == ITEMS and len(replica) == ITEMS
+        assert replica.score_sum == pytest.approx(2.0 * ITEMS) and replica.nonzero == ITEMS
     finally:
         target.drop()
 

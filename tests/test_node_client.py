@@ -124,8 +124,9 @@ def test_node_and_python_share_buffers_bit_exact(redis_server, real_client, tmp_
 
     assert real_client.hget(learner.keys.meta, "schema").decode() == schema_to_json(schema)
     # Node's own update_priority landed (the learner may have changed them since: present)
-    assert real_client.hget(learner.keys.per, b"%012d" % added[1]["id"]) is not None
+    assert not np.isnan(learner.priorities([added[1]["id"]])).any()
     learner.close()
     with pytest.raises(redis.exceptions.ResponseError, match="RB_CONFIG"):
         keys = ReplayBuffer(real_client, "py2node", capacity=100).keys.all_keys()
-        real_client.fcall("rb_update_priority", len(keys), *keys, b"%012d" % ids[0], "1")
+        real_client.fcall("rb_update_priority", len(keys), *keys, b"%012d" % ids[0],
+                          np.array([1.0], ">f8").tobytes())

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from replica_helpers import followed_masses
+from replica_helpers import followed_masses, followed_replica, stored_priorities
 from test_bad_input import snapshot
 
 from redisbuf import BufferKeys, PERSampler, PrioritizedSampler, ReplayBuffer
@@ -33,7 +33,7 @@ def batch(values, rewards=None):
 
 
 def per_scores(client, name: str) -> dict[int, float]:
-    return {int(m): float(s) for m, s in client.hgetall(BufferKeys(name).per).items()}
+    return stored_priorities(client, name)
 
 
 def leaf_masses(client, name: str) -> dict[int, float]:
@@ -48,12 +48,11 @@ def assert_matches(client, name: str, model: dict[int, float], alpha: float, eps
     assert stored == model
     keys = BufferKeys(name)
     assert {int(m) for m in client.zrange(keys.order, 0, -1)} == set(model)
-    meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
-    nonzero = [p for p in model.values() if p != 0]
-    assert int(meta.get("per_nonzero", 0)) == len(nonzero)
-    total_p = float(meta.get("per_sum", 0)) + float(meta.get("per_comp", 0))
-    assert total_p == pytest.approx(math.fsum(nonzero), rel=1e-12, abs=1e-12)
     masses = leaf_masses(client, name)
+    follower = followed_replica(client, name, "per")
+    nonzero = [p for p in model.values() if p != 0]
+    assert follower.nonzero == len(nonzero)
+    assert follower.score_sum == pytest.approx(math.fsum(nonzero), rel=1e-12, abs=1e-12)
     assert set(masses) == set(model)
     expected = {i: (p + eps) ** alpha for i, p in model.items()}
     top = max(expected.values(), default=0.0)
@@ -99,7 +98,10 @@ def test_priorities_follow_the_model_after_every_step(
     model: dict[int, float] = {}
     rewards: dict[int, float] = {}
     order: list[int] = []
-    running_max = initial  # the new-item rule: the highest priority ever set, or initial
+    # the new-item rule: the highest priority ever given, or initial (an update is one
+    # append: the server does not look up its ids, so a priority given to an id no
+    # longer stored raises the running max too)
+    running_max = initial
     for op in ops:
         if op[0] == "add":
             values = op[1]
@@ -128,9 +130,9 @@ def test_priorities_follow_the_model_after_every_step(
             updated = buffer.update_priority(ids, values)
             assert updated == len([i for i in latest if i in model])
             for item_id, value in latest.items():
+                running_max = max(running_max, value)
                 if item_id in model:
                     model[item_id] = value
-                    running_max = max(running_max, value)
         assert_matches(client, buffer_name, model, alpha, eps)
 
 
@@ -194,23 +196,30 @@ def test_update_priority_skips_evicted_ids_and_counts_distinct_ids(client, buffe
     assert buffer.update_priority([], []) == 0
 
 
-def test_the_script_stores_any_spelling_of_a_priority_as_a_plain_decimal(client, buffer_name):
-    # another client may send "0x1p3" or " 2.5": Lua reads them, numpy replicas would not
+def update_args(ids, values) -> list[bytes]:
+    """lua/update_priority.lua's arguments: 12-digit ids, big-endian doubles."""
+    return [b"".join(b"%012d" % i for i in ids), np.asarray(values, ">f8").tobytes()]
+
+
+def test_the_script_takes_binary_priorities_checked_in_bulk(client, buffer_name):
+    # another client (FCALL rb_update_priority) sends the wire form itself: the script
+    # checks it whole, refuses malformed ids and lengths, and reads -0.0 as 0
     buffer = ReplayBuffer(client, buffer_name, capacity=5, sampler=PERSampler())
     ids = buffer.add(batch([0, 1, 2])).ids.tolist()
     keys = BufferKeys(buffer_name)
-    pairs = [b"%012d" % ids[0], "0x1p3", b"%012d" % ids[1], " 2.5", b"%012d" % ids[2], "1e-3",
-             b"%012d" % ids[0], "0x1p2"]  # a repeated id: its last priority wins
-    assert buffer._run("update_priority", keys.all_keys(), pairs)[0] == 3
-    stored = client.hmget(keys.per, *[b"%012d" % i for i in ids])
-    assert stored == [b"4", b"2.5", b"1e-3"]
-    packed = b"".join(b"%012d" % i for i in ids)
-    assert buffer._run("update_priority", keys.all_keys(), [packed, "12", "0X1P1,7,\t3"])[0] == 3
-    assert client.hmget(keys.per, *[b"%012d" % i for i in ids]) == [b"2", b"7", b"3"]
-    meta = client.hgetall(keys.meta)
-    assert float(meta[b"per_sum"]) + float(meta[b"per_comp"]) == 12.0
-    # 8 was never set: the same call overrode it
-    assert int(meta[b"per_nonzero"]) == 3 and float(meta[b"per_max"]) == 7.0
+    reply = buffer._run("update_priority", keys.all_keys(),
+                        update_args([ids[0], ids[1], ids[2], ids[0]], [8.0, 2.5, -0.0, 4.0]))
+    assert int(reply[2]) == int(reply[1]) + 1  # one entry: its versions before and after
+    assert per_scores(client, buffer_name) == {ids[0]: 4.0, ids[1]: 2.5, ids[2]: 0.0}
+    assert float(client.hget(keys.meta, "per_max")) == 8.0  # 8 was given, then overridden
+    before = snapshot(client, buffer_name)
+    packed, values = update_args(ids[:2], [1.0, 2.0])
+    for bad, match in (([packed[:-1], values], "12 decimal digits"),
+                       ([packed[:11] + b"x" + packed[12:], values], "12 decimal digits"),
+                       ([packed, values[:-8]], "8 bytes of priorities for 2 ids")):
+        with pytest.raises(InvalidBatchError, match=match):
+            buffer._run("update_priority", keys.all_keys(), bad)
+    assert snapshot(client, buffer_name) == before
 
 
 @pytest.mark.parametrize("bad", [math.nan, -1.0, math.inf, -math.inf])
@@ -225,10 +234,8 @@ def test_bad_priorities_raise_and_change_nothing(client, buffer_name, bad):
     assert snapshot(client, buffer_name) == before
     # the script refuses on its own too (another client could skip the Python checks)
     keys = BufferKeys(buffer_name)
-    text = {math.inf: "inf", -math.inf: "-inf"}.get(bad, repr(bad))
     with pytest.raises(InvalidBatchError, match="priority 1"):
-        buffer._run("update_priority", keys.all_keys(), [b"%012d" % ids[0], "1", b"%012d" % ids[1],
-                                                          text])
+        buffer._run("update_priority", keys.all_keys(), update_args(ids[:2], [1.0, bad]))
     assert snapshot(client, buffer_name) == before
 
 

@@ -1,7 +1,8 @@
-"""``update_priority`` from a process whose replica is current: the server reads no item
-and logs a P entry carrying the scores before (lua/update_priority.lua's "@" form); a
-replica behind falls back to reading the items; a sampler behind corrects its draw by
-P entries as by C ones (lua/_correct.lua)."""
+"""``update_priority`` is one append of a U entry (lua/update_priority.lua): the server
+reads no item whatever the caller's replica holds; the caller's replica applies the
+entry (directly when it was the only change, else through the entries the reply carries)
+and counts the ids stored at its point of the log; a sampler behind corrects its draw by
+U entries as by C ones (lua/_correct.lua)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ import math
 
 import numpy as np
 import pytest
-from test_bad_input import snapshot
+from replica_helpers import stored_priorities
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer
-from redisbuf.buffers.priorities import PER_SUM_CAP, _from_replica
-from redisbuf.errors import InvalidBatchError
+from redisbuf.buffers.priorities import PER_SUM_CAP
 from redisbuf.sampling.replica import replica_of
 
 
@@ -25,15 +25,21 @@ def last_entry(client, name: str) -> bytes:
     return client.lindex(BufferKeys(name).masslog, -1)
 
 
-def per_state(client, name: str) -> tuple[dict[int, float], float, int, float]:
-    """The per hash, and meta's per_sum (with its compensation), per_nonzero, per_max."""
-    keys = BufferKeys(name)
-    per = {int(k): float(v) for k, v in client.hgetall(keys.per).items()}
-    meta = client.hmget(keys.meta, "per_sum", "per_comp", "per_nonzero", "per_max")
-    return per, float(meta[0]) + float(meta[1] or 0), int(meta[2]), float(meta[3])
+def per_state(client, name: str, replica=None) -> tuple[dict[int, float], float, int, float]:
+    """The stored priorities (as the server reads them), the sum (capped) and non-zero
+    count of a replica's (``replica``, else a new one reading the buffer) and meta's
+    per_max."""
+    buffer = ReplayBuffer(client, name, capacity=None)
+    if replica is None:
+        replica = replica_of(buffer.view, "per")
+    with replica.lock:
+        replica.sync(buffer.view)
+        total, nonzero = replica.score_sum, replica.nonzero
+    top = float(client.hget(BufferKeys(name).meta, "per_max"))
+    return stored_priorities(client, name), total, nonzero, top
 
 
-def test_a_current_replica_updates_without_reading_items(client, buffer_name):
+def test_a_current_replica_updates_with_one_append(client, buffer_name):
     buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(), seed=1)
     ids = buffer.add(batch(6)).ids.tolist()
     buffer.sample(2)  # the replica is current from here
@@ -41,7 +47,7 @@ def test_a_current_replica_updates_without_reading_items(client, buffer_name):
     assert buffer.update_priority(
         [ids[0], ids[1], 999, ids[0], ids[2], ids[3]], [2.0, 0.0, 7.0, 0.25, 5e-324, 1e300]
     ) == 4
-    assert last_entry(client, buffer_name).startswith(b"P|4|")
+    assert last_entry(client, buffer_name).startswith(b"U|5|")  # 999 too: not looked up
     per, total, nonzero, top = per_state(client, buffer_name)
     assert per == {ids[0]: 0.25, ids[1]: 0.0, ids[2]: 5e-324, ids[3]: 1e300,
                    ids[4]: 1.0, ids[5]: 1.0}
@@ -51,51 +57,31 @@ def test_a_current_replica_updates_without_reading_items(client, buffer_name):
     assert replica.version == int(client.hget(BufferKeys(buffer_name).meta, "log_version"))
     held = replica.slots_of(np.array(ids))
     assert replica.scores[held].tolist() == [per[i] for i in ids]
-    # back from 1e300: the sums follow the scores before, sent by the replica
+    # back from 1e300: the replica's sums follow the scores
     assert buffer.update_priority([ids[3], ids[1]], [3.0, 0.5]) == 2
-    per, total, nonzero, _ = per_state(client, buffer_name)
+    per, total, nonzero, _ = per_state(client, buffer_name, replica)
     assert total == pytest.approx(math.fsum(per.values()), rel=1e-12) and nonzero == 6
 
 
-def test_a_replica_behind_falls_back_to_reading_the_items(client, buffer_name):
+def test_a_replica_behind_catches_up_from_the_reply(client, buffer_name):
     mine = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(), seed=1)
     ids = mine.add(batch(3)).ids.tolist()
     mine.sample(2)
     other = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler())
     added = other.add(batch(1)).ids.tolist()[0]  # mine's replica does not hold it yet
     assert mine.update_priority([added, ids[0]], [6.0, 4.0]) == 2
-    assert last_entry(client, buffer_name).startswith(b"C|2|")
-    per, total, nonzero, top = per_state(client, buffer_name)
+    assert last_entry(client, buffer_name).startswith(b"U|2|")
+    replica = replica_of(mine.view, "per")
+    assert replica.version == int(client.hget(BufferKeys(buffer_name).meta, "log_version"))
+    per, total, nonzero, top = per_state(client, buffer_name, replica)
     assert per == {ids[0]: 4.0, ids[1]: 1.0, ids[2]: 1.0, added: 6.0}
     assert total == 12.0 and nonzero == 4 and top == 6.0
 
 
-def test_the_at_form_refuses_what_the_packed_form_refuses(client, buffer_name):
-    # another client could send the "@" form itself: a priority that is not finite, a
-    # negative one or a non-plain spelling is checked by the server as in the other forms
-    buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(), seed=1)
-    ids = buffer.add(batch(2)).ids
-    buffer.sample(1)
-    replica = replica_of(buffer.view, "per")
-    keys = BufferKeys(buffer_name)
-    for text in ("1e999", "-2", "nan"):
-        *_, args = _from_replica(replica, ids, np.array([1.0, 2.0]))
-        args[5] = "1.0," + text
-        before = snapshot(client, buffer_name)
-        with pytest.raises(InvalidBatchError, match="priority 1"):
-            buffer._run("update_priority", keys.all_keys(), args)
-        assert snapshot(client, buffer_name) == before
-    *_, args = _from_replica(replica, ids, np.array([1.0, 2.0]))
-    args[5] = "0x1p3, 2.5"  # read by Lua, not by numpy: stored as plain decimals
-    assert buffer._run("update_priority", keys.all_keys(), args)[0] == 2
-    assert client.hmget(keys.per, *[b"%012d" % i for i in ids]) == [b"8", b"2.5"]
-    assert last_entry(client, buffer_name).startswith(b"C|2|")
-
-
-def test_a_sampler_behind_corrects_its_draw_by_p_entries(client, buffer_name):
-    """Another buffer object (its own replica, current) cuts a heavy item from 9 to 0.5
-    right before this one's draw of 1, every round: the draw stands at the law after the
-    cut (1/3), reported and observed, through the P entry's scores before."""
+def test_a_sampler_behind_corrects_its_draw_by_u_entries(client, buffer_name):
+    """Another buffer object cuts a heavy item from 9 to 0.5 right before this one's draw
+    of 1, every round: the draw stands at the law after the cut (1/3), reported and
+    observed, though the U entry carries no score from before the cut."""
     per = {"alpha": 1.0, "eps": 0.0}
     sampler = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(**per), seed=3)
     writer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(**per), seed=4)
@@ -105,7 +91,7 @@ def test_a_sampler_behind_corrects_its_draw_by_p_entries(client, buffer_name):
         sampler.update_priority([heavy], [9.0])
         writer.sample(1)  # the writer's replica is current
         writer.update_priority([heavy], [0.5])
-        assert last_entry(client, buffer_name).startswith(b"P|1|")
+        assert last_entry(client, buffer_name).startswith(b"U|1|")
         info = sampler.sample_with_info(1)
         hits += int(info.ids[0] == heavy)
         assert info.probabilities[0] == pytest.approx(1 / 3)
@@ -137,14 +123,14 @@ def test_an_update_whose_replica_another_thread_caught_up_meanwhile(client, buff
     learner._run = interleaved
     assert learner.update_priority([ids[0], ids[5], newest], [100.0, 3.0, 9.0]) == 2
     learner._run = run
-    stored, total, nonzero, _ = per_state(client, buffer_name)
+    stored, total, nonzero, _ = per_state(client, buffer_name, replica)
     assert ids[0] not in stored and stored[ids[5]] == 3.0 and stored[newest] == 9.0
     held = replica.slots_of(np.array([ids[0], ids[5], newest]))
     assert held[0] == -1 and replica.scores[held[1:]].tolist() == [3.0, 9.0]
     assert replica.version == int(client.hget(BufferKeys(buffer_name).meta, "log_version"))
     # the next update from the (current) replica keeps the server right
     learner.update_priority([ids[0], ids[6]], [7.0, 1.0])
-    stored, total, nonzero, _ = per_state(client, buffer_name)
+    stored, total, nonzero, _ = per_state(client, buffer_name, replica)
     assert ids[0] not in stored and set(stored) == set(ids[2:]) | {newest - 1, newest}
     assert total == pytest.approx(math.fsum(stored.values())) and nonzero == 8
 
@@ -162,7 +148,7 @@ def test_a_call_over_one_command_counts_each_distinct_id_once(client, buffer_nam
     cycling = [ids[k % 2] for k in range(2 * many + 2)]
     values = np.arange(len(cycling), dtype=float)
     assert buffer.update_priority(cycling, values) == 2
-    stored, total, nonzero, _ = per_state(client, buffer_name)
+    stored, total, nonzero, _ = per_state(client, buffer_name, replica_of(buffer.view, "per"))
     assert stored == {ids[0]: values[-2], ids[1]: values[-1]}
     assert total == math.fsum(stored.values()) and nonzero == 2
 
@@ -170,9 +156,9 @@ def test_a_call_over_one_command_counts_each_distinct_id_once(client, buffer_nam
 def test_priorities_near_the_largest_double_keep_draws_and_sums_finite(client, buffer_name):
     """Ten priorities of 1e308 are finite and accepted; their masses would sum past the
     largest double. Draws still return (the review saw the replica's sums overflow and a
-    draw spin), the server's per_sum stays finite (each priority counts as at most
+    draw spin), the replica's sum of priorities stays finite (each counts as at most
     PER_SUM_CAP there) and comes back exact once the priorities are lowered, and a
-    process with a current replica can update them (fsum overflowed)."""
+    process with a current replica can update them."""
     buffer = ReplayBuffer(client, buffer_name, capacity=20, sampler=PERSampler(alpha=1.0),
                           seed=1)
     ids = buffer.add(batch(12)).ids.tolist()
@@ -180,10 +166,11 @@ def test_priorities_near_the_largest_double_keep_draws_and_sums_finite(client, b
     info = buffer.sample_with_info(64, replacement=True)
     assert set(info.ids.tolist()) <= set(ids[:10])
     assert np.isfinite(info.probabilities).all() and np.isfinite(info.weights).all()
-    _, total, nonzero, top = per_state(client, buffer_name)
+    replica = replica_of(buffer.view, "per")
+    _, total, nonzero, top = per_state(client, buffer_name, replica)
     assert total == pytest.approx(10 * PER_SUM_CAP + 2.0) and nonzero == 12 and top == 1e308
     assert buffer.update_priority(ids[:10], [0.5] * 10) == 10  # from the current replica
-    assert last_entry(client, buffer_name).startswith(b"P|10|")
-    stored, total, nonzero, _ = per_state(client, buffer_name)
+    assert last_entry(client, buffer_name).startswith(b"U|10|")
+    stored, total, nonzero, _ = per_state(client, buffer_name, replica)
     assert total == pytest.approx(math.fsum(stored.values()), rel=1e-12) and nonzero == 12
     assert buffer.sample_with_info(8, replacement=True).probabilities.sum() > 0

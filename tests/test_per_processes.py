@@ -13,7 +13,7 @@ import uuid
 
 import numpy as np
 import pytest
-from replica_helpers import fresh_replica, replica_masses
+from replica_helpers import fresh_replica, replica_masses, stored_priorities
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer
 from redisbuf.control.ipc import MessageQueue
@@ -78,18 +78,18 @@ def test_concurrent_update_priority_stays_consistent(redis_server):
     errors = [r["error"] for r in reports if "error" in r]
     assert not errors, errors[0]
     keys = BufferKeys(name)
-    per = {int(m): float(s) for m, s in client.hgetall(keys.per).items()}
+    per = stored_priorities(client, name)
     present = {int(m) for m in client.zrange(keys.order, 0, -1)}
     assert set(per) == present and len(present) == CAPACITY
     written = {1000.0 * i + r + 1 for i in range(UPDATERS) for r in range(ROUNDS)}
     # a new item starts at the highest priority present, itself a written value
     assert set(per.values()) <= written | {1.0}
     assert 0 < sum(r.get("updated", 0) for r in reports) <= UPDATERS * ROUNDS * 20
-    meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
-    assert int(meta["per_nonzero"]) == CAPACITY
-    assert float(meta["per_sum"]) + float(meta["per_comp"]) == pytest.approx(sum(per.values()))
-    # a replica's masses: (p + eps)^alpha
-    masses = replica_masses(fresh_replica(client, name, "per"))
+    # a replica's masses: (p + eps)^alpha, and its sum and count of the priorities
+    fresh = fresh_replica(client, name, "per")
+    assert fresh.nonzero == CAPACITY
+    assert fresh.score_sum == pytest.approx(sum(per.values()))
+    masses = replica_masses(fresh)
     assert set(masses) == present
     ratio = {i: masses[i] / (per[i] + 1e-6) ** 0.6 for i in present}
     scale = next(iter(ratio.values()))

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from replica_helpers import followed_masses, fresh_replica, replica_scores
+from replica_helpers import followed_masses, fresh_replica, replica_scores, stored_priorities
 from test_sampling import chi2, chi2_limit
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer, ShardedReplayBuffer
@@ -26,13 +26,14 @@ def _per_buffer(client, name, capacity=100, **kwargs):
 
 
 def _with_a_snapshot_out_of_reach(client, name: str) -> tuple[ReplayBuffer, BufferKeys]:
-    """A PER buffer with a snapshot (of 10 items) that the log no longer reaches: 12,000
-    rows added after it, 10,000 kept. Needs _SNAP_MIN_ITEMS below 10."""
-    buffer = _per_buffer(client, name, capacity=40_000)
-    buffer.add({"x": np.arange(10)})
-    MassReplica("per").load(buffer.view)  # writes a snapshot at this version
+    """A softmax buffer with a snapshot (of 10 items) that the log no longer reaches:
+    12,000 rows added after it, 10,000 kept. Needs _SNAP_MIN_ITEMS below 10. (Under PER
+    the log is trimmed only behind the newest snapshot: it always reaches it.)"""
+    buffer = ReplayBuffer(client, name, capacity=40_000, prioritized_sampling=True, seed=3)
+    buffer.add({"x": np.arange(10), "log_rewards": np.zeros(10)})
+    MassReplica("softmax").load(buffer.view)  # writes a snapshot at this version
     for _ in range(12):
-        buffer.add({"x": np.arange(1000)})
+        buffer.add({"x": np.arange(1000), "log_rewards": np.zeros(1000)})
     return buffer, BufferKeys(name)
 
 
@@ -55,11 +56,13 @@ def test_every_change_is_one_log_entry_and_a_follower_matches_a_fresh_read(clien
     entry = client.lrange(keys.masslog, -1, -1)[0]
     _, count, _, rows, old, new = entry.split(b"|")
     assert count == b"6" and rows.split(b",")[4:] == [b"%012d" % i for i in ids[:2]]
-    assert old.split(b",") == [b"nan"] * 4 + [b"0", b"1"]  # the victims' priorities before
+    assert old == b""  # under PER no score before is logged (nothing reads it)
     assert new.split(b",") == [b"7"] * 4 + [b"nan"] * 2  # the running max, then removed
     buffer.update_priority(ids[2:5], [9.0, 0.0, 2.5])
     entry = client.lrange(keys.masslog, -1, -1)[0]
-    assert entry.startswith(b"C|3|") and entry.endswith(b"|2,3,4|9.0,0.0,2.5")  # as sent
+    # one U entry: 12-digit ids, then the priorities as big-endian doubles, as sent
+    assert entry.startswith(b"U|3|") and entry.endswith(
+        b"".join(b"%012d" % i for i in ids[2:5]) + np.array([9.0, 0.0, 2.5], ">f8").tobytes())
     masses = followed_masses(client, buffer_name, "per")
     assert masses[int(ids[3])] == pytest.approx(1e-6**0.6)
     assert masses[int(ids[2])] == pytest.approx((9 + 1e-6) ** 0.6)
@@ -73,20 +76,41 @@ def test_every_change_is_one_log_entry_and_a_follower_matches_a_fresh_read(clien
 def test_the_log_keeps_a_bounded_number_of_ids_and_a_replica_behind_it_reads_afresh(
     client, buffer_name
 ):
-    buffer = _per_buffer(client, buffer_name, capacity=50_000)
+    # softmax: the prio zset holds the scores, the log only the newest changes
+    buffer = ReplayBuffer(client, buffer_name, capacity=50_000, prioritized_sampling=True)
     keys = BufferKeys(buffer_name)
-    stale = MassReplica("per")
+    stale = MassReplica("softmax")
     stale.load(buffer.view)
     for _ in range(15):
-        buffer.add({"x": np.arange(1000)})
+        buffer.add({"x": np.arange(1000), "log_rewards": np.zeros(1000)})
     meta = client.hmget(keys.meta, "log_ids", "log_version", "log_first")
     held, version, first = (int(v) for v in meta)
     # the limit is max(10 000, capacity / 4) = 12 500 ids; the newest entry always stays
     assert held <= 12_500 and held == 1000 * client.llen(keys.masslog)
     assert version - first + 1 == client.llen(keys.masslog) < 13
     stale.sync(buffer.view)  # too far behind for the log: it reads the buffer again
-    assert replica_scores(stale) == replica_scores(fresh_replica(client, buffer_name, "per"))
+    assert replica_scores(stale) == replica_scores(fresh_replica(client, buffer_name, "softmax"))
     assert len(stale) == 15_000
+
+
+def test_a_per_log_is_trimmed_only_behind_the_snapshot(client, buffer_name):
+    """Under PER the log and the snapshot are the priorities: with no replica following
+    (writing snapshots), nothing is trimmed, and a replica far behind still follows the
+    log; its snapshot then lets the next change trim to the usual bound."""
+    buffer = _per_buffer(client, buffer_name, capacity=50_000)
+    keys = BufferKeys(buffer_name)
+    stale = MassReplica("per")
+    stale.load(buffer.view)  # writes a snapshot of the empty buffer
+    for _ in range(15):
+        buffer.add({"x": np.arange(1000)})
+    held, first = (int(v) for v in client.hmget(keys.meta, "log_ids", "log_first"))
+    assert held == 15_000 and first == 1  # everything since the epoch's start
+    stale.sync(buffer.view)  # follows all of it, then publishes a snapshot
+    assert replica_scores(stale) == replica_scores(fresh_replica(client, buffer_name, "per"))
+    assert int(client.hget(keys.meta, "snap_version")) == stale.version
+    buffer.add({"x": np.arange(1000)})
+    held = int(client.hget(keys.meta, "log_ids"))
+    assert held <= 12_500 and held == 1000 * client.llen(keys.masslog)
 
 
 def test_own_update_priority_is_applied_without_a_round_trip(client, buffer_name):
@@ -230,30 +254,22 @@ def test_draws_follow_every_change_another_process_finished(redis_server):
     assert draws > 10 and len(zeroed) > 10
 
 
-def test_per_is_turned_on_a_slice_at_a_time(client, buffer_name, monkeypatch):
-    """Over a full buffer, each call gives a slice of the items their initial priority;
-    an add meanwhile gets its own, an update_priority meanwhile finishes the turn-on
-    first, and the result is as if it had been done in one go."""
-    from redisbuf.sampling import samplers
-
+def test_per_is_turned_on_in_one_call_whatever_the_length(client, buffer_name):
+    """Over a full buffer, one call turns PER on: the items present get their initial
+    priority by the log's first entry (meta per_base, no write per item), an add or an
+    update_priority afterwards is one more entry, and every reader (a new replica, the
+    server's priority read) sees the items present then at the initial priority."""
     plain = ReplayBuffer(client, buffer_name, capacity=40)
     ids = plain.add({"x": np.arange(30)}).ids
     keys = BufferKeys(buffer_name)
-    args = ["0.6", "1e-06", "2.0", 7]
-    assert plain._run("enable_per", keys.all_keys(), args) == 2  # 7 of 30 done
-    assert client.hget(keys.meta, "per_fill") == str(ids[6]).encode()
-    assert client.hlen(keys.per) == 7 and client.hget(keys.meta, "masslog") != b"1"
-    new = plain.add({"x": np.arange(2)}).ids  # a new item gets its priority at once
-    assert float(client.hget(keys.per, b"%012d" % new[0])) == 2.0
-    monkeypatch.setattr(samplers, "PER_FILL_SLICE", 7)
-    assert plain.update_priority(ids[20:22], [5.0, 6.0]) == 2  # finished the fill first
-    assert client.hget(keys.meta, "per_fill") is None and client.hget(keys.meta, "masslog") == b"1"
-    per = {int(m): float(s) for m, s in client.hgetall(keys.per).items()}
-    assert per == {**dict.fromkeys([int(i) for i in ids], 2.0), int(new[0]): 2.0,
-                   int(new[1]): 2.0, int(ids[20]): 5.0, int(ids[21]): 6.0}
-    meta = client.hmget(keys.meta, "per_sum", "per_comp", "per_nonzero")
-    assert float(meta[0]) + float(meta[1]) == pytest.approx(sum(per.values()))
-    assert int(meta[2]) == 32
+    assert plain._run("enable_per", keys.all_keys(), ["0.6", "1e-06", "2.0", 7]) == 1
+    assert client.hget(keys.meta, "per_base") == b"2.0" and client.exists(keys.per) == 0
+    assert client.lrange(keys.masslog, 0, -1)[0].startswith(b"X|0|")
+    new = plain.add({"x": np.arange(2)}).ids  # new items: the initial priority
+    assert plain.update_priority(ids[20:22], [5.0, 6.0]) == 2
+    per = {**dict.fromkeys([int(i) for i in ids], 2.0), int(new[0]): 2.0, int(new[1]): 2.0,
+           int(ids[20]): 5.0, int(ids[21]): 6.0}
+    assert stored_priorities(client, buffer_name) == per
     sampler = _per_buffer(client, buffer_name, capacity=40, initial_priority=2.0)
     assert set(sampler.sample_with_info(50).ids.tolist()) <= set(per)
     assert replica_scores(replica_of(sampler.view, "per")) == per
@@ -289,7 +305,7 @@ def test_the_server_corrects_a_stale_per_draw_to_the_current_law(
     other = _per_buffer(client, buffer_name, capacity=16, alpha=1.0, eps=0.0)
     added = other.add({"x": np.arange(6)}, priorities=[30.0, 1.0, 5.0, 2.0, 2.0, 2.0]).ids
     other.update_priority(ids[4:8], [0.0, 20.0, 2.0, 9.0])
-    per = {int(m): float(s) for m, s in client.hgetall(BufferKeys(buffer_name).per).items()}
+    per = stored_priorities(client, buffer_name)
     assert int(ids[0]) not in per and int(added[0]) in per  # 2 evicted by the add
     members = np.array(sorted(per))
     p = np.array([per[i] for i in members]) / sum(per.values())
@@ -348,12 +364,12 @@ def test_a_snapshot_the_log_no_longer_reaches_or_of_another_epoch_is_not_used(
     buffer, keys = _with_a_snapshot_out_of_reach(client, buffer_name)
     assert int(client.hget(keys.meta, "log_first")) > json.loads(
         client.hget(keys.snap, "header"))["version"] + 1
-    later = MassReplica("per")
+    later = MassReplica("softmax")
     later.load(buffer.view)  # falls back to a scan, and is right
     assert len(later) == 12_010
     buffer.clear()  # a new epoch: the snapshot (of the old one) is not read either
-    buffer.add({"x": np.arange(4)})
-    again = MassReplica("per")
+    buffer.add({"x": np.arange(4), "log_rewards": np.zeros(4)})
+    again = MassReplica("softmax")
     again.load(buffer.view)
     assert len(again) == 4
 
@@ -369,7 +385,7 @@ def test_a_snapshot_replaced_while_read_is_read_again(client, buffer_name, monke
     buffer.add({"x": np.arange(10)}, priorities=np.arange(10.0))
     MassReplica("per").load(buffer.view)
     keys = BufferKeys(buffer_name)
-    client.hset(keys.snap, "c1", b"\0" * 8 + b"\1" * 64)  # a chunk of another snapshot
+    client.hset(keys.snap, "s1", b"\0" * 8 + b"\1" * 32)  # a page of another snapshot
     reader = MassReplica("per")
     assert not reader._load_snapshot(buffer.view)
     reader.load(buffer.view)  # then a scan
@@ -386,16 +402,16 @@ def test_a_snapshot_not_used_leaves_no_pin(client, buffer_name, monkeypatch):
     monkeypatch.setattr(replica_module, "_SNAP_MIN_ITEMS", 1)
     monkeypatch.setattr(replica_module, "_SNAP_CHUNK", 4)
     buffer, keys = _with_a_snapshot_out_of_reach(client, buffer_name)
-    later = MassReplica("per")
+    later = MassReplica("softmax")
     assert not later._load_snapshot(buffer.view)
     assert client.hget(keys.meta, "log_pins") is None
     later.load(buffer.view)  # a scan; it then publishes a snapshot of its own
     assert client.hget(keys.meta, "log_pins") is None
     for _ in range(12):
-        buffer.add({"x": np.arange(1000)})
+        buffer.add({"x": np.arange(1000), "log_rewards": np.zeros(1000)})
     assert int(client.hget(keys.meta, "log_ids")) <= 10_000  # trimmed to its limit
-    client.hset(keys.snap, "c1", b"\0" * 8 + b"\1" * 64)  # a chunk of another snapshot
-    assert not MassReplica("per")._load_snapshot(buffer.view)
+    client.hset(keys.snap, "s1", b"\0" * 8 + b"\1" * 32)  # a page of another snapshot
+    assert not MassReplica("softmax")._load_snapshot(buffer.view)
     assert client.hget(keys.meta, "log_pins") is None
 
 
@@ -434,13 +450,14 @@ def test_each_reader_keeps_its_own_pin_of_the_log(client, buffer_name):
     unpin leaves B's pin (the one shared pin slot once went with A's unpin, and the adds
     after it trimmed the entries B needed); a renewal replaces the reader's own pin, so
     one unpin drops it; once none is left the log is trimmed to its limit again. A reader
-    that names no token goes by the version it pinned."""
-    buffer = _per_buffer(client, buffer_name, capacity=20_000)  # the log keeps 10,000 rows
+    that names no token goes by the version it pinned. (Softmax: under PER the snapshot
+    holds trimming back too.)"""
+    buffer = ReplayBuffer(client, buffer_name, capacity=20_000, prioritized_sampling=True)
     rng = np.random.default_rng(8)
 
-    def add(times: int) -> None:
+    def add(times: int) -> None:  # the log keeps 10,000 rows
         for _ in range(times):
-            buffer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
+            buffer.add({"x": np.arange(1000), "log_rewards": rng.random(1000)})
 
     add(20)
     buffer.sample(1)  # prioritized sampling on (the mass log kept)
@@ -476,18 +493,19 @@ def test_each_reader_keeps_its_own_pin_of_the_log(client, buffer_name):
 
 
 def _truth(client, name) -> dict[int, float]:
-    return {int(k): float(v) for k, v in client.hgetall(BufferKeys(name).per).items()}
+    return stored_priorities(client, name)
 
 
-@pytest.mark.parametrize("mode", ["ids", "hash", "one_at_a_time", "longer_than_a_pin"])
+@pytest.mark.parametrize("mode", ["base", "one_at_a_time", "longer_than_a_pin"])
 def test_a_first_read_in_slices_catches_the_writes_made_between_them(
         client, buffer_name, monkeypatch, mode):
-    """A first read without a snapshot reads the scores in native calls (HMGET slices of
-    ids, several in flight, or SCAN steps; a cluster's client one call at a time). Another
-    client's adds (evicting items read and not yet read, and passing the log's length
-    limit), priority changes of items read and not yet read, come between two slices: the
-    replica ends holding exactly what the server holds, in one attempt (the pin kept the
-    entries after the version it began at, and is renewed when the read outlasts it)."""
+    """A first read without a snapshot (PER: the epoch's base, the ids present as of its
+    first entry, then the log from there) reads the ids in SCAN steps, several in flight
+    (a cluster's client one call at a time). Another client's adds (evicting items read
+    and not yet read, and passing the log's length limit), priority changes of items read
+    and not yet read, come between two steps: the replica ends holding exactly what the
+    server holds, in one attempt (the pin kept the entries after the version it began
+    at, and is renewed when the read outlasts it)."""
     import time
 
     from redisbuf.sampling import replica as replica_module
@@ -499,10 +517,9 @@ def test_a_first_read_in_slices_catches_the_writes_made_between_them(
     buffer = _per_buffer(client, buffer_name, capacity=3000)
     for _ in range(3):
         buffer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
-    buffer.sample(4)  # prioritized sampling on (the mass log kept)
-    client.delete(BufferKeys(buffer_name).snap)
+    keys = BufferKeys(buffer_name)
     writer = _per_buffer(client, buffer_name, capacity=3000)
-    old = buffer.stats()["inserted"]
+    old = int(client.hget(keys.meta, "inserted"))
     plans: list[Any] = []
     starts: list[int] = []
     run = buffer._run
@@ -513,38 +530,37 @@ def test_a_first_read_in_slices_catches_the_writes_made_between_them(
             starts.append(int(reply[2]))
         if name == "replica_read":
             plans.append(reply[0])
-            if mode == "hash":
-                reply = [b"hash", reply[1]]
         return reply
 
     buffer._run = recording
     if mode == "one_at_a_time":
         monkeypatch.setattr(first_read, "_plain_pool", lambda client: None)
-    parsed = 0
-    floats = first_read._floats
+    steps = 0
+    scan = first_read._scan
 
-    def writing(values):
-        nonlocal parsed
-        parsed += 1
-        if parsed == 4:  # between two slices: 12,000 rows logged, past the log's limit
-            for _ in range(12):
-                writer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
-            survivors = np.arange(old + 12_000 - 3000 + 1, old + 12_000 + 1)
-            writer.update_priority(survivors[::7], np.full(len(survivors[::7]), 9.5))
-        if mode == "longer_than_a_pin":
-            time.sleep(0.25)
-        return floats(values)
+    def writing(*args):
+        nonlocal steps
+        for step in scan(*args):
+            steps += 1
+            if steps == 4:  # between two steps: 24,000 rows logged, past the log's limit
+                for _ in range(12):
+                    writer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
+                survivors = np.arange(old + 12_000 - 3000 + 1, old + 12_000 + 1)
+                writer.update_priority(survivors[::7], np.full(len(survivors[::7]), 9.5))
+            if mode == "longer_than_a_pin":
+                time.sleep(0.25)
+            yield step
 
-    monkeypatch.setattr(first_read, "_floats", writing)
+    monkeypatch.setattr(first_read, "_scan", writing)
     replica = MassReplica("per")
     replica.load(buffer.view)
-    assert parsed > 4  # the writes came between two slices
-    assert plans[0] == b"ids"  # dense ids ("hash": the reply rewritten to a scan)
+    assert steps > 4  # the writes came between two steps
+    assert plans[0] == b"base"  # no snapshot yet: the ids present, from the log's start
     assert len(starts) == 1  # one attempt: the pin kept the log's entries
     if mode == "longer_than_a_pin":
         assert len(plans) >= 4  # renewed
     assert replica_scores(replica) == _truth(client, buffer_name)
-    assert replica.version == int(client.hget(BufferKeys(buffer_name).meta, "log_version"))
+    assert replica.version == int(client.hget(keys.meta, "log_version"))
 
 
 def test_a_first_read_keeps_its_pin_until_it_has_caught_up(client, buffer_name, monkeypatch):
@@ -573,18 +589,19 @@ def test_a_first_read_keeps_its_pin_until_it_has_caught_up(client, buffer_name, 
         return reply
 
     buffer._run = recording
-    parsed = 0
-    floats = first_read._floats
+    steps = 0
+    scan = first_read._scan
 
-    def writing(values):
-        nonlocal parsed
-        parsed += 1
-        if parsed == 3:  # 16 adds at capacity: 32,000 rows (an add and an eviction each)
-            for _ in range(16):
-                writer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
-        return floats(values)
+    def writing(*args):
+        nonlocal steps
+        for step in scan(*args):
+            steps += 1
+            if steps == 3:  # 16 adds at capacity: 32,000 rows (an add and an eviction each)
+                for _ in range(16):
+                    writer.add({"x": np.arange(1000)}, priorities=rng.random(1000) + 0.1)
+            yield step
 
-    monkeypatch.setattr(first_read, "_floats", writing)
+    monkeypatch.setattr(first_read, "_scan", writing)
     applied = 0
     apply = MassReplica.apply
 
@@ -604,27 +621,28 @@ def test_a_first_read_keeps_its_pin_until_it_has_caught_up(client, buffer_name, 
     assert client.hget(keys.meta, "log_pins") is None
 
 
-def test_sparse_ids_are_scanned_and_dense_ones_asked_for(client, buffer_name):
-    """lua/replica_read.lua asks for the PER priorities by id while the ids from the
-    oldest item to the last one are mostly present, and scans the hash once most are
-    holes (items removed by max_use); either read gives what the server holds."""
-    buffer = ReplayBuffer(client, buffer_name, capacity=400, sampler=PERSampler(), seed=3,
-                          max_use=1)
-    buffer.add({"x": np.arange(400)}, priorities=np.linspace(0.1, 4, 400))
+def test_a_buffer_of_the_earlier_layout_is_read_from_its_per_hash_once(client, buffer_name):
+    """A PER buffer written before the priorities moved to the log (a per hash, no meta
+    log_truth): turning PER on again starts an epoch whose base is that hash; the first
+    read gets it by id while the ids are mostly present (else a scan), applies the log
+    after it, publishes a snapshot, and the hash goes."""
+    buffer = ReplayBuffer(client, buffer_name, capacity=400, sampler=PERSampler(), seed=3)
+    ids = buffer.add({"x": np.arange(400)}).ids
     keys = BufferKeys(buffer_name)
-
-    def plan() -> bytes:
-        return buffer._run("replica_read", keys.all_keys(), [1000, 0])[0]
-
-    buffer.sample(4)  # on, and 4 items used up
-    assert plan() == b"ids"
-    assert replica_scores(fresh_replica(client, buffer_name, "per")) == _truth(client,
-                                                                               buffer_name)
-    while len(buffer) > 200:
-        buffer.sample(50)
-    assert plan() == b"hash"  # 200 of ~400 ids held, holes everywhere: a scan
-    assert replica_scores(fresh_replica(client, buffer_name, "per")) == _truth(client,
-                                                                               buffer_name)
+    legacy = {int(i): 0.5 + k / 100 for k, i in enumerate(ids)}
+    client.hset(keys.per, mapping={b"%012d" % i: repr(v) for i, v in legacy.items()})
+    client.hdel(keys.meta, "log_truth")  # as the earlier layout left it
+    plan = buffer._run("enable_per", keys.all_keys(), ["0.6", "1e-06", "1.0", 0])
+    assert plan == 1 and client.hget(keys.meta, "per_legacy") == b"1"
+    assert buffer._run("replica_read", keys.all_keys(), [1000, 1])[0] == b"ids"
+    assert stored_priorities(client, buffer_name) == legacy  # read through the hash
+    buffer.update_priority(ids[:2], [9.0, 8.0])
+    legacy.update({int(ids[0]): 9.0, int(ids[1]): 8.0})
+    reader = ReplayBuffer(client, buffer_name, capacity=None, sampler=PERSampler(), seed=4)
+    reader.sample(4)  # reads the hash as its base, then writes a snapshot
+    assert replica_scores(replica_of(reader.view, "per")) == legacy
+    assert client.exists(keys.per) == 0 and client.hget(keys.meta, "per_legacy") is None
+    assert stored_priorities(client, buffer_name) == legacy  # now from the snapshot
 
 
 @pytest.mark.parametrize("stored", [True, False])
@@ -683,23 +701,25 @@ def test_slots_of_finds_every_held_id_however_the_ids_lie():
         assert replica.slots_of(asked).tolist() == np.where(held, where, -1).tolist()
 
 
-def test_holes_are_filled_among_the_untouched_items_however_little_they_weigh():
-    """A corrected draw's holes are filled among the items the log entries did not name,
-    in proportion to their masses, even when the named ones hold all but 1e-15 of the
-    mass (the whole replica's draws, refused, would almost never end); None when none
-    of the others holds mass."""
+def test_holes_are_filled_with_fresh_draws_at_the_replicas_law():
+    """A corrected draw's holes (the server's rounds ran out of candidates, or ended on an
+    item not stored) are draws that have not ended: each is filled with a fresh draw of
+    the replica, caught up to the commit, in proportion to every mass (chi-square), and
+    the draws already made stay; None when nothing holds mass."""
     from redisbuf.sampling.commits import _fill_holes
 
     replica = MassReplica("per")
     replica.alpha, replica.eps = 1.0, 0.0
-    replica._set_arrays(np.array([1, 2, 3, 4], dtype=np.int64), np.array([1e15, 1.0, 3.0, 0.0]))
+    replica._set_arrays(np.array([1, 2, 3, 4], dtype=np.int64), np.array([6.0, 1.0, 3.0, 0.0]))
     rng = np.random.default_rng(5)
-    holes = 2000
-    filled = _fill_holes(replica, b"," * (holes - 1), [np.array([1])], rng)
-    assert filled is not None and set(filled.tolist()) <= {2, 3}
-    threes = int((filled == 3).sum())
-    assert abs(threes - 0.75 * holes) < 4.5 * np.sqrt(holes * 0.75 * 0.25), threes
-    assert _fill_holes(replica, b",", [np.array([1, 2, 3])], rng) is None
+    holes = 4000
+    filled = _fill_holes(replica, b"2," + b"," * (holes - 1), [np.array([1])], rng)
+    assert filled is not None and filled[0] == 2 and set(filled[1:].tolist()) <= {1, 2, 3}
+    counts = np.array([(filled[1:] == i).sum() for i in (1, 2, 3)])
+    assert chi2(counts, holes * np.array([0.6, 0.1, 0.3])) < chi2_limit(2)
+    empty = MassReplica("per")
+    empty._set_arrays(np.array([1], dtype=np.int64), np.array([0.0]))
+    assert _fill_holes(empty, b",", [np.array([1])], rng) is None
 
 
 def test_a_following_replica_keeps_the_snapshot_within_the_logs_reach(

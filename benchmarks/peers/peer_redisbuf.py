@@ -1,6 +1,8 @@
 """redisbuf on its embedded server (the project's own venv): ``ReplayBuffer`` of plain
 dicts of numpy arrays; uniform = the default sampler, prioritized = ``PERSampler`` with
-``add(batch, priorities=...)``, ``sample(n)`` and ``update_priority(ids, priorities)``.
+``add(batch, priorities=...)``, ``sample(n)`` and ``update_priority(ids, priorities,
+count=False)`` (one append to the mass log, as Reverb's ``mutate_priorities`` counting
+nothing).
 One server per group of figures; writer and sampler processes each open the buffer."""
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from redisbuf.servers.embedded import EmbeddedServer
 from redisbuf.store.bounds import MAX_ADD_BYTES, MAX_ADD_ITEMS
 
 PRE = 8  # pre-made batches cycled through by each writer
-PATH = "ReplayBuffer.add / sample (dict of arrays), PERSampler + update_priority"
+PATH = "ReplayBuffer.add / sample (dict of arrays), PERSampler + update_priority(count=False)"
 
 
 def open_buffer(url: str, name: str, capacity: int, prio: bool) -> ReplayBuffer:
@@ -133,7 +135,10 @@ def updates(url: str, name: str, size: int, seconds: float, fill_first: bool = T
     ]
 
     def update(i: int) -> int:
-        buf.update_priority(*calls[i % len(calls)])
+        # as Reverb's mutate_priorities: the call, counting nothing; this process keeps no
+        # replica (the samplers' replicas apply the update at their next catch-up, as
+        # Reverb's server does in its own sum tree)
+        buf.update_priority(*calls[i % len(calls)], count=False)
         return BATCH
 
     return timed_loop(update, seconds)

@@ -1,7 +1,8 @@
 // A Node.js client of redisbuf buffers over the `redisbuf` Redis Functions library
 // (FCALL; install it with `redisbuf functions install` or any Python ReplayBuffer open).
-// Records are bit-exact with Python's (docs/wire-format.md). Prioritized draws are made by
-// Python samplers' replicas only: this client draws uniformly and sets PER priorities.
+// Records are bit-exact with Python's (docs/wire-format.md). This client draws uniformly,
+// sets PER priorities (one append to the buffer's mass log), reads any item's priority and
+// draws by PER on the server (rb_sample_per), without a replica of its own.
 import { randomBytes, randomUUID } from 'node:crypto';
 import { endianness } from 'node:os';
 import { encode, decode, Ext, Fixed } from './msgpack.js';
@@ -186,6 +187,12 @@ export function bufferKeys(name) {
     'batches', 'batches:old', 'masslog'].map(k);
 }
 
+/** The buffer's snapshot of its PER priorities (rb:{name}:snap), which rb_priority and
+ * rb_sample_per read besides the 13 keys. */
+export function snapKey(name) {
+  return `rb:{${name}}:snap`;
+}
+
 export class RedisBufError extends Error {
   constructor(message, code) {
     super(message);
@@ -276,13 +283,41 @@ export class ReplayBuffer {
     return { length: reply[0], ids, blobs, records: blobs.map(decodeRecord) };
   }
 
-  /** Set PER priorities (finite, >= 0) of items; returns how many were updated. */
+  /** Set PER priorities (finite, >= 0) of items: one append to the buffer's mass log
+   * (rb_update_priority), which every sampler applies in order, skipping ids no longer
+   * stored at that point; the last of a repeated id wins. The server looks no id up, so
+   * nothing is counted: returns null (Python counts with its replica). At most 2048 ids
+   * a call. */
   async updatePriority(ids, priorities) {
     if (ids.length !== priorities.length) throw new RangeError(`${priorities.length} priorities for ${ids.length} ids`);
-    const args = [];
-    ids.forEach((id, i) => args.push(idText(id), text(priorities[i])));
-    const reply = await this.#call('rb_update_priority', this.keys, args);
-    return reply[0];
+    const packed = Buffer.alloc(8 * priorities.length);
+    priorities.forEach((p, i) => packed.writeDoubleBE(p === 0 ? 0 : p, 8 * i)); // -0 as 0
+    await this.#call('rb_update_priority', this.keys, [Buffer.from(ids.map(idText).join('')), packed]);
+    return null;
+  }
+
+  /** The current PER priority of each of ids (at most 16), null for an item not stored
+   * (rb_priority, read-only: from the mass log and the snapshot behind it). */
+  async priority(ids) {
+    const keys = [this.keys[0], this.keys[3], this.keys[12], snapKey(this.name), this.keys[4], this.keys[5]];
+    const reply = await this.#call('rb_priority', keys, ids.map(String), true);
+    return reply.map((v) => (v === null ? null : Number(v.toString())));
+  }
+
+  /** Draw n items by PER on the server (rb_sample_per; at most 256, with replacement):
+   * item i with probability (p_i + eps)^alpha / sum_j (p_j + eps)^alpha at this call.
+   * uniforms: 6 random bytes per uniform, 16 per draw by default; a call whose uniforms
+   * run out returns fewer draws. Needs a snapshot of the buffer (any Python process
+   * sampling it writes one). Returns {length, ids, priorities (each draw's now), blobs,
+   * records}; no probabilities (the server keeps no sum of the masses). */
+  async samplePer(n, { uniforms } = {}) {
+    const packed = uniforms ?? randomBytes(6 * 16 * n);
+    const reply = await this.#call('rb_sample_per', [...this.keys, snapKey(this.name)], [String(n), packed, '1']);
+    const count = Number(reply[0]);
+    const ids = count ? reply[2].toString().split(',').map(Number) : [];
+    const priorities = count ? reply[3].toString().split(',').map(Number) : [];
+    const blobs = reply.slice(4);
+    return { length: Number(reply[1]), ids, priorities, blobs, records: blobs.map(decodeRecord) };
   }
 
   async len() {

@@ -32,6 +32,7 @@ from ..errors import (
     ServerUnavailableError,
 )
 from ..sampling import replica as replica_module
+from ..sampling import snapshots
 from ..store import bounds, codec
 from ..store.connection import retrying
 from ..store.containers import KINDS, describe_schema_difference
@@ -115,10 +116,14 @@ class Checkpointing(_CheckpointingNeeds):
         ``maxmemory`` refuses, reads too) whose blob read comes last: an item whose blob
         it finds was present at the chunk's earlier reads (ids are never reused), and one
         evicted while we read is left out. The PER priority is None unless ``per``; then
-        an item without one (PER was turned on or off meanwhile) is left out too."""
+        it is this process's replica's (the priorities have no per-item copy on the
+        server), caught up after the chunk's reads, and an item it does not hold (PER was
+        turned on or off meanwhile, or it was evicted) is left out too."""
         start = 0
         # without log-rewards stored (every item's is 0), order answers "present" instead
         kept = keeps_rewards(self.client, self.keys)
+        # this process's replica, or one of the save's own that writes nothing
+        replica = replica_module.readable_replica(self.view, "per", keep=False) if per else None
         while True:
             members = self.client.zrange(self.keys.order, start, start + _READ_CHUNK - 1)
             if not members:
@@ -126,11 +131,15 @@ class Checkpointing(_CheckpointingNeeds):
             pipe = self.client.pipeline(transaction=False)
             pipe.zmscore(self.keys.prio if kept else self.keys.order, members)
             pipe.hmget(self.keys.uses, members)
-            if per:
-                pipe.hmget(self.keys.per, members)
             pipe.hmget(self.keys.items, members)
-            scores, uses, *rest, blobs = pipe.execute()
-            pers = rest[0] if per else [None] * len(members)
+            scores, uses, blobs = pipe.execute()
+            pers: list[Any] = [None] * len(members)
+            if replica is not None:
+                with replica.lock:
+                    replica.sync(self.view)
+                    slots = replica.slots_of(np.array([int(m) for m in members], dtype=np.int64))
+                    pers = [None if slot < 0 else float(replica.scores[slot])
+                            for slot in slots.tolist()]
             for member, blob, score, used, priority in zip(
                 members, blobs, scores, uses, pers, strict=True
             ):
@@ -414,20 +423,25 @@ class Checkpointing(_CheckpointingNeeds):
         RENAME per key, sums kept while staging; see :meth:`load`)."""
         records, schema_json, carry_per = plan.records, plan.schema_json, plan.carry_per
         staging = StagingKeys(self.name, uuid.uuid4().hex[:16])
-        # under PER every staged item gets its priority (saved, else the new-item one) and
-        # restore_items.lua sums them per chunk: the swap then iterates no item
-        per = self.client.hget(self.keys.meta, "mass") == b"per"
+        # under PER every staged item gets its priority (saved, else the new-item one), in
+        # a staged snapshot the swap makes the buffer's: the swap then iterates no item
+        mass, alpha, eps = self.client.hmget(self.keys.meta, "mass", "per_alpha", "per_eps")
+        per = mass == b"per"
+        staged_keys = [*staging.all_keys(), staging.snap]
+        staged_ids: list[np.ndarray] = []
+        staged_priorities: list[np.ndarray] = []
 
         def keep_staged() -> None:
             # the staged keys expire unless the load goes on: a load killed halfway (no
             # finally runs) leaves no copy of the data behind; the swap PERSISTs them
             pipe = self.client.pipeline(transaction=False)
-            for key in staging.all_keys():
+            for key in staged_keys:
                 pipe.expire(key, _STAGED_SECONDS)
             pipe.execute()
 
         try:
             self._run("restore_stage", [self.keys.meta, staging.meta], [len(records)])
+            default = self.client.hget(staging.meta, "per_default")
             keep_staged()
             # up to _STAGE_CHUNK items a chunk, and no more than one add may store (bytes)
             slices = [
@@ -445,33 +459,60 @@ class Checkpointing(_CheckpointingNeeds):
                     schema_json,
                 )
                 reply = self._run_once(script, staging, staging.all_keys(), args)
-                if per or carry_per or any(record[4] for record in chunk):
-                    extra: list[Any] = [int(reply[0])]
-                    for record in chunk:
-                        extra += [repr(float(record[3])) if carry_per else "", str(record[4])]
-                    self._run("restore_items", staging.all_keys(), extra)
+                if any(record[4] for record in chunk):
+                    self._run("restore_items", staging.all_keys(),
+                              [int(reply[0]), *(str(record[4]) for record in chunk)])
+                if per:
+                    staged_ids.append(np.arange(int(reply[0]), int(reply[0]) + len(chunk)))
+                    staged_priorities.append(np.array(
+                        [record[3] if carry_per and record[3] is not None
+                         else float(default or 1.0) for record in chunk], dtype=np.float64))
                 keep_staged()
                 if progress is not None and (stop >= mark or stop == len(records)):
                     progress(stop, len(records))  # as each 1,000 items are passed
                     mark = (stop // _READ_CHUNK + 1) * _READ_CHUNK
+            extra: list[Any] = []
+            if per:
+                extra = self._staged_snapshot(staging, staged_ids, staged_priorities,
+                                              float(alpha), float(eps))
+                keep_staged()
             self._run_once(
                 "restore",
                 self.keys,
-                [*self.keys.all_keys(), *staging.all_keys()],
+                [*self.keys.all_keys(), *staging.all_keys(), self.keys.snap, staging.snap],
                 [plan.inserted, plan.sampled, schema_json or "", int(carry_per),
-                 plan.most_used],
+                 plan.most_used, *extra],
             )
             if progress is not None:
                 progress(len(records), len(records))
         finally:
             try:  # nothing left after a failure (DEL may repeat: retried)
-                retrying(lambda: self.client.delete(*staging.all_keys()), name=self.client)
+                retrying(lambda: self.client.delete(*staged_keys), name=self.client)
             except ServerUnavailableError:
                 pass  # the server is gone; the staging keys are only garbage
             self._forget_schema()
         self._stored_schema()
-        if len(records) >= replica_module._SNAP_MIN_ITEMS:
+        if not per and len(records) >= replica_module._SNAP_MIN_ITEMS:
             self._publish_snapshot()
+
+    def _staged_snapshot(self, staging: StagingKeys, ids: list[np.ndarray],
+                         priorities: list[np.ndarray], alpha: float, eps: float) -> list[Any]:
+        """Write the staged items' PER priorities as a snapshot under ``staging.snap``
+        (:func:`~redisbuf.sampling.snapshots.stage`), which lua/restore.lua makes
+        the buffer's; returns its arguments for that swap (count, largest priority,
+        header but for epoch, version and stamp)."""
+        all_ids = np.concatenate(ids) if ids else np.empty(0, np.int64)
+        scores = np.concatenate(priorities) if priorities else np.empty(0)
+        order = np.argsort(all_ids, kind="stable")
+        all_ids, scores = all_ids[order], scores[order]
+        masses = replica_module.MassReplica("per")
+        masses.alpha, masses.eps = alpha, eps
+        mass = masses.masses_of(scores)
+        header = snapshots.stage(self.client, staging.snap, all_ids, scores, mass,
+                                 replica_module._SNAP_CHUNK, rule="per",
+                                 total=float(mass.sum()))
+        top = repr(float(scores.max())) if len(scores) else ""
+        return [len(all_ids), top, json.dumps(header)]
 
     def _publish_snapshot(self) -> None:
         """Read the restored scores once and publish them as the buffer's snapshot

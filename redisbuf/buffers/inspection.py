@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 else:
     _InspectingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
 
+# Ids one lua/priority_read.lua call reads (RB_PRIORITY_IDS there)
+PRIORITY_READ_IDS = 16
+
+
 
 class Inspecting(_InspectingNeeds):
     """A mixin of :class:`~redisbuf.buffers.replay.ReplayBuffer`: the buffer provides
@@ -66,6 +70,62 @@ class Inspecting(_InspectingNeeds):
         if missing:
             raise KeyError(f"ids not in buffer {self.name!r}: {missing[:10]}")
         return self.decode(blobs, ids, schema_json)
+
+    def priorities(self, ids: list[int] | np.ndarray) -> np.ndarray:
+        """The current PER priority of each of ``ids`` (NaN for an id not stored), read on
+        the server from where the priorities are (the mass log and the snapshot behind
+        it) by lua/priority_read.lua, the script FCALL ``rb_priority`` runs: no replica
+        is made. Each command of at most 16 ids is one atomic read; its cost grows with
+        the log's length (see docs/wire-format.md). Above 64 ids, or where this process
+        holds a replica of the priorities, they are read from that replica (or one made
+        for the call, read-only), caught up now: the same values, in a few large reads.
+
+        Args:
+            ids: the items' ids.
+
+        Returns:
+            float64 priorities, in the order of ``ids``.
+
+        Raises:
+            ConfigMismatchError: the buffer has no PER priorities.
+
+        Examples:
+            >>> import fakeredis, numpy as np
+            >>> from redisbuf import PERSampler, ReplayBuffer
+            >>> buffer = ReplayBuffer(fakeredis.FakeRedis(), "demo", sampler=PERSampler())
+            >>> ids = buffer.add({"obs": np.arange(2.0), "log_rewards": np.zeros(2)}).ids
+            >>> _ = buffer.update_priority([ids[1]], [2.5])
+            >>> buffer.priorities([ids[0], ids[1], 99]).tolist()
+            [1.0, 2.5, nan]
+        """
+        wanted = [int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1)]
+        keys = self.keys
+        if len(wanted) > 4 * PRIORITY_READ_IDS or "per" in self.view.replicas:
+            return self._priorities_from_replica(np.array(wanted, dtype=np.int64))
+        out = np.full(len(wanted), np.nan)
+        for start in range(0, len(wanted), PRIORITY_READ_IDS):
+            part = wanted[start : start + PRIORITY_READ_IDS]
+            reply = self._run("priority_read", [keys.meta, keys.order, keys.masslog,
+                                                keys.snap, keys.per_heap, keys.per], part)
+            out[start : start + len(part)] = [np.nan if v is None else float(v) for v in reply]
+        return out
+
+    def _priorities_from_replica(self, ids: np.ndarray) -> np.ndarray:
+        """:meth:`priorities` of many ids (or with this process's replica): from a
+        replica caught up now, this process's or, without one, a read-only one of this
+        call's own (``readable_replica``: no pin, no snapshot written)."""
+        from ..errors import ConfigMismatchError
+        from ..sampling.replica import readable_replica
+
+        if self.client.hget(self.keys.meta, "mass") not in (b"per", "per"):
+            raise ConfigMismatchError(
+                f"buffer {self.name!r} has no PER priorities (use PERSampler)")
+        replica = readable_replica(self.view, "per", keep=False)
+        with replica.lock:
+            replica.sync(self.view)
+            slots = replica.slots_of(ids)
+            out = np.where(slots >= 0, replica.scores[np.maximum(slots, 0)], np.nan)
+        return out
 
     def close(self) -> None:
         """Release the connections of a client this buffer made (from a URL); a client

@@ -1,66 +1,58 @@
-"""PER priorities of :class:`~redisbuf.buffers.replay.ReplayBuffer`: ``update_priority``
-(checked, sliced into bounded commands, sent with what this process's replica holds for
-the ids, and applied to that replica at once when nothing else changed the buffer)."""
+"""PER priorities of :class:`~redisbuf.buffers.replay.ReplayBuffer`: ``update_priority``,
+one bounded append to the mass log per call (lua/update_priority.lua), checked and sliced
+into bounded commands here, and applied to this process's replica, which counts the ids
+it updated."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import (
-    InvalidBatchError,
-    PerBusyError,
-)
-from ..sampling.samplers import (
-    finish_turning_per_on,
-)
+from ..errors import InvalidBatchError, PrioritizedSamplingOffError
+from ..sampling.replica import replica_of
 from ..store import bounds
-from ..store.keys import (
-    ID_WIDTH,
-    last_of_each,
-    pack_ids,
-)
+from ..store.keys import ID_WIDTH, last_of_each, pack_ids
 
 if TYPE_CHECKING:
     from .needs import PrioritizingNeeds as _PrioritizingNeeds
 else:
     _PrioritizingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
 
-if TYPE_CHECKING:
-    from ..sampling.replica import MassReplica
-
-
-# A priority counts in the server's per_sum as at most this (PER_SUM_CAP in
-# lua/_common.lua): 2^32 items sum to a finite number, sums of capped ones exactly
+# A priority counts in a replica's sum of priorities as at most this (as its masses do):
+# 2^32 items sum to a finite number, sums of capped ones exactly
 PER_SUM_CAP = 2.0**990
+
 
 class Prioritizing(_PrioritizingNeeds):
     """A mixin of :class:`~redisbuf.buffers.replay.ReplayBuffer`: the buffer provides
-    ``client``, ``keys``, ``_run`` and its replicas."""
+    ``view`` (its client, keys and replicas) and ``_run``."""
 
-    def update_priority(self, ids: Any, priorities: Any) -> int:
+    def update_priority(self, ids: Any, priorities: Any, *, count: bool = True) -> int | None:
         """Set the PER priorities of items ``ids`` (:class:`PERSampler`), atomically for
         the whole call when it names at most
         :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` ids (a larger call is one
-        atomic command per slice of that many, in order). Ids no longer stored (evicted)
-        are skipped; for a repeated id the last priority wins (across slices too, as they
-        apply in order). Returns how many distinct ids were updated. A priority that is
-        NaN, negative or not finite raises :class:`InvalidBatchError` and changes nothing.
-        The server's work is constant per id whatever the buffer's size (one HSET of the
-        ``per`` hash and one log entry, after one HMGET of it unless this process's
-        replica is current: the replica then says which ids are present and what they
-        held); samplers re-weigh the items in their replicas when they next draw (this
-        process's replica at once, when nothing else changed the buffer since it was
-        current).
+        atomic command per slice of that many, in order). The call is one append to the
+        buffer's mass log: the server looks none of the ids up, whatever the buffer's
+        size; every sampling process applies it to its replica in the log's order,
+        skipping ids no longer stored at that point (evicted), so draws that begin after
+        this call returned follow it. For a repeated id the last priority wins (across
+        slices too, as they apply in order). A priority that is NaN, negative or not
+        finite raises :class:`InvalidBatchError` and changes nothing.
+
+        Returns how many distinct ids were updated (stored at the update's point of the
+        log), as this process's replica of the priorities applies it; the replica is
+        made (read) on first use unless ``count=False``, which returns None when this
+        process has none (Reverb's ``mutate_priorities`` returns nothing) and skips its
+        upkeep. None too in the rare case the replica had to read everything again meanwhile.
 
         Args:
             ids: the items' ids.
             priorities: one priority per id, finite and >= 0.
+            count: whether to count the ids updated (with this process's replica).
 
         Returns:
-            How many distinct ids were updated.
+            How many distinct ids were updated, or None (not counted).
 
         Raises:
             InvalidBatchError: a priority is NaN, negative or not finite, or the lengths
@@ -78,52 +70,37 @@ class Prioritizing(_PrioritizingNeeds):
         values = _per_priorities(priorities, len(id_array))
         if not len(id_array):
             return 0
-        if len(id_array) > bounds.MAX_ITEMS_PER_COMMAND:  # one command per slice
-            last = last_of_each(id_array)  # distinct ids: the slices' counts add up
-            id_array, values = id_array[last], values[last]
-            return sum(self.update_priority(id_array[start:stop], values[start:stop])
-                       for start, stop in bounds.chunks(len(id_array)))
+        # an id that cannot be stored (ids are 1 .. 10^12 - 1) is skipped, as an evicted one
+        storable = (id_array >= 1) & (id_array < 10**ID_WIDTH)
+        last = last_of_each(id_array)
+        last = last[storable[last]]
+        id_array, values = id_array[last], values[last] + 0.0  # distinct; -0.0 is 0
         replica = self.view.replicas.get("per")
-        slots = None
-        # the "@" form sends ids in their stored width only
-        if replica is not None and 0 <= int(id_array.min()) and int(id_array.max()) < 10**ID_WIDTH:
-            id_array, values, slots, args = _from_replica(replica, id_array, values)
-        else:
-            packed, width = pack_ids(id_array)
-            args = [packed, width, ",".join(map(repr, values.tolist()))]
-        try:
-            reply = self._run("update_priority", self.keys.all_keys(), args)
-        except PerBusyError:
-            finish_turning_per_on(self.view)  # another process began turning PER on
-            reply = self._run("update_priority", self.keys.all_keys(), args)
-        if replica is not None:
-            replica.apply_own(reply[1:], id_array, values, slots)
-        return int(reply[0])
+        if replica is None and count:
+            try:
+                replica = replica_of(self.view, "per")
+            except PrioritizedSamplingOffError:
+                replica = None  # no PER: the script says so (RB_CONFIG)
+        counts = [self._update_slice(id_array[start:stop], values[start:stop], replica)
+                  for start, stop in bounds.chunks(len(id_array))]
+        if replica is None:
+            return None
+        known = [c for c in counts if c is not None]
+        return sum(known) if len(known) == len(counts) else None
 
-
-def _from_replica(
-    replica: MassReplica, ids: np.ndarray, values: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
-    """The "@" form of lua/update_priority.lua's arguments: the ids (the last of a
-    repeated one), those the replica holds first, with what it holds for them, so that the
-    server reads no item when the replica is current. Returns the ids and priorities in
-    the order sent, their slots in the replica as it was read (-1: not held), and the
-    arguments."""
-    last = last_of_each(ids)
-    ids, values = ids[last], values[last]
-    with replica.lock:
-        slots = replica.slots_of(ids)
-        order = np.argsort(slots < 0, kind="stable")  # the held ones first
-        ids, values, slots = ids[order], values[order], slots[order]
-        before = replica.scores[slots[slots >= 0]]
-        head = [replica.epoch, replica.version, replica.stamp]
-    packed, _ = pack_ids(ids)
-    return ids, values, slots, [
-        "@", *head, packed, ",".join(map(repr, values.tolist())),
-        before.astype(">f8").tobytes().hex(),
-        repr(math.fsum(np.minimum(before, PER_SUM_CAP).tolist())),
-        int(np.count_nonzero(before)),
-    ]
+    def _update_slice(self, ids: np.ndarray, values: np.ndarray, replica: Any) -> int | None:
+        """One atomic append of ``ids`` (distinct, storable) and their ``values``; the
+        count of ids updated, by ``replica`` (None without one)."""
+        if not len(ids):
+            return 0 if replica is not None else None
+        args: list[Any] = [pack_ids(ids)[0], values.astype(">f8").tobytes()]
+        if replica is None:
+            self._run("update_priority", self.keys.all_keys(), args)
+            return None
+        with replica.lock:
+            sent = (replica.epoch, replica.version, replica.stamp)
+        reply = self._run("update_priority", self.keys.all_keys(), [*args, *sent])
+        return replica.apply_update(self.view, reply, ids, values, sent)
 
 
 def _per_priorities(priorities: Any, n: int) -> np.ndarray:

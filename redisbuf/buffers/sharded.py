@@ -474,17 +474,20 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
     def __len__(self) -> int:
         return int(sum(self._sizes()))
 
-    def update_priority(self, ids: Any, priorities: Any) -> int:
+    def update_priority(self, ids: Any, priorities: Any, *, count: bool = True) -> int | None:
         """Set the PER priorities of items ``ids`` (global ids), each on its shard (see
-        :meth:`ReplayBuffer.update_priority`; atomic per shard, not across shards).
-        Returns how many distinct ids were updated.
+        :meth:`ReplayBuffer.update_priority`: one append to the shard's mass log; atomic
+        per shard, not across shards). Returns how many distinct ids were updated, as
+        this process's replicas of the shards count them (None with ``count=False``
+        where they are not kept, or where a shard could not tell).
 
         Args:
             ids: global item ids.
             priorities: one priority per id, finite and >= 0.
+            count: as :meth:`ReplayBuffer.update_priority`.
 
         Returns:
-            How many distinct ids were updated.
+            How many distinct ids were updated, or None (not counted).
 
         Raises:
             ConfigMismatchError: the buffer has no PER.
@@ -499,15 +502,38 @@ class ShardedReplayBuffer(ShardedCheckpointing, ShardedSampling):
         values = np.asarray(priorities, dtype=np.float64).reshape(-1)
         if len(values) != len(id_array):
             raise ValueError(f"{len(id_array)} ids but {len(values)} priorities")
-        updated = 0
+        counts = []
         for k in sorted(set((id_array % self.count).tolist())):
             mine = id_array % self.count == k
             with self._on_shard(k):
-                updated += self.shards[k].update_priority(id_array[mine] // self.count,
-                                                          values[mine])
-        if updated:
+                counts.append(self.shards[k].update_priority(
+                    id_array[mine] // self.count, values[mine], count=count))
+        if len(values):
             self._share_max(values)
-        return updated
+        if not counts:
+            return 0
+        return None if any(c is None for c in counts) else int(sum(counts))
+
+    def priorities(self, ids: Any) -> np.ndarray:
+        """The current PER priority of each of the global ``ids`` (NaN for one not
+        stored), each read on its shard (:meth:`ReplayBuffer.priorities`).
+
+        Args:
+            ids: global item ids.
+
+        Returns:
+            float64 priorities, in the order of ``ids``.
+
+        Raises:
+            ConfigMismatchError: the buffer has no PER.
+        """
+        id_array = np.asarray(ids, dtype=np.int64).reshape(-1)
+        out = np.full(len(id_array), np.nan)
+        for k in sorted(set((id_array % self.count).tolist())):
+            mine = id_array % self.count == k
+            with self._on_shard(k):
+                out[mine] = self.shards[k].priorities(id_array[mine] // self.count)
+        return out
 
     def get(self, ids: Any) -> Any:
         """The items with these global ids, as one batch (KeyError names any id not

@@ -507,10 +507,8 @@ class ShardedSampling(ShardCalls):
                 nonzero += last[k].per_nonzero
             else:
                 with replica.lock:
-                    present = replica.scores[: replica.count]
-                    positive = present[present > 0]
-                per_sum += float(positive.sum())
-                nonzero += len(positive)
+                    per_sum += replica.score_sum
+                    nonzero += replica.nonzero
         mean = per_sum / nonzero if nonzero else 0.0
         weights = ((min_mass / mass) ** self.per.beta,
                    priority / mean if mean > 0 else np.ones(n))

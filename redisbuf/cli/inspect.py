@@ -54,6 +54,11 @@ def register(subparsers: Any) -> None:
         "--top", type=int, default=10,
         help="items of highest log-reward to show (default: 10; ReplayBuffers only)",
     )
+    parser.add_argument(
+        "--priority", type=int, nargs="+", metavar="ID", default=[],
+        help="show these items' current PER priorities (read on the server, as FCALL_RO "
+        "rb_priority does; ReplayBuffers with PER only)",
+    )
     add_class_argument(parser)
     add_json_argument(parser)
     parser.set_defaults(func=run)
@@ -115,11 +120,16 @@ def top_items(buffer: ReplayBuffer, k: int) -> list[dict[str, Any]]:
 def redis_cli_lines(url: str, buffer: ReplayBuffer) -> list[str]:
     keys = buffer.keys
     base = f"redis-cli -u {redacted(url)}"
-    return [
+    lines = [
         f"{base} HGETALL '{keys.meta}'",
         f"{base} ZREVRANGE '{keys.prio}' 0 9 WITHSCORES",
         f"{base} ZCARD '{keys.order}'",
     ]
+    if buffer.client.hget(keys.meta, "mass") in (b"per", "per"):  # item 1's PER priority
+        reader = " ".join(f"'{k}'" for k in (keys.meta, keys.order, keys.masslog, keys.snap,
+                                             keys.per_heap, keys.per))
+        lines.append(f"{base} FCALL_RO rb_priority 6 {reader} 1")
+    return lines
 
 
 def _key_presence(buffer: ReplayBuffer) -> dict[str, bool]:
@@ -130,7 +140,20 @@ def _key_presence(buffer: ReplayBuffer) -> dict[str, bool]:
     return {key: bool(found) for key, found in zip(names, pipe.execute(), strict=True)}
 
 
-def inspect_report(buffer: ReplayBuffer, top: int) -> dict[str, Any]:
+def priority_rows(buffer: ReplayBuffer, ids: Sequence[int]) -> list[dict[str, Any]]:
+    """Each id's current PER priority (None: not stored), read on the server
+    (:meth:`~redisbuf.buffers.replay.ReplayBuffer.priorities`)."""
+    if not ids:
+        return []
+    if buffer.client.hget(buffer.keys.meta, "mass") not in (b"per", "per"):
+        raise CommandError(f"buffer {buffer.name!r} has no PER priorities (no PERSampler)")
+    values = buffer.priorities(list(ids)).tolist()
+    return [{"id": int(i), "priority": None if math.isnan(v) else v}
+            for i, v in zip(ids, values, strict=True)]
+
+
+def inspect_report(buffer: ReplayBuffer, top: int,
+                   priorities: Sequence[int] = ()) -> dict[str, Any]:
     """Everything ``redisbuf inspect`` shows, as plain JSON-able data."""
     stats = buffer.stats()
     meta = {
@@ -156,6 +179,7 @@ def inspect_report(buffer: ReplayBuffer, top: int) -> dict[str, Any]:
             {**row, "log_reward": row["log_reward"] if math.isfinite(row["log_reward"]) else "-inf"}
             for row in top_items(buffer, top)
         ],
+        "priorities": priority_rows(buffer, priorities),
         "keys": {
             key: {"holds": what, "exists": present[key]}
             for key, what in buffer.keys.describe().items()
@@ -253,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         buffer_class = resolve_class(client, args.name, url, args.buffer_class)
         if buffer_class == "buffer":
             buffer = open_buffer(client, args.name, url)
-            report = inspect_report(buffer, max(args.top, 0))
+            report = inspect_report(buffer, max(args.top, 0), args.priority)
             lines = redis_cli_lines(url, buffer)
         else:
             report = class_report(client, args.name, buffer_class)
@@ -376,5 +400,14 @@ def render(out: Console, url: str, report: dict[str, Any], cli_lines: list[str])
             text = value if isinstance(value, str) else log_reward_text(value)
             best.add_row(str(row["id"]), text, safe(row["summary"]))
         out.print(best)
+
+    if report["priorities"]:
+        rows = Table(title="PER priorities now", title_justify="left")
+        rows.add_column("id", justify="right")
+        rows.add_column("priority", justify="right")
+        for row in report["priorities"]:
+            value = row["priority"]
+            rows.add_row(str(row["id"]), "not stored" if value is None else repr(value))
+        out.print(rows)
 
     _keys_table(out, report, cli_lines)

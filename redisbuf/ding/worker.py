@@ -558,13 +558,14 @@ class AdvancedReplayBuffer(NaiveReplayBuffer):
         members = [format_id(i) for i in ids]
         pipe = shared.client.pipeline(transaction=False)
         pipe.hmget(shared.keys.uses, members)
-        pipe.hmget(shared.keys.per, members)
         pipe.hincrby(shared.state_key, "adv_samples", 1)
         pipe.hmget(shared.state_key, "adv_beta", "adv_mark")
-        uses, stored, samples, (beta_text, mark) = pipe.execute()
-        # the priorities at the draw (an item used up by it is gone from the per hash)
-        priorities = (info.priorities.tolist() if info.priorities is not None else
-                      [float(p) if p is not None else 0.0 for p in stored])
+        uses, samples, (beta_text, mark) = pipe.execute()
+        # the priorities at the draw (an item used up by it is no longer stored: 0)
+        if info.priorities is not None:
+            priorities = info.priorities.tolist()
+        else:
+            priorities = np.nan_to_num(shared.engine.priorities(ids), nan=0.0).tolist()
         beta = self._beta_at(float(beta_text or self._cfg.beta), int(mark or 0), int(samples) - 1)
         if ratios is None:  # uniform within sample_range: IS from the priorities drawn
             masses = np.array(priorities, dtype=np.float64) ** self.alpha
@@ -602,7 +603,9 @@ class AdvancedReplayBuffer(NaiveReplayBuffer):
         shared = self.shared
         members = shared.client.zrange(shared.keys.order, 0, -1)
         blobs = shared.engine.records([int(m) for m in members])
-        priorities = shared.client.hmget(shared.keys.per, members) if members else []
+        read: list[float] = (shared.engine.priorities([int(m) for m in members]).tolist()
+                             if members else [])
+        priorities = [None if p != p else float(p) for p in read]  # NaN: not stored
         uses = shared.client.hmget(shared.keys.uses, members) if members else []
         data = []
         for blob, priority in zip(blobs, priorities, strict=True):

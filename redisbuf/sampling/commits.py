@@ -45,9 +45,6 @@ _EXACT_SECONDS = 30.0
 # use in its place when its item changed since the replica's version
 # (lua/sample_prioritized.lua)
 _SPARES = 2
-# Draws of the whole replica tried for a hole before drawing among the items not
-# changed directly (O(n)): needed only when the changed items hold nearly all the mass
-_HOLE_ROUNDS = 8
 # Arrivals past n sent with a draw without replacement (at least), for the server to use
 # when candidates changed since the replica's version; a reply that named too few
 # arrivals doubles them for the replica's next draws, a draw that stood lowers them
@@ -67,7 +64,8 @@ T = TypeVar("T")
 class ReplicaDraw:
     """A committed draw of a replay buffer (or one shard): the ids and blobs, each draw's
     probability, mass and score in the replica, the least non-zero mass, and the sum and
-    count of the non-zero PER priorities (for the importance weights)."""
+    count of the non-zero PER priorities in the replica at the commit (for the importance
+    weights)."""
 
     ids: list[int]
     blobs: list[bytes]
@@ -145,10 +143,10 @@ def commit_corrected(
     "correct" mode: whatever changed since the replica's version, the server corrects the
     draw to the law at the commit (lua/_correct.lua) and returns the log entries the
     replica lacks, so a draw stands in one round trip however busy the writers are. A
-    corrected draw with holes (every candidate of a draw was changed) comes back for
-    this process to fill each hole among the items not changed (:func:`_fill_holes`)
-    and send again; a reply that cannot correct is a catch-up, after which the draw is
-    made afresh. The spare draws per draw follow how much changed (:func:`_spares_for`)."""
+    corrected draw with holes (a draw's candidates ran out) comes back for this process
+    to fill each hole with a fresh draw (:func:`_fill_holes`) and send again; a reply
+    that cannot correct is a catch-up, after which the draw is made afresh. The spare
+    draws per draw follow how much changed (:func:`_spares_for`)."""
     synced = False
     spares = max(commit.least_spares, replica.spares)
     limit = commit.limit
@@ -219,33 +217,20 @@ def _fill_holes(
     replica: MassReplica, packed: bytes, touched: list[np.ndarray], rng: np.random.Generator
 ) -> np.ndarray | None:
     """The draw a "correct" commit left with holes (packed ids, '' at each hole), each hole
-    filled with a draw of the replica (now at the commit's version) among the items the
-    entries since did not name: the server had decided that the hole's draw falls among
-    them, and there it follows the replica's masses. None when none of them has mass (the
-    server's share for them was a rounding residue, the replica perhaps left holding no
-    item at all): the draw is then made afresh."""
+    filled with a fresh draw of the replica, now at the commit's version: where the
+    server's rounds (lua/_correct.lua) ran out of candidates, or ended on an item the log
+    named but that was not stored, the draw has not ended yet, and what it would end on
+    follows the law at that version. None when nothing has mass (the draw is then made
+    afresh, and the replica says the buffer is empty). ``touched``: unused (the ids the
+    entries named)."""
     parts = packed.split(b",")
     ids = np.array([int(p) if p else -1 for p in parts], dtype=np.int64)
-    excluded = np.unique(np.concatenate(touched)) if touched else np.empty(0, np.int64)
     holes = np.flatnonzero(ids < 0)
-    for _ in range(_HOLE_ROUNDS if replica.total > 0 else 0):  # the changed ones refused
-        if not len(holes):
-            return ids
-        candidates = replica.ids[replica._descend(rng, len(holes))]
-        fine = ~np.isin(candidates, excluded)
-        ids[holes[fine]] = candidates[fine]
-        holes = holes[~fine]
     if not len(holes):
         return ids
-    # the changed items hold nearly all the mass: draw among the others directly, O(n)
-    masses = replica.masses[: replica.count].copy()
-    changed = replica.slots_of(excluded)
-    masses[changed[changed >= 0]] = 0.0
-    cumulative = np.cumsum(masses)
-    if not (len(cumulative) and cumulative[-1] > 0):
+    if not replica.total > 0:
         return None
-    picks = np.searchsorted(cumulative, rng.random(len(holes)) * cumulative[-1], side="right")
-    ids[holes] = replica.ids[picks]
+    ids[holes] = replica.ids[replica._descend(rng, len(holes))]
     return ids
 
 
@@ -429,7 +414,7 @@ def _commit_exact(
         _spares_without[replica] = max(_SUCCESSIVE_SPARES, int(spares * 0.9))
         return ReplicaDraw(
             [int(i) for i in ids.tolist()], blobs, replies[-1], probabilities, masses,
-            replica.scores[where], replica.min_mass, float(reply[2]), int(reply[3]),
+            replica.scores[where], replica.min_mass, replica.score_sum, replica.nonzero,
         )
 
 
@@ -576,7 +561,7 @@ class _DrawCommit(CorrectedCommit[ReplicaDraw]):
         masses = replica.masses[where]
         return ReplicaDraw(
             [int(i) for i in final], blobs, replies[-1], masses / replica.total, masses,
-            replica.scores[where], replica.min_mass, float(reply[2]), int(reply[3]),
+            replica.scores[where], replica.min_mass, replica.score_sum, replica.nonzero,
         )
 
 

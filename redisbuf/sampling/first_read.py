@@ -28,20 +28,29 @@ _DIGITS4 = np.frombuffer(b"".join(b"%04d" % i for i in range(10_000)),
                          dtype=np.uint8).reshape(-1, 4)
 
 
-def read_scores(buffer: BufferView, version: int, pin_ms: int,
-                holder: str) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, scores) of every item present from log version ``version`` until the read
-    ends; an item changed meanwhile may come with either score, one added or removed
-    meanwhile may come or not, an id may come twice. lua/replica_read.lua says what to
-    read and keeps the log's entries after ``version`` for ``pin_ms`` milliseconds as the
-    pin of reader ``holder`` (a token of letters and digits), renewed every
-    ``pin_ms / 4`` while the read goes on; the reads are native commands
-    of bounded cost, parsed with numpy, several in flight where the ids are known
-    beforehand."""
+def read_scores(
+    buffer: BufferView, version: int, pin_ms: int, holder: str, base: bool = False,
+    read: bool = False,
+) -> tuple[np.ndarray, np.ndarray, str | None]:
+    """(ids, scores, base stamp) of every item present from log version ``version`` until
+    the read ends; an item changed meanwhile may come with either score, one added or
+    removed meanwhile may come or not, an id may come twice. lua/replica_read.lua says
+    what to read and keeps the log's entries after ``version`` for ``pin_ms``
+    milliseconds as the pin of reader ``holder`` (a token of letters and digits), renewed
+    every ``pin_ms / 4`` while the read goes on; the reads are native commands of bounded
+    cost, parsed with numpy, several in flight where the ids are known beforehand.
+
+    With ``base`` (a replay buffer's PER, whose priorities are the snapshot and the log;
+    no snapshot of the epoch: the caller tried it first) the scores are the epoch's base,
+    as of its first entry (version 1, which ``version`` must then be): the ids present,
+    each with the priority lua/replica_read.lua names, or the per hash of the earlier
+    layout; the base stamp is that entry's stamp ("" when the log no longer holds it).
+    Otherwise (softmax, a sequence buffer's priorities) the scores are as of the read and
+    the base stamp is None. ``read``: with the script's read-only variant (no pin)."""
     all_keys = buffer.keys.all_keys()
 
     def pin() -> list[Any]:
-        return buffer.run("replica_read", all_keys, [pin_ms, version, holder])
+        return buffer.run("replica_read", all_keys, [pin_ms, version, holder], read=read)
 
     plan = pin()
     how, key = plan[0].decode() if isinstance(plan[0], bytes) else str(plan[0]), plan[1]
@@ -54,17 +63,24 @@ def read_scores(buffer: BufferView, version: int, pin_ms: int,
             renewed = time.monotonic()
 
     client = buffer.client
+    stamp = _text(plan[-1]) if base else None
     if how == "ids":
-        return _read_by_id(client, key, int(plan[2]), int(plan[3]), renew)
+        return (*_read_by_id(client, key, int(plan[2]), int(plan[3]), renew), stamp)
     command = "HSCAN" if how == "hash" else "ZSCAN"
     id_parts, score_parts = [], []
     for ids, scores in _scan(client, command, key, renew):
         id_parts.append(np.array(ids, dtype=np.int64) if ids else np.empty(0, np.int64))
         if how == "zero":  # no log-rewards stored: every item's is 0
             score_parts.append(np.zeros(len(ids)))
+        elif how == "base":  # every item present at the epoch's start: its base priority
+            score_parts.append(np.full(len(ids), float(plan[2])))
         else:
             score_parts.append(_floats(scores))
-    return np.concatenate(id_parts), np.concatenate(score_parts)
+    return np.concatenate(id_parts), np.concatenate(score_parts), stamp
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _plain_pool(client: Any) -> Any:

@@ -20,9 +20,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import redis
 
-from ..errors import ConfigMismatchError
+from ..errors import ConfigMismatchError, SamplingError
 
 if TYPE_CHECKING:
     from .base import BufferView
@@ -149,30 +148,25 @@ def lifetime_stats(meta: dict[str, str], length: int) -> dict[str, Any]:
 
 
 def priority_stats(buffer: BufferView, meta: dict[str, str]) -> dict[str, Any]:
-    """Priority min / mean / max: of PER priorities when the buffer keeps them (min and max
-    from this process's replica of them, caught up now, as the ``per`` hash keeps no
-    order; the mean from the running sum PER maintains), else min / max of the
-    log-rewards (no mean: it would need a scan)."""
+    """Priority min / mean / max: of PER priorities when the buffer keeps them (from this
+    process's replica of them, caught up now: the server keeps them only as the mass log
+    and its snapshot), else min / max of the log-rewards (no mean: it would need a scan)."""
     keys = buffer.keys
     if meta.get("mass") == "per" and meta.get("masslog") == "1":
-        from .replica import replica_of
+        from .replica import readable_replica
 
-        try:
-            replica = replica_of(buffer, "per")
+        try:  # a user who may not sample reads with the read-only scripts
+            replica = readable_replica(buffer, "per")
             with replica.lock:
                 replica.sync(buffer)
-                scores = replica.scores[: replica.count]
-        except redis.exceptions.NoPermissionError:
-            # a user who may not pin the mass log for a replica (the actor and operator
-            # roles, redisbuf/ops/acl.py) reads the priorities whole: exact, O(n)
-            scores = np.array([float(value) for _, value in
-                               buffer.client.hscan_iter(keys.per, count=10_000)])
+                scores = replica.scores[: replica.count].copy()
+        except SamplingError:  # (read-only) the log moved past every read: nothing to show
+            return {"priority_min": None, "priority_mean": None, "priority_max": None}
         scores = scores[~np.isnan(scores)]
         if len(scores):
-            total = float(meta.get("per_sum", 0)) + float(meta.get("per_comp", 0))
             return {
                 "priority_min": float(scores.min()),
-                "priority_mean": total / len(scores) if "per_sum" in meta else None,
+                "priority_mean": float(scores.mean()),
                 "priority_max": float(scores.max()),
             }
     if meta.get("rewards") == "0":  # no log-rewards stored: every item's is 0

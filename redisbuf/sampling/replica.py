@@ -1,13 +1,16 @@
 """A sampling process's replica of a buffer's scores, for prioritized draws.
 
-The server keeps the scores (log-rewards in the ``prio`` zset, PER priorities in the
-``per`` hash) and, while prioritized sampling is on, a log of every change to them
-(``lua/_masslog.lua``). A :class:`MassReplica` holds a copy of the scores in dense numpy
-arrays sorted by item id (ids, scores, masses: 24 bytes an item) with the sum and the
-smallest non-zero mass of every block of 32 items and of every group of 32 blocks,
-brought up to date from that log
-with vectorised numpy, so a draw costs the server one check and the blob read however
-large the buffer is. ``lua/sample_prioritized.lua`` commits a draw only when the replica
+The server keeps the log-rewards in the ``prio`` zset and, while prioritized sampling is
+on, a log of every change to the scores (``lua/_masslog.lua``); PER priorities have no
+per-item copy on the server: they are the newest snapshot (``rb:{name}:snap``, written by
+following replicas) and the log after it, whose priority updates (U entries) the
+replicas apply in order, skipping ids not stored at that point of the log. A
+:class:`MassReplica` holds a copy of the scores in dense numpy arrays sorted by item id
+(ids, scores, masses: 24 bytes an item) with the sum and the smallest non-zero mass of
+every block of 32 items and of every group of 32 blocks (under PER also the sum of the
+priorities, for ALF's importance weights), brought up to date from that log with
+vectorised numpy, so a draw costs the server one check and the blob read however large
+the buffer is. ``lua/sample_prioritized.lua`` commits a draw only when the replica
 was current, or corrects a draw with replacement to the law at the commit: draws always
 follow every change made before the commit.
 """
@@ -25,7 +28,10 @@ import redis
 
 from ..errors import EmptyBufferError, PrioritizedSamplingOffError, SamplingError
 from ..store.keys import last_of_each
+from . import snapshots
 from .first_read import read_scores
+from .masslog import parse_entry
+from .masslog import text as _text
 
 if TYPE_CHECKING:
     from .base import BufferView
@@ -39,50 +45,30 @@ _LARGEST = 2.0**990  # a mass's cap: 2^32 such masses sum to a finite number
 # those per group of _FAN blocks: a draw reads _FAN block sums and _FAN masses.
 _FAN = 32
 _BLOCK = _FAN * _FAN  # slots per group; arrays are a whole number of groups
+_ONES = np.ones(_FAN)
 # A first read without a snapshot (first_read.py): the log's entries after the version it
 # began at are kept for the reader this long, renewed every _PIN_MS / 4 while it reads.
 _PIN_MS = 10_000
 _LOAD_ATTEMPTS = 20
 # The meta fields that say whether the log is kept and how scores become masses
-_SETTINGS = ("masslog", "mass", "per_alpha", "per_eps")
-# A snapshot holds this many items a chunk (16 bytes each: a 1 MiB field), and a replica
-# writes a new one after applying max(_SNAP_ROWS, an eighth of its length) logged rows,
-# unless another process published one since half as many: the log keeps at least
-# max(10,000, capacity / 4) rows (lua/_masslog.lua), so the newest snapshot stays within
-# its reach and a new replica reads it rather than every item.
-_SNAP_CHUNK = 65_536
+_SETTINGS = ("masslog", "mass", "per_alpha", "per_eps", "log_truth")
+# A snapshot holds this many items a page (two fields: the ids as runs of consecutive ids,
+# the scores as float64: 8 bytes an item, 32 KiB), and a replica writes a new one after
+# applying max(_SNAP_ROWS, an eighth of its length) logged rows, unless another process
+# published one since half as many: the log keeps at least max(10,000, capacity / 4)
+# rows (lua/_masslog.lua), so the newest snapshot stays within its reach and a new
+# replica reads it rather than every item. Under PER the log is trimmed only behind the
+# snapshot (the priorities have no other copy), so one is written at any size.
+_SNAP_CHUNK = 4_096
 _SNAP_ROWS = 5_000
-# Below this many items a scan is a few calls: no snapshot is written (nor read)
+# Below this many items a scan is a few calls: no softmax snapshot is written (nor read)
 _SNAP_MIN_ITEMS = 50_000
+# U entries' counts kept (log version -> ids the entry updated), for update_priority
+_HELD_KEPT = 256
+# A PER priority counts in the sum of priorities (ALF's mean) as at most this, as a mass
+_SUM_CAP = 2.0**990
 # What a server that refuses every write answers one (redisbuf/store/scripts.py)
 _REFUSED_WRITES = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _numbers(text: bytes, dtype: Any) -> np.ndarray:
-    """Comma-separated numbers (``nan``, ``inf`` and ``-inf`` too) as an array."""
-    if not text:
-        return np.empty(0, dtype=dtype)
-    return np.array(text.split(b","), dtype=dtype)
-
-
-def parse_entry(entry: bytes) -> tuple[np.ndarray, np.ndarray] | None:
-    """(ids, new scores; NaN = removed) of one mass-log entry, rows in order; None for an
-    X entry (everything must be read again)."""
-    if entry[:1] == b"X":
-        return None
-    if entry[:1] == b"P":  # ids 12 digits each, then the new scores (old ones: bits)
-        _, _, _, ids, new, _ = entry.split(b"|", 5)
-        return np.frombuffer(ids, dtype="S12").astype(np.int64), _numbers(new, np.float64)
-    _, count, _, ids, _, new = entry.split(b"|", 5)
-    k = int(count)
-    scores = _numbers(new, np.float64) if new else np.full(k, np.nan)
-    if len(scores) == 1 and k > 1:  # one value for every row
-        scores = np.full(k, scores[0])
-    return _numbers(ids, np.int64), scores
 
 
 class MassReplica:
@@ -110,6 +96,15 @@ class MassReplica:
         self.ref = 0.0
         self.rows_applied = 0  # log rows applied since the last snapshot read or written
         self.snap_mark = 0  # the log version at which this replica last wrote or skipped one
+        #: log version of each U entry applied lately -> how many ids it updated
+        self.held_counts: dict[int, int] = {}
+        #: the buffer's scores are the snapshot and the log (PER of a ReplayBuffer: meta
+        #: log_truth), read at the first read
+        self.log_truth = False
+        #: reads only (the scripts' read-only variants: no pin of the log, no snapshot
+        #: written), for a user who may not sample (redisbuf/ops/acl.py)
+        self.read_only = False
+        self._last_held: int | None = None
         self._set_arrays(np.empty(0, np.int64), np.empty(0))
 
     # -- storage ------------------------------------------------------------------------
@@ -128,6 +123,7 @@ class MassReplica:
         self._new_levels(size)
         self.positive = 0  # drawable items (finite log-reward; PER: mass > 0)
         self.infinite = 0  # items of log-reward +inf (softmax only)
+        self.nonzero = 0  # PER: items of priority > 0
         self._count_scores(self.scores[:count], +1)
         if self.rule == "softmax":
             finite = scores[np.isfinite(scores)]
@@ -142,7 +138,8 @@ class MassReplica:
     def nbytes(self) -> int:
         """Bytes held by the replica's arrays."""
         return sum(a.nbytes for a in (self.ids, self.scores, self.masses, self.block_sums,
-                                      self.block_mins, self.group_sums, self.group_mins))
+                                      self.block_mins, self.group_sums, self.group_mins,
+                                      self.score_block_sums, self.score_group_sums))
 
     def masses_of(self, scores: np.ndarray) -> np.ndarray:
         if self.rule == "per":  # (priority + eps) ** alpha; 0 where not above 0 or NaN
@@ -159,6 +156,7 @@ class MassReplica:
         scores = scores[~np.isnan(scores)]
         if self.rule == "per":
             drawable = scores + self.eps > 0
+            self.nonzero += sign * int(np.count_nonzero(scores > 0))
         else:
             drawable = np.isfinite(scores)
             self.infinite += sign * int(np.count_nonzero(scores == np.inf))
@@ -169,6 +167,15 @@ class MassReplica:
         self.block_mins = np.full(size // _FAN, np.inf)
         self.group_sums = np.zeros(size // _BLOCK)
         self.group_mins = np.full(size // _BLOCK, np.inf)
+        # PER: the priorities' sums (capped; holes count 0), kept as the masses' are
+        levels = size if self.rule == "per" else 0
+        self.score_block_sums = np.zeros(levels // _FAN)
+        self.score_group_sums = np.zeros(levels // _BLOCK)
+
+    def _capped(self, scores: np.ndarray) -> np.ndarray:
+        """Priorities as the sum of priorities counts them: NaN (holes) as 0, capped
+        (fmax drops a NaN; PER priorities are >= 0)."""
+        return np.minimum(np.fmax(scores, 0.0), _SUM_CAP)
 
     def _refresh_blocks(self, first: int, stop: int) -> None:
         """Recompute the sums and minimums of groups first .. stop - 1 (of _BLOCK slots)."""
@@ -180,20 +187,40 @@ class MassReplica:
         self.block_mins[blocks] = np.where(view > 0, view, np.inf).min(axis=1)
         self.group_sums[first:stop] = self.block_sums[blocks].reshape(-1, _FAN).sum(axis=1)
         self.group_mins[first:stop] = self.block_mins[blocks].reshape(-1, _FAN).min(axis=1)
+        if self.rule == "per":
+            scores = self._capped(self.scores[first * _BLOCK : stop * _BLOCK]).reshape(-1, _FAN)
+            self.score_block_sums[blocks] = scores.sum(axis=1)
+            self.score_group_sums[first:stop] = \
+                self.score_block_sums[blocks].reshape(-1, _FAN).sum(axis=1)
 
     def _refresh_slots(self, slots: np.ndarray) -> None:
         """Recompute the block and group sums and minimums over these slots."""
-        blocks = np.unique(slots // _FAN)
+        # (sums as products with ones and minimums along the first axis: numpy's
+        # reductions of many short rows cost several times more)
+        blocks = np.unique(slots >> 5)  # _FAN = 32
         view = self.masses.reshape(-1, _FAN)[blocks]
-        self.block_sums[blocks] = view.sum(axis=1)
-        self.block_mins[blocks] = view.min(axis=1, where=view > 0, initial=np.inf)
-        groups = np.unique(blocks // _FAN)
-        self.group_sums[groups] = self.block_sums.reshape(-1, _FAN)[groups].sum(axis=1)
-        self.group_mins[groups] = self.block_mins.reshape(-1, _FAN)[groups].min(axis=1)
+        self.block_sums[blocks] = view @ _ONES
+        view = view.T
+        self.block_mins[blocks] = np.where(view > 0, view, np.inf).min(axis=0)
+        groups = blocks >> 5  # sorted: the first of each run
+        if len(groups) > 1:
+            groups = groups[np.concatenate(([True], groups[1:] != groups[:-1]))]
+        self.group_sums[groups] = self.block_sums.reshape(-1, _FAN)[groups] @ _ONES
+        self.group_mins[groups] = self.block_mins.reshape(-1, _FAN)[groups].T.min(axis=0)
+        if self.rule == "per":
+            scores = self._capped(self.scores.reshape(-1, _FAN)[blocks])
+            self.score_block_sums[blocks] = scores @ _ONES
+            self.score_group_sums[groups] = self.score_block_sums.reshape(-1, _FAN)[groups] @ _ONES
 
     @property
     def total(self) -> float:
         return float(self.group_sums.sum())
+
+    @property
+    def score_sum(self) -> float:
+        """PER: the sum of the priorities held (each capped at 2^990), exact as the
+        masses' total: recomputed from the scores of every changed block."""
+        return float(self.score_group_sums.sum())
 
     @property
     def min_mass(self) -> float:
@@ -322,16 +349,103 @@ class MassReplica:
         self._refresh_slots(slots)
 
     def apply(self, entry: bytes) -> np.ndarray | None:
-        """Apply one log entry and return the ids it names; None for an X entry."""
+        """Apply one log entry and return the ids it names; None for an X entry. A U
+        entry's count of ids updated (those held) is left in ``_last_held``."""
         parsed = parse_entry(entry)
         if parsed is None:
             return None
-        ids, scores = parsed
+        ids, scores, held_only = parsed
         self.rows_applied += len(ids)
-        # an id named twice in one entry (added, then evicted at once): its last row wins
+        # an id named twice in one entry (added, then evicted at once; updated twice): its
+        # last row wins
         last = last_of_each(ids)
-        self.set_scores(ids[last], scores[last])
+        if held_only:
+            self._last_held = self.rescore_held(ids[last], scores[last])
+        else:
+            self._last_held = None
+            self.set_scores(ids[last], scores[last])
         return ids
+
+    def rescore_held(self, ids: np.ndarray, scores: np.ndarray) -> int:
+        """Re-score the items ``ids`` (distinct) that the replica holds with PER
+        priorities ``scores`` (finite and >= 0: checked by the update's sender and its
+        script), skipping the others (not stored at this point of the log); returns how
+        many it held."""
+        slots = self.slots_of(ids)
+        held = slots >= 0
+        if not held.all():
+            slots, scores = slots[held], scores[held]
+        if not len(slots):
+            return 0
+        if self.rule != "per":
+            self._rescore(slots, scores)
+            return len(slots)
+        # _rescore for known priorities: nothing removed, counts by difference, masses
+        # without the checks masses_of makes for any score
+        gained = int(np.count_nonzero(scores)) - int(np.count_nonzero(self.scores[slots]))
+        self.nonzero += gained
+        if not self.eps > 0:  # drawable is non-zero then (with eps > 0: every item)
+            self.positive += gained
+        self.scores[slots] = scores
+        if self.alpha > 0:
+            masses = np.power(np.minimum(scores + self.eps, self._base_cap), self.alpha)
+        else:  # 0^0 would be 1: a zero base has no mass
+            masses = (scores + self.eps > 0).astype(np.float64)
+        self.masses[slots] = np.minimum(masses, _LARGEST, out=masses)
+        self._refresh_slots(slots)
+        return len(slots)
+
+    @property
+    def _base_cap(self) -> float:
+        """The base above which (base)^alpha passes the mass cap: bases are clipped to it
+        first, so the power never overflows (the cap is applied after)."""
+        if not self.alpha > 990 / 1023:  # then base^alpha <= base: no overflow
+            return np.inf
+        return 2.0 ** (990 / self.alpha + 1)
+
+    def _note_held(self, version: int) -> None:
+        """Keep the count of the U entry just applied as that of log version ``version``
+        (the newest _HELD_KEPT of them)."""
+        if self._last_held is None:
+            return
+        self.held_counts[version] = self._last_held
+        self._last_held = None
+        if len(self.held_counts) > _HELD_KEPT:
+            for old in sorted(self.held_counts)[: len(self.held_counts) - _HELD_KEPT]:
+                del self.held_counts[old]
+
+    def apply_update(self, buffer: BufferView, reply: Sequence[Any], ids: np.ndarray,
+                     scores: np.ndarray, sent: tuple[str, int, str]) -> int | None:
+        """After this process's lua/update_priority.lua of ``ids`` (distinct) and their
+        ``scores``, sent with this replica at ``sent`` (epoch, version, stamp): bring the
+        replica up to the version after it and return how many ids the update found
+        stored at its point of the log, as this replica applies it. ``reply``: the
+        script's (epoch, version and stamp before and after, then the entries after
+        ``sent`` when the log had moved on). The caller holds no lock: another thread may
+        have moved the replica meanwhile. None when that cannot be told (the replica read
+        everything again, or the count is no longer kept)."""
+        epoch, before, after = _text(reply[0]), int(reply[1]), int(reply[2])
+        if not epoch:  # the log was not kept (cannot happen under PER)
+            return None
+        stamp_before, stamp_after = _text(reply[3]), _text(reply[4])
+        with self.lock:
+            here = (self.epoch, self.version, self.stamp)
+            if here == sent == (epoch, before, stamp_before) and after == before + 1:
+                held = self.rescore_held(ids, scores)  # the only change since: no parse
+                self.rows_applied += len(ids)
+                self.version, self.stamp = after, stamp_after
+                self._last_held = held
+                self._note_held(after)
+                return held
+            if self.epoch == epoch and self.version >= after:
+                return self.held_counts.get(after)  # another thread applied it
+            if here == sent:  # the log had moved on: the entries since, this one's last
+                if self._follow(buffer, [0, epoch, after, stamp_after, *reply[5:]]) is None:
+                    self.load(buffer)
+                    return None
+            elif self.sync(buffer) is None:  # another thread moved it meanwhile
+                return None
+            return self.held_counts.get(after) if self.epoch == epoch else None
 
     # -- reading the buffer -------------------------------------------------------------
 
@@ -369,6 +483,7 @@ class MassReplica:
                 touched.append(ids)
                 self.version += 1
                 self.stamp = _text(entry.split(b"|", 3)[2])
+                self._note_held(self.version)
             if self.version >= version:  # as of the reply (the caller's moment)
                 if self.rows_applied > max(_SNAP_ROWS, self.live // 8):
                     self._renew_snapshot(buffer)
@@ -379,7 +494,7 @@ class MassReplica:
 
     def _read_log(self, buffer: BufferView, *extra: Any) -> list[Any]:
         return buffer.run("masslog_read", buffer.keys.all_keys(),
-                          [self.epoch, self.version, self.stamp, *extra])
+                          [self.epoch, self.version, self.stamp, *extra], read=self.read_only)
 
     def sync(self, buffer: BufferView) -> set[int] | None:
         """Catch up with the buffer now (one round trip when current or close behind);
@@ -404,7 +519,8 @@ class MassReplica:
         holder = os.urandom(8).hex()  # this read's pins, apart from other readers'
         for _ in range(_LOAD_ATTEMPTS):
             conf = buffer.client.hmget(keys.meta, *_SETTINGS)
-            logged, mass, alpha, eps = conf
+            logged, mass, alpha, eps, truth = conf
+            self.log_truth = truth in (b"1", "1")
             per = mass in (b"per", "per")
             if logged not in (b"1", "1") or (self.rule == "per") != per:
                 raise _NotOn(self.rule, per)
@@ -415,11 +531,20 @@ class MassReplica:
                 if self._settings_held(buffer, conf):
                     return
                 continue
-            start = buffer.run("masslog_read", all_keys, ["", 0, "", "pin", _PIN_MS, holder])
+            start = buffer.run("masslog_read", all_keys, ["", 0, "", "pin", _PIN_MS, holder],
+                               read=self.read_only)
             if int(start[0]) == 2:
                 raise _NotOn(self.rule, per)
             epoch, version, stamp = _text(start[1]), int(start[2]), _text(start[3])
-            ids, scores = read_scores(buffer, version, _PIN_MS, holder)
+            if self.log_truth:  # no snapshot of this epoch: its base, as of its first entry
+                version = 1
+            ids, scores, base_stamp = read_scores(buffer, version, _PIN_MS, holder,
+                                                  self.log_truth, self.read_only)
+            if base_stamp is not None:
+                if not base_stamp:  # the log no longer holds the epoch's first entry
+                    self._unpin(buffer, holder)
+                    continue
+                stamp = base_stamp
             if len(ids) > 1 and not bool((ids[1:] > ids[:-1]).all()):
                 ids, first = np.unique(ids, return_index=True)  # SCAN may return one twice
                 scores = scores[first]
@@ -454,7 +579,8 @@ class MassReplica:
     def _unpin(self, buffer: BufferView, holder: str) -> None:
         """Drop reader ``holder``'s pin of the log; other readers' stay
         (lua/_replica_reads.lua)."""
-        buffer.run("masslog_read", buffer.keys.all_keys(), ["", 0, "", "unpin", holder])
+        buffer.run("masslog_read", buffer.keys.all_keys(), ["", 0, "", "unpin", holder],
+                   read=self.read_only)
 
     # -- snapshots ----------------------------------------------------------------------
 
@@ -469,41 +595,25 @@ class MassReplica:
         self.write_snapshot(buffer)
 
     def write_snapshot(self, buffer: BufferView) -> bool:
-        """Publish this replica's scores (when it holds at least ``_SNAP_MIN_ITEMS``) as
-        the buffer's snapshot (``rb:{name}:snap``): a
-        header and chunks of ids and scores packed as little-endian int64 and float64, each
-        chunk led by the snapshot's token, written under a staging key and swapped in by
-        lua/snapshot_commit.lua when it is newer than the one there. A new replica reads it
-        in a few large replies and follows the log from its version. Whether it was
-        published: not when the server refuses writes (``maxmemory`` reached under
-        ``noeviction``, a read-only replica), where the snapshot, a shortcut for later
-        replicas, is skipped and the draw goes on."""
+        """Publish this replica's scores as the buffer's snapshot (a softmax replica only
+        when it holds at least ``_SNAP_MIN_ITEMS``; under PER at any size: the log is
+        trimmed only behind it), in pages of ``_SNAP_CHUNK`` items
+        (:func:`~redisbuf.sampling.snapshots.publish`). Whether it was published: not when
+        the server refuses writes (``maxmemory`` reached under ``noeviction``, a read-only
+        replica), where the snapshot is skipped and the draw goes on."""
         self.rows_applied, self.snap_mark = 0, self.version
-        if self.live < _SNAP_MIN_ITEMS:
+        if self.read_only or (not self.log_truth and self.live < _SNAP_MIN_ITEMS):
             return False
-        count = self.count
-        held = ~np.isnan(self.scores[:count])
-        ids, scores = self.ids[:count][held], self.scores[:count][held]
-        token = os.urandom(8)
-        keys = buffer.keys
-        staging = keys.snap_staging(token.hex())
-        chunks = -(-len(ids) // _SNAP_CHUNK)
-        pipe = buffer.client.pipeline(transaction=False)
-        for k in range(chunks):
-            part = slice(k * _SNAP_CHUNK, (k + 1) * _SNAP_CHUNK)
-            pipe.hset(staging, f"c{k}", token + ids[part].astype("<i8").tobytes()
-                      + scores[part].astype("<f8").tobytes())
-        pipe.expire(staging, 600)  # gone if this process dies before the commit
-        header = json.dumps({"token": token.hex(), "epoch": self.epoch, "version": self.version,
-                             "stamp": self.stamp, "rule": self.rule, "count": len(ids),
-                             "chunks": chunks})
+        held = ~np.isnan(self.scores[: self.count])
+        masses = self.masses[: self.count][held] if self.log_truth else None
         try:
-            pipe.execute()
-            published = buffer.run("snapshot_commit", [keys.meta, staging, keys.snap],
-                                    [header, self.epoch, self.version])
+            return snapshots.publish(
+                buffer, self.ids[: self.count][held], self.scores[: self.count][held], masses,
+                {"epoch": self.epoch, "version": self.version, "stamp": self.stamp,
+                 "rule": self.rule, "total": self.total if self.log_truth else None},
+                _SNAP_CHUNK, self.log_truth)
         except _REFUSED_WRITES:
             return False  # a part written before the refusal expires with the staging key
-        return bool(int(published))
 
     def _load_snapshot(self, buffer: BufferView, holder: str | None = None) -> bool:
         """Read the buffer's snapshot and the log entries after it; False when there is
@@ -519,7 +629,8 @@ class MassReplica:
             return False
         epoch, version, stamp = header["epoch"], int(header["version"]), header["stamp"]
         reply = buffer.run("masslog_read", keys.all_keys(),
-                            [epoch, version, stamp, "pin_at", _PIN_MS, holder])
+                           [epoch, version, stamp, "pin_at", _PIN_MS, holder],
+                           read=self.read_only)
         if int(reply[0]) == 2:
             raise _NotOn(self.rule, self.rule == "per")
         try:  # whatever the outcome, the pin goes (one left below log_first stops trimming)
@@ -531,24 +642,14 @@ class MassReplica:
                        holder: str) -> bool:
         """:meth:`_load_snapshot`'s read of the chunks and catch-up, the log pinned at the
         snapshot's version (``reply``: the pinning masslog_read's)."""
-        keys = buffer.keys
         epoch, version, stamp = header["epoch"], int(header["version"]), header["stamp"]
         current = (_text(reply[1]), int(reply[2]), _text(reply[3])) == (epoch, version, stamp)
         if not current and len(reply) == 4:
             return False
-        pipe = buffer.client.pipeline(transaction=False)
-        for k in range(int(header["chunks"])):
-            pipe.hget(keys.snap, f"c{k}")
-        token = bytes.fromhex(header["token"])
-        id_parts, score_parts = [], []
-        for chunk in pipe.execute():
-            if chunk is None or chunk[:8] != token:
-                return False  # replaced by a newer snapshot meanwhile: read it again
-            k = (len(chunk) - 8) // 16
-            id_parts.append(np.frombuffer(chunk, dtype="<i8", count=k, offset=8))
-            score_parts.append(np.frombuffer(chunk, dtype="<f8", count=k, offset=8 + 8 * k))
-        ids = np.concatenate(id_parts) if id_parts else np.empty(0, np.int64)
-        scores = np.concatenate(score_parts) if score_parts else np.empty(0)
+        read = snapshots.read(buffer, header)
+        if read is None:
+            return False  # replaced by a newer snapshot meanwhile: read it again
+        ids, scores = read
         self._set_arrays(ids.astype(np.int64), scores.astype(np.float64))
         self.epoch, self.version, self.stamp = epoch, version, stamp
         self.rows_applied = 0
@@ -708,4 +809,23 @@ def replica_of(buffer: BufferView, rule: str) -> MassReplica:
     return replica
 
 
-__all__ = ["MassReplica", "parse_entry", "replica_of"]
+def readable_replica(buffer: BufferView, rule: str, keep: bool = True) -> MassReplica:
+    """A replica to read the buffer's scores with (stats, a save): the buffer's own for
+    ``rule`` (:func:`replica_of`, made and kept when ``keep``), or one of this call's
+    own that reads with the scripts' read-only variants (no pin of the log, no snapshot
+    written: the read changes nothing), when ``keep`` is False and this process has none,
+    or for a user who may not sample (its ACL role refuses the pins: redisbuf/ops/acl.py).
+    Under PER the log is trimmed only behind the newest snapshot, so an unpinned read
+    that meets a newer snapshot reads that one."""
+    if keep or rule in buffer.replicas:
+        try:
+            return replica_of(buffer, rule)
+        except redis.exceptions.NoPermissionError:
+            pass
+    replica = MassReplica(rule)
+    replica.read_only = True
+    replica.load(buffer)
+    return replica
+
+
+__all__ = ["MassReplica", "parse_entry", "readable_replica", "replica_of"]

@@ -422,14 +422,14 @@ def _draw_turning_on(
         f"of {_TURN_ON_ATTEMPTS} times this sampler turned prioritized sampling on in it")
 
 
-# Items given their initial PER priority per call when PER is turned on over a full buffer:
-# each call stays in the tens of milliseconds (lua/enable_per.lua)
+# (lua/enable_per.lua's fourth argument, unused since turning PER on is O(1): earlier
+# versions gave the items present their priority this many a call)
 PER_FILL_SLICE = 20_000
 
 
 def turn_per_on(buffer: BufferView, alpha: float, eps: float, initial: float) -> None:
-    """Call lua/enable_per.lua until PER is on (it works in slices; any process may
-    finish what another began)."""
+    """Turn PER on with lua/enable_per.lua (one O(1) call; it is called again while it
+    answers 2, as a script of an earlier version might)."""
     args = [repr(alpha), repr(eps), repr(initial), PER_FILL_SLICE]
     while int(buffer.run("enable_per", buffer.keys.all_keys(), args)) == 2:
         pass
@@ -461,11 +461,12 @@ class PERSampler:
     commits the draw, corrected to the law at the commit when the replica was behind
     (lua/sample_prioritized.lua).
 
-    ``p_i`` is the item's PER priority (the ``per`` sorted set), set by
-    :meth:`ReplayBuffer.update_priority` or ``add(..., priorities=...)``; a new item
-    otherwise gets ``max(initial_priority, the highest priority set since PER was turned
-    on or the buffer cleared)``: a running max (meta ``per_max``), which neither the
-    eviction of the item that held it nor a lower update lowers. ``alpha``,
+    ``p_i`` is the item's PER priority (kept as the buffer's snapshot and mass log, which
+    every sampling process's replica applies), set by :meth:`ReplayBuffer.update_priority`
+    or ``add(..., priorities=...)``; a new item otherwise gets ``max(initial_priority,
+    the highest priority given since PER was turned on or the buffer cleared)``: a running
+    max (meta ``per_max``), which neither the eviction of the item that held it nor a
+    lower update lowers. ``alpha``,
     ``eps`` and ``initial_priority`` are stored with the buffer: every process must use
     the same. ``beta`` (the exponent of the importance weights) is this object's own and
     may be changed between calls (annealing).
@@ -516,8 +517,9 @@ class PERSampler:
         self.stratified = bool(stratified)
 
     def prepare(self, buffer: BufferView) -> None:
-        """Turn PER on for the buffer (or check its settings), giving the items present
-        their initial priority a slice at a time (see lua/enable_per.lua)."""
+        """Turn PER on for the buffer (or check its settings): the items present get
+        their initial priority by the new epoch's base, in one O(1) call (see
+        lua/enable_per.lua)."""
         _forget_replica(buffer, "per")
         turn_per_on(buffer, self.alpha, self.eps, self.initial_priority)
 

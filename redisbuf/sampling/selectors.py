@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import HeapNotBuiltError, RequestTooLargeError
 from ..store import bounds
+from ..store.keys import pack_ids
 from .samplers import Draw, _draw_then_fetch
 
 if TYPE_CHECKING:
@@ -36,12 +37,37 @@ _HEAP_ATTEMPTS = 3
 
 def build_heap(buffer: BufferView) -> int:
     """Build the buffer's priority heap (the ``perheap`` zset the selectors by PER
-    priority read) in bounded slices (lua/heap_build.lua): no command holds the server
-    long, and changes made meanwhile are kept. Returns the number of calls it took."""
-    calls = 1
-    while not int(buffer.run("heap_build", buffer.keys.all_keys(), [])):
+    priority read) from this process's replica of the priorities, in bounded slices
+    (lua/heap_build.lua): no command holds the server long, and changes made meanwhile
+    are kept. Returns the number of calls it took."""
+    from .replica import replica_of
+
+    keys, calls = buffer.keys.all_keys(), 0
+    while True:
         calls += 1
-    return calls
+        start = buffer.run("heap_build", keys, ["start"])
+        if int(start[0]) == 1:
+            return calls
+        epoch = start[1].decode() if isinstance(start[1], bytes) else str(start[1])
+        replica = replica_of(buffer, "per")
+        with replica.lock:
+            replica.sync(buffer)  # at or after the start: changes since are in the heap
+            held = ~np.isnan(replica.scores[: replica.count])
+            ids = replica.ids[: replica.count][held]
+            scores = replica.scores[: replica.count][held]
+            ready = replica.epoch == epoch
+        done = ready
+        for first, stop in bounds.chunks(len(ids)):
+            if not done:
+                break
+            calls += 1
+            done = bool(int(buffer.run("heap_build", keys, [
+                "slice", epoch, pack_ids(ids[first:stop])[0],
+                scores[first:stop].astype(">f8").tobytes()])))
+        if done:
+            calls += 1
+            if int(buffer.run("heap_build", keys, ["finish", epoch])):
+                return calls
 
 
 class _Selector:

@@ -27,6 +27,10 @@ rb_sample_uniform_ro   sample_    the 13 buffer keys              no-writes (cou
                        uniform                                    nothing)
 rb_update_priority     update_    the 13 buffer keys              --
                        priority
+rb_priority            priority_  meta, order, masslog, snap,     no-writes
+                       read       perheap, per
+rb_sample_per          sample_    the 13 buffer keys, snap        -- (counts uses)
+                       per
 rb_len                 len        meta, order                     no-writes
 rb_stats               stats      meta, order                     no-writes
 =====================  =========  ==============================  ========================
@@ -57,10 +61,13 @@ _OPERATIONS: dict[str, tuple[str, bool]] = {
     "rb_sample_uniform": ("sample_uniform", False),
     "rb_sample_uniform_ro": ("sample_uniform", True),
     "rb_update_priority": ("update_priority", False),
+    "rb_priority": ("priority_read", True),
+    "rb_sample_per": ("sample_per", False),
     "rb_len": ("len", True),
     "rb_stats": ("stats", True),
 }
-READ_ONLY = frozenset({"rb_version", "rb_sample_uniform_ro", "rb_len", "rb_stats"})
+READ_ONLY = frozenset({"rb_version", "rb_sample_uniform_ro", "rb_priority", "rb_len",
+                       "rb_stats"})
 
 # What a writing function asks of its caller (redisbuf/ops/acl.py): PUBLISH permission on
 # the channel rb:{NAME}:grant:GRANT of the buffer its KEYS[1] belongs to, checked by
@@ -76,7 +83,8 @@ GRANTS: dict[str, str] = {
                      "steps_insert", "steps_sweep",
                      # rewriting a stored record (a writer's correction, DI-engine's update)
                      "replace"), "add"),
-    **dict.fromkeys(("sample_uniform", "sample_prioritized", "sample_select", "sample_window",
+    **dict.fromkeys(("sample_uniform", "sample_prioritized", "sample_per", "sample_select",
+                     "sample_window",
                      "undo_draws", "episode_sample", "episode_windows", "fragment_fetch",
                      "masslog_read", "replica_read", "seq_read", "seq_sample",
                      "seq_masslog_read", "seq_replica_read", "enable_per", "enable_softmax",

@@ -10,7 +10,7 @@ key                        type    content
 ``rb:{name}:items``        hash    item id -> msgpack blob
 ``rb:{name}:prio``         zset    item id -> log-reward (priority); none without log_rewards
 ``rb:{name}:order``        zset    item id -> id (insertion order)
-``rb:{name}:per``          hash    item id -> PER priority (prioritized experience replay)
+``rb:{name}:per``          hash    only of an earlier layout: PER priorities (now the log + snap)
 ``rb:{name}:perheap``      zset    item id -> PER priority, only once a heap selector used it
 ``rb:{name}:uses``         hash    item id -> times sampled
 ``rb:{name}:versions``     zset    item id -> model version it was produced with
@@ -18,8 +18,10 @@ key                        type    content
 ``rb:{name}:vecs``         hash    item id -> compact state vector (diversity checks)
 ``rb:{name}:batches``      hash    batch id of a recent add -> its reply (see scripts.py)
 ``rb:{name}:batches:old``  hash    the previous generation of ``batches``, then forgotten
-``rb:{name}:masslog``      list    recent score changes, for prioritized samplers' replicas
-``rb:{name}:snap``         hash    a replica's snapshot of the scores, for new replicas
+``rb:{name}:masslog``      list    score changes, for prioritized samplers' replicas (PER: the
+                                   priorities after the snapshot)
+``rb:{name}:snap``         hash    a replica's snapshot of the scores (PER: their copy behind
+                                   the log)
 ``rb:{name}:shards``       hash    a sharded buffer's layout (see redisbuf/buffers/sharded.py)
 ``rb:{name}:quarantine``   hash    item id -> blob of a record set aside: it did not decode
 =========================  ======  =====================================================
@@ -304,7 +306,7 @@ class BufferKeys:
             self.items: "hash: item id -> msgpack blob",
             self.prio: "zset: item id -> log-reward",
             self.order: "zset: item id -> insertion order",
-            self.per: "hash: item id -> PER priority (HGET rb:{name}:per <12-digit id>)",
+            self.per: "hash: an earlier layout's PER priorities (now the snapshot and the log)",
             self.per_heap: "zset: item id -> PER priority (only once a heap selector used it)",
             self.uses: "hash: item id -> times sampled",
             self.versions: "zset: item id -> model version",
@@ -312,7 +314,8 @@ class BufferKeys:
             self.vecs: "hash: item id -> compact state vector (diversity checks)",
             self.batches: "hash: recent add's batch id -> its reply (retried adds)",
             self.batches_old: "hash: the previous generation of the batch ids (then forgotten)",
-            self.masslog: "list: recent score changes, for prioritized samplers' replicas",
+            self.masslog: "list: score changes, for prioritized samplers' replicas "
+                          "(PER: the priorities after the snapshot rb:{name}:snap)",
         }
 
 

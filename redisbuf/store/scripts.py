@@ -371,7 +371,7 @@ def translate(exc: redis.exceptions.ResponseError) -> Exception:
 
 # Scripts that never write: where functions run, they run as their read-only variant
 # (FCALL_RO), which a user whose keys are read-only (the operator role) may call.
-READS = frozenset({"len", "stats"})
+READS = frozenset({"len", "stats", "priority_read"})
 
 # client (unwrapped) -> whether its server runs this version's library (see uses_functions)
 _modes: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()

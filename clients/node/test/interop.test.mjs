@@ -68,8 +68,19 @@ test('Node adds transitions while Python samples and updates priorities', { skip
       assert.equal(added.ids.length, 16);
       added.ids.forEach((id, k) => out.push({ id, index: batch * 16 + k }));
     }
-    // and updates priorities of its own items (PER) like a learner would
-    assert.equal(await buffer.updatePriority([out[0].id, out[1].id], [0.5, 2]), 2);
+    // and updates priorities of its own items (PER) like a learner would: one append, not
+    // counted; the server's read sees it at once (unless Python's learner changed them)
+    assert.equal(await buffer.updatePriority([out[0].id, out[1].id], [0.5, 2]), null);
+    const read = await buffer.priority([out[0].id, out[1].id, 10 ** 9]);
+    assert.equal(read.length, 3);
+    assert.ok(read[0] !== null && read[1] !== null && read[2] === null);
+    // and draws by PER on the server: only its own items (a snapshot exists: Python's
+    // learner published one)
+    const drawn = await buffer.samplePer(32);
+    assert.ok(drawn.ids.length > 0 && drawn.ids.length <= 32);
+    const mine = new Set(out.map((row) => row.id));
+    assert.ok(drawn.ids.every((id) => mine.has(id)));
+    assert.equal(drawn.records.length, drawn.ids.length);
   } finally {
     await client.quit();
   }
