@@ -167,7 +167,7 @@ def test_what_it_refuses(client, buffer_name):
     with pytest.raises(ValueError, match="p_norm_distance must be >= 0"):
         NormBasedDiversePrioritizedReplayBuffer(client, buffer_name, p_norm_distance=-1.0)
     ReplayBuffer(client, f"{buffer_name}-fifo", capacity=2)
-    with pytest.raises(ConfigMismatchError, match="prioritized_capacity mismatch"):
+    with pytest.raises(ConfigMismatchError, match="prioritized_capacity or remover mismatch"):
         NormBasedDiversePrioritizedReplayBuffer(client, f"{buffer_name}-fifo", capacity=2)
     # filled by a plain writer: no vectors to compare against once full
     plain = ReplayBuffer(client, buffer_name, capacity=2, prioritized_capacity=True)

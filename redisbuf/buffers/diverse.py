@@ -17,8 +17,8 @@ import numpy as np
 
 from ..errors import InvalidBatchError, SchemaError
 from ..store.containers import KINDS, _to_numpy
-from .insert import AddResult, _priority_text
-from .replay import ReplayBuffer, _check_add_bound
+from .insert import AddResult, _priority_text, check_add_bound
+from .replay import ReplayBuffer
 from .terminating import terminating_states_of
 
 
@@ -169,7 +169,7 @@ class NormBasedDiversePrioritizedReplayBuffer(ReplayBuffer):
         # vectors first: "give Trajectories, not a dict" says more than the kind mismatch
         vectors = diversity_vectors(batch)
         blobs, log_rewards, schema = self.encode(batch)
-        _check_add_bound(self.name, blobs)
+        check_add_bound(self.name, blobs)
         args = self._args(blobs, log_rewards, vectors, self.cutoff_distance)
         reply = self._insert_with(schema, "add_diverse", args)
         first, count, evicted = (int(x) for x in reply[:3])

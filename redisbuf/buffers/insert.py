@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import redis
 
-from ..errors import SchemaError, ServerFullError, ServerUnavailableError
-from ..store import scripts
+from ..errors import RequestTooLargeError, SchemaError, ServerFullError, ServerUnavailableError
+from ..store import bounds, scripts
 from ..store.connection import check_durability, durability_wait, retrying
 from ..store.containers import schema_to_json
 from ..store.keys import BufferKeys, format_id
@@ -31,6 +31,17 @@ if TYPE_CHECKING:
     from .needs import InsertingNeeds as _InsertingNeeds
 else:
     _InsertingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
+
+
+def check_add_bound(name: str, blobs: list[bytes]) -> None:
+    """Refuse a batch one add command may not store (redisbuf/store/bounds.py): an add is
+    atomic, so it is refused, not split."""
+    refusal = bounds.add_refusal(len(blobs), sum(len(blob) for blob in blobs))
+    if refusal is not None:
+        raise RequestTooLargeError(
+            f"buffer {name!r}: {refusal}, so that no command stalls the server: add it in "
+            "several batches (redisbuf.store.bounds.add_slices); nothing was written"
+        )
 
 
 @dataclass

@@ -16,7 +16,6 @@ from ..errors import (
     ItemTooLargeError,
     NoSuchBufferError,
     RateLimitTimeoutError,
-    RequestTooLargeError,
     ShardedBufferError,
     WaitTimeoutError,
 )
@@ -32,7 +31,7 @@ from ..sampling.samplers import (
 )
 from ..sampling.waiting import UNSET, Unset, wait_for
 from ..sampling.windows import WindowSampler, joined, recent_batch_size
-from ..store import bounds, functions, scripts
+from ..store import functions, scripts
 from ..store.connection import (
     as_client,
     check_durability_support,
@@ -54,7 +53,7 @@ from . import quarantine
 from .checkpoint import Checkpointing
 from .decoding import Decoding
 from .editing import Editing
-from .insert import AddResult, Inserting
+from .insert import AddResult, Inserting, check_add_bound
 from .inspection import Inspecting
 from .opening import FORMAT_VERSION, Opening, _Config  # noqa: F401
 from .priorities import Prioritizing, _per_priorities
@@ -62,17 +61,6 @@ from .priorities import Prioritizing, _per_priorities
 DEFAULT_MAX_ITEM_BYTES = 64 * 1024 * 1024
 #: how long ``sample(..., block=True)`` waits when the call gives no ``timeout``
 BLOCK_TIMEOUT = 30.0
-
-
-def _check_add_bound(name: str, blobs: list[bytes]) -> None:
-    """Refuse a batch one add command may not store (redisbuf/store/bounds.py): an add is
-    atomic, so it is refused, not split."""
-    refusal = bounds.add_refusal(len(blobs), sum(len(blob) for blob in blobs))
-    if refusal is not None:
-        raise RequestTooLargeError(
-            f"buffer {name!r}: {refusal}, so that no command stalls the server: add it in "
-            "several batches (redisbuf.store.bounds.add_slices); nothing was written"
-        )
 
 
 @dataclass
@@ -113,8 +101,6 @@ class SampleInfo:
     importance_weights: np.ndarray | None = None
     records: list[bytes] | None = None
     priorities: np.ndarray | None = None
-
-
 
 
 class ReplayBuffer(
@@ -482,7 +468,7 @@ class ReplayBuffer(
         if self.remover is not None and self.remover.random:
             # the remover's choices (lua/_removers.lua) draw on this process's generator
             options["evict_u"] = self.rng.random(2 * len(blobs) + 8).tolist()
-        _check_add_bound(self.name, blobs)
+        check_add_bound(self.name, blobs)
         if priorities is not None:
             checked = _per_priorities(priorities, len(blobs))
             options["per_priorities"] = list(map(repr, checked.tolist()))

@@ -78,11 +78,11 @@ from ..store import bounds, scripts
 from ..store.connection import as_client, guarded, is_cluster
 from ..store.containers import kind_of, schema_to_json
 from ..store.keys import BufferKeys
-from .checkpoint import ShardedCheckpointing
 from .insert import AddResult
 from .replay import ReplayBuffer
 from .savefile import saved_shard_count
 from .shard_calls import SHARD_LOST as _SHARD_LOST
+from .sharded_checkpoint import ShardedCheckpointing
 from .sharded_draws import BATCH_LAWS, ShardedSampling
 
 SLOTS = 16384

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
