@@ -134,37 +134,10 @@ class _Prefetched(_Dataset):
         self._depth = depth
 
     def _elements(self, chunk: int | None) -> Iterator[Any]:
-        out: queue.Queue[Any] = queue.Queue(maxsize=self._depth)
-        stop = threading.Event()
-        source = self._parent._elements(chunk)  # type: ignore[union-attr]
-
-        def produce() -> None:
-            try:
-                for element in source:
-                    while not stop.is_set():
-                        try:
-                            out.put(element, timeout=0.25)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
-                        return
-                out.put(_END)
-            except BaseException as exc:  # noqa: BLE001 - raised on the consumer's side
-                out.put(exc)
-
-        thread = threading.Thread(target=produce, daemon=True, name="redisbuf-reverb-prefetch")
-        thread.start()
-        try:
-            while True:
-                element = out.get()
-                if element is _END:
-                    return
-                if isinstance(element, BaseException):
-                    raise element
-                yield element
-        finally:
-            stop.set()
+        parent = self._parent
+        assert parent is not None
+        yield from _parallel(lambda _stop: parent._elements(chunk), 1, self._depth,
+                             name="redisbuf-reverb-prefetch")
 
 
 class _Mapped(_Dataset):
@@ -271,9 +244,10 @@ class _Budget:
 
 
 def _parallel(make: Callable[[threading.Event], Iterator[Any]], workers: int,
-              depth: int = 2) -> Iterator[Any]:
-    """The elements of ``workers`` threads each iterating ``make(stop)``, as they come;
-    the iteration ends when every one has ended, or when one yields ``_END``."""
+              depth: int = 2, name: str = "redisbuf-reverb-dataset") -> Iterator[Any]:
+    """The elements of ``workers`` threads (named ``name``) each iterating ``make(stop)``,
+    as they come, at most ``depth`` per thread queued; the iteration ends when every one
+    has ended, or when one yields ``_END``."""
     out: queue.Queue[Any] = queue.Queue(maxsize=depth * workers)
     stop = threading.Event()
 
@@ -292,7 +266,7 @@ def _parallel(make: Callable[[threading.Event], Iterator[Any]], workers: int,
         except BaseException as exc:  # noqa: BLE001 - raised on the consumer's side
             out.put(exc)
 
-    threads = [threading.Thread(target=run, daemon=True, name="redisbuf-reverb-dataset")
+    threads = [threading.Thread(target=run, daemon=True, name=name)
                for _ in range(workers)]
     for thread in threads:
         thread.start()
@@ -310,6 +284,24 @@ def _parallel(make: Callable[[threading.Event], Iterator[Any]], workers: int,
             yield element
     finally:
         stop.set()
+
+
+def _signature_of(server_address: str, table: str,
+                  timeout_secs: int | None) -> tuple[Any, Any]:
+    """(dtypes, shapes) of ``table``'s signature, as nests, asked of the server.
+
+    Raises:
+        ValueError: the server has no such table, or it has no signature.
+    """
+    info = Client(server_address).server_info(timeout_secs)
+    if table not in info:
+        raise ValueError(f"Server at {server_address} does not contain any table named "
+                         f"{table}. Found: {', '.join(sorted(info))}.")
+    signature = info[table].signature
+    if not signature:
+        raise ValueError(f"Table {table} at {server_address} does not have a signature.")
+    return (nest.map_structure(lambda spec: spec.dtype, signature),
+            nest.map_structure(lambda spec: spec.shape, signature))
 
 
 class TrajectoryDataset(_Dataset):
@@ -376,16 +368,9 @@ class TrajectoryDataset(_Dataset):
             DeadlineExceededError: the server did not answer within
                 ``get_signature_timeout_secs``.
         """
-        info = Client(server_address).server_info(get_signature_timeout_secs)
-        if table not in info:
-            raise ValueError(f"Server at {server_address} does not contain any table named "
-                             f"{table}. Found: {', '.join(sorted(info))}.")
-        signature = info[table].signature
-        if not signature:
-            raise ValueError(f"Table {table} at {server_address} does not have a signature.")
+        dtypes, shapes = _signature_of(server_address, table, get_signature_timeout_secs)
         return cls(server_address=server_address, table=table,
-                   shapes=nest.map_structure(lambda spec: spec.shape, signature),
-                   dtypes=nest.map_structure(lambda spec: spec.dtype, signature),
+                   shapes=shapes, dtypes=dtypes,
                    max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,
                    num_workers_per_iterator=num_workers_per_iterator,
                    max_samples_per_stream=max_samples_per_stream,
@@ -568,16 +553,9 @@ class ReplayDataset(TrajectoryDataset):
         Raises:
             ValueError: the server has no such table, or it has no signature.
         """
-        info = Client(server_address).server_info(get_signature_timeout_secs)
-        if table not in info:
-            raise ValueError(f"Server at {server_address} does not contain any table named "
-                             f"{table}. Found: {', '.join(sorted(info))}.")
-        signature = info[table].signature
-        if not signature:
-            raise ValueError(f"Table {table} at {server_address} does not have a signature.")
+        dtypes, shapes = _signature_of(server_address, table, get_signature_timeout_secs)
         return cls(server_address, table,
-                   dtypes=nest.map_structure(lambda spec: spec.dtype, signature),
-                   shapes=nest.map_structure(lambda spec: spec.shape, signature),
+                   dtypes=dtypes, shapes=shapes,
                    max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,
                    num_workers_per_iterator=num_workers_per_iterator,
                    max_samples_per_stream=max_samples_per_stream,
