@@ -14,7 +14,6 @@ stored once.
 from __future__ import annotations
 
 import copy
-import datetime
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -560,9 +559,7 @@ class StructuredWriter:
         try:
             self._writer.Flush(block_until_num_items, timeout_ms)
         except WaitTimeoutError:
-            raise errors.DeadlineExceededError(
-                f"Flush call did not complete within provided timeout of "
-                f"{datetime.timedelta(milliseconds=timeout_ms or 0)}") from None
+            raise errors.writer_deadline("Flush", timeout_ms) from None
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None) -> None:
         """Make the items due at the episode's end, send everything, begin a new episode.
@@ -573,9 +570,7 @@ class StructuredWriter:
         try:
             self._writer.EndEpisode(clear_buffers, timeout_ms)
         except WaitTimeoutError:
-            raise errors.DeadlineExceededError(
-                f"End episode call did not complete within provided timeout of "
-                f"{datetime.timedelta(milliseconds=timeout_ms or 0)}") from None
+            raise errors.writer_deadline("End episode", timeout_ms) from None
 
     @property
     def step_is_open(self) -> bool:

@@ -12,7 +12,6 @@ item's record names the chunks and rows it reads (:mod:`redisbuf.buffers.steps`)
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import re
 from collections.abc import Iterator, Sequence
@@ -310,9 +309,7 @@ class TrajectoryWriter:
         try:
             self._writer.Flush(block_until_num_items, -1 if timeout_ms is None else timeout_ms)
         except WaitTimeoutError:
-            raise errors.DeadlineExceededError(
-                f"Flush call did not complete within provided timeout of "
-                f"{datetime.timedelta(milliseconds=timeout_ms or 0)}") from None
+            raise errors.writer_deadline("Flush", timeout_ms) from None
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None) -> None:
         """Send every item and begin a new episode (with ``clear_buffers``, the history
@@ -324,9 +321,7 @@ class TrajectoryWriter:
         try:
             self._writer.EndEpisode(clear_buffers, timeout_ms)
         except WaitTimeoutError:
-            raise errors.DeadlineExceededError(
-                f"End episode call did not complete within provided timeout of "
-                f"{datetime.timedelta(milliseconds=timeout_ms or 0)}") from None
+            raise errors.writer_deadline("End episode", timeout_ms) from None
         finally:
             if clear_buffers:
                 for column in self._column_history:
