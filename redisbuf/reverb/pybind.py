@@ -8,8 +8,9 @@ No C++ runs here: a selector is the description of a redisbuf sampler or remover
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from ..sampling.removers import priority_exponent_of
 
 
 class ItemSelector:
@@ -54,10 +55,7 @@ class PrioritizedSelector(ItemSelector):
     kind = "prioritized"
 
     def __init__(self, priority_exponent: float) -> None:
-        value = float(priority_exponent)
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"priority_exponent must be a finite number >= 0, got "
-                             f"{priority_exponent!r}")
+        value = priority_exponent_of(priority_exponent)
         self.priority_exponent = value
 
     def __repr__(self) -> str:

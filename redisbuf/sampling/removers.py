@@ -24,6 +24,20 @@ if TYPE_CHECKING:
     from .base import BufferView
 
 
+def priority_exponent_of(priority_exponent: float) -> float:
+    """``priority_exponent`` as a float, checked: a prioritized selector's or remover's
+    ``e`` of ``priority^e``.
+
+    Raises:
+        ValueError: a negative or non-finite exponent.
+    """
+    value = float(priority_exponent)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"priority_exponent must be a finite number >= 0, got "
+                         f"{priority_exponent!r}")
+    return value
+
+
 class Remover:
     """A removal rule: ``eviction`` is its text in the buffer's meta."""
 
@@ -113,10 +127,7 @@ class PrioritizedRemover(Remover):
     random = True
 
     def __init__(self, priority_exponent: float) -> None:
-        value = float(priority_exponent)
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"priority_exponent must be a finite number >= 0, got "
-                             f"{priority_exponent!r}")
+        value = priority_exponent_of(priority_exponent)
         self.priority_exponent = value
         self.eviction = f"prioritized:{value!r}"
 
@@ -182,5 +193,5 @@ def remover_of(eviction: str) -> Remover | None:
 
 __all__ = [
     "FifoRemover", "LifoRemover", "MaxHeapRemover", "MinHeapRemover", "PrioritizedRemover",
-    "Remover", "UniformRemover", "remover_of",
+    "Remover", "UniformRemover", "priority_exponent_of", "remover_of",
 ]
