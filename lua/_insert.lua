@@ -25,12 +25,15 @@ local function check_priorities(priorities)
   return nil
 end
 
--- The buffer's configuration {capacity, eviction, schema, masslog}, or nil and an error reply.
+-- The buffer's configuration {capacity, eviction, schema, masslog}, or nil and an error reply
+-- (no buffer; a remover by priority without its heap: removers_ready).
 local function buffer_config(K)
   local conf = redis.call('HMGET', K.meta, 'capacity', 'eviction', 'schema', 'masslog')
   if not conf[1] then
     return nil, fail('RB_NOBUF', 'buffer meta ' .. K.meta .. ' does not exist')
   end
+  local unready = removers_ready(K, conf[2])
+  if unready then return nil, unready end
   return conf, nil
 end
 

@@ -11,7 +11,12 @@
 --                    zero: uniformly), by rejection against meta per_max (a bound on
 --                    every priority present), then an exact scan after MAX_REJECTIONS;
 --   "max_heap", "min_heap"  the highest / lowest PER priority, the oldest first among
---                    equals (the per_heap zset, which such a buffer keeps from its start).
+--                    equals.
+-- The removers by PER priority read the priorities from the per_heap zset: the server keeps
+-- no other per-item copy (lua/_masslog.lua), so such a buffer keeps the heap from its start
+-- (redisbuf/sampling/removers.py builds it when the buffer is opened, and lua/restore.lua
+-- starts its rebuild on a load); an add refuses (removers_ready) while none is kept.
+-- While a load's heap is being rebuilt (meta per_heap = b), an item not yet in it weighs 0.
 -- The random ones take their uniforms from options.evict_u (numbers in [0, 1)), then
 -- from a generator seeded by the last of them.
 -- @include common
@@ -35,6 +40,16 @@ end
 
 local function needs_per(mode)
   return mode == 'max_heap' or mode == 'min_heap' or string.sub(mode, 1, 12) == 'prioritized:'
+end
+
+-- Nil, or an RB_NOHEAP error reply when eviction `mode` reads PER priorities and the
+-- buffer keeps no heap of them: an add script asks before its first write.
+local function removers_ready(K, mode)
+  if mode and needs_per(mode) and not heap_kept(K) then
+    return fail('RB_NOHEAP', 'the priority heap of ' .. K.meta .. ', which its remover reads, '
+      .. 'is not built: open the buffer with its remover (that builds it) and add again')
+  end
+  return nil
 end
 
 -- Whether `mode` is a remover this file implements (not "fifo" / "reward").
@@ -96,7 +111,8 @@ local function uniform_pick(K, next_u, skip, tries)
   return nil
 end
 
--- Every eligible id with its weight (PER priority ^ exponent, or 1), for the exact scan.
+-- Every eligible id with its weight (PER priority ^ exponent from the heap, or 1), for the
+-- exact scan.
 local function eligible_weights(K, skip, exponent)
   local ids = redis.call('ZRANGE', K.order, 0, -1)
   local kept, weights = {}, {}
@@ -104,7 +120,7 @@ local function eligible_weights(K, skip, exponent)
     if not skip[id] then kept[#kept + 1] = id end
   end
   if exponent then
-    local texts = hmget_chunked(K.per, kept)
+    local texts = zmscore_chunked(K.per_heap, kept)
     for j = 1, #kept do
       local p = tonumber(texts[j]) or 0
       weights[j] = (p == 0) and 0 or p ^ exponent
@@ -140,7 +156,7 @@ local function prioritized_pick(K, next_u, skip, exponent)
     for _ = 1, MAX_REJECTIONS do
       local id = uniform_pick(K, next_u, skip, 64)
       if id == nil then break end
-      local p = tonumber(redis.call('HGET', K.per, id)) or 0
+      local p = tonumber(redis.call('ZSCORE', K.per_heap, id)) or 0
       local w = (p == 0) and 0 or p ^ exponent
       if next_u() * bound < w then return id end
     end
@@ -187,18 +203,8 @@ local function remover_victims(K, mode, ids, excess, options)
       end
     elseif exponent then
       victim = prioritized_pick(K, next_u, skip, exponent)
-    elseif heap_kept(K) then
+    else  -- max_heap / min_heap: the heap is kept (removers_ready)
       victim = heap_pick(K, mode == 'max_heap', skip)
-    else  -- no heap kept (PER turned on after the buffer was made): an exact scan
-      local kept, weights = eligible_weights(K, skip, 1)
-      local best
-      for j = 1, #kept do
-        if best == nil or (mode == 'max_heap' and weights[j] > weights[best])
-            or (mode == 'min_heap' and weights[j] < weights[best]) then
-          best = j
-        end
-      end
-      victim = best and kept[best]
     end
     if victim == nil then break end
     victims[#victims + 1] = victim

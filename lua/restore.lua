@@ -26,9 +26,10 @@
 -- per_initial as restore_stage.lua found it: the new-item rule, nothing else being
 -- present), in the staged snapshot, which becomes the buffer's snapshot at version 1 of
 -- the new epoch (the priorities are the snapshot and the log after it); the running max
--- is the staged one. With prioritized sampling (or PER) the mass log starts a new epoch,
--- so every sampler's replica reads the restored content. The staged keys are gone
--- afterwards.
+-- is the staged one; the staged heap of priorities, when the staged meta keeps one (its
+-- remover reads it), is the buffer's. With prioritized sampling (or PER) the mass log
+-- starts a new epoch, so every sampler's replica reads the restored content. The staged
+-- keys are gone afterwards.
 -- Returns the new length. Errors (checked before any write): RB_NOBUF (the buffer was
 -- dropped), RB_CONFIG (the staged keys are missing or were made for another capacity;
 -- staged PER priorities for a buffer without PER; the buffer's PER setting is not the one
@@ -39,7 +40,7 @@ local meta, staged_meta = KEYS[1], KEYS[m + 1]
 local conf = redis.call('HMGET', meta, 'capacity', 'last_id', 'masslog', 'mass', 'max_use',
   'per_initial')
 if not conf[1] then return fail('RB_NOBUF', 'buffer meta ' .. meta .. ' does not exist') end
-local staged = redis.call('HMGET', staged_meta, 'capacity', 'last_id')
+local staged = redis.call('HMGET', staged_meta, 'capacity', 'last_id', 'per_heap')
 if staged[1] ~= conf[1] then
   return fail('RB_CONFIG', 'staged restore ' .. staged_meta .. ' is missing or does not fit')
 end
@@ -89,6 +90,8 @@ redis.call('HSET', meta, 'inserted', string.format('%.0f', inserted),
   'present_uses', string.format('%.0f', used))
 redis.call('HDEL', meta, 'per_sum', 'per_comp', 'per_nonzero', 'per_max', 'per_heap',
   'per_legacy')
+-- a remover by priority reads the heap: the loader filled the staged one (restore_stage.lua)
+if per and staged[3] == '1' then redis.call('HSET', meta, 'per_heap', '1') end
 if ARGV[3] ~= '' then
   redis.call('HSET', meta, 'schema', ARGV[3], 'kind', cjson.decode(ARGV[3])['kind'], 'rewards',
     schema_rewards(ARGV[3]))

@@ -8,7 +8,9 @@
 -- The buffer's last_id grows by n now, so ids handed to concurrent adds are never given
 -- to a restored item; the staged meta's last_id is set just below the reserved block.
 -- When the buffer uses PER, the staged meta's per_default is its new-item priority
--- (per_initial, else 1): restore_items.lua gives it to the items saved without one.
+-- (per_initial, else 1): restore_items.lua gives it to the items saved without one; when
+-- its remover reads PER priorities (lua/_removers.lua) the staged meta keeps a heap
+-- (per_heap = 1), which the loading process fills and restore.lua swaps in with the rest.
 -- Returns the first reserved id. Errors: RB_NOBUF.
 local conf = redis.call('HMGET', KEYS[1], 'capacity', 'eviction', 'format_version', 'created_at',
   'mass', 'per_initial')
@@ -20,4 +22,9 @@ redis.call('HSET', KEYS[2], 'capacity', conf[1], 'eviction', conf[2],
   'format_version', conf[3] or '1', 'created_at', conf[4] or '0', 'last_id', last - n,
   'inserted', 0, 'evicted', 0, 'sampled', 0, 'masslog', 0)
 if conf[5] == 'per' then redis.call('HSET', KEYS[2], 'per_default', conf[6] or '1') end
+local eviction = conf[2] or ''
+if conf[5] == 'per' and (eviction == 'max_heap' or eviction == 'min_heap'
+    or string.sub(eviction, 1, 12) == 'prioritized:') then
+  redis.call('HSET', KEYS[2], 'per_heap', '1')
+end
 return last - n + 1

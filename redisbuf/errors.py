@@ -68,7 +68,9 @@ class PerBusyError(ConfigMismatchError):
 class HeapNotBuiltError(ConfigMismatchError):
     """A MaxHeap / MinHeap selector by PER priority asked before the buffer's priority
     heap is built (``RB_NOHEAP``): build it (lua/heap_build.lua, a bounded slice a call;
-    the selectors do) and retry."""
+    the selectors do) and retry. An add refuses with it, before any write, when the
+    buffer's remover reads the heap and none is kept (opening the buffer with its
+    remover builds it)."""
 
     code = "RB_NOHEAP"
 

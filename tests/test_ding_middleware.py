@@ -261,8 +261,8 @@ def test_priority_updates_take_numpy_and_torch_numbers(pair) -> None:
     for index, priority in zip(indices, given, strict=True):
         assert other.update(index, None, {"priority": priority})
     shared = buffer.shared
-    stored = [float(p) for p in shared.client.hmget(shared.keys.per, indices)]
-    assert stored == pytest.approx([6.00001, 1e-5, 1e-5, 1e-5])
+    stored = shared.engine.priorities([int(index) for index in indices])
+    assert stored.tolist() == pytest.approx([6.00001, 1e-5, 1e-5, 1e-5])
     drawn = [d.data["a"] for _ in range(5) for d in buffer.sample(4)]
     assert drawn.count(0) >= 19  # each draw is item 0 with probability 6 / (6 + 3e-5)
     with pytest.raises(AssertionError):

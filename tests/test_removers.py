@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from key_contents import key_contents
 
 from redisbuf import PERSampler, ReplayBuffer, UniformSampler
-from redisbuf.errors import ConfigMismatchError
+from redisbuf.errors import ConfigMismatchError, HeapNotBuiltError
 from redisbuf.selectors import (
     FifoRemover,
     LifoRemover,
@@ -175,3 +176,41 @@ def test_remover_and_prioritized_capacity_exclude_each_other(client, buffer_name
     with pytest.raises(ValueError, match="give one"):
         ReplayBuffer(client, buffer_name, capacity=4, prioritized_capacity=True,
                      remover=LifoRemover())
+
+
+@pytest.mark.parametrize("remover", [PrioritizedRemover(1.0), MinHeapRemover()], ids=repr)
+def test_a_load_keeps_the_heap_a_remover_by_priority_reads(client, buffer_name, tmp_path,
+                                                           remover):
+    # the server keeps no per-item priority but the heap: a load swaps in a whole one
+    # (filled from the file's priorities), so the first add after it, by any process,
+    # removes by the loaded priorities
+    source = ReplayBuffer(client, buffer_name, capacity=4, seed=2,
+                          sampler=PERSampler(alpha=1.0, eps=0.0), remover=remover)
+    source.add({"x": np.zeros(4)}, priorities=[0.0, 3.0, 0.0, 2.0])
+    source.save(tmp_path / "saved.rb")
+    source.update_priority([2, 4], [0.0, 0.0])  # the load brings the saved ones back
+    source.load(tmp_path / "saved.rb")
+    assert client.hget(source.keys.meta, "per_heap") == b"1"
+    loaded = present_ids(source)  # a load gives the items new ids, in the saved order
+    assert source.priorities(loaded).tolist() == [0.0, 3.0, 0.0, 2.0]
+    new = source.add({"x": np.zeros(1)}, priorities=[5.0]).ids.tolist()
+    left = present_ids(source)
+    if isinstance(remover, MinHeapRemover):  # the oldest of the two lowest
+        assert left == [*loaded[1:], *new]
+    else:  # never a zero priority: the second or the fourth, by 3 : 2
+        assert {loaded[0], loaded[2], *new} <= set(left) and len(left) == 4
+
+
+def test_an_add_without_the_heap_its_remover_reads_writes_nothing(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=2,
+                          sampler=PERSampler(alpha=1.0, eps=0.0), remover=MaxHeapRemover())
+    buffer.add({"x": np.zeros(2)}, priorities=[1.0, 2.0])
+    client.hdel(buffer.keys.meta, "per_heap")  # as a buffer whose heap was lost
+    before = key_contents(client, buffer.keys.all_keys())
+    with pytest.raises(HeapNotBuiltError, match="open the buffer with its remover"):
+        buffer.add({"x": np.zeros(1)}, priorities=[3.0])
+    assert key_contents(client, buffer.keys.all_keys()) == before
+    reopened = ReplayBuffer(client, buffer_name, capacity=2,
+                            sampler=PERSampler(alpha=1.0, eps=0.0), remover=MaxHeapRemover())
+    reopened.add({"x": np.zeros(1)}, priorities=[3.0])  # the open built the heap again
+    assert present_ids(reopened) == [1, 3]

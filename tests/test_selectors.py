@@ -81,7 +81,9 @@ def test_selectors_follow_the_model(client, buffer_name, ops, prioritized_capaci
     order: list[int] = []
     rewards: dict[int, float] = {}
     per: dict[int, float] = {}
-    top = 0.0  # the highest priority ever set on a stored item: what new items get
+    # the running max new items get: the highest priority ever given, to a stored id or
+    # not (an update is a log append; the server looks no id up: docs/sampling.md)
+    top = 0.0
     for op in ops:
         if op[0] == "add":
             start = top
@@ -103,10 +105,10 @@ def test_selectors_follow_the_model(client, buffer_name, ops, prioritized_capaci
                     del rewards[victim], per[victim]
         elif op[0] == "update":
             writer.update_priority(op[1], [op[2]] * len(op[1]))
+            top = max(top, op[2])
             for item_id in op[1]:
                 if item_id in per:
                     per[item_id] = op[2]
-                    top = max(top, op[2])
         else:
             kind, by, n = op[1:]
             sampler = SELECTORS[kind]() if kind in ("fifo", "lifo") else SELECTORS[kind](by)

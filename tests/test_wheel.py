@@ -320,7 +320,7 @@ def test_a_users_code_is_type_checked_against_the_installed_wheel(installed):
     assert len(revealed) == 4, done.stdout
     assert revealed[0] == "int", revealed
     assert revealed[1].startswith(("numpy.ndarray", "ndarray")), revealed
-    assert revealed[2].startswith("def (ids: Any, priorities: Any) -> "), revealed
+    assert revealed[2].startswith("def (ids: Any, priorities: Any, *, count: bool =) -> "), revealed
     assert revealed[3] == "redisbuf.errors.EmptyBufferError", revealed
     assert "redisbuf" not in re.sub(r'Revealed type is "[^"]+"', "", done.stdout)
     done = mypy("user_mistakes.py")

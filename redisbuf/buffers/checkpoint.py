@@ -35,7 +35,7 @@ from ..sampling import snapshots
 from ..store import bounds, codec
 from ..store.connection import retrying
 from ..store.containers import KINDS, describe_schema_difference
-from ..store.keys import StagingKeys, decode_meta, keeps_rewards
+from ..store.keys import StagingKeys, decode_meta, format_id, keeps_rewards
 from .insert import _priority_text
 from .savefile import (
     _MAX_COUNTER,
@@ -471,6 +471,8 @@ class Checkpointing(_CheckpointingNeeds):
             if per:
                 extra = self._staged_snapshot(staging, staged_ids, staged_priorities,
                                               float(alpha), float(eps))
+                if self.client.hget(staging.meta, "per_heap") in (b"1", "1"):
+                    self._staged_heap(staging, staged_ids, staged_priorities)
                 keep_staged()
             self._run_once(
                 "restore",
@@ -509,6 +511,19 @@ class Checkpointing(_CheckpointingNeeds):
                                  total=float(mass.sum()))
         top = repr(float(scores.max())) if len(scores) else ""
         return [len(all_ids), top, json.dumps(header)]
+
+    def _staged_heap(self, staging: StagingKeys, ids: list[np.ndarray],
+                     priorities: list[np.ndarray]) -> None:
+        """Write the staged items' PER priorities into the staged heap (``per_heap``), for
+        a buffer whose remover reads it (lua/restore_stage.lua marks such a staging):
+        lua/restore.lua swaps it in with the rest, so the heap is whole from the load on."""
+        pipe = self.client.pipeline(transaction=False)
+        for chunk_ids, chunk_priorities in zip(ids, priorities, strict=True):
+            for start, stop in bounds.chunks(len(chunk_ids)):
+                pipe.zadd(staging.per_heap, {
+                    format_id(int(item)): float(priority) for item, priority in
+                    zip(chunk_ids[start:stop], chunk_priorities[start:stop], strict=True)})
+        pipe.execute()
 
     def _publish_snapshot(self) -> None:
         """Read the restored scores once and publish them as the buffer's snapshot

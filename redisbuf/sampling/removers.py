@@ -9,7 +9,9 @@ one), by lua/_removers.lua inside the add's own script, for every process. A rem
 fixed when the buffer is created (its meta ``eviction``). The removers by PER priority
 (:class:`PrioritizedRemover`, :class:`MaxHeapRemover`, :class:`MinHeapRemover`) read the
 priorities :class:`~redisbuf.sampling.samplers.PERSampler` keeps: the buffer must have
-PER priorities on when it is opened.
+PER priorities on when it is opened, and keeps a heap of them on the server from then on
+(its ``per_heap`` zset, built when the buffer is opened and kept through loads), as the
+server keeps no other per-item copy of a PER priority.
 """
 
 from __future__ import annotations
@@ -48,16 +50,23 @@ class Remover:
     random = False
 
     def prepare(self, buffer: BufferView) -> None:
-        """Check the buffer can apply the rule and build what it reads (idempotent).
+        """Check the buffer can apply the rule and build what it reads (idempotent): a
+        rule by PER priority reads the priority heap, kept in step with every change
+        once built.
 
         Raises:
             ConfigMismatchError: a rule by PER priority on a buffer without them.
         """
-        if self.needs_per and buffer.client.hget(buffer.keys.meta, "mass") != b"per":
+        if not self.needs_per:
+            return
+        mass, heap = buffer.client.hmget(buffer.keys.meta, "mass", "per_heap")
+        if mass != b"per":
             raise ConfigMismatchError(
                 f"buffer {buffer.name!r}: {type(self).__name__} removes by PER priority, "
                 "and the buffer has none: open it with sampler=PERSampler(...) first"
             )
+        if heap != b"1":  # built once (a learner's grant); an actor then only reads meta
+            build_heap(buffer)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Remover) and other.eviction == self.eviction
@@ -137,10 +146,6 @@ class PrioritizedRemover(Remover):
 
 class _HeapRemover(Remover):
     needs_per = True
-
-    def prepare(self, buffer: BufferView) -> None:
-        super().prepare(buffer)
-        build_heap(buffer)  # the per_heap zset, kept in step with every change from now
 
 
 class MaxHeapRemover(_HeapRemover):

@@ -157,7 +157,8 @@ class BufferKeys:
     @property
     def per_heap(self) -> str:
         """PER priorities in order (a sorted set), kept only once a heap selector by
-        priority has been used on the buffer (meta ``per_heap`` = 1)."""
+        priority has been used on the buffer, or from its start when its remover reads
+        PER priorities (meta ``per_heap`` = 1)."""
         return self._key("perheap")
 
     @property
@@ -307,7 +308,8 @@ class BufferKeys:
             self.prio: "zset: item id -> log-reward",
             self.order: "zset: item id -> insertion order",
             self.per: "hash: an earlier layout's PER priorities (now the snapshot and the log)",
-            self.per_heap: "zset: item id -> PER priority (only once a heap selector used it)",
+            self.per_heap: ("zset: item id -> PER priority (once a heap selector used it, or "
+                            "kept for a remover by priority)"),
             self.uses: "hash: item id -> times sampled",
             self.versions: "zset: item id -> model version",
             self.times: "zset: one entry per add, \"<first id>|<unix time>\" by first id",
