@@ -88,8 +88,8 @@ SHARES: dict[str, str] = {
     "TorchRL": "nothing by name: the processes a buffer is handed to, or a Ray / RPC "
     "service holding it",
     "torchgfn": "nothing by name (one process's, or a gloo manager process)",
-    "TorchRL StoreStorage": "nothing by name: data on the server under a random prefix per "
-    "storage; length, cursor, priorities per process",
+    "TorchRL StoreStorage": "its keys, by td_id (random unless given) or load_state_dict; "
+    "length, cursor, priorities per process",
 }
 
 
