@@ -265,6 +265,20 @@ def test_checkpoint_and_a_server_loading_it(tmp_path):
         second.stop()
 
 
+
+@pytest.mark.parametrize("table", ["prio", "uniform"])
+def test_sample_info_reports_the_priority_a_mutation_set(client, table):
+    # Reverb reports each sampled item's priority now, under any sampler: a prioritized
+    # draw's own, and a uniform one's read where the priorities are (not at insert time)
+    for value in range(3):
+        client.insert(np.int64(value), priorities={table: 1000.0})
+    keys = {int(s.data[0][0]): s.info.key
+            for s in client.sample(table, 60, emit_timesteps=False)}
+    client.mutate_priorities(table, updates={keys[v]: float(v + 1) for v in keys})
+    seen = {int(s.data[0][0]): s.info.priority
+            for s in client.sample(table, 60, emit_timesteps=False)}
+    assert seen == {v: float(v + 1) for v in keys}
+
 def test_table_arguments_are_checked():
     limiter = reverb.rate_limiters.MinSize(1)
     with pytest.raises(ValueError, match="nonempty"):

@@ -71,7 +71,7 @@ class Inspecting(_InspectingNeeds):
             raise KeyError(f"ids not in buffer {self.name!r}: {missing[:10]}")
         return self.decode(blobs, ids, schema_json)
 
-    def priorities(self, ids: list[int] | np.ndarray) -> np.ndarray:
+    def priorities(self, ids: list[int] | np.ndarray, *, follow: bool = False) -> np.ndarray:
         """The current PER priority of each of ``ids`` (NaN for an id not stored), read on
         the server from where the priorities are (the mass log and the snapshot behind
         it) by lua/priority_read.lua, the script FCALL ``rb_priority`` runs: no replica
@@ -82,6 +82,9 @@ class Inspecting(_InspectingNeeds):
 
         Args:
             ids: the items' ids.
+            follow: read them from this process's replica, made now and kept when it has
+                none (later calls only catch it up): for a process that reads priorities
+                on every draw (Reverb's sample info under any sampler).
 
         Returns:
             float64 priorities, in the order of ``ids``.
@@ -100,8 +103,8 @@ class Inspecting(_InspectingNeeds):
         """
         wanted = [int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1)]
         keys = self.keys
-        if len(wanted) > 4 * PRIORITY_READ_IDS or "per" in self.view.replicas:
-            return self._priorities_from_replica(np.array(wanted, dtype=np.int64))
+        if follow or len(wanted) > 4 * PRIORITY_READ_IDS or "per" in self.view.replicas:
+            return self._priorities_from_replica(np.array(wanted, dtype=np.int64), follow)
         out = np.full(len(wanted), np.nan)
         for start in range(0, len(wanted), PRIORITY_READ_IDS):
             part = wanted[start : start + PRIORITY_READ_IDS]
@@ -110,17 +113,18 @@ class Inspecting(_InspectingNeeds):
             out[start : start + len(part)] = [np.nan if v is None else float(v) for v in reply]
         return out
 
-    def _priorities_from_replica(self, ids: np.ndarray) -> np.ndarray:
+    def _priorities_from_replica(self, ids: np.ndarray, keep: bool) -> np.ndarray:
         """:meth:`priorities` of many ids (or with this process's replica): from a
-        replica caught up now, this process's or, without one, a read-only one of this
-        call's own (``readable_replica``: no pin, no snapshot written)."""
+        replica caught up now, this process's (made and kept when ``keep``) or, without
+        one, a read-only one of this call's own (``readable_replica``: no pin, no snapshot
+        written)."""
         from ..errors import ConfigMismatchError
         from ..sampling.replica import readable_replica
 
         if self.client.hget(self.keys.meta, "mass") not in (b"per", "per"):
             raise ConfigMismatchError(
                 f"buffer {self.name!r} has no PER priorities (use PERSampler)")
-        replica = readable_replica(self.view, "per", keep=False)
+        replica = readable_replica(self.view, "per", keep=keep)
         with replica.lock:
             replica.sync(self.view)
             slots = replica.slots_of(ids)

@@ -127,11 +127,18 @@ def _fetch(store: StepStore, table: ReplayBuffer, draw: Draw) -> _Fetched:
     ids = [format_id(i) for i in draw.ids]
     pipe = table.client.pipeline(transaction=False)
     chunks = store.chunks_into(pipe, (key for record in records for key in record.chunks))
-    pipe.hmget(table.keys.per, ids)
     pipe.hmget(table.keys.uses, ids)
     pipe.zcard(table.keys.order)
-    pipe.hget(table.keys.meta, "max_use")
-    *read, priorities, uses, size_after, max_use = pipe.execute()
+    pipe.hmget(table.keys.meta, "max_use", "mass")
+    *read, uses, size_after, (max_use, mass) = pipe.execute()
+    # each item's priority now: a PER draw's, at its commit; under another sampler of a
+    # buffer with PER, from this process's replica of the priorities (the server keeps no
+    # per-item copy); else (None) the record's own
+    priorities: list[Any] = [None] * len(draw.ids)
+    if draw.priorities is not None:
+        priorities = list(draw.priorities)
+    elif mass == b"per":
+        priorities = table.priorities(draw.ids, follow=True).tolist()
     return _Fetched(records, chunks(read), priorities, uses, int(size_after),
                     int(max_use) if max_use is not None else None)
 
@@ -157,7 +164,7 @@ def _info(table: ReplayBuffer, draw: Draw, fetched: _Fetched
         probabilities = [1.0 / max(size, 1) for size in sizes]
     else:
         probabilities = [1.0] * len(ids)
-    priorities = [float(p) if p is not None else record.priority
+    priorities = [float(p) if p is not None and p == p else record.priority
                   for p, record in zip(fetched.priorities, fetched.records, strict=True)]
     seen: collections.Counter[int] = collections.Counter()
     times = []

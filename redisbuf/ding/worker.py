@@ -346,9 +346,10 @@ class AdvancedReplayBuffer(NaiveReplayBuffer):
 
     Items are dicts (others are refused and logged, as DI-engine's data check). A pushed
     item's priority is its ``priority`` key, else (missing or ``None``) the running max
-    priority (1.0 at first and after ``clear``, raised by updates only). A sample draws
-    each item with probability ``priority^alpha / sum``, independently (DI-engine draws
-    one per equal slice of the mass), and returns copies with ``replay_unique_id``
+    priority (1.0 at first and after ``clear``, raised by updates only). A sample of n
+    draws one item in each of n equal slices of the mass ``priority^alpha`` (stratified,
+    as DI-engine's sum tree: an item is drawn ``n priority^alpha / sum`` times on
+    average), and returns copies with ``replay_unique_id``
     (``"<instance_name>_<n>"``, n counting every push from 0), ``replay_buffer_idx`` (``n
     mod replay_buffer_size``), ``priority``, ``use`` (the item's use count), ``staleness``
     (``cur_learner_iter - collect_iter``; -1 without ``collect_iter``) and ``IS``
