@@ -1,6 +1,7 @@
 -- Start a restore: create the staged meta (see restore.lua) with the buffer's
 -- configuration, and reserve ids for the restored items.
 -- @include common
+-- @include removers
 -- @keys 2
 -- @retry never
 -- KEYS[1] the buffer's meta  KEYS[2] the staged meta (StagingKeys.meta)
@@ -22,9 +23,7 @@ redis.call('HSET', KEYS[2], 'capacity', conf[1], 'eviction', conf[2],
   'format_version', conf[3] or '1', 'created_at', conf[4] or '0', 'last_id', last - n,
   'inserted', 0, 'evicted', 0, 'sampled', 0, 'masslog', 0)
 if conf[5] == 'per' then redis.call('HSET', KEYS[2], 'per_default', conf[6] or '1') end
-local eviction = conf[2] or ''
-if conf[5] == 'per' and (eviction == 'max_heap' or eviction == 'min_heap'
-    or string.sub(eviction, 1, 12) == 'prioritized:') then
+if conf[5] == 'per' and needs_per(conf[2] or '') then
   redis.call('HSET', KEYS[2], 'per_heap', '1')
 end
 return last - n + 1
