@@ -14,9 +14,9 @@
 --                    equals.
 -- The removers by PER priority read the priorities from the per_heap zset: the server keeps
 -- no other per-item copy (lua/_masslog.lua), so such a buffer keeps the heap from its start
--- (redisbuf/sampling/removers.py builds it when the buffer is opened, and lua/restore.lua
--- starts its rebuild on a load); an add refuses (removers_ready) while none is kept.
--- While a load's heap is being rebuilt (meta per_heap = b), an item not yet in it weighs 0.
+-- (redisbuf/sampling/removers.py builds it when the buffer is opened; a load swaps in a
+-- whole one, lua/restore.lua); an add refuses (removers_ready) while none is kept. While
+-- a build is under way (meta per_heap = b), an item not yet copied into it weighs 0.
 -- The random ones take their uniforms from options.evict_u (numbers in [0, 1)), then
 -- from a generator seeded by the last of them.
 -- @include common
