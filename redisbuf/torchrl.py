@@ -65,7 +65,7 @@ import numpy as np
 
 from ._extras import require as _require_extra
 from .buffers.replay import ReplayBuffer as _CoreBuffer
-from .errors import ConfigMismatchError, InvalidBatchError
+from .errors import ConfigMismatchError, EmptyBufferError, InvalidBatchError
 from .sampling.samplers import PERSampler, UniformSampler
 from .sampling.selectors import FifoSampler
 
@@ -88,6 +88,7 @@ from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter, Writ
 
 __all__ = [
     "KEY_SEPARATOR",
+    "EmptyStorageError",
     "PrioritizedReplayBuffer",
     "RedisbufPrioritizedSampler",
     "RedisbufSampler",
@@ -100,6 +101,32 @@ __all__ = [
 KEY_SEPARATOR = "."
 #: the field a plain tensor is stored under (``ReplayBuffer.extend(tensor)``)
 TENSOR_FIELD = "__tensor__"
+
+
+#: the text TorchRL's samplers raise (and its tests match) on an empty storage
+EMPTY_STORAGE_MESSAGE = "Cannot sample from an empty storage."
+
+
+class EmptyStorageError(EmptyBufferError, RuntimeError):
+    """Sampling a :class:`RedisbufStorage` found no item to draw: redisbuf's
+    :class:`~redisbuf.errors.EmptyBufferError` (also a ``LookupError`` and a ``ValueError``)
+    that is also the ``RuntimeError`` TorchRL's samplers raise there. On a buffer that
+    holds no item its message starts with TorchRL's ``"Cannot sample from an empty
+    storage."``; a buffer whose items all have a PER priority (plus ``eps``) of 0 holds
+    items but none can be drawn, and the message says so. Only the parts of this module
+    raise it: :class:`redisbuf.ReplayBuffer` itself keeps raising ``EmptyBufferError``."""
+
+
+def _empty_storage_error(storage: RedisbufStorage, cause: EmptyBufferError) -> EmptyStorageError:
+    """The EmptyStorageError for ``cause``, a draw's EmptyBufferError on ``storage``."""
+    length = len(storage.buffer)
+    if length == 0:
+        return EmptyStorageError(
+            f"{EMPTY_STORAGE_MESSAGE} (redisbuf buffer {storage.name!r} holds no item)"
+        )
+    return EmptyStorageError(
+        f"buffer {storage.name!r} holds {length} items, none of which can be drawn ({cause})"
+    )
 
 
 def _collate_id(batch: Any) -> Any:
@@ -299,8 +326,14 @@ class RedisbufStorage(Storage):
     ) -> tuple[torch.Tensor, Any]:
         """Draw ``n`` items with ``handle`` (this buffer, opened with some sampler), keep
         the decoded batch for the ``get`` of the same ids in this thread, and return the
-        ids and redisbuf's SampleInfo."""
-        info = handle.sample_with_info(int(n), replacement=replacement)
+        ids and redisbuf's SampleInfo. A buffer with nothing to draw raises
+        :class:`EmptyStorageError`."""
+        try:
+            info = handle.sample_with_info(int(n), replacement=replacement)
+        except EmptyStorageError:
+            raise
+        except EmptyBufferError as error:
+            raise _empty_storage_error(self, error) from error
         ids = torch.from_numpy(np.asarray(info.ids, dtype=np.int64))
         self._local.pending = (ids, _tensordict_of(info.batch, len(ids), self.device))
         return ids, info
@@ -346,7 +379,10 @@ class RedisbufStorage(Storage):
         n = len(self.buffer)
         if n == 0:
             return []
-        ids = self._fifo.sample_with_info(n).ids.tolist()
+        try:
+            ids = self._fifo.sample_with_info(n).ids.tolist()
+        except EmptyBufferError:  # emptied since len() by another process
+            return []
         return list(dict.fromkeys(ids))  # n above the length now repeats the order
 
     def __len__(self) -> int:
