@@ -31,7 +31,10 @@ What maps to what:
   number in each process (two processes would write the same slots). Here the
   server's id counter is the cursor and eviction happens in the same atomic step as the
   insert. A TorchRL buffer built on a :class:`RedisbufStorage` without ``writer=`` gets
-  it; any other writer is refused (:class:`TypeError`).
+  it; any other writer is refused (:class:`TypeError`) but TorchRL's
+  ``TensorDictMaxValueWriter``, which becomes a :class:`RedisbufMaxValueWriter`: the
+  buffer keeps the ``max_size`` items of highest rank, evicting the lowest on the server
+  (``prioritized_capacity``), with TorchRL's rules for what ``extend`` stores.
 * :class:`RedisbufSampler` (the default sampler on a :class:`RedisbufStorage`) draws
   uniformly with replacement, as TorchRL's ``RandomSampler``, which also works (its
   random indices are drawn by the server). :class:`RedisbufPrioritizedSampler` is
@@ -54,6 +57,7 @@ entries and items with more than one batch dimension are refused.
 from __future__ import annotations
 
 import functools
+import heapq
 import json
 import math
 import threading
@@ -62,12 +66,15 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import redis.exceptions
 
 from ._extras import require as _require_extra
 from .buffers.replay import ReplayBuffer as _CoreBuffer
 from .errors import ConfigMismatchError, EmptyBufferError, InvalidBatchError
 from .sampling.samplers import PERSampler, UniformSampler
 from .sampling.selectors import FifoSampler
+from .store import bounds
+from .store.keys import format_id
 
 # torch, tensordict and torchrl come with the extra ``redisbuf[torchrl]``: without one,
 # importing this module raises MissingExtraError (an ImportError) naming it
@@ -84,12 +91,17 @@ from torchrl.data.replay_buffers.samplers import (  # noqa: E402
     Sampler,
 )
 from torchrl.data.replay_buffers.storages import Storage  # noqa: E402
-from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter, Writer  # noqa: E402
+from torchrl.data.replay_buffers.writers import (  # noqa: E402
+    TensorDictMaxValueWriter,
+    TensorDictRoundRobinWriter,
+    Writer,
+)
 
 __all__ = [
     "KEY_SEPARATOR",
     "EmptyStorageError",
     "PrioritizedReplayBuffer",
+    "RedisbufMaxValueWriter",
     "RedisbufPrioritizedSampler",
     "RedisbufSampler",
     "RedisbufStorage",
@@ -235,6 +247,7 @@ class RedisbufStorage(Storage):
 
     ndim = 1
     _buffer: _CoreBuffer | None = None
+    _last_evicted = 0
 
     def __init__(
         self,
@@ -272,8 +285,9 @@ class RedisbufStorage(Storage):
         """Called by TorchRL's ``ReplayBuffer`` while it builds itself, before it makes
         its writer, sampler and collate function: fills in this storage's defaults for
         those not given (:class:`RedisbufWriter`, :class:`RedisbufSampler`, a collate
-        that returns the drawn batch) and refuses a writer or sampler that would address
-        storage slots of one process. Reads and sets the constructor's pending arguments
+        that returns the drawn batch), puts a :class:`RedisbufMaxValueWriter` with the
+        same rank key and reduction in place of TorchRL's ``TensorDictMaxValueWriter``,
+        and refuses a writer or sampler that would address storage slots of one process. Reads and sets the constructor's pending arguments
         (``_init_writer``, ``_init_sampler``, ``_init_collate_fn``) of torchrl 0.14."""
         super().attach(buffer)
         if not hasattr(buffer, "_init_writer"):
@@ -283,13 +297,20 @@ class RedisbufStorage(Storage):
             isinstance(writer, functools.partial) and writer.func is TensorDictRoundRobinWriter
         ):
             buffer._init_writer = RedisbufWriter()
-        elif isinstance(writer, Writer) and not isinstance(writer, RedisbufWriter):
+        elif type(writer) is TensorDictMaxValueWriter:
+            # TorchRL's max-value writer keeps its heap of ranks in the process: ours, with
+            # its rank key and reduction, keeps the ranks on the server
+            buffer._init_writer = RedisbufMaxValueWriter(writer._rank_key, writer._reduction)
+        elif isinstance(writer, functools.partial) and writer.func is TensorDictMaxValueWriter:
+            buffer._init_writer = RedisbufMaxValueWriter(*writer.args, **writer.keywords)
+        elif isinstance(writer, Writer) and not isinstance(
+            writer, (RedisbufWriter, RedisbufMaxValueWriter)
+        ):
             raise TypeError(
-                f"RedisbufStorage takes RedisbufWriter, not {type(writer).__name__}: TorchRL's "
-                "writers keep their cursor in the process, so two processes would write the "
-                "same slots; on a RedisbufStorage the server's id counter is the cursor and "
-                "eviction is the server's (prioritized_capacity=True evicts the lowest "
-                "log_rewards first)"
+                f"RedisbufStorage takes RedisbufWriter or RedisbufMaxValueWriter, not "
+                f"{type(writer).__name__}: TorchRL's writers keep their cursor in the process, "
+                "so two processes would write the same slots; on a RedisbufStorage the "
+                "server's id counter is the cursor and eviction is the server's"
             )
         sampler = buffer._init_sampler
         if sampler is None:
@@ -305,9 +326,15 @@ class RedisbufStorage(Storage):
 
     def _append(self, data: Any) -> torch.Tensor:
         """Add a batch of items; their ids (int64 tensor), in the batch's order."""
-        result = self.buffer.add(_fields_of(data))
+        return self._append_fields(_fields_of(data))
+
+    def _append_fields(self, fields: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Add a redisbuf dict batch; the new items' ids. ``_last_evicted`` is then how
+        many items the insert evicted (new ones included)."""
+        result = self.buffer.add(fields)
         if result.rejected is not None:
             raise InvalidBatchError(f"buffer {self.name!r} refused the batch: {result.rejected}")
+        self._last_evicted = int(result.evicted)
         self._bump_mutation_revision()
         return torch.as_tensor(np.asarray(result.ids, dtype=np.int64))
 
@@ -318,6 +345,61 @@ class RedisbufStorage(Storage):
             "RedisbufStorage is written through RedisbufWriter (the server picks ids and "
             "evicts); stored items cannot be overwritten in place"
         )
+
+    def _ensure_rank_eviction(self) -> None:
+        """Make sure the buffer evicts its lowest log-rewards first (what a
+        :class:`RedisbufMaxValueWriter` needs). A buffer made with ``prioritized_capacity=True``
+        has it. One made by this storage's default (no ``prioritized_capacity`` given) that
+        was never written (no item ever inserted, no schema) is switched to it, atomically
+        (a WATCH on its meta: a write by another process in between makes this raise
+        instead). Anything else raises :class:`~redisbuf.errors.ConfigMismatchError`."""
+        if self.buffer.prioritized_capacity:
+            return
+        meta = self.buffer.keys.meta
+        refusal = ConfigMismatchError(
+            f"buffer {self.name!r} evicts by {self.buffer._config.eviction!r}, and a max-value "
+            "writer needs the lowest ranks to go first: open a new buffer with "
+            "RedisbufStorage(url, name, max_size, prioritized_capacity=True)"
+        )
+        if "prioritized_capacity" in self._buffer_kwargs or "remover" in self._buffer_kwargs:
+            raise refusal
+        with self.buffer.client.pipeline() as pipe:
+            pipe.watch(meta)
+            eviction, last_id, schema = pipe.hmget(meta, "eviction", "last_id", "schema")
+            if eviction != b"fifo" or last_id not in (b"0", None) or schema is not None:
+                pipe.reset()
+                raise refusal
+            pipe.multi()
+            pipe.hset(meta, "eviction", "reward")
+            try:
+                pipe.execute()
+            except redis.exceptions.WatchError:
+                raise refusal from None
+        self._buffer_kwargs["prioritized_capacity"] = True
+        self._buffer = _CoreBuffer(self.buffer.client, self.name, capacity=self.max_size,
+                                   seed=self.seed, sampler=UniformSampler(),
+                                   **self._buffer_kwargs)
+        self._fifo = None
+
+    def _lowest_ranks(self, k: int) -> tuple[int, list[tuple[float, int]]]:
+        """The number of items stored and the ``k`` lowest ``(log-reward, id)`` pairs,
+        lowest first, read in one transaction (``k`` at most MAX_ITEMS_PER_COMMAND)."""
+        keys = self.buffer.keys
+        pipe = self.buffer.client.pipeline(transaction=True)
+        pipe.zcard(keys.order)
+        pipe.zrange(keys.prio, 0, max(k, 1) - 1, withscores=True)
+        length, rows = pipe.execute()
+        return int(length), [(float(score), int(member)) for member, score in rows]
+
+    def _stored(self, ids: list[int]) -> list[bool]:
+        """Whether each of these ids is stored now."""
+        out: list[bool] = []
+        step = bounds.MAX_ITEMS_PER_COMMAND
+        for start in range(0, len(ids), step):
+            members = [format_id(i) for i in ids[start : start + step]]
+            out += [score is not None
+                    for score in self.buffer.client.zmscore(self.buffer.keys.order, members)]
+        return out
 
     # reading --------------------------------------------------------------------------
 
@@ -495,6 +577,211 @@ class RedisbufWriter(Writer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         return
+
+
+_REDUCTIONS = ("max", "min", "mean", "median", "sum")
+#: redisbuf's log-reward field, where a max-value writer stores each item's rank
+RANK_FIELD = "log_rewards"
+
+
+def _keep_top(
+    length: int, lowest: list[tuple[float, int]], ranks: list[float], capacity: int
+) -> list[bool]:
+    """Which items of a batch with ``ranks`` TorchRL's ``TensorDictMaxValueWriter`` would
+    store, in batch order, into a storage of ``capacity`` holding ``length`` items whose
+    lowest ranks (and ids) are ``lowest``: while not full every item; when full one whose
+    rank is above the lowest held (stored or of the batch), which it replaces (the oldest
+    first among equal ranks, as the server evicts). An item of the batch replaced by a
+    later one is not stored either."""
+    heap: list[tuple[float, int, int]] = [(rank, item_id, -1) for rank, item_id in lowest]
+    heapq.heapify(heap)
+    stored = [False] * len(ranks)
+    count = length
+    for position, rank in enumerate(ranks):
+        if count < capacity:
+            count += 1
+        elif heap and rank > heap[0][0]:
+            _, _, replaced = heapq.heappop(heap)
+            if replaced >= 0:
+                stored[replaced] = False
+        else:
+            continue
+        stored[position] = True
+        # batch items are newer than every stored one, in batch order
+        heapq.heappush(heap, (rank, 1 << 62 | position, position))
+    return stored
+
+
+class RedisbufMaxValueWriter(TensorDictMaxValueWriter):
+    """TorchRL's ``TensorDictMaxValueWriter`` on a :class:`RedisbufStorage`: the buffer
+    keeps the ``max_size`` items of highest rank, for every process that writes to it.
+
+    An item's rank is its ``rank_key`` entry (default ``("next", "reward")``), reduced
+    over all its elements with ``reduction`` (``"sum"``, ``"max"``, ``"min"``, ``"mean"``,
+    ``"median"``) when it has more than one, as TorchRL's. The rank is stored as the
+    item's redisbuf log-reward (the ``log_rewards`` field, float64, which reads return
+    too), and the buffer evicts the lowest log-rewards first, on the server, in the same
+    atomic step as the insert (redisbuf's ``prioritized_capacity``). A TorchRL buffer on a
+    RedisbufStorage given TorchRL's own ``TensorDictMaxValueWriter`` gets this writer
+    with the same rank key and reduction.
+
+    ``extend`` follows TorchRL's rule item by item: while the buffer is not full every
+    item is stored; when full, an item is stored only if its rank is above the lowest
+    one held, which it replaces (an item whose rank equals the lowest is not stored); it
+    returns the new items' ids, and ``-1`` for items not stored (also for an item of the
+    batch replaced by a later one of the same batch). ``add`` returns the id, or ``None``.
+    The rule is applied to the buffer's lowest ranks read just before the insert; the
+    insert itself keeps the ``max_size`` highest ranks whatever other processes wrote
+    meanwhile (among equal ranks the oldest item goes first there), and an item that
+    another process's higher ranks pushed out at once is returned as ``-1`` too.
+
+    The buffer must evict by rank: a RedisbufStorage made with
+    ``prioritized_capacity=True``, or one opened without ``prioritized_capacity`` that
+    was never written, which this writer switches to lowest-rank eviction when it is
+    registered; any other raises :class:`~redisbuf.errors.ConfigMismatchError`.
+
+    Args:
+        rank_key: the key to rank items by (default ``("next", "reward")``).
+        reduction: how a rank entry of more than one element is reduced to one number.
+
+    Raises:
+        RuntimeError: ``add`` / ``extend`` of data that is not a TensorDict (TorchRL's
+            message), or of a TensorDict of more than one batch dimension.
+        KeyError: the data has no ``rank_key``.
+        InvalidBatchError: a NaN rank, or data holding a ``log_rewards`` key that is not
+            the rank key.
+    """
+
+    def __init__(self, rank_key: Any = None, reduction: str = "sum", **kwargs: Any) -> None:
+        kwargs.pop("compilable", None)
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+        Writer.__init__(self, compilable=False)
+        if kwargs:
+            raise TypeError(f"RedisbufMaxValueWriter got unexpected arguments {sorted(kwargs)}")
+        self._rank_key = ("next", "reward") if rank_key is None else rank_key
+        self._reduction = reduction
+
+    def register_storage(self, storage: Storage) -> None:
+        if not isinstance(storage, RedisbufStorage):
+            raise TypeError(
+                f"RedisbufMaxValueWriter writes to a RedisbufStorage, not {type(storage).__name__}"
+            )
+        storage._ensure_rank_eviction()
+        Writer.register_storage(self, storage)
+
+    def _redisbuf_storage(self) -> RedisbufStorage:
+        if not isinstance(self._storage, RedisbufStorage):
+            raise RuntimeError("RedisbufMaxValueWriter has no RedisbufStorage registered")
+        return self._storage
+
+    def _ranks(self, data: Any) -> torch.Tensor:
+        """One rank per item of ``data`` (float64)."""
+        if not is_tensor_collection(data):
+            raise RuntimeError(
+                f"{type(self)} expects data to be a tensor collection (tensordict or "
+                f"tensorclass). Found a {type(data)} instead."
+            )
+        if data.batch_dims != 1:
+            raise RuntimeError(
+                "Expected input tensordict to have no more than 1 dimension, got"
+                f"tensordict.batch_size = {data.batch_size}"
+            )
+        rank = data.get(self._rank_key, None)
+        if rank is None:
+            raise KeyError(f"Rank key {self._rank_key} not found in data.")
+        rank = torch.as_tensor(rank).detach().cpu().reshape(data.batch_size[0], -1)
+        if rank.shape[1] == 0:
+            raise InvalidBatchError(f"rank key {self._rank_key!r} holds no element")
+        if rank.shape[1] > 1:
+            if self._reduction == "mean" or self._reduction == "median":
+                rank = rank.to(torch.float64)
+            reduced = getattr(rank, self._reduction)(dim=1)
+            rank = reduced[0] if isinstance(reduced, tuple) else reduced
+        else:
+            rank = rank[:, 0]
+        rank = rank.to(torch.float64)
+        if bool(torch.isnan(rank).any()):
+            bad = torch.nonzero(torch.isnan(rank)).reshape(-1).tolist()
+            raise InvalidBatchError(f"rank key {self._rank_key!r} is NaN for items {bad[:10]}")
+        return rank
+
+    def extend(self, data: Any) -> torch.Tensor:
+        storage = self._redisbuf_storage()
+        ranks = self._ranks(data)
+        fields = _fields_of(data)
+        rank_names = {RANK_FIELD, (RANK_FIELD,)}
+        if RANK_FIELD in fields and self._rank_key not in rank_names:
+            raise InvalidBatchError(
+                f"the data holds {RANK_FIELD!r}, where this writer stores each item's rank "
+                f"(rank key {self._rank_key!r}): rename it, or rank by it"
+            )
+        fields[RANK_FIELD] = ranks
+        n = len(ranks)
+        out = torch.full((n,), -1, dtype=torch.long)
+        length, lowest = storage._lowest_ranks(min(n, storage.max_size,
+                                                   bounds.MAX_ITEMS_PER_COMMAND))
+        keep = _keep_top(length, lowest, ranks.tolist(), storage.max_size)
+        chosen = [i for i, kept in enumerate(keep) if kept]
+        if not chosen:
+            return out
+        pick = torch.as_tensor(chosen)
+        ids = storage._append_fields({key: value[pick] for key, value in fields.items()})
+        result_ids = ids.tolist()
+        if storage._last_evicted:
+            # other processes' higher ranks may have pushed some of these out at once
+            present = storage._stored(result_ids)
+            result_ids = [i if here else -1 for i, here in zip(result_ids, present, strict=True)]
+        out[pick] = torch.as_tensor(result_ids, dtype=torch.long)
+        return out
+
+    def add(self, data: Any) -> int | None:
+        if is_tensor_collection(data) and data.batch_dims == 0:
+            data = data.unsqueeze(0)
+        elif is_tensor_collection(data):
+            raise RuntimeError(
+                f"add takes one item (a TensorDict of batch size []), got {list(data.batch_size)}"
+            )
+        index = int(self.extend(data)[0])
+        return None if index < 0 else index
+
+    def get_insert_index(self, data: Any) -> int:
+        raise TypeError("RedisbufMaxValueWriter picks no slot: the server gives ids and evicts")
+
+    @property
+    def _write_count(self) -> int:
+        return int(self._redisbuf_storage().buffer.stats()["inserted"])
+
+    @_write_count.setter
+    def _write_count(self, value: int) -> None:
+        return  # the server counts the inserts
+
+    def _empty(self, empty_write_count: bool = True) -> None:
+        return  # the storage's _empty clears the buffer (and its counters) on the server
+
+    def dumps(self, path: Any) -> None:
+        return
+
+    def loads(self, path: Any) -> None:
+        return
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_rng"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return (f"RedisbufMaxValueWriter(rank_key={self._rank_key}, "
+                f"reduction={self._reduction})")
 
 
 # -- samplers -----------------------------------------------------------------------------
