@@ -287,8 +287,9 @@ class RedisbufStorage(Storage):
         those not given (:class:`RedisbufWriter`, :class:`RedisbufSampler`, a collate
         that returns the drawn batch), puts a :class:`RedisbufMaxValueWriter` with the
         same rank key and reduction in place of TorchRL's ``TensorDictMaxValueWriter``,
-        and refuses a writer or sampler that would address storage slots of one process. Reads and sets the constructor's pending arguments
-        (``_init_writer``, ``_init_sampler``, ``_init_collate_fn``) of torchrl 0.14."""
+        and refuses a writer or sampler that would address storage slots of one process.
+        Reads and sets the constructor's pending arguments (``_init_writer``,
+        ``_init_sampler``, ``_init_collate_fn``) of torchrl 0.14."""
         super().attach(buffer)
         if not hasattr(buffer, "_init_writer"):
             return
