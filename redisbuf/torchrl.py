@@ -40,8 +40,10 @@ What maps to what:
   random indices are drawn by the server). :class:`RedisbufPrioritizedSampler` is
   TorchRL's ``PrioritizedSampler`` on redisbuf's :class:`~redisbuf.PERSampler`:
   priorities live on the server, ``update_priority`` goes to the server, and every
-  process draws by the priorities any process set. Other TorchRL samplers pick storage
-  positions and are refused.
+  process draws by the priorities any process set. TorchRL's
+  ``SamplerWithoutReplacement`` becomes a :class:`RedisbufSamplerWithoutReplacement`:
+  epochs over a snapshot of the item ids, one epoch per process. Other TorchRL samplers
+  pick storage positions and are refused.
 * Sampling draws and reads in one round trip: the sampler's draw returns the items,
   which the storage hands to the following ``get`` of the same indices (in the same
   thread), so an item evicted between the draw and the read cannot be asked for.
@@ -72,7 +74,6 @@ from ._extras import require as _require_extra
 from .buffers.replay import ReplayBuffer as _CoreBuffer
 from .errors import ConfigMismatchError, EmptyBufferError, InvalidBatchError
 from .sampling.samplers import PERSampler, UniformSampler
-from .sampling.selectors import FifoSampler
 from .store import bounds
 from .store.keys import format_id
 
@@ -89,6 +90,7 @@ from torchrl.data.replay_buffers.samplers import (  # noqa: E402
     PrioritizedSampler,
     RandomSampler,
     Sampler,
+    SamplerWithoutReplacement,
 )
 from torchrl.data.replay_buffers.storages import Storage  # noqa: E402
 from torchrl.data.replay_buffers.writers import (  # noqa: E402
@@ -104,6 +106,7 @@ __all__ = [
     "RedisbufMaxValueWriter",
     "RedisbufPrioritizedSampler",
     "RedisbufSampler",
+    "RedisbufSamplerWithoutReplacement",
     "RedisbufStorage",
     "RedisbufWriter",
     "TensorDictPrioritizedReplayBuffer",
@@ -209,10 +212,11 @@ def _tensordict_of(batch: Mapping[str, Any], n: int, device: torch.device) -> An
 def _check_sampler(sampler: Any) -> None:
     """Refuse a TorchRL sampler that picks storage positions (a shared buffer has none)."""
     if isinstance(sampler, Sampler) and not isinstance(
-        sampler, (RedisbufSampler, RedisbufPrioritizedSampler)
+        sampler, (RedisbufSampler, RedisbufPrioritizedSampler, RedisbufSamplerWithoutReplacement)
     ) and type(sampler) is not RandomSampler:
         raise TypeError(
-            f"RedisbufStorage samples with RedisbufSampler, RandomSampler or "
+            f"RedisbufStorage samples with RedisbufSampler, RandomSampler, "
+            f"RedisbufSamplerWithoutReplacement (SamplerWithoutReplacement) or "
             f"RedisbufPrioritizedSampler, not {type(sampler).__name__} (it picks storage "
             "positions, which a shared buffer does not have)"
         )
@@ -271,7 +275,6 @@ class RedisbufStorage(Storage):
         super().__init__(max_size=self._buffer.capacity)
         self.device = torch.device(device)
         self._local = threading.local()
-        self._fifo: _CoreBuffer | None = None  # FIFO handle for slices (insertion order)
 
     @property
     def buffer(self) -> _CoreBuffer:
@@ -298,6 +301,8 @@ class RedisbufStorage(Storage):
             isinstance(writer, functools.partial) and writer.func is TensorDictRoundRobinWriter
         ):
             buffer._init_writer = RedisbufWriter()
+        elif writer is TensorDictMaxValueWriter:  # given as a factory
+            buffer._init_writer = RedisbufMaxValueWriter()
         elif type(writer) is TensorDictMaxValueWriter:
             # TorchRL's max-value writer keeps its heap of ranks in the process: ours, with
             # its rank key and reduction, keeps the ranks on the server
@@ -318,6 +323,15 @@ class RedisbufStorage(Storage):
             buffer._init_sampler = RedisbufSampler()
         elif isinstance(sampler, RedisbufPrioritizedSampler):
             sampler._bind(self)
+        elif sampler is SamplerWithoutReplacement:  # given as a factory
+            buffer._init_sampler = RedisbufSamplerWithoutReplacement()
+        elif type(sampler) is SamplerWithoutReplacement:
+            # TorchRL's keeps a permutation of storage positions: ours, of item ids
+            buffer._init_sampler = RedisbufSamplerWithoutReplacement(
+                drop_last=sampler.drop_last, shuffle=sampler.shuffle)
+        elif isinstance(sampler, functools.partial) and sampler.func is SamplerWithoutReplacement:
+            buffer._init_sampler = RedisbufSamplerWithoutReplacement(*sampler.args,
+                                                                     **sampler.keywords)
         else:
             _check_sampler(sampler)
         if buffer._init_collate_fn is None:
@@ -380,7 +394,6 @@ class RedisbufStorage(Storage):
         self._buffer = _CoreBuffer(self.buffer.client, self.name, capacity=self.max_size,
                                    seed=self.seed, sampler=UniformSampler(),
                                    **self._buffer_kwargs)
-        self._fifo = None
 
     def _lowest_ranks(self, k: int) -> tuple[int, list[tuple[float, int]]]:
         """The number of items stored and the ``k`` lowest ``(log-reward, id)`` pairs,
@@ -430,7 +443,8 @@ class RedisbufStorage(Storage):
     def get(self, index: Any) -> Any:
         """The items with ids ``index`` (an int: one item; a sequence or tensor: a
         batch in that order; a slice: positions in insertion order, oldest first, read
-        by fetching every item). Right after a draw in this thread, the drawn items."""
+        after reading every stored id). Right after a draw in this thread, the drawn
+        items."""
         pending = getattr(self._local, "pending", None)
         if pending is not None:
             self._local.pending = None
@@ -456,17 +470,29 @@ class RedisbufStorage(Storage):
         return _tensordict_of(self.buffer.get(ids_list), len(ids_list), self.device)
 
     def _ids_in_order(self) -> list[int]:
-        """The ids of the items stored now, oldest first (one read of every item)."""
-        if self._fifo is None:
-            self._fifo = _CoreBuffer.open(self.buffer.client, self.name, sampler=FifoSampler())
-        n = len(self.buffer)
-        if n == 0:
-            return []
-        try:
-            ids = self._fifo.sample_with_info(n).ids.tolist()
-        except EmptyBufferError:  # emptied since len() by another process
-            return []
-        return list(dict.fromkeys(ids))  # n above the length now repeats the order
+        """The ids of the items stored now, oldest first: read from the server's order of
+        the items (ids only), MAX_ITEMS_PER_COMMAND a command, so not one atomic read:
+        an item evicted meanwhile may be listed, one added meanwhile may be."""
+        order = self.buffer.keys.order
+        step = bounds.MAX_ITEMS_PER_COMMAND
+        ids: list[int] = []
+        low: str = "-inf"
+        while True:
+            rows = self.buffer.client.zrangebyscore(order, low, "+inf", start=0, num=step,
+                                                    withscores=True)
+            ids += [int(member) for member, _ in rows]
+            if len(rows) < step:
+                return list(dict.fromkeys(ids))
+            low = f"({rows[-1][1]!r}"
+
+    def keep_records(self, ids: list[int], records: list[bytes]) -> torch.Tensor:
+        """Decode the stored records of the items ``ids`` (read with ``buffer.records``),
+        keep the batch for the ``get`` of these ids in this thread (as
+        :meth:`draw_and_keep`) and return the ids (int64 tensor)."""
+        out = torch.as_tensor(ids, dtype=torch.long)
+        batch = self.buffer.decode(records, ids)
+        self._local.pending = (out, _tensordict_of(batch, len(ids), self.device))
+        return out
 
     def __len__(self) -> int:
         return len(self.buffer)
@@ -799,7 +825,7 @@ class RedisbufSampler(Sampler):
     read: with replacement, as TorchRL's ``RandomSampler`` (the default of a TorchRL
     buffer on a RedisbufStorage); ``distinct=True``: no item twice within one batch
     (while the batch is not larger than the buffer). Nothing carries over between
-    batches, unlike TorchRL's ``SamplerWithoutReplacement``."""
+    batches: for that, :class:`RedisbufSamplerWithoutReplacement`."""
 
     def __init__(self, distinct: bool = False) -> None:
         self.distinct = bool(distinct)
@@ -827,6 +853,158 @@ class RedisbufSampler(Sampler):
 
     def __repr__(self) -> str:
         return f"RedisbufSampler(distinct={self.distinct})"
+
+
+class RedisbufSamplerWithoutReplacement(SamplerWithoutReplacement):
+    """TorchRL's ``SamplerWithoutReplacement`` on a :class:`RedisbufStorage`: epochs over
+    the buffer's items, each item once per epoch. A TorchRL buffer on a RedisbufStorage
+    given TorchRL's ``SamplerWithoutReplacement`` gets this sampler with the same
+    ``drop_last`` and ``shuffle``.
+
+    **One epoch per process.** Each sampler runs its own epochs: an epoch starts with a
+    snapshot of the ids stored then, in a random order (``shuffle=True``, drawn with
+    ``torch.randperm`` and the TorchRL buffer's generator when it has one) or oldest first
+    (``shuffle=False``), and each ``sample`` returns the next ``batch_size`` of them. So
+    every process sees every item of its epoch's snapshot once, whatever other processes
+    draw. Items evicted before their turn are skipped (the batch is filled from the
+    following ids of the snapshot); items added during an epoch wait for the next one
+    (TorchRL's starts a new permutation whenever the storage's length changes).
+
+    ``ran_out`` turns True with the epoch's last batch (TorchRL's iteration over the
+    buffer then stops) and the next ``sample`` starts a new epoch. With ``drop_last=False``
+    the last batch of an epoch may be short, as TorchRL's; with ``drop_last=True`` the
+    ids left over that do not fill a batch are dropped, a batch that evictions left short
+    is dropped too (the next epoch's first batch is returned in its place), and a
+    snapshot smaller than ``batch_size`` raises ``ValueError`` as TorchRL's. An empty
+    buffer raises :class:`EmptyStorageError`.
+
+    Args:
+        drop_last: drop the ids of an epoch that do not fill a batch.
+        shuffle: a random order per epoch; ``False``: oldest first.
+    """
+
+    def __init__(self, drop_last: bool = False, shuffle: bool = True) -> None:
+        self.drop_last = bool(drop_last)
+        self.shuffle = bool(shuffle)
+        self._epoch: torch.Tensor | None = None  # the epoch's ids, in drawing order
+        self._position = 0
+        self._ran_out = False
+        self._remaining_batches = 0
+        # TorchRL's attributes of the same meaning
+        self._sample_list = None
+        self.len_storage = 0
+
+    def _start_epoch(self, storage: RedisbufStorage, batch_size: int) -> None:
+        ids = torch.as_tensor(storage._ids_in_order(), dtype=torch.long)
+        if ids.numel() == 0:
+            raise EmptyStorageError(
+                f"{EMPTY_STORAGE_MESSAGE} (redisbuf buffer {storage.name!r} holds no item)"
+            )
+        if self.drop_last and ids.numel() < batch_size:
+            raise ValueError(
+                f"The batch size ({batch_size}) is greater than the storage capacity "
+                f"({ids.numel()}). This makes it impossible to return a sample without "
+                "repeating indices. Consider changing the sampler class or turn the "
+                "'drop_last' argument to False."
+            )
+        if self.shuffle:
+            ids = ids[torch.randperm(ids.numel(), generator=self._rng)]
+        self._epoch, self._position = ids, 0
+        self.len_storage = ids.numel()
+
+    def _left(self) -> int:
+        return 0 if self._epoch is None else self._epoch.numel() - self._position
+
+    def _count_batches(self, batch_size: int) -> None:
+        left = self._left()
+        self._remaining_batches = (left // batch_size if self.drop_last
+                                   else -(left // -batch_size))
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        rb_storage = _storage_of(storage, type(self).__name__)
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        for _ in range(3):  # a new epoch may find its items evicted before they are read
+            if self._epoch is None or self._left() == 0:
+                self._start_epoch(rb_storage, batch_size)
+            assert self._epoch is not None
+            ids: list[int] = []
+            blobs: list[bytes] = []
+            while len(ids) < batch_size and self._left() > 0:
+                chunk = self._epoch[self._position : self._position + batch_size - len(ids)]
+                self._position += chunk.numel()
+                ids_now = chunk.tolist()
+                for item_id, blob in zip(ids_now, rb_storage.buffer.records(ids_now),
+                                         strict=True):
+                    if blob is not None:  # else evicted since the epoch began: skipped
+                        ids.append(item_id)
+                        blobs.append(blob)
+            if self.drop_last and self._left() < batch_size:
+                self._position = self._epoch.numel()  # too few left for a batch: dropped
+            end = self._left() == 0
+            if ids and (not self.drop_last or len(ids) == batch_size):
+                self._ran_out = end
+                self._count_batches(batch_size)
+                return rb_storage.keep_records(ids, blobs), {}
+            self._epoch = None  # the epoch is over and left nothing to return: a new one
+        raise EmptyStorageError(
+            f"buffer {rb_storage.name!r}: three epochs in a row found their items evicted "
+            "before they were read"
+        )
+
+    def can_sample(self, storage: Storage, batch_size: int) -> bool:
+        return len(storage) >= batch_size if self.drop_last else len(storage) > 0
+
+    @property
+    def ran_out(self) -> bool:
+        return self._ran_out
+
+    @ran_out.setter
+    def ran_out(self, value: bool) -> None:
+        self._ran_out = bool(value)
+
+    def _empty(self) -> None:
+        self._epoch, self._position, self._ran_out = None, 0, False
+        self._remaining_batches = 0
+        self.len_storage = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"drop_last": self.drop_last, "shuffle": self.shuffle,
+                "epoch": None if self._epoch is None else self._epoch.clone(),
+                "position": self._position, "ran_out": self._ran_out}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.drop_last = bool(state_dict["drop_last"])
+        self.shuffle = bool(state_dict.get("shuffle", self.shuffle))
+        epoch = state_dict.get("epoch")
+        self._epoch = None if epoch is None else torch.as_tensor(epoch, dtype=torch.long).clone()
+        self._position = int(state_dict.get("position", 0))
+        self._ran_out = bool(state_dict.get("ran_out", False))
+        self.len_storage = 0 if self._epoch is None else self._epoch.numel()
+
+    def dumps(self, path: Any) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = self.state_dict()
+        state["epoch"] = None if self._epoch is None else self._epoch.tolist()
+        (path / "sampler.json").write_text(json.dumps(state))
+
+    def loads(self, path: Any) -> None:
+        self.load_state_dict(json.loads((Path(path) / "sampler.json").read_text()))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_rng"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        total = 0 if self._epoch is None else self._epoch.numel()
+        done = 100.0 * self._position / total if total else 0.0
+        return (f"RedisbufSamplerWithoutReplacement(drop_last={self.drop_last}, "
+                f"shuffle={self.shuffle}, {done:.1f}% of the epoch sampled)")
 
 
 class RedisbufPrioritizedSampler(PrioritizedSampler):

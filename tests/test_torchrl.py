@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import pickle
 import uuid
@@ -16,7 +17,7 @@ from torchrl.data import (  # noqa: E402
     RandomSampler,
     ReplayBuffer,
     RoundRobinWriter,
-    SamplerWithoutReplacement,
+    SliceSampler,
     TensorDictReplayBuffer,
 )
 
@@ -139,7 +140,7 @@ def test_refuses_slot_writers_and_position_samplers(client, name):
         ReplayBuffer(storage=RedisbufStorage(client, name, 10), writer=RoundRobinWriter())
     with pytest.raises(TypeError, match="positions"):
         ReplayBuffer(storage=RedisbufStorage(client, name, 10),
-                     sampler=SamplerWithoutReplacement())
+                     sampler=SliceSampler(num_slices=2))
 
 
 def test_bad_data_is_refused_and_nothing_is_written(client, name):
@@ -294,7 +295,7 @@ def test_slices_and_keys_read_in_insertion_order(client, name):
 
 def test_a_position_sampler_given_as_a_factory_is_refused_at_sampling(client, name):
     rb = ReplayBuffer(storage=RedisbufStorage(client, name, 10),
-                      sampler=SamplerWithoutReplacement, batch_size=2)
+                      sampler=functools.partial(SliceSampler, num_slices=2), batch_size=2)
     rb.extend(torch.arange(4))
     with pytest.raises(TypeError, match="positions"):
         rb.sample()
