@@ -395,6 +395,11 @@ class RedisbufStorage(Storage):
                                    seed=self.seed, sampler=UniformSampler(),
                                    **self._buffer_kwargs)
 
+    def _inserted(self) -> int:
+        """The server's count of items inserted by every process since the buffer was
+        made or last cleared (one HGET of its meta)."""
+        return int(self.buffer.client.hget(self.buffer.keys.meta, "inserted") or 0)
+
     def _lowest_ranks(self, k: int) -> tuple[int, list[tuple[float, int]]]:
         """The number of items stored and the ``k`` lowest ``(log-reward, id)`` pairs,
         lowest first, read in one transaction (``k`` at most MAX_ITEMS_PER_COMMAND)."""
@@ -556,8 +561,9 @@ class RedisbufWriter(Writer):
     """TorchRL writer of a :class:`RedisbufStorage`: ``extend`` adds the batch in one
     atomic step on the server, which gives the items their ids (the shared cursor) and
     evicts beyond capacity; it returns the ids. ``add`` adds one item and returns its id.
-    It keeps nothing in the process: its state is empty, and ``write_count`` is the
-    server's count of items inserted by every process since the last ``empty()``."""
+    It keeps nothing in the process: its state is empty, ``write_count`` is the server's
+    count of items inserted by every process since the last ``empty()``, and ``_cursor``
+    (TorchRL's round-robin cursor) is that count modulo ``max_size``."""
 
     def __init__(self) -> None:
         super().__init__(compilable=False)
@@ -588,7 +594,24 @@ class RedisbufWriter(Writer):
 
     @property
     def _write_count(self) -> int:
-        return int(self._redisbuf_storage().buffer.stats()["inserted"])
+        return self._redisbuf_storage()._inserted()
+
+    @property
+    def _cursor(self) -> int:
+        """TorchRL's ``RoundRobinWriter._cursor``, on the shared buffer: the server's
+        count of items inserted by every process since the last ``empty()``, modulo
+        ``max_size``. Were the items written round-robin into ``max_size`` slots, in the
+        order the server inserted them, this is the slot the next item would take (and,
+        once full, that of the oldest item, which it evicts). Read-only."""
+        storage = self._redisbuf_storage()
+        return storage._inserted() % storage.max_size
+
+    @_cursor.setter
+    def _cursor(self, value: int) -> None:
+        raise AttributeError(
+            "RedisbufWriter._cursor is the server's insert count modulo max_size, shared "
+            "by every process: it cannot be set"
+        )
 
     def _empty(self, empty_write_count: bool = True) -> None:
         return  # the storage's _empty clears the buffer (and its counters) on the server
@@ -777,11 +800,25 @@ class RedisbufMaxValueWriter(TensorDictMaxValueWriter):
 
     @property
     def _write_count(self) -> int:
-        return int(self._redisbuf_storage().buffer.stats()["inserted"])
+        return self._redisbuf_storage()._inserted()
 
     @_write_count.setter
     def _write_count(self, value: int) -> None:
         return  # the server counts the inserts
+
+    @property
+    def _cursor(self) -> int:
+        """TorchRL's ``TensorDictMaxValueWriter._cursor``, on the shared buffer: the
+        number of items stored now modulo ``max_size``, the slot the next item would
+        fill while the buffer is not full, and 0 once it is full (TorchRL's stops there
+        too: a full buffer's items are replaced, not appended). Read-only."""
+        storage = self._redisbuf_storage()
+        return len(storage) % storage.max_size
+
+    @_cursor.setter
+    def _cursor(self, value: int) -> None:
+        raise AttributeError("RedisbufMaxValueWriter._cursor follows the shared buffer's "
+                             "length: it cannot be set")
 
     def _empty(self, empty_write_count: bool = True) -> None:
         return  # the storage's _empty clears the buffer (and its counters) on the server
