@@ -499,6 +499,24 @@ class RedisbufStorage(Storage):
         self._local.pending = (out, _tensordict_of(batch, len(ids), self.device))
         return out
 
+    def __iter__(self) -> Any:
+        """The stored items one by one, oldest first (TorchRL's storages yield their
+        slots in order): every stored id is read first, then the items, at most
+        MAX_ITEMS_PER_COMMAND a read; items evicted meanwhile are skipped."""
+        ids = self._ids_in_order()
+        step = bounds.MAX_ITEMS_PER_COMMAND
+        for start in range(0, len(ids), step):
+            chunk = ids[start : start + step]
+            found = [(i, blob) for i, blob in zip(chunk, self.buffer.records(chunk),
+                                                  strict=True) if blob is not None]
+            if not found:
+                continue
+            batch = _tensordict_of(self.buffer.decode([b for _, b in found],
+                                                      [i for i, _ in found]),
+                                   len(found), self.device)
+            for position in range(len(found)):
+                yield batch[position]
+
     def __len__(self) -> int:
         return len(self.buffer)
 

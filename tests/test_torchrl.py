@@ -326,3 +326,16 @@ def test_prioritized_dumps_loads_keeps_priorities(client, name, tmp_path):
     rb.loads(tmp_path / "per")
     assert len(rb) == 42
     assert int((rb.sample()["a"] == 41).sum()) >= 200  # the priority came back with the item
+
+
+def test_iterating_the_storage_yields_the_stored_items_oldest_first(client, name):
+    rb = TensorDictReplayBuffer(storage=RedisbufStorage(client, name, 4), batch_size=2)
+    assert list(rb.storage) == []
+    rb.extend(frames(6))  # 0 and 1 are evicted
+    seen = list(rb.storage)
+    assert [int(item["a"]) for item in seen] == [2, 3, 4, 5]
+    assert all(item.batch_size == torch.Size([]) for item in seen)
+    check_items(torch.stack(seen))
+    plain = ReplayBuffer(storage=RedisbufStorage(client, name + "t", 10))
+    plain.extend(torch.arange(3) * 10)
+    assert [int(x) for x in plain.storage] == [0, 10, 20]
