@@ -372,7 +372,7 @@ class RedisbufStorage(Storage):
             return
         meta = self.buffer.keys.meta
         refusal = ConfigMismatchError(
-            f"buffer {self.name!r} evicts by {self.buffer._config.eviction!r}, and a max-value "
+            f"buffer {self.name!r} evicts with {self.buffer.remover!r}, and a max-value "
             "writer needs the lowest ranks to go first: open a new buffer with "
             "RedisbufStorage(url, name, max_size, prioritized_capacity=True)"
         )
