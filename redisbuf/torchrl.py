@@ -575,7 +575,27 @@ class RedisbufStorage(Storage):
 # -- writer -------------------------------------------------------------------------------
 
 
-class RedisbufWriter(Writer):
+class _WriterStateOnServer:
+    """What the writers of a RedisbufStorage keep of their own: nothing. Their counters
+    are the buffer's, on the server, so emptying, saving and loading are the storage's."""
+
+    def _empty(self, empty_write_count: bool = True) -> None:
+        return  # the storage's _empty clears the buffer (and its counters) on the server
+
+    def dumps(self, path: Any) -> None:
+        return
+
+    def loads(self, path: Any) -> None:
+        return
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return
+
+
+class RedisbufWriter(_WriterStateOnServer, Writer):
     """TorchRL writer of a :class:`RedisbufStorage`: ``extend`` adds the batch in one
     atomic step on the server, which gives the items their ids (the shared cursor) and
     evicts beyond capacity; it returns the ids. ``add`` adds one item and returns its id.
@@ -631,21 +651,6 @@ class RedisbufWriter(Writer):
             "by every process: it cannot be set"
         )
 
-    def _empty(self, empty_write_count: bool = True) -> None:
-        return  # the storage's _empty clears the buffer (and its counters) on the server
-
-    def dumps(self, path: Any) -> None:
-        return
-
-    def loads(self, path: Any) -> None:
-        return
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return
-
 
 _REDUCTIONS = ("max", "min", "mean", "median", "sum")
 #: redisbuf's log-reward field, where a max-value writer stores each item's rank
@@ -680,7 +685,7 @@ def _keep_top(
     return stored
 
 
-class RedisbufMaxValueWriter(TensorDictMaxValueWriter):
+class RedisbufMaxValueWriter(_WriterStateOnServer, TensorDictMaxValueWriter):
     """TorchRL's ``TensorDictMaxValueWriter`` on a :class:`RedisbufStorage`: the buffer
     keeps the ``max_size`` items of highest rank, for every process that writes to it.
 
@@ -837,21 +842,6 @@ class RedisbufMaxValueWriter(TensorDictMaxValueWriter):
     def _cursor(self, value: int) -> None:
         raise AttributeError("RedisbufMaxValueWriter._cursor follows the shared buffer's "
                              "length: it cannot be set")
-
-    def _empty(self, empty_write_count: bool = True) -> None:
-        return  # the storage's _empty clears the buffer (and its counters) on the server
-
-    def dumps(self, path: Any) -> None:
-        return
-
-    def loads(self, path: Any) -> None:
-        return
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
