@@ -199,6 +199,16 @@ def _fields_of(data: Any) -> dict[str, torch.Tensor]:
     return fields
 
 
+def _batch_of_one(item: Any) -> Any:
+    """A batch holding ``item`` (one item, no batch dimension): a tensor or TensorDict
+    gains a leading dimension of 1; a mapping becomes a TensorDict of batch size [1]."""
+    if isinstance(item, torch.Tensor) or is_tensor_collection(item):
+        return item.unsqueeze(0)
+    if isinstance(item, Mapping):
+        return TensorDict(dict(item), batch_size=[]).unsqueeze(0)
+    return item
+
+
 def _tensordict_of(batch: Mapping[str, Any], n: int, device: torch.device) -> Any:
     """The TorchRL batch of ``n`` items decoded from a redisbuf dict batch."""
     if set(batch) == {TENSOR_FIELD}:
@@ -354,12 +364,43 @@ class RedisbufStorage(Storage):
         return torch.as_tensor(np.asarray(result.ids, dtype=np.int64))
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
-        """Not supported: items are written by :class:`RedisbufWriter` (the server picks
-        their ids) and are immutable once stored."""
-        raise TypeError(
-            "RedisbufStorage is written through RedisbufWriter (the server picks ids and "
-            "evicts); stored items cannot be overwritten in place"
-        )
+        """Give stored items new data in place (TorchRL's ``rb[index] = data``):
+        ``cursor`` names them as :meth:`get` reads them (an id, ids, or a slice of
+        positions in insertion order, oldest first), and item ``i`` of ``data`` replaces
+        the ``i``-th (for one id, ``data`` is one item without a batch dimension). Each
+        keeps its id, place in the order, priority and uses (redisbuf's
+        ``ReplayBuffer.replace``: one atomic command per MAX_ADD_ITEMS items). An item
+        evicted after the check that it is stored is left evicted. ``set_cursor`` is
+        ignored: the writers' cursor is the server's insert count.
+
+        Raises:
+            KeyError: an id not stored now (nothing is written).
+            InvalidBatchError: not one item of ``data`` per id.
+            SchemaError: ``data`` has other keys, dtypes or shapes than the stored items
+                (a stored item cannot gain a key; nothing is written).
+        """
+        if isinstance(cursor, slice):
+            ids = self._ids_in_order()[cursor]
+        elif isinstance(cursor, (int, np.integer)) or (
+            isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0
+        ):
+            ids, data = [int(cursor)], _batch_of_one(data)
+        else:
+            ids = [int(i) for i in np.asarray(
+                cursor.cpu() if isinstance(cursor, torch.Tensor) else list(cursor)
+            ).reshape(-1)]
+        fields = _fields_of(data)
+        n = len(next(iter(fields.values())))
+        if n != len(ids):
+            raise InvalidBatchError(f"{n} items of data for {len(ids)} ids")
+        missing = [i for i, stored in zip(ids, self._stored(ids), strict=True) if not stored]
+        if missing:
+            raise KeyError(f"ids not in buffer {self.name!r}: {missing[:10]}")
+        step = bounds.MAX_ADD_ITEMS
+        for start in range(0, len(ids), step):
+            self.buffer.replace(ids[start : start + step],
+                                {k: v[start : start + step] for k, v in fields.items()})
+        self._bump_mutation_revision()
 
     def _ensure_rank_eviction(self) -> None:
         """Make sure the buffer evicts its lowest log-rewards first (what a
@@ -619,13 +660,7 @@ class RedisbufWriter(_WriterStateOnServer, Writer):
         return self._storage
 
     def add(self, data: Any) -> int:
-        if isinstance(data, torch.Tensor) and not is_tensor_collection(data):
-            data = data.unsqueeze(0)
-        elif is_tensor_collection(data):
-            data = data.unsqueeze(0)
-        elif isinstance(data, Mapping):
-            data = TensorDict(dict(data), batch_size=[]).unsqueeze(0)
-        return int(self._redisbuf_storage()._append(data)[0])
+        return int(self._redisbuf_storage()._append(_batch_of_one(data))[0])
 
     def extend(self, data: Any) -> torch.Tensor:
         return self._redisbuf_storage()._append(data)
@@ -916,7 +951,10 @@ class RedisbufSamplerWithoutReplacement(SamplerWithoutReplacement):
     (TorchRL's starts a new permutation whenever the storage's length changes).
 
     ``ran_out`` turns True with the epoch's last batch (TorchRL's iteration over the
-    buffer then stops) and the next ``sample`` starts a new epoch. With ``drop_last=False``
+    buffer then stops) and the next ``sample`` starts a new epoch. Another process may
+    evict every item the epoch has left after a batch was returned with ``ran_out``
+    False: the next ``sample`` then starts a new epoch and returns its first batch, so
+    an iteration over the buffer runs on into it. With ``drop_last=False``
     the last batch of an epoch may be short, as TorchRL's; with ``drop_last=True`` the
     ids left over that do not fill a batch are dropped, a batch that evictions left short
     is dropped too (the next epoch's first batch is returned in its place), and a

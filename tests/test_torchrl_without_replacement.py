@@ -166,11 +166,16 @@ def test_samplers_on_separate_connections_while_a_writer_evicts(redis_server, na
         plain = CoreBuffer.open(check, name)
         start, seen = 30, []
         reader.sample()  # the epoch's snapshot: items 0..29
-        seen = []
+        epoch, seen = reader.sampler._epoch, []
         while not reader.sampler.ran_out:
             writer.extend(tagged(2, start=start))
             start += 2
+            left = epoch[reader.sampler._position:].tolist()
             batch = reader.sample()
+            if reader.sampler._epoch is not epoch:
+                # the writer evicted all the epoch had left: a new epoch began (documented)
+                assert not any(plain.records(left))
+                break
             tags = batch["tag"].tolist()
             seen += tags
             assert all(t < 30 for t in tags)  # new items wait for the next epoch
