@@ -304,6 +304,23 @@ def test_gather_all_dequeue_and_nested_fields(client, buffer_name):
         buf.get_field("pos", [1], [2])
 
 
+def test_get_steps_and_contains_read_steps_by_environment_and_position(client, buffer_name):
+    buf = SequenceBuffer(client, buffer_name, 2, 3)
+    for t in range(5):
+        buf.add_batch({"pos": np.array([t, 10 + t]), "o": {"x": np.full((2, 2), t, np.int16)}})
+    steps = buf.get_steps([1, 0, 1], [4, 2, 3])
+    assert steps["pos"].tolist() == [14, 2, 13]
+    assert steps["o"]["x"].shape == (3, 2) and steps["o"]["x"].dtype == np.int16
+    # positions 0 and 1 were evicted (3 kept per environment), 5 not written yet
+    assert buf.contains([0, 0, 1, 1], [1, 2, 4, 5]).tolist() == [False, True, True, False]
+    with pytest.raises(KeyError, match="0:1"):
+        buf.get_steps([0, 0], [2, 1])
+    with pytest.raises(InvalidBatchError):
+        buf.get_steps([0, 1], [2])
+    with pytest.raises(ValueError):
+        buf.get_steps([], [])
+
+
 # -- discounted returns ---------------------------------------------------------------------
 
 

@@ -139,6 +139,36 @@ class SequenceReading(_SequenceReadingNeeds):
             data = data[part]
         return data.reshape((*shape, *tuple(schema[field_name]["shape"])))
 
+    def _step_names(self, env_ids: Any, positions: Any) -> list[str]:
+        ids = _as_int_array(env_ids, "env_ids")
+        pos = _as_int_array(positions, "positions")
+        if ids.shape != pos.shape:
+            raise InvalidBatchError(f"{ids.size} env_ids for {pos.size} positions")
+        return [f"{e}:{p}" for e, p in zip(ids.tolist(), pos.tolist(), strict=True)]
+
+    def get_steps(self, env_ids: Any, positions: Any) -> dict[str, Any]:
+        """Every field of the steps ``(env_ids[i], positions[i])``, read in one command
+        per :data:`~redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND` steps, shaped ``[n]``.
+
+        Raises:
+            KeyError: a step not stored (evicted, or never written).
+            ValueError: no step asked for.
+        """
+        names = self._step_names(env_ids, positions)
+        if not names:
+            raise ValueError("no step to read")
+        blobs, raw = self._read_steps(names)
+        self._missing(blobs, names)
+        data = self._decode(blobs, (len(names),))
+        self._with_returns(data, raw, (len(names),))
+        return data
+
+    def contains(self, env_ids: Any, positions: Any) -> np.ndarray:
+        """Whether each step ``(env_ids[i], positions[i])`` is stored now (bool, ``[n]``)."""
+        names = self._step_names(env_ids, positions)
+        blobs = self._read_steps(names, with_returns=False)[0]
+        return np.array([blob is not None for blob in blobs], dtype=bool)
+
     @staticmethod
     def _missing(blobs: list[Any], names: list[str]) -> None:
         gone = [name for name, blob in zip(names, blobs, strict=True) if blob is None]
