@@ -99,6 +99,9 @@ from torchrl.data.replay_buffers.writers import (  # noqa: E402
     Writer,
 )
 
+from .torchrl_trees import batch_of_one as tree_batch_of_one  # noqa: E402
+from .torchrl_trees import check_key_part, fields_of_tree, item_of, tree_of  # noqa: E402
+
 __all__ = [
     "KEY_SEPARATOR",
     "EmptyStorageError",
@@ -156,7 +159,11 @@ def _collate_id(batch: Any) -> Any:
 def _fields_of(data: Any) -> dict[str, torch.Tensor]:
     """One redisbuf dict batch (field name -> tensor with the leading batch dimension)
     from a batch of TorchRL data: a TensorDict of batch size [N], a tensor, a mapping of
-    tensors, or a list of items (stacked)."""
+    tensors, or a list of items (stacked); or a pytree a TensorDict cannot hold
+    (:mod:`redisbuf.torchrl_trees`)."""
+    tree = fields_of_tree(data)
+    if tree is not None:
+        return tree
     if isinstance(data, list):
         if not data:
             raise InvalidBatchError("extend got an empty list")
@@ -185,12 +192,8 @@ def _fields_of(data: Any) -> dict[str, torch.Tensor]:
     fields: dict[str, torch.Tensor] = {}
     for key, value in data.items(include_nested=True, leaves_only=True):
         parts = (key,) if isinstance(key, str) else tuple(key)
-        bad = [part for part in parts if KEY_SEPARATOR in part]
-        if bad:
-            raise InvalidBatchError(
-                f"key {key!r}: {bad[0]!r} contains {KEY_SEPARATOR!r}, which joins the parts "
-                "of nested keys into field names"
-            )
+        for part in parts:
+            check_key_part(part, key)
         if not isinstance(value, torch.Tensor) or is_tensor_collection(value):
             raise InvalidBatchError(f"key {key!r} holds {type(value).__name__}, not a tensor")
         fields[KEY_SEPARATOR.join(parts)] = value.detach().cpu().contiguous()
@@ -201,7 +204,11 @@ def _fields_of(data: Any) -> dict[str, torch.Tensor]:
 
 def _batch_of_one(item: Any) -> Any:
     """A batch holding ``item`` (one item, no batch dimension): a tensor or TensorDict
-    gains a leading dimension of 1; a mapping becomes a TensorDict of batch size [1]."""
+    gains a leading dimension of 1, so does each leaf of a pytree a TensorDict cannot hold;
+    another mapping becomes a TensorDict of batch size [1]."""
+    tree = tree_batch_of_one(item)
+    if tree is not None:
+        return tree
     if isinstance(item, torch.Tensor) or is_tensor_collection(item):
         return item.unsqueeze(0)
     if isinstance(item, Mapping):
@@ -210,9 +217,13 @@ def _batch_of_one(item: Any) -> Any:
 
 
 def _tensordict_of(batch: Mapping[str, Any], n: int, device: torch.device) -> Any:
-    """The TorchRL batch of ``n`` items decoded from a redisbuf dict batch."""
+    """The TorchRL batch of ``n`` items decoded from a redisbuf dict batch: a tensor, the
+    pytree stored (:mod:`redisbuf.torchrl_trees`) or a TensorDict."""
     if set(batch) == {TENSOR_FIELD}:
         return torch.as_tensor(batch[TENSOR_FIELD]).to(device)
+    tree = tree_of(batch, device)
+    if tree is not None:
+        return tree
     out = TensorDict({}, batch_size=[n], device=device)
     for name, value in batch.items():
         out.set(tuple(name.split(KEY_SEPARATOR)), torch.as_tensor(value))
@@ -509,7 +520,7 @@ class RedisbufStorage(Storage):
         if isinstance(index, (int, np.integer)) or (
             isinstance(index, (torch.Tensor, np.ndarray)) and index.ndim == 0
         ):
-            return self.get(torch.as_tensor([int(index)]))[0]
+            return item_of(self.get(torch.as_tensor([int(index)])), 0)
         ids_list = torch.as_tensor(index).reshape(-1).tolist()
         if not ids_list:
             raise ValueError("no ids to read")
@@ -556,7 +567,7 @@ class RedisbufStorage(Storage):
                                                       [i for i, _ in found]),
                                    len(found), self.device)
             for position in range(len(found)):
-                yield batch[position]
+                yield item_of(batch, position)
 
     def __len__(self) -> int:
         return len(self.buffer)
