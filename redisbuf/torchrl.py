@@ -99,13 +99,24 @@ from torchrl.data.replay_buffers.writers import (  # noqa: E402
     Writer,
 )
 
+from .torchrl_trees import (  # noqa: E402
+    ListStackError,
+    check_key_part,
+    fields_of_tree,
+    flatten_leading,
+    item_of,
+    reshape_items,
+    stack_items,
+    tree_of,
+)
 from .torchrl_trees import batch_of_one as tree_batch_of_one  # noqa: E402
-from .torchrl_trees import check_key_part, fields_of_tree, item_of, tree_of  # noqa: E402
 
 __all__ = [
     "KEY_SEPARATOR",
     "EmptyStorageError",
+    "ListStackError",
     "PrioritizedReplayBuffer",
+    "ROW_SHAPE_FIELD",
     "RedisbufMaxValueWriter",
     "RedisbufPrioritizedSampler",
     "RedisbufSampler",
@@ -119,6 +130,8 @@ __all__ = [
 KEY_SEPARATOR = "."
 #: the field a plain tensor is stored under (``ReplayBuffer.extend(tensor)``)
 TENSOR_FIELD = "__tensor__"
+#: the buffer's meta field holding the row shape of a storage of ndim > 1 ("4" for [T=4])
+ROW_SHAPE_FIELD = "torchrl_row_shape"
 
 
 #: the text TorchRL's samplers raise (and its tests match) on an empty storage
@@ -165,11 +178,10 @@ def _fields_of(data: Any) -> dict[str, torch.Tensor]:
     if tree is not None:
         return tree
     if isinstance(data, list):
-        if not data:
-            raise InvalidBatchError("extend got an empty list")
-        data = torch.stack(data) if isinstance(data[0], torch.Tensor) else torch.stack(
-            [d if is_tensor_collection(d) else TensorDict(d, batch_size=[]) for d in data]
-        )
+        data = stack_items(data)
+        tree = fields_of_tree(data)
+        if tree is not None:
+            return tree
     if isinstance(data, torch.Tensor) and not is_tensor_collection(data):
         if data.ndim == 0:
             raise InvalidBatchError("a tensor batch needs a leading batch dimension")
@@ -258,6 +270,16 @@ class RedisbufStorage(Storage):
         max_size: the buffer's capacity (items); when full, the oldest go first.
         seed: seeds this process's draws (TorchRL's ``generator=`` is not used).
         device: where sampled TensorDicts are put (they are read on the CPU).
+        ndim: the batch dimensions of what the storage is given (TorchRL's ``ndim``):
+            with ``ndim=2`` a batch ``[R, C]`` is stored as its ``R * C`` items, row by
+            row, and ``extend`` returns their ids shaped ``[R, C]``. TorchRL's buffers
+            extend along ``dim_extend = ndim - 1`` by default, so a collector's batch
+            ``[N, T]`` (N environments by T steps) arrives as ``[T, N]``: one row per time
+            step. The row shape (``[C]``) is fixed for the buffer by the first such write
+            (the meta field ``torchrl_row_shape``). Samples are of items; ``len`` and
+            ``max_size`` count items; a slice (``rb[:]``) reads whole rows, shaped
+            ``[rows, C]``, leaving out the oldest items that do not fill a row (when
+            ``max_size`` is not a multiple of ``C``, eviction takes items one by one).
         **buffer_kwargs: further arguments of :class:`redisbuf.ReplayBuffer`
             (e.g. ``prioritized_capacity=True``, ``max_item_bytes``).
 
@@ -282,8 +304,11 @@ class RedisbufStorage(Storage):
         *,
         seed: int | None = None,
         device: Any = "cpu",
+        ndim: int = 1,
         **buffer_kwargs: Any,
     ) -> None:
+        if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
+            raise ValueError(f"ndim must be a positive integer, got {ndim!r}")
         if "sampler" in buffer_kwargs or "prioritized_sampling" in buffer_kwargs:
             raise TypeError(
                 "RedisbufStorage takes no redisbuf sampler: pass TorchRL's sampler= "
@@ -295,6 +320,8 @@ class RedisbufStorage(Storage):
                                    sampler=UniformSampler(), **buffer_kwargs)
         super().__init__(max_size=self._buffer.capacity)
         self.device = torch.device(device)
+        self.ndim = ndim
+        self._row_shape: tuple[int, ...] | None = None
         self._local = threading.local()
 
     @property
@@ -361,8 +388,55 @@ class RedisbufStorage(Storage):
     # writing --------------------------------------------------------------------------
 
     def _append(self, data: Any) -> torch.Tensor:
-        """Add a batch of items; their ids (int64 tensor), in the batch's order."""
-        return self._append_fields(_fields_of(data))
+        """Add a batch of items; their ids (int64 tensor), in the batch's order, shaped
+        like its first ``ndim`` dimensions."""
+        if self.ndim == 1:
+            return self._append_fields(_fields_of(data))
+        if isinstance(data, list):
+            raise InvalidBatchError(f"a RedisbufStorage of ndim={self.ndim} takes a batch of "
+                                    f"{self.ndim} dimensions, not a list of items")
+        flat, shape = flatten_leading(data, self.ndim)
+        fields = _fields_of(flat)
+        claimed = self._claim_row_shape(shape[1:])
+        try:
+            return self._append_fields(fields).reshape(shape)
+        except Exception:
+            if claimed:  # nothing stored: the row shape is not the buffer's either
+                self.buffer.client.hdel(self.buffer.keys.meta, ROW_SHAPE_FIELD)
+            raise
+
+    def _in_given_layout(self, ids: torch.Tensor) -> torch.Tensor:
+        """The ids of an extend in the layout of the data given to the TorchRL buffer,
+        which swapped its dimensions 0 and ``dim_extend`` before writing."""
+        for entity in self._attached_entities:
+            dim = getattr(entity, "dim_extend", 0)
+            if 0 < dim < ids.ndim:
+                return ids.transpose(0, dim)
+        return ids
+
+    def _stored_row_shape(self) -> tuple[int, ...] | None:
+        """The buffer's row shape (set by the first extend of a storage of ndim > 1)."""
+        if self._row_shape is None:
+            text = self.buffer.client.hget(self.buffer.keys.meta, ROW_SHAPE_FIELD)
+            if text is not None:
+                text = text.decode() if isinstance(text, bytes) else text
+                self._row_shape = tuple(int(part) for part in text.split(",") if part)
+        return self._row_shape
+
+    def _claim_row_shape(self, row: tuple[int, ...]) -> bool:
+        """Check ``row`` against the buffer's row shape, recording it when there is none;
+        whether this call recorded it."""
+        claimed = False
+        if self._stored_row_shape() is None:
+            text = ",".join(str(part) for part in row)
+            claimed = bool(self.buffer.client.hsetnx(self.buffer.keys.meta, ROW_SHAPE_FIELD,
+                                                     text))
+            self._row_shape = None
+        if self._stored_row_shape() != row:
+            raise InvalidBatchError(
+                f"buffer {self.name!r} holds rows of shape {list(self._row_shape or ())}, "
+                f"got a batch of rows of shape {list(row)}")
+        return claimed
 
     def _append_fields(self, fields: dict[str, torch.Tensor]) -> torch.Tensor:
         """Add a redisbuf dict batch; the new items' ids. ``_last_evicted`` is then how
@@ -499,9 +573,10 @@ class RedisbufStorage(Storage):
 
     def get(self, index: Any) -> Any:
         """The items with ids ``index`` (an int: one item; a sequence or tensor: a
-        batch in that order; a slice: positions in insertion order, oldest first, read
-        after reading every stored id). Right after a draw in this thread, the drawn
-        items."""
+        batch in that order and shape; a slice: positions in insertion order, oldest
+        first, read after reading every stored id; with ``ndim > 1``, a slice or a tuple
+        holding one indexes the stored rows, see the class). Right after a draw in this
+        thread, the drawn items."""
         pending = getattr(self._local, "pending", None)
         if pending is not None:
             self._local.pending = None
@@ -515,16 +590,26 @@ class RedisbufStorage(Storage):
             # a sampler given as a factory was not seen by attach(): one that picks
             # positions must not have them read as ids
             _check_sampler(getattr(entity, "_sampler", None))
+        row = self._stored_row_shape() if self.ndim > 1 else None
+        if row is not None and (isinstance(index, slice) or (
+                isinstance(index, tuple) and any(isinstance(part, slice) for part in index))):
+            ids = self._ids_in_order()
+            ids = ids[len(ids) % math.prod(row):]  # the oldest, partly evicted row left out
+            return self.get(torch.as_tensor(ids, dtype=torch.long).reshape(-1, *row)[index])
+        if isinstance(index, tuple) and len(index) == 1:
+            index = index[0]
         if isinstance(index, slice):
             return self.get(self._ids_in_order()[index])
         if isinstance(index, (int, np.integer)) or (
             isinstance(index, (torch.Tensor, np.ndarray)) and index.ndim == 0
         ):
             return item_of(self.get(torch.as_tensor([int(index)])), 0)
-        ids_list = torch.as_tensor(index).reshape(-1).tolist()
+        index = torch.as_tensor(index)
+        ids_list = index.reshape(-1).tolist()
         if not ids_list:
             raise ValueError("no ids to read")
-        return _tensordict_of(self.buffer.get(ids_list), len(ids_list), self.device)
+        batch = _tensordict_of(self.buffer.get(ids_list), len(ids_list), self.device)
+        return reshape_items(batch, tuple(index.shape)) if index.ndim > 1 else batch
 
     def _ids_in_order(self) -> list[int]:
         """The ids of the items stored now, oldest first: read from the server's order of
@@ -613,11 +698,13 @@ class RedisbufStorage(Storage):
                 "with a URL, or open the buffer by name in the other process"
             )
         return {"url": self._url, "name": self.name, "max_size": self.max_size,
-                "seed": self.seed, "device": str(self.device), "kwargs": self._buffer_kwargs}
+                "seed": self.seed, "device": str(self.device), "ndim": self.ndim,
+                "kwargs": self._buffer_kwargs}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         type(self).__init__(self, state["url"], state["name"], state["max_size"],
-                            seed=state["seed"], device=state["device"], **state["kwargs"])
+                            seed=state["seed"], device=state["device"],
+                            ndim=state.get("ndim", 1), **state["kwargs"])
 
     def __repr__(self) -> str:
         return (f"RedisbufStorage(name={self.name!r}, max_size={self.max_size}, "
@@ -674,7 +761,8 @@ class RedisbufWriter(_WriterStateOnServer, Writer):
         return int(self._redisbuf_storage()._append(_batch_of_one(data))[0])
 
     def extend(self, data: Any) -> torch.Tensor:
-        return self._redisbuf_storage()._append(data)
+        storage = self._redisbuf_storage()
+        return storage._in_given_layout(storage._append(data))
 
     @property
     def _write_count(self) -> int:
@@ -786,6 +874,9 @@ class RedisbufMaxValueWriter(_WriterStateOnServer, TensorDictMaxValueWriter):
             raise TypeError(
                 f"RedisbufMaxValueWriter writes to a RedisbufStorage, not {type(storage).__name__}"
             )
+        if storage.ndim > 1:
+            raise ValueError("TensorDictMaxValueWriter is not compatible with storages with "
+                             "more than one dimension.")
         storage._ensure_rank_eviction()
         Writer.register_storage(self, storage)
 

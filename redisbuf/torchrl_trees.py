@@ -22,10 +22,39 @@ import torch
 
 from .errors import InvalidBatchError
 
-__all__ = ["batch_of_one", "check_key_part", "fields_of_tree", "item_of", "tree_of"]
+__all__ = [
+    "batch_of_one", "check_key_part", "fields_of_tree", "flatten_leading", "item_of",
+    "reshape_items", "stack_items", "tree_of", "ListStackError",
+]
 
 KEY_SEPARATOR = "."
 _TYPED_PART = re.compile(r"^(?:\[(\d+)\]|\((\d+)\)|<(-?\d+)>)$")
+
+
+class ListStackError(InvalidBatchError, RuntimeError):
+    """The items of a list given to ``extend`` cannot be stacked into one batch (shapes,
+    dtypes or nests differ): redisbuf's :class:`~redisbuf.errors.InvalidBatchError` that
+    is also the ``RuntimeError`` TorchRL's storages raise there, with their message."""
+
+
+def stack_items(items: list[Any]) -> Any:
+    """One batch of the items of a list (tensors, TensorDicts, mappings or pytrees,
+    each without a batch dimension), stacked along a new first dimension."""
+    if not items:
+        raise InvalidBatchError("extend got an empty list")
+    from tensordict import TensorDict
+    from torch.utils._pytree import tree_map
+
+    try:
+        if isinstance(items[0], torch.Tensor) and not _is_tensor_collection(items[0]):
+            return torch.stack(items)
+        if _is_tree(items[0]):
+            return tree_map(lambda *leaves: torch.stack(leaves), items[0], *items[1:])
+        return torch.stack([item if _is_tensor_collection(item) else
+                            TensorDict(item, batch_size=[]) for item in items])
+    except (RuntimeError, ValueError, TypeError) as error:
+        raise ListStackError(f"Stacking the elements of the list resulted in an error: "
+                             f"{error}") from error
 
 
 def check_key_part(part: str, key: Any) -> None:
@@ -131,6 +160,52 @@ def item_of(batch: Any, position: int) -> Any:
     from torch.utils._pytree import tree_map
 
     return tree_map(lambda leaf: leaf[position], batch)
+
+
+def _leading_shape(data: Any, ndim: int) -> tuple[int, ...]:
+    if _is_tensor_collection(data):
+        shape = tuple(data.batch_size)
+    elif isinstance(data, torch.Tensor):
+        shape = tuple(data.shape)
+    else:
+        from torch.utils._pytree import tree_flatten
+
+        leaves = [leaf for leaf in tree_flatten(data)[0] if isinstance(leaf, torch.Tensor)]
+        shapes = {tuple(leaf.shape[:ndim]) for leaf in leaves if leaf.ndim >= ndim}
+        if len(shapes) != 1 or any(leaf.ndim < ndim for leaf in leaves):
+            raise InvalidBatchError(
+                f"a storage of ndim={ndim} takes data whose leaves share their first {ndim} "
+                f"dimensions, got {sorted({tuple(leaf.shape) for leaf in leaves})}")
+        shape = shapes.pop()
+    if len(shape) < ndim:
+        raise InvalidBatchError(f"a storage of ndim={ndim} takes batches of {ndim} dimensions "
+                                f"(N, T, ...), got batch shape {list(shape)}")
+    return shape[:ndim]
+
+
+def flatten_leading(data: Any, ndim: int) -> tuple[Any, tuple[int, ...]]:
+    """``data`` with its first ``ndim`` batch dimensions flattened into one, and their
+    shape: a TensorDict, a tensor, or a nest (mapping, tuple) of tensors."""
+    shape = _leading_shape(data, ndim)
+    if _is_tensor_collection(data):
+        return data.reshape(-1), shape
+    if isinstance(data, torch.Tensor):
+        return data.reshape(-1, *data.shape[ndim:]), shape
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda leaf: leaf.reshape(-1, *leaf.shape[ndim:]), data), shape
+
+
+def reshape_items(batch: Any, shape: tuple[int, ...]) -> Any:
+    """A batch read back (a tensor, TensorDict or pytree of ``prod(shape)`` items) with
+    its batch dimension shaped ``shape``."""
+    if _is_tensor_collection(batch):
+        return batch.reshape(*shape)
+    if isinstance(batch, torch.Tensor):
+        return batch.reshape(*shape, *batch.shape[1:])
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda leaf: leaf.reshape(*shape, *leaf.shape[1:]), batch)
 
 
 def tree_of(batch: Mapping[str, Any], device: torch.device) -> Any | None:

@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 from torchrl.data import ReplayBuffer  # noqa: E402
 
 from redisbuf.errors import InvalidBatchError, SchemaError  # noqa: E402
-from redisbuf.torchrl import RedisbufStorage  # noqa: E402
+from redisbuf.torchrl import ListStackError, RedisbufStorage  # noqa: E402
 
 
 @pytest.fixture
@@ -137,3 +137,23 @@ def test_one_id_and_iteration_give_items_without_the_batch_dimension(client, nam
     assert len(items) == 3
     for row, item in enumerate(items):
         same_tree(item, tree_map(lambda leaf, row=row: leaf[row], tree(3)))
+
+
+def test_a_list_of_pytree_items_is_stacked_into_one_batch(client, name):
+    rb = ReplayBuffer(storage=RedisbufStorage(client, name, 20), batch_size=4)
+    items = [(torch.full((2,), i), {"a": torch.tensor(i)}, [torch.full((3,), i)])
+             for i in range(6)]
+    index = rb.extend(items)
+    got = rb[index]
+    assert isinstance(got, tuple) and isinstance(got[2], list)
+    assert got[1]["a"].tolist() == list(range(6)) and got[2][0][:, 0].tolist() == list(range(6))
+
+
+def test_a_list_that_cannot_be_stacked_raises_torchrls_runtime_error(client, name):
+    rb = ReplayBuffer(storage=RedisbufStorage(client, name, 20), batch_size=4)
+    with pytest.raises(ListStackError, match="Stacking the elements of the list") as raised:
+        rb.extend([torch.zeros(4), torch.zeros(1)])
+    assert isinstance(raised.value, RuntimeError) and isinstance(raised.value, InvalidBatchError)
+    with pytest.raises(ListStackError):
+        rb.extend([{"a": torch.zeros(2), 3: torch.zeros(1)}, {"a": torch.zeros(2)}])
+    assert len(rb) == 0

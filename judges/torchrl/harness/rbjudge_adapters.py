@@ -42,16 +42,14 @@ class RedisbufStorage(_RBStorage):
     def __init__(self, max_size=None, *, device="cpu", ndim=1, compilable=False,
                  consolidated=False, shared_init=False, cleanup_memmap=True,
                  scratch_dir=None, existsok=False, auto_cleanup=None):
-        if ndim != 1:
-            raise TypeError(
-                f"[harness] LazyTensorStorage(ndim={ndim}) has no RedisbufStorage counterpart "
-                "(items have one batch dimension)")
-        super().__init__(_url(), f"judge-{uuid.uuid4().hex[:12]}", max_size, device=device)
+        super().__init__(_url(), f"judge-{uuid.uuid4().hex[:12]}", max_size, device=device,
+                         ndim=ndim)
 
     def __setstate__(self, state):
         # RedisbufStorage.__setstate__ calls type(self).__init__ with its own signature
         _RBStorage.__init__(self, state["url"], state["name"], state["max_size"],
-                            seed=state["seed"], device=state["device"], **state["kwargs"])
+                            seed=state["seed"], device=state["device"], ndim=state["ndim"],
+                            **state["kwargs"])
 
 
 class RedisbufWriter(_RBW):
