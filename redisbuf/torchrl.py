@@ -83,7 +83,7 @@ _require_extra("torch", "torchrl", "redisbuf.torchrl")
 _require_extra("tensordict", "torchrl", "redisbuf.torchrl")
 _require_extra("torchrl.data", "torchrl", "redisbuf.torchrl", package="torchrl")
 import torch  # noqa: E402
-from tensordict import TensorDict, is_tensor_collection  # noqa: E402
+from tensordict import TensorDict, is_non_tensor, is_tensor_collection  # noqa: E402
 from torchrl.data import ReplayBuffer as _TorchRLReplayBuffer  # noqa: E402
 from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffer  # noqa: E402
 from torchrl.data.replay_buffers.samplers import (  # noqa: E402
@@ -201,6 +201,12 @@ def _fields_of(data: Any) -> dict[str, torch.Tensor]:
             f"RedisbufStorage stores items with no batch dimension of their own: extend takes "
             f"a TensorDict of batch size [N], got {list(data.batch_size)} (reshape(-1) it)"
         )
+    non_tensor = _non_tensor_keys(data)
+    if non_tensor:
+        raise InvalidBatchError(
+            f"key {non_tensor[0]!r} holds non-tensor data (NonTensorData / NonTensorStack), "
+            "which RedisbufStorage does not store: keep it out of the batch (nothing was "
+            "written)")
     fields: dict[str, torch.Tensor] = {}
     for key, value in data.items(include_nested=True, leaves_only=True):
         parts = (key,) if isinstance(key, str) else tuple(key)
@@ -212,6 +218,19 @@ def _fields_of(data: Any) -> dict[str, torch.Tensor]:
     if not fields:
         raise InvalidBatchError("the TensorDict has no tensor entries")
     return fields
+
+
+def _non_tensor_keys(data: Any, prefix: tuple[str, ...] = ()) -> list[Any]:
+    """The keys of the non-tensor entries of a tensor collection (TensorDict's own
+    leaf iteration leaves them out, so they would be lost without a word)."""
+    found: list[Any] = []
+    for key, value in data.items():
+        path = (*prefix, key)
+        if is_non_tensor(value):
+            found.append(path[0] if len(path) == 1 else path)
+        elif is_tensor_collection(value):
+            found += _non_tensor_keys(value, path)
+    return found
 
 
 def _batch_of_one(item: Any) -> Any:
@@ -242,6 +261,34 @@ def _tensordict_of(batch: Mapping[str, Any], n: int, device: torch.device) -> An
     return out
 
 
+def _items_of_torchrl_state(state: Mapping[str, Any]) -> Any:
+    """The stored items of a TorchRL storage's ``state_dict()`` (its first ``_len``
+    slots), or None when it holds none."""
+    stored, length = state["_storage"], state.get("_len")
+    if not state.get("initialized", True) or stored is None:
+        return None
+    if isinstance(stored, list):  # ListStorage
+        return stack_items(stored) if stored else None
+    if isinstance(stored, torch.Tensor) or is_tensor_collection(stored):
+        data = stored
+    elif isinstance(stored, Mapping):  # a TensorDict's state_dict: nested keys joined by "."
+        tensors = {key: value for key, value in stored.items()
+                   if isinstance(value, torch.Tensor) and key != "index"}
+        first = next(iter(tensors.values()), None)
+        if first is None:
+            return None
+        data = TensorDict({}, batch_size=first.shape[:1])
+        for key, value in tensors.items():
+            data.set(tuple(key.split(KEY_SEPARATOR)), value)
+    else:
+        raise KeyError(f"a TorchRL storage state whose '_storage' is a "
+                       f"{type(stored).__name__}: not one RedisbufStorage can load")
+    if is_tensor_collection(data) and "index" in data.keys():
+        data = data.exclude("index")
+    length = len(data) if length is None else int(length)
+    return data[:length] if length else None
+
+
 def _check_sampler(sampler: Any) -> None:
     """Refuse a TorchRL sampler that picks storage positions (a shared buffer has none)."""
     if isinstance(sampler, Sampler) and not isinstance(
@@ -268,7 +315,7 @@ class RedisbufStorage(Storage):
         url: a Redis URL or a ``redis.Redis`` client (``None``: ``$REDISBUF_URL``).
         name: the buffer's name; every process that opens it shares its items.
         max_size: the buffer's capacity (items); when full, the oldest go first.
-        seed: seeds this process's draws (TorchRL's ``generator=`` is not used).
+        seed: seeds this process's draws when the TorchRL buffer has no ``generator=``.
         device: where sampled TensorDicts are put (they are read on the CPU).
         ndim: the batch dimensions of what the storage is given (TorchRL's ``ndim``):
             with ``ndim=2`` a batch ``[R, C]`` is stored as its ``R * C`` items, row by
@@ -554,7 +601,13 @@ class RedisbufStorage(Storage):
         """Draw ``n`` items with ``handle`` (this buffer, opened with some sampler), keep
         the decoded batch for the ``get`` of the same ids in this thread, and return the
         ids and redisbuf's SampleInfo. A buffer with nothing to draw raises
-        :class:`EmptyStorageError`."""
+        :class:`EmptyStorageError`. When the TorchRL buffer has a ``generator=`` (set
+        here as ``_rng``), the draw's random numbers come from it: the same generator
+        state draws the same items from the same stored items."""
+        generator = getattr(self, "_rng", None)
+        if isinstance(generator, torch.Generator):
+            seed = int(torch.randint(0, 2**62, (), generator=generator))
+            handle.rng = np.random.default_rng(seed)
         try:
             info = handle.sample_with_info(int(n), replacement=replacement)
         except EmptyStorageError:
@@ -679,7 +732,25 @@ class RedisbufStorage(Storage):
         return {"name": self.name, "max_size": self.max_size, "redisbuf": self.buffer.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.buffer.load_state_dict(state_dict["redisbuf"])
+        """Replace the buffer's items, for every process, with those of ``state_dict``:
+        a RedisbufStorage's (``state_dict()``: order, log-rewards, priorities and uses
+        kept), or a TorchRL tensor or list storage's (``LazyTensorStorage``,
+        ``LazyMemmapStorage``, ``ListStorage``: its first ``_len`` slots, in slot order;
+        the TensorDictReplayBuffer's stored ``"index"`` entry is left out). Either is one
+        atomic swap; the items get new ids. Anything else raises ``KeyError``."""
+        if "redisbuf" in state_dict:
+            self.buffer.load_state_dict(state_dict["redisbuf"])
+        elif "_storage" in state_dict:
+            data = _items_of_torchrl_state(state_dict)
+            if data is None:
+                self.buffer.clear()
+            else:
+                if self.ndim > 1:
+                    data = flatten_leading(data, self.ndim)[0]
+                self.buffer.replace_items(_fields_of(data))
+        else:
+            raise KeyError(f"neither a RedisbufStorage's state (key 'redisbuf') nor a TorchRL "
+                           f"storage's (key '_storage'): keys {sorted(map(str, state_dict))}")
         self._bump_mutation_revision()
 
     def dumps(self, path: Any) -> None:

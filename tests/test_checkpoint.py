@@ -19,7 +19,7 @@ from test_sampling import assert_tree_consistent
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer
 from redisbuf.buffers.checkpoint import SAVE_FORMAT_VERSION
-from redisbuf.errors import ConfigMismatchError, DecodeError
+from redisbuf.errors import ConfigMismatchError, DecodeError, SchemaError
 
 ALPHA, EPS, INITIAL = 0.7, 0.01, 1.5
 PRIORITIES = [0.0, 0.1, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 0.05]
@@ -564,3 +564,17 @@ def test_a_load_killed_halfway_leaves_staged_keys_that_expire(redis_server, buff
     assert all(client.ttl(key) == -1 for key in client.scan_iter(f"rb:{{{buffer_name}}}:*")
                if b":staging:" not in key)
     client.close()
+
+
+def test_replace_items_swaps_in_a_batch_for_every_handle_and_refuses_whole(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=6)
+    other = ReplayBuffer(client, buffer_name, capacity=6)
+    buffer.add({"obs": np.arange(4.0), "log_rewards": np.zeros(4)})
+    buffer.replace_items({"obs": np.array([7.0, 8.0, 9.0]), "log_rewards": np.ones(3)})
+    assert len(other) == 3
+    assert sorted(other.sample(3, replacement=False)["obs"].tolist()) == [7.0, 8.0, 9.0]
+    with pytest.raises(SchemaError):
+        buffer.replace_items({"other": np.arange(2.0), "log_rewards": np.zeros(2)})
+    with pytest.raises(ConfigMismatchError, match="capacity"):
+        buffer.replace_items({"obs": np.arange(7.0), "log_rewards": np.zeros(7)})
+    assert sorted(other.sample(3, replacement=False)["obs"].tolist()) == [7.0, 8.0, 9.0]

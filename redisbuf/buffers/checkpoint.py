@@ -34,7 +34,7 @@ from ..sampling import replica as replica_module
 from ..sampling import snapshots
 from ..store import bounds, codec
 from ..store.connection import retrying
-from ..store.containers import KINDS, describe_schema_difference
+from ..store.containers import KINDS, describe_schema_difference, schema_to_json
 from ..store.keys import StagingKeys, decode_meta, format_id, keeps_rewards
 from .insert import _priority_text
 from .savefile import (
@@ -82,7 +82,7 @@ class Checkpointing(_CheckpointingNeeds):
     """Save, load, ``state_dict`` and ``load_state_dict`` of
     :class:`~redisbuf.buffers.replay.ReplayBuffer` (a mixin: the buffer provides
     ``client``, ``keys``, ``name``, ``capacity``, ``max_use``, ``_run``, ``_run_once``, its
-    schema cache and ``_decode``)."""
+    schema cache, ``_decode`` and ``encode``)."""
 
     def _header(self) -> dict[str, Any]:
         meta = decode_meta(self.client.hgetall(self.keys.meta))
@@ -186,6 +186,24 @@ class Checkpointing(_CheckpointingNeeds):
             [0.0, 1.0, 2.0]
         """
         self._restore(state, _state_records(state), drop_per_priorities)
+
+    def replace_items(self, batch: Any) -> None:
+        """Replace the buffer's items with those of ``batch`` (a container of the
+        buffer's kind, see :meth:`add`), in its order, never sampled, in one atomic swap
+        as :meth:`load_state_dict` (every process sees the old items or the new ones).
+        Checked first, writing nothing when refused: as :meth:`add` (the schema, the
+        size of each item) and the capacity.
+
+        Raises:
+            InvalidBatchError, SchemaError, ItemTooLargeError: as :meth:`add`.
+            ConfigMismatchError: more items than the capacity.
+        """
+        blobs, log_rewards, schema = self.encode(batch)
+        header = {**self._header(), "schema": schema_to_json(schema), "per": None,
+                  "counters": {"inserted": len(blobs), "evicted": 0, "sampled": 0}}
+        records = [(number, float(reward), blob, None, 0) for number, (reward, blob)
+                   in enumerate(zip(log_rewards.tolist(), blobs, strict=True), start=1)]
+        self._restore(header, records)
 
     def save(self, path: str | Path, *, progress: Progress | None = None) -> int:
         """Write the buffer to ``path`` as a msgpack stream: a header map (its ``per``:

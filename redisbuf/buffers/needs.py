@@ -95,6 +95,8 @@ class CheckpointingNeeds(ReplayCore, SchemaCache, Protocol):
     def _run_once(self, script: str, memory: BufferKeys, keys: list[str],
                   args: list[Any]) -> Any: ...
 
+    def encode(self, batch: Any) -> tuple[list[bytes], np.ndarray, dict[str, Any]]: ...
+
 
 class InspectingNeeds(ReplayCore, SchemaCache, Protocol):
     """``Inspecting``: get, len, top, stats, close, clear, drop."""
