@@ -22,6 +22,13 @@ updates per 1,000 frames, weights sent to the collector after each batch's updat
 the curves compare the buffers, not two schedules. Without ``--url`` an embedded server is
 started. The JSON written by ``--out`` holds the evaluation curve (frames, mean return);
 ``--plot a.json b.json ... --png curves.png`` draws such files.
+
+``--buffer redisbuf-slices`` is the n-step variant on trajectory slices: the collector
+process appends its steps to a ``RedisbufSliceStorage`` (one stream), the learner samples
+with TorchRL's ``SliceSampler(slice_len=8)`` (16 slices of 8 consecutive steps of one
+episode a batch, each slice's last step marked truncated) and trains on the batch shaped
+``[16, 8]`` with TorchRL's TD(lambda) estimator (lambda 0.9), which bootstraps at each
+slice's end.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import torch
 from tensordict.nn import TensorDictSequential
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.data.replay_buffers.samplers import SliceSampler
 from torchrl.envs import (
     ExplorationType,
     GymEnv,
@@ -46,7 +54,7 @@ from torchrl.envs import (
     set_exploration_type,
 )
 from torchrl.modules import MLP, EGreedyModule, QValueActor
-from torchrl.objectives import DQNLoss, HardUpdate
+from torchrl.objectives import DQNLoss, HardUpdate, ValueEstimators
 
 FRAMES_PER_BATCH = 1000
 BUFFER_SIZE = 10_000
@@ -56,6 +64,8 @@ LR = 2.5e-4
 GAMMA = 0.99
 HARD_UPDATE = 50
 TEST_EPISODES = 5
+SLICE_LEN = 8
+LAMBDA = 0.9
 
 
 def make_env(seed: int) -> TransformedEnv:
@@ -105,10 +115,14 @@ def make_collector(model: QValueActor, frames: int, seed: int) -> tuple[Collecto
 class Learner:
     """The DQN loss, optimizer, target updates and evaluation of TorchRL's recipe."""
 
-    def __init__(self, model: QValueActor, seed: int) -> None:
-        self.model = model
+    def __init__(self, model: QValueActor, seed: int, slices: bool = False) -> None:
+        self.model, self.slices = model, slices
         self.loss = DQNLoss(value_network=model, loss_function="l2", delay_value=True)
-        self.loss.make_value_estimator(gamma=GAMMA)
+        if slices:  # n-step targets along each slice, bootstrapped at its end
+            self.loss.make_value_estimator(ValueEstimators.TDLambda, gamma=GAMMA,
+                                           lmbda=LAMBDA)
+        else:
+            self.loss.make_value_estimator(gamma=GAMMA)
         self.target = HardUpdate(self.loss, value_network_update_interval=HARD_UPDATE)
         self.optim = torch.optim.Adam(self.loss.parameters(), lr=LR)
         self.test_env = make_env(seed + 1000)
@@ -116,7 +130,10 @@ class Learner:
     def updates(self, rb: TensorDictReplayBuffer) -> float:
         total = 0.0
         for _ in range(UPDATES_PER_BATCH):
-            loss = self.loss(rb.sample(BATCH_SIZE))["loss"]
+            batch = rb.sample(BATCH_SIZE)
+            if self.slices:
+                batch = batch.reshape(-1, SLICE_LEN)  # one slice per row
+            loss = self.loss(batch)["loss"]
             self.optim.zero_grad()
             loss.backward()
             self.optim.step()
@@ -147,17 +164,37 @@ def run_torchrl(frames: int, seed: int) -> list[tuple[int, float]]:
     return curve
 
 
+def shared_buffer(url: str, name: str, seed: int, slices: bool,
+                  prefetch: int | None = None) -> TensorDictReplayBuffer:
+    """The TorchRL buffer on the shared one: items, or steps sampled as slices."""
+    from redisbuf.torchrl import RedisbufStorage
+    from redisbuf.torchrl_slices import RedisbufSliceStorage
+
+    if slices:
+        return TensorDictReplayBuffer(
+            storage=RedisbufSliceStorage(url, name, BUFFER_SIZE, seed=seed),
+            sampler=SliceSampler(slice_len=SLICE_LEN), batch_size=BATCH_SIZE,
+            prefetch=prefetch)
+    return TensorDictReplayBuffer(storage=RedisbufStorage(url, name, BUFFER_SIZE, seed=seed),
+                                  batch_size=BATCH_SIZE, prefetch=prefetch)
+
+
+def inserted(rb: TensorDictReplayBuffer) -> int:
+    """Frames the collector process has added to the shared buffer (the server's count)."""
+    buffer = rb.storage.buffer
+    if hasattr(buffer, "env_range"):  # a sequence buffer: the stream's next position
+        return int(buffer.env_range(0)[1])
+    return int(buffer.stats()["inserted"])
+
+
 def collector_process(url: str, name: str, frames: int, seed: int, weights: Any,
-                      done: Any) -> None:
+                      done: Any, slices: bool = False) -> None:
     """The collector of ``--buffer redisbuf``: extends the shared buffer with each batch
     and then takes the learner's weights for that batch (TorchRL's schedule)."""
-    from redisbuf.torchrl import RedisbufStorage
-
     torch.manual_seed(seed)
     model = make_model(make_env(seed))
     collector, greedy = make_collector(model, frames, seed)
-    rb = TensorDictReplayBuffer(storage=RedisbufStorage(url, name, BUFFER_SIZE, seed=seed),
-                                batch_size=BATCH_SIZE)
+    rb = shared_buffer(url, name, seed, slices)
     plan, collected = schedule(frames), 0
     for data in collector:
         data = data.reshape(-1)
@@ -170,9 +207,9 @@ def collector_process(url: str, name: str, frames: int, seed: int, weights: Any,
     done.put(collected)
 
 
-def run_redisbuf(frames: int, seed: int, url: str | None) -> list[tuple[int, float]]:
+def run_redisbuf(frames: int, seed: int, url: str | None,
+                 slices: bool = False) -> list[tuple[int, float]]:
     from redisbuf.servers.embedded import EmbeddedServer
-    from redisbuf.torchrl import RedisbufStorage
 
     server = EmbeddedServer().__enter__() if url is None else None
     url = server.url if server is not None else url
@@ -181,21 +218,20 @@ def run_redisbuf(frames: int, seed: int, url: str | None) -> list[tuple[int, flo
     try:
         torch.manual_seed(seed)
         model = make_model(make_env(seed))
-        learner = Learner(model, seed)
-        rb = TensorDictReplayBuffer(storage=RedisbufStorage(url, name, BUFFER_SIZE, seed=seed),
-                                    batch_size=BATCH_SIZE, prefetch=10)
+        learner = Learner(model, seed, slices)
+        rb = shared_buffer(url, name, seed, slices, prefetch=10)
         ctx = mp.get_context("spawn")
         weights, done = ctx.Queue(), ctx.Queue()
         # the collector starts from the learner's initial weights, as in one process
         proc = ctx.Process(target=collector_process,
-                           args=(url, name, frames, seed, weights, done))
+                           args=(url, name, frames, seed, weights, done, slices))
         proc.start()
         plan, curve = schedule(frames), []
         targets = [c for c in range(FRAMES_PER_BATCH, frames + 1, FRAMES_PER_BATCH)
                    if c >= plan["init_random"]]
         for collected in targets:
             # wait until the collector has inserted this batch (the server's count)
-            while int(rb.storage.buffer.stats()["inserted"]) < collected:
+            while inserted(rb) < collected:
                 if not proc.is_alive():
                     raise RuntimeError("the collector process died")
                 time.sleep(0.01)
@@ -227,9 +263,10 @@ def plot(paths: list[str], png: str) -> dict[str, Any]:
             run = json.load(f)
         runs.setdefault(run["buffer"], {})[run["seed"]] = run["curve"]
     fig, ax = plt.subplots(figsize=(7, 4))
-    colours = {"torchrl": "tab:blue", "redisbuf": "tab:orange"}
+    colours = {"torchrl": "tab:blue", "redisbuf": "tab:orange", "redisbuf-slices": "tab:green"}
     labels = {"torchrl": "LazyTensorStorage, one process",
-              "redisbuf": "RedisbufStorage, collector and learner processes"}
+              "redisbuf": "RedisbufStorage, collector and learner processes",
+              "redisbuf-slices": "RedisbufSliceStorage + SliceSampler, TD(lambda), two processes"}
     for buffer, seeds in sorted(runs.items()):
         for k, (_seed, curve) in enumerate(sorted(seeds.items())):
             xs, ys = zip(*curve, strict=True)
@@ -252,7 +289,7 @@ def main() -> None:
     parser.add_argument("--plot", nargs="+", metavar="JSON",
                         help="plot these --out files into --png instead of training")
     parser.add_argument("--png", default="torchrl_dqn.png")
-    parser.add_argument("--buffer", choices=["torchrl", "redisbuf"])
+    parser.add_argument("--buffer", choices=["torchrl", "redisbuf", "redisbuf-slices"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--frames", type=int, default=100_000)
     parser.add_argument("--url")
@@ -268,7 +305,8 @@ def main() -> None:
     if args.buffer == "torchrl":
         curve = run_torchrl(args.frames, args.seed)
     else:
-        curve = run_redisbuf(args.frames, args.seed, args.url)
+        curve = run_redisbuf(args.frames, args.seed, args.url,
+                             slices=args.buffer == "redisbuf-slices")
     result = {"buffer": args.buffer, "seed": args.seed, "frames": args.frames,
               "seconds": time.time() - start, "curve": curve}
     print(json.dumps(result))
