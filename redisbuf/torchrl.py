@@ -487,13 +487,29 @@ class RedisbufStorage(Storage):
 
     def _append_fields(self, fields: dict[str, torch.Tensor]) -> torch.Tensor:
         """Add a redisbuf dict batch; the new items' ids. ``_last_evicted`` is then how
-        many items the insert evicted (new ones included)."""
-        result = self.buffer.add(fields)
-        if result.rejected is not None:
-            raise InvalidBatchError(f"buffer {self.name!r} refused the batch: {result.rejected}")
-        self._last_evicted = int(result.evicted)
+        many items the insert evicted (new ones included). A batch over the bounds of
+        one add (:data:`~redisbuf.store.bounds.MAX_ADD_ITEMS` items,
+        :data:`~redisbuf.store.bounds.MAX_ADD_BYTES`) is added as several atomic adds,
+        in order; its items all have one layout, so when the first is stored the others
+        fit too."""
+        count = len(next(iter(fields.values())))
+        # the encoded size of an item: its tensors' bytes, and room for names and headers
+        per_item = 64 + sum(96 + len(name) + value[:1].nbytes for name, value in fields.items())
+        parts = bounds.add_slices([per_item] * count)
+        ids: list[Any] = []
+        evicted = 0
+        for start, stop in parts:
+            part = fields if len(parts) == 1 else {
+                name: value[start:stop] for name, value in fields.items()}
+            result = self.buffer.add(part)
+            if result.rejected is not None:
+                raise InvalidBatchError(f"buffer {self.name!r} refused the batch "
+                                        f"(items {start} on): {result.rejected}")
+            ids.extend(result.ids)
+            evicted += int(result.evicted)
+        self._last_evicted = evicted
         self._bump_mutation_revision()
-        return torch.as_tensor(np.asarray(result.ids, dtype=np.int64))
+        return torch.as_tensor(np.asarray(ids, dtype=np.int64))
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         """Give stored items new data in place (TorchRL's ``rb[index] = data``):

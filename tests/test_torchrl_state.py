@@ -100,3 +100,13 @@ def test_non_tensor_entries_are_refused_not_lost(client, name):
     with pytest.raises(InvalidBatchError, match=r"\('note', 'text'\).*non-tensor"):
         rb.extend(data)
     assert len(rb) == 0
+
+
+def test_an_extend_over_one_adds_bounds_is_stored_whole_in_order(client, name):
+    from redisbuf.store import bounds
+
+    count = bounds.MAX_ADD_ITEMS * 2 + 7  # a collector's batch of 2,055 frames
+    rb = TensorDictReplayBuffer(storage=RedisbufStorage(client, name, 3 * count))
+    index = rb.extend(frames(list(range(count))))
+    assert len(rb) == count and index.tolist() == list(range(1, count + 1))
+    assert rb[:]["x"].tolist() == list(range(count))
