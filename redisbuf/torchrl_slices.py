@@ -30,6 +30,7 @@ import numpy as np
 
 from ._extras import require as _require_extra
 from .buffers.sequence import SequenceBuffer
+from .buffers.sequence_reads import BatchInfo
 from .errors import ConfigMismatchError, EmptyBufferError, InvalidBatchError
 
 _require_extra("torch", "torchrl", "redisbuf.torchrl_slices")
@@ -41,6 +42,7 @@ from torchrl.data.replay_buffers.samplers import (  # noqa: E402
     PrioritizedSliceSampler,
     Sampler,
     SliceSampler,
+    SliceSamplerWithoutReplacement,
 )
 from torchrl.data.replay_buffers.storages import Storage  # noqa: E402
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter, Writer  # noqa: E402
@@ -58,6 +60,7 @@ __all__ = [
     "STEP_INDEX_BASE",
     "RedisbufPrioritizedSliceSampler",
     "RedisbufSliceSampler",
+    "RedisbufSliceSamplerWithoutReplacement",
     "RedisbufSliceStorage",
     "RedisbufSliceWriter",
 ]
@@ -207,9 +210,10 @@ class RedisbufSliceStorage(Storage):
         """Called by TorchRL's ``ReplayBuffer`` while it builds itself (torchrl 0.14's
         pending ``_init_writer`` / ``_init_sampler`` / ``_init_collate_fn``): no writer
         (or TorchRL's round-robin one) becomes :class:`RedisbufSliceWriter`; TorchRL's
-        ``SliceSampler`` becomes :class:`RedisbufSliceSampler` and its
-        ``PrioritizedSliceSampler`` a :class:`RedisbufPrioritizedSliceSampler`, with the
-        same arguments (those these cannot honour raise ``ValueError``); any other
+        ``SliceSampler`` becomes :class:`RedisbufSliceSampler`, its
+        ``SliceSamplerWithoutReplacement`` a :class:`RedisbufSliceSamplerWithoutReplacement`
+        and its ``PrioritizedSliceSampler`` a :class:`RedisbufPrioritizedSliceSampler`, with
+        the same arguments (those these cannot honour raise ``ValueError``); any other
         writer or sampler, and no sampler, raise ``TypeError``."""
         super().attach(buffer)
         if not hasattr(buffer, "_init_writer"):
@@ -379,8 +383,19 @@ def _slice_sampler(sampler: Any) -> Sampler:
             return RedisbufPrioritizedSliceSampler(alpha=sampler._alpha, beta=sampler._beta,
                                                    eps=sampler._eps, **args)
         return RedisbufSliceSampler(**args)
+    if type(sampler) is SliceSamplerWithoutReplacement:
+        if getattr(sampler, "end_keys", None) is not None or any(sampler.span):
+            raise ValueError("RedisbufSliceSamplerWithoutReplacement takes neither end_keys "
+                             "nor span")
+        return RedisbufSliceSamplerWithoutReplacement(
+            num_slices=sampler.num_slices, slice_len=sampler.slice_len,
+            end_key=sampler.end_key, traj_key=sampler.traj_key,
+            strict_length=sampler.strict_length, truncated_key=sampler.truncated_key,
+            init_key=sampler.init_key, drop_last=sampler.drop_last,
+            shuffle=getattr(sampler, "shuffle", True))
     raise TypeError(
-        f"RedisbufSliceStorage samples with RedisbufSliceSampler (TorchRL's SliceSampler) or "
+        f"RedisbufSliceStorage samples with RedisbufSliceSampler (TorchRL's SliceSampler), "
+        f"RedisbufSliceSamplerWithoutReplacement (SliceSamplerWithoutReplacement) or "
         f"RedisbufPrioritizedSliceSampler (PrioritizedSliceSampler), not "
         f"{type(sampler).__name__ if sampler is not None else 'no sampler'}: pass "
         "sampler=RedisbufSliceSampler(slice_len=...) or (num_slices=...)")
@@ -484,15 +499,8 @@ class RedisbufSliceSampler(Sampler):
             raise RuntimeError(f"end_key {self.end_key!r} is not the storage's done_key "
                                f"{store.done_key!r}, which marks where trajectories end")
         count, length = self._shape(int(batch_size))
-        handle = store._handle(self._prioritized)
-        try:
-            data, info = handle.get_batch(count, length)
-        except EmptyBufferError as error:
-            if len(store) == 0:
-                raise EmptyStorageError(f"{EMPTY_STORAGE_MESSAGE} (redisbuf buffer "
-                                        f"{store.name!r} holds no step)") from error
-            raise EmptyStorageError(f"buffer {store.name!r}: no {count} slices of {length} "
-                                    f"steps to draw ({error})") from error
+        data, info = self._draw(store, count, length)
+        count = len(info.env_ids)  # fewer at the end of an epoch (without replacement)
         starts = info.env_ids[:, None] * STEP_INDEX_BASE + info.positions[:, None]
         index = torch.as_tensor((starts + np.arange(length)).reshape(-1))
         batch = _tensordict(data, (count, length), store.device).reshape(-1)
@@ -519,6 +527,19 @@ class RedisbufSliceSampler(Sampler):
         self._last_info = info
         self._add_weights(out, info, length)
         return index, out
+
+    def _draw(self, store: RedisbufSliceStorage, count: int,
+              length: int) -> tuple[dict[str, Any], BatchInfo]:
+        """``count`` slices of ``length`` steps: their fields (``[count, length, ...]``)
+        and where they start."""
+        try:
+            return store._handle(self._prioritized).get_batch(count, length)
+        except EmptyBufferError as error:
+            if len(store) == 0:
+                raise EmptyStorageError(f"{EMPTY_STORAGE_MESSAGE} (redisbuf buffer "
+                                        f"{store.name!r} holds no step)") from error
+            raise EmptyStorageError(f"buffer {store.name!r}: no {count} slices of {length} "
+                                    f"steps to draw ({error})") from error
 
     def _add_weights(self, out: dict[Any, Any], info: Any, length: int) -> None:
         return
@@ -610,3 +631,126 @@ class RedisbufPrioritizedSliceSampler(RedisbufSliceSampler):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_slices={self.num_slices}, "
                 f"slice_len={self.slice_len}, alpha={self.alpha}, beta={self.beta})")
+
+
+class RedisbufSliceSamplerWithoutReplacement(RedisbufSliceSampler):
+    """TorchRL's ``SliceSamplerWithoutReplacement`` on a :class:`RedisbufSliceStorage`:
+    epochs in which no step is drawn twice, one epoch per process.
+
+    An epoch starts with the trajectories stored at that moment (each environment's
+    stored steps cut after each step whose ``done_key`` is true), each cut into
+    consecutive non-overlapping slices of ``slice_len`` steps from its first stored step
+    (the steps left over, fewer than ``slice_len``, are not drawn in it). A batch takes
+    ``num_slices`` of the epoch's slices not drawn yet, in a random order (``shuffle``,
+    with the TorchRL buffer's ``generator=`` when it has one) or in order (environment by
+    environment, oldest first), at most one per trajectory, as TorchRL's; slices evicted
+    meanwhile are skipped. With fewer left, the batch is shorter (``drop_last=False``) or
+    dropped (``drop_last=True``), ``ran_out`` turns True with the epoch's last batch, and
+    the next ``sample()`` starts a new epoch:
+    steps added during an epoch wait for the next. Each process (each sampler) runs its
+    own epochs; nothing is consumed on the server. Reading the trajectories takes one
+    server call per trajectory at the start of an epoch. The epoch is not part of
+    ``state_dict()``.
+
+    Args:
+        num_slices, slice_len, end_key, traj_key, strict_length, truncated_key, init_key:
+            as :class:`RedisbufSliceSampler`.
+        drop_last: drop an epoch's last batch when it is short.
+        shuffle: draw the epoch's slices in a random order (else oldest first).
+    """
+
+    def __init__(self, num_slices: int | None = None, slice_len: int | None = None, *,
+                 drop_last: bool = False, shuffle: bool = True, **kwargs: Any) -> None:
+        super().__init__(num_slices, slice_len, **kwargs)
+        self.drop_last, self.shuffle = bool(drop_last), bool(shuffle)
+        self._ran_out = False
+        self._epoch: list[tuple[int, int, int]] | None = None  # (env, start, trajectory)
+        self._epoch_length: int | None = None
+
+    def _trajectories(self, store: RedisbufSliceStorage) -> list[tuple[int, int, int]]:
+        """(env, first stored position, last position) of every stored trajectory."""
+        buffer, found = store.buffer, []
+        for env in range(store.num_environments):
+            position, end = buffer.env_range(env)
+            while position < end:
+                last = position + int(buffer.steps_to_episode_end([position], [env])[0])
+                found.append((env, position, last))
+                position = last + 1
+        return found
+
+    def _new_epoch(self, store: RedisbufSliceStorage, length: int) -> None:
+        slices = [(env, first + k * length, number)
+                  for number, (env, first, last) in enumerate(self._trajectories(store))
+                  for k in range((last - first + 1) // length)]
+        if self.shuffle:
+            generator = getattr(self, "_rng", None)
+            order = torch.randperm(len(slices), generator=generator
+                                   if isinstance(generator, torch.Generator) else None)
+            slices = [slices[i] for i in order.tolist()]
+        self._epoch, self._epoch_length, self._ran_out = slices, length, False
+
+    def _draw(self, store: RedisbufSliceStorage, count: int,
+              length: int) -> tuple[dict[str, Any], BatchInfo]:
+        if self._epoch is None or self._ran_out or self._epoch_length != length:
+            self._new_epoch(store, length)
+        assert self._epoch is not None
+        envs = starts = np.zeros(0, dtype=np.int64)
+        for _ in range(2):  # an epoch that evictions emptied gives way to a new one
+            while True:
+                picked: list[tuple[int, int, int]] = []
+                rest: list[tuple[int, int, int]] = []
+                seen: set[int] = set()
+                for piece in self._epoch:
+                    if len(picked) < count and piece[2] not in seen:
+                        picked.append(piece)
+                        seen.add(piece[2])
+                    else:
+                        rest.append(piece)
+                if picked:
+                    envs = np.array([env for env, _, _ in picked], dtype=np.int64)
+                    starts = np.array([start for _, start, _ in picked], dtype=np.int64)
+                    stored = store.buffer.contains(envs, starts)  # FIFO: the first goes first
+                    if not stored.all():
+                        self._epoch = [p for p, keep in zip(picked, stored.tolist(),
+                                                            strict=True) if keep] + rest
+                        continue
+                self._epoch = rest
+                break
+            if picked and (len(picked) == count or not self.drop_last):
+                break
+            self._new_epoch(store, length)
+        if not picked or (self.drop_last and len(picked) < count):
+            raise EmptyStorageError(f"{EMPTY_STORAGE_MESSAGE} (redisbuf buffer {store.name!r} "
+                                    f"holds no slice of {length} steps)"
+                                    if len(store) == 0 else
+                                    f"buffer {store.name!r}: no {count} slices of {length} "
+                                    "steps in a trajectory to draw")
+        if not self._epoch or (self.drop_last and len({p[2] for p in self._epoch}) < count):
+            self._ran_out = True
+        offsets = np.arange(length)
+        data = store.buffer.get_steps(np.repeat(envs, length),
+                                      (starts[:, None] + offsets).reshape(-1))
+        return (_shaped(data, (len(picked), length)),
+                BatchInfo(envs, starts, np.ones(len(picked), dtype=np.float32)))
+
+    @property
+    def ran_out(self) -> bool:
+        """Whether the last batch ended this process's epoch (TorchRL's ``ran_out``)."""
+        return self._ran_out
+
+    @ran_out.setter
+    def ran_out(self, value: bool) -> None:
+        self._ran_out = bool(value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(num_slices={self.num_slices}, "
+                f"slice_len={self.slice_len}, drop_last={self.drop_last})")
+
+
+def _shaped(data: dict[str, Any], shape: tuple[int, ...]) -> dict[str, Any]:
+    """A nested dict of arrays ``[prod(shape), ...]`` with the leading dimension ``shape``."""
+    return {key: _shaped(value, shape) if isinstance(value, dict)
+            else value.reshape(*shape, *value.shape[1:]) for key, value in data.items()}

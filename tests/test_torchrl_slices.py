@@ -21,7 +21,7 @@ from torchrl.data.replay_buffers.samplers import (  # noqa: E402
     SliceSamplerWithoutReplacement,
 )
 from torchrl.data.replay_buffers.writers import RoundRobinWriter  # noqa: E402
-from torchrl_slices_helpers import slice_reader, steps_of, writer  # noqa: E402
+from torchrl_slices_helpers import epoch_reader, slice_reader, steps_of, writer  # noqa: E402
 
 from redisbuf.errors import ConfigMismatchError, InvalidBatchError  # noqa: E402
 from redisbuf.torchrl import EmptyStorageError  # noqa: E402
@@ -29,6 +29,7 @@ from redisbuf.torchrl_slices import (  # noqa: E402
     STEP_INDEX_BASE,
     RedisbufPrioritizedSliceSampler,
     RedisbufSliceSampler,
+    RedisbufSliceSamplerWithoutReplacement,
     RedisbufSliceStorage,
 )
 
@@ -138,7 +139,9 @@ def test_refusals(client, name):
         buffer(client, name, SliceSampler(slice_len=3, span=True))
     with pytest.raises(ValueError, match="multiple"):
         RedisbufSliceStorage(client, name, 10, num_environments=4)
-    for sampler in (RandomSampler(), SliceSamplerWithoutReplacement(slice_len=3), None):
+    with pytest.raises(ValueError, match="strict_length=False"):
+        buffer(client, name, SliceSamplerWithoutReplacement(slice_len=3, strict_length=False))
+    for sampler in (RandomSampler(), None):
         with pytest.raises(TypeError, match="RedisbufSliceSampler"):
             buffer(client, name, sampler)
     storage = RedisbufSliceStorage(client, name, 400, num_environments=4)
@@ -231,3 +234,76 @@ def test_two_processes_write_environments_a_third_samples_slices_of_both(redis_s
         assert steps[0] % 10 <= 5  # inside one trajectory of 10 steps
         envs.add(env[0])
     assert envs == {0, 1, 2, 3}  # 160 slices over 4 envs: each drawn, p(miss) < 1e-19
+
+
+def epoch_of(rb, length: int) -> list[list[tuple[int, int]]]:
+    """The batches of one epoch: each batch's slices as (env, first step)."""
+    batches = []
+    for batch in rb:
+        rows = batch.reshape(-1, length)
+        check_slices(batch, rows.shape[0])
+        batches.append([(int(rows["env"][r, 0]), int(rows["step"][r, 0]))
+                        for r in range(rows.shape[0])])
+    return batches
+
+
+def test_without_replacement_draws_each_slice_once_an_epoch(client, name):
+    # 4 environments x 30 steps, an episode every 10: 12 trajectories, 2 slices of 5 each
+    rb = buffer(client, name, SliceSamplerWithoutReplacement(slice_len=5), batch_size=20)
+    assert type(rb._sampler) is RedisbufSliceSamplerWithoutReplacement
+    rb.extend(steps_of(0, 4, 30))
+    every = {(env, start) for env in range(4) for start in (0, 5, 10, 15, 20, 25)}
+    for _ in range(2):  # the next epoch starts by itself
+        batches = epoch_of(rb, 5)
+        drawn = [piece for batch in batches for piece in batch]
+        assert sorted(drawn) == sorted(every)  # each once
+        for batch in batches:  # one slice per trajectory in a batch
+            assert len({(env, start // 10) for env, start in batch}) == len(batch)
+        assert rb._sampler.ran_out
+
+
+def test_without_replacement_in_order_and_drop_last(client, name):
+    rb = buffer(client, name, RedisbufSliceSamplerWithoutReplacement(slice_len=5,
+                                                                     shuffle=False,
+                                                                     drop_last=True),
+                batch_size=15, envs=1)
+    rb.extend(steps_of(0, 1, 30))  # 3 trajectories of 10: 6 slices, 3 a batch at most
+    batches = epoch_of(rb, 5)
+    assert batches == [[(0, 0), (0, 10), (0, 20)], [(0, 5), (0, 15), (0, 25)]]
+    rb.extend(steps_of(0, 1, 5)[:, :4])  # 4 more steps: no new slice in a trajectory
+    assert epoch_of(rb, 5) == batches
+
+
+def test_without_replacement_skips_evicted_slices(client, name):
+    storage = RedisbufSliceStorage(client, name, 30, num_environments=1)
+    rb = TensorDictReplayBuffer(storage=storage, batch_size=5,
+                                sampler=RedisbufSliceSamplerWithoutReplacement(slice_len=5,
+                                                                               shuffle=False))
+    rb.extend(steps_of(0, 1, 30))
+    first = rb.sample()["step"].tolist()
+    assert first == [0, 1, 2, 3, 4]
+    rb.extend(steps_of(0, 1, 40)[:, 30:])  # evicts steps 0-9: slice (0, 5) goes
+    drawn = epoch_of(rb, 5)
+    assert (0, 5) not in [piece for batch in drawn for piece in batch]
+    assert [piece for batch in drawn for piece in batch][0] == (0, 10)
+
+
+@pytest.mark.redis_server
+@pytest.mark.multiprocess
+def test_two_processes_each_run_their_own_epoch_over_the_same_slices(redis_server, name):
+    storage = RedisbufSliceStorage(redis_server.url, name, 400, num_environments=4)
+    storage.extend(steps_of(0, 4, 30))
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    readers = [ctx.Process(target=epoch_reader,
+                           args=(redis_server.url, name, seed, barrier, results))
+               for seed in (1, 2)]
+    for proc in readers:
+        proc.start()
+    replies = [results.get(timeout=180) for _ in readers]
+    for proc in readers:
+        proc.join(timeout=60)
+    every = sorted((env, start) for env in range(4) for start in (0, 5, 10, 15, 20, 25))
+    for reply in replies:  # nothing consumed on the server: each sees all, each once
+        assert "error" not in reply, reply
+        assert sorted(reply["slices"]) == every

@@ -52,3 +52,29 @@ def slice_reader(url: str, name: str, results: Any) -> None:
         results.put({"src": "reader", "slices": slices})
     except Exception as error:  # reported to the parent
         results.put({"src": "reader", "error": repr(error)})
+
+
+def epoch_reader(url: str, name: str, seed: int, barrier: Any, results: Any) -> None:
+    """Once both readers are ready, sample one epoch without replacement (slices of 5);
+    report each slice's (env, first step)."""
+    try:
+        from torchrl.data import TensorDictReplayBuffer
+
+        from redisbuf.torchrl_slices import (
+            RedisbufSliceSamplerWithoutReplacement,
+            RedisbufSliceStorage,
+        )
+
+        storage = RedisbufSliceStorage(url, name, 400, num_environments=ENVS, seed=seed)
+        rb = TensorDictReplayBuffer(
+            storage=storage, batch_size=20,
+            sampler=RedisbufSliceSamplerWithoutReplacement(slice_len=5))
+        barrier.wait(timeout=120)
+        drawn = []
+        for batch in rb:
+            rows = batch.reshape(-1, 5)
+            drawn += [(int(rows["env"][r, 0]), int(rows["step"][r, 0]))
+                      for r in range(rows.shape[0])]
+        results.put({"src": seed, "slices": drawn})
+    except Exception as error:  # reported to the parent
+        results.put({"src": seed, "error": repr(error)})
