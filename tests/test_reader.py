@@ -395,3 +395,43 @@ def test_to_torch_converts_arrays_inside_containers():
     assert out["a"][0].tolist() == [0.0, 1.0, 2.0]
     assert isinstance(out["t"], Transitions) and isinstance(out["t"].log_rewards, torch.Tensor)
     assert out["t"].conditions is None
+
+
+def count_round_trips(monkeypatch) -> list[int]:
+    """One entry per request sent to a server from now on (a pipeline is one)."""
+    import redis.connection
+
+    sent: list[int] = []
+    send = redis.connection.Connection.send_packed_command
+
+    def counted(self, command, *args, **kwargs):
+        sent.append(1)
+        return send(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.Connection, "send_packed_command", counted)
+    return sent
+
+
+def test_blocking_draws_read_the_length_only_until_the_buffer_held_enough(
+    real_client, buffer_name, monkeypatch
+):
+    buffer = ReplayBuffer(real_client, buffer_name, capacity=100, seed=0)
+    buffer.add({"obs": np.arange(8.0), "log_rewards": np.zeros(8)})
+    with Prefetcher(buffer, batch_size=4, prefetch=0) as batches:
+        sent = count_round_trips(monkeypatch)
+        next(batches)  # the first waits: the length, then the draw
+        assert len(sent) >= 2, sent
+        sent.clear()
+        for _ in range(3):
+            assert len(next(batches).ids) == 4
+        assert len(sent) == 3  # then one round trip a batch: the draw
+
+
+def test_a_buffer_emptied_meanwhile_makes_the_prefetcher_wait_again(client, buffer_name):
+    buffer = ReplayBuffer(client, buffer_name, capacity=100, seed=0)
+    buffer.add({"obs": np.arange(8.0), "log_rewards": np.zeros(8)})
+    with Prefetcher(buffer, batch_size=4, prefetch=0, timeout=0.3) as batches:
+        next(batches)
+        buffer.clear()
+        with pytest.raises(WaitTimeoutError):
+            next(batches)

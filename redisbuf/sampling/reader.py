@@ -137,6 +137,8 @@ class _Reader:
         if replacement is not None:
             self._kwargs["replacement"] = replacement
         self._native_block = block and _accepts(self._draw_method, "block")
+        # set by a blocking draw that succeeded: later draws skip the wait's length check
+        self._enough = False
         self._cond = threading.Condition()
         self._ready: deque[Any] = deque()  # drawn batches (or _Failed), oldest first
         self._in_flight = 0  # drawn or being drawn, not yet handed out
@@ -242,18 +244,28 @@ class _Reader:
         wait, raising WaitTimeoutError after ``timeout`` seconds in all."""
         if not self.block:
             return self._draw_past_limiter(stop)
+        if self._enough and getattr(self.buffer, "rate_limiter", None) is None:
+            # the buffer held enough items before: draw at once (one round trip, where
+            # the blocking draw first reads the length); wait again once it holds none
+            try:
+                return self._draw_method(self.batch_size, **{
+                    k: v for k, v in self._kwargs.items() if k != "min_size"})
+            except EmptyBufferError:
+                self._enough = False
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         pause = 0.005
         while True:
             remaining = math.inf if deadline is None else deadline - time.monotonic()
             try:
                 if self._native_block:
-                    return self._draw_method(
+                    drawn = self._draw_method(
                         self.batch_size,
                         block=True,
                         timeout=max(min(WAIT_SLICE, remaining), 0.0),
                         **self._kwargs,
                     )
+                    self._enough = True
+                    return drawn
                 return self._draw_method(self.batch_size, **self._kwargs)
             except (WaitTimeoutError, EmptyBufferError) as exc:
                 if not self._native_block and not isinstance(exc, EmptyBufferError):
@@ -374,8 +386,12 @@ class Prefetcher:
             probabilities, PER weights); False yields plain batches (``sample``).
         replacement: passed to the draw (None: the buffer's rule).
         block: wait for the buffer to hold enough items (``sample(..., block=True)``)
-            instead of raising :class:`~redisbuf.errors.EmptyBufferError`. A buffer whose draw
-            cannot block (``ShardedReplayBuffer``) is retried after an
+            instead of raising :class:`~redisbuf.errors.EmptyBufferError`. Once a blocking
+            draw has succeeded, later batches of a buffer without a rate limiter are drawn
+            without the wait's length check (one round trip a batch instead of two), so a
+            buffer that shrinks below ``batch_size`` (or ``min_size``) meanwhile is drawn
+            as ``sample`` draws it; a draw that finds nothing to draw waits again. A
+            buffer whose draw cannot block (``ShardedReplayBuffer``) is retried after an
             ``EmptyBufferError`` with pauses of up to 0.1 s.
         timeout: with ``block``, seconds one batch may wait (None: forever) before its
             ``next()`` raises :class:`~redisbuf.errors.WaitTimeoutError`.
