@@ -13,7 +13,7 @@
 -- ARGV[3] options: "" or a JSON object (see insert_batch in _insert.lua)
 -- ARGV[4..3+n] log_reward_1 .. log_reward_n (text; "-inf" and "inf" ok)
 -- Checks what add.lua checks before its first write (schema, log-rewards, PER
--- priorities), then asks admit_batch; an admitted batch gets n fresh ids (last_id += n).
+-- priorities only on a buffer with PER), then asks admit_batch; an admitted batch gets n fresh ids (last_id += n).
 -- Returns {first_id, n}, or {0, 0, 0, reason} when admit_batch refuses the batch (only
 -- its counter is written). Errors: RB_NOBUF, RB_SCHEMA, RB_INVALID, RB_CONFIG, RB_LIMIT
 -- (n above RB_MAX_ADD, redisbuf/store/bounds.py; nothing is written).
@@ -30,6 +30,12 @@ local priorities = {}
 for i = 1, n do priorities[i] = ARGV[3 + i] end
 err = check_priorities(priorities) or check_schema(conf, ARGV[1], priorities)
 if err then return err end
+-- PER priorities given to a buffer without PER: refused here, before any blob is sent
+-- (the commit refuses them too, deleting the blobs, should PER change in between)
+if options and options.per_priorities and not per_enabled(K) then
+  return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' has no PER priorities: priorities= '
+    .. 'needs PERSampler')
+end
 local first, refused = reserve_ids(K, n, options)
 if refused then return {0, 0, 0, refused} end
 return {first, n}

@@ -419,3 +419,31 @@ def test_draws_follow_priorities_after_evictions_reuse_slots(client, buffer_name
     assert chi2 < chi2_limit(len(ids) - 1), (observed, p * draws)
 
 
+
+
+def test_priorities_for_a_buffer_without_per_are_refused_before_any_blob_is_sent(
+    client, buffer_name
+):
+    buffer = ReplayBuffer(client, buffer_name, capacity=10)
+    with pytest.raises(ConfigMismatchError, match="needs PERSampler"):
+        buffer.add({"obs": np.arange(3.0), "log_rewards": np.zeros(3)}, priorities=np.ones(3))
+    assert len(buffer) == 0 and client.hlen(buffer.keys.items) == 0
+    assert client.hget(buffer.keys.meta, "last_id") in (b"0", None)  # no id reserved
+
+
+def test_an_add_with_priorities_is_two_round_trips(real_client, buffer_name, monkeypatch):
+    import redis.connection
+
+    buffer = ReplayBuffer(real_client, buffer_name, capacity=100, sampler=PERSampler())
+    batch = {"obs": np.arange(4.0), "log_rewards": np.zeros(4)}
+    buffer.add(batch, priorities=np.ones(4))  # the scripts are on the server now
+    sent: list[int] = []
+    send = redis.connection.Connection.send_packed_command
+
+    def counted(self, command, *args, **kwargs):
+        sent.append(1)
+        return send(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.Connection, "send_packed_command", counted)
+    buffer.add(batch, priorities=np.full(4, 2.0))
+    assert len(sent) == 2  # the reservation, then the MULTI/EXEC that stores the batch

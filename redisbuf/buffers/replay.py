@@ -474,10 +474,7 @@ class ReplayBuffer(
             options["per_priorities"] = list(map(repr, checked.tolist()))
             if not raise_running_max:
                 options["per_keep_max"] = True
-            if self.client.hget(self.keys.meta, "mass") != b"per":
-                raise ConfigMismatchError(
-                    f"buffer {self.name!r} has no PER priorities: priorities= needs PERSampler"
-                )
+            # a buffer without PER refuses them in the reservation (ConfigMismatchError)
         limiter = self.rate_limiter
         if limiter is not None:
             limiters.acquire(self.view, limiter, "insert", len(blobs))
