@@ -100,6 +100,7 @@ from torchrl.data.replay_buffers.writers import (  # noqa: E402
 )
 
 from .torchrl_trees import (  # noqa: E402
+    KEY_SEPARATOR,
     ListStackError,
     check_key_part,
     fields_of_tree,
@@ -126,8 +127,6 @@ __all__ = [
     "TensorDictPrioritizedReplayBuffer",
 ]
 
-#: joins the parts of a nested TensorDict key into one redisbuf field name
-KEY_SEPARATOR = "."
 #: the field a plain tensor is stored under (``ReplayBuffer.extend(tensor)``)
 TENSOR_FIELD = "__tensor__"
 #: the buffer's meta field holding the row shape of a storage of ndim > 1 ("4" for [T=4])
@@ -174,14 +173,11 @@ def _fields_of(data: Any) -> dict[str, torch.Tensor]:
     from a batch of TorchRL data: a TensorDict of batch size [N], a tensor, a mapping of
     tensors, or a list of items (stacked); or a pytree a TensorDict cannot hold
     (:mod:`redisbuf.torchrl_trees`)."""
+    if isinstance(data, list):
+        data = stack_items(data)
     tree = fields_of_tree(data)
     if tree is not None:
         return tree
-    if isinstance(data, list):
-        data = stack_items(data)
-        tree = fields_of_tree(data)
-        if tree is not None:
-            return tree
     if isinstance(data, torch.Tensor) and not is_tensor_collection(data):
         if data.ndim == 0:
             raise InvalidBatchError("a tensor batch needs a leading batch dimension")
@@ -277,9 +273,7 @@ def _items_of_torchrl_state(state: Mapping[str, Any]) -> Any:
         first = next(iter(tensors.values()), None)
         if first is None:
             return None
-        data = TensorDict({}, batch_size=first.shape[:1])
-        for key, value in tensors.items():
-            data.set(tuple(key.split(KEY_SEPARATOR)), value)
+        data = _tensordict_of(tensors, len(first), torch.device("cpu"))
     else:
         raise KeyError(f"a TorchRL storage state whose '_storage' is a "
                        f"{type(stored).__name__}: not one RedisbufStorage can load")
@@ -478,7 +472,8 @@ class RedisbufStorage(Storage):
             text = ",".join(str(part) for part in row)
             claimed = bool(self.buffer.client.hsetnx(self.buffer.keys.meta, ROW_SHAPE_FIELD,
                                                      text))
-            self._row_shape = None
+            if claimed:
+                self._row_shape = row
         if self._stored_row_shape() != row:
             raise InvalidBatchError(
                 f"buffer {self.name!r} holds rows of shape {list(self._row_shape or ())}, "
@@ -659,9 +654,10 @@ class RedisbufStorage(Storage):
             # a sampler given as a factory was not seen by attach(): one that picks
             # positions must not have them read as ids
             _check_sampler(getattr(entity, "_sampler", None))
-        row = self._stored_row_shape() if self.ndim > 1 else None
-        if row is not None and (isinstance(index, slice) or (
-                isinstance(index, tuple) and any(isinstance(part, slice) for part in index))):
+        positional = isinstance(index, slice) or (
+            isinstance(index, tuple) and any(isinstance(part, slice) for part in index))
+        row = self._stored_row_shape() if positional and self.ndim > 1 else None
+        if row is not None:
             ids = self._ids_in_order()
             ids = ids[len(ids) % math.prod(row):]  # the oldest, partly evicted row left out
             return self.get(torch.as_tensor(ids, dtype=torch.long).reshape(-1, *row)[index])

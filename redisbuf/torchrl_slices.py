@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ._extras import require as _require_extra
-from .buffers.sequence import SequenceBuffer
+from .buffers.sequence import SequenceBuffer, unflatten_fields
 from .buffers.sequence_reads import BatchInfo
 from .errors import ConfigMismatchError, EmptyBufferError, InvalidBatchError
 
@@ -49,7 +49,6 @@ from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter, Writ
 
 from .torchrl import (  # noqa: E402
     EMPTY_STORAGE_MESSAGE,
-    KEY_SEPARATOR,
     EmptyStorageError,
     _collate_id,
     _fields_of,
@@ -77,18 +76,6 @@ def _key_tuple(key: Any) -> tuple[str, ...]:
 
 def _replace_last(key: tuple[str, ...], last: str) -> tuple[str, ...]:
     return (*key[:-1], last)
-
-
-def _nest(fields: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Field names joined by KEY_SEPARATOR -> the nested dict SequenceBuffer takes."""
-    out: dict[str, Any] = {}
-    for name, value in fields.items():
-        node = out
-        *parents, leaf = name.split(KEY_SEPARATOR)
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
 
 
 def _tensordict(data: dict[str, Any], shape: tuple[int, ...], device: torch.device) -> Any:
@@ -255,8 +242,8 @@ class RedisbufSliceStorage(Storage):
         out = torch.empty((n, steps), dtype=torch.long)
         for t in range(steps):
             at = torch.arange(n) * steps + t
-            positions = self.buffer.add_batch(_nest({k: v[at] for k, v in fields.items()}),
-                                              env_ids=ids)
+            step = unflatten_fields({name: value[at] for name, value in fields.items()})
+            positions = self.buffer.add_batch(step, env_ids=ids)
             out[:, t] = torch.as_tensor(ids * STEP_INDEX_BASE + positions)
         self._bump_mutation_revision()
         return out.reshape(data.batch_size)

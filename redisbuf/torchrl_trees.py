@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from tensordict import TensorDict, is_tensor_collection
+from torch.utils._pytree import tree_flatten, tree_map
 
 from .errors import InvalidBatchError
 
@@ -27,6 +29,7 @@ __all__ = [
     "reshape_items", "stack_items", "tree_of", "ListStackError",
 ]
 
+#: joins the parts of a nested key (or a pytree path) into one redisbuf field name
 KEY_SEPARATOR = "."
 _TYPED_PART = re.compile(r"^(?:\[(\d+)\]|\((\d+)\)|<(-?\d+)>)$")
 
@@ -42,15 +45,12 @@ def stack_items(items: list[Any]) -> Any:
     each without a batch dimension), stacked along a new first dimension."""
     if not items:
         raise InvalidBatchError("extend got an empty list")
-    from tensordict import TensorDict
-    from torch.utils._pytree import tree_map
-
     try:
-        if isinstance(items[0], torch.Tensor) and not _is_tensor_collection(items[0]):
+        if isinstance(items[0], torch.Tensor) and not is_tensor_collection(items[0]):
             return torch.stack(items)
         if _is_tree(items[0]):
             return tree_map(lambda *leaves: torch.stack(leaves), items[0], *items[1:])
-        return torch.stack([item if _is_tensor_collection(item) else
+        return torch.stack([item if is_tensor_collection(item) else
                             TensorDict(item, batch_size=[]) for item in items])
     except (RuntimeError, ValueError, TypeError) as error:
         raise ListStackError(f"Stacking the elements of the list resulted in an error: "
@@ -76,23 +76,17 @@ def _is_tree(data: Any) -> bool:
     key that is not a string)."""
     if isinstance(data, tuple):
         return True
-    if isinstance(data, Mapping) and not _is_tensor_collection(data):
+    if isinstance(data, Mapping) and not is_tensor_collection(data):
         return any(not isinstance(key, str) or isinstance(value, (list, tuple)) or
                    _is_tree(value) for key, value in data.items())
     return False
 
 
-def _is_tensor_collection(data: Any) -> bool:
-    from tensordict import is_tensor_collection
-
-    return bool(is_tensor_collection(data))
-
-
 def _leaves(node: Any, path: tuple[str, ...], out: dict[str, torch.Tensor]) -> None:
-    if isinstance(node, torch.Tensor) and not _is_tensor_collection(node):
+    if isinstance(node, torch.Tensor) and not is_tensor_collection(node):
         out[KEY_SEPARATOR.join(path)] = node.detach().cpu().contiguous()
         return
-    if isinstance(node, Mapping) and not _is_tensor_collection(node):
+    if isinstance(node, Mapping) and not is_tensor_collection(node):
         items = [(_dict_part(key, path), value) for key, value in node.items()]
     elif type(node) is list:
         items = [(f"[{i}]", value) for i, value in enumerate(node)]
@@ -146,8 +140,6 @@ def batch_of_one(item: Any) -> Any | None:
     when ``item`` is not such a pytree."""
     if not _is_tree(item):
         return None
-    from torch.utils._pytree import tree_map
-
     return tree_map(lambda leaf: leaf.unsqueeze(0) if isinstance(leaf, torch.Tensor) else leaf,
                     item)
 
@@ -155,21 +147,17 @@ def batch_of_one(item: Any) -> Any | None:
 def item_of(batch: Any, position: int) -> Any:
     """Item ``position`` of a batch read back: ``batch[position]`` of a tensor or
     TensorDict, that row of every leaf of a pytree."""
-    if isinstance(batch, torch.Tensor) or _is_tensor_collection(batch):
+    if isinstance(batch, torch.Tensor) or is_tensor_collection(batch):
         return batch[position]
-    from torch.utils._pytree import tree_map
-
     return tree_map(lambda leaf: leaf[position], batch)
 
 
 def _leading_shape(data: Any, ndim: int) -> tuple[int, ...]:
-    if _is_tensor_collection(data):
+    if is_tensor_collection(data):
         shape = tuple(data.batch_size)
     elif isinstance(data, torch.Tensor):
         shape = tuple(data.shape)
     else:
-        from torch.utils._pytree import tree_flatten
-
         leaves = [leaf for leaf in tree_flatten(data)[0] if isinstance(leaf, torch.Tensor)]
         shapes = {tuple(leaf.shape[:ndim]) for leaf in leaves if leaf.ndim >= ndim}
         if len(shapes) != 1 or any(leaf.ndim < ndim for leaf in leaves):
@@ -187,24 +175,20 @@ def flatten_leading(data: Any, ndim: int) -> tuple[Any, tuple[int, ...]]:
     """``data`` with its first ``ndim`` batch dimensions flattened into one, and their
     shape: a TensorDict, a tensor, or a nest (mapping, tuple) of tensors."""
     shape = _leading_shape(data, ndim)
-    if _is_tensor_collection(data):
+    if is_tensor_collection(data):
         return data.reshape(-1), shape
     if isinstance(data, torch.Tensor):
         return data.reshape(-1, *data.shape[ndim:]), shape
-    from torch.utils._pytree import tree_map
-
     return tree_map(lambda leaf: leaf.reshape(-1, *leaf.shape[ndim:]), data), shape
 
 
 def reshape_items(batch: Any, shape: tuple[int, ...]) -> Any:
     """A batch read back (a tensor, TensorDict or pytree of ``prod(shape)`` items) with
     its batch dimension shaped ``shape``."""
-    if _is_tensor_collection(batch):
+    if is_tensor_collection(batch):
         return batch.reshape(*shape)
     if isinstance(batch, torch.Tensor):
         return batch.reshape(*shape, *batch.shape[1:])
-    from torch.utils._pytree import tree_map
-
     return tree_map(lambda leaf: leaf.reshape(*shape, *leaf.shape[1:]), batch)
 
 

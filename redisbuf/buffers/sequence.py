@@ -153,7 +153,8 @@ def _flatten(batch: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+def unflatten_fields(flat: dict[str, Any]) -> dict[str, Any]:
+    """Field path ('.'-joined) -> value, back to the nested dict ``add_batch`` takes."""
     out: dict[str, Any] = {}
     for path, value in flat.items():
         node = out
@@ -467,7 +468,7 @@ class SequenceBuffer(SequenceDrawing, SequenceReading):
                 array = np.array(columns[key], dtype=_numpy_dtype(spec["dtype"]))
                 array = array.reshape((*shape, *item_shape))
             out[key] = codec.to_library(array, spec["lib"], spec["dtype"])
-        return _unflatten(out)
+        return unflatten_fields(out)
 
     def _with_returns(self, data: dict[str, Any], raw: list[Any], shape: tuple[int, ...]) -> None:
         if self.record_episodic_return:
