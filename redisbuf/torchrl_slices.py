@@ -676,36 +676,36 @@ class RedisbufSliceSamplerWithoutReplacement(RedisbufSliceSampler):
             slices = [slices[i] for i in order.tolist()]
         self._epoch, self._epoch_length, self._ran_out = slices, length, False
 
+    def _take(self, store: RedisbufSliceStorage, count: int) -> list[tuple[int, int, int]]:
+        """Up to ``count`` of the epoch's slices not drawn yet, at most one a trajectory,
+        taken out of the epoch; slices evicted meanwhile are dropped from it."""
+        assert self._epoch is not None
+        while True:
+            picked: list[tuple[int, int, int]] = []
+            rest: list[tuple[int, int, int]] = []
+            seen: set[int] = set()
+            for piece in self._epoch:
+                if len(picked) < count and piece[2] not in seen:
+                    picked.append(piece)
+                    seen.add(piece[2])
+                else:
+                    rest.append(piece)
+            stored = store.buffer.contains(*_columns(picked))  # FIFO: the first goes first
+            if stored.all():
+                self._epoch = rest
+                return picked
+            self._epoch = [piece for piece, keep in zip(picked, stored.tolist(), strict=True)
+                           if keep] + rest
+
     def _draw(self, store: RedisbufSliceStorage, count: int,
               length: int) -> tuple[dict[str, Any], BatchInfo]:
         if self._epoch is None or self._ran_out or self._epoch_length != length:
             self._new_epoch(store, length)
-        assert self._epoch is not None
-        envs = starts = np.zeros(0, dtype=np.int64)
-        for _ in range(2):  # an epoch that evictions emptied gives way to a new one
-            while True:
-                picked: list[tuple[int, int, int]] = []
-                rest: list[tuple[int, int, int]] = []
-                seen: set[int] = set()
-                for piece in self._epoch:
-                    if len(picked) < count and piece[2] not in seen:
-                        picked.append(piece)
-                        seen.add(piece[2])
-                    else:
-                        rest.append(piece)
-                if picked:
-                    envs = np.array([env for env, _, _ in picked], dtype=np.int64)
-                    starts = np.array([start for _, start, _ in picked], dtype=np.int64)
-                    stored = store.buffer.contains(envs, starts)  # FIFO: the first goes first
-                    if not stored.all():
-                        self._epoch = [p for p, keep in zip(picked, stored.tolist(),
-                                                            strict=True) if keep] + rest
-                        continue
-                self._epoch = rest
-                break
-            if picked and (len(picked) == count or not self.drop_last):
-                break
+        picked = self._take(store, count)
+        if not picked or (self.drop_last and len(picked) < count):
+            # an epoch that evictions emptied gives way to a new one
             self._new_epoch(store, length)
+            picked = self._take(store, count)
         if not picked or (self.drop_last and len(picked) < count):
             raise EmptyStorageError(f"{EMPTY_STORAGE_MESSAGE} (redisbuf buffer {store.name!r} "
                                     f"holds no slice of {length} steps)"
@@ -714,6 +714,7 @@ class RedisbufSliceSamplerWithoutReplacement(RedisbufSliceSampler):
                                     "steps in a trajectory to draw")
         if not self._epoch or (self.drop_last and len({p[2] for p in self._epoch}) < count):
             self._ran_out = True
+        envs, starts = _columns(picked)
         offsets = np.arange(length)
         data = store.buffer.get_steps(np.repeat(envs, length),
                                       (starts[:, None] + offsets).reshape(-1))
@@ -735,6 +736,12 @@ class RedisbufSliceSamplerWithoutReplacement(RedisbufSliceSampler):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_slices={self.num_slices}, "
                 f"slice_len={self.slice_len}, drop_last={self.drop_last})")
+
+
+def _columns(slices: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(environments, first positions) of slices ``(env, start, trajectory)``."""
+    table = np.array([piece[:2] for piece in slices], dtype=np.int64).reshape(-1, 2)
+    return table[:, 0], table[:, 1]
 
 
 def _shaped(data: dict[str, Any], shape: tuple[int, ...]) -> dict[str, Any]:
