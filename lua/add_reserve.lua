@@ -13,7 +13,8 @@
 -- ARGV[3] options: "" or a JSON object (see insert_batch in _insert.lua)
 -- ARGV[4..3+n] log_reward_1 .. log_reward_n (text; "-inf" and "inf" ok)
 -- Checks what add.lua checks before its first write (schema, log-rewards, PER
--- priorities only on a buffer with PER), then asks admit_batch; an admitted batch gets n fresh ids (last_id += n).
+-- priorities only on a buffer with PER), then asks admit_batch; an admitted batch gets n
+-- fresh ids (last_id += n).
 -- Returns {first_id, n}, or {0, 0, 0, reason} when admit_batch refuses the batch (only
 -- its counter is written). Errors: RB_NOBUF, RB_SCHEMA, RB_INVALID, RB_CONFIG, RB_LIMIT
 -- (n above RB_MAX_ADD, redisbuf/store/bounds.py; nothing is written).
