@@ -1,5 +1,5 @@
-"""redisbuf.sampling.reader: Prefetcher (k draws in flight in a background thread) and ReplayDataset
-(a torch IterableDataset over it), on fakeredis and on a real server."""
+"""redisbuf.sampling.reader: Prefetcher (k batches drawn ahead by background threads) and
+ReplayDataset (a torch IterableDataset over it), on fakeredis and on a real server."""
 
 from __future__ import annotations
 
@@ -45,20 +45,29 @@ def per_buffer(client, name, n=50, eps=1e-6) -> ReplayBuffer:
 
 
 class Counting:
-    """A buffer proxy counting the draws started; ``fail_at`` makes that draw raise."""
+    """A buffer proxy counting the draws started (from any thread); ``fail_at`` makes
+    that draw raise; ``hold`` makes every draw wait at that barrier first, so a test
+    sees which draws are on the wire at once."""
 
-    def __init__(self, buffer, fail_at: int | None = None) -> None:
+    def __init__(self, buffer, fail_at: int | None = None,
+                 hold: threading.Barrier | None = None) -> None:
         self.buffer = buffer
         self.calls = 0
         self.fail_at = fail_at
+        self.hold = hold
         self.name = buffer.name
+        self._lock = threading.Lock()
 
     def sample_with_info(self, n, **kwargs):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise RuntimeError(f"draw {self.calls} failed")
+        with self._lock:
+            self.calls += 1
+            call = self.calls
+        if self.hold is not None:
+            self.hold.wait(DEADLINE)
+        if call == self.fail_at:
+            raise RuntimeError(f"draw {call} failed")
         info = self.buffer.sample_with_info(n, **kwargs)
-        info.batch["draw"] = np.full(n, self.calls)
+        info.batch["draw"] = np.full(n, call)
         return info
 
     def update_priority(self, ids, priorities):
@@ -117,21 +126,52 @@ def test_sharded_buffer_blocks_until_items_arrive(fake_client, buffer_name):
 # -- in flight ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("prefetch", [1, 2, 4])
-def test_never_more_than_prefetch_batches_drawn_ahead(client, buffer_name, prefetch):
+@pytest.mark.parametrize(("prefetch", "draw_threads"), [(1, 1), (2, 1), (4, 1), (2, 2), (4, 3)])
+def test_never_more_than_prefetch_batches_drawn_ahead(client, buffer_name, prefetch,
+                                                      draw_threads):
     proxy = Counting(per_buffer(client, buffer_name))
-    with Prefetcher(proxy, 4, prefetch=prefetch) as batches:
+    with Prefetcher(proxy, 4, prefetch=prefetch, draw_threads=draw_threads) as batches:
         wait_until(lambda: drawn(batches) == prefetch, "the queue to fill")
         assert proxy.calls == prefetch
+        seen = []
         for handed in range(1, 20):
             info = next(batches)
-            # batches come in draw order, and after `handed` next() calls at most
-            # `prefetch` more draws may have started
-            assert info.batch["draw"].tolist() == [handed] * 4
+            seen.append(int(info.batch["draw"][0]))
+            assert info.batch["draw"].tolist() == [seen[-1]] * 4
+            if draw_threads == 1:  # one thread: batches come in draw order
+                assert seen[-1] == handed
+            # after `handed` next() calls at most `prefetch` more draws may have started
             assert proxy.calls <= handed + prefetch
             assert batches.in_flight() <= prefetch
+        assert len(set(seen)) == 19 and max(seen) <= 19 + prefetch  # each draw handed once
         wait_until(lambda: proxy.calls == 19 + prefetch, "the queue to refill")
         assert batches.in_flight() == prefetch
+
+
+@pytest.mark.parametrize("draw_threads", [2, 3])
+def test_draw_threads_put_that_many_draws_on_the_wire_at_once(client, buffer_name,
+                                                              draw_threads):
+    # every draw waits at a barrier of draw_threads parties: the queue fills only if
+    # that many draws are in progress together (one thread would wait out DEADLINE)
+    hold = threading.Barrier(draw_threads)
+    proxy = Counting(per_buffer(client, buffer_name), hold=hold)
+    with Prefetcher(proxy, 4, prefetch=draw_threads, draw_threads=draw_threads) as batches:
+        wait_until(lambda: drawn(batches) == draw_threads, "the concurrent draws")
+        assert not hold.broken
+        assert sorted(int(next(batches).batch["draw"][0]) for _ in range(draw_threads)) \
+            == list(range(1, draw_threads + 1))
+        hold.abort()  # later draws do not wait for partners
+        assert len(prefetch_threads()) == draw_threads
+    assert not prefetch_threads()
+
+
+def test_draw_threads_never_exceed_prefetch(fake_client, buffer_name):
+    buffer = per_buffer(fake_client, buffer_name)
+    with Prefetcher(buffer, 4, prefetch=1, draw_threads=4) as batches:
+        assert batches.draw_threads == 1 and len(prefetch_threads()) == 1
+        next(batches)
+    with Prefetcher(buffer, 4, prefetch=0, draw_threads=4) as batches:
+        assert batches.draw_threads == 0 and not prefetch_threads()
 
 
 def test_prefetch_zero_draws_on_demand_in_the_caller(client, buffer_name):
@@ -216,12 +256,30 @@ def test_a_dropped_buffer_surfaces_after_the_batches_in_flight(client, buffer_na
 
 def test_a_failed_draw_comes_after_the_batches_drawn_before_it(fake_client, buffer_name):
     proxy = Counting(per_buffer(fake_client, buffer_name), fail_at=3)
-    batches = Prefetcher(proxy, 4, prefetch=4)
+    batches = Prefetcher(proxy, 4, prefetch=4, draw_threads=1)
     assert [next(batches).batch["draw"][0] for _ in range(2)] == [1, 2]
     with pytest.raises(RuntimeError, match="draw 3 failed"):
         next(batches)
     assert proxy.calls == 3  # nothing drawn after the failure
     assert list(batches) == []
+
+
+def test_a_failed_draw_beside_another_on_the_wire_ends_the_iteration(client, buffer_name):
+    # draws 1 and 2 start together (barrier of 2); draw 2 fails, draw 1 finishes: the
+    # error comes after the batches finished before it, no draw starts after it, and a
+    # batch finished after it is dropped
+    hold = threading.Barrier(2)
+    proxy = Counting(per_buffer(client, buffer_name), fail_at=2, hold=hold)
+    batches = Prefetcher(proxy, 4, prefetch=4, draw_threads=2)
+    handed = []
+    with pytest.raises(RuntimeError, match="draw 2 failed"):
+        for info in batches:
+            handed.append(int(info.batch["draw"][0]))
+            hold.abort()
+    assert set(handed) <= {1}
+    assert proxy.calls == 2  # nothing drawn after the failure
+    assert batches.closed and list(batches) == []
+    assert not prefetch_threads()
 
 
 def test_a_blocking_wait_times_out_in_the_consumer(client, buffer_name):
@@ -255,7 +313,7 @@ def test_a_failed_handed_update_raises_at_the_next_step(client, buffer_name):
 def test_close_stops_a_thread_blocked_on_an_empty_buffer(client, buffer_name):
     buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler())
     batches = Prefetcher(buffer, 4, prefetch=2, timeout=None)
-    wait_until(lambda: batches.in_flight() == 1, "the draw to start waiting")
+    wait_until(lambda: batches.in_flight() == 2, "both draw threads to start waiting")
     assert prefetch_threads()
     start = time.monotonic()
     batches.close()
@@ -282,7 +340,7 @@ def test_close_stops_a_thread_held_back_by_a_rate_limiter(client, buffer_name,
     batches = Prefetcher(buffer, 1, prefetch=2, block=False)
     for _ in range(6):
         next(batches)
-    wait_until(lambda: batches.in_flight() == 1, "the 7th draw to wait on the limiter")
+    wait_until(lambda: batches.in_flight() == 2, "draws 7 and 8 to wait on the limiter")
     start = time.monotonic()
     batches.close()
     assert time.monotonic() - start < 30  # not the limiter's 60 s (a hang guard)
@@ -294,11 +352,12 @@ def test_an_abandoned_prefetcher_stops_its_thread(client, buffer_name):
     buffer = per_buffer(client, buffer_name)
     batches = Prefetcher(buffer, 4, prefetch=2)
     next(batches)
-    thread = batches._reader._thread
+    threads = batches._reader._threads
     del batches
     gc.collect()
-    thread.join(DEADLINE)
-    assert not thread.is_alive()
+    for thread in threads:
+        thread.join(DEADLINE)
+        assert not thread.is_alive()
 
 
 def test_close_applies_the_updates_handed_over(client, buffer_name):
@@ -315,6 +374,8 @@ def test_bad_arguments_are_refused(fake_client, buffer_name):
     for kwargs, message in [
         ({"batch_size": 0}, "batch_size"),
         ({"batch_size": 4, "prefetch": -1}, "prefetch"),
+        ({"batch_size": 4, "draw_threads": 0}, "draw_threads"),
+        ({"batch_size": 4, "draw_threads": True}, "draw_threads"),
         ({"batch_size": 4, "timeout": -1}, "timeout"),
         ({"batch_size": 4, "max_batches": 1.5}, "max_batches"),
     ]:

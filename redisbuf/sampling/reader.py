@@ -1,10 +1,11 @@
 """Prefetching readers for learners: batches drawn ahead in a background thread.
 
 A learner that calls ``buffer.sample_with_info(256)`` waits for the draw (a round trip,
-the server's script, decoding) at every step. :class:`Prefetcher` keeps ``prefetch``
-draws in flight in one background thread, as Reverb's ``TrajectoryDataset`` and
-TorchRL's ``ReplayBuffer(prefetch=k)`` do, so the learner's step
-and the next draws overlap::
+the server's script, decoding) at every step. :class:`Prefetcher` keeps up to ``prefetch``
+batches drawn ahead, by ``draw_threads`` background threads that each have one draw on
+the wire at a time, as Reverb's ``TrajectoryDataset`` and TorchRL's
+``ReplayBuffer(prefetch=k)`` do, so the learner's step and the next draws overlap, and
+so do the draws' round trips with each other::
 
     with Prefetcher(buffer, 256, prefetch=2) as batches:
         for info in batches:                    # a SampleInfo per step
@@ -22,21 +23,30 @@ returned batch ``t + 1`` are applied). That is the relaxation of Reverb's datase
 TorchRL's prefetch. ``prefetch=0`` starts no thread: each ``next()`` draws then, in the
 caller's thread, and every update made before it is seen (strict).
 
-**Threads and connections.** One thread draws; a second, started by the first
+**Threads and connections.** ``draw_threads`` threads draw (2 by default, at most
+``prefetch``): a thread draws whenever a slot is free, so with a server 2 ms away one
+batch's round trip overlaps another's decoding, and batches are handed out in the order
+their draws finish. One more thread, started by the first
 :meth:`Prefetcher.update_priority`, applies the updates handed over, one at a time in
-the order given, so that their round trips overlap the draws. Both use the ``buffer``
+the order given, so that their round trips overlap the draws. All use the ``buffer``
 object given: a redis-py client is thread-safe (each command borrows a connection of its
-pool, so draws and updates run on different connections), and a draw's
-per-process state (the random generator, the uniform sampler's record of the ids it saw)
-is touched only by draws. So while a prefetcher runs, leave drawing from that buffer
-object to it (another thread's ``sample`` would still be correct, but interleave with its
-random stream); ``add`` and ``update_priority`` from any thread are fine. A
+pool, so draws and updates run on different connections), and a draw's per-process state
+(the random generator, a PER replica, the uniform sampler's record of the ids it saw) is
+shared under the buffer's locks, each draw keeping the sampling law (PER and softmax
+draws hold the replica's lock from the draw to the commit's reply, so theirs take turns
+and only the decoding overlaps). With one draw
+thread, a seeded buffer's batches come in the order of its random stream; with several,
+the threads interleave on that stream, so the batches depend on their timing. While a
+prefetcher runs, leave drawing from that buffer object to it (another thread's ``sample``
+would still be correct, but interleave with its random stream); ``add`` and
+``update_priority`` from any thread are fine. A
 :class:`~redisbuf.sampling.samplers.PERSampler`'s ``beta`` is read when a batch is drawn: an
 annealed ``beta`` applies from the next draw, not to batches in flight.
 
 **Errors.** An exception raised by a draw (``EmptyBufferError`` with ``block=False``, a
 lost server, a dropped buffer) is raised by the ``next()`` that would have returned that
-batch, after the batches drawn before it; the prefetcher is then closed and further
+batch, after the batches whose draws finished before it (no draw starts after it; one
+still on the wire then is dropped); the prefetcher is then closed and further
 ``next()`` calls raise ``StopIteration``. An error of an update handed over with
 :meth:`Prefetcher.update_priority` is raised by the next ``next()``, :meth:`flush` or
 :meth:`close`.
@@ -119,6 +129,7 @@ class _Reader:
         buffer: Any,
         batch_size: int,
         prefetch: int,
+        draw_threads: int,
         with_info: bool,
         replacement: bool | None,
         block: bool,
@@ -150,14 +161,18 @@ class _Reader:
         self._barrier = 0  # updates handed before the last next(): applied before a draw
         self._update_error: BaseException | None = None
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._failed = False  # a draw failed: no draw starts after it
+        self._threads: list[threading.Thread] = []
         self._updater: threading.Thread | None = None  # started by the first handed update
         name = getattr(buffer, "name", "")
         if prefetch > 0:
-            self._thread = threading.Thread(
-                target=self._run, name=f"redisbuf-prefetch-{name}", daemon=True
-            )
-            self._thread.start()
+            self._threads = [
+                threading.Thread(target=self._run, name=f"redisbuf-prefetch-{name}-{k}",
+                                 daemon=True)
+                for k in range(draw_threads)
+            ]
+            for thread in self._threads:
+                thread.start()
 
     def stop(self) -> None:
         """Ask the threads to stop, without waiting for them."""
@@ -168,22 +183,27 @@ class _Reader:
     # -- the background threads ---------------------------------------------------------
 
     def _run(self) -> None:
-        """The drawing thread: a draw whenever a slot is free and the updates handed over
+        """A drawing thread: a draw whenever a slot is free and the updates handed over
         before the last next() are applied."""
         while True:
             with self._cond:
-                while not self._closed and not self._may_draw():
+                while not self._stopping() and not self._may_draw():
                     self._cond.wait()
-                if self._closed:
+                if self._stopping():
                     return
                 self._in_flight += 1
                 self._drawn += 1
             result = self._draw_blocking()
             with self._cond:
-                self._ready.append(result)
+                if self._failed:
+                    self._in_flight -= 1  # drawn after a failure: never handed out
+                else:
+                    self._ready.append(result)
+                    self._failed = isinstance(result, _Failed)
                 self._cond.notify_all()
-                if isinstance(result, _Failed):
-                    return  # nothing is drawn after a failure
+
+    def _stopping(self) -> bool:
+        return self._closed or self._failed
 
     def _run_updates(self) -> None:
         """The updating thread: the updates handed over, one at a time, in order. Apart
@@ -218,7 +238,7 @@ class _Reader:
 
     def _draw_blocking(self) -> Any:
         try:
-            return self._draw(stop=lambda: self._closed)
+            return self._draw(stop=self._stopping)
         except BaseException as exc:  # every error goes to the consumer
             return _Failed(exc)
 
@@ -287,7 +307,7 @@ class _Reader:
     # -- the consumer -------------------------------------------------------------------
 
     def next(self) -> Any:
-        if self._thread is None:
+        if not self._threads:
             return self._next_on_demand()
         with self._cond:
             while True:
@@ -329,7 +349,7 @@ class _Reader:
 
     def update_priority(self, ids: Any, priorities: Any) -> None:
         ids, priorities = _checked_update(ids, priorities)
-        if self._thread is None:
+        if not self._threads:
             self.buffer.update_priority(ids, priorities)
             return
         with self._cond:
@@ -362,7 +382,7 @@ class _Reader:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        for thread in (self._thread, self._updater):  # the updater applies what is left
+        for thread in [*self._threads, self._updater]:  # the updater applies what is left
             if thread is not None and thread is not threading.current_thread():
                 thread.join()
         with self._cond:
@@ -374,7 +394,7 @@ class _Reader:
 
 
 class Prefetcher:
-    """Iterate over batches of ``buffer`` drawn ahead by a background thread.
+    """Iterate over batches of ``buffer`` drawn ahead by background threads.
 
     Args:
         buffer: a :class:`~redisbuf.ReplayBuffer`, :class:`~redisbuf.ShardedReplayBuffer`
@@ -382,6 +402,11 @@ class Prefetcher:
         batch_size: items per batch (``n``).
         prefetch: batches drawn ahead (drawn and not yet handed out, at most); 0 draws
             on demand in ``next()``, with no thread.
+        draw_threads: threads drawing at once, each with one draw on the wire (the
+            smaller of this and ``prefetch`` are started). Two hide a round trip of a
+            few milliseconds behind the other draw's decoding; more help when the round
+            trip is longer than a draw's own work. Batches are handed out in the order
+            their draws finish.
         with_info: yield :class:`~redisbuf.SampleInfo` (``sample_with_info``: batch, ids,
             probabilities, PER weights); False yields plain batches (``sample``).
         replacement: passed to the draw (None: the buffer's rule).
@@ -403,8 +428,8 @@ class Prefetcher:
     the staleness of prefetched batches and how errors surface.
 
     Raises:
-        ValueError: ``batch_size``, ``prefetch``, ``timeout`` or ``max_batches`` out of
-            range.
+        ValueError: ``batch_size``, ``prefetch``, ``draw_threads``, ``timeout`` or
+            ``max_batches`` out of range.
 
     Examples:
         >>> import fakeredis, numpy as np
@@ -425,6 +450,7 @@ class Prefetcher:
         batch_size: int,
         *,
         prefetch: int = 2,
+        draw_threads: int = 2,
         with_info: bool = True,
         replacement: bool | None = None,
         block: bool = True,
@@ -444,6 +470,12 @@ class Prefetcher:
             or (prefetch < 0)
         ):
             raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
+        if (
+            isinstance(draw_threads, bool)
+            or not isinstance(draw_threads, (int, np.integer))
+            or (draw_threads < 1)
+        ):
+            raise ValueError(f"draw_threads must be an integer >= 1, got {draw_threads!r}")
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
         if max_batches is not None and (
@@ -453,11 +485,13 @@ class Prefetcher:
         self.buffer = buffer
         self.batch_size = int(batch_size)
         self.prefetch = int(prefetch)
+        self.draw_threads = min(int(draw_threads), self.prefetch)
         self.with_info = bool(with_info)
         self._reader = _Reader(
             buffer,
             self.batch_size,
             self.prefetch,
+            self.draw_threads,
             self.with_info,
             replacement,
             bool(block),
@@ -525,7 +559,7 @@ class Prefetcher:
         return self._reader._closed
 
     def close(self) -> None:
-        """Stop drawing, apply the updates handed over, join the thread; batches in flight
+        """Stop drawing, apply the updates handed over, join the threads; batches in flight
         are dropped. Raises the error of an update that failed and was not raised yet.
         Idempotent; iteration then ends (``StopIteration``).
 
@@ -553,7 +587,8 @@ class Prefetcher:
     def __repr__(self) -> str:
         return (
             f"Prefetcher({self.buffer!r}, batch_size={self.batch_size}, "
-            f"prefetch={self.prefetch}, closed={self.closed})"
+            f"prefetch={self.prefetch}, draw_threads={self.draw_threads}, "
+            f"closed={self.closed})"
         )
 
 
