@@ -30,7 +30,7 @@ end
 -- mass may have changed) with their mass now: {list of ids, id -> mass now, id -> true
 -- for an id whose presence the entries leave open, id -> score now}, or nil when an entry
 -- is an X. A C
--- row sets its id (present with a score, or removed: "nan"); a U row (or a P row of
+-- row sets its id (present with a score, or removed: "nan"); a U or V row (or a P row of
 -- earlier versions) re-scores its id only if stored at that point: for an id a C row
 -- named before, the entries say whether it was; for one they have not named, it was
 -- stored there exactly when it is stored now (nothing since added or removed it), which
@@ -46,12 +46,15 @@ local function touched_masses(entries, per, alpha, eps, ref)
     if kind == 'X' then return nil end
     local p1 = string.find(entry, '|', 3, true)
     local p2 = string.find(entry, '|', p1 + 1, true)
-    if kind == 'U' then  -- ids 12 digits each, then k big-endian doubles
+    if kind == 'U' or kind == 'V' then  -- k ids (12 digits, or 8 bytes), k doubles
       local k = tonumber(string.sub(entry, 3, p1 - 1))
-      local base = p2 + 12 * k
+      local width = kind == 'U' and 12 or 8
+      local base = p2 + width * k
       for i = 1, k do
-        local id = string.sub(entry, p2 + 12 * i - 11, p2 + 12 * i)
-        if not certain[id] or score[id] ~= 'nan' then
+        local id
+        if kind == 'U' then id = string.sub(entry, p2 + 12 * i - 11, p2 + 12 * i)
+        else id = id_at(entry, p2 + 8 * i - 7) end  -- nil: no item has it
+        if id and (not certain[id] or score[id] ~= 'nan') then
           note(id)
           score[id] = double_at(entry, base + 8 * i - 7)
         end

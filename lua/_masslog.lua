@@ -23,6 +23,9 @@
 --                     k IEEE 754 doubles, 8 bytes each, big-endian (binary). Each applies
 --                     only to an id stored at that point of the log (an id evicted
 --                     before, or never added, is skipped); the last of a repeated id wins.
+--   "V|k|stamp|IP"    the same, I being k ids as big-endian 64-bit integers, 8 bytes
+--                     each (binary: no id is checked, as any that is not stored is
+--                     skipped; see id_at)
 --   "P|k|stamp|ids|new|old"  (written by earlier versions) a priority change of k ids
 --                     present, 12 digits each; new as in C; old as 16 hex digits each.
 --   "X|0|stamp"       everything changed (turned on, cleared, restored): read it all again
@@ -201,6 +204,25 @@ local function double_at(s, i)
   end
   if exponent == 0 then return sign * mantissa * 2 ^ -1074 end
   return sign * (mantissa + 4503599627370496) * 2 ^ (exponent - 1075)
+end
+
+-- The id whose 8 bytes (a big-endian 64-bit integer, a V entry's) start at position i of
+-- s, as 12 digits (id_str); nil when no item can have it (outside 1 .. 10^12 - 1, so its
+-- top three bytes are 0 and the number is exact in a double).
+local function id_at(s, i)
+  local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(s, i, i + 7)
+  if b1 + b2 + b3 > 0 then return nil end
+  local n = b4 * 4294967296 + ((b5 * 256 + b6) * 256 + b7) * 256 + b8
+  if n < 1 or n >= 1000000000000 then return nil end
+  return id_str(n)
+end
+
+-- The 8 bytes of id (12 digits, 1 .. 10^12 - 1) as a V entry holds it (see id_at).
+local function id_bytes(id)
+  local n = tonumber(id)
+  local high, low = math.floor(n / 4294967296), n % 4294967296
+  return string.char(0, 0, 0, high, math.floor(low / 16777216), math.floor(low / 65536) % 256,
+    math.floor(low / 256) % 256, low % 256)
 end
 
 -- The position (1-based, in values) of the largest of k big-endian doubles packed back

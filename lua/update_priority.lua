@@ -5,16 +5,20 @@
 -- @keys 13
 -- @retry never
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
--- ARGV[1] the ids: 12 decimal digits each, back to back (k ids; a repeated id: the last
---   wins)  ARGV[2] their priorities: k IEEE 754 doubles, 8 bytes each, big-endian
+-- ARGV[1] the ids (k ids; a repeated id: the last wins), either 12 decimal digits each,
+--   back to back, or big-endian 64-bit integers, 8 bytes each (binary: told apart by
+--   being as long as ARGV[2])  ARGV[2] their priorities: k IEEE 754 doubles, 8 bytes each,
+--   big-endian
 -- ARGV[3..5] optional: the log_epoch, log_version and log_stamp of the caller's replica
 --   (redisbuf/sampling/replica.py): when the log was not at that version, the reply also
 --   carries the entries after it (masslog_behind), this call's last, so that the replica
 --   catches up and applies this change itself.
 -- The server does no per-id work (no lookup of the ids, whatever the buffer's size): it
--- checks the lengths, that the ids are digits and that every priority is finite and >= 0
--- (one pass over the doubles' bytes), raises the running max (meta per_max, what new items
--- get), appends one U entry (lua/_masslog.lua) and wakes samplers waiting on the buffer.
+-- checks the lengths, that text ids are digits (binary ones need no check: a number
+-- that is no stored item's id is skipped like an evicted one) and that every priority is
+-- finite and >= 0 (one pass over the doubles' bytes), raises the running max (meta
+-- per_max, what new items get), appends one U entry (text ids) or V entry (binary ids,
+-- lua/_masslog.lua) and wakes samplers waiting on the buffer.
 -- Replicas apply the entry in order, skipping ids not stored at that point of the log
 -- (evicted, removed, never added): that is where "ids no longer stored are skipped"
 -- happens, and the caller's replica counts the ids it updated. Only while a MaxHeap /
@@ -26,8 +30,8 @@
 -- when ARGV[3..5] named a replica not at the version before, the entries after its version
 -- (at most one catch-up reply's rows; the replica reads on from where they end) or none
 -- when it cannot catch up from the log (it reads everything again).
--- Errors: RB_NOBUF, RB_CONFIG (PER is not on), RB_INVALID (ids not 12 digits each, the
--- lengths differ, or a priority that is NaN, negative or not finite: nothing is written),
+-- Errors: RB_NOBUF, RB_CONFIG (PER is not on), RB_INVALID (text ids not 12 digits each,
+-- the lengths differ, or a priority that is NaN, negative or not finite: nothing is written),
 -- RB_LIMIT (more than RB_MAX_ITEMS ids).
 local K = buffer_keys(KEYS)
 local conf = redis.call('HMGET', K.meta, 'capacity', 'mass', 'log_epoch', 'log_version',
@@ -37,10 +41,11 @@ if conf[2] ~= 'per' or conf[8] ~= '1' then
   return fail('RB_CONFIG', 'buffer ' .. K.meta .. ' has no PER priorities (use PERSampler)')
 end
 local ids, packed = ARGV[1] or '', ARGV[2] or ''
-local k = #ids / 12
-if k ~= math.floor(k) or string.find(ids, '[^0-9]') then
-  return fail('RB_INVALID', 'the ids are 12 decimal digits each, back to back (got '
-    .. #ids .. ' bytes)')
+local binary = #ids == #packed and #ids > 0
+local k = binary and #ids / 8 or #ids / 12
+if not binary and (k ~= math.floor(k) or string.find(ids, '[^0-9]')) then
+  return fail('RB_INVALID', 'the ids are 12 decimal digits each, back to back, or 8-byte '
+    .. 'big-endian integers (got ' .. #ids .. ' bytes for ' .. #packed .. ' of priorities)')
 end
 if k > RB_MAX_ITEMS then
   return fail('RB_LIMIT', 'one command updates at most ' .. RB_MAX_ITEMS .. ' priorities, got '
@@ -81,10 +86,11 @@ end
 if conf[7] == '1' or conf[7] == 'b' then  -- the priority heap: each id, O(log n)
   local scored, building = {}, conf[7] == 'b'
   for i = 1, k do
-    local id = string.sub(ids, 12 * i - 11, 12 * i)
+    local id
+    if binary then id = id_at(ids, 8 * i - 7) else id = string.sub(ids, 12 * i - 11, 12 * i) end
     -- built: the heap holds exactly the items present (XX); while building, an id the
     -- build has not copied yet is written if stored (the build then keeps it: NX)
-    if not building or redis.call('HEXISTS', K.items, id) == 1 then
+    if id and (not building or redis.call('HEXISTS', K.items, id) == 1) then
       scored[#scored + 1] = fmt(double_at(packed, 8 * i - 7))
       scored[#scored + 1] = id
     end
@@ -98,7 +104,7 @@ if conf[7] == '1' or conf[7] == 'b' then  -- the priority heap: each id, O(log n
     end
   end
 end
-masslog_push(K, 'U', k, ids .. packed)
+masslog_push(K, binary and 'V' or 'U', k, ids .. packed)
 notify_changed(K.meta)  -- a sampler blocked on zero mass wakes (redisbuf/sampling/waiting.py)
 if ARGV[3] and not (ARGV[3] == conf[3] and ARGV[4] == conf[4] and ARGV[5] == conf[5]) then
   return reply(masslog_behind(K, ARGV[3], tonumber(ARGV[4]) or 0, ARGV[5] or ''))

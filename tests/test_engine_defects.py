@@ -38,8 +38,8 @@ def test_a_corrected_draw_caps_masses_as_the_replica_does(client, buffer_name):
         sampler.sample(1)  # current
         other.update_priority([light, heavy], [1e300, 1e308])  # after the replica's version
         info = sampler.sample_with_info(20)  # corrected on the server
-        # the update, logged after the replica's version (a U entry: an append)
-        assert client.lindex(sampler.keys.masslog, -1)[:1] == b"U"
+        # the update, logged after the replica's version (a V entry: an append)
+        assert client.lindex(sampler.keys.masslog, -1)[:1] == b"V"
         assert info.probabilities.tolist() == [0.5] * 20
         hits += int((info.ids == heavy).sum())
         draws += 20

@@ -88,7 +88,7 @@ def test_a_stale_draw_follows_the_law_after_another_process_cut_a_priority(
     9 to 0.5, a draw of 1 from a replica that has not seen the cut: the heavy item must come
     with the current probability (0.5 / 1.5 = 1/3), not the 0.48 a redraw of the whole
     batch gave; the returned probability says the same. The cutting process has no
-    replica, or a current one: either way its change is one U entry, which carries no
+    replica, or a current one: either way its change is one V entry, which carries no
     score from before the cut."""
     per = {"alpha": 1.0, "eps": 0.0}
     a = peer_factory(capacity=10, per=per)
@@ -102,7 +102,7 @@ def test_a_stale_draw_follows_the_law_after_another_process_cut_a_priority(
             a("sample", n=1)  # the writer's replica catches up
         a("update_priority", ids=[heavy], priorities=[0.5])  # the worst moment
         entry = sampler.client.lindex(sampler.keys.masslog, -1)
-        assert entry[:1] == b"U"
+        assert entry[:1] == b"V"
         info = sampler.sample_with_info(1)
         hits += int(info.ids[0] == heavy)
         assert info.probabilities[0] == pytest.approx(1 / 3)
@@ -551,7 +551,7 @@ def test_an_update_sent_from_a_replica_made_stale_applies_in_the_logs_order(
     monkeypatch.setattr(mine, "_run", then_the_peer_changes_them)
     updated = mine.update_priority(ids[:3], [0.5, 0.25, 6.0])
     monkeypatch.undo()
-    assert mine.client.lindex(mine.keys.masslog, -1)[:2] == b"U|"
+    assert mine.client.lindex(mine.keys.masslog, -1)[:2] == b"V|"
     if change == "rescore":
         expected = {ids[0]: 0.5, ids[1]: 0.25, ids[2]: 6.0, ids[3]: 4.0}
     else:

@@ -182,18 +182,28 @@ def test_rb_sample_uniform_returns_python_records_and_counts_the_draw(client, bu
         client.fcall("rb_sample_uniform", len(keys), *keys, 3, 0, 1, b"short")
 
 
-def _update_args(ids, priorities) -> list[bytes]:
-    """rb_update_priority's arguments: 12-digit ids back to back, big-endian doubles."""
-    return [b"".join(b"%012d" % i for i in ids), np.asarray(priorities, ">f8").tobytes()]
+def _update_args(ids, priorities, ids_as: str = "text") -> list[bytes]:
+    """rb_update_priority's arguments: the ids (12 digits each, or big-endian int64),
+    back to back, then big-endian doubles."""
+    packed = (b"".join(b"%012d" % i for i in ids) if ids_as == "text"
+              else np.asarray(ids, ">i8").tobytes())
+    return [packed, np.asarray(priorities, ">f8").tobytes()]
 
 
-def test_rb_update_priority_moves_the_python_samplers_draws(client, buffer_name):
+@pytest.mark.parametrize("ids_as", ["text", "binary"])
+def test_rb_update_priority_moves_the_python_samplers_draws(client, buffer_name, ids_as):
     buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(alpha=1.0))
     buffer.add(_batch(4))
     keys = buffer.keys.all_keys()
-    # 99 is not stored: the replicas skip it (the server looks no id up, and counts none)
+    # 99 is not stored, nor can -7 and 10^12 be: the replicas skip them (the server looks
+    # no id up, and counts none)
+    ids, priorities = [1, 2, 3, 4, 99], [0, 0, 0, 5, 1]
+    if ids_as == "binary":
+        ids, priorities = [*ids, -7, 10**12], [*priorities, 3, 3]
     reply = client.fcall("rb_update_priority", len(keys), *keys,
-                         *_update_args([1, 2, 3, 4, 99], [0, 0, 0, 5, 1]))
+                         *_update_args(ids, priorities, ids_as))
+    entry = client.lindex(buffer.keys.masslog, -1)
+    assert entry[:2] == (b"U|" if ids_as == "text" else b"V|")
     assert int(reply[2]) == int(reply[1]) + 1 and len(reply) == 5  # one entry, appended
     info = buffer.sample_with_info(8, replacement=True)
     assert info.ids.tolist() == [4] * 8
@@ -238,6 +248,16 @@ def test_rb_priority_reads_the_log_then_the_snapshot(client, buffer_name):
     assert buffer.priorities([3, 4, 13]).tolist() == [2.5, 7.5, 9.0]  # the same script
     with pytest.raises(redis.exceptions.ResponseError, match="RB_LIMIT"):
         read(*range(1, 18))
+    # a V entry holds ids as 8 bytes; 12's bytes also stand across two ids (3 << 32 then
+    # 12 << 32, neither stored) and in its doubles (the double whose bits are 12): only
+    # an id's own place counts, so 12 keeps its priority, 9.0
+    ids = np.array([3 << 32, 12 << 32], ">i8")
+    assert ids.tobytes()[4:12] == np.array([12], ">i8").tobytes()
+    buffer.update_priority(ids, [np.array([12], ">i8").view(">f8")[0], 4.0])
+    assert read(12) == [9.0]
+    buffer.update_priority([13, 12], [1.5, 0.75])  # the last of its places wins
+    buffer.update_priority([12, 12, 5], [0.25, 3.5, 1.0])
+    assert read(12, 13, 5) == [3.5, 1.5, 1.0]
 
 
 def test_rb_sample_per_draws_by_the_current_priorities(client, buffer_name):

@@ -1,8 +1,9 @@
-"""``update_priority`` is one append of a U entry (lua/update_priority.lua): the server
+"""``update_priority`` is one append of a V entry (lua/update_priority.lua; a U entry when
+another language sends text ids): the server
 reads no item whatever the caller's replica holds; the caller's replica applies the
 entry (directly when it was the only change, else through the entries the reply carries)
 and counts the ids stored at its point of the log; a sampler behind corrects its draw by
-U entries as by C ones (lua/_correct.lua)."""
+V and U entries as by C ones (lua/_correct.lua)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def test_a_current_replica_updates_with_one_append(client, buffer_name):
     assert buffer.update_priority(
         [ids[0], ids[1], 999, ids[0], ids[2], ids[3]], [2.0, 0.0, 7.0, 0.25, 5e-324, 1e300]
     ) == 4
-    assert last_entry(client, buffer_name).startswith(b"U|5|")  # 999 too: not looked up
+    assert last_entry(client, buffer_name).startswith(b"V|5|")  # 999 too: not looked up
     per, total, nonzero, top = per_state(client, buffer_name)
     assert per == {ids[0]: 0.25, ids[1]: 0.0, ids[2]: 5e-324, ids[3]: 1e300,
                    ids[4]: 1.0, ids[5]: 1.0}
@@ -70,7 +71,7 @@ def test_a_replica_behind_catches_up_from_the_reply(client, buffer_name):
     other = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler())
     added = other.add(batch(1)).ids.tolist()[0]  # mine's replica does not hold it yet
     assert mine.update_priority([added, ids[0]], [6.0, 4.0]) == 2
-    assert last_entry(client, buffer_name).startswith(b"U|2|")
+    assert last_entry(client, buffer_name).startswith(b"V|2|")
     replica = replica_of(mine.view, "per")
     assert replica.version == int(client.hget(BufferKeys(buffer_name).meta, "log_version"))
     per, total, nonzero, top = per_state(client, buffer_name, replica)
@@ -78,20 +79,28 @@ def test_a_replica_behind_catches_up_from_the_reply(client, buffer_name):
     assert total == 12.0 and nonzero == 4 and top == 6.0
 
 
-def test_a_sampler_behind_corrects_its_draw_by_u_entries(client, buffer_name):
+@pytest.mark.parametrize("ids_as", ["binary", "text"])
+def test_a_sampler_behind_corrects_its_draw_by_update_entries(client, buffer_name, ids_as):
     """Another buffer object cuts a heavy item from 9 to 0.5 right before this one's draw
     of 1, every round: the draw stands at the law after the cut (1/3), reported and
-    observed, though the U entry carries no score from before the cut."""
+    observed, though the update's entry carries no score from before the cut. Binary ids
+    (a V entry) are what update_priority sends; 12-digit text ids (a U entry) what
+    rb_update_priority also takes from other languages."""
     per = {"alpha": 1.0, "eps": 0.0}
     sampler = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(**per), seed=3)
     writer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(**per), seed=4)
     ids = sampler.add(batch(3), priorities=[9.0, 0.5, 0.5]).ids.tolist()
     heavy, rounds, hits = ids[0], 300, 0
+    cut = [b"%012d" % heavy, np.array([0.5], ">f8").tobytes()]
     for _ in range(rounds):
         sampler.update_priority([heavy], [9.0])
         writer.sample(1)  # the writer's replica is current
-        writer.update_priority([heavy], [0.5])
-        assert last_entry(client, buffer_name).startswith(b"U|1|")
+        if ids_as == "binary":
+            writer.update_priority([heavy], [0.5])
+        else:
+            writer._run("update_priority", writer.keys.all_keys(), cut)
+        kind = b"V" if ids_as == "binary" else b"U"
+        assert last_entry(client, buffer_name).startswith(kind + b"|1|")
         info = sampler.sample_with_info(1)
         hits += int(info.ids[0] == heavy)
         assert info.probabilities[0] == pytest.approx(1 / 3)
@@ -170,7 +179,7 @@ def test_priorities_near_the_largest_double_keep_draws_and_sums_finite(client, b
     _, total, nonzero, top = per_state(client, buffer_name, replica)
     assert total == pytest.approx(10 * PER_SUM_CAP + 2.0) and nonzero == 12 and top == 1e308
     assert buffer.update_priority(ids[:10], [0.5] * 10) == 10  # from the current replica
-    assert last_entry(client, buffer_name).startswith(b"U|10|")
+    assert last_entry(client, buffer_name).startswith(b"V|10|")
     stored, total, nonzero, _ = per_state(client, buffer_name, replica)
     assert total == pytest.approx(math.fsum(stored.values()), rel=1e-12) and nonzero == 12
     assert buffer.sample_with_info(8, replacement=True).probabilities.sum() > 0

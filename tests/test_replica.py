@@ -58,11 +58,16 @@ def test_every_change_is_one_log_entry_and_a_follower_matches_a_fresh_read(clien
     assert count == b"6" and rows.split(b",")[4:] == [b"%012d" % i for i in ids[:2]]
     assert old == b""  # under PER no score before is logged (nothing reads it)
     assert new.split(b",") == [b"7"] * 4 + [b"nan"] * 2  # the running max, then removed
-    buffer.update_priority(ids[2:5], [9.0, 0.0, 2.5])
+    buffer.update_priority(ids[2:5], [9.0, 1.0, 2.5])
     entry = client.lrange(keys.masslog, -1, -1)[0]
-    # one U entry: 12-digit ids, then the priorities as big-endian doubles, as sent
-    assert entry.startswith(b"U|3|") and entry.endswith(
-        b"".join(b"%012d" % i for i in ids[2:5]) + np.array([9.0, 0.0, 2.5], ">f8").tobytes())
+    # one V entry: the ids as big-endian int64, then the priorities as big-endian doubles
+    assert entry.startswith(b"V|3|") and entry.endswith(
+        np.asarray(ids[2:5], ">i8").tobytes() + np.array([9.0, 1.0, 2.5], ">f8").tobytes())
+    # 12-digit text ids (rb_update_priority from other languages): one U entry
+    text = [b"".join(b"%012d" % i for i in ids[3:4]), np.array([0.0], ">f8").tobytes()]
+    buffer._run("update_priority", keys.all_keys(), text)
+    entry = client.lrange(keys.masslog, -1, -1)[0]
+    assert entry.startswith(b"U|1|") and entry.endswith(b"".join(text))
     masses = followed_masses(client, buffer_name, "per")
     assert masses[int(ids[3])] == pytest.approx(1e-6**0.6)
     assert masses[int(ids[2])] == pytest.approx((9 + 1e-6) ** 0.6)

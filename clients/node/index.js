@@ -214,8 +214,6 @@ function text(x) {
   return String(x); // the shortest text that reads back as the same double, as Python's repr
 }
 
-const idText = (id) => String(id).padStart(12, '0');
-
 /** One buffer, through a connected node-redis client (createClient from 'redis'). */
 export class ReplayBuffer {
   constructor(client, name) {
@@ -292,7 +290,10 @@ export class ReplayBuffer {
     if (ids.length !== priorities.length) throw new RangeError(`${priorities.length} priorities for ${ids.length} ids`);
     const packed = Buffer.alloc(8 * priorities.length);
     priorities.forEach((p, i) => packed.writeDoubleBE(p === 0 ? 0 : p, 8 * i)); // -0 as 0
-    await this.#call('rb_update_priority', this.keys, [Buffer.from(ids.map(idText).join('')), packed]);
+    // the ids as big-endian 64-bit integers (binary: the server checks none)
+    const packedIds = Buffer.alloc(8 * ids.length);
+    ids.forEach((id, i) => packedIds.writeBigInt64BE(BigInt(id), 8 * i));
+    await this.#call('rb_update_priority', this.keys, [packedIds, packed]);
     return null;
   }
 

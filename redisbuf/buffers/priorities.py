@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import InvalidBatchError, PrioritizedSamplingOffError
 from ..sampling.replica import replica_of
 from ..store import bounds
-from ..store.keys import ID_WIDTH, last_of_each, pack_ids
+from ..store.keys import ID_WIDTH, last_of_each
 
 if TYPE_CHECKING:
     from .needs import PrioritizingNeeds as _PrioritizingNeeds
@@ -67,20 +67,24 @@ class Prioritizing(_PrioritizingNeeds):
             3
         """
         id_array = np.asarray(ids, dtype=np.int64).reshape(-1)
-        values = _per_priorities(priorities, len(id_array))
+        values = _per_priorities(priorities, len(id_array)) + 0.0  # -0.0 is 0
         if not len(id_array):
             return 0
-        # an id that cannot be stored (ids are 1 .. 10^12 - 1) is skipped, as an evicted one
-        storable = (id_array >= 1) & (id_array < 10**ID_WIDTH)
-        last = last_of_each(id_array)
-        last = last[storable[last]]
-        id_array, values = id_array[last], values[last] + 0.0  # distinct; -0.0 is 0
         replica = self.view.replicas.get("per")
         if replica is None and count:
             try:
                 replica = replica_of(self.view, "per")
             except PrioritizedSamplingOffError:
                 replica = None  # no PER: the script says so (RB_CONFIG)
+        if replica is not None:  # counted by the replica, which takes distinct ids
+            # an id that cannot be stored (ids are 1 .. 10^12 - 1) is skipped, as an
+            # evicted one
+            storable = (id_array >= 1) & (id_array < 10**ID_WIDTH)
+            last = last_of_each(id_array)
+            last = last[storable[last]]
+            id_array, values = id_array[last], values[last]
+        # else sent as given: the log's readers skip ids no item has and let the last of a
+        # repeated id win (lua/_masslog.lua)
         counts = [self._update_slice(id_array[start:stop], values[start:stop], replica)
                   for start, stop in bounds.chunks(len(id_array))]
         if replica is None:
@@ -89,11 +93,12 @@ class Prioritizing(_PrioritizingNeeds):
         return sum(known) if len(known) == len(counts) else None
 
     def _update_slice(self, ids: np.ndarray, values: np.ndarray, replica: Any) -> int | None:
-        """One atomic append of ``ids`` (distinct, storable) and their ``values``; the
-        count of ids updated, by ``replica`` (None without one)."""
+        """One atomic append of ``ids`` (distinct and storable with a replica) and their
+        ``values``, both binary (a V entry); the count of ids updated, by ``replica``
+        (None without one)."""
         if not len(ids):
             return 0 if replica is not None else None
-        args: list[Any] = [pack_ids(ids)[0], values.astype(">f8").tobytes()]
+        args: list[Any] = [ids.astype(">i8").tobytes(), values.astype(">f8").tobytes()]
         if replica is None:
             self._run("update_priority", self.keys.all_keys(), args)
             return None

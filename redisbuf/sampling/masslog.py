@@ -1,13 +1,15 @@
 """The mass log's entries as a replica reads them (lua/_masslog.lua writes them): ``C``
-entries set the items they name, ``U`` entries (PER priority updates) and the ``P``
-entries of earlier versions re-score ids stored at that point only, ``X`` starts a new
-epoch."""
+entries set the items they name, ``U`` and ``V`` entries (PER priority updates, their ids
+as text or binary) and the ``P`` entries of earlier versions re-score ids stored at that
+point only, ``X`` starts a new epoch."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+
+from ..store.keys import ID_WIDTH
 
 
 def text(value: Any) -> str:
@@ -25,17 +27,25 @@ def _numbers(text: bytes, dtype: Any) -> np.ndarray:
 def parse_entry(entry: bytes) -> tuple[np.ndarray, np.ndarray, bool] | None:
     """(ids, new scores; NaN = removed, whether they apply only to ids held) of one
     mass-log entry, rows in order; None for an X entry (everything must be read again).
-    A C entry sets what it names; a U entry (PER priorities, lua/update_priority.lua) and
+    A C entry sets what it names; a U or V entry (PER priorities, lua/update_priority.lua) and
     a P entry of earlier versions re-score ids stored at that point only."""
     kind = entry[:1]
     if kind == b"X":
         return None
-    if kind == b"U":  # k ids of 12 digits, then k big-endian doubles
+    if kind in (b"U", b"V"):  # k ids (12 digits, or big-endian int64), k big-endian doubles
         _, count, _, payload = entry.split(b"|", 3)
         k = int(count)
-        held = np.frombuffer(payload, dtype="S12", count=k).astype(np.int64)
-        return held, np.frombuffer(payload, dtype=">f8", count=k, offset=12 * k).astype(
-            np.float64), True
+        if kind == b"U":
+            held, width = np.frombuffer(payload, dtype="S12", count=k).astype(np.int64), 12
+        else:
+            held, width = np.frombuffer(payload, dtype=">i8", count=k).astype(np.int64), 8
+        scores = np.frombuffer(payload, dtype=">f8", count=k, offset=width * k).astype(
+            np.float64)
+        if width == 8:  # as lua/_masslog.lua id_at: a number no item has is skipped
+            storable = (held >= 1) & (held < 10**ID_WIDTH)
+            if not storable.all():
+                held, scores = held[storable], scores[storable]
+        return held, scores, True
     if kind == b"P":  # ids 12 digits each, then the new scores (old ones: bits)
         _, _, _, packed, new, _ = entry.split(b"|", 5)
         return (np.frombuffer(packed, dtype="S12").astype(np.int64), _numbers(new, np.float64),

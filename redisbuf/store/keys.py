@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -263,9 +264,14 @@ class BufferKeys:
         """Every key the buffer's scripts take, in their order.
 
         Returns:
-            ``[meta, *data_keys()]``.
+            ``[meta, *data_keys()]`` (a new list each call).
         """
-        return [self.meta, *self.data_keys()]
+        return list(self._all_keys)
+
+    @cached_property
+    def _all_keys(self) -> tuple[str, ...]:
+        # made once: every script call passes them (a frozen dataclass keeps no other state)
+        return (self.meta, *self.data_keys())
 
     @property
     def pattern(self) -> str:
