@@ -52,15 +52,13 @@ end
 -- The newest row of `entry` naming id (12 digits): its score (a number, or 'nan'), or nil.
 local function mention(entry, id)
   local kind = string.sub(entry, 1, 1)
-  if kind == 'X' then return nil end
-  local needle = kind == 'V' and id_bytes(id) or id
-  if not string.find(entry, needle, 1, true) then return nil end
+  if kind == 'X' or (kind ~= 'V' and not string.find(entry, id, 1, true)) then return nil end
   local p1 = string.find(entry, '|', 3, true)
   local p2 = string.find(entry, '|', p1 + 1, true)
   local k = tonumber(string.sub(entry, 3, p1 - 1))
   if kind == 'V' then  -- the last of the k 8-byte ids that is id; the bytes may also
     -- occur across two ids or among the doubles, so only aligned finds count
-    local found, from = nil, p2 + 1
+    local needle, found, from = id_bytes(id), nil, p2 + 1
     while true do
       local at = string.find(entry, needle, from, true)
       if not at or at > p2 + 8 * k - 7 then break end

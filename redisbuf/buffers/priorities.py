@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import InvalidBatchError, PrioritizedSamplingOffError
 from ..sampling.replica import replica_of
 from ..store import bounds
-from ..store.keys import ID_WIDTH, last_of_each
+from ..store.keys import last_of_each, storable
 
 if TYPE_CHECKING:
     from .needs import PrioritizingNeeds as _PrioritizingNeeds
@@ -79,9 +79,8 @@ class Prioritizing(_PrioritizingNeeds):
         if replica is not None:  # counted by the replica, which takes distinct ids
             # an id that cannot be stored (ids are 1 .. 10^12 - 1) is skipped, as an
             # evicted one
-            storable = (id_array >= 1) & (id_array < 10**ID_WIDTH)
             last = last_of_each(id_array)
-            last = last[storable[last]]
+            last = last[storable(id_array)[last]]
             id_array, values = id_array[last], values[last]
         # else sent as given: the log's readers skip ids no item has and let the last of a
         # repeated id win (lua/_masslog.lua)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..store.keys import ID_WIDTH
+from ..store.keys import storable
 
 
 def text(value: Any) -> str:
@@ -42,9 +42,9 @@ def parse_entry(entry: bytes) -> tuple[np.ndarray, np.ndarray, bool] | None:
         scores = np.frombuffer(payload, dtype=">f8", count=k, offset=width * k).astype(
             np.float64)
         if width == 8:  # as lua/_masslog.lua id_at: a number no item has is skipped
-            storable = (held >= 1) & (held < 10**ID_WIDTH)
-            if not storable.all():
-                held, scores = held[storable], scores[storable]
+            kept = storable(held)
+            if not kept.all():
+                held, scores = held[kept], scores[kept]
         return held, scores, True
     if kind == b"P":  # ids 12 digits each, then the new scores (old ones: bits)
         _, _, _, packed, new, _ = entry.split(b"|", 5)

@@ -1,4 +1,4 @@
-"""Prefetching readers for learners: batches drawn ahead in a background thread.
+"""Prefetching readers for learners: batches drawn ahead by background threads.
 
 A learner that calls ``buffer.sample_with_info(256)`` waits for the draw (a round trip,
 the server's script, decoding) at every step. :class:`Prefetcher` keeps up to ``prefetch``
@@ -109,6 +109,12 @@ def _checked_update(ids: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]:
             f"priority {bad[0]} is {values[bad[0]]!r}; priorities must be finite and >= 0"
         )
     return id_array.copy(), values.copy()
+
+
+def _check_count(name: str, value: Any, least: int, what: str) -> None:
+    """Raise ValueError unless ``value`` is an integer (not a bool) of at least ``least``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
 
 
 class _Failed:
@@ -458,24 +464,9 @@ class Prefetcher:
         max_batches: int | None = None,
         **sample_kwargs: Any,
     ) -> None:
-        if (
-            isinstance(batch_size, bool)
-            or not isinstance(batch_size, (int, np.integer))
-            or (batch_size <= 0)
-        ):
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if (
-            isinstance(prefetch, bool)
-            or not isinstance(prefetch, (int, np.integer))
-            or (prefetch < 0)
-        ):
-            raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
-        if (
-            isinstance(draw_threads, bool)
-            or not isinstance(draw_threads, (int, np.integer))
-            or (draw_threads < 1)
-        ):
-            raise ValueError(f"draw_threads must be an integer >= 1, got {draw_threads!r}")
+        _check_count("batch_size", batch_size, 1, "a positive integer")
+        _check_count("prefetch", prefetch, 0, "an integer >= 0")
+        _check_count("draw_threads", draw_threads, 1, "an integer >= 1")
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
         if max_batches is not None and (

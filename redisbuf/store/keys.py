@@ -67,6 +67,11 @@ def validate_name(name: str) -> str:
     return name
 
 
+def storable(ids: np.ndarray) -> np.ndarray:
+    """Which of ``ids`` (int64) an item can have: 1 .. 10^12 - 1, what ID_WIDTH digits hold."""
+    return (ids >= 1) & (ids < 10**ID_WIDTH)
+
+
 def format_id(item_id: int) -> bytes:
     return b"%012d" % item_id
 
