@@ -304,3 +304,59 @@ def test_a_draw_whose_chunks_were_freed_before_its_read_is_drawn_again(client, m
     # items left is served (as Reverb's sample holds its item's chunks)
     assert [i.key for i in step_reads.sample(store, table, 2)] == [3, 4]
     assert len(table) == 2
+
+
+def test_a_batch_holds_its_items_columns_and_reverbs_sample_info(client):
+    store = StepStore(client, "s")
+    table = store.table("t", capacity=10, max_use=2, sampler=FifoSampler(successive=True))
+    # chunks of 3 steps and items of 4: every item's first column spans two chunks
+    with store.writer(num_keep_alive_refs=4, chunk_length=3) as writer:
+        refs = [writer.append(step(t)) for t in range(3)]
+        for t in range(3, 6):
+            refs.append(writer.append(step(t)))
+            writer.create_item("t", 5.0 + t, [[r[0] for r in refs[-4:]], [refs[-1][1]]],
+                               [False, True])
+    batch = step_reads.sample_batch(store, table, 4)
+    assert batch.keys.tolist() == [1, 1, 2, 2]
+    assert batch.times_sampled.tolist() == [1, 2, 1, 2]
+    assert batch.table_sizes.tolist() == [3, 3, 2, 2]  # before each removal
+    assert batch.priorities.tolist() == [8.0, 8.0, 9.0, 9.0]
+    assert batch.probabilities.tolist() == [1.0] * 4
+    assert batch.items is None and len(batch.columns) == 2
+    observations, actions = batch.columns
+    assert observations.shape == (4, 4, 3) and observations.dtype == np.float32
+    assert observations[:, :, 0].tolist() == [[0, 1, 2, 3]] * 2 + [[1, 2, 3, 4]] * 2
+    assert actions.shape == (4,) and actions.dtype == np.int64
+    assert actions.tolist() == [3, 3, 4, 4]
+    observations[0, 0, 0] = -1.0  # the batch's own arrays: writable, sharing nothing
+    assert step_reads.sample_batch(store, table, 1).columns[0][0, 0, 0] == 2.0
+
+
+def test_a_batch_of_items_that_differ_in_length_keeps_them_apart(client):
+    store = StepStore(client, "s")
+    table = store.table("t", capacity=10, max_use=1, sampler=FifoSampler(successive=True))
+    with store.writer(num_keep_alive_refs=3) as writer:
+        refs = [writer.append(step(t)) for t in range(3)]
+        writer.create_item("t", 1.0, [[r[0] for r in refs[:2]]], [False])
+        writer.create_item("t", 1.0, [[r[0] for r in refs]], [False])
+    batch = step_reads.sample_batch(store, table, 2)
+    assert batch.columns is None
+    assert [item.columns[0][:, 0].tolist() for item in batch.items] == [[0, 1], [0, 1, 2]]
+    assert [item.times_sampled for item in batch.items] == [1, 1]
+
+
+def test_a_uniform_batch_reports_one_over_the_table_size(client):
+    from redisbuf import UniformSampler
+
+    store = StepStore(client, "s")
+    table = store.table("t", capacity=10, sampler=UniformSampler())
+    with store.writer(num_keep_alive_refs=1) as writer:
+        for t in range(4):
+            writer.create_item("t", 1.0, [[writer.append(step(t))[0]]], [True])
+    batch = step_reads.sample_batch(store, table, 64)
+    assert batch.probabilities.tolist() == [0.25] * 64
+    assert batch.table_sizes.tolist() == [4] * 64
+    for key in set(batch.keys.tolist()):  # the j-th draw of an item reports j
+        assert batch.times_sampled[batch.keys == key].tolist() == list(
+            range(1, int((batch.keys == key).sum()) + 1))
+    assert sorted(set(batch.columns[0][:, 0].tolist())) <= [0.0, 1.0, 2.0, 3.0]

@@ -17,7 +17,6 @@ draw, or, for an item the draw itself removed, the one it was inserted with.
 
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -120,13 +119,15 @@ class _Fetched:
     uses: list[Any]
     size_after: int
     max_use: int | None
+    complete: bool = False  # every chunk the records name was read
 
 
 def _fetch(store: StepStore, table: ReplayBuffer, draw: Draw) -> _Fetched:
     records = [store.record(blob) for blob in draw.blobs]
     ids = [format_id(i) for i in draw.ids]
     pipe = table.client.pipeline(transaction=False)
-    chunks = store.chunks_into(pipe, (key for record in records for key in record.chunks))
+    named = {key: None for record in records for key in record.chunks}
+    chunks = store.chunks_into(pipe, named)
     pipe.hmget(table.keys.uses, ids)
     pipe.zcard(table.keys.order)
     pipe.hmget(table.keys.meta, "max_use", "mass")
@@ -139,44 +140,55 @@ def _fetch(store: StepStore, table: ReplayBuffer, draw: Draw) -> _Fetched:
         priorities = list(draw.priorities)
     elif mass == b"per":
         priorities = table.priorities(draw.ids, follow=True).tolist()
-    return _Fetched(records, chunks(read), priorities, uses, int(size_after),
-                    int(max_use) if max_use is not None else None)
+    found = chunks(read)
+    return _Fetched(records, found, priorities, uses, int(size_after),
+                    int(max_use) if max_use is not None else None, len(found) == len(named))
 
 
 def _info(table: ReplayBuffer, draw: Draw, fetched: _Fetched
-          ) -> tuple[list[float], list[int], list[float], list[int]]:
-    """Each draw's probability, table size, priority and times sampled."""
-    ids, uses, max_use = draw.ids, fetched.uses, fetched.max_use
-    counts = collections.Counter(ids)
-    last_at = {item: position for position, item in enumerate(ids)}
-    removals_after = np.zeros(len(ids) + 1, dtype=np.int64)  # what table_size adds back
+          ) -> tuple[np.ndarray, np.ndarray, list[float], np.ndarray]:
+    """Each draw's probability, table size, priority and times sampled (arrays, but the
+    priorities)."""
+    ids = np.asarray(draw.ids, dtype=np.int64)
+    n = len(ids)
+    # each draw's place among the draws of its id (1 = first) and how many there are
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
+    new_id = np.empty(n, dtype=bool)
+    new_id[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new_id[1:])
+    starts = np.flatnonzero(new_id)
+    group = np.cumsum(new_id) - 1
+    seen, counts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    seen[order] = np.arange(n) - starts[group] + 1
+    counts[order] = np.diff(np.append(starts, n))[group]
+    uses = np.array([-1 if u is None else int(u) for u in fetched.uses], dtype=np.int64)
+    removed = uses < 0  # no use count left: this draw removed the item (max_use)
+    max_use = fetched.max_use
+    sizes = np.full(n, fetched.size_after, dtype=np.int64)
     if max_use is not None:
-        for item, count in zip(ids, uses, strict=True):
-            if count is None:
-                removals_after[: last_at[item] + 1] += 1
-                last_at[item] = -1  # counted once
-    sizes = (removals_after[: len(ids)] + fetched.size_after).tolist()
+        # an item the draw removed was in the table for the draws up to its last one
+        last_of_removed = (removed & (seen == counts)).astype(np.int64)
+        sizes += np.cumsum(last_of_removed[::-1])[::-1]
     sampler = table.sampler
     if draw.probabilities is not None and isinstance(sampler, (PERSampler,
                                                                PrioritizedSampler)):
-        probabilities = np.asarray(draw.probabilities, dtype=np.float64).tolist()
+        probabilities = np.asarray(draw.probabilities, dtype=np.float64)
     elif isinstance(sampler, UniformSampler):
-        probabilities = [1.0 / max(size, 1) for size in sizes]
+        probabilities = 1.0 / np.maximum(sizes, 1)
     else:
-        probabilities = [1.0] * len(ids)
+        probabilities = np.ones(n, dtype=np.float64)
     priorities = [float(p) if p is not None and p == p else record.priority
                   for p, record in zip(fetched.priorities, fetched.records, strict=True)]
-    seen: collections.Counter[int] = collections.Counter()
-    times = []
-    for item, count in zip(ids, uses, strict=True):
-        seen[item] += 1
-        total = int(count) if count is not None else (max_use or counts[item])
-        times.append(total - counts[item] + seen[item])
+    totals = np.where(removed, max_use if max_use else counts, uses)
+    times = totals - counts + seen
     return probabilities, sizes, priorities, times
 
 
 def _present(draw: Draw, fetched: _Fetched) -> list[int]:
     """The positions of the drawn items whose chunks were all read."""
+    if fetched.complete:
+        return list(range(len(fetched.records)))
     return [i for i, record in enumerate(fetched.records)
             if all(key in fetched.chunks for key in record.chunks)]
 
@@ -193,7 +205,8 @@ def sample(store: StepStore, table: ReplayBuffer, n: int, timeout: float | None 
     for _ in range(_MISSING_ATTEMPTS):
         draw = _draw(table, n - len(out), timeout)
         fetched = _fetch(store, table, draw)
-        probabilities, sizes, priorities, times = _info(table, draw, fetched)
+        chances, table_sizes, priorities, uses = _info(table, draw, fetched)
+        probabilities, sizes, times = chances.tolist(), table_sizes.tolist(), uses.tolist()
         present = _present(draw, fetched)
         for i in present:
             record = fetched.records[i]
@@ -241,8 +254,9 @@ def sample_batch(store: StepStore, table: ReplayBuffer, n: int,
     columns = _gather(fetched.records, fetched.chunks)
     items = None
     if columns is None:
-        items = [SampledItem(int(draw.ids[i]), probabilities[i], sizes[i], priorities[i],
-                             times[i], assemble(r, fetched.chunks), r.episode)
+        items = [SampledItem(int(draw.ids[i]), float(probabilities[i]), int(sizes[i]),
+                             priorities[i], int(times[i]), assemble(r, fetched.chunks),
+                             r.episode)
                  for i, r in enumerate(fetched.records)]
     return SampledBatch(np.asarray(draw.ids, dtype=np.uint64),
                         np.asarray(probabilities, dtype=np.float64),
@@ -252,40 +266,30 @@ def sample_batch(store: StepStore, table: ReplayBuffer, n: int,
 
 
 def _gather(records: list[ItemRecord], chunks: dict[str, Chunk]) -> list[np.ndarray] | None:
-    """Each flat column of every record stacked, copied run by run from the chunks into
-    one array per column; None when the records' columns differ (in number, source
-    column, length, squeezing, or cell dtype and shape)."""
-    first = records[0]
-    width = len(first.columns)
-    if any(len(record.columns) != width for record in records):
+    """Each flat column of every record stacked: the bytes of the runs' cells joined,
+    one copy per column; None when the records' columns differ (in number, source
+    column, rows or squeezing: :attr:`ItemRecord.layout`) or the cells a column reads
+    differ in dtype or cell shape from chunk to chunk."""
+    layout = records[0].layout
+    if any(record.layout != layout for record in records):
         return None
     out = []
-    for position in range(width):
-        model = first.columns[position]
-        length = sum(rows for _, _, rows in model.runs)
-        source = model.column
-        copies: list[tuple[int, int, np.ndarray, int, int]] = []  # item, at, cells, start, n
-        kind: tuple[Any, ...] | None = None
-        for j, record in enumerate(records):
-            column = record.columns[position]
-            if column.column != source or column.squeeze != model.squeeze:
-                return None
-            at = 0
-            for index, start, rows in column.runs:
-                cells = chunks[record.chunks[index]].columns[source]
-                if kind is None:
-                    kind = (cells.dtype, cells.shape[1:])
-                elif cells.dtype != kind[0] or cells.shape[1:] != kind[1]:
-                    return None
-                copies.append((j, at, cells, start, rows))
-                at += rows
-            if at != length:
-                return None
-        assert kind is not None
-        stacked = np.empty((len(records), length, *kind[1]), dtype=kind[0])
-        for j, at, cells, start, rows in copies:
-            stacked[j, at : at + rows] = cells[start : start + rows]
-        out.append(stacked[:, 0] if model.squeeze else stacked)
+    for position, (source, squeeze, length) in enumerate(layout):
+        parts: list[memoryview] = []
+        kinds: set[str] = set()
+        for record in records:
+            keys = record.chunks
+            for index, start, rows in record.columns[position].runs:
+                view, width, kind = chunks[keys[index]].raw_rows[source]
+                parts.append(view[start * width : (start + rows) * width])
+                kinds.add(kind)
+        if len(kinds) != 1:  # bytes of several kinds do not join (or no cell at all)
+            return None
+        first = chunks[records[0].chunks[records[0].columns[position].runs[0][0]]]
+        model = first.columns[source]
+        stacked = np.frombuffer(bytearray().join(parts), dtype=model.dtype).reshape(
+            len(records), length, *model.shape[1:])
+        out.append(stacked[:, 0] if squeeze else stacked)
     return out
 
 
