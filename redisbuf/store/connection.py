@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import redis
 import redis.cluster
+from hiredis import pack_command
 from redis.connection import (
     HIREDIS_AVAILABLE,
     Encoder,
@@ -49,14 +50,32 @@ class RespPacker:
             if HIREDIS_AVAILABLE
             else PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
         )
+        self._direct = pack_command if HIREDIS_AVAILABLE else None
 
     def pack(self, *args: Any) -> list[bytes]:
         size = 0
+        views = False  # redis-py's packer turns bytearrays and memoryviews into bytes
         for arg in args:
-            if isinstance(arg, (bytes, bytearray, memoryview)):
+            if type(arg) is bytes:
                 size += len(arg)
+            elif isinstance(arg, (bytearray, memoryview)):
+                size += len(arg)
+                views = True
         if size < self.LARGE:
-            return self._small.pack(*args)
+            if views or self._direct is None:
+                return self._small.pack(*args)
+            # hiredis directly, as redis-py's packer does once its own pass over the
+            # arguments finds nothing to convert: a command of many small arguments (an
+            # HMGET of a batch's ids) costs one pass, not two
+            head = args[0]
+            if isinstance(head, str):
+                args = (*head.encode().split(), *args[1:])
+            elif b" " in head:
+                args = (*head.split(), *args[1:])
+            try:
+                return [self._direct(args)]
+            except TypeError:  # what redis-py's packer raises for it
+                return self._small.pack(*args)
         if isinstance(args[0], str):
             args = (*args[0].encode().split(), *args[1:])
         parts: list[Any] = [b"*%d\r\n" % len(args)]
