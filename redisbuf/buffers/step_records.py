@@ -11,8 +11,8 @@ first row, rows)`` of the cells it takes, in order, and whether the column is sq
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -34,31 +34,38 @@ def decode_array(value: list[Any]) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape)
 
 
+#: a column's cells as bytes: (their bytes in C order, the bytes of one cell, their kind:
+#: dtype and cell shape as text)
+RawCells = tuple[memoryview, int, str]
+
+
+def raw_cells(cells: np.ndarray) -> RawCells:
+    """``cells`` as :data:`RawCells`."""
+    cells = np.ascontiguousarray(cells)
+    return (cells.data.cast("B"), cells.dtype.itemsize * math.prod(cells.shape[1:]),
+            f"{cells.dtype.str}{cells.shape[1:]}")
+
+
 @dataclass
 class Chunk:
-    """Decoded chunk: its episode, and by column index its stacked cells and (as raw
-    int64 bytes, see :meth:`steps_of`) the steps they belong to."""
+    """Decoded chunk: its episode, and by column index its stacked cells, (as raw int64
+    bytes, see :meth:`steps_of`) the steps they belong to, and the cells as bytes
+    (``raw_rows``: slicing bytes costs a fraction of slicing an array, which a batch's
+    gather does once per run of cells; made from ``columns`` when not given)."""
 
     episode: int
     columns: dict[int, np.ndarray]
     steps: dict[int, bytes]
+    raw_rows: dict[int, RawCells] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for column, cells in self.columns.items():
+            if column not in self.raw_rows:
+                self.raw_rows[column] = raw_cells(cells)
 
     def steps_of(self, column: int) -> np.ndarray:
         """The steps of ``column``'s cells, ascending."""
         return np.frombuffer(self.steps[column], dtype="<i8")
-
-    @cached_property
-    def raw_rows(self) -> dict[int, tuple[memoryview, int, str]]:
-        """By column index, its cells' bytes (C order), the bytes of one cell, and the
-        cells' kind (dtype and cell shape, as text): slicing bytes costs a fraction of
-        slicing an array, which a batch's gather does per run."""
-        out = {}
-        for column, cells in self.columns.items():
-            cells = np.ascontiguousarray(cells)
-            out[column] = (cells.data.cast("B"),
-                           cells.dtype.itemsize * int(np.prod(cells.shape[1:])),
-                           f"{cells.dtype.str}{cells.shape[1:]}")
-        return out
 
 
 _DTYPES: dict[str, np.dtype] = {}
@@ -74,14 +81,17 @@ def encode_chunk(episode: int, columns: dict[int, tuple[list[int], np.ndarray]])
 def decode_chunk(blob: bytes) -> Chunk:
     try:
         record = msgpack.unpackb(blob, raw=False)
-        columns, steps = {}, {}
+        columns, steps, raw_rows = {}, {}, {}
         for col, raw_steps, dtype, shape, raw in record["c"]:
             known = _DTYPES.get(dtype)
             if known is None:
                 known = _DTYPES[dtype] = np.dtype(dtype)
-            columns[col] = np.frombuffer(raw, dtype=known).reshape(shape)
+            cells = columns[col] = np.frombuffer(raw, dtype=known).reshape(shape)
             steps[col] = raw_steps
-        return Chunk(int(record["e"]), columns, steps)
+            # the blob's bytes are the cells' (C order, as encode_array wrote them)
+            raw_rows[col] = (memoryview(raw), cells.itemsize * math.prod(cells.shape[1:]),
+                             f"{known.str}{cells.shape[1:]}")
+        return Chunk(int(record["e"]), columns, steps, raw_rows)
     except Exception as exc:  # noqa: BLE001 - any malformed chunk is a DecodeError
         raise DecodeError(f"a chunk of steps does not decode: {type(exc).__name__}: {exc}") \
             from exc
@@ -106,14 +116,13 @@ class ItemRecord:
     chunks: list[str]
     columns: list[ItemColumn]
     priority: float = 0.0
+    #: each flat column's source column, whether it is squeezed, and its rows: items of
+    #: one layout stack column by column (worked out once per decoded record)
+    layout: tuple[tuple[int, bool, int], ...] = field(init=False, repr=False)
 
-    @cached_property
-    def layout(self) -> tuple[tuple[int, bool, int], ...]:
-        """Each flat column's source column, whether it is squeezed, and its rows: items
-        of one layout stack column by column (records are kept decoded, so this is
-        worked out once per record)."""
-        return tuple((c.column, c.squeeze, sum(rows for _, _, rows in c.runs))
-                     for c in self.columns)
+    def __post_init__(self) -> None:
+        self.layout = tuple((c.column, c.squeeze, sum(rows for _, _, rows in c.runs))
+                            for c in self.columns)
 
 
 def encode_item(episode: int, chunks: list[str], columns: list[ItemColumn],
