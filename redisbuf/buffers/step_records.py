@@ -39,29 +39,17 @@ def decode_array(value: list[Any]) -> np.ndarray:
 RawCells = tuple[memoryview, int, str]
 
 
-def raw_cells(cells: np.ndarray) -> RawCells:
-    """``cells`` as :data:`RawCells`."""
-    cells = np.ascontiguousarray(cells)
-    return (cells.data.cast("B"), cells.dtype.itemsize * math.prod(cells.shape[1:]),
-            f"{cells.dtype.str}{cells.shape[1:]}")
-
-
 @dataclass
 class Chunk:
     """Decoded chunk: its episode, and by column index its stacked cells, (as raw int64
     bytes, see :meth:`steps_of`) the steps they belong to, and the cells as bytes
     (``raw_rows``: slicing bytes costs a fraction of slicing an array, which a batch's
-    gather does once per run of cells; made from ``columns`` when not given)."""
+    gather does once per run of cells)."""
 
     episode: int
     columns: dict[int, np.ndarray]
     steps: dict[int, bytes]
-    raw_rows: dict[int, RawCells] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for column, cells in self.columns.items():
-            if column not in self.raw_rows:
-                self.raw_rows[column] = raw_cells(cells)
+    raw_rows: dict[int, RawCells]
 
     def steps_of(self, column: int) -> np.ndarray:
         """The steps of ``column``'s cells, ascending."""

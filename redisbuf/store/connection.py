@@ -53,6 +53,8 @@ class RespPacker:
         self._direct = pack_command if HIREDIS_AVAILABLE else None
 
     def pack(self, *args: Any) -> list[bytes]:
+        if isinstance(args[0], str):  # a command of two words given as one ("CLIENT ID")
+            args = (*args[0].encode().split(), *args[1:])
         size = 0
         views = False  # redis-py's packer turns bytearrays and memoryviews into bytes
         for arg in args:
@@ -67,17 +69,12 @@ class RespPacker:
             # hiredis directly, as redis-py's packer does once its own pass over the
             # arguments finds nothing to convert: a command of many small arguments (an
             # HMGET of a batch's ids) costs one pass, not two
-            head = args[0]
-            if isinstance(head, str):
-                args = (*head.encode().split(), *args[1:])
-            elif b" " in head:
-                args = (*head.split(), *args[1:])
+            if b" " in args[0]:
+                args = (*args[0].split(), *args[1:])
             try:
                 return [self._direct(args)]
             except TypeError:  # what redis-py's packer raises for it
                 return self._small.pack(*args)
-        if isinstance(args[0], str):
-            args = (*args[0].encode().split(), *args[1:])
         parts: list[Any] = [b"*%d\r\n" % len(args)]
         append = parts.append
         for arg in args:
