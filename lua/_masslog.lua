@@ -118,17 +118,19 @@ local function joined(list)
   return table.concat(list, ',')
 end
 
--- Append one entry of kind `kind` ("C" or "U") with `rows` rows (at least one), `body` its
--- fields after the stamp, while prioritized sampling is on (the caller checks masslog_on
--- before it builds the body); a change of more rows than one reply may carry starts a
--- new epoch instead (every replica reads everything again, in slices of bounded cost).
-local function masslog_push(K, kind, rows, body)
+-- Append one entry of kind `kind` ("C", "U" or "V") with `rows` rows (at least one), its
+-- fields after the stamp the strings `...` back to back (joined once: an entry is a few
+-- KiB), while prioritized sampling is on (the caller checks masslog_on before it builds
+-- the body); a change of more rows than one reply may carry starts a new epoch instead
+-- (every replica reads everything again, in slices of bounded cost). Returns {the log's
+-- version, its stamp} after the append, or nil after a new epoch.
+local function masslog_push(K, kind, rows, ...)
   -- more than one reply carries: read everything again (not under log_truth, where the
   -- log is the priorities: such an entry is one reply on its own; no bounded command
   -- writes one)
   if rows > MASSLOG_REPLY_ROWS and redis.call('HGET', K.meta, 'log_truth') ~= '1' then
     masslog_reset(K)
-    return
+    return nil
   end
   local conf = redis.call('HMGET', K.meta, 'log_version', 'log_first', 'log_ids', 'capacity',
     'log_pins', 'log_truth', 'snap_epoch', 'snap_version', 'log_epoch')
@@ -140,7 +142,7 @@ local function masslog_push(K, kind, rows, body)
   local version, first = tonumber(conf[1]) + 1, tonumber(conf[2])
   local held = tonumber(conf[3]) + rows
   local stamp = new_stamp(version)
-  local length = redis.call('RPUSH', K.masslog, kind .. '|' .. rows .. '|' .. stamp .. '|' .. body)
+  local length = redis.call('RPUSH', K.masslog, table.concat({kind, '|', rows, '|', stamp, '|', ...}))
   local limit = math.max(MASSLOG_MIN_IDS, math.floor((tonumber(conf[4]) or 0) / 4))
   local pin = nil  -- the lowest version a live pin keeps the entries after
   if conf[5] then
@@ -162,6 +164,7 @@ local function masslog_push(K, kind, rows, body)
   end
   redis.call('HSET', K.meta, 'log_version', version, 'log_first', first, 'log_ids', held,
     'log_stamp', stamp)
+  return {tostring(version), stamp}
 end
 
 -- Append one C entry for rows ids (strings) with old and new scores (lists of text, or
@@ -232,6 +235,15 @@ end
 -- negative number (-0.0 too), an infinity or a NaN has its high word at or above
 -- 0x7FF00000, the high word of +inf. One pass, no number built per value.
 local PLUS_INF_HIGH = 2146435072  -- 0x7FF00000
+-- Whether the first byte of each `width`-byte field of `packed` is below `bound`: for
+-- big-endian doubles and bound 127, each is finite, >= 0 (no sign bit) and below 2^1008.
+local function all_first_bytes_below(packed, width, bound)
+  local byte = string.byte
+  for i = 1, #packed, width do
+    if byte(packed, i) >= bound then return false end
+  end
+  return true
+end
 local function largest_double(packed, k)
   local byte = string.byte
   local top, high, low = 0, -1, -1

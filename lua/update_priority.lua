@@ -1,7 +1,6 @@
 -- Set PER priorities: one bounded append to the mass log, atomically for the whole call.
 -- @include common
 -- @include masslog
--- @include items
 -- @keys 13
 -- @retry never
 -- KEYS[1] meta  KEYS[2..] the buffer's other keys, in BufferKeys.all_keys() order
@@ -9,10 +8,15 @@
 --   back to back, or big-endian 64-bit integers, 8 bytes each (binary: told apart by
 --   being as long as ARGV[2])  ARGV[2] their priorities: k IEEE 754 doubles, 8 bytes each,
 --   big-endian
--- ARGV[3..5] optional: the log_epoch, log_version and log_stamp of the caller's replica
---   (redisbuf/sampling/replica.py): when the log was not at that version, the reply also
---   carries the entries after it (masslog_behind), this call's last, so that the replica
---   catches up and applies this change itself.
+-- ARGV[3..5] optional ('' or absent: none): the log_epoch, log_version and log_stamp of the
+--   caller's replica (redisbuf/sampling/replica.py): when the log was not at that version,
+--   the reply also carries the entries after it (masslog_behind), this call's last, so
+--   that the replica catches up and applies this change itself.
+-- ARGV[6] optional: the position (1 .. k) of the largest priority, as the caller found it.
+--   The server then checks the priorities with one byte of each (a first byte below 0x7F
+--   is a finite double >= 0 below 2^1008, far above any priority a mass holds) instead of
+--   comparing all eight to find the largest; a wrong position raises the running max less
+--   (to one of this call's own priorities), never above them.
 -- The server does no per-id work (no lookup of the ids, whatever the buffer's size): it
 -- checks the lengths, that text ids are digits (binary ones need no check: a number
 -- that is no stored item's id is skipped like an evicted one) and that every priority is
@@ -55,14 +59,21 @@ if #packed ~= 8 * k then
   return fail('RB_INVALID', #packed .. ' bytes of priorities for ' .. k
     .. ' ids (8 bytes each: big-endian IEEE 754 doubles)')
 end
+local pushed  -- {log_version, log_stamp} after this call's append (masslog_push)
 local function reply(entries)
-  local after = redis.call('HMGET', K.meta, 'log_version', 'log_stamp')
+  local after = pushed or redis.call('HMGET', K.meta, 'log_version', 'log_stamp')
   local out = {conf[3] or '', conf[4] or '0', after[1] or '0', conf[5] or '', after[2] or ''}
   for i = 5, #entries do out[#out + 1] = entries[i] end
   return out
 end
 if k == 0 then return reply({}) end
-local top, valid = largest_double(packed, k)
+local top, valid
+local hint = tonumber(ARGV[6] or '')
+if hint and hint >= 1 and hint <= k and hint == math.floor(hint) then
+  top, valid = hint, all_first_bytes_below(packed, 8, 127)
+else
+  top, valid = largest_double(packed, k)
+end
 if not valid then  -- the slow path, rare: name the first bad value; -0.0 is 0
   local fixed = {}
   for i = 1, k do
@@ -104,9 +115,9 @@ if conf[7] == '1' or conf[7] == 'b' then  -- the priority heap: each id, O(log n
     end
   end
 end
-masslog_push(K, binary and 'V' or 'U', k, ids .. packed)
+pushed = masslog_push(K, binary and 'V' or 'U', k, ids, packed)
 notify_changed(K.meta)  -- a sampler blocked on zero mass wakes (redisbuf/sampling/waiting.py)
-if ARGV[3] and not (ARGV[3] == conf[3] and ARGV[4] == conf[4] and ARGV[5] == conf[5]) then
+if ARGV[3] and ARGV[3] ~= '' and not (ARGV[3] == conf[3] and ARGV[4] == conf[4] and ARGV[5] == conf[5]) then
   return reply(masslog_behind(K, ARGV[3], tonumber(ARGV[4]) or 0, ARGV[5] or ''))
 end
 return reply({})

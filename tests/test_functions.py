@@ -222,6 +222,41 @@ def test_rb_update_priority_moves_the_python_samplers_draws(client, buffer_name,
         b"7", b"5", b"0", None]
 
 
+def test_rb_update_priority_with_the_largest_position(client, buffer_name):
+    """ARGV[6], the position of the largest priority (what the Python client sends): the
+    server checks one byte of each priority instead of finding the largest, with the same
+    refusals; a wrong position raises the running max only to that position's priority;
+    one out of range is ignored."""
+    buffer = ReplayBuffer(client, buffer_name, capacity=10, sampler=PERSampler(alpha=1.0))
+    buffer.add(_batch(4), priorities=[0.5] * 4)
+    keys = buffer.keys.all_keys()
+
+    def update(priorities, largest, ids=(1, 2, 3)):
+        args = _update_args(list(ids), priorities, "binary")
+        return client.fcall("rb_update_priority", len(keys), *keys, *args, "", "", "",
+                            largest)
+
+    def running_max():
+        return float(client.hget(buffer.keys.meta, "per_max"))
+
+    reply = update([1.0, 3.0, 2.0], 2)
+    assert int(reply[2]) == int(reply[1]) + 1 and len(reply) == 5  # '' is no replica
+    assert running_max() == 3.0
+    update([4.0, 9.0, 6.0], 1)  # a wrong position: one of the call's own, not above
+    assert running_max() == 4.0
+    for position in (0, 4, "x"):  # ignored: the server finds the largest
+        update([5.0, 7.0, 8.0 + (position == "x")], position)
+    assert running_max() == 9.0
+    update([1e305, 1.0, -0.0], 3)  # a first byte of 0x7F or 0x80: checked in full
+    assert running_max() == 1e305
+    assert buffer.sample_with_info(4, replacement=True).ids.tolist() == [1] * 4
+    before = _snapshot(client, buffer_name)
+    for bad in (-1.0, np.nan, np.inf, -np.inf):
+        with pytest.raises(redis.exceptions.ResponseError, match="RB_INVALID priority 1"):
+            update([1.0, bad, 2.0], 3)
+    assert _snapshot(client, buffer_name) == before
+
+
 def test_rb_priority_reads_the_log_then_the_snapshot(client, buffer_name):
     """rb_priority answers every item's current priority from where the priorities are:
     the newest entry naming it, else the snapshot behind the log, else the epoch's base

@@ -293,7 +293,10 @@ export class ReplayBuffer {
     // the ids as big-endian 64-bit integers (binary: the server checks none)
     const packedIds = Buffer.alloc(8 * ids.length);
     ids.forEach((id, i) => packedIds.writeBigInt64BE(BigInt(id), 8 * i));
-    await this.#call('rb_update_priority', this.keys, [packedIds, packed]);
+    // the largest's position (1-based): the server then checks one byte of each priority
+    let largest = 0;
+    priorities.forEach((p, i) => { if (!(p <= priorities[largest])) largest = i; });
+    await this.#call('rb_update_priority', this.keys, [packedIds, packed, '', '', '', String(largest + 1)]);
     return null;
   }
 

@@ -97,13 +97,16 @@ class Prioritizing(_PrioritizingNeeds):
         (None without one)."""
         if not len(ids):
             return 0 if replica is not None else None
+        # the largest's position lets the server check one byte of each priority
+        # (lua/update_priority.lua ARGV[6])
         args: list[Any] = [ids.astype(">i8").tobytes(), values.astype(">f8").tobytes()]
+        largest = int(values.argmax()) + 1
         if replica is None:
-            self._run("update_priority", self.keys.all_keys(), args)
+            self._run("update_priority", self.keys.all_keys(), [*args, "", "", "", largest])
             return None
         with replica.lock:
             sent = (replica.epoch, replica.version, replica.stamp)
-        reply = self._run("update_priority", self.keys.all_keys(), [*args, *sent])
+        reply = self._run("update_priority", self.keys.all_keys(), [*args, *sent, largest])
         return replica.apply_update(self.view, reply, ids, values, sent)
 
 
@@ -115,6 +118,8 @@ def _per_priorities(priorities: Any, n: int) -> np.ndarray:
         raise InvalidBatchError(f"priorities must be numbers: {exc}") from None
     if len(values) != n:
         raise InvalidBatchError(f"{len(values)} priorities for {n} items")
+    if not n or (values.min() >= 0 and values.max() < np.inf):  # false for NaN
+        return values
     bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
     if len(bad):
         raise InvalidBatchError(
