@@ -1,11 +1,18 @@
 -- Free the chunks of a step store (redisbuf/buffers/steps.py) that no item references
--- any longer, a bounded number of chunks a call: the oldest ones, the ones after the
--- sweep's cursor (which cycles through every chunk) and those found unreferenced at
--- least a grace period ago. A chunk is referenced while one of the items its refs name
+-- any longer, a bounded number of chunks a call: those after the sweep's front (the
+-- oldest chunks not yet found unreferenced) up to the first one still referenced, the
+-- ones after its cursor (which cycles through every chunk) and those found unreferenced
+-- at least a grace period ago. A chunk is referenced while one of the items its refs name
 -- ("I:ID", the newest first) is in buffer I's items hash. One found unreferenced is
 -- marked (dead: server ms) and freed at a later call once the grace period has passed
 -- and it is still unreferenced, so that a sampler that drew an item just before it left
 -- still finds its chunks when it reads them; referenced again, it is unmarked.
+-- The front moves past each chunk it finds unreferenced and stops at a referenced one:
+-- chunks mostly leave oldest first (FIFO removal), so each is looked at there once,
+-- where the oldest k of every call were looked at again and again while they were
+-- referenced, or marked and waiting out their grace period. A chunk left behind the
+-- front (referenced again, or one that stays referenced while newer ones leave) is the
+-- cursor's to find.
 -- @include common
 -- @keys 6..
 -- @retry safe
@@ -24,39 +31,28 @@ if registered ~= T or #KEYS ~= 6 + T then return {-1, registered} end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 
-local candidates, seen = {}, {}
-local function take(list)
-  for _, chunk in ipairs(list) do
-    if not seen[chunk] then
-      seen[chunk] = true
-      candidates[#candidates + 1] = chunk
-    end
-  end
-end
-take(redis.call('ZRANGE', S.order, 0, k - 1))
-local cursor = tonumber(redis.call('HGET', S.meta, 'sweep_cursor')) or 0
-local after = redis.call('ZRANGEBYSCORE', S.order, '(' .. cursor, '+inf', 'WITHSCORES',
-  'LIMIT', 0, k)
-local next_cursor = 0
-for j = 1, #after, 2 do take({after[j]}) end
-if #after == 2 * k then next_cursor = tonumber(after[#after]) end
-redis.call('HSET', S.meta, 'sweep_cursor', next_cursor)
-take(redis.call('ZRANGEBYSCORE', S.dead, '-inf', now_ms - grace, 'LIMIT', 0, k))
+local seen, examined, freed = {}, 0, 0
 
-local freed = 0
-for _, chunk in ipairs(candidates) do
+-- whether an item chunk's refs name is still in its buffer
+local function referenced(chunk)
   local text = redis.call('HGET', S.refs, chunk) or ''
   local words = {}
   for word in string.gmatch(text, '%S+') do words[#words + 1] = word end
-  local alive = false
   for j = #words, 1, -1 do
     local index, id = string.match(words[j], '^(%d+):(%d+)$')
     local key = index and KEYS[6 + tonumber(index)]
-    if key and redis.call('HEXISTS', key, id) == 1 then
-      alive = true
-      break
-    end
+    if key and redis.call('HEXISTS', key, id) == 1 then return true end
   end
+  return false
+end
+
+-- look at a chunk once a call: unmark it if referenced, else mark it or, marked a grace
+-- period ago, free it; returns whether it is referenced
+local function examine(chunk)
+  if seen[chunk] ~= nil then return seen[chunk] end
+  examined = examined + 1
+  local alive = referenced(chunk)
+  seen[chunk] = alive
   if alive then
     redis.call('ZREM', S.dead, chunk)
   else
@@ -71,6 +67,27 @@ for _, chunk in ipairs(candidates) do
       freed = freed + 1
     end
   end
+  return alive
+end
+
+local front = tonumber(redis.call('HGET', S.meta, 'sweep_front')) or 0
+local oldest = redis.call('ZRANGEBYSCORE', S.order, '(' .. front, '+inf', 'WITHSCORES',
+  'LIMIT', 0, k)
+for j = 1, #oldest, 2 do
+  if examine(oldest[j]) then break end
+  front = tonumber(oldest[j + 1])
+end
+redis.call('HSET', S.meta, 'sweep_front', front)
+
+local cursor = tonumber(redis.call('HGET', S.meta, 'sweep_cursor')) or 0
+local after = redis.call('ZRANGEBYSCORE', S.order, '(' .. cursor, '+inf', 'WITHSCORES',
+  'LIMIT', 0, k)
+for j = 1, #after, 2 do examine(after[j]) end
+redis.call('HSET', S.meta, 'sweep_cursor', #after == 2 * k and after[#after] or 0)
+
+for _, chunk in ipairs(redis.call('ZRANGEBYSCORE', S.dead, '-inf', now_ms - grace,
+    'LIMIT', 0, k)) do
+  examine(chunk)
 end
 if freed > 0 then redis.call('HINCRBY', S.meta, 'chunks_freed', freed) end
-return {#candidates, freed, redis.call('ZCARD', S.order), redis.call('ZCARD', S.dead)}
+return {examined, freed, redis.call('ZCARD', S.order), redis.call('ZCARD', S.dead)}

@@ -13,6 +13,7 @@ from redisbuf.buffers import step_checkpoint, step_reads
 from redisbuf.buffers.step_records import (
     ItemColumn,
     decode_chunk,
+    decode_item,
     encode_chunk,
     encode_item,
 )
@@ -101,6 +102,33 @@ def test_the_grace_period_keeps_chunks_found_unreferenced(client):
     assert chunk_count(store) == 3  # two unreferenced, kept for the grace period
     assert store.stats()["unreferenced"] == 2
     assert len(table) == 1
+
+
+def test_the_sweeps_front_passes_each_unreferenced_chunk_once_and_stops_at_a_referenced_one(
+        client):
+    store = StepStore(client, "s")
+    table = store.table("t", capacity=100)
+    with store.writer(num_keep_alive_refs=1, chunk_length=1) as writer:
+        for t in range(30):
+            writer.create_item("t", 1.0, [[writer.append(step(t))[0]]], [True])
+    order = [key.decode() for key, _ in client.zrange(store.keys.order, 0, -1,
+                                                       withscores=True)]
+    scores = dict(client.zrange(store.keys.order, 0, -1, withscores=True))
+
+    def front() -> float:
+        return float(client.hget(store.keys.meta, "sweep_front") or 0)
+
+    table.remove(np.arange(1, 21))  # the 20 oldest items: their chunks are unreferenced
+    fronts = []
+    for _ in range(5):
+        store.sweep(5, grace=3600)
+        fronts.append(front())
+    # five new chunks a call, in order, then it waits at chunk 21 (still referenced)
+    assert fronts == [scores[order[i].encode()] for i in (4, 9, 14, 19, 19)]
+    assert store.stats()["unreferenced"] == 20 and chunk_count(store) == 30
+    table.remove(np.array([21]))
+    store.sweep(5, grace=3600)
+    assert front() == scores[order[20].encode()]
 
 
 def test_a_sweep_never_frees_a_chunk_an_item_references(client):
@@ -360,3 +388,20 @@ def test_a_uniform_batch_reports_one_over_the_table_size(client):
         assert batch.times_sampled[batch.keys == key].tolist() == list(
             range(1, int((batch.keys == key).sum()) + 1))
     assert sorted(set(batch.columns[0][:, 0].tolist())) <= [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_decoded_record_and_chunk_are_immutable_and_hold_no_memoryview():
+    # the store's caches hand one decoded object to every thread: nothing in it may be
+    # altered in place, and it holds bytes, not memoryviews (which the collector visits)
+    record = decode_item(encode_item(7, ["w:0", "w:1"],
+                                     [ItemColumn(0, ((0, 1, 1), (1, 0, 1)), False),
+                                      ItemColumn(1, ((1, 0, 1),), True)], 0.5))
+    assert record.chunks == ("w:0", "w:1")
+    assert record.columns == ((0, ((0, 1, 1), (1, 0, 1)), False), (1, ((1, 0, 1),), True))
+    assert record.layout == ((0, False, 2), (1, True, 1))
+    assert all(type(part) is tuple for column in record.columns for part in (column, column[1]))
+    chunk = decode_chunk(encode_chunk(7, {0: ([3, 4], np.arange(6, dtype=np.float32)
+                                                       .reshape(2, 3))}))
+    raw, width, kind = chunk.raw_rows[0]
+    assert type(raw) is bytes and width == 12 and kind == "<f4(3,)"
+    assert np.frombuffer(raw[width:], dtype=np.float32).tolist() == [3.0, 4.0, 5.0]

@@ -266,29 +266,34 @@ def sample_batch(store: StepStore, table: ReplayBuffer, n: int,
 
 
 def _gather(records: list[ItemRecord], chunks: dict[str, Chunk]) -> list[np.ndarray] | None:
-    """Each flat column of every record stacked: the bytes of the runs' cells joined,
-    one copy per column; None when the records' columns differ (in number, source
-    column, rows or squeezing: :attr:`ItemRecord.layout`) or the cells a column reads
-    differ in dtype or cell shape from chunk to chunk."""
+    """Each flat column of every record stacked: the runs' cells (views of the chunks'
+    arrays) joined, one copy per column; None when the records' columns differ (in
+    number, source column, rows or squeezing: :attr:`ItemRecord.layout`) or the cells a
+    column reads differ in dtype or cell shape from chunk to chunk. Views, not bytes
+    slices: an array is no object the garbage collector tracks, and a batch makes one
+    per run (a memoryview, tracked, made collections run several times as often)."""
     layout = records[0].layout
     if any(record.layout != layout for record in records):
         return None
     out = []
     for position, (source, squeeze, length) in enumerate(layout):
-        parts: list[memoryview] = []
-        kinds: set[str] = set()
+        parts: list[np.ndarray] = []
+        append = parts.append
+        kind = None
         for record in records:
             keys = record.chunks
-            for index, start, rows in record.columns[position].runs:
-                view, width, kind = chunks[keys[index]].raw_rows[source]
-                parts.append(view[start * width : (start + rows) * width])
-                kinds.add(kind)
-        if len(kinds) != 1:  # bytes of several kinds do not join (or no cell at all)
+            for index, start, rows in record.columns[position][1]:
+                chunk = chunks[keys[index]]
+                cells_kind = chunk.raw_rows[source][2]
+                if kind is None:
+                    kind = cells_kind
+                elif cells_kind != kind:  # cells of several kinds do not join
+                    return None
+                append(chunk.columns[source][start : start + rows])
+        if kind is None:  # no cell at all
             return None
-        first = chunks[records[0].chunks[records[0].columns[position].runs[0][0]]]
-        model = first.columns[source]
-        stacked = np.frombuffer(bytearray().join(parts), dtype=model.dtype).reshape(
-            len(records), length, *model.shape[1:])
+        stacked = np.concatenate(parts)
+        stacked = stacked.reshape(len(records), length, *stacked.shape[1:])
         out.append(stacked[:, 0] if squeeze else stacked)
     return out
 

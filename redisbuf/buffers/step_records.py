@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -36,7 +36,7 @@ def decode_array(value: list[Any]) -> np.ndarray:
 
 #: a column's cells as bytes: (their bytes in C order, the bytes of one cell, their kind:
 #: dtype and cell shape as text)
-RawCells = tuple[memoryview, int, str]
+RawCells = tuple[bytes, int, str]
 
 
 @dataclass
@@ -44,7 +44,13 @@ class Chunk:
     """Decoded chunk: its episode, and by column index its stacked cells, (as raw int64
     bytes, see :meth:`steps_of`) the steps they belong to, and the cells as bytes
     (``raw_rows``: slicing bytes costs a fraction of slicing an array, which a batch's
-    gather does once per run of cells)."""
+    gather does once per run of cells).
+
+    A store keeps thousands of decoded chunks and records (redisbuf/buffers/steps.py), so
+    they hold no object the garbage collector must visit but their own (bytes, arrays,
+    plain tuples; no memoryview, no list): each full collection visits every object kept,
+    and with memoryviews and lists in them it took ~100 ms, a quarter of a 4 KiB batch
+    read's client time."""
 
     episode: int
     columns: dict[int, np.ndarray]
@@ -77,7 +83,7 @@ def decode_chunk(blob: bytes) -> Chunk:
             cells = columns[col] = np.frombuffer(raw, dtype=known).reshape(shape)
             steps[col] = raw_steps
             # the blob's bytes are the cells' (C order, as encode_array wrote them)
-            raw_rows[col] = (memoryview(raw), cells.itemsize * math.prod(cells.shape[1:]),
+            raw_rows[col] = (raw, cells.itemsize * math.prod(cells.shape[1:]),
                              f"{known.str}{cells.shape[1:]}")
         return Chunk(int(record["e"]), columns, steps, raw_rows)
     except Exception as exc:  # noqa: BLE001 - any malformed chunk is a DecodeError
@@ -85,32 +91,38 @@ def decode_chunk(blob: bytes) -> Chunk:
             from exc
 
 
-@dataclass
-class ItemColumn:
-    """One flat column of an item: its runs of cells and whether it is squeezed."""
+class ItemColumn(NamedTuple):
+    """One flat column of an item: its source column, its runs ``(chunk index, first row,
+    rows)`` of cells and whether it is squeezed."""
 
     column: int
-    runs: list[tuple[int, int, int]]
+    runs: tuple[tuple[int, int, int], ...]
     squeeze: bool
 
 
 @dataclass
 class ItemRecord:
-    """Decoded item: its episode, the chunk keys it reads, its flat columns and the
-    priority it was inserted with (its current one is the buffer's, see
-    :meth:`~redisbuf.buffers.replay.ReplayBuffer.priorities`)."""
+    """Decoded item: its episode, the chunk keys it reads, its flat columns (each
+    ``(column, runs, squeeze)`` as :class:`ItemColumn` names them, as a plain tuple: see
+    :class:`Chunk`) and the priority it was inserted with (its current one is the
+    buffer's, see :meth:`~redisbuf.buffers.replay.ReplayBuffer.priorities`)."""
 
     episode: int
-    chunks: list[str]
-    columns: list[ItemColumn]
+    chunks: tuple[str, ...]
+    columns: tuple[tuple[int, tuple[tuple[int, int, int], ...], bool], ...]
     priority: float = 0.0
     #: each flat column's source column, whether it is squeezed, and its rows: items of
     #: one layout stack column by column (worked out once per decoded record)
     layout: tuple[tuple[int, bool, int], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.layout = tuple((c.column, c.squeeze, sum(rows for _, _, rows in c.runs))
-                            for c in self.columns)
+        self.chunks = tuple(self.chunks)
+        self.columns = tuple(
+            (int(column), tuple((int(i), int(first), int(rows)) for i, first, rows in runs),
+             bool(squeeze))
+            for column, runs, squeeze in self.columns)
+        self.layout = tuple((column, squeeze, sum(rows for _, _, rows in runs))
+                            for column, runs, squeeze in self.columns)
 
 
 def encode_item(episode: int, chunks: list[str], columns: list[ItemColumn],
@@ -130,10 +142,8 @@ _pack = msgpack.Packer(use_bin_type=True).pack
 
 def decode_item(blob: bytes) -> ItemRecord:
     try:
-        record = msgpack.unpackb(blob, raw=False)
-        columns = [ItemColumn(int(col), [tuple(run) for run in runs], bool(squeeze))
-                   for col, runs, squeeze in record["t"]]
-        return ItemRecord(int(record["e"]), list(record["k"]), columns,
+        record = msgpack.unpackb(blob, raw=False, use_list=False)
+        return ItemRecord(int(record["e"]), record["k"], record["t"],
                           float(record.get("p", 0.0)))
     except Exception as exc:  # noqa: BLE001
         raise DecodeError(f"an item of a step store does not decode: {type(exc).__name__}: "
@@ -144,13 +154,13 @@ def assemble(item: ItemRecord, chunks: dict[str, Chunk]) -> list[np.ndarray]:
     """The item's flat columns: each the concatenation of its runs (a squeezed column:
     its one cell). Raises KeyError naming a chunk ``chunks`` lacks."""
     out = []
-    for column in item.columns:
+    for column, runs, squeeze in item.columns:
         parts = []
-        for index, first, rows in column.runs:
-            cells = chunks[item.chunks[index]].columns[column.column]
+        for index, first, rows in runs:
+            cells = chunks[item.chunks[index]].columns[column]
             parts.append(cells[first : first + rows])
         data = parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
-        out.append(data[0] if column.squeeze else data)
+        out.append(data[0] if squeeze else data)
     return out
 
 

@@ -307,7 +307,8 @@ class StepStore:
         self._registry = None
 
     def sweep(self, k: int, grace: float = GRACE_SECONDS) -> tuple[int, int]:
-        """Examine up to ``3 * k`` chunks (the oldest ``k``, ``k`` after the cursor, ``k``
+        """Examine up to ``3 * k`` chunks (up to ``k`` of the oldest not yet found
+        unreferenced, stopping at the first referenced one; ``k`` after the cursor; ``k``
         found unreferenced more than ``grace`` seconds ago) and free those unreferenced
         for ``grace`` seconds. Returns (examined, freed)."""
         for refresh in (False, True):
