@@ -165,6 +165,59 @@ def test_draw_threads_put_that_many_draws_on_the_wire_at_once(client, buffer_nam
     assert not prefetch_threads()
 
 
+def test_per_draws_of_several_threads_are_committed_at_once(client, buffer_name,
+                                                           monkeypatch):
+    # the first two PER commits wait at a barrier of two parties: it passes only if
+    # both draws are inside their commit together, which a replica shared by the
+    # threads (its lock held from the draw to the commit's reply) never allows
+    from redisbuf.sampling import commits
+
+    hold = threading.Barrier(2)
+    entered = []
+    send = commits._send_commit
+
+    def held_send(*args, **kwargs):
+        entered.append(threading.current_thread().name)
+        if len(entered) <= 2:
+            hold.wait(DEADLINE)
+        return send(*args, **kwargs)
+
+    monkeypatch.setattr(commits, "_send_commit", held_send)
+    buffer = per_buffer(client, buffer_name)
+    with Prefetcher(buffer, 4, prefetch=2, draw_threads=2) as batches:
+        infos = [next(batches) for _ in range(4)]
+        assert not hold.broken
+        assert len(set(entered[:2])) == 2  # one commit of each thread
+        batches.update_priority(infos[0].ids, np.full(4, 9.0))
+        batches.flush()
+    assert all(len(info.ids) == 4 for info in infos)
+    # the draws kept their replicas to their threads: the buffer object made none
+    assert "per" not in buffer.view.replicas
+    assert buffer.priorities(infos[0].ids).tolist() == [9.0] * 4
+
+
+def test_own_replicas_gives_a_thread_replicas_of_its_own_until_it_ends(fake_client,
+                                                                       buffer_name):
+    from redisbuf.sampling.base import own_replicas
+
+    buffer = per_buffer(fake_client, buffer_name)
+    buffer.sample(4)
+    shared = buffer.view.replicas["per"]
+    seen = {}
+
+    def draw() -> None:
+        with own_replicas():
+            buffer.sample(4)
+            seen["inside"] = buffer.view.replicas["per"]
+        seen["after"] = buffer.view.replicas.get("per")
+
+    thread = threading.Thread(target=draw)
+    thread.start()
+    thread.join()
+    assert seen["inside"] is not shared and seen["after"] is shared
+    assert len(seen["inside"]) == len(shared) == 50
+
+
 def test_draw_threads_never_exceed_prefetch(fake_client, buffer_name):
     buffer = per_buffer(fake_client, buffer_name)
     with Prefetcher(buffer, 4, prefetch=1, draw_threads=4) as batches:

@@ -12,7 +12,9 @@ so no module of ``redisbuf/sampling/`` imports ``redisbuf/buffers/``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -56,12 +58,13 @@ class BufferView:
         replicas: this process's replicas of the buffer's scores, by mass rule
             (``"softmax"``, ``"per"``), made on first use by
             :func:`redisbuf.sampling.replica.replica_of`; shared by every thread using
-            the buffer object.
+            the buffer object, but a thread inside :func:`own_replicas`, which has its
+            own.
         id_range: what the last uniform draw saw of the ids
             (:class:`~redisbuf.sampling.samplers.UniformSampler`), None before the first.
     """
 
-    __slots__ = ("_runner", "client", "fetch_inline", "id_range", "keys", "name", "replicas")
+    __slots__ = ("_replicas", "_runner", "client", "fetch_inline", "id_range", "keys", "name")
 
     def __init__(
         self,
@@ -76,8 +79,21 @@ class BufferView:
         self.keys = keys
         self._runner = run
         self.fetch_inline = fetch_inline
-        self.replicas: dict[str, MassReplica] = {}
+        self._replicas: dict[str, MassReplica] = {}
         self.id_range: IdRange | None = None
+
+    @property
+    def replicas(self) -> dict[str, MassReplica]:
+        """The replicas this thread draws with (see the class): the buffer object's, or
+        inside :func:`own_replicas` this thread's own."""
+        own: dict[int, tuple[BufferView, dict[str, MassReplica]]] | None = getattr(
+            _THREAD, "own", None)
+        if own is None:
+            return self._replicas
+        held = own.get(id(self))
+        if held is None:  # the view is kept with them: its id names no other view meanwhile
+            held = own[id(self)] = (self, {})
+        return held[1]
 
     def run(self, script: str, keys: list[str], args: list[Any], read: bool = False) -> Any:
         """Run the script ``lua/<script>.lua`` on the buffer's server with ``keys`` and
@@ -95,6 +111,23 @@ class BufferView:
 
     def __repr__(self) -> str:
         return f"BufferView({self.name!r})"
+
+
+_THREAD = threading.local()
+
+
+@contextmanager
+def own_replicas() -> Iterator[None]:
+    """Within it, this thread keeps replicas of its own of every buffer it draws from
+    (``BufferView.replicas``), forgotten at its end. A replica's lock is held from a
+    draw to its commit's reply, so threads sharing one take turns; with their own,
+    their draws (and round trips) overlap, each replica following the buffer's log and
+    costing its memory. Not reentrant."""
+    _THREAD.own = {}
+    try:
+        yield
+    finally:
+        _THREAD.own = None
 
 
 @dataclass
@@ -125,4 +158,4 @@ class Sampler(Protocol):
         """Draw ``n`` items. Raises EmptyBufferError when nothing can be drawn."""
 
 
-__all__ = ["BufferView", "Draw", "IdRange", "Sampler"]
+__all__ = ["BufferView", "Draw", "IdRange", "Sampler", "own_replicas"]

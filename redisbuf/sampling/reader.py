@@ -30,11 +30,14 @@ their draws finish. One more thread, started by the first
 :meth:`Prefetcher.update_priority`, applies the updates handed over, one at a time in
 the order given, so that their round trips overlap the draws. All use the ``buffer``
 object given: a redis-py client is thread-safe (each command borrows a connection of its
-pool, so draws and updates run on different connections), and a draw's per-process state
-(the random generator, a PER replica, the uniform sampler's record of the ids it saw) is
-shared under the buffer's locks, each draw keeping the sampling law (PER and softmax
-draws hold the replica's lock from the draw to the commit's reply, so theirs take turns
-and only the decoding overlaps). With one draw
+pool; one made from a URL keeps one a thread), so draws and updates run on different
+connections, and a draw's per-process state
+(the random generator, the uniform sampler's record of the ids it saw) is shared under
+the buffer's locks, each draw keeping the sampling law. The replicas of PER and softmax
+scores are the exception: a draw holds its replica's lock from the draw to the commit's
+reply, so with several drawing threads each keeps a replica of its own
+(:func:`~redisbuf.sampling.base.own_replicas`) and their draws overlap; the updating
+thread then sends its updates without counting them (``count=False``). With one draw
 thread, a seeded buffer's batches come in the order of its random stream; with several,
 the threads interleave on that stream, so the batches depend on their timing. While a
 prefetcher runs, leave drawing from that buffer object to it (another thread's ``sample``
@@ -75,6 +78,7 @@ from ..errors import (
     WaitTimeoutError,
 )
 from ..store import _torch
+from .base import own_replicas
 
 #: Longest single blocking wait of the background thread: close() interrupts a blocking
 #: draw within about this long (a wait on the server cannot be cancelled from outside).
@@ -154,6 +158,12 @@ class _Reader:
         if replacement is not None:
             self._kwargs["replacement"] = replacement
         self._native_block = block and _accepts(self._draw_method, "block")
+        # several drawing threads keep a replica each (PER, softmax: see own_replicas),
+        # so that their draws overlap; updates need none (count=False: not counted)
+        self._own_replicas = draw_threads > 1
+        update = getattr(buffer, "update_priority", None)
+        self._update_kwargs = {"count": False} if update is not None and _accepts(
+            update, "count") else {}
         # set by a blocking draw that succeeded: later draws skip the wait's length check
         self._enough = False
         self._cond = threading.Condition()
@@ -190,7 +200,14 @@ class _Reader:
 
     def _run(self) -> None:
         """A drawing thread: a draw whenever a slot is free and the updates handed over
-        before the last next() are applied."""
+        before the last next() are applied; with its own replicas when there are several."""
+        if self._own_replicas:
+            with own_replicas():
+                self._draw_loop()
+        else:
+            self._draw_loop()
+
+    def _draw_loop(self) -> None:
         while True:
             with self._cond:
                 while not self._stopping() and not self._may_draw():
@@ -237,7 +254,7 @@ class _Reader:
     def _apply(self, updates: list[tuple[np.ndarray, np.ndarray]]) -> BaseException | None:
         for ids, priorities in updates:
             try:
-                self.buffer.update_priority(ids, priorities)
+                self.buffer.update_priority(ids, priorities, **self._update_kwargs)
             except Exception as exc:  # surfaced in the consumer
                 return exc
         return None
@@ -412,7 +429,11 @@ class Prefetcher:
             smaller of this and ``prefetch`` are started). Two hide a round trip of a
             few milliseconds behind the other draw's decoding; more help when the round
             trip is longer than a draw's own work. Batches are handed out in the order
-            their draws finish.
+            their draws finish. With more than one, each thread keeps its own replica of
+            a prioritized buffer's scores (:func:`~redisbuf.sampling.base.own_replicas`:
+            the memory of one replica a thread), so that their draws overlap instead of
+            taking turns at one replica's lock; the updates handed over then go without
+            counting (``update_priority(..., count=False)``).
         with_info: yield :class:`~redisbuf.SampleInfo` (``sample_with_info``: batch, ids,
             probabilities, PER weights); False yields plain batches (``sample``).
         replacement: passed to the draw (None: the buffer's rule).
