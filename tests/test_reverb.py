@@ -196,6 +196,35 @@ def test_datasets_batch_as_acme_reads_them(client):
 
 
 
+def test_a_datasets_workers_commit_their_prioritized_draws_at_once(client, monkeypatch):
+    # the first two PER commits wait at a barrier of two parties: both workers must be
+    # inside a commit together, which one replica shared by them (its lock held from the
+    # draw to the commit's reply) never allows
+    import threading
+
+    from redisbuf.sampling import commits
+
+    for value in range(20):
+        client.insert(np.int64(value), priorities={"prio": 1.0 + value})
+    hold, entered = threading.Barrier(2), []
+    send = commits._send_commit
+
+    def held_send(*args, **kwargs):
+        entered.append(threading.get_ident())
+        if len(entered) <= 2:
+            hold.wait(30)
+        return send(*args, **kwargs)
+
+    monkeypatch.setattr(commits, "_send_commit", held_send)
+    dataset = reverb.TrajectoryDataset(client.server_address, "prio", dtypes=[np.int64],
+                                       shapes=[(1,)], max_in_flight_samples_per_worker=4,
+                                       num_workers_per_iterator=2, max_samples=16)
+    batches = list(dataset.batch(4).as_numpy_iterator())
+    assert not hold.broken and len(set(entered[:2])) == 2
+    assert [len(batch.info.key) for batch in batches] == [4] * 4
+    assert all(0 <= v < 20 for batch in batches for v in batch.data[0][:, 0].tolist())
+
+
 def test_a_timestep_dataset_yields_every_step_of_an_item(client):
     with client.writer(max_sequence_length=3) as writer:
         for t in range(3):

@@ -27,6 +27,7 @@ import numpy as np
 from ..buffers import step_reads
 from ..buffers.step_reads import SampledBatch
 from ..errors import RateLimitTimeoutError
+from ..sampling.base import own_replicas
 from . import nest
 from .client import Client
 from .replay_sample import ReplaySample, SampleInfo
@@ -247,22 +248,31 @@ def _parallel(make: Callable[[threading.Event], Iterator[Any]], workers: int,
               depth: int = 2, name: str = "redisbuf-reverb-dataset") -> Iterator[Any]:
     """The elements of ``workers`` threads (named ``name``) each iterating ``make(stop)``,
     as they come, at most ``depth`` per thread queued; the iteration ends when every one
-    has ended, or when one yields ``_END``."""
+    has ended, or when one yields ``_END``. Several threads keep a replica each of a
+    prioritized table's priorities (:func:`~redisbuf.sampling.base.own_replicas`), so
+    that their draws overlap instead of taking turns at one replica."""
     out: queue.Queue[Any] = queue.Queue(maxsize=depth * workers)
     stop = threading.Event()
 
+    def produce() -> None:
+        for element in make(stop):
+            while not stop.is_set():
+                try:
+                    out.put(element, timeout=0.25)
+                    break
+                except queue.Full:
+                    continue
+            if stop.is_set():
+                return
+        out.put(_DONE)
+
     def run() -> None:
         try:
-            for element in make(stop):
-                while not stop.is_set():
-                    try:
-                        out.put(element, timeout=0.25)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            out.put(_DONE)
+            if workers > 1:
+                with own_replicas():
+                    produce()
+            else:
+                produce()
         except BaseException as exc:  # noqa: BLE001 - raised on the consumer's side
             out.put(exc)
 
