@@ -95,6 +95,11 @@ class BufferView:
             held = own[id(self)] = (self, {})
         return held[1]
 
+    @replicas.setter
+    def replicas(self, replicas: dict[str, MassReplica]) -> None:
+        """Make ``replicas`` the buffer object's (shared) replicas."""
+        self._replicas = replicas
+
     def run(self, script: str, keys: list[str], args: list[Any], read: bool = False) -> Any:
         """Run the script ``lua/<script>.lua`` on the buffer's server with ``keys`` and
         ``args`` and return its reply, as the buffer runs its own (errors translated to
