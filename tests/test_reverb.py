@@ -249,6 +249,26 @@ def test_a_dataset_ends_when_the_rate_limiter_times_out(client):
     assert [int(s.data[0][0]) for s in dataset] == [0, 1, 2]
 
 
+def test_a_batched_dataset_that_has_ended_takes_nothing_more_from_a_queue(client):
+    # its workers were waiting on the empty queue when the iteration ended; the item
+    # inserted afterwards is the next dataset's, not lost to one of them
+    import time
+
+    client.insert(np.int64(7), priorities={"queue": 1.0})
+    dataset = reverb.TrajectoryDataset(client.server_address, "queue", dtypes=[np.int64],
+                                       shapes=[(1,)], max_in_flight_samples_per_worker=1,
+                                       num_workers_per_iterator=2)
+    batches = dataset.batch(1).as_numpy_iterator()
+    assert int(next(batches).data[0][0, 0]) == 7
+    batches.close()
+    client.insert(np.int64(8), priorities={"queue": 1.0})
+    time.sleep(0.3)  # room for a worker of the ended iteration to take it (it must not)
+    later = reverb.TrajectoryDataset(client.server_address, "queue", dtypes=[np.int64],
+                                     shapes=[(1,)], max_in_flight_samples_per_worker=1,
+                                     rate_limiter_timeout_ms=2000, max_samples=1)
+    assert [int(s.data[0][0]) for s in later] == [8]
+
+
 def test_a_dataset_refuses_a_sample_of_other_dtypes(client):
     client.insert(np.float32(1.0), priorities={"prio": 1.0})
     dataset = reverb.TrajectoryDataset(client.server_address, "prio", dtypes=[np.int64],

@@ -17,6 +17,7 @@ draw, or, for an item the draw itself removed, the one it was inserted with.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -70,15 +71,24 @@ class SampledBatch:
         return len(self.keys)
 
 
-def _draw(table: ReplayBuffer, n: int, timeout: float | None) -> Draw:
+class DrawStopped(Exception):
+    """A draw given ``stop`` found it true before drawing: nothing was drawn."""
+
+
+def _draw(table: ReplayBuffer, n: int, timeout: float | None,
+          stop: Callable[[], bool] | None = None) -> Draw:
     """The buffer's draw of up to ``n`` items once its rate limiter admits (an item at a
     time, as Reverb's table: fewer than ``n`` when it admits fewer) and it holds one,
-    waiting up to ``timeout`` seconds (None: no limit)."""
+    waiting up to ``timeout`` seconds (None: no limit); :class:`DrawStopped` when
+    ``stop()`` is true before an attempt (a reader that has gone takes nothing, not even
+    from a queue)."""
     limiter = table.rate_limiter
     if limiter is not None and getattr(table.sampler, "admits", False):
         limiter = None  # the selection asks the limiter itself, in its script
 
     def attempt() -> Draw | None:
+        if stop is not None and stop():
+            raise DrawStopped(f"buffer {table.name!r}: the draw was stopped")
         admitted = n
         if limiter is not None:
             try:
@@ -220,12 +230,14 @@ def sample(store: StepStore, table: ReplayBuffer, n: int, timeout: float | None 
 
 
 def sample_batch(store: StepStore, table: ReplayBuffer, n: int,
-                 timeout: float | None = None) -> SampledBatch:
+                 timeout: float | None = None,
+                 stop: Callable[[], bool] | None = None) -> SampledBatch:
     """As :func:`sample`, as arrays: each flat column of every item cut out of the chunks
-    at once (one gather per column) when the items' columns agree in shape."""
+    at once (one gather per column) when the items' columns agree in shape. With
+    ``stop``, a wait that finds it true raises :class:`DrawStopped` instead of drawing."""
     if n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
-    draw = _draw(table, n, timeout)
+    draw = _draw(table, n, timeout, stop)
     fetched = _fetch(store, table, draw)
     present = _present(draw, fetched)
     attempts = 0
@@ -234,7 +246,7 @@ def sample_batch(store: StepStore, table: ReplayBuffer, n: int,
         if attempts > _MISSING_ATTEMPTS:
             raise SamplingError(f"buffer {table.name!r}: the chunks of drawn items were "
                                 f"freed before they were read, {_MISSING_ATTEMPTS} times")
-        more = _draw(table, len(draw.ids) - len(present), timeout)
+        more = _draw(table, len(draw.ids) - len(present), timeout, stop)
         extra = _fetch(store, table, more)
         keep = _present(more, extra)
         probabilities = None if draw.probabilities is None else np.concatenate(

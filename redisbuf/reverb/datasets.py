@@ -464,9 +464,12 @@ class _BatchedTrajectories(_Dataset):
                 try:
                     while have < size:
                         part = step_reads.sample_batch(store, buffer, size - have,
-                                                       timeout=source.timeout)
+                                                       timeout=source.timeout,
+                                                       stop=stop.is_set)
                         parts.append(part)
                         have += len(part)
+                except step_reads.DrawStopped:
+                    return  # the iteration ended: a wait under way draws nothing more
                 except RateLimitTimeoutError:
                     for whole in _split(parts, self._size, keep_last=not self._drop):
                         yield self._sample([whole], flat_dtypes, flat_shapes)
