@@ -313,8 +313,8 @@ def test_a_draw_whose_chunks_were_freed_before_its_read_is_drawn_again(client, m
     real_draw = step_reads._draw
     stale = {}
 
-    def draw_then_lose_it(buffer, n, timeout, stop=None):
-        draw = real_draw(buffer, n, timeout, stop)
+    def draw_then_lose_it(buffer, n, timeout, gate=None):
+        draw = real_draw(buffer, n, timeout, gate)
         if not stale:  # the worst moment: the items leave and their chunks are freed
             stale["ids"] = list(draw.ids)
             buffer.remove(draw.ids)

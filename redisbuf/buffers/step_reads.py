@@ -17,7 +17,7 @@ draw, or, for an item the draw itself removed, the one it was inserted with.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -72,23 +72,62 @@ class SampledBatch:
 
 
 class DrawStopped(Exception):
-    """A draw given ``stop`` found it true before drawing: nothing was drawn."""
+    """A draw through a closed :class:`DrawGate`: nothing was drawn."""
+
+
+class DrawGate:
+    """The draws of one reader (a dataset's workers), which it can end: once
+    :meth:`close` has returned, no draw through the gate is under way and none starts
+    (each attempt of a waiting draw raises :class:`DrawStopped`), so a reader that has
+    gone takes nothing more, not even from a queue. Draws through it run at once."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self.closed = False
+
+    def begin(self) -> bool:
+        """Count an attempt that starts (False, counting nothing, once closed)."""
+        with self._cond:
+            if self.closed:
+                return False
+            self._active += 1
+            return True
+
+    def end(self) -> None:
+        with self._cond:
+            self._active -= 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Refuse new attempts, then wait for those under way (a few round trips)."""
+        with self._cond:
+            self.closed = True
+            while self._active:
+                self._cond.wait()
 
 
 def _draw(table: ReplayBuffer, n: int, timeout: float | None,
-          stop: Callable[[], bool] | None = None) -> Draw:
+          gate: DrawGate | None = None) -> Draw:
     """The buffer's draw of up to ``n`` items once its rate limiter admits (an item at a
     time, as Reverb's table: fewer than ``n`` when it admits fewer) and it holds one,
-    waiting up to ``timeout`` seconds (None: no limit); :class:`DrawStopped` when
-    ``stop()`` is true before an attempt (a reader that has gone takes nothing, not even
-    from a queue)."""
+    waiting up to ``timeout`` seconds (None: no limit); each attempt through ``gate``
+    (:class:`DrawStopped` once it is closed)."""
     limiter = table.rate_limiter
     if limiter is not None and getattr(table.sampler, "admits", False):
         limiter = None  # the selection asks the limiter itself, in its script
 
     def attempt() -> Draw | None:
-        if stop is not None and stop():
-            raise DrawStopped(f"buffer {table.name!r}: the draw was stopped")
+        if gate is None:
+            return attempt_once()
+        if not gate.begin():
+            raise DrawStopped(f"buffer {table.name!r}: the reader has ended its draws")
+        try:
+            return attempt_once()
+        finally:
+            gate.end()
+
+    def attempt_once() -> Draw | None:
         admitted = n
         if limiter is not None:
             try:
@@ -231,13 +270,13 @@ def sample(store: StepStore, table: ReplayBuffer, n: int, timeout: float | None 
 
 def sample_batch(store: StepStore, table: ReplayBuffer, n: int,
                  timeout: float | None = None,
-                 stop: Callable[[], bool] | None = None) -> SampledBatch:
+                 gate: DrawGate | None = None) -> SampledBatch:
     """As :func:`sample`, as arrays: each flat column of every item cut out of the chunks
-    at once (one gather per column) when the items' columns agree in shape. With
-    ``stop``, a wait that finds it true raises :class:`DrawStopped` instead of drawing."""
+    at once (one gather per column) when the items' columns agree in shape. Through
+    ``gate``, a closed gate raises :class:`DrawStopped` instead of drawing."""
     if n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
-    draw = _draw(table, n, timeout, stop)
+    draw = _draw(table, n, timeout, gate)
     fetched = _fetch(store, table, draw)
     present = _present(draw, fetched)
     attempts = 0
@@ -246,7 +285,7 @@ def sample_batch(store: StepStore, table: ReplayBuffer, n: int,
         if attempts > _MISSING_ATTEMPTS:
             raise SamplingError(f"buffer {table.name!r}: the chunks of drawn items were "
                                 f"freed before they were read, {_MISSING_ATTEMPTS} times")
-        more = _draw(table, len(draw.ids) - len(present), timeout, stop)
+        more = _draw(table, len(draw.ids) - len(present), timeout, gate)
         extra = _fetch(store, table, more)
         keep = _present(more, extra)
         probabilities = None if draw.probabilities is None else np.concatenate(

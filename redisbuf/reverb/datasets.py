@@ -245,10 +245,12 @@ class _Budget:
 
 
 def _parallel(make: Callable[[threading.Event], Iterator[Any]], workers: int,
-              depth: int = 2, name: str = "redisbuf-reverb-dataset") -> Iterator[Any]:
+              depth: int = 2, name: str = "redisbuf-reverb-dataset",
+              on_end: Callable[[], None] | None = None) -> Iterator[Any]:
     """The elements of ``workers`` threads (named ``name``) each iterating ``make(stop)``,
     as they come, at most ``depth`` per thread queued; the iteration ends when every one
-    has ended, or when one yields ``_END``. Several threads keep a replica each of a
+    has ended, or when one yields ``_END`` (then ``on_end()``, in the consumer's thread).
+    Several threads keep a replica each of a
     prioritized table's priorities (:func:`~redisbuf.sampling.base.own_replicas`), so
     that their draws overlap instead of taking turns at one replica."""
     out: queue.Queue[Any] = queue.Queue(maxsize=depth * workers)
@@ -294,6 +296,8 @@ def _parallel(make: Callable[[threading.Event], Iterator[Any]], workers: int,
             yield element
     finally:
         stop.set()
+        if on_end is not None:
+            on_end()
 
 
 def _signature_of(server_address: str, table: str,
@@ -453,6 +457,9 @@ class _BatchedTrajectories(_Dataset):
 
         # a draw takes max_in_flight_samples_per_worker items (whole batches of them)
         per_draw = self._size * max(1, source.per_worker // self._size)
+        # closed when the iteration ends: then no worker draws any more (not even a
+        # queue's next item, which nobody would receive)
+        gate = step_reads.DrawGate()
 
         def batches(stop: threading.Event) -> Iterator[Any]:
             while not stop.is_set():
@@ -464,8 +471,7 @@ class _BatchedTrajectories(_Dataset):
                 try:
                     while have < size:
                         part = step_reads.sample_batch(store, buffer, size - have,
-                                                       timeout=source.timeout,
-                                                       stop=stop.is_set)
+                                                       timeout=source.timeout, gate=gate)
                         parts.append(part)
                         have += len(part)
                 except step_reads.DrawStopped:
@@ -478,7 +484,7 @@ class _BatchedTrajectories(_Dataset):
                 for whole in _split(parts, self._size, keep_last=not self._drop):
                     yield self._sample([whole], flat_dtypes, flat_shapes)
 
-        return _parallel(batches, source.workers)
+        return _parallel(batches, source.workers, on_end=gate.close)
 
     def _sample(self, parts: list[SampledBatch], dtypes: list[Any],
                 shapes: list[Any]) -> ReplaySample:
