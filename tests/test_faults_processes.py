@@ -278,7 +278,15 @@ def test_loads_through_cut_connections_restore_exactly_the_file_or_nothing(tmp_p
         source.save(path)
         proxy = LossyProxy(server.port, p=0.05, seed=11)
         try:
-            target = ReplayBuffer(f"redis://127.0.0.1:{proxy.port}/0", name, capacity=3000)
+            # opening's first checks of the server are not retried; the loads are what
+            # this test cuts, so it opens until one open gets through
+            for _ in range(10):
+                try:
+                    target = ReplayBuffer(f"redis://127.0.0.1:{proxy.port}/0", name,
+                                          capacity=3000)
+                    break
+                except redis.exceptions.ConnectionError:
+                    continue
             target.add({"tag": np.full((7, 1), -1, dtype=np.int64)})
             loaded = 0
             for _ in range(6):

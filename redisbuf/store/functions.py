@@ -278,6 +278,8 @@ def ensure_installed(client: Any) -> None:
         install(target)
     except redis.exceptions.ResponseError:
         return
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        return  # a lost connection: not checked, so the next buffer opened tries again
     try:
         _checked.add(target)
     except TypeError:
