@@ -335,7 +335,7 @@ def _gather(records: list[ItemRecord], chunks: dict[str, Chunk]) -> list[np.ndar
             keys = record.chunks
             for index, start, rows in record.columns[position][1]:
                 chunk = chunks[keys[index]]
-                cells_kind = chunk.raw_rows[source][2]
+                cells_kind = chunk.kinds[source]
                 if kind is None:
                     kind = cells_kind
                 elif cells_kind != kind:  # cells of several kinds do not join

@@ -11,7 +11,6 @@ first row, rows)`` of the cells it takes, in order, and whether the column is sq
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -34,28 +33,23 @@ def decode_array(value: list[Any]) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape)
 
 
-#: a column's cells as bytes: (their bytes in C order, the bytes of one cell, their kind:
-#: dtype and cell shape as text)
-RawCells = tuple[bytes, int, str]
-
-
 @dataclass
 class Chunk:
     """Decoded chunk: its episode, and by column index its stacked cells, (as raw int64
-    bytes, see :meth:`steps_of`) the steps they belong to, and the cells as bytes
-    (``raw_rows``: slicing bytes costs a fraction of slicing an array, which a batch's
-    gather does once per run of cells).
+    bytes, see :meth:`steps_of`) the steps they belong to, and the kind of its cells
+    (``kinds``: dtype and cell shape as text; a batch's gather joins only cells of one
+    kind).
 
     A store keeps thousands of decoded chunks and records (redisbuf/buffers/steps.py), so
     they hold no object the garbage collector must visit but their own (bytes, arrays,
-    plain tuples; no memoryview, no list): each full collection visits every object kept,
-    and with memoryviews and lists in them it took ~100 ms, a quarter of a 4 KiB batch
-    read's client time."""
+    text, plain tuples; no memoryview, no list): each full collection visits every object
+    kept, and with memoryviews and lists in them it took ~100 ms, a quarter of a 4 KiB
+    batch read's client time."""
 
     episode: int
     columns: dict[int, np.ndarray]
     steps: dict[int, bytes]
-    raw_rows: dict[int, RawCells]
+    kinds: dict[int, str]
 
     def steps_of(self, column: int) -> np.ndarray:
         """The steps of ``column``'s cells, ascending."""
@@ -75,17 +69,15 @@ def encode_chunk(episode: int, columns: dict[int, tuple[list[int], np.ndarray]])
 def decode_chunk(blob: bytes) -> Chunk:
     try:
         record = msgpack.unpackb(blob, raw=False)
-        columns, steps, raw_rows = {}, {}, {}
+        columns, steps, kinds = {}, {}, {}
         for col, raw_steps, dtype, shape, raw in record["c"]:
             known = _DTYPES.get(dtype)
             if known is None:
                 known = _DTYPES[dtype] = np.dtype(dtype)
             cells = columns[col] = np.frombuffer(raw, dtype=known).reshape(shape)
             steps[col] = raw_steps
-            # the blob's bytes are the cells' (C order, as encode_array wrote them)
-            raw_rows[col] = (raw, cells.itemsize * math.prod(cells.shape[1:]),
-                             f"{known.str}{cells.shape[1:]}")
-        return Chunk(int(record["e"]), columns, steps, raw_rows)
+            kinds[col] = f"{known.str}{cells.shape[1:]}"
+        return Chunk(int(record["e"]), columns, steps, kinds)
     except Exception as exc:  # noqa: BLE001 - any malformed chunk is a DecodeError
         raise DecodeError(f"a chunk of steps does not decode: {type(exc).__name__}: {exc}") \
             from exc

@@ -250,9 +250,9 @@ def _parallel(make: Callable[[threading.Event], Iterator[Any]], workers: int,
     """The elements of ``workers`` threads (named ``name``) each iterating ``make(stop)``,
     as they come, at most ``depth`` per thread queued; the iteration ends when every one
     has ended, or when one yields ``_END`` (then ``on_end()``, in the consumer's thread).
-    Several threads keep a replica each of a
-    prioritized table's priorities (:func:`~redisbuf.sampling.base.own_replicas`), so
-    that their draws overlap instead of taking turns at one replica."""
+    Several threads keep a replica each of a prioritized table's priorities
+    (:func:`~redisbuf.sampling.base.own_replicas`), so that their draws overlap instead
+    of taking turns at one replica."""
     out: queue.Queue[Any] = queue.Queue(maxsize=depth * workers)
     stop = threading.Event()
 
@@ -270,10 +270,7 @@ def _parallel(make: Callable[[threading.Event], Iterator[Any]], workers: int,
 
     def run() -> None:
         try:
-            if workers > 1:
-                with own_replicas():
-                    produce()
-            else:
+            with own_replicas(workers > 1):
                 produce()
         except BaseException as exc:  # noqa: BLE001 - raised on the consumer's side
             out.put(exc)

@@ -122,12 +122,15 @@ _THREAD = threading.local()
 
 
 @contextmanager
-def own_replicas() -> Iterator[None]:
+def own_replicas(enabled: bool = True) -> Iterator[None]:
     """Within it, this thread keeps replicas of its own of every buffer it draws from
-    (``BufferView.replicas``), forgotten at its end. A replica's lock is held from a
-    draw to its commit's reply, so threads sharing one take turns; with their own,
-    their draws (and round trips) overlap, each replica following the buffer's log and
-    costing its memory. Not reentrant."""
+    (``BufferView.replicas``), forgotten at its end; with ``enabled`` False it changes
+    nothing. A replica's lock is held from a draw to its commit's reply, so threads
+    sharing one take turns; with their own, their draws (and round trips) overlap, each
+    replica following the buffer's log and costing its memory. Not reentrant."""
+    if not enabled:
+        yield
+        return
     _THREAD.own = {}
     try:
         yield

@@ -201,10 +201,7 @@ class _Reader:
     def _run(self) -> None:
         """A drawing thread: a draw whenever a slot is free and the updates handed over
         before the last next() are applied; with its own replicas when there are several."""
-        if self._own_replicas:
-            with own_replicas():
-                self._draw_loop()
-        else:
+        with own_replicas(self._own_replicas):
             self._draw_loop()
 
     def _draw_loop(self) -> None:
