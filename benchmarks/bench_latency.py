@@ -9,7 +9,8 @@ items at capacity 2048), lifetime
 (``update_model_version`` removing half the buffer as stale), load (save, then load over
 a PER buffer of up to 500 000 items), sequence (a SequenceBuffer of 16 streams of
 ``--items / 16`` steps: get_batch, gather_all and get_field of far more steps than one
-command's bound).
+command's bound), large (one add of 10^5 items of 1 KiB, atomic though above one add's
+bound, into a buffer holding as many, against the same items as adds of one add's bound).
 
 Without --url it starts the bundled valkey 8 (as the tests do). A probe process PINGs
 the server every 2 ms while each operation runs once at a large
@@ -212,6 +213,49 @@ def run(url: str, items: int, dim: int, only: set[str]) -> None:
             client.unlink(*buffer.keys.all_keys())
         if not only or "sequence" in only:
             sequence_run(client, probe, items, rng)
+        if not only or "large" in only:
+            large_run(client, probe, rng)
+
+
+def large_run(client: redis.Redis, probe: LatencyProbe, rng: np.random.Generator,
+              count: int = 100_000, dim: int = 256) -> None:
+    """One add of ``count`` items (1 KiB each), above one add's bound, so staged and
+    stored a slice at a time yet atomic (redisbuf/buffers/staged.py), into a buffer
+    holding as many already, beside the probe; then the same items as adds of one
+    add's bound each (not atomic as a whole), the baseline of its rate."""
+    if bounds is None or not hasattr(bounds, "add_slices"):
+        return
+    part = batch(rng, count, dim)
+    timings = {}
+    for label in ("atomic", "slices"):
+        buffer = ReplayBuffer(client, f"latency-large-{label}", capacity=2 * count, seed=1)
+        fill(buffer, count, dim, rng)
+        name = (f"add({count} x {dim // 256} KiB) in one call" if label == "atomic" else
+                f"the same as adds of {bounds.MAX_ADD_ITEMS}")
+
+        def op(buffer: ReplayBuffer = buffer, label: str = label) -> None:
+            if label == "atomic":
+                buffer.add(part)
+                return
+            for start, stop in bounds.add_slices([4 * dim + 64] * count):
+                buffer.add({key: value[start:stop] for key, value in part.items()})
+
+        started = time.perf_counter()
+        with probe.window() as seen:
+            op()
+        wall = timings[label] = time.perf_counter() - started
+        assert len(buffer) == 2 * count
+        print(f"{name:48s} {seen.probe_worst * 1e3:9.1f} ms "
+              f"{seen.server_worst * 1e3:10.1f} ms {wall:7.2f}s  "
+              f"{' '.join(seen.server_command)}", flush=True)
+        record(f"{name}: probe's worst wait", seen.probe_worst * 1e3, "ms",
+               key=f"large-{label}/probe", target="< 100")
+        record(f"{name}: slowest command", seen.server_worst * 1e3, "ms",
+               key=f"large-{label}/server", target="< 100")
+        client.unlink(*client.keys(f"rb:{{latency-large-{label}}}:*"))
+    record(f"add({count} x {dim // 256} KiB) in one call, atomic", count / timings["atomic"],
+           "items/s", baseline=count / timings["slices"],
+           baseline_name=f"adds of {bounds.MAX_ADD_ITEMS}", key="large/rate")
 
 
 def sequence_run(client: redis.Redis, probe: LatencyProbe, items: int,

@@ -105,9 +105,23 @@ local function uniform_at(packed, i)
   return (((((b6 * 256 + b5) * 256 + b4) * 256 + b3) * 256 + b2) * 256 + b1) / 281474976710656
 end
 
+-- Raise RB_APPLYING while a large add is being applied to the buffer of meta key `meta`
+-- (meta field "applying", lua/_apply.lua): the caller runs lua/add_apply.lua (FCALL
+-- rb_add_apply) until the add is stored whole, then calls again, so that no script sees
+-- part of it. Called before any other read or write.
+local function refuse_while_applying(meta)
+  if redis.call('HEXISTS', meta, 'applying') == 1 then
+    error('RB_APPLYING ' .. meta .. ' is storing a large add a slice at a time: run '
+      .. 'add_apply (FCALL rb_add_apply) until it is done, then call again')
+  end
+end
+
 -- The buffer's keys, for scripts whose KEYS are BufferKeys.all_keys() in that order (every
 -- script that adds, removes or draws items takes them all, so any part may touch any key).
-local function buffer_keys(keys)
+-- Refuses while a large add is being applied (refuse_while_applying) unless `applying_ok`
+-- (the scripts that apply it).
+local function buffer_keys(keys, applying_ok)
+  if not applying_ok then refuse_while_applying(keys[1]) end
   return {
     meta = keys[1], items = keys[2], prio = keys[3], order = keys[4], per_heap = keys[5],
     per = keys[6], uses = keys[7], versions = keys[8], times = keys[9], vecs = keys[10],

@@ -8,6 +8,8 @@
 -- read-only (no-writes) functions pass nil; a script without an entry in functions.GRANTS
 -- asks "admin" (functions.grant_of).
 -- "rate": rate_limit.lua admits inserts (actor) and samples (learner): ARGV[1] says which.
+-- "apply": add_apply.lua stores the rest of a large add that a writer committed, which
+-- every call on the buffer waits for: any of "add", "sample" and "priority" allows it.
 -- "config": the settings every opening process passes: "admin" when one is given,
 -- nothing when none is. "create": "admin" when the buffer does not exist yet.
 -- Returns nil when allowed, else a NOPERM error reply.
@@ -35,9 +37,16 @@ local function rb_refused(keys, args, grant)
   if not prefix then
     return redis.error_reply('RB_INVALID KEYS[1] must be a key of a buffer (rb:{NAME}:...)')
   end
-  local channel = prefix .. 'grant:' .. grant
   -- a server without ACL checks in Lua (fakeredis) has no users to tell apart
-  if not redis.acl_check_cmd or redis.acl_check_cmd('PUBLISH', channel, '') then return nil end
+  if not redis.acl_check_cmd then return nil end
+  if grant == 'apply' then
+    for _, kind in ipairs({'add', 'sample', 'priority'}) do
+      if redis.acl_check_cmd('PUBLISH', prefix .. 'grant:' .. kind, '') then return nil end
+    end
+    grant = 'add'
+  end
+  local channel = prefix .. 'grant:' .. grant
+  if redis.acl_check_cmd('PUBLISH', channel, '') then return nil end
   return redis.error_reply('NOPERM this user may not ' .. RB_GRANT_VERBS[grant] .. ' buffer '
     .. string.sub(prefix, 5, -3) .. ' (its ACL role grants no PUBLISH on ' .. channel
     .. ', see redisbuf acl)')

@@ -20,6 +20,7 @@
 -- Errors: RB_NOBUF, RB_CONFIG (no PER), RB_INVALID (an id that is not a positive
 -- integer), RB_LIMIT (more than RB_PRIORITY_IDS ids).
 local RB_PRIORITY_IDS = 16
+refuse_while_applying(KEYS[1])
 local meta, order, masslog, snap, heap, legacy = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local conf = redis.call('HMGET', meta, 'capacity', 'mass', 'log_epoch', 'per_heap', 'per_base',
   'per_legacy', 'per_initial', 'log_first')

@@ -22,6 +22,7 @@
 -- Admissions and take-backs wake waiters (notify_changed).
 -- Returns {admitted (1 | 0; for the upto forms k), rl_inserts, rl_samples, size}
 -- (counters as text, after the call). Errors: RB_INVALID (unknown operation).
+refuse_while_applying(KEYS[1])  -- its size counts the buffer's items
 local meta = KEYS[1]
 local op, n = ARGV[1], tonumber(ARGV[2])
 local conf = redis.call('HMGET', meta, 'rl_spi', 'rl_min_size', 'rl_min_diff', 'rl_max_diff',

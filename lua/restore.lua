@@ -34,6 +34,7 @@
 -- dropped), RB_CONFIG (the staged keys are missing or were made for another capacity;
 -- staged PER priorities for a buffer without PER; the buffer's PER setting is not the one
 -- the items were staged for; a use count at or over max_use).
+refuse_while_applying(KEYS[1])  -- before any write: a large add is stored first
 local m = (#KEYS - 2) / 2
 local snap, staged_snap = KEYS[2 * m + 1], KEYS[2 * m + 2]
 local meta, staged_meta = KEYS[1], KEYS[m + 1]
@@ -80,7 +81,7 @@ for i = 2, m do
   end
 end
 redis.call('UNLINK', staged_meta)
-local K = buffer_keys(KEYS)
+local K = buffer_keys(KEYS, true)  -- (checked at the top)
 length = redis.call('ZCARD', K.order)
 local inserted = math.max(tonumber(ARGV[1]), length)
 local last = math.max(tonumber(conf[2] or '0'), tonumber(staged[2] or '0'))

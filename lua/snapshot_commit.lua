@@ -13,6 +13,7 @@
 -- The staged hash replaces the snapshot only if its epoch is the log's and it is newer
 -- than the snapshot there (else it is deleted). O(1) but for freeing the old snapshot (a
 -- few dozen fields). Returns 1 when published, 0 when not.
+refuse_while_applying(KEYS[1])  -- a replica's scores of part of a large add: not published
 local epoch = redis.call('HGET', KEYS[1], 'log_epoch')
 local version = tonumber(ARGV[3])
 local current = redis.call('HMGET', KEYS[1], 'log_version', 'snap_epoch', 'snap_version')

@@ -8,6 +8,7 @@
 -- out), then "length" and the number of items present. Reads only (no-writes).
 -- Errors: RB_NOBUF (no buffer of that name).
 -- @include common
+refuse_while_applying(KEYS[1])  -- counters mid-way through a large add: none
 local meta = redis.call('HGETALL', KEYS[1])
 if #meta == 0 then return fail('RB_NOBUF', 'buffer meta ' .. KEYS[1] .. ' does not exist') end
 local out = {}

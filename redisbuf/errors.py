@@ -340,6 +340,17 @@ class StepsGoneError(RedisBufError):
         self.chunks = message.split()
 
 
+class ApplyingError(RedisBufError):
+    """A large add (more than one add's bound, stored a slice at a time) is being stored
+    in the buffer (``RB_APPLYING``): every script on the buffer refuses, before any read
+    or write, until it is stored whole. The runner (redisbuf/store/applying.py) stores the
+    rest itself (``add_apply``) and calls again, so callers meet this error only where
+    they may not write (a read-only replica, the operator role) and the add did not end
+    within their wait."""
+
+    code = "RB_APPLYING"
+
+
 # The one mapping of script error codes to exceptions: a script's or FCALL function's
 # error reply that starts with a code becomes an instance of its class here
 # (redisbuf/store/scripts.py, translate).
@@ -361,5 +372,6 @@ SCRIPT_ERRORS: dict[str, type[RedisBufError]] = {
         SamplingError,
         RequestTooLargeError,
         StepsGoneError,
+        ApplyingError,
     )
 }

@@ -25,6 +25,18 @@ if not os.environ.get(BIN_ENV) and bundled_server_binary():
     os.environ[BIN_ENV] = bundled_server_binary()  # type: ignore[assignment]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _scripts_keep_their_bounds() -> None:
+    """Every script loaded (and the library built) once, with the real bounds: a test that
+    lowers the client's bounds (a monkeypatch of redisbuf.store.bounds) leaves the
+    scripts' as they are, whichever test happens to load a script first."""
+    from redisbuf.store import functions, scripts
+
+    functions.library_source()
+    for name in functions.script_names():
+        scripts.load(name)
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[EmbeddedServer]:
     with EmbeddedServer() as server:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -585,3 +586,27 @@ def test_a_line_printed_for_a_server_works_there(any_server, role, capsys):
     finally:
         admin.execute_command("ACL", "DELUSER", user)
         admin.close()
+
+
+def test_an_actors_large_add_is_stored_by_a_learner_and_waited_for_by_an_operator(
+    setup, real_client, monkeypatch
+):
+    from redisbuf.buffers import staged
+    from redisbuf.store import applying
+
+    name, _other, buffer, user = setup
+    actor, learner, operator = user("actor"), user("learner"), user("operator")
+    monkeypatch.setattr(staged, "_store_the_rest", lambda client, keys: None)  # gone
+    n = 3 * 1024 + 1
+    big = ReplayBuffer.open(actor, name)
+    ids = big.add({"x": np.ones((n, 2), np.float32), "log_rewards": np.zeros(n)}).ids
+    assert len(ids) == n and real_client.hexists(buffer.keys.meta, "applying")
+    meta, order = buffer.keys.meta, buffer.keys.order
+    waited = []
+    waiter = threading.Thread(target=lambda: waited.append(applying.finish(operator, meta)))
+    waiter.start()  # the operator may not store slices: it waits for someone who may
+    waiter.join(0.3)
+    assert waiter.is_alive()
+    assert len(ReplayBuffer(learner, name, capacity=16, sampler=PERSampler())) == 16
+    waiter.join(30)
+    assert waited == [[1, 0, 0, 0]] and operator.fcall_ro("rb_len", 2, meta, order) == 16

@@ -16,6 +16,7 @@ from test_sampling import chi2, chi2_limit
 
 from redisbuf import FifoSampler, ReplayBuffer
 from redisbuf.errors import RequestTooLargeError
+from redisbuf.sampling.removers import UniformRemover
 from redisbuf.store import bounds, functions
 from redisbuf.store.keys import format_id
 
@@ -105,13 +106,17 @@ def test_get_and_top_in_bounded_commands(client, buffer_name, small_bound):
     assert len(buffer.top(100)) == 10
 
 
-def test_an_add_above_the_bound_is_refused_and_writes_nothing(client, buffer_name):
-    buffer = ReplayBuffer(client, buffer_name, capacity=10_000)
+def test_an_add_above_the_bound_to_a_random_remover_is_refused_and_writes_nothing(
+    client, buffer_name
+):
+    # (any other buffer stores it a slice at a time: tests/test_large_add.py)
+    buffer = ReplayBuffer(client, buffer_name, capacity=10_000, remover=UniformRemover())
     buffer.add(_items(3))
     before = client.hgetall(buffer.keys.meta)
-    with pytest.raises(RequestTooLargeError, match=str(bounds.MAX_ADD_ITEMS)):
+    with pytest.raises(RequestTooLargeError, match="UniformRemover, chooses at random"):
         buffer.add(_items(bounds.MAX_ADD_ITEMS + 1))
     assert client.hgetall(buffer.keys.meta) == before and len(buffer) == 3
+    assert not [key for key in client.keys() if b":adding:" in key]  # nothing staged
     assert len(buffer.add(_items(bounds.MAX_ADD_ITEMS)).ids) == bounds.MAX_ADD_ITEMS
 
 

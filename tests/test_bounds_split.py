@@ -288,8 +288,8 @@ def test_add_slices_keep_items_and_bytes_under_the_bounds():
     assert "MAX_ADD_ITEMS" in bounds.add_refusal(cap + 1, 0)
 
 
-def test_an_add_above_the_byte_bound_is_refused_and_writes_nothing(client, buffer_name,
-                                                                   monkeypatch):
+def test_an_add_above_the_byte_bound_is_stored_in_slices_under_it(client, buffer_name,
+                                                                  monkeypatch, recorder):
     from redisbuf import ReplayBuffer
 
     # the client's bound lowered (the scripts keep theirs: test_fcall_add_above_...)
@@ -298,11 +298,11 @@ def test_an_add_above_the_byte_bound_is_refused_and_writes_nothing(client, buffe
     dim = 64 * 1024 // 4 // 2  # two items of about half the bound, plus headers
     half = {"x": np.zeros((2, dim), np.float32), "log_rewards": np.zeros(2)}
     buffer.add({"x": np.zeros((1, dim), np.float32), "log_rewards": np.zeros(1)})
-    keys = buffer.keys.all_keys()
-    before = key_contents(client, keys)
-    with pytest.raises(RequestTooLargeError, match="MAX_ADD_BYTES"):
-        buffer.add(half)
-    assert key_contents(client, keys) == before
+    recorder.on = True
+    assert buffer.add(half).ids.tolist() == [2, 3] and len(buffer) == 3  # (tests/test_large_add.py)
+    recorder.on = False
+    staged = [c for c in recorder.commands if c[0] == "HSET" and ":adding:" in c[1]]
+    assert [len(c) for c in staged] == [4, 4]  # one item a slice: two are above the bound
     # one item alone may be larger than the byte bound; a batch at the bound is stored
     one = {"x": np.zeros((1, 2 * dim + 10), np.float32), "log_rewards": np.zeros(1)}
     other = ReplayBuffer(client, f"{buffer_name}-one", capacity=10)

@@ -14,7 +14,7 @@ from redisbuf.servers.embedded import EmbeddedServer
 from redisbuf.store import functions, scripts
 from redisbuf.store.keys import BufferKeys
 
-KINDS = ("add", "sample", "priority", "admin", "rate", "config", "create")
+KINDS = ("add", "sample", "priority", "admin", "rate", "config", "create", "apply")
 
 
 def test_every_writing_script_has_a_grant_entry():

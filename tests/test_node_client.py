@@ -130,3 +130,23 @@ def test_node_and_python_share_buffers_bit_exact(redis_server, real_client, tmp_
         keys = ReplayBuffer(real_client, "py2node", capacity=100).keys.all_keys()
         real_client.fcall("rb_update_priority", len(keys), *keys, b"%012d" % ids[0],
                           np.array([1.0], ">f8").tobytes())
+
+
+def test_node_meets_a_large_add_and_stores_the_rest_of_it(redis_server, real_client,
+                                                          monkeypatch):
+    node = node_ready()
+    from redisbuf.buffers import staged
+
+    n = 3 * 1024 + 5
+    with ReplayBuffer(redis_server.url, "node-applying", capacity=10_000) as buffer:
+        def die(client, keys):  # the writer dies right after its commit
+            raise SystemExit("writer gone")
+
+        monkeypatch.setattr(staged, "_store_the_rest", die)
+        with pytest.raises(SystemExit):
+            buffer.add({"x": np.arange(n, dtype=np.int64), "log_rewards": np.zeros(n)})
+    assert real_client.hexists(buffer.keys.meta, "applying")
+    env = {"REDISBUF_APPLYING": json.dumps({"buffer": "node-applying", "length": n})}
+    monkeypatch.setattr(os, "environ", {**os.environ, **env})
+    run_node(node, redis_server.url, "test/applying.test.mjs")
+    assert not real_client.keys("rb:{node-applying}:appl*")

@@ -187,6 +187,11 @@ export function bufferKeys(name) {
     'batches', 'batches:old', 'masslog'].map(k);
 }
 
+/** The keys of the large add being stored a slice at a time (rb_add_apply's after the 13). */
+export function applyingKeys(name) {
+  return ['applying', 'applying:blobs', 'applying:texts'].map((suffix) => `rb:{${name}}:${suffix}`);
+}
+
 /** The buffer's snapshot of its PER priorities (rb:{name}:snap), which rb_priority and
  * rb_sample_per read besides the 13 keys. */
 export function snapKey(name) {
@@ -224,13 +229,34 @@ export class ReplayBuffer {
   }
 
   async #call(fn, keys, args, readOnly = false) {
-    try {
-      return await this.client.sendCommand(
-        [readOnly ? 'FCALL_RO' : 'FCALL', fn, String(keys.length), ...keys, ...args],
-        { returnBuffers: true },
-      );
-    } catch (error) {
-      throw translate(error);
+    for (;;) {
+      try {
+        return await this.client.sendCommand(
+          [readOnly ? 'FCALL_RO' : 'FCALL', fn, String(keys.length), ...keys, ...args],
+          { returnBuffers: true },
+        );
+      } catch (error) {
+        const translated = translate(error);
+        if (translated?.code !== 'RB_APPLYING') throw translated;
+        await this.finishApplying(); // then call again: the function refused before any write
+      }
+    }
+  }
+
+  /** Store what is left of a large add being stored in this buffer (a Python client's add
+   * above one add's bound, stored a slice at a time): rb_add_apply until it is done. Every
+   * function on the buffer refuses with RB_APPLYING until then; #call runs this and calls
+   * again. */
+  async finishApplying() {
+    const keys = [...this.keys, ...applyingKeys(this.name)];
+    for (;;) {
+      let reply;
+      try {
+        reply = await this.client.sendCommand(['FCALL', 'rb_add_apply', String(keys.length), ...keys]);
+      } catch (error) {
+        throw translate(error);
+      }
+      if (Number(reply[0]) === 1) return;
     }
   }
 

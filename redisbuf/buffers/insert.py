@@ -21,11 +21,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import redis
 
-from ..errors import RequestTooLargeError, SchemaError, ServerFullError, ServerUnavailableError
-from ..store import bounds, scripts
+from ..errors import (
+    ApplyingError,
+    RequestTooLargeError,
+    SchemaError,
+    ServerFullError,
+    ServerUnavailableError,
+)
+from ..store import applying, bounds, scripts
 from ..store.connection import check_durability, durability_wait, retrying
 from ..store.containers import schema_to_json
 from ..store.keys import BufferKeys, format_id
+from . import staged
 
 if TYPE_CHECKING:
     from .needs import InsertingNeeds as _InsertingNeeds
@@ -33,14 +40,15 @@ else:
     _InsertingNeeds = object  # for type checkers only: see redisbuf/buffers/needs.py
 
 
-def check_add_bound(name: str, blobs: list[bytes]) -> None:
-    """Refuse a batch one add command may not store (redisbuf/store/bounds.py): an add is
-    atomic, so it is refused, not split."""
+def check_add_bound(name: str, blobs: list[bytes], why: str = "") -> None:
+    """Refuse a batch one add command may not store (redisbuf/store/bounds.py) where no
+    large add (redisbuf/buffers/staged.py) may store it either (``why`` says why not): an
+    add is atomic, so it is refused, not split."""
     refusal = bounds.add_refusal(len(blobs), sum(len(blob) for blob in blobs))
     if refusal is not None:
         raise RequestTooLargeError(
-            f"buffer {name!r}: {refusal}, so that no command stalls the server: add it in "
-            "several batches (redisbuf.store.bounds.add_slices); nothing was written"
+            f"buffer {name!r}: {refusal}{why}, so that no command stalls the server: add it "
+            "in several batches (redisbuf.store.bounds.add_slices); nothing was written"
         )
 
 
@@ -134,10 +142,12 @@ class Inserting(_InsertingNeeds):
         schema_json = schema_to_json(schema)
         self._check_schema(schema, schema_json)
         texts = [_priority_text(priority) for priority in priorities.tolist()]
-        options_json = json.dumps(options) if options else ""
         # one id for both calls (the commit's reply replaces the reservation's): a retry
         # after a lost reply gets the first reply back
         batch = self._memory(self.keys)
+        if bounds.add_refusal(len(blobs), sum(len(blob) for blob in blobs)) is not None:
+            return self._insert_large(blobs, texts, schema, schema_json, options, batch)
+        options_json = json.dumps(options) if options else ""
         batch_id = batch[0]
         reserve, commit = scripts.load("add_reserve"), scripts.load("add_commit").remembering
         # the commit script must be on the server before its transaction, whose HSET would
@@ -168,6 +178,36 @@ class Inserting(_InsertingNeeds):
             raise self._schema_refusal(schema) from None
         except redis.exceptions.OutOfMemoryError as exc:
             raise self._full(exc) from exc
+        if self._schema is None:
+            self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
+        first, count, evicted = (int(value) for value in reply)
+        return AddResult(np.arange(first, first + count, dtype=np.int64), evicted)
+
+    def _insert_large(
+        self,
+        blobs: list[bytes],
+        texts: list[str],
+        schema: dict[str, Any],
+        schema_json: str,
+        options: dict[str, Any] | None,
+        batch: tuple[str, list[str], float],
+    ) -> AddResult:
+        """A batch above one add's bound, staged, committed and stored a slice at a time
+        (redisbuf/buffers/staged.py), atomically all the same."""
+        wait = durability_wait(self.durability, self.durability_timeout)
+        try:
+            reply = staged.insert_large(self.client, self.keys, blobs, texts, schema_json,
+                                        dict(options or {}), batch)
+        except SchemaError:
+            raise self._schema_refusal(schema) from None
+        except redis.exceptions.OutOfMemoryError as exc:
+            raise self._full(exc) from exc
+        refused = _refusal(reply)
+        if refused is not None:
+            return AddResult(np.arange(0, dtype=np.int64), 0, rejected=refused)
+        if wait is not None:
+            confirmation = retrying(lambda: self.client.execute_command(*wait), name=self.client)
+            check_durability(self.durability, confirmation, self.client)
         if self._schema is None:
             self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
         first, count, evicted = (int(value) for value in reply)
@@ -216,7 +256,8 @@ class Inserting(_InsertingNeeds):
                         confirmation = self.client.execute_command(*wait)
                         check_durability(self.durability, confirmation, self.client)
                     return list(done)
-            for load in (False, True):
+            load = False
+            while True:
                 if load:
                     scripts.reload(self.client, script)
                 pipe = self.client.pipeline(transaction=False)
@@ -235,6 +276,14 @@ class Inserting(_InsertingNeeds):
                     raise (refused or [executed])[0]
                 reply = executed[1]
                 if scripts.missing(reply) and not load:
+                    load = True
+                    continue
+                if isinstance(reply, redis.exceptions.ResponseError) and isinstance(
+                        scripts.translate(reply), ApplyingError):
+                    # a large add was committed since the reservation: the script
+                    # refused before any write; store that add, then send this again
+                    # (the HSET rewrites the same fields)
+                    applying.finish(self.client, self.keys.meta)
                     continue
                 if isinstance(reply, redis.exceptions.ResponseError):
                     # the script deleted the blobs and gave the ids back itself
@@ -243,7 +292,6 @@ class Inserting(_InsertingNeeds):
                 if wait is not None:
                     check_durability(self.durability, replies[4], self.client)
                 return list(reply)
-            raise AssertionError("unreachable")
 
         return retrying(attempt, name=self.client)
 

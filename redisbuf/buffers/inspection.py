@@ -10,7 +10,7 @@ import numpy as np
 import redis
 
 from ..sampling import lifetime
-from ..store import bounds
+from ..store import applying, bounds
 from ..store.keys import decode_meta, format_id, keeps_rewards
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class Inspecting(_InspectingNeeds):
         self.close()
 
     def __len__(self) -> int:
-        return int(self.client.zcard(self.keys.order))
+        return len(self.view)
 
     def __repr__(self) -> str:
         return (
@@ -218,11 +218,15 @@ class Inspecting(_InspectingNeeds):
             >>> stats["length"], stats["inserted"], stats["evicted"]
             (2, 3, 1)
         """
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.keys.meta)
-        pipe.zcard(self.keys.order)
-        meta_raw, length = pipe.execute()
-        meta = decode_meta(meta_raw)
+        while True:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(self.keys.meta)
+            pipe.zcard(self.keys.order)
+            meta_raw, length = pipe.execute()
+            meta = decode_meta(meta_raw)
+            if "applying" not in meta:
+                break
+            applying.finish(self.client, self.keys.meta)  # counters of the whole add
         return {
             "name": self.name,
             "capacity": int(meta.get("capacity", self.capacity)),

@@ -468,7 +468,10 @@ class ReplayBuffer(
         if self.remover is not None and self.remover.random:
             # the remover's choices (lua/_removers.lua) draw on this process's generator
             options["evict_u"] = self.rng.random(2 * len(blobs) + 8).tolist()
-        check_add_bound(self.name, blobs)
+            # (a large add's slices would each need their own: not staged)
+            remover = type(self.remover).__name__
+            check_add_bound(self.name, blobs, f" (its remover, {remover}, chooses at random: "
+                            "no add above that is stored a slice at a time)")
         if priorities is not None:
             checked = _per_priorities(priorities, len(blobs))
             options["per_priorities"] = list(map(repr, checked.tolist()))

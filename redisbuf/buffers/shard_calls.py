@@ -8,9 +8,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import redis
 
-from ..errors import ServerUnavailableError
+from ..errors import ApplyingError, ServerUnavailableError
+from ..store import scripts
 from ..store.connection import LOST
 
 if TYPE_CHECKING:
@@ -42,6 +44,31 @@ class ShardCalls:
         _pool_pid: int
 
         def _on_shard(self, k: int) -> Any: ...
+
+    def _sizes(self) -> np.ndarray:
+        """The shards' sizes (lua/len.lua each, in one pipeline): a shard storing a large
+        add answers once it is stored whole (through its runner)."""
+        script = scripts.load("len").read_only
+
+        def command(pipe: Any, shard: ReplayBuffer) -> None:
+            scripts.queue(pipe, self.client, script, [shard.keys.meta, shard.keys.order], [])
+
+        replies = self._per_shard(command)
+        if any(scripts.missing(r) for r in replies):
+            scripts.reload(self.client, script)  # every master
+            replies = self._per_shard(command)
+        sizes = []
+        for k, reply in enumerate(replies):
+            if isinstance(reply, redis.exceptions.ResponseError) and isinstance(
+                    scripts.translate(reply), ApplyingError):
+                with self._on_shard(k):
+                    reply = len(self.shards[k].view)
+            if isinstance(reply, redis.exceptions.ResponseError):
+                raise scripts.translate(reply)
+            if isinstance(reply, Exception):
+                raise reply
+            sizes.append(int(reply))
+        return np.array(sizes, dtype=np.int64)
 
     def _per_shard(self, command: Any) -> list[Any]:
         """``command(pipe, shard)`` (one command) for every shard in one pipeline (a

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import redis
 
-from ..errors import DecodeError, EmptyBufferError, SamplingError, WaitTimeoutError
+from ..errors import ApplyingError, DecodeError, EmptyBufferError, SamplingError, WaitTimeoutError
 from ..sampling import commits
 from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import Draw
@@ -120,13 +120,6 @@ class ShardedSampling(ShardCalls):
 
     # -- the shards' state --------------------------------------------------------------
 
-    def _sizes(self) -> np.ndarray:
-        replies = self._per_shard(lambda pipe, shard: pipe.zcard(shard.keys.order))
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return np.array([int(r) for r in replies], dtype=np.int64)
-
     def _replicas(self, rule: str) -> list[MassReplica]:
         """Every shard's replica for ``rule``, caught up now (one pipeline over the
         shards): the shards' masses as of this call, and draws from them that follow
@@ -164,6 +157,9 @@ class ShardedSampling(ShardCalls):
                 replies = [read(k) for k in range(self.count)]
         out = []
         for k, (shard, reply) in enumerate(zip(self.shards, replies, strict=True)):
+            if isinstance(reply, redis.exceptions.ResponseError) and isinstance(
+                    scripts.translate(reply), ApplyingError):
+                reply = read(k)  # through the runner, which stores the large add first
             if isinstance(reply, redis.exceptions.ResponseError):
                 raise scripts.translate(reply)
             if isinstance(reply, Exception):

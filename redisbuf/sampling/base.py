@@ -111,8 +111,9 @@ class BufferView:
         return self._runner(script, keys, args)
 
     def __len__(self) -> int:
-        """The number of items the buffer holds now (one ZCARD of its insertion order)."""
-        return int(self.client.zcard(self.keys.order))
+        """The number of items the buffer holds now (lua/len.lua: a ZCARD of its insertion
+        order, after a large add being stored, whole or none of it)."""
+        return int(self.run("len", [self.keys.meta, self.keys.order], [], read=True))
 
     def __repr__(self) -> str:
         return f"BufferView({self.name!r})"

@@ -24,8 +24,8 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import redis
 
-from ..errors import EmptyBufferError, RequestTooLargeError, SamplingError
-from ..store import bounds, scripts
+from ..errors import ApplyingError, EmptyBufferError, RequestTooLargeError, SamplingError
+from ..store import applying, bounds, scripts
 from ..store.connection import retrying
 from ..store.keys import pack_ids, split_ids
 from .base import BufferView
@@ -493,6 +493,12 @@ def _send_commit(
     replies = retrying(send, name=buffer.client)
     if scripts.missing(replies[0]):
         scripts.reload(buffer.client, script)
+        replies = retrying(send, name=buffer.client)
+    while isinstance(replies[0], redis.exceptions.ResponseError) and isinstance(
+            scripts.translate(replies[0]), ApplyingError):
+        # refused before any read or write: once the large add is stored, the commit
+        # corrects for it as for any change since the replica's version
+        applying.finish(buffer.client, keys.meta)
         replies = retrying(send, name=buffer.client)
     reply = replies[0]
     if isinstance(reply, redis.exceptions.ResponseError):

@@ -63,14 +63,16 @@ def items_for_bytes(bytes_per_item: float) -> int:
     return max(1, min(MAX_ITEMS_PER_COMMAND, int(MAX_REPLY_BYTES // bytes_per_item)))
 
 
-def add_slices(sizes: list[int]) -> list[tuple[int, int]]:
+def add_slices(sizes: list[int], max_bytes: int | None = None) -> list[tuple[int, int]]:
     """``(start, stop)`` of consecutive batches of items whose encoded sizes are ``sizes``,
     each an add the bounds allow: at most :data:`MAX_ADD_ITEMS` items and
-    :data:`MAX_ADD_BYTES` bytes (an item larger than that alone)."""
+    :data:`MAX_ADD_BYTES` bytes, or ``max_bytes`` when lower (an item larger than that
+    alone)."""
+    limit = MAX_ADD_BYTES if max_bytes is None else min(max_bytes, MAX_ADD_BYTES)
     slices: list[tuple[int, int]] = []
     start, held = 0, 0
     for index, size in enumerate(sizes):
-        if index > start and (index - start >= MAX_ADD_ITEMS or held + size > MAX_ADD_BYTES):
+        if index > start and (index - start >= MAX_ADD_ITEMS or held + size > limit):
             slices.append((start, index))
             start, held = index, 0
         held += size

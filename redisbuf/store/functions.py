@@ -33,6 +33,8 @@ rb_sample_per          sample_    the 13 buffer keys, snap        -- (counts use
                        per
 rb_len                 len        meta, order                     no-writes
 rb_stats               stats      meta, order                     no-writes
+rb_add_apply           add_apply  the 13 buffer keys, applying,   -- (the next slice of a
+                                  applying:blobs, applying:texts  large add; RB_APPLYING)
 =====================  =========  ==============================  ========================
 
 docs/wire-format.md documents every function's KEYS, ARGV, reply and error codes.
@@ -65,6 +67,7 @@ _OPERATIONS: dict[str, tuple[str, bool]] = {
     "rb_sample_per": ("sample_per", False),
     "rb_len": ("len", True),
     "rb_stats": ("stats", True),
+    "rb_add_apply": ("add_apply", False),
 }
 READ_ONLY = frozenset({"rb_version", "rb_sample_uniform_ro", "rb_priority", "rb_len",
                        "rb_stats"})
@@ -78,6 +81,7 @@ READ_ONLY = frozenset({"rb_version", "rb_sample_uniform_ro", "rb_priority", "rb_
 # the softmax mass log) is its drawer's: the learner's.
 GRANTS: dict[str, str] = {
     **dict.fromkeys(("add", "add_reserve", "add_commit", "add_release", "add_diverse",
+                     "add_stage", "add_staged",
                      "episode_push", "fragment_add", "seq_add", "seq_episode",
                      # a step store's writers insert, and sweep what they made
                      "steps_insert", "steps_sweep",
@@ -97,6 +101,8 @@ GRANTS: dict[str, str] = {
                      # the learner's, who changes priorities
                      "remove"), "priority"),
     "rate_limit": "rate",
+    # storing the rest of a large add another writer committed: any writing role's
+    "add_apply": "apply",
     **dict.fromkeys(("lifetime_config", "limiter_config"), "config"),
     # "create": init.lua makes a buffer (admin) or, when it exists, only reads its meta
     "init": "create",

@@ -24,10 +24,13 @@ key                        type    content
                                    the log)
 ``rb:{name}:shards``       hash    a sharded buffer's layout (see redisbuf/buffers/sharded.py)
 ``rb:{name}:quarantine``   hash    item id -> blob of a record set aside: it did not decode
+``rb:{name}:applying``     hash    the large add being stored a slice at a time (its
+                                   ``:blobs`` and ``:texts`` beside it; lua/_apply.lua)
 =========================  ======  =====================================================
 
 Other keys under the same tag: the control plane's ``rb:{name}:ctl:*``
-(redisbuf/control/redis.py) and a load's ``rb:{name}:staging:*``, which belong to the
+(redisbuf/control/redis.py), a load's ``rb:{name}:staging:*`` and a large add's staged
+slices ``rb:{name}:adding:*`` (they expire unless committed), which belong to the
 buffer too (``drop`` deletes them), and the keys of an EpisodeBuffer, SequenceBuffer,
 FragmentBuffer or StepStore of the same name (``episodes:``, ``seq:``, ``fragments:``,
 ``steps:``, see :class:`StepKeys`), which do not.
@@ -231,6 +234,28 @@ class BufferKeys:
         (redisbuf/buffers/quarantine.py). Not among :meth:`all_keys`: only that script
         takes it; ``clear`` keeps it, ``drop`` deletes it."""
         return self._key("quarantine")
+
+    def adding(self, batch_id: str) -> list[str]:
+        """Where a large add stages its slices before its commit (lua/add_stage.lua): its
+        blobs and its texts, which expire unless the commit takes them.
+
+        Args:
+            batch_id: the add's batch id.
+
+        Returns:
+            ``[blobs key, texts key]``.
+        """
+        return [self._key(f"adding:{batch_id}:blobs"), self._key(f"adding:{batch_id}:texts")]
+
+    def applying_keys(self) -> list[str]:
+        """The keys of the large add being stored a slice at a time (lua/_apply.lua): its
+        state, its blobs and its texts, all gone once it is stored.
+
+        Returns:
+            ``[state, blobs, texts]``.
+        """
+        return [self._key("applying"), self._key("applying:blobs"),
+                self._key("applying:texts")]
 
     def drawing(self, token: str) -> str:
         """The set of ids one large uniform draw has returned so far (its chunks exclude

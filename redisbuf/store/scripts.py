@@ -167,7 +167,7 @@ def remembering_source(body: str, name: str) -> str:
 
 
 # The tag of a script's remembered replies (see lua/_remember.lua); "=" for the others.
-_TAGS = {"add_reserve": "r", "add_commit": "c"}
+_TAGS = {"add_reserve": "r", "add_commit": "c", "add_staged": "s"}
 
 
 def tag_of(name: str) -> str:
@@ -300,7 +300,11 @@ class Script:
 
         With ``then`` (a command, e.g. ``("WAITAOF", 1, 0, 1000)``) it is sent right after
         the script on the same connection and ``(reply, its reply)`` is returned; its
-        error reply is returned, not raised."""
+        error reply is returned, not raised.
+
+        A script that a large add being stored in the buffer refuses (``RB_APPLYING``,
+        before any read or write) is called again once :func:`redisbuf.store.applying.finish`
+        has stored the add's slices left."""
         if batch is not None:
             if self.retry not in (None, "remembered"):
                 raise ValueError(
@@ -311,6 +315,17 @@ class Script:
             return self.remembering(
                 client, [*keys, *memory_keys], [*args, batch_id, int(seconds * 1000)], then=then
             )
+        while True:
+            try:
+                return self._run_once(client, keys, args, then)
+            except errors.ApplyingError:
+                from . import applying
+
+                applying.finish(client, keys[0])
+
+    def _run_once(
+        self, client: Any, keys: list[str], args: list[Any], then: tuple[Any, ...] | None
+    ) -> Any:
         try:
             if then is not None:
                 return self._eval_then(client, keys, args, then)

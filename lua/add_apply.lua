@@ -1,0 +1,13 @@
+-- Store the next slice of the large add being applied to a buffer (lua/_apply.lua): what a
+-- caller runs when a script refused with RB_APPLYING, until it answers done, before
+-- calling again. Any caller may: a writer that died after its commit blocks nobody.
+-- @include apply
+-- @keys 16
+-- @retry safe
+-- KEYS[1] meta  KEYS[2..13] the buffer's other keys, in BufferKeys.all_keys() order
+-- KEYS[14..16] the applying keys: state, blobs, texts (rb:{NAME}:applying,
+-- :applying:blobs, :applying:texts)
+-- ARGV none
+-- Returns {done: 1 when nothing is left to store, else 0, first_id, n, evicted so far}
+-- ({1, 0, 0, 0} when nothing was being applied).
+return apply_step(buffer_keys(KEYS, true), applying_keys(KEYS, 14))
