@@ -1,7 +1,9 @@
 -- Shared helpers, a helper scripts name with "-- @include common" (redisbuf/store/scripts.py
 -- pastes every helper a script needs once, after the helpers it includes).
 -- Not an operation of its own.
-local unpack = unpack or table.unpack
+-- (the standard library read when called: the functions library makes its helpers when it
+-- loads, where neither `table` nor `unpack` is there yet)
+local unpack = function(...) return (table.unpack or unpack)(...) end
 local CHUNK = 1000  -- both real Redis and fakeredis refuse unpack() of ~8000 values
 
 -- A PER priority counts in meta per_sum as at most this (2^990, about 1e298, as

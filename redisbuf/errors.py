@@ -177,9 +177,11 @@ class UnsupportedItemError(InvalidBatchError, TypeError):
 
 class RequestTooLargeError(InvalidBatchError):
     """One call asked the server for more items than one command may touch
-    (:data:`redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`; a batch ``add`` above
-    :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS`); the message names the limit. Nothing
-    was written. The server's scripts and FCALL functions reply ``RB_LIMIT`` likewise."""
+    (:data:`redisbuf.store.bounds.MAX_ITEMS_PER_COMMAND`; an ``add`` above
+    :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS` where no large add may store it: a
+    diverse buffer, a remover that chooses at random); the message names the limit.
+    Nothing was written. The server's scripts and FCALL functions reply ``RB_LIMIT``
+    likewise."""
 
     code = "RB_LIMIT"
 

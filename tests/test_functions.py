@@ -178,6 +178,10 @@ def test_rb_sample_uniform_returns_python_records_and_counts_the_draw(client, bu
     # the read-only variant draws the same and counts nothing
     assert client.fcall_ro("rb_sample_uniform_ro", len(keys), *keys, 3, 0, 1, uniforms) == reply
     assert buffer.stats()["sampled"] == 3
+    # and a plain call after it counts again: each call sets the flag its helpers read
+    # (made once when the library loads, lua/_operation.lua)
+    assert client.fcall("rb_sample_uniform", len(keys), *keys, 3, 0, 1, uniforms) == reply
+    assert buffer.stats()["sampled"] == 6
     with pytest.raises(redis.exceptions.ResponseError, match="RB_INVALID"):
         client.fcall("rb_sample_uniform", len(keys), *keys, 3, 0, 1, b"short")
 

@@ -414,10 +414,14 @@ class ReplayBuffer(
         Log-rewards may be -inf or +inf (+inf items are evicted last; prioritized sampling
         refuses to draw while one is present, as the softmax is undefined).
         A batch that is rejected (wrong kind or schema, NaN log-rewards, an item
-        over ``max_item_bytes``, more than :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS`
-        items or, with more than one item, more than
-        :data:`~redisbuf.store.bounds.MAX_ADD_BYTES` of encoded items:
-        :class:`RequestTooLargeError`) raises and leaves the buffer unchanged.
+        over ``max_item_bytes``) raises and leaves the buffer unchanged.
+
+        A batch of more than :data:`~redisbuf.store.bounds.MAX_ADD_ITEMS` items or, with
+        more than one item, more than :data:`~redisbuf.store.bounds.MAX_ADD_BYTES` of
+        encoded items is a large add (redisbuf/buffers/staged.py): staged in slices,
+        committed, then stored a slice per command, atomically all the same (every other
+        call on the buffer waits until it is stored whole). With a remover that chooses
+        at random it is refused (:class:`RequestTooLargeError`) instead.
 
         ``priorities`` (one finite number >= 0 per item) sets the items' PER priorities
         on a buffer using :class:`PERSampler`; without it they get
@@ -450,7 +454,8 @@ class ReplayBuffer(
             UnsupportedItemError: an item of a nest batch holds a value the nest codec
                 does not store (a ``TypeError`` naming its path and type).
             ItemTooLargeError: an item encodes to more than ``max_item_bytes``.
-            RequestTooLargeError: more items or bytes than one add may carry.
+            RequestTooLargeError: more items or bytes than one add may carry, with a
+                remover that chooses at random.
             ConfigMismatchError: ``priorities`` on a buffer without :class:`PERSampler`.
             DurabilityError: ``durability`` was not confirmed in time (the batch is stored).
             ServerFullError: the server is at ``maxmemory`` (nothing is stored).

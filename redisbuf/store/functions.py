@@ -6,8 +6,10 @@ every script (redisbuf/store/scripts.py), because it is built here from the ``lu
 files, Python only filling templates: the whole library is ``lua/_library.lua``; each
 script, its includes expanded, becomes one Lua function ``OP.NAME(KEYS, ARGV,
 RB_NO_WRITES)`` (``lua/_operation.lua``: the scripts' globals and top-level ``return``
-keep their meaning, and each operation's helpers are locals of its own function: no limit
-on locals or upvalues is shared between operations), with ``ONCE.NAME`` around it (the
+keep their meaning; each operation's helpers are locals of a function of its own, run
+once when the library loads, so that a call does not make its helpers' closures again,
+and no limit on locals or upvalues is shared between operations), with ``ONCE.NAME``
+around it (the
 remembering variant, ``lua/_remember.lua``); each registered function is
 ``lua/_register.lua``. Registered: the public functions below, and
 for Python each script's three variants under ``Script.function``
@@ -134,9 +136,10 @@ def _operation(name: str) -> str:
     as ``ONCE.name(KEYS, ARGV)`` (lua/_operation.lua): the library's functions of its
     three variants call these."""
     once = scripts.remembering_source(f"return OP.{name}(KEYS, ARGV, false)", name)
+    helpers, own = scripts.load(name).parts
     return scripts.template(
-        "operation", NAME=name, LIMITS=scripts.limits(),
-        SCRIPT=scripts.load(name)._expanded.rstrip("\n"), ONCE=once.rstrip("\n"),
+        "operation", NAME=name, LIMITS=scripts.limits(), HELPERS=helpers,
+        SCRIPT=own.rstrip("\n"), ONCE=once.rstrip("\n"),
     )
 
 

@@ -102,14 +102,26 @@ def _helpers(names: list[str]) -> list[str]:
 def _expand(source: str) -> str:
     """``source`` with its helpers pasted in place of its first ``@include`` line (see the
     module docstring) and every other ``@include`` line removed."""
+    first = _INCLUDE.search(source)
+    if first is None:
+        return source
+    helpers, own = _split(source)
+    head = source[: first.start()]  # the header comments: own starts with them
+    return head + helpers + own[len(head):]
+
+
+def _split(source: str) -> tuple[str, str]:
+    """``source`` as (its helpers, every one it needs pasted once, in order; its own text
+    without its ``@include`` lines), the two parts the functions library places apart
+    (lua/_operation.lua): :func:`_expand` pastes the first into the second where its
+    first ``@include`` line was."""
     names = _includes(source)
     if not names:
-        return source
+        return "", source
     pasted = "".join(_ensure_newline(_INCLUDE.sub("", _helper(n))) for n in _helpers(names))
     first = _INCLUDE.search(source)
     assert first is not None
-    rest = _INCLUDE.sub("", source[first.end():])
-    return source[: first.start()] + pasted + rest
+    return pasted, source[: first.start()] + _INCLUDE.sub("", source[first.end():])
 
 
 def _ensure_newline(text: str) -> str:
@@ -199,9 +211,12 @@ class Script:
     """
 
     def __init__(
-        self, name: str, source: str, read_only: bool = False, remembering: bool = False
+        self, name: str, source: str, read_only: bool = False, remembering: bool = False,
+        parts: tuple[str, str] | None = None,
     ) -> None:
         self.name = name
+        # (its helpers, its own text): what the library makes once and what each call runs
+        self.parts = parts if parts is not None else ("", source)
         # which of the three variants this is (the library registers each, see functions.py)
         self.variant = "ro" if read_only else "once" if remembering else "plain"
         flag = template("flag", NO_WRITES="true" if read_only else "false")
@@ -482,5 +497,5 @@ def _explained(client: Any, exc: Exception) -> Exception:
 @cache
 def load(name: str) -> Script:
     """The script ``lua/NAME.lua``, includes expanded."""
-    path = lua_dir() / f"{name}.lua"
-    return Script(name, _expand(path.read_text()))
+    text = (lua_dir() / f"{name}.lua").read_text()
+    return Script(name, _expand(text), parts=_split(text))
