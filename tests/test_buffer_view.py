@@ -31,7 +31,8 @@ def test_a_sampler_draws_through_a_view_made_without_a_buffer(client, buffer_nam
         return (loaded.read if read else loaded)(client, keys, args)
 
     view = BufferView(buffer_name, client, BufferKeys(buffer_name), run)
-    assert len(view) == 10
+    assert len(view) == 10 and calls == ["len"]  # lua/len.lua, through the view's runner
+    calls.clear()
     draw = UniformSampler().draw(view, 4, np.random.default_rng(0))
     assert len(set(draw.ids)) == 4 and set(draw.ids) <= set(range(1, 11))
     assert len(draw.blobs) == 4 and all(blob for blob in draw.blobs)

@@ -387,7 +387,9 @@ def test_inspect_priority_of_a_buffer_without_per_is_one_clear_line(
 
 
 @pytest.mark.redis_server
-def test_inspect_missing_buffer_names_those_that_exist(redis_server, filled, capsys):
+def test_inspect_missing_buffer_names_those_that_exist(redis_server, real_client, filled,
+                                                       capsys):
+    # (real_client flushes the shared server first: the message names 20 buffers at most)
     code = cli.main(["inspect", "no-such-buffer", "--url", redis_server.url])
     assert code == 1
     err = capsys.readouterr().err

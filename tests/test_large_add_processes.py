@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+import redis
 
 from redisbuf import PERSampler, ReplayBuffer
 from redisbuf.buffers import staged
@@ -19,6 +20,18 @@ pytestmark = pytest.mark.redis_server
 N = 6 * 1024 + 3
 BEFORE = 50
 CONTEXT = mp.get_context("fork")  # the children keep this process's monkeypatches off
+
+
+@pytest.fixture(autouse=True)
+def _dropped(redis_server, buffer_name):
+    """The test's buffer goes afterwards (the session's server is shared by the file's
+    worker: tests/test_cli.py lists the buffers left there)."""
+    yield
+    client = redis.Redis.from_url(redis_server.url)
+    keys = list(client.scan_iter(match=f"rb:{{{buffer_name}}}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 def _items(n: int, start: int = 0) -> dict[str, np.ndarray]:

@@ -36,10 +36,13 @@ class UsedDataRemover:
         self._thread.start()
 
     def close(self) -> None:
-        """Delete every file still queued, then stop the thread."""
+        """Stop the thread (once it has deleted the file it took, if any), then delete
+        every file still queued."""
+        self._end_flag = True
+        if self._thread.is_alive():
+            self._thread.join()
         while not self._used_data.empty():
             _remove_file(self._used_data.get())
-        self._end_flag = True
 
     def add_used_data(self, data: Any) -> None:
         """Queue the file of ``data`` (a dict with ``data_id``) for deletion.
