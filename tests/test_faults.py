@@ -1023,3 +1023,15 @@ def test_a_socket_timeout_that_would_cut_the_durability_wait_is_refused(replicat
     assert len(buffer.add({"x": np.arange(4, dtype=np.float32)}).ids) == 4
     short.close()
     long.close()
+
+
+@pytest.mark.redis_server
+def test_durability_replica_covers_a_large_add_whole(replicated, buffer_name):
+    primary, replica = replicated
+    buffer = ReplayBuffer(primary, buffer_name, capacity=10_000, durability="replica",
+                          durability_timeout=20)
+    n = 3 * 1024 + 7  # a large add: staged, committed, then stored a slice a command
+    assert len(buffer.add({"x": np.zeros((n, 2), np.float32)}).ids) == n
+    # WAIT returned: the replica has every slice, without any further waiting
+    assert replica.zcard(BufferKeys(buffer_name).order) == n
+    assert not replica.hexists(BufferKeys(buffer_name).meta, "applying")
