@@ -36,15 +36,16 @@ local function apply_step(K, A)
   local first, n, start = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
   local evicted = tonumber(st[4])
   local stop = tonumber(redis.call('HGET', A.texts, 's' .. start))
-  local positions, per_fields = {}, {}
-  for i = start, stop - 1 do
-    positions[#positions + 1] = tostring(i)
-    per_fields[#per_fields + 1] = 'p' .. i
-  end
+  local positions = {}
+  for i = start, stop - 1 do positions[#positions + 1] = tostring(i) end
   local blobs = hmget_chunked(A.blobs, positions)
   local rewards = hmget_chunked(A.texts, positions)
   local options = batch_options(st[6])
-  if options.per_given then options.per_priorities = hmget_chunked(A.texts, per_fields) end
+  if options.per_given then
+    local per_fields = {}
+    for i = start, stop - 1 do per_fields[#per_fields + 1] = 'p' .. i end
+    options.per_priorities = hmget_chunked(A.texts, per_fields)
+  end
   local conf = redis.call('HMGET', K.meta, 'capacity', 'eviction', 'schema', 'masslog')
   local stored = commit_batch(K, conf, st[5], options, id_range(first + start, stop - start),
     first + start, blobs, rewards, nil)
@@ -57,9 +58,7 @@ local function apply_step(K, A)
   redis.call('UNLINK', A.state, A.blobs, A.texts)
   redis.call('HDEL', K.meta, 'applying')
   local whole = {first, n, evicted}
-  if redis.call('HEXISTS', K.batches_old, st[7]) == 1 then
-    redis.call('HDEL', K.batches_old, st[7])
-  end
+  redis.call('HDEL', K.batches_old, st[7])  -- (an older generation's entry, if any)
   redis.call('HSET', K.batches, st[7], st[8] .. cjson.encode(whole))
   return {1, first, n, evicted}
 end

@@ -145,59 +145,10 @@ class Inserting(_InsertingNeeds):
         # one id for both calls (the commit's reply replaces the reservation's): a retry
         # after a lost reply gets the first reply back
         batch = self._memory(self.keys)
-        if bounds.add_refusal(len(blobs), sum(len(blob) for blob in blobs)) is not None:
-            return self._insert_large(blobs, texts, schema, schema_json, options, batch)
-        options_json = json.dumps(options) if options else ""
-        batch_id = batch[0]
-        reserve, commit = scripts.load("add_reserve"), scripts.load("add_commit").remembering
-        # the commit script must be on the server before its transaction, whose HSET would
-        # run even if the script was missing: with EVALSHA, SCRIPT EXISTS in the reserve's
-        # round trip says; a function ran the reserve, so the library (commit included) is on
-        exists = None if scripts.uses_functions(self.client) else ("SCRIPT", "EXISTS", commit.sha)
+        large = bounds.add_refusal(len(blobs), sum(len(blob) for blob in blobs)) is not None
+        store = self._insert_large if large else self._reserve_and_commit
         try:
-            reply = retrying(
-                lambda: reserve(
-                    self.client,
-                    self.keys.all_keys(),
-                    [schema_json, len(blobs), options_json, *texts],
-                    batch=batch,
-                    then=exists,
-                ),
-                name=self.client,
-            )
-            if exists is not None:
-                reply, loaded = reply
-                if isinstance(loaded, Exception) or not loaded[0]:
-                    self.client.script_load(commit.source)
-            refused = _refusal(reply)
-            if refused is not None:
-                return AddResult(np.arange(0, dtype=np.int64), 0, rejected=refused)
-            first = int(reply[0])
-            reply = self._commit(first, blobs, texts, schema_json, options_json, batch_id)
-        except SchemaError:
-            raise self._schema_refusal(schema) from None
-        except redis.exceptions.OutOfMemoryError as exc:
-            raise self._full(exc) from exc
-        if self._schema is None:
-            self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
-        first, count, evicted = (int(value) for value in reply)
-        return AddResult(np.arange(first, first + count, dtype=np.int64), evicted)
-
-    def _insert_large(
-        self,
-        blobs: list[bytes],
-        texts: list[str],
-        schema: dict[str, Any],
-        schema_json: str,
-        options: dict[str, Any] | None,
-        batch: tuple[str, list[str], float],
-    ) -> AddResult:
-        """A batch above one add's bound, staged, committed and stored a slice at a time
-        (redisbuf/buffers/staged.py), atomically all the same."""
-        wait = durability_wait(self.durability, self.durability_timeout)
-        try:
-            reply = staged.insert_large(self.client, self.keys, blobs, texts, schema_json,
-                                        dict(options or {}), batch)
+            reply = store(blobs, texts, schema_json, options, batch)
         except SchemaError:
             raise self._schema_refusal(schema) from None
         except redis.exceptions.OutOfMemoryError as exc:
@@ -205,13 +156,63 @@ class Inserting(_InsertingNeeds):
         refused = _refusal(reply)
         if refused is not None:
             return AddResult(np.arange(0, dtype=np.int64), 0, rejected=refused)
-        if wait is not None:
-            confirmation = retrying(lambda: self.client.execute_command(*wait), name=self.client)
-            check_durability(self.durability, confirmation, self.client)
         if self._schema is None:
             self._schema, self._schema_json, self.kind = schema, schema_json, schema["kind"]
         first, count, evicted = (int(value) for value in reply)
         return AddResult(np.arange(first, first + count, dtype=np.int64), evicted)
+
+    def _reserve_and_commit(
+        self,
+        blobs: list[bytes],
+        texts: list[str],
+        schema_json: str,
+        options: dict[str, Any] | None,
+        batch: tuple[str, list[str], float],
+    ) -> list[Any]:
+        """The two calls of an add within one add's bound (see ``_insert``): the commit's
+        reply, or the reservation's refusal (``_refusal``)."""
+        options_json = json.dumps(options) if options else ""
+        reserve, commit = scripts.load("add_reserve"), scripts.load("add_commit").remembering
+        # the commit script must be on the server before its transaction, whose HSET would
+        # run even if the script was missing: with EVALSHA, SCRIPT EXISTS in the reserve's
+        # round trip says; a function ran the reserve, so the library (commit included) is on
+        exists = None if scripts.uses_functions(self.client) else ("SCRIPT", "EXISTS", commit.sha)
+        reply = retrying(
+            lambda: reserve(
+                self.client,
+                self.keys.all_keys(),
+                [schema_json, len(blobs), options_json, *texts],
+                batch=batch,
+                then=exists,
+            ),
+            name=self.client,
+        )
+        if exists is not None:
+            reply, loaded = reply
+            if isinstance(loaded, Exception) or not loaded[0]:
+                self.client.script_load(commit.source)
+        if _refusal(reply) is not None:
+            return list(reply)
+        return self._commit(int(reply[0]), blobs, texts, schema_json, options_json, batch[0])
+
+    def _insert_large(
+        self,
+        blobs: list[bytes],
+        texts: list[str],
+        schema_json: str,
+        options: dict[str, Any] | None,
+        batch: tuple[str, list[str], float],
+    ) -> list[Any]:
+        """A batch above one add's bound, staged, committed and stored a slice at a time
+        (redisbuf/buffers/staged.py), atomically all the same; then the durability wait.
+        The whole add's reply, or the commit's refusal."""
+        reply = staged.insert_large(self.client, self.keys, blobs, texts, schema_json,
+                                    dict(options or {}), batch)
+        wait = durability_wait(self.durability, self.durability_timeout)
+        if wait is not None and _refusal(reply) is None:
+            confirmation = retrying(lambda: self.client.execute_command(*wait), name=self.client)
+            check_durability(self.durability, confirmation, self.client)
+        return reply
 
     def _commit(
         self,
@@ -246,11 +247,7 @@ class Inserting(_InsertingNeeds):
 
         def attempt() -> list[Any]:
             if sent[0]:  # lost the reply: did the transaction run?
-                pipe = self.client.pipeline(transaction=False)
-                for key in memory:
-                    pipe.hget(key, batch_id)
-                seen = [scripts.remembered(v, "add_commit") for v in pipe.execute()]
-                done = next((reply for reply in seen if reply is not None), None)
+                done = scripts.read_remembered(self.client, memory, batch_id, "add_commit")
                 if done is not None:
                     if wait is not None:
                         confirmation = self.client.execute_command(*wait)

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import redis
 
-from ..errors import ApplyingError, ServerUnavailableError
-from ..store import scripts
+from ..errors import ServerUnavailableError
+from ..store import applying, scripts
 from ..store.connection import LOST
 
 if TYPE_CHECKING:
@@ -59,8 +59,7 @@ class ShardCalls:
             replies = self._per_shard(command)
         sizes = []
         for k, reply in enumerate(replies):
-            if isinstance(reply, redis.exceptions.ResponseError) and isinstance(
-                    scripts.translate(reply), ApplyingError):
+            if applying.refused(reply):
                 with self._on_shard(k):
                     reply = len(self.shards[k].view)
             if isinstance(reply, redis.exceptions.ResponseError):

@@ -62,11 +62,11 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import redis
 
-from ..errors import ApplyingError, DecodeError, EmptyBufferError, SamplingError, WaitTimeoutError
+from ..errors import DecodeError, EmptyBufferError, SamplingError, WaitTimeoutError
 from ..sampling import commits
 from ..sampling.replica import MassReplica, replica_of
 from ..sampling.samplers import Draw
-from ..store import bounds, scripts
+from ..store import applying, bounds, scripts
 from ..store.connection import is_cluster
 from . import quarantine
 from .replay import ReplayBuffer, SampleInfo
@@ -157,8 +157,7 @@ class ShardedSampling(ShardCalls):
                 replies = [read(k) for k in range(self.count)]
         out = []
         for k, (shard, reply) in enumerate(zip(self.shards, replies, strict=True)):
-            if isinstance(reply, redis.exceptions.ResponseError) and isinstance(
-                    scripts.translate(reply), ApplyingError):
+            if applying.refused(reply):
                 reply = read(k)  # through the runner, which stores the large add first
             if isinstance(reply, redis.exceptions.ResponseError):
                 raise scripts.translate(reply)

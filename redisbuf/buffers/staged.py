@@ -108,25 +108,22 @@ def insert_large(
     commit_keys = [*keys.all_keys(), *keys.adding(batch_id), *keys.applying_keys()]
     args = [schema_json, len(blobs), json.dumps(options) if options else "",
             batch_id, scripts.tag_of("add_staged")]
+    def drop_staged() -> None:
+        retrying(lambda: client.delete(*keys.adding(batch_id)), name=client)
+
     try:
         reply = retrying(lambda: commit(client, commit_keys, args, batch=memory), name=client)
     except RedisBufError:  # refused before any write: its staged slices go too
-        retrying(lambda: client.delete(*keys.adding(batch_id)), name=client)
+        drop_staged()
         raise
     if len(reply) == 4 and int(reply[0]) == 0:  # refused by admission (counted)
-        retrying(lambda: client.delete(*keys.adding(batch_id)), name=client)
+        drop_staged()
         return list(reply)
     if len(reply) == 4 and not int(reply[3]):  # (3 long: the whole add's, remembered)
         _store_the_rest(client, keys)
     # the last step (whoever ran it) left the whole add's reply in the batch memory
-    def read() -> list[Any]:
-        pipe = client.pipeline(transaction=False)
-        for key in memory[1]:
-            pipe.hget(key, batch_id)
-        return pipe.execute()
-
-    seen = [scripts.remembered(value, "add_staged") for value in retrying(read, name=client)]
-    whole = next((value for value in seen if value is not None), None)
+    whole = retrying(lambda: scripts.read_remembered(client, memory[1], batch_id, "add_staged"),
+                     name=client)
     if whole is None:  # forgotten already (a window shorter than the add): its ids stand
         return [int(reply[0]), int(reply[1]), int(reply[2])]
     return [int(value) for value in whole[:3]]

@@ -247,10 +247,9 @@ class StepStore:
 
         def attempt() -> Any:
             if sent[0]:  # a lost reply: did it run?
-                for key in memory:
-                    done = scripts.remembered(self.client.hget(key, batch_id), "steps_insert")
-                    if done is not None:
-                        return done
+                done = scripts.read_remembered(self.client, memory, batch_id, "steps_insert")
+                if done is not None:
+                    return done
             for load in (False, True):
                 if load:
                     scripts.reload(self.client, script)

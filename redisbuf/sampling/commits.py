@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import redis
 
-from ..errors import ApplyingError, EmptyBufferError, RequestTooLargeError, SamplingError
+from ..errors import EmptyBufferError, RequestTooLargeError, SamplingError
 from ..store import applying, bounds, scripts
 from ..store.connection import retrying
 from ..store.keys import pack_ids, split_ids
@@ -494,8 +494,7 @@ def _send_commit(
     if scripts.missing(replies[0]):
         scripts.reload(buffer.client, script)
         replies = retrying(send, name=buffer.client)
-    while isinstance(replies[0], redis.exceptions.ResponseError) and isinstance(
-            scripts.translate(replies[0]), ApplyingError):
+    while applying.refused(replies[0]):
         # refused before any read or write: once the large add is stored, the commit
         # corrects for it as for any change since the replica's version
         applying.finish(buffer.client, keys.meta)

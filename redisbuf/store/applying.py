@@ -28,6 +28,13 @@ _POLL = 0.005  # seconds between its looks at the flag
 _MAY_NOT_WRITE = (*scripts._REFUSED_WRITES, redis.exceptions.NoPermissionError)
 
 
+def refused(reply: Any) -> bool:
+    """Whether a script's pipelined ``reply`` is its refusal while a large add is being
+    stored (``RB_APPLYING``, before any read or write): call :func:`finish`, then again."""
+    return isinstance(reply, redis.exceptions.ResponseError) and isinstance(
+        scripts.translate(reply), ApplyingError)
+
+
 def keys_of(meta_key: str) -> list[str]:
     """The KEYS of ``add_apply`` for the buffer whose meta key is ``meta_key``."""
     text = meta_key.decode() if isinstance(meta_key, bytes) else str(meta_key)

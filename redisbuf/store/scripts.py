@@ -99,13 +99,14 @@ def _helpers(names: list[str]) -> list[str]:
     return order
 
 
-def _expand(source: str) -> str:
+def _expand(source: str, parts: tuple[str, str] | None = None) -> str:
     """``source`` with its helpers pasted in place of its first ``@include`` line (see the
-    module docstring) and every other ``@include`` line removed."""
+    module docstring) and every other ``@include`` line removed; ``parts`` its
+    :func:`_split` when already made."""
     first = _INCLUDE.search(source)
     if first is None:
         return source
-    helpers, own = _split(source)
+    helpers, own = parts if parts is not None else _split(source)
     head = source[: first.start()]  # the header comments: own starts with them
     return head + helpers + own[len(head):]
 
@@ -193,6 +194,16 @@ def remembered(value: bytes | None, name: str) -> Any:
     if value is None or value[:1] != tag_of(name).encode():
         return None
     return json.loads(value[1:])
+
+
+def read_remembered(client: Any, memory: list[str], batch_id: str, name: str) -> Any:
+    """Script ``name``'s reply remembered under ``batch_id`` in the batch memory keys
+    ``memory`` (its generation, then the older one: one pipeline), or None."""
+    pipe = client.pipeline(transaction=False)
+    for key in memory:
+        pipe.hget(key, batch_id)
+    seen = [remembered(value, name) for value in pipe.execute()]
+    return next((reply for reply in seen if reply is not None), None)
 
 # Errors a server gives scripts that may write when it refuses every write.
 _REFUSED_WRITES = (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError)
@@ -498,4 +509,5 @@ def _explained(client: Any, exc: Exception) -> Exception:
 def load(name: str) -> Script:
     """The script ``lua/NAME.lua``, includes expanded."""
     text = (lua_dir() / f"{name}.lua").read_text()
-    return Script(name, _expand(text), parts=_split(text))
+    parts = _split(text)
+    return Script(name, _expand(text, parts), parts=parts)
