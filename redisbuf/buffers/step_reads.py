@@ -172,8 +172,8 @@ class _Fetched:
 
 
 def _fetch(store: StepStore, table: ReplayBuffer, draw: Draw) -> _Fetched:
-    records = [store.record(blob) for blob in draw.blobs]
-    ids = [format_id(i) for i in draw.ids]
+    records = store.records(draw.blobs)
+    ids = [b"%012d" % i for i in draw.ids]  # format_id, inline: a batch names hundreds
     pipe = table.client.pipeline(transaction=False)
     named = {key: None for record in records for key in record.chunks}
     chunks = store.chunks_into(pipe, named)
@@ -324,23 +324,30 @@ def _gather(records: list[ItemRecord], chunks: dict[str, Chunk]) -> list[np.ndar
     slices: an array is no object the garbage collector tracks, and a batch makes one
     per run (a memoryview, tracked, made collections run several times as often)."""
     layout = records[0].layout
-    if any(record.layout != layout for record in records):
+    if [record.layout for record in records].count(layout) != len(records):  # in C
         return None
     out = []
     for position, (source, squeeze, length) in enumerate(layout):
         parts: list[np.ndarray] = []
         append = parts.append
         kind = None
+        # each chunk's cells of ``source``, looked up (and its kind checked) once per batch
+        # rather than once per run: a batch reads a few runs of each chunk
+        cells_of: dict[str, np.ndarray] = {}
         for record in records:
             keys = record.chunks
             for index, start, rows in record.columns[position][1]:
-                chunk = chunks[keys[index]]
-                cells_kind = chunk.kinds[source]
-                if kind is None:
-                    kind = cells_kind
-                elif cells_kind != kind:  # cells of several kinds do not join
-                    return None
-                append(chunk.columns[source][start : start + rows])
+                key = keys[index]
+                cells = cells_of.get(key)
+                if cells is None:
+                    chunk = chunks[key]
+                    cells_kind = chunk.kinds[source]
+                    if kind is None:
+                        kind = cells_kind
+                    elif cells_kind != kind:  # cells of several kinds do not join
+                        return None
+                    cells = cells_of[key] = chunk.columns[source]
+                append(cells[start : start + rows])
         if kind is None:  # no cell at all
             return None
         stacked = np.concatenate(parts)

@@ -379,15 +379,23 @@ class StepStore:
 
     def record(self, blob: bytes) -> ItemRecord:
         """An item's record decoded (the recent ones are kept decoded, by their bytes)."""
+        return self.records([blob])[0]
+
+    def records(self, blobs: Iterable[bytes]) -> list[ItemRecord]:
+        """:meth:`record` of each of ``blobs``, the cache locked once for them all."""
         cache = self._record_cache
-        record = cache.get(blob)
-        if record is None:
-            record = decode_item(blob)
+        get = cache.get
+        out = [get(blob) for blob in blobs]
+        missing = [i for i, record in enumerate(out) if record is None]
+        if missing:
+            blobs = list(blobs) if not isinstance(blobs, list) else blobs
+            decoded = [decode_item(blobs[i]) for i in missing]  # outside the lock
             with self._cache_lock:
-                cache[blob] = record
-                if len(cache) > self.cache_records:
+                for i, record in zip(missing, decoded, strict=True):
+                    out[i] = cache[blobs[i]] = record
+                while len(cache) > self.cache_records:
                     cache.popitem(last=False)
-        return record
+        return out  # type: ignore[return-value]
 
     def sample(self, table: ReplayBuffer, n: int, **kwargs: Any) -> list[Any]:
         """``n`` items drawn from ``table`` with their data and sample info (see

@@ -249,14 +249,24 @@ def _cluster_client(
     """A RedisCluster client for the cluster that the node at ``url`` belongs to."""
     _cluster_db(url)
     tls = url.lower().startswith("rediss://")
-    return redis.cluster.RedisCluster.from_url(
-        url,
-        socket_connect_timeout=connect_timeout,
-        socket_timeout=socket_timeout,
-        decode_responses=False,
-        retry_on_timeout=False,
-        connection_class=PackingSSLConnection if tls else PackingConnection,
-    )
+    for attempt in range(3):
+        try:
+            return redis.cluster.RedisCluster.from_url(
+                url,
+                socket_connect_timeout=connect_timeout,
+                socket_timeout=socket_timeout,
+                decode_responses=False,
+                retry_on_timeout=False,
+                connection_class=PackingSSLConnection if tls else PackingConnection,
+            )
+        except redis.exceptions.ConnectionError:
+            # the client's first keyless command (COMMAND, which its command parser reads
+            # when made) goes to the node of the URL; after a connection error or timeout
+            # there (a busy machine) redis-py retries on a random master, which may be one
+            # that is down: a new client starts again from the node of the URL
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def connect(
