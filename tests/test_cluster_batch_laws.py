@@ -352,3 +352,37 @@ def test_a_cleared_shard_local_buffer_is_empty_and_fills_again(where, buffer_nam
     assert buffer._fill.mean() < 0.5  # the sizes are asked again
     buffer.add(items([20, 21]))
     assert sorted(buffer.sample(2)["v"].tolist()) == [20, 21]
+
+
+def test_a_shard_local_per_draw_catches_up_only_the_shards_it_did_not_draw_from(
+    where, buffer_name, monkeypatch
+):
+    """The drawn shard's commit brought its replica up to date; the other two are asked
+    for their masses once the commit is made (lua/masslog_read.lua), and nothing else is."""
+    from redisbuf.buffers.replay import ReplayBuffer
+    from redisbuf.store import scripts
+
+    buffer, priorities = per_buffer(where, buffer_name, "shard_local")
+    buffer.sample(4)  # every replica read once
+    asked: list[str] = []
+    queue, run = scripts.queue, ReplayBuffer._run
+
+    def queued(pipe: Any, client: Any, script: Any, keys: list[str], args: list[Any]) -> None:
+        if script is scripts.load("masslog_read"):
+            asked.append(keys[0])
+        queue(pipe, client, script, keys, args)
+
+    def ran(self: Any, script: str, keys: list[str], args: list[Any], read: bool = False) -> Any:
+        if script == "masslog_read":
+            asked.append(keys[0])
+        return run(self, script, keys, args, read)
+
+    monkeypatch.setattr(scripts, "queue", queued)
+    monkeypatch.setattr(ReplayBuffer, "_run", ran)
+    for _ in range(6):
+        asked.clear()
+        info = buffer.sample_with_info(4)
+        check_per_weights(info, priorities, 0.4)
+        (drawn,) = set((info.ids % 3).tolist())
+        assert sorted(asked) == sorted(shard.keys.meta for k, shard in enumerate(buffer.shards)
+                                       if k != drawn)

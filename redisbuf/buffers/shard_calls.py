@@ -69,26 +69,27 @@ class ShardCalls:
             sizes.append(int(reply))
         return np.array(sizes, dtype=np.int64)
 
-    def _per_shard(self, command: Any) -> list[Any]:
-        """``command(pipe, shard)`` (one command) for every shard in one pipeline (a
-        cluster client sends each master its part at once) and the replies in shard
-        order. When a server is lost, the shards are asked one by one, so that the error
-        names the shard that failed; a reply that is such an error (a cluster pipeline
-        returns CLUSTERDOWN and the like as replies) raises it as its shard's
-        ShardUnavailableError too."""
+    def _per_shard(self, command: Any, only: list[int] | None = None) -> list[Any]:
+        """``command(pipe, shard)`` (one command) for every shard (or the shards ``only``)
+        in one pipeline (a cluster client sends each master its part at once) and the
+        replies in shard order. When a server is lost, the shards are asked one by one, so
+        that the error names the shard that failed; a reply that is such an error (a
+        cluster pipeline returns CLUSTERDOWN and the like as replies) raises it as its
+        shard's ShardUnavailableError too."""
+        asked = list(range(self.count)) if only is None else only
         pipe = self.client.pipeline(transaction=False)
-        for shard in self.shards:
-            command(pipe, shard)
+        for k in asked:
+            command(pipe, self.shards[k])
         try:
             replies = list(pipe.execute(raise_on_error=False))
         except SHARD_LOST:
             replies = []
-            for k, shard in enumerate(self.shards):
+            for k in asked:
                 with self._on_shard(k):
                     alone = self.client.pipeline(transaction=False)
-                    command(alone, shard)
+                    command(alone, self.shards[k])
                     replies += alone.execute(raise_on_error=False)
-        for k, reply in enumerate(replies):
+        for k, reply in zip(asked, replies, strict=True):
             if isinstance(reply, SHARD_LOST):
                 with self._on_shard(k):
                     raise reply

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -120,12 +121,14 @@ class ShardedSampling(ShardCalls):
 
     # -- the shards' state --------------------------------------------------------------
 
-    def _replicas(self, rule: str) -> list[MassReplica]:
+    def _replicas(self, rule: str, current: Collection[int] = ()) -> list[MassReplica]:
         """Every shard's replica for ``rule``, caught up now (one pipeline over the
         shards): the shards' masses as of this call, and draws from them that follow
-        every change made before it."""
+        every change made before it. The shards ``current`` are not asked: their replicas
+        are as their commits of this call left them (a commit catches its replica up)."""
         script = scripts.load("masslog_read")
         replicas = [shard.view.replicas.get(rule) for shard in self.shards]
+        asked = [k for k in range(self.count) if k not in current or replicas[k] is None]
         # each replica's position read under its lock: another thread's update_priority
         # moves it (version, then stamp) and a torn one reads as another history
         heads = [_head(replica) for replica in replicas]
@@ -143,20 +146,24 @@ class ShardedSampling(ShardCalls):
         if is_cluster(self.client):
             # each shard's master through its own client, at once: a cluster pipeline
             # would first ask a node for the keys of every EVALSHA (COMMAND GETKEYS)
-            replies = list(self._in_parallel({k: (read, (k,)) for k in range(self.count)})
-                           .values())
+            replies = list(self._in_parallel({k: (read, (k,)) for k in asked}).values())
         else:
-            replies = self._per_shard(command)
+            replies = self._per_shard(command, asked)
             if any(scripts.missing(r) for r in replies):
                 scripts.reload(self.client, script)  # every master
-                replies = self._per_shard(command)
+                replies = self._per_shard(command, asked)
             if any(isinstance(r, scripts._REFUSED_WRITES) for r in replies):
                 # a server refusing writes (maxmemory) refuses a function not flagged
                 # read-only before it runs: each shard through the runner, which falls
                 # back to the read-only variant
-                replies = [read(k) for k in range(self.count)]
+                replies = [read(k) for k in asked]
+        by_shard = dict(zip(asked, replies, strict=True))
         out = []
-        for k, (shard, reply) in enumerate(zip(self.shards, replies, strict=True)):
+        for k, shard in enumerate(self.shards):
+            if k not in by_shard:
+                out.append(cast("MassReplica", replicas[k]))  # current (not None: asked)
+                continue
+            reply = by_shard[k]
             if applying.refused(reply):
                 reply = read(k)  # through the runner, which stores the large add first
             if isinstance(reply, redis.exceptions.ResponseError):
@@ -429,7 +436,8 @@ class ShardedSampling(ShardCalls):
             if sequences is not None:
                 try:  # the shards asked are current: their commits caught them up
                     levels = {k: self._levels(k, draw) for k, draw in sequences.items()}
-                    replicas = (self._replicas("softmax") if len(sequences) < self.count
+                    replicas = (self._replicas("softmax", current=sequences)
+                                if len(sequences) < self.count
                                 else [shard.view.replicas["softmax"] for shard in self.shards])
                     after = self._log_masses(replicas)
                 except BaseException:
@@ -573,7 +581,7 @@ class ShardedSampling(ShardCalls):
                 # once (a drawn shard's replica is current: its reply is short)
                 try:
                     if len(drawn) < self.count:
-                        replicas, synced = self._replicas(rule), True
+                        replicas, synced = self._replicas(rule, current=drawn), True
                     after = self._log_masses(replicas)
                 except BaseException:
                     self._undo(drawn)
