@@ -5,10 +5,10 @@ after a clear, ...)."""
 
 from __future__ import annotations
 
-import multiprocessing
 from typing import Any
 
 import numpy as np
+from process_helpers import fresh_context
 
 
 def serve_commands(conn: Any, handle: Any) -> None:
@@ -64,7 +64,7 @@ class Peer:
     a ReplayBuffer, or what ``serve`` (a module-level function, as spawning needs) makes."""
 
     def __init__(self, url: str, name: str, serve: Any = _serve, **options: Any) -> None:
-        ctx = multiprocessing.get_context("spawn")
+        ctx = fresh_context()
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(target=serve, args=(url, name, options, child), daemon=True)
         self.process.start()

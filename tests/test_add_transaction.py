@@ -5,13 +5,13 @@ concurrent writer processes on a real server."""
 
 from __future__ import annotations
 
-import multiprocessing
 import traceback
 import uuid
 
 import numpy as np
 import pytest
 import redis
+from process_helpers import fresh_context
 from test_bad_input import snapshot
 
 from redisbuf import BufferKeys, ReplayBuffer
@@ -204,7 +204,7 @@ def test_readers_never_see_part_of_a_batch_while_four_processes_add():
     with EmbeddedServer() as server:
         name = f"tx-{uuid.uuid4().hex[:8]}"
         ReplayBuffer(server.url, name, capacity=8 * BLOCK)
-        ctx = multiprocessing.get_context("spawn")
+        ctx = fresh_context()
         results = MessageQueue(ctx)
         writers = [
             ctx.Process(target=_writer, args=(server.url, name, index, 30, results))

@@ -7,7 +7,6 @@ that brings its count to max_use), and the draws follow the priorities both set
 
 from __future__ import annotations
 
-import multiprocessing
 import traceback
 import uuid
 from collections import Counter
@@ -15,6 +14,7 @@ from collections import Counter
 import pytest
 import redis
 from cluster_helpers import chi2_limit
+from process_helpers import fresh_context
 
 from redisbuf.control.ipc import MessageQueue
 from redisbuf.store.keys import BufferKeys
@@ -83,7 +83,7 @@ def _learner(url: str, name: str, start, finished, results) -> None:
 
 
 def _run(url: str, targets, finished: bool = False) -> list[dict]:
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     start = ctx.Barrier(len(targets))
     results = MessageQueue(ctx)
     extra = (ctx.Event(),) if finished else ()

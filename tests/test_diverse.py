@@ -4,13 +4,13 @@ conditions, refusals and several processes adding at once."""
 
 from __future__ import annotations
 
-import multiprocessing
 import traceback
 import uuid
 
 import numpy as np
 import pytest
 import torch
+from process_helpers import fresh_context
 from test_bad_input import snapshot
 
 from redisbuf import (
@@ -234,7 +234,7 @@ def test_processes_adding_at_once_keep_the_buffer_diverse(real_client, redis_ser
     # full of pairwise-distant states of low reward first, so every later add is checked
     grid = np.array([[100.0 + 3 * i, 0.0] for i in range(CAPACITY)], np.float32)
     seed.add(States(grid, log_rewards=np.zeros(CAPACITY)))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     start, results = ctx.Barrier(WORKERS), MessageQueue(ctx)
     processes = [ctx.Process(target=_worker, args=(redis_server.url, name, i, start, results))
                  for i in range(WORKERS)]

@@ -7,10 +7,10 @@ holes of a correction were named ends as a draw or as EmptyBufferError."""
 from __future__ import annotations
 
 import collections
-import multiprocessing
 
 import numpy as np
 import pytest
+from process_helpers import fresh_context
 from test_sampling import chi2, chi2_limit
 
 from redisbuf import PERSampler, Prefetcher, ReplayBuffer, ShardedReplayBuffer
@@ -77,7 +77,7 @@ def test_a_draw_while_another_process_drops_and_remakes_the_buffer(
     url = redis_server.url
     buffer = _made(url, buffer_name, rule)
     buffer.add(_batch(8))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     started, stop = ctx.Event(), ctx.Event()
     churn = ctx.Process(target=_drop_and_make_again,
                         args=(url, buffer_name, rule, started, stop), daemon=True)
@@ -146,7 +146,7 @@ def test_uses_add_up_to_the_draws_returned_while_other_processes_evict(
     url = redis_server.url
     buffer = ReplayBuffer(url, buffer_name, capacity=32, seed=4)
     buffer.add(_batch(32))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     started, stop = ctx.Event(), ctx.Event()
     writers = [ctx.Process(target=_add_in_a_loop, args=(url, buffer_name, started, stop),
                            daemon=True) for _ in range(2)]

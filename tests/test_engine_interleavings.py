@@ -6,13 +6,13 @@ law (binomial / chi-square), the ids returned, or a time limit."""
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import threading
 import time
 
 import numpy as np
 import pytest
 from peer_process import Peer
+from process_helpers import fresh_context
 from test_sampling import chi2, chi2_limit
 
 from redisbuf import PERSampler, ReplayBuffer
@@ -280,7 +280,7 @@ def _two_writers(url: str, buffer: ReplayBuffer, until_inserted: int, batch: int
     """Two spawned processes adding to ``buffer`` as fast as they can, ``batch`` items an
     add, from when the buffer has had ``until_inserted`` inserts until the block ends
     (they must exit cleanly)."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     stop = ctx.Event()
     writers = [ctx.Process(target=_add_forever, args=(url, buffer.name, stop, k, batch))
                for k in range(2)]

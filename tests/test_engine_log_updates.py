@@ -11,7 +11,6 @@ failover that loses the last entries."""
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 from typing import Any
 
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 import redis
 from peer_process import Peer
+from process_helpers import fresh_context
 from test_sampling import chi2, chi2_limit
 
 from redisbuf import PERSampler, ReplayBuffer
@@ -219,7 +219,7 @@ def test_a_new_sampler_reads_while_updates_arrive(redis_server, buffer_name, sna
         buffer.add(_batch(1000), priorities=np.random.default_rng(1).random(1000))
     if snapshot:
         MassReplica("per").load(buffer.view)  # a first read publishes one
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     stop = ctx.Event()
     writers = [ctx.Process(target=_updating, args=(redis_server.url, buffer_name, stop, 20 + k))
                for k in range(2)]

@@ -4,7 +4,6 @@ eviction, against an in-memory model; many processes on a real server."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import time
 from collections import Counter, deque
 
@@ -14,6 +13,7 @@ import redis
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from process_helpers import fresh_context
 
 from redisbuf.buffers import episodes as episodes_module
 from redisbuf.buffers.episodes import EpisodeBuffer, EpisodeKeys
@@ -339,7 +339,7 @@ def _sampler(url: str, name: str, worker: int, seconds: float) -> None:
 def test_many_processes_push_and_sample_whole_episodes(redis_server, buffer_name):
     client = redis.Redis.from_url(redis_server.url)
     EpisodeBuffer(client, buffer_name, capacity_episodes=20)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     procs = [ctx.Process(target=_pusher, args=(redis_server.url, buffer_name, i, 3.0))
              for i in range(3)]
     procs += [ctx.Process(target=_sampler, args=(redis_server.url, buffer_name, i, 3.0))

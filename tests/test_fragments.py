@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import threading
 import time
 from collections import defaultdict
@@ -15,6 +14,7 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from process_helpers import fresh_context
 
 from redisbuf.buffers.fragments import FragmentBuffer, FragmentKeys
 from redisbuf.errors import ConfigMismatchError, FetchTimeoutError, InvalidBatchError
@@ -370,7 +370,7 @@ def test_many_actors_and_learners_share_one_buffer(redis_server, buffer_name):
     client = redis.Redis.from_url(redis_server.url)
     buffer = FragmentBuffer(client, buffer_name, 16, 3, 1, 2)
     buffer.update_model_version("run", 0)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     procs = [ctx.Process(target=_actor, args=(redis_server.url, buffer_name, i, 3.0))
              for i in range(3)]
     procs += [ctx.Process(target=_learner, args=(redis_server.url, buffer_name, i, 3.0))

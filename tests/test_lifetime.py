@@ -7,7 +7,6 @@ also checked with several OS processes on a real server."""
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 import traceback
 import uuid
@@ -19,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from key_contents import key_contents
+from process_helpers import fresh_context
 
 from redisbuf import ReplayBuffer
 from redisbuf.control.ipc import MessageQueue
@@ -335,7 +335,7 @@ def _drainer(url: str, name: str, index: int, start, results) -> None:
 def test_max_use_holds_across_processes(redis_server, real_client, buffer_name) -> None:
     buf = ReplayBuffer(real_client, buffer_name, capacity=ITEMS, max_use=MAX_USE)
     buf.add(_batch(ITEMS))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     start, results = ctx.Barrier(4), MessageQueue(ctx)
     procs = [ctx.Process(target=_drainer, args=(redis_server.url, buffer_name, i, start, results))
              for i in range(4)]

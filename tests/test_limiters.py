@@ -5,7 +5,6 @@ blocked sides woken by the other side, and several OS processes on a real server
 from __future__ import annotations
 
 import math
-import multiprocessing
 import threading
 import traceback
 import uuid
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from process_helpers import fresh_context
 
 from redisbuf import ReplayBuffer
 from redisbuf.control.ipc import MessageQueue
@@ -229,7 +229,7 @@ def _worker(url: str, name: str, side: str, index: int, start, results) -> None:
 def test_the_ratio_holds_across_processes(redis_server, real_client, buffer_name) -> None:
     limiter = SampleToInsertRatio(SPI, MIN_SIZE, ERROR, timeout=60)
     ReplayBuffer(real_client, buffer_name, capacity=1000, rate_limiter=limiter)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     start, results = ctx.Barrier(4), MessageQueue(ctx)
     sides = ["insert", "insert", "sample", "sample"]
     procs = [ctx.Process(target=_worker,
@@ -278,7 +278,7 @@ def test_a_blocking_batch_larger_than_the_limiter_lets_in_does_not_deadlock(
     limiter = SampleToInsertRatio(2, min_size_to_sample=3, error_buffer=4, timeout=60)
     learner = ReplayBuffer(real_client, buffer_name, capacity=1000, sampler=PERSampler(),
                            rate_limiter=limiter)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     results = MessageQueue(ctx)
     writers = [ctx.Process(target=_one_at_a_time, args=(redis_server.url, buffer_name, 15,
                                                         results)) for _ in range(2)]

@@ -4,7 +4,6 @@ prioritized-capacity + prioritized-sampling buffer (real server only)."""
 from __future__ import annotations
 
 import math
-import multiprocessing
 import queue
 import time
 import traceback
@@ -12,6 +11,7 @@ import uuid
 
 import numpy as np
 import pytest
+from process_helpers import fresh_context
 
 from redisbuf import BufferKeys, ReplayBuffer
 from redisbuf.control.ipc import MessageQueue
@@ -79,7 +79,7 @@ def concurrent_run(redis_server):
     client = redis.Redis.from_url(redis_server.url)
     # the prioritized buffer is created without prioritized sampling: workers enable it
     ReplayBuffer(client, prio, capacity=CAPACITY, prioritized_capacity=True)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     start = ctx.Barrier(WORKERS)
     results = MessageQueue(ctx)
     processes = [

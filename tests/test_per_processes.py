@@ -7,12 +7,12 @@ between (no item read, a P entry) and reads the items otherwise: both forms inte
 
 from __future__ import annotations
 
-import multiprocessing
 import traceback
 import uuid
 
 import numpy as np
 import pytest
+from process_helpers import fresh_context
 from replica_helpers import fresh_replica, replica_masses, stored_priorities
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer
@@ -61,7 +61,7 @@ def test_concurrent_update_priority_stays_consistent(redis_server):
     client = redis.Redis.from_url(redis_server.url)
     buffer = ReplayBuffer(client, name, capacity=CAPACITY, sampler=PERSampler(initial_priority=1))
     buffer.add({"x": np.zeros((CAPACITY, 1), dtype=np.float32)})
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     start = ctx.Barrier(UPDATERS + 1)
     results = MessageQueue(ctx)
     procs = [

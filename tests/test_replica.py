@@ -6,13 +6,13 @@ across processes on a real server."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import traceback
 import uuid
 from typing import Any
 
 import numpy as np
 import pytest
+from process_helpers import fresh_context
 from replica_helpers import followed_masses, fresh_replica, replica_scores, stored_priorities
 from test_sampling import chi2, chi2_limit
 
@@ -229,8 +229,8 @@ def test_draws_follow_every_change_another_process_finished(redis_server):
     sampler = ReplayBuffer(client, name, capacity=60, sampler=PERSampler(eps=0.0), seed=4)
     sampler.add({"x": np.arange(60)})
     sampler.sample(4)
-    results = multiprocessing.get_context("spawn").Queue()
-    writer = multiprocessing.get_context("spawn").Process(
+    results = fresh_context().Queue()
+    writer = fresh_context().Process(
         target=_zeroing_writer, args=(redis_server.url, name, results)
     )
     writer.start()

@@ -7,11 +7,11 @@ table's items stay whole; once both tables are empty, the sweep frees every chun
 
 from __future__ import annotations
 
-import multiprocessing
 import traceback
 
 import numpy as np
 import pytest
+from process_helpers import fresh_context
 
 from redisbuf import reverb
 
@@ -68,7 +68,7 @@ def test_writers_and_readers_share_a_queue_and_a_table():
                      reverb.rate_limiters.MinSize(1), signature=signature),
     ])
     address = f"localhost:{server.port}"
-    context = multiprocessing.get_context("spawn")
+    context = fresh_context()
     results = context.Queue()
     total = WRITERS * ITEMS
     processes = [context.Process(target=_writer, args=(address, i, results))

@@ -6,7 +6,6 @@ window is torn: one environment, consecutive positions from BatchInfo's, one epi
 
 from __future__ import annotations
 
-import multiprocessing
 import queue
 import time
 import traceback
@@ -14,6 +13,7 @@ import uuid
 
 import numpy as np
 import pytest
+from process_helpers import fresh_context
 
 from redisbuf import SequenceBuffer
 from redisbuf.buffers.sequence import SequenceKeys
@@ -94,7 +94,7 @@ def _learner(url: str, name: str, index: int, start, results) -> None:
 def test_no_window_is_torn(redis_server):
     name = f"seq-mp-{uuid.uuid4().hex[:8]}"
     _open(redis_server.url, name, 0)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     start = ctx.Barrier(ACTORS + LEARNERS)
     results = MessageQueue(ctx)
     processes = [

@@ -8,7 +8,6 @@ were chosen from."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -16,13 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 from cluster_helpers import chi2, chi2_limit
+from process_helpers import fresh_context
 
 from redisbuf import PERSampler, ShardedReplayBuffer
 from redisbuf.buffers import sharded_draws
 
 pytestmark = pytest.mark.redis_server
 
-CTX = mp.get_context("spawn")
 LOW, HIGH, OTHERS = 0.5, 8.0, 1.0  # shard 0's two states; every other item's priority
 
 
@@ -46,8 +45,8 @@ def draws_while_flipped(
     at the worst moment: in the shards' parallel step where each sample's first round
     commits, once per sample, acknowledged before the commits go on. The state each
     sample saw its commits in, and its info."""
-    parent, child = CTX.Pipe()
-    worker = CTX.Process(target=flipper, args=(*args, child))
+    parent, child = fresh_context().Pipe()
+    worker = fresh_context().Process(target=flipper, args=(*args, child))
     worker.start()
     states: list[float] = []
     done: list[tuple[float, Any]] = []

@@ -4,10 +4,10 @@ read back as whole rows, sampled as items."""
 
 from __future__ import annotations
 
-import multiprocessing
 import uuid
 
 import pytest
+from process_helpers import fresh_context
 
 pytest.importorskip("torchrl", reason="torchrl is not importable (pip install 'redisbuf[torchrl]')")
 
@@ -117,7 +117,7 @@ def _extend_rows(url: str, name: str, envs: int, barrier, queue) -> None:
 def test_two_processes_first_writing_other_rows_at_once(redis_server, name):
     """Both see no row shape, both claim theirs: exactly one wins, the other writes
     nothing, and a third process reads the winner's rows."""
-    context = multiprocessing.get_context("spawn")
+    context = fresh_context()
     for attempt in range(3):
         buffer_name = f"{name}-{attempt}"
         barrier, queue = context.Barrier(2), context.Queue()

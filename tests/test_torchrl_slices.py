@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import pickle
 import uuid
 
 import pytest
+from process_helpers import fresh_context
 
 pytest.importorskip("torchrl", reason="torchrl is not importable (pip install 'redisbuf[torchrl]')")
 
@@ -212,7 +212,7 @@ def test_storage_pickles_by_url(redis_server, name):
 @pytest.mark.redis_server
 @pytest.mark.multiprocess
 def test_two_processes_write_environments_a_third_samples_slices_of_both(redis_server, name):
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     results = ctx.Queue()
     writers = [ctx.Process(target=writer, args=(redis_server.url, name, first, results))
                for first in (0, 2)]
@@ -293,7 +293,7 @@ def test_without_replacement_skips_evicted_slices(client, name):
 def test_two_processes_each_run_their_own_epoch_over_the_same_slices(redis_server, name):
     storage = RedisbufSliceStorage(redis_server.url, name, 400, num_environments=4)
     storage.extend(steps_of(0, 4, 30))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     barrier, results = ctx.Barrier(2), ctx.Queue()
     readers = [ctx.Process(target=epoch_reader,
                            args=(redis_server.url, name, seed, barrier, results))

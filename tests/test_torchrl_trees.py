@@ -4,10 +4,10 @@ stored exactly, read back as the same nest by every process, refused whole other
 from __future__ import annotations
 
 import json
-import multiprocessing
 import uuid
 
 import pytest
+from process_helpers import fresh_context
 
 pytest.importorskip("torchrl", reason="torchrl is not importable (pip install 'redisbuf[torchrl]')")
 
@@ -120,8 +120,8 @@ def _write_tree(url: str, name: str, queue) -> None:
 def test_a_tree_written_by_another_process_reads_back_here(redis_server, name):
     url = redis_server.url
     rb = ReplayBuffer(storage=RedisbufStorage(url, name, 50), batch_size=5)
-    queue = multiprocessing.get_context("spawn").Queue()
-    writer = multiprocessing.get_context("spawn").Process(target=_write_tree,
+    queue = fresh_context().Queue()
+    writer = fresh_context().Process(target=_write_tree,
                                                           args=(url, name, queue))
     writer.start()
     assert queue.get(timeout=120) == "ok"

@@ -6,7 +6,6 @@ torn or missing item. Also: the decode scratch area is never visible in a result
 from __future__ import annotations
 
 import math
-import multiprocessing
 import threading
 import traceback
 
@@ -15,6 +14,7 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from process_helpers import fresh_context
 
 from redisbuf import ReplayBuffer, Trajectories
 from redisbuf.sampling import samplers
@@ -255,7 +255,7 @@ def test_sampling_while_another_process_adds_and_evicts_returns_only_whole_right
     buffer.add({"x": np.repeat(ids[:, None], ROWS, axis=1).astype(np.int64),
                 "log_rewards": np.zeros(200)})
     paths = _Paths(monkeypatch)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = fresh_context()
     stop, errors = ctx.Event(), ctx.Queue()
     writers = [ctx.Process(target=_writer, args=(redis_server.url, buffer_name, stop, errors))]
     for process in writers:
