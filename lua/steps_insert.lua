@@ -160,12 +160,15 @@ for t, b in ipairs(batches) do
     reply[3 * t], reply[3 * t + 1], reply[3 * t + 2] = result[1], result[2], result[3]
   end
 end
+local marked = redis.call('ZCARD', S.dead)  -- none marked: nothing to unmark
 for chunk, list in pairs(words) do
   local before = redis.call('HGET', S.refs, chunk)
   local text = table.concat(list, ' ')
   if before then text = before .. ' ' .. text end
   redis.call('HSET', S.refs, chunk, text)
-  redis.call('ZREM', S.dead, chunk)  -- referenced again: not to be freed
+  if marked > 0 then  -- referenced again: not to be freed
+    marked = marked - redis.call('ZREM', S.dead, chunk)
+  end
 end
 redis.call('HINCRBY', S.meta, 'chunks_written', C)
 return reply

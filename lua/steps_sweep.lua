@@ -32,6 +32,9 @@ local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 
 local seen, examined, freed = {}, 0, 0
+-- how many chunks are marked: none (the common case while nothing leaves) spares every
+-- referenced chunk's unmarking
+local marked = redis.call('ZCARD', S.dead)
 
 -- whether an item chunk's refs name is still in its buffer
 local function referenced(chunk)
@@ -54,16 +57,17 @@ local function examine(chunk)
   local alive = referenced(chunk)
   seen[chunk] = alive
   if alive then
-    redis.call('ZREM', S.dead, chunk)
+    if marked > 0 then marked = marked - redis.call('ZREM', S.dead, chunk) end
   else
-    local since = tonumber(redis.call('ZSCORE', S.dead, chunk))
+    local since = marked > 0 and tonumber(redis.call('ZSCORE', S.dead, chunk)) or nil
     if since == nil then
       redis.call('ZADD', S.dead, now_ms, chunk)
+      marked = marked + 1
     elseif now_ms - since >= grace then
       redis.call('HDEL', S.chunks, chunk)
       redis.call('HDEL', S.refs, chunk)
       redis.call('ZREM', S.order, chunk)
-      redis.call('ZREM', S.dead, chunk)
+      marked = marked - redis.call('ZREM', S.dead, chunk)
       freed = freed + 1
     end
   end

@@ -104,6 +104,37 @@ def test_the_grace_period_keeps_chunks_found_unreferenced(client):
     assert len(table) == 1
 
 
+def test_a_marked_chunk_referenced_again_is_unmarked_and_kept(client):
+    """A chunk found unreferenced is marked; an item that references it again (a cell the
+    writer kept alive) unmarks it, and later sweeps past the grace period keep it, while
+    the other marked chunks are freed."""
+    store = StepStore(client, "s")
+    table = store.table("t", capacity=1)
+    with store.writer(num_keep_alive_refs=4, chunk_length=1) as writer:
+        first = writer.append(step(0))
+        writer.create_item("t", 1.0, [[first[0]]], [True])
+        for t in (1, 2):
+            writer.create_item("t", 1.0, [[writer.append(step(t))[0]]], [True])
+        writer.flush()
+        store.sweep(100, grace=3600)  # chunks of steps 0 and 1: unreferenced, marked
+        assert store.stats()["unreferenced"] == 2
+        def dead() -> set[str]:
+            return {key.decode() for key in client.zrange(store.keys.dead, 0, -1)}
+
+        assert first[0].chunk in dead()
+        writer.create_item("t", 1.0, [[first[0]]], [True])  # step 0's chunk again
+        writer.flush()
+        # unmarked (step 2's, whose item the new one evicted, is marked by the
+        # writer's own sweep)
+        assert first[0].chunk not in dead() and len(dead()) == 2
+        for _ in range(2):
+            store.sweep(100, grace=0)
+    assert chunk_count(store) == 1  # step 0's, which the one item left references
+    [item] = store.sample(table, 1)
+    assert float(item.columns[0][0]) == 0.0
+    assert store.stats()["unreferenced"] == 0
+
+
 def test_the_sweeps_front_passes_each_unreferenced_chunk_once_and_stops_at_a_referenced_one(
         client):
     store = StepStore(client, "s")
