@@ -25,15 +25,17 @@ if not os.environ.get(BIN_ENV) and bundled_server_binary():
     os.environ[BIN_ENV] = bundled_server_binary()  # type: ignore[assignment]
 
 
-# The files that take longest (measured at load 8), run first: pytest-xdist hands out
-# files in collection order (--dist loadfile), so a long file collected last (most of
-# these sort late) ran on while the other workers had nothing left to do. Order only:
-# every file still runs whole, on one worker.
+# The files that take longest (measured at load 8), first: with --no-loadscope-reorder
+# (.ci/test) pytest-xdist hands out whole files (--dist loadfile) in collection order, two
+# at a time to each worker as it frees, so the longest start at once instead of running on
+# while the other workers have nothing left to do. Order only: every file still runs whole
+# on one worker.
 SLOW_FIRST = (
-    "test_cli_ops.py", "test_docs_examples.py", "test_apex_failures.py", "test_wheel.py",
-    "test_torchrl_dqn.py", "test_torchgfn_training.py", "test_engine_interleavings.py",
-    "test_reader.py", "test_sampling_without_replacement.py", "test_apex.py", "test_cli.py",
-    "test_torchgfn_ported_example.py", "test_replica.py", "test_sharded_per_race.py",
+    "test_apex.py", "test_apex_failures.py", "test_cli_ops.py", "test_docs_examples.py",
+    "test_torchrl_dqn.py", "test_replica.py", "test_wheel.py", "test_torchgfn_training.py",
+    "test_reader.py", "test_sampling_without_replacement.py", "test_cli.py",
+    "test_torchgfn_ported_example.py", "test_engine_interleavings.py",
+    "test_torchrl_extra.py",
 )
 
 
