@@ -29,15 +29,16 @@ def fresh_context() -> multiprocessing.context.BaseContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(PRELOAD))
     now = dict(os.environ)
+    if now == _SESSION_ENV:
+        multiprocessing.forkserver.ensure_running()
+        return context
+    os.environ.clear()
+    os.environ.update(_SESSION_ENV)
     try:
-        if now != _SESSION_ENV:
-            os.environ.clear()
-            os.environ.update(_SESSION_ENV)
         multiprocessing.forkserver.ensure_running()
     finally:
-        if now != _SESSION_ENV:
-            os.environ.clear()
-            os.environ.update(now)
+        os.environ.clear()
+        os.environ.update(now)
     return context
 
 

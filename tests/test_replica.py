@@ -229,8 +229,9 @@ def test_draws_follow_every_change_another_process_finished(redis_server):
     sampler = ReplayBuffer(client, name, capacity=60, sampler=PERSampler(eps=0.0), seed=4)
     sampler.add({"x": np.arange(60)})
     sampler.sample(4)
-    results = fresh_context().Queue()
-    writer = fresh_context().Process(
+    context = fresh_context()
+    results = context.Queue()
+    writer = context.Process(
         target=_zeroing_writer, args=(redis_server.url, name, results)
     )
     writer.start()

@@ -45,8 +45,9 @@ def draws_while_flipped(
     at the worst moment: in the shards' parallel step where each sample's first round
     commits, once per sample, acknowledged before the commits go on. The state each
     sample saw its commits in, and its info."""
-    parent, child = fresh_context().Pipe()
-    worker = fresh_context().Process(target=flipper, args=(*args, child))
+    context = fresh_context()
+    parent, child = context.Pipe()
+    worker = context.Process(target=flipper, args=(*args, child))
     worker.start()
     states: list[float] = []
     done: list[tuple[float, Any]] = []

@@ -120,9 +120,9 @@ def _write_tree(url: str, name: str, queue) -> None:
 def test_a_tree_written_by_another_process_reads_back_here(redis_server, name):
     url = redis_server.url
     rb = ReplayBuffer(storage=RedisbufStorage(url, name, 50), batch_size=5)
-    queue = fresh_context().Queue()
-    writer = fresh_context().Process(target=_write_tree,
-                                                          args=(url, name, queue))
+    context = fresh_context()
+    queue = context.Queue()
+    writer = context.Process(target=_write_tree, args=(url, name, queue))
     writer.start()
     assert queue.get(timeout=120) == "ok"
     writer.join(timeout=60)
