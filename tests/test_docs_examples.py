@@ -47,7 +47,9 @@ DOC_URL = "redis://127.0.0.1:6379/0"
 RUN = {"python", "bash"}
 REFUSED = {"py", "python3", "sh", "shell", "zsh"}
 SKETCH = re.compile(r"^<!--\s*sketch:(?P<reason>.*?)-->\s*$")
-BASH_TIMEOUT_S = 120
+# a guard against a hung block, no bound on its speed: at load 8 a block that trains for
+# 20 iterations took over 120 s (this file's tests have 600 s, pytest-timeout)
+BASH_TIMEOUT_S = 540
 
 _md = MarkdownIt("commonmark")
 
@@ -236,6 +238,7 @@ def run_block(block: Block, state: PageRun) -> str | None:
 
 
 @pytest.mark.redis_server
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_example_block(block: Block, page_runs: Pages) -> None:
     if block.problem is not None:
