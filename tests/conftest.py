@@ -36,6 +36,10 @@ SLOW_FIRST = (
     "test_reader.py", "test_sampling_without_replacement.py", "test_cli.py",
     "test_torchgfn_ported_example.py", "test_engine_interleavings.py",
     "test_torchrl_extra.py",
+    # then the files with one test of a minute or more at load 8: started last, that test
+    # would run on alone
+    "test_reverb_processes.py", "test_engine_log_updates.py", "test_diverse.py",
+    "test_torchgfn_buffer.py", "test_removers.py", "test_sharded_per_race.py",
 )
 
 
