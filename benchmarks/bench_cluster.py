@@ -3,9 +3,10 @@
 Usage: python benchmarks/bench_cluster.py [--rounds 3] [--seconds 3] [--writers 4]
 [--sample-size 64] [--pin] [--quick]
 
-Starts a 3-master cluster on loopback (redisbuf.servers.cluster.LocalCluster, the bundled
-valkey unless $REDISBUF_SERVER_BIN names another server). Each round, for 1 shard and then
-3 shards (a fresh buffer of the same global capacity each time):
+Starts a 3-master cluster on loopback (redisbuf.servers.cluster.LocalCluster: the server
+$REDISBUF_SERVER_BIN names, else redis-server on PATH, else the bundled valkey). Each
+round, for 1 shard and then 3 shards (a fresh buffer of the same global capacity each
+time):
 
 * add: ``--writers`` processes add batches of 64 dict items of ~4 KiB (a float32 array of
   1024) for ``--seconds``; aggregate items/s;

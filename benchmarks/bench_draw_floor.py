@@ -3,7 +3,8 @@
 Usage: python benchmarks/bench_draw_floor.py [--calls 400] [--rounds 3] [--items 4000] [--quick]
 
 Starts a one-master Redis Cluster on loopback (redisbuf.servers.cluster.LocalCluster, as
-bench_cluster.py does). It times, in server CPU (INFO cpu, user + sys of the main thread,
+bench_cluster.py does: the server $REDISBUF_SERVER_BIN names, else redis-server on PATH,
+else the bundled valkey). It times, in server CPU (INFO cpu, user + sys of the main thread,
 which runs every command) per call:
 
 * a PING and an HGET, one command a round trip: what reading a request and writing its
