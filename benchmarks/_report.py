@@ -250,6 +250,14 @@ def save(name: str | None = None, **extra: Any) -> Path | None:
     return write_results(name or Path(sys.argv[0]).stem, dict(_ROWS), run_meta(), **extra)
 
 
+def server_cpu(client: Any) -> float:
+    """The server's CPU seconds so far (INFO cpu, user + sys): of its main thread, which
+    runs the commands (all threads where the server does not say)."""
+    info = client.info("cpu")
+    thread = "_main_thread" if "used_cpu_user_main_thread" in info else ""
+    return float(info[f"used_cpu_user{thread}"]) + float(info[f"used_cpu_sys{thread}"])
+
+
 SCRIPT_COMMANDS = ("fcall", "fcall_ro", "evalsha", "evalsha_ro")
 
 

@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 import redis
-from _report import record
+from _report import record, server_cpu
 
 from redisbuf import PERSampler, ReplayBuffer, ShardedReplayBuffer
 from redisbuf.servers.cluster import LocalCluster
@@ -146,10 +146,7 @@ def _cpu(ports: list[int]) -> list[float]:
     seconds = []
     for port in ports:
         with redis.Redis(port=port) as node:
-            info = node.info("cpu")
-            thread = "_main_thread" if "used_cpu_user_main_thread" in info else ""
-            seconds.append(float(info[f"used_cpu_user{thread}"])
-                           + float(info[f"used_cpu_sys{thread}"]))
+            seconds.append(server_cpu(node))
     return seconds
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import redis
-from _report import load_average, record
+from _report import load_average, record, server_cpu
 from rich.console import Console
 from rich.table import Table
 
@@ -41,25 +41,20 @@ SIZES = (1, 85, 256)
 WIDTH = 1024  # float32: 4 KiB of payload per item
 
 
-def _cpu(node: redis.Redis) -> float:
-    info = node.info("cpu")
-    return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
-
-
-def _commands(node: redis.Redis) -> dict[str, tuple[int, int]]:
-    return {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+def _commands(node: redis.Redis) -> dict[str, int]:
+    """Each command's calls so far (INFO commandstats)."""
+    return {name.removeprefix("cmdstat_"): int(v["calls"])
             for name, v in node.info("commandstats").items()}
 
 
 def _timed(node: redis.Redis, calls: int, call: Any) -> tuple[float, dict[str, float]]:
     """(server CPU us per call, commands per call) over ``calls`` calls of ``call``."""
-    before, cpu = _commands(node), _cpu(node)
+    before, cpu = _commands(node), server_cpu(node)
     for _ in range(calls):
         call()
-    spent = (_cpu(node) - cpu) / calls * 1e6
-    after = _commands(node)
-    ran = {name: (count - before.get(name, (0, 0))[0]) / calls
-           for name, (count, _) in after.items() if name != "info"}
+    spent = (server_cpu(node) - cpu) / calls * 1e6
+    ran = {name: (count - before.get(name, 0)) / calls
+           for name, count in _commands(node).items() if name != "info"}
     return spent, {name: count for name, count in ran.items() if count > 0}
 
 
