@@ -231,6 +231,12 @@ class ServerUnavailableError(RedisBufError, redis.exceptions.ConnectionError, Co
     its password). Also a redis-py ``ConnectionError``, for code that catches those."""
 
 
+class SamplerProcessError(RedisBufError):
+    """A sampler process (:mod:`redisbuf.buffers.batch_processes`) failed with an error
+    that is neither redisbuf's nor a builtin one (its type and message are in the text),
+    or it exited without answering."""
+
+
 class ServerConfigError(RedisBufError):
     """The server is configured in a way that can lose a buffer (``strict=True``)."""
 

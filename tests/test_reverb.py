@@ -196,10 +196,11 @@ def test_datasets_batch_as_acme_reads_them(client):
 
 
 
-def test_a_datasets_workers_commit_their_prioritized_draws_at_once(client, monkeypatch):
-    # the first two PER commits wait at a barrier of two parties: both workers must be
-    # inside a commit together, which one replica shared by them (its lock held from the
-    # draw to the commit's reply) never allows
+def test_a_datasets_worker_threads_commit_their_prioritized_draws_at_once(client,
+                                                                        monkeypatch):
+    # the first two PER commits wait at a barrier of two parties: both worker threads
+    # must be inside a commit together, which one replica shared by them (its lock held
+    # from the draw to the commit's reply) never allows
     import threading
 
     from redisbuf.sampling import commits
@@ -218,7 +219,8 @@ def test_a_datasets_workers_commit_their_prioritized_draws_at_once(client, monke
     monkeypatch.setattr(commits, "_send_commit", held_send)
     dataset = reverb.TrajectoryDataset(client.server_address, "prio", dtypes=[np.int64],
                                        shapes=[(1,)], max_in_flight_samples_per_worker=4,
-                                       num_workers_per_iterator=2, max_samples=16)
+                                       num_workers_per_iterator=2, max_samples=16,
+                                       sampler_processes=False)
     batches = list(dataset.batch(4).as_numpy_iterator())
     assert not hold.broken and len(set(entered[:2])) == 2
     assert [len(batch.info.key) for batch in batches] == [4] * 4
@@ -249,7 +251,8 @@ def test_a_dataset_ends_when_the_rate_limiter_times_out(client):
     assert [int(s.data[0][0]) for s in dataset] == [0, 1, 2]
 
 
-def test_a_batched_dataset_that_has_ended_takes_nothing_more_from_a_queue(client):
+@pytest.mark.parametrize("processes", [True, False], ids=["processes", "threads"])
+def test_a_batched_dataset_that_has_ended_takes_nothing_more_from_a_queue(client, processes):
     # its workers were waiting on the empty queue when the iteration ended; the item
     # inserted afterwards is the next dataset's, not lost to one of them
     import time
@@ -257,7 +260,8 @@ def test_a_batched_dataset_that_has_ended_takes_nothing_more_from_a_queue(client
     client.insert(np.int64(7), priorities={"queue": 1.0})
     dataset = reverb.TrajectoryDataset(client.server_address, "queue", dtypes=[np.int64],
                                        shapes=[(1,)], max_in_flight_samples_per_worker=1,
-                                       num_workers_per_iterator=2)
+                                       num_workers_per_iterator=2,
+                                       sampler_processes=processes)
     batches = dataset.batch(1).as_numpy_iterator()
     assert int(next(batches).data[0][0, 0]) == 7
     batches.close()

@@ -7,9 +7,10 @@ methods Acme-style code chains on them: ``batch(n, drop_remainder)``, ``prefetch
 tensors, the ``torch`` extra). A ``TrajectoryDataset`` yields one sample per item, its
 data the item's trajectory in the structure of ``dtypes``; a ``TimestepDataset`` one per
 step of each item. Batches stack every leaf (and the info fields, as arrays) along a new
-first dimension. A background thread draws ahead: ``max_in_flight_samples_per_worker``
-items a call, or a batch's worth once batched, keeping at most ``prefetch`` of them
-waiting. A draw the table's rate limiter holds back longer than
+first dimension. Unbatched, a dataset draws ``max_in_flight_samples_per_worker`` items
+a call in the thread that iterates it; ``prefetch(n)`` moves the draws to a background
+thread, at most ``n`` elements ahead. A batched ``TrajectoryDataset`` draws whole
+batches in ``num_workers_per_iterator`` sampler processes (or threads). A draw the table's rate limiter holds back longer than
 ``rate_limiter_timeout_ms`` (``-1``: no limit) ends the iteration, as Reverb's
 datasets end; so does ``max_samples`` samples.
 """
@@ -18,14 +19,14 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..buffers import step_reads
-from ..buffers.step_reads import SampledBatch
+from ..buffers import batch_processes, step_reads
+from ..buffers.step_reads import SampledBatch, SampledItem
 from ..errors import RateLimitTimeoutError
 from ..sampling.base import own_replicas
 from . import nest
@@ -33,7 +34,6 @@ from .client import Client
 from .replay_sample import ReplaySample, SampleInfo
 from .tensor_spec import TensorShape, numpy_dtype, shape_of, shapes_compatible
 
-_END = object()  # the iteration ends (a rate-limiter timeout)
 _DONE = object()  # one worker of a parallel iteration is done
 _INFO_DTYPES = SampleInfo.tf_dtypes()
 
@@ -172,7 +172,7 @@ def _split(parts: list[SampledBatch], size: int, keep_last: bool) -> Iterator[Sa
     fields = ("keys", "probabilities", "table_sizes", "priorities", "times_sampled")
     joined = {name: np.concatenate([getattr(p, name) for p in parts]) for name in fields}
     ragged = any(p.columns is None for p in parts)
-    items = [item for p in parts for item in (p.items or [])] if ragged else None
+    items = [item for p in parts for item in _items_of(p)] if ragged else None
     columns = None if ragged else [
         np.concatenate(leaves) if len(leaves) > 1 else leaves[0]
         for leaves in zip(*(p.columns or () for p in parts), strict=True)]
@@ -187,6 +187,17 @@ def _split(parts: list[SampledBatch], size: int, keep_last: bool) -> Iterator[Sa
             joined["times_sampled"][start:stop],
             None if columns is None else [c[start:stop] for c in columns],
             None if items is None else items[start:stop])
+
+
+def _items_of(part: SampledBatch) -> list[SampledItem]:
+    """The items of ``part`` one by one (a stacked batch's with episode -1: it keeps
+    none), to be stacked with those of a batch whose columns differ in shape."""
+    if part.columns is None:
+        return part.items or []
+    return [SampledItem(int(part.keys[j]), float(part.probabilities[j]),
+                        int(part.table_sizes[j]), float(part.priorities[j]),
+                        int(part.times_sampled[j]), [c[j] for c in part.columns], -1)
+            for j in range(len(part))]
 
 
 def _shapes_like(dtypes: Any, shapes: Any) -> Any:
@@ -227,6 +238,7 @@ class _Source:
     workers: int
     timeout: float | None
     max_samples: int
+    processes: bool
 
 
 class _Budget:
@@ -246,10 +258,10 @@ class _Budget:
 
 def _parallel(make: Callable[[threading.Event], Iterator[Any]], workers: int,
               depth: int = 2, name: str = "redisbuf-reverb-dataset",
-              on_end: Callable[[], None] | None = None) -> Iterator[Any]:
+              on_end: Callable[[], None] | None = None) -> Generator[Any, None, None]:
     """The elements of ``workers`` threads (named ``name``) each iterating ``make(stop)``,
     as they come, at most ``depth`` per thread queued; the iteration ends when every one
-    has ended, or when one yields ``_END`` (then ``on_end()``, in the consumer's thread).
+    has ended (then ``on_end()``, in the consumer's thread, as when the consumer stops).
     Several threads keep a replica each of a prioritized table's priorities
     (:func:`~redisbuf.sampling.base.own_replicas`), so that their draws overlap instead
     of taking turns at one replica."""
@@ -286,8 +298,6 @@ def _parallel(make: Callable[[threading.Event], Iterator[Any]], workers: int,
             if element is _DONE:
                 done += 1
                 continue
-            if element is _END:
-                return
             if isinstance(element, BaseException):
                 raise element
             yield element
@@ -326,12 +336,16 @@ class TrajectoryDataset(_Dataset):
         dtypes: the trajectory's dtypes (a nest; numpy or TensorFlow dtypes).
         shapes: its shapes (the same nest; ``None`` dimensions match any length).
         max_in_flight_samples_per_worker: items drawn per call, unbatched (>= 1).
-        num_workers_per_iterator: how many threads draw a batched dataset's batches at
-            once (-1: 2; an unbatched dataset draws from one).
+        num_workers_per_iterator: how many workers draw a batched dataset's batches at
+            once (-1: 2; an unbatched dataset draws in the thread that iterates it).
         max_samples_per_stream: accepted (-1 or >= 1).
         rate_limiter_timeout_ms: how long a draw may wait on the rate limiter before the
             iteration ends (-1: no limit).
         max_samples: the iteration ends after this many samples (-1: never).
+        sampler_processes: (redisbuf's) a batched dataset's workers are processes
+            (:mod:`redisbuf.buffers.batch_processes`), whose draws run on as many cores
+            as there are workers; False: threads of this process, which take turns at
+            its GIL (but start at once).
 
     Raises:
         ValueError: as Reverb's (structures that differ, an argument out of range).
@@ -340,7 +354,7 @@ class TrajectoryDataset(_Dataset):
     def __init__(self, server_address: str, table: str, dtypes: Any, shapes: Any,
                  max_in_flight_samples_per_worker: int, num_workers_per_iterator: int = -1,
                  max_samples_per_stream: int = -1, rate_limiter_timeout_ms: int = -1,
-                 max_samples: int = -1) -> None:
+                 max_samples: int = -1, *, sampler_processes: bool = True) -> None:
         super().__init__()
         shapes = _shapes_like(dtypes, shapes)
         if max_in_flight_samples_per_worker < 1:
@@ -362,7 +376,7 @@ class TrajectoryDataset(_Dataset):
             Client(server_address), table, dtypes, shapes, max_in_flight_samples_per_worker,
             2 if num_workers_per_iterator == -1 else num_workers_per_iterator,
             None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000,
-            max_samples)
+            max_samples, sampler_processes)
 
     @classmethod
     def from_table_signature(cls, server_address: str, table: str,
@@ -371,7 +385,8 @@ class TrajectoryDataset(_Dataset):
                              max_samples_per_stream: int = -1,
                              rate_limiter_timeout_ms: int = -1,
                              get_signature_timeout_secs: int | None = None,
-                             max_samples: int = -1) -> Any:
+                             max_samples: int = -1, *, sampler_processes: bool = True
+                             ) -> Any:
         """The dataset of ``table`` with its signature's dtypes and shapes.
 
         Raises:
@@ -385,7 +400,8 @@ class TrajectoryDataset(_Dataset):
                    max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,
                    num_workers_per_iterator=num_workers_per_iterator,
                    max_samples_per_stream=max_samples_per_stream,
-                   rate_limiter_timeout_ms=rate_limiter_timeout_ms, max_samples=max_samples)
+                   rate_limiter_timeout_ms=rate_limiter_timeout_ms, max_samples=max_samples,
+                   sampler_processes=sampler_processes)
 
     def batch(self, batch_size: int, drop_remainder: bool = False) -> _Dataset:
         """Samples stacked ``batch_size`` at a time, each batch drawn at once and cut
@@ -435,10 +451,17 @@ class TrajectoryDataset(_Dataset):
             yield ReplaySample(_info(item), self._data(item))
 
 
+def _open_table(server_address: str, table: str) -> tuple[Any, Any]:
+    """The step store and buffer of ``table`` (a sampler process's opener)."""
+    client = Client(server_address)
+    return client.store(), client.table(table)
+
+
 class _BatchedTrajectories(_Dataset):
     """A TrajectoryDataset's batches, each drawn whole (fewer items a draw only when the
-    rate limiter admits fewer), by ``num_workers_per_iterator`` threads at once (2 for
-    -1), so that their round trips to the server overlap."""
+    rate limiter admits fewer), by ``num_workers_per_iterator`` workers at once (2 for
+    -1): sampler processes, whose draws run in parallel, or threads, whose round trips
+    to the server overlap."""
 
     def __init__(self, parent: TrajectoryDataset, size: int, drop_remainder: bool) -> None:
         super().__init__(parent)
@@ -446,19 +469,46 @@ class _BatchedTrajectories(_Dataset):
 
     def _elements(self, chunk: int | None) -> Iterator[Any]:
         source = self._source
-        store = source.client.store()
-        buffer = source.client.table(source.table)
         flat_dtypes = nest.flatten(source.dtypes)
         flat_shapes = [shape_of(s) for s in nest.flatten(source.shapes)]
         budget = _Budget(source.max_samples)
-
         # a draw takes max_in_flight_samples_per_worker items (whole batches of them)
         per_draw = self._size * max(1, source.per_worker // self._size)
+        if source.processes:
+            draws = batch_processes.draws_in_processes(
+                f"{__name__}:_open_table", [source.client.server_address, source.table],
+                source.workers, lambda: budget.take(per_draw), source.timeout)
+        else:
+            draws = self._from_threads(budget, per_draw)
+        # the draws' items in batches of the dataset's size, as they come: a draw cut
+        # short (max_samples, the rate limiter) leaves its rest for the next, and only
+        # the iteration's last batch may be smaller
+        carry: list[SampledBatch] = []
+        try:
+            for parts, ended in draws:
+                carry.extend(parts)
+                whole = list(_split(carry, self._size, keep_last=True))
+                carry = [whole.pop()] if whole and len(whole[-1]) < self._size else []
+                for batch in whole:
+                    yield self._sample(batch, flat_dtypes, flat_shapes)
+                if ended:  # Reverb's datasets end when the rate limiter times out
+                    break
+        finally:
+            draws.close()  # no worker draws any more: not even what nobody would receive
+        if carry and not self._drop:
+            yield self._sample(carry[0], flat_dtypes, flat_shapes)
+
+    def _from_threads(self, budget: _Budget, per_draw: int
+                      ) -> Generator[tuple[list[SampledBatch], bool], None, None]:
+        """As :func:`~redisbuf.buffers.batch_processes.draws_in_processes`, by threads."""
+        source = self._source
+        store = source.client.store()
+        buffer = source.client.table(source.table)
         # closed when the iteration ends: then no worker draws any more (not even a
         # queue's next item, which nobody would receive)
         gate = step_reads.DrawGate()
 
-        def batches(stop: threading.Event) -> Iterator[Any]:
+        def draws(stop: threading.Event) -> Iterator[tuple[list[SampledBatch], bool]]:
             while not stop.is_set():
                 size = budget.take(per_draw)
                 if size == 0:
@@ -474,29 +524,19 @@ class _BatchedTrajectories(_Dataset):
                 except step_reads.DrawStopped:
                     return  # the iteration ended: a wait under way draws nothing more
                 except RateLimitTimeoutError:
-                    for whole in _split(parts, self._size, keep_last=not self._drop):
-                        yield self._sample([whole], flat_dtypes, flat_shapes)
-                    yield _END  # Reverb's datasets end when the rate limiter times out
+                    yield parts, True
                     return
-                for whole in _split(parts, self._size, keep_last=not self._drop):
-                    yield self._sample([whole], flat_dtypes, flat_shapes)
+                yield parts, False
 
-        return _parallel(batches, source.workers, on_end=gate.close)
+        return _parallel(draws, source.workers, on_end=gate.close)
 
-    def _sample(self, parts: list[SampledBatch], dtypes: list[Any],
-                shapes: list[Any]) -> ReplaySample:
-        def joined(name: str) -> np.ndarray:
-            return np.concatenate([getattr(part, name) for part in parts])
-
-        info = SampleInfo(joined("keys"), joined("probabilities"), joined("table_sizes"),
-                          joined("priorities"), joined("times_sampled"))
-        if all(part.columns is not None for part in parts) and len(
-                {len(part.columns or ()) for part in parts}) == 1:
-            columns = [np.concatenate(leaves) if len(leaves) > 1 else leaves[0]
-                       for leaves in zip(*(part.columns or () for part in parts),
-                                         strict=True)]
-        else:  # items whose columns differ in shape: stacked one by one (or refused)
-            items = [item for part in parts for item in (part.items or [])]
+    def _sample(self, batch: SampledBatch, dtypes: list[Any], shapes: list[Any]
+                ) -> ReplaySample:
+        info = SampleInfo(batch.keys, batch.probabilities, batch.table_sizes,
+                          batch.priorities, batch.times_sampled)
+        columns = batch.columns
+        if columns is None:  # items whose columns differ in shape: stacked one by one
+            items = batch.items or []
             columns = [np.stack([item.columns[i] for item in items])
                        for i in range(len(dtypes))]
         if len(columns) != len(dtypes):

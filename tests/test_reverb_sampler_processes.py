@@ -1,0 +1,188 @@
+"""A batched ``redisbuf.reverb.TrajectoryDataset`` drawn by sampler processes
+(redisbuf/buffers/batch_processes.py): the same batches, ends and errors as its threads
+give; a process that dies is reported; closing the dataset ends every process, also one
+waiting on the rate limiter or blocked sending a batch nobody reads; and the wire
+carries items of columns that differ in shape."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from redisbuf import reverb
+from redisbuf.buffers import batch_processes
+from redisbuf.buffers.step_reads import SampledBatch, SampledItem
+from redisbuf.errors import NoSuchBufferError, SamplerProcessError
+
+MODES = pytest.mark.parametrize("processes", [True, False], ids=["processes", "threads"])
+
+
+@pytest.fixture(scope="module")
+def server():
+    tables = [
+        reverb.Table("steps", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
+                     reverb.rate_limiters.MinSize(1)),
+        reverb.Table.queue("queue", 10),
+        reverb.Table("big", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 10,
+                     reverb.rate_limiters.MinSize(1)),
+    ]
+    server = reverb.Server(tables)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(server):
+    client = server.localhost_client()
+    yield client
+    for name in ("steps", "queue", "big"):
+        client.reset(name)
+
+
+def children() -> set[int]:
+    """The pids of this process's living children."""
+    found = set()
+    for task in Path("/proc/self/task").iterdir():
+        found.update(int(pid) for pid in (task / "children").read_text().split())
+    return found
+
+
+def dataset(client, table, processes, **kwargs):
+    kwargs.setdefault("max_in_flight_samples_per_worker", 4)
+    return reverb.TrajectoryDataset(client.server_address, table, dtypes=[np.int64],
+                                    shapes=[(1,)], sampler_processes=processes, **kwargs)
+
+
+@pytest.mark.redis_server
+@MODES
+def test_batches_hold_each_items_own_steps_and_stop_at_max_samples(client, processes):
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+        for t in range(30):
+            writer.append({"obs": np.full((2, 3), t, np.float32), "t": np.int64(t)})
+            if t:
+                writer.create_item("steps", 1.0, {"obs": writer.history["obs"][-2:],
+                                                  "t": writer.history["t"][-2]})
+    made = reverb.TrajectoryDataset(
+        client.server_address, "steps", dtypes={"obs": np.float32, "t": np.int64},
+        shapes={"obs": (2, 2, 3), "t": ()}, max_in_flight_samples_per_worker=4,
+        max_samples=10, sampler_processes=processes)
+    batches = list(made.batch(4).as_numpy_iterator())
+    assert [len(b.info.key) for b in batches] == [4, 4, 2]
+    for batch in batches:
+        assert batch.data["obs"].shape[1:] == (2, 2, 3)
+        assert batch.info.key.dtype == np.uint64 and batch.info.table_size.dtype == np.int64
+        assert batch.info.times_sampled.dtype == np.int32
+        assert (batch.data["obs"][:, 1] == batch.data["obs"][:, 0] + 1).all()
+        assert (batch.data["t"] == batch.data["obs"][:, 0, 0, 0]).all()
+        assert (batch.info.table_size == 29).all()
+        np.testing.assert_allclose(batch.info.probability, 1 / 29)
+    kept = list(made.batch(4, drop_remainder=True).as_numpy_iterator())
+    assert [len(b.info.key) for b in kept] == [4, 4]
+
+
+@pytest.mark.redis_server
+@MODES
+def test_a_rate_limiter_timeout_ends_the_iteration_after_what_was_drawn(client, processes):
+    for value in range(3):
+        client.insert(np.int64(value), priorities={"queue": 1.0})
+    made = dataset(client, "queue", processes, max_in_flight_samples_per_worker=2,
+                   num_workers_per_iterator=1, rate_limiter_timeout_ms=300)
+    got = [b.data[0][:, 0].tolist() for b in made.batch(2).as_numpy_iterator()]
+    assert got == [[0, 1], [2]]
+    client.insert(np.int64(3), priorities={"queue": 1.0})
+    assert list(made.batch(2, drop_remainder=True).as_numpy_iterator()) == []
+    assert client.server_info()["queue"].current_size == 0  # the one item was drawn
+
+
+@pytest.mark.redis_server
+@MODES
+def test_an_error_in_a_worker_is_raised_as_its_own_class(client, processes):
+    with pytest.raises(ValueError, match='Could not find table "nope"'):
+        next(iter(dataset(client, "nope", processes).batch(2)))
+
+
+@pytest.mark.redis_server
+def test_a_sampler_process_that_dies_is_reported_by_pid(client):
+    client.insert(np.int64(1), priorities={"steps": 1.0})
+    before = children()
+    batches = iter(dataset(client, "steps", True, num_workers_per_iterator=1).batch(2))
+    next(batches)
+    (pid,) = children() - before
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(SamplerProcessError, match=f"sampler process {pid} exited without"):
+        for _ in range(10_000):  # the batches already on their way come first
+            next(batches)
+    assert children() == before
+
+
+@pytest.mark.redis_server
+def test_closing_ends_a_process_blocked_sending_a_batch_nobody_reads(client):
+    # each batch (4 MiB) is far more than the socket holds: with two draws asked of each
+    # process, both are blocked in a send when the dataset is closed
+    for value in range(4):
+        client.insert(np.full(2**18, value, np.float32), priorities={"big": 1.0})
+    before = children()
+    made = reverb.TrajectoryDataset(client.server_address, "big", dtypes=[np.float32],
+                                    shapes=[(1, 2**18)], max_in_flight_samples_per_worker=4)
+    batches = made.batch(4).as_numpy_iterator()
+    first = next(batches)
+    assert first.data[0].shape == (4, 1, 2**18)
+    assert all((row == row[0]).all() for row in first.data[0][:, 0])
+    assert len(children() - before) == 2
+    batches.close()
+    assert children() == before
+
+
+def _roundtrip(batch: SampledBatch) -> SampledBatch:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sender = threading.Thread(
+            target=batch_processes._send_batch, args=(theirs, batch, True, False))
+        sender.start()
+        got = batch_processes._recv_batch(ours, batch_processes._recv(ours))
+        sender.join()
+    return got
+
+
+def test_the_wire_carries_stacked_columns_and_items_of_differing_shapes():
+    info = (np.array([3, 9], np.uint64), np.array([0.25, 0.75]), np.array([4, 4]),
+            np.array([1.0, 2.0]), np.array([1, 2], np.int32))
+    stacked = _roundtrip(SampledBatch(*info, [np.arange(2 * 10**6, dtype=np.float32)
+                                              .reshape(2, -1), np.zeros((2, 0))]))
+    assert stacked.items is None and stacked.columns is not None
+    np.testing.assert_array_equal(stacked.columns[0].ravel(),
+                                  np.arange(2 * 10**6, dtype=np.float32))
+    assert stacked.columns[1].shape == (2, 0)
+    for sent, got in zip(info, (stacked.keys, stacked.probabilities, stacked.table_sizes,
+                                stacked.priorities, stacked.times_sampled), strict=True):
+        np.testing.assert_array_equal(sent, got)
+        assert sent.dtype == got.dtype
+    items = [SampledItem(3, 0.25, 4, 1.0, 1, [np.ones((1, 2)), np.int64(5)], 0),
+             SampledItem(9, 0.75, 4, 2.0, 2, [np.ones((3, 2)), np.int64(6)], 1)]
+    ragged = _roundtrip(SampledBatch(*info, None, items))
+    assert ragged.columns is None and ragged.items is not None
+    for sent_item, got_item in zip(items, ragged.items, strict=True):
+        assert (got_item.key, got_item.probability, got_item.table_size, got_item.priority,
+                got_item.times_sampled, got_item.episode) == (
+                    sent_item.key, sent_item.probability, sent_item.table_size,
+                    sent_item.priority, sent_item.times_sampled, sent_item.episode)
+        for a, b in zip(sent_item.columns, got_item.columns, strict=True):
+            np.testing.assert_array_equal(a, b)
+            assert np.asarray(a).shape == b.shape
+
+
+def test_errors_come_back_as_their_class_only_when_it_is_redisbufs_or_builtin():
+    rebuilt = batch_processes._rebuilt
+    assert type(rebuilt("redisbuf.errors", "NoSuchBufferError", "gone", 7)) is \
+        NoSuchBufferError
+    assert type(rebuilt("builtins", "KeyError", "k", 7)) is KeyError
+    other = rebuilt("os", "system", "x", 7)
+    assert isinstance(other, SamplerProcessError)
+    assert str(other) == "sampler process 7 failed: os.system: x"
+    assert isinstance(rebuilt("redisbuf.errors", "NoSuchThing", "x", 7), SamplerProcessError)
