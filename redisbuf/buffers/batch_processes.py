@@ -194,7 +194,8 @@ def _serve(sock: socket.socket) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m redisbuf.buffers.batch_processes FD``: serve the reader on socket FD."""
+    """A sampler process's entry (``argv``: the socket's file descriptor): serve the
+    reader on it."""
     sock = socket.socket(fileno=int(argv[0]))
     try:
         _serve(sock)
@@ -218,14 +219,18 @@ class _Sampler:
 
 def _start(opener: str, args: list[Any], timeout: float | None) -> _Sampler:
     ours, theirs = socket.socketpair()
-    env = dict(os.environ)
-    # the process imports this redisbuf, wherever the reader found it
+    # the process imports this redisbuf, wherever the reader found it (appended to its
+    # path, so that nothing else on it is shadowed)
     root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    boot = (f"import sys; sys.path.append({root!r}); "
+            f"from redisbuf.buffers.batch_processes import main; "
+            f"raise SystemExit(main([{str(theirs.fileno())!r}]))")
     try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "redisbuf.buffers.batch_processes", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen([sys.executable, "-c", boot], pass_fds=(theirs.fileno(),),
+                                   stdin=subprocess.DEVNULL)
+    except BaseException:
+        ours.close()
+        raise
     finally:
         theirs.close()
     sampler = _Sampler(process, ours)
@@ -274,13 +279,14 @@ def draws_in_processes(opener: str, args: list[Any], processes: int, sizes: Call
             raised as they were raised in the process.
     """
     samplers: list[_Sampler] = []
+    watch = selectors.DefaultSelector()
     try:
-        samplers = [_start(opener, args, timeout) for _ in range(processes)]
+        for _ in range(processes):
+            samplers.append(_start(opener, args, timeout))
         for sampler in samplers:
             answer = _answer(sampler)
             if "error" in answer:
                 raise _rebuilt(*_error_of(answer), sampler.process.pid)
-        watch = selectors.DefaultSelector()
         for sampler in samplers:
             watch.register(sampler.sock, selectors.EVENT_READ, sampler)
 
@@ -309,8 +315,5 @@ def draws_in_processes(opener: str, args: list[Any], processes: int, sizes: Call
                 ask(sampler)
                 yield parts, False
     finally:
+        watch.close()
         _stop(samplers)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

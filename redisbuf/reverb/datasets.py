@@ -10,9 +10,9 @@ step of each item. Batches stack every leaf (and the info fields, as arrays) alo
 first dimension. Unbatched, a dataset draws ``max_in_flight_samples_per_worker`` items
 a call in the thread that iterates it; ``prefetch(n)`` moves the draws to a background
 thread, at most ``n`` elements ahead. A batched ``TrajectoryDataset`` draws whole
-batches in ``num_workers_per_iterator`` sampler processes (or threads). A draw the table's rate limiter holds back longer than
-``rate_limiter_timeout_ms`` (``-1``: no limit) ends the iteration, as Reverb's
-datasets end; so does ``max_samples`` samples.
+batches in ``num_workers_per_iterator`` sampler processes (or threads). A draw the
+table's rate limiter holds back longer than ``rate_limiter_timeout_ms`` (``-1``: no
+limit) ends the iteration, as Reverb's datasets end; so does ``max_samples`` samples.
 """
 
 from __future__ import annotations
