@@ -40,10 +40,9 @@ import numpy as np
 
 from ..errors import RateLimitTimeoutError, SamplerProcessError
 from . import step_reads
-from .step_reads import SampledBatch, SampledItem
+from .step_reads import INFO_FIELDS, SampledBatch, SampledItem
 
 _LENGTH = struct.Struct("<Q")
-_INFO_FIELDS = ("keys", "probabilities", "table_sizes", "priorities", "times_sampled")
 #: how long a stopping reader waits for a sampler process to exit before killing it
 _EXIT_WAIT = 30.0
 
@@ -88,12 +87,12 @@ def _recv_array(sock: socket.socket, spec: list[Any]) -> np.ndarray:
 
 
 def _send_batch(sock: socket.socket, batch: SampledBatch, last: bool, ended: bool) -> None:
-    info = [np.ascontiguousarray(getattr(batch, name)) for name in _INFO_FIELDS]
+    info = [np.ascontiguousarray(getattr(batch, name)) for name in INFO_FIELDS]
     if batch.columns is not None:
-        arrays, ragged = list(info) + list(batch.columns), None
+        arrays, ragged = [*info, *batch.columns], None
     else:
         items = batch.items or []
-        arrays = list(info) + [column for item in items for column in item.columns]
+        arrays = [*info, *(column for item in items for column in item.columns)]
         ragged = [[item.key, item.probability, item.table_size, item.priority,
                    item.times_sampled, item.episode, len(item.columns)] for item in items]
     _send(sock, {"batch": [_spec(a) for a in arrays], "columns": batch.columns is not None,
@@ -102,8 +101,8 @@ def _send_batch(sock: socket.socket, batch: SampledBatch, last: bool, ended: boo
 
 def _recv_batch(sock: socket.socket, message: dict[str, Any]) -> SampledBatch:
     arrays = [_recv_array(sock, spec) for spec in message["batch"]]
-    keys, probabilities, sizes, priorities, times = arrays[:len(_INFO_FIELDS)]
-    rest = arrays[len(_INFO_FIELDS):]
+    keys, probabilities, sizes, priorities, times = arrays[:len(INFO_FIELDS)]
+    rest = arrays[len(INFO_FIELDS):]
     if message["columns"]:
         return SampledBatch(keys, probabilities, sizes, priorities, times, rest)
     items, at = [], 0

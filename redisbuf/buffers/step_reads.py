@@ -53,6 +53,10 @@ class SampledItem:
     episode: int
 
 
+#: the SampleInfo fields of a :class:`SampledBatch`, in order, one array each
+INFO_FIELDS = ("keys", "probabilities", "table_sizes", "priorities", "times_sampled")
+
+
 @dataclass
 class SampledBatch:
     """Drawn items as arrays: the SampleInfo fields, one entry per item, and each flat
@@ -364,4 +368,4 @@ def read_all(store: StepStore, table: ReplayBuffer, ids: list[int]) -> dict[int,
     return {i: assemble(record, chunks) for i, record in records.items()}
 
 
-__all__ = ["SampledBatch", "SampledItem", "read_all", "sample", "sample_batch"]
+__all__ = ["INFO_FIELDS", "SampledBatch", "SampledItem", "read_all", "sample", "sample_batch"]

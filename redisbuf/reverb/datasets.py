@@ -169,8 +169,8 @@ def _split(parts: list[SampledBatch], size: int, keep_last: bool) -> Iterator[Sa
     """Batches of ``size`` items of ``parts`` (the last smaller when ``keep_last``)."""
     if not parts:
         return
-    fields = ("keys", "probabilities", "table_sizes", "priorities", "times_sampled")
-    joined = {name: np.concatenate([getattr(p, name) for p in parts]) for name in fields}
+    joined = {name: np.concatenate([getattr(p, name) for p in parts])
+              for name in step_reads.INFO_FIELDS}
     ragged = any(p.columns is None for p in parts)
     items = [item for p in parts for item in _items_of(p)] if ragged else None
     columns = None if ragged else [
