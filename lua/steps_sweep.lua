@@ -36,15 +36,28 @@ local seen, examined, freed = {}, 0, 0
 -- referenced chunk's unmarking
 local marked = redis.call('ZCARD', S.dead)
 
+-- refs read ahead (one HMGET for the cursor's chunks), by chunk; false: none
+local prefetched = {}
+
+local function alive_word(word)
+  local index, id = string.match(word, '^(%d+):(%d+)$')
+  local key = index and KEYS[6 + tonumber(index)]
+  return key ~= nil and redis.call('HEXISTS', key, id) == 1
+end
+
 -- whether an item chunk's refs name is still in its buffer
 local function referenced(chunk)
-  local text = redis.call('HGET', S.refs, chunk) or ''
+  local text = prefetched[chunk]
+  if text == nil then text = redis.call('HGET', S.refs, chunk) end
+  if not text then return false end
+  -- the newest first, alone: it leaves last under FIFO removal, the common case
+  -- (anchored: an unanchored match would try every start of the text)
+  local newest = string.match(text, '^.*%s(%S+)%s*$') or string.match(text, '^%s*(%S+)')
+  if newest and alive_word(newest) then return true end
   local words = {}
   for word in string.gmatch(text, '%S+') do words[#words + 1] = word end
-  for j = #words, 1, -1 do
-    local index, id = string.match(words[j], '^(%d+):(%d+)$')
-    local key = index and KEYS[6 + tonumber(index)]
-    if key and redis.call('HEXISTS', key, id) == 1 then return true end
+  for j = #words - 1, 1, -1 do
+    if alive_word(words[j]) then return true end
   end
   return false
 end
@@ -86,6 +99,14 @@ redis.call('HSET', S.meta, 'sweep_front', front)
 local cursor = tonumber(redis.call('HGET', S.meta, 'sweep_cursor')) or 0
 local after = redis.call('ZRANGEBYSCORE', S.order, '(' .. cursor, '+inf', 'WITHSCORES',
   'LIMIT', 0, k)
+local unseen = {}
+for j = 1, #after, 2 do
+  if seen[after[j]] == nil then unseen[#unseen + 1] = after[j] end
+end
+if #unseen > 0 then
+  local texts = hmget_chunked(S.refs, unseen)
+  for i, chunk in ipairs(unseen) do prefetched[chunk] = texts[i] or false end
+end
 for j = 1, #after, 2 do examine(after[j]) end
 redis.call('HSET', S.meta, 'sweep_cursor', #after == 2 * k and after[#after] or 0)
 

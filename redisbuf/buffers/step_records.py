@@ -66,6 +66,23 @@ def encode_chunk(episode: int, columns: dict[int, tuple[list[int], np.ndarray]])
     return msgpack.packb({"e": episode, "c": body}, use_bin_type=True)
 
 
+def encode_chunk_cells(episode: int,
+                       columns: dict[int, tuple[list[int], list[np.ndarray]]]) -> bytes:
+    """:func:`encode_chunk` of each column's cells as a list of contiguous arrays of one
+    dtype and shape: their bytes are joined, not stacked first (one copy less, and no
+    per-call cost of ``np.stack``, which a writer of large steps pays per chunk)."""
+    body = []
+    for col, (steps, cells) in columns.items():
+        first = cells[0]
+        if first.dtype.hasobject:
+            raise TypeError(f"arrays of dtype {first.dtype} (Python objects) cannot be stored")
+        raw = b"".join([cell.data if cell.flags.c_contiguous else cell.tobytes()
+                        for cell in cells])
+        body.append([col, np.asarray(steps, dtype="<i8").tobytes(), first.dtype.str,
+                     [len(cells), *first.shape], raw])
+    return msgpack.packb({"e": episode, "c": body}, use_bin_type=True)
+
+
 def decode_chunk(blob: bytes) -> Chunk:
     try:
         record = msgpack.unpackb(blob, raw=False)
@@ -158,5 +175,6 @@ def assemble(item: ItemRecord, chunks: dict[str, Chunk]) -> list[np.ndarray]:
 
 __all__ = [
     "Chunk", "ItemColumn", "ItemRecord", "assemble", "decode_array", "decode_chunk",
-    "decode_item", "encode_array", "encode_chunk", "encode_item", "encode_item_raw",
+    "decode_item", "encode_array", "encode_chunk", "encode_chunk_cells", "encode_item",
+    "encode_item_raw",
 ]

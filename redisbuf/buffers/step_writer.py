@@ -6,10 +6,11 @@ step); a column's first cell fixes its dtype and shape, and a later cell of anot
 refused (``ValueError``). Each column keeps its last ``num_keep_alive_refs`` cells
 alive: an item takes cells only among those (:class:`CellRef`, as :meth:`append`
 returns them). :meth:`create_item` never blocks: the item waits in this writer until
-the steps it reads that have no chunk yet number ``chunk_length`` (or until
-:meth:`flush`), then it and every item waiting with it are *sealed*: their new cells
-become chunks (step ranges of one episode, at most ``chunk_length`` steps each) and a
-background thread sends chunks and items in one insert each, in order. Before sending, a
+the steps it reads that have no chunk yet number ``chunk_length`` (with the default
+length, those of about :data:`SEAL_BYTES`; or until :meth:`flush`), then it and every
+item waiting with it are *sealed*: their new cells, with every live cell of the same
+steps, become chunks (step ranges of one episode, at most ``chunk_length`` steps each)
+and a background thread sends chunks and items in one insert each, in order. Before sending, a
 buffer's rate limiter admits its items one at a time as Reverb's table does
 (:func:`~redisbuf.sampling.limiters.acquire_upto`): items up to the first one not
 admitted go, the rest wait. An error of a send is raised by the next :meth:`append`,
@@ -30,7 +31,7 @@ import numpy as np
 
 from ..errors import StepsGoneError, WaitTimeoutError
 from ..sampling.waiting import wait_for
-from .step_records import encode_chunk, encode_item_raw
+from .step_records import encode_chunk_cells, encode_item_raw
 from .steps import StepStore, TableBatch
 
 #: How long the sender waits on a rate limiter before looking at ``close`` again (s).
@@ -41,6 +42,10 @@ MAX_UNSEALED = 64
 MAX_SEND = 512
 #: The size a writer aims its chunks at by default (bytes), and their most steps.
 CHUNK_BYTES, MAX_CHUNK_LENGTH = 16 * 1024, 32
+#: With chunks of the default length, items are sealed once the new steps they read hold
+#: about this many bytes (several chunks a seal: a seal's own cost, per call, was a fifth
+#: of a writer's time at 4 KiB steps), or :data:`MAX_CHUNK_LENGTH` steps.
+SEAL_BYTES = 64 * 1024
 
 
 def as_cell(value: Any) -> np.ndarray:
@@ -144,7 +149,8 @@ class StepWriter:
         num_keep_alive_refs: how many of its last cells each column keeps alive (>= 1).
         chunk_length: the most steps of one chunk, and how many new steps waiting items
             read before they are sealed; by default set at the first item, to make chunks
-            of about :data:`CHUNK_BYTES` (from 1 to :data:`MAX_CHUNK_LENGTH` steps).
+            of about :data:`CHUNK_BYTES` (from 1 to :data:`MAX_CHUNK_LENGTH` steps), sealed
+            by about :data:`SEAL_BYTES`.
         timeout: how long :meth:`flush` and :meth:`end_episode` wait by default
             (seconds, ``None``: no limit).
         background: send from a thread of the writer's (the default); ``False`` sends in
@@ -166,6 +172,7 @@ class StepWriter:
         self.num_keep_alive_refs = int(num_keep_alive_refs)
         self.chunk_length = int(chunk_length or num_keep_alive_refs)
         self._auto_length = chunk_length is None
+        self._seal_steps = self.chunk_length  # new steps that seal the waiting items
         self.timeout = timeout
         self.writer_id = os.urandom(6).hex()
         self.episode = int.from_bytes(os.urandom(7), "little")
@@ -279,6 +286,7 @@ class StepWriter:
         if length < 1:
             raise ValueError(f"chunk_length ({length}) must be a positive integer")
         self.chunk_length, self._auto_length = int(length), False
+        self._seal_steps = self.chunk_length
 
     @property
     def step_is_open(self) -> bool:
@@ -324,6 +332,8 @@ class StepWriter:
         if self._auto_length:  # chunks of about CHUNK_BYTES, from this item's cells
             step_bytes = sum(refs[0].array.nbytes for refs in checked) + 8
             self.chunk_length = max(1, min(MAX_CHUNK_LENGTH, CHUNK_BYTES // step_bytes))
+            self._seal_steps = max(self.chunk_length,
+                                   min(MAX_CHUNK_LENGTH, SEAL_BYTES // step_bytes))
             self._auto_length = False
         fresh = self._fresh_steps
         for refs in checked:
@@ -331,7 +341,7 @@ class StepWriter:
                 if ref.chunk is None:
                     fresh.add((ref.episode, ref.step))
         self._unsealed.append(item)  # the user's thread's own list: no lock
-        if len(self._unsealed) >= MAX_UNSEALED or len(fresh) >= self.chunk_length:
+        if len(self._unsealed) >= MAX_UNSEALED or len(fresh) >= self._seal_steps:
             with self._cond:
                 self._seal(len(self._unsealed))
 
@@ -350,6 +360,7 @@ class StepWriter:
                         if cells is None:
                             cells = fresh[(ref.episode, ref.step)] = {}
                         cells[ref.column] = ref
+        self._whole_steps(fresh)
         chunks: dict[str, bytes] = {}
         steps = sorted(fresh)
         start = 0
@@ -365,14 +376,14 @@ class StepWriter:
             for step in steps[start:stop]:  # ascending: each column's cells in step order
                 for ref in fresh[step].values():
                     by_column.setdefault(ref.column, []).append(ref)
-            body = {}
             live = 0
-            for column, refs in by_column.items():
+            for refs in by_column.values():
                 for row, ref in enumerate(refs):
                     ref.chunk, ref.row = key, row
                     live += 0 if ref.expired_flag else 1
-                body[column] = ([r.step for r in refs], np.stack([r.array for r in refs]))
-            blob = encode_chunk(episode, body)
+            blob = encode_chunk_cells(episode, {
+                column: ([r.step for r in refs], [r.array for r in refs])
+                for column, refs in by_column.items()})
             chunks[key] = blob
             self._chunk_blobs[key] = blob
             self._chunk_holds[key] += live
@@ -409,6 +420,24 @@ class StepWriter:
         self._queue.append(_Send(chunks, items))
         self._in_flight += len(items)
         self._cond.notify_all()
+
+    def _whole_steps(self, fresh: dict[tuple[int, int], dict[int, CellRef]]) -> None:
+        """Add to ``fresh`` (step -> column -> cell) every live cell without a chunk of
+        its steps, whatever items read: a step's cells then share one chunk, as later
+        items of the same steps read them (an item of the last two observations and the
+        first one's action would otherwise chunk each step's action alone)."""
+        lowest: dict[int, int] = {}
+        for episode, step in fresh:
+            lowest[episode] = min(lowest.get(episode, step), step)
+        only = next(iter(lowest.items())) if len(lowest) == 1 else None
+        for kept in self._kept:
+            for ref in reversed(kept):  # newest first; within an episode, steps descend
+                if only is not None and (ref.episode != only[0] or ref.step < only[1]):
+                    break  # older than every fresh step
+                if ref.chunk is None:
+                    cells = fresh.get((ref.episode, ref.step))
+                    if cells is not None:
+                        cells.setdefault(ref.column, ref)
 
     # -- flushing -----------------------------------------------------------------------
 
@@ -623,5 +652,5 @@ class StepWriter:
         raise AssertionError("chunks freed again and again while being sent")
 
 
-__all__ = ["CHUNK_BYTES", "MAX_CHUNK_LENGTH", "MAX_UNSEALED", "CellRef", "StepWriter",
-           "as_cell", "dtype_name", "shape_text"]
+__all__ = ["CHUNK_BYTES", "MAX_CHUNK_LENGTH", "MAX_UNSEALED", "SEAL_BYTES", "CellRef",
+           "StepWriter", "as_cell", "dtype_name", "shape_text"]

@@ -42,6 +42,7 @@ class InternalWriter:
         self._writer = writer
         self._signatures = signatures
         self._known: dict[str, list[TensorSpec] | None] | None = None
+        self._plain: dict[str, tuple[list[TensorSpec], list[tuple[Any, Any]]]] = {}
 
     @property
     def max_num_keep_alive_refs(self) -> int:
@@ -99,12 +100,16 @@ class InternalWriter:
         the error, when not, comes from :func:`_check_signature`)."""
         if len(signature) != len(columns):
             return False
-        for spec, refs, squeezed in zip(signature, columns, squeeze, strict=True):
+        plain = self._plain.get(table)
+        if plain is None or plain[0] is not signature:  # each spec's dtype and dims, once
+            plain = self._plain[table] = (
+                signature, [(spec.dtype, spec.shape.dims) for spec in signature])
+        for (dtype, dims), refs, squeezed in zip(plain[1], columns, squeeze, strict=True):
             first = refs[0]
-            if first.dtype != spec.dtype:
+            if first.dtype != dtype:
                 return False
             shape = tuple(first.shape) if squeezed else (len(refs), *first.shape)
-            if not shapes_compatible(spec.shape.dims, shape):
+            if shape != dims and not shapes_compatible(dims, shape):
                 return False
         return True
 
@@ -420,7 +425,13 @@ class _ColumnHistory:
         return None if index < -kept else self._data_references[index]
 
     def _range(self, where: slice) -> list[Any]:
-        return [self._at(i) for i in range(*where.indices(len(self)))]
+        length = len(self)
+        start, stop, step = where.indices(length)
+        kept = self._data_references
+        first_kept = length - len(kept)  # the index of kept[0]
+        if step == 1 and start >= first_kept:  # the common slice: kept cells only
+            return kept[start - first_kept : max(start, stop) - first_kept]
+        return [self._at(i) for i in range(start, stop, step)]
 
     def __len__(self) -> int:
         return len(self._data_references) + self._offset
