@@ -8,12 +8,13 @@ import socket
 
 import numpy as np
 import pytest
+import redis
 
 from redisbuf import connect
 from redisbuf.buffers.step_records import decode_chunk, encode_chunk, encode_chunk_cells
 from redisbuf.buffers.step_writer import CHUNK_BYTES, SEAL_BYTES
 from redisbuf.buffers.steps import StepStore
-from redisbuf.store.connection import OneSendConnection
+from redisbuf.store.connection import OneSendConnection, _connection_class
 
 
 def step(t: int, width: int = 3) -> list[np.ndarray]:
@@ -152,3 +153,12 @@ def test_a_pipeline_of_large_pieces_goes_in_one_send(redis_server, monkeypatch):
     assert replies == [True, True, b"x" * 10_000, 100_000]
     assert len(sends) == 1 and sends[0] > 110_000
     client.close()
+
+
+@pytest.mark.parametrize("url", ["redis://h:1/0", "REDIS://h:1", "rediss://h:1",
+                                 "RedisS://h:1", "unix:///tmp/r.sock", "UNIX:///tmp/r.sock"])
+def test_the_one_send_connection_is_of_the_kind_redis_py_picks_for_the_url(url):
+    """TLS or a Unix socket as redis-py reads the URL, whatever the scheme's case."""
+    picked = redis.connection.parse_url(url).get("connection_class",
+                                                 redis.connection.Connection)
+    assert issubclass(_connection_class(url), picked)

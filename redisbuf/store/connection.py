@@ -6,6 +6,7 @@ import os
 import re
 import threading
 import time
+import urllib.parse
 import warnings
 from typing import Any, cast
 
@@ -185,10 +186,12 @@ class PackingSSLConnection(_OneSend, redis.connection.SSLConnection):
 
 
 def _connection_class(url: str) -> type:
-    """The :class:`_OneSend` connection for ``url``'s scheme (redis-py's choice)."""
-    if url.startswith("unix:"):
+    """The :class:`_OneSend` connection for ``url``'s scheme (redis-py's choice; the
+    scheme read as redis-py reads it, case aside)."""
+    scheme = urllib.parse.urlparse(url).scheme
+    if scheme == "unix":
         return OneSendUnixConnection
-    return PackingSSLConnection if url.startswith("rediss:") else OneSendConnection
+    return PackingSSLConnection if scheme == "rediss" else OneSendConnection
 
 
 class _Held:
