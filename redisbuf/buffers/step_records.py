@@ -23,9 +23,13 @@ from ..errors import DecodeError
 def encode_array(array: np.ndarray) -> list[Any]:
     """``[dtype text, shape, raw bytes]`` of a fixed-width array (C order, native bytes)."""
     array = np.ascontiguousarray(array)
-    if array.dtype.hasobject:
-        raise TypeError(f"arrays of dtype {array.dtype} (Python objects) cannot be stored")
+    _refuse_objects(array.dtype)
     return [array.dtype.str, list(array.shape), array.tobytes()]
+
+
+def _refuse_objects(dtype: np.dtype) -> None:
+    if dtype.hasobject:
+        raise TypeError(f"arrays of dtype {dtype} (Python objects) cannot be stored")
 
 
 def decode_array(value: list[Any]) -> np.ndarray:
@@ -61,8 +65,16 @@ _DTYPES: dict[str, np.dtype] = {}
 
 def encode_chunk(episode: int, columns: dict[int, tuple[list[int], np.ndarray]]) -> bytes:
     """A chunk's blob: ``columns`` maps a column index to its steps and stacked cells."""
-    body = [[col, np.asarray(steps, dtype="<i8").tobytes(), *encode_array(cells)]
+    body = [[col, _steps_bytes(steps), *encode_array(cells)]
             for col, (steps, cells) in columns.items()]
+    return _chunk_blob(episode, body)
+
+
+def _steps_bytes(steps: list[int]) -> bytes:
+    return np.asarray(steps, dtype="<i8").tobytes()
+
+
+def _chunk_blob(episode: int, body: list[list[Any]]) -> bytes:
     return msgpack.packb({"e": episode, "c": body}, use_bin_type=True)
 
 
@@ -74,13 +86,12 @@ def encode_chunk_cells(episode: int,
     body = []
     for col, (steps, cells) in columns.items():
         first = cells[0]
-        if first.dtype.hasobject:
-            raise TypeError(f"arrays of dtype {first.dtype} (Python objects) cannot be stored")
+        _refuse_objects(first.dtype)
         raw = b"".join([cell.data if cell.flags.c_contiguous else cell.tobytes()
                         for cell in cells])
-        body.append([col, np.asarray(steps, dtype="<i8").tobytes(), first.dtype.str,
-                     [len(cells), *first.shape], raw])
-    return msgpack.packb({"e": episode, "c": body}, use_bin_type=True)
+        body.append([col, _steps_bytes(steps), first.dtype.str, [len(cells), *first.shape],
+                     raw])
+    return _chunk_blob(episode, body)
 
 
 def decode_chunk(blob: bytes) -> Chunk:
