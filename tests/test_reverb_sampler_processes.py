@@ -1,8 +1,9 @@
 """A batched ``redisbuf.reverb.TrajectoryDataset`` drawn by sampler processes
 (redisbuf/buffers/batch_processes.py): the same batches, ends and errors as its threads
 give; a process that dies is reported; closing the dataset ends every process, also one
-waiting on the rate limiter or blocked sending a batch nobody reads; and the wire
-carries items of columns that differ in shape."""
+waiting on the rate limiter or blocked sending a batch nobody reads; a process draws
+its next answer while the last one waits for the reader; and the wire carries items of
+columns that differ in shape."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -186,3 +188,28 @@ def test_errors_come_back_as_their_class_only_when_it_is_redisbufs_or_builtin():
     assert isinstance(other, SamplerProcessError)
     assert str(other) == "sampler process 7 failed: os.system: x"
     assert isinstance(rebuilt("redisbuf.errors", "NoSuchThing", "x", 7), SamplerProcessError)
+
+
+@pytest.mark.redis_server
+def test_a_process_draws_its_next_answer_while_the_last_waits_for_the_reader(client):
+    # each batch (4 MiB) is far more than the socket holds. After the first batch the
+    # reader has asked for two more and reads nothing: the process draws both, one of
+    # them waiting to be sent, rather than stopping at the send of the first
+    for value in range(4):
+        client.insert(np.full(2**18, value, np.float32), priorities={"big": 1.0})
+    made = reverb.TrajectoryDataset(client.server_address, "big", dtypes=[np.float32],
+                                    shapes=[(1, 2**18)], max_in_flight_samples_per_worker=4,
+                                    num_workers_per_iterator=1)
+    batches = made.batch(4).as_numpy_iterator()
+    next(batches)
+
+    def samples() -> int:
+        return client.server_info()["big"].rate_limiter_info.sample_stats.completed
+
+    deadline = time.monotonic() + 60  # a liveness wait: the process may be starved
+    while samples() < 12 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert samples() == 12
+    second = next(batches)
+    assert second.data[0].shape == (4, 1, 2**18)
+    batches.close()

@@ -7,7 +7,9 @@ draws what the reader asks of it, :func:`~redisbuf.buffers.step_reads.sample_bat
 time, and sends each batch back over a socket: a msgpack header (the SampleInfo fields
 as typed bytes, each column's dtype and shape), then every column's bytes, received
 straight into the reader's arrays. No pickle: nothing but msgpack and raw array bytes
-crosses the socket.
+crosses the socket. A thread of the process sends the batches, in the order they were
+drawn, while the next draw goes on; at most ``_OUTBOX`` wait to be sent, so a process
+whose reader takes nothing draws that many answers ahead of it, then waits.
 
 :func:`draws_in_processes` is the reader's side. It keeps ``depth`` requests under way
 per process and yields each request's parts as they come. When the iteration ends (or
@@ -32,6 +34,7 @@ import sys
 import threading
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,8 @@ from .step_reads import INFO_FIELDS, SampledBatch, SampledItem
 _LENGTH = struct.Struct("<Q")
 #: how long a stopping reader waits for a sampler process to exit before killing it
 _EXIT_WAIT = 30.0
+#: the most answers a sampler process holds drawn and not yet sent
+_OUTBOX = 2
 
 
 # -- the wire: frames of a length and msgpack, then raw array bytes ------------------------
@@ -176,20 +181,41 @@ def _serve(sock: socket.socket) -> None:
         os._exit(0)
 
     threading.Thread(target=listen, daemon=True, name="redisbuf-sampler-listen").start()
-    while True:
-        want, have = requests.get(), 0
-        try:
-            while have < want:
-                part = step_reads.sample_batch(store, buffer, want - have, timeout=timeout,
-                                               gate=gate)
-                have += len(part)
-                _send_batch(sock, part, last=have >= want, ended=False)
-        except step_reads.DrawStopped:
-            return
-        except RateLimitTimeoutError:
-            _send(sock, {"batch": None, "last": True, "ended": True})
-        except Exception as exc:  # noqa: BLE001 - sent to the reader, who raises it
-            _send(sock, _error_message(exc))
+    # a thread of its own sends the batches, in order, so that the next draw goes on while
+    # the last batch waits for the reader, who reads one process's batch at a time
+    outbox: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=_OUTBOX)
+
+    def send() -> None:
+        gone = False
+        while (message := outbox.get()) is not None:
+            if gone:
+                continue
+            try:
+                message()
+            except OSError:
+                gone = True  # the reader is gone: the listening thread ends the process
+
+    sender = threading.Thread(target=send, daemon=True, name="redisbuf-sampler-send")
+    sender.start()
+    try:
+        while True:
+            want, have = requests.get(), 0
+            try:
+                while have < want:
+                    part = step_reads.sample_batch(store, buffer, want - have,
+                                                   timeout=timeout, gate=gate)
+                    have += len(part)
+                    outbox.put(partial(_send_batch, sock, part, last=have >= want,
+                                       ended=False))
+            except step_reads.DrawStopped:
+                return
+            except RateLimitTimeoutError:
+                outbox.put(partial(_send, sock, {"batch": None, "last": True, "ended": True}))
+            except Exception as exc:  # noqa: BLE001 - sent to the reader, who raises it
+                outbox.put(partial(_send, sock, _error_message(exc)))
+    finally:
+        outbox.put(None)
+        sender.join()
 
 
 def main(argv: list[str]) -> int:
