@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from redisbuf import connect
+from redisbuf.buffers import step_records
 from redisbuf.buffers.step_records import decode_chunk, encode_chunk, encode_chunk_cells
 from redisbuf.buffers.step_writer import CHUNK_BYTES, SEAL_BYTES
 from redisbuf.buffers.steps import StepStore
@@ -101,6 +102,18 @@ def test_a_chunk_of_cells_decodes_as_the_stacked_one(dtype):
         np.testing.assert_array_equal(joined.columns[column], stacked.columns[column])
         assert joined.steps_of(column).tolist() == [4, 5, 6]
         assert joined.kinds[column] == stacked.kinds[column]
+
+
+def test_a_chunks_kind_names_its_dtype_and_cell_shape_for_any_number_of_shapes():
+    # decoding remembers each kind it met, and forgets them all past a bound: cells of
+    # ever new shapes neither grow memory without end nor get another shape's kind
+    for width in range(1, step_records._MAX_KINDS + 50):
+        chunk = decode_chunk(encode_chunk(0, {0: ([0, 1], np.zeros((2, width), np.float32)),
+                                              1: ([0, 1], np.zeros(2, np.int64))}))
+        assert chunk.kinds[0] == f"<f4({width},)"
+        assert chunk.kinds[1] == "<i8()"
+        assert chunk.columns[0].shape == (2, width) and chunk.columns[0].dtype == np.float32
+        assert len(step_records._KINDS) <= step_records._MAX_KINDS
 
 
 def test_a_chunk_of_python_objects_is_refused():

@@ -60,7 +60,9 @@ class Chunk:
         return np.frombuffer(self.steps[column], dtype="<i8")
 
 
-_DTYPES: dict[str, np.dtype] = {}
+#: by a column's dtype text and cell shape, its dtype and kind (see :class:`Chunk`)
+_KINDS: dict[tuple[Any, ...], tuple[np.dtype, str]] = {}
+_MAX_KINDS = 4096
 
 
 def encode_chunk(episode: int, columns: dict[int, tuple[list[int], np.ndarray]]) -> bytes:
@@ -99,12 +101,18 @@ def decode_chunk(blob: bytes) -> Chunk:
         record = msgpack.unpackb(blob, raw=False)
         columns, steps, kinds = {}, {}, {}
         for col, raw_steps, dtype, shape, raw in record["c"]:
-            known = _DTYPES.get(dtype)
-            if known is None:
-                known = _DTYPES[dtype] = np.dtype(dtype)
-            cells = columns[col] = np.frombuffer(raw, dtype=known).reshape(shape)
+            # a store decodes a chunk per cache miss, a hundred a batch: each kind of
+            # cells gets its dtype and kind text once, and chunks share the text
+            kind_key = (dtype, *shape[1:])
+            known_kind = _KINDS.get(kind_key)
+            if known_kind is None:
+                if len(_KINDS) >= _MAX_KINDS:  # cells of ever new shapes: start again
+                    _KINDS.clear()
+                known = np.dtype(dtype)
+                known_kind = _KINDS[kind_key] = (known, f"{known.str}{tuple(shape[1:])}")
+            columns[col] = np.frombuffer(raw, dtype=known_kind[0]).reshape(shape)
             steps[col] = raw_steps
-            kinds[col] = f"{known.str}{cells.shape[1:]}"
+            kinds[col] = known_kind[1]
         return Chunk(int(record["e"]), columns, steps, kinds)
     except Exception as exc:  # noqa: BLE001 - any malformed chunk is a DecodeError
         raise DecodeError(f"a chunk of steps does not decode: {type(exc).__name__}: {exc}") \

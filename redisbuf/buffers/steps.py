@@ -345,13 +345,20 @@ class StepStore:
         replies of what it queued (first in the list, the rest ignored), returns every
         chunk found by key. Chunks never change (a chunk key is written once), so the
         recent ones stay decoded here, up to :attr:`cache_bytes` of cells."""
-        wanted = list(dict.fromkeys(chunk_keys))
+        # one lookup a key: a batch names hundreds, each a cache entry cold in memory
+        wanted = chunk_keys if isinstance(chunk_keys, dict) else dict.fromkeys(chunk_keys)
         cache = self._chunk_cache
+        get, touch = cache.get, cache.move_to_end
+        found: dict[str, Chunk] = {}
+        missing: list[str] = []
         with self._cache_lock:
-            found = {key: cache[key] for key in wanted if key in cache}
-            for key in found:
-                cache.move_to_end(key)
-        missing = [key for key in wanted if key not in found]
+            for key in wanted:
+                chunk = get(key)
+                if chunk is None:
+                    missing.append(key)
+                else:
+                    found[key] = chunk
+                    touch(key)
         if missing:
             pipe.hmget(self.keys.chunks, missing)
 
