@@ -20,7 +20,9 @@ import pytest
 from redisbuf import reverb
 from redisbuf.buffers import batch_processes
 from redisbuf.buffers.step_reads import SampledBatch, SampledItem
+from redisbuf.buffers.steps import DEFAULT_CACHE_BYTES
 from redisbuf.errors import NoSuchBufferError, SamplerProcessError
+from redisbuf.reverb import datasets
 
 MODES = pytest.mark.parametrize("processes", [True, False], ids=["processes", "threads"])
 
@@ -213,3 +215,43 @@ def test_a_process_draws_its_next_answer_while_the_last_waits_for_the_reader(cli
     second = next(batches)
     assert second.data[0].shape == (4, 1, 2**18)
     batches.close()
+
+
+@pytest.mark.redis_server
+@MODES
+def test_cache_bytes_bounds_the_chunks_each_worker_keeps_decoded(client, processes,
+                                                                 monkeypatch):
+    openers = []
+    draws = batch_processes.draws_in_processes
+
+    def recorded(opener, args, *rest, **kwargs):
+        openers.append((opener, args))
+        return draws(opener, args, *rest, **kwargs)
+
+    monkeypatch.setattr(batch_processes, "draws_in_processes", recorded)
+    with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+        for t in range(12):
+            writer.append({"t": np.int64(t)})
+            writer.create_item("steps", 1.0, {"t": writer.history["t"][-1:]})
+    for cache_bytes, keeps in ((0, False), (None, True)):
+        made = reverb.TrajectoryDataset(client.server_address, "steps", dtypes={"t": np.int64},
+                                        shapes={"t": (1,)}, max_in_flight_samples_per_worker=4,
+                                        max_samples=8, sampler_processes=processes,
+                                        cache_bytes=cache_bytes)
+        batches = list(made.batch(4).as_numpy_iterator())
+        assert [len(b.info.key) for b in batches] == [4, 4]
+        assert {t for b in batches for t in b.data["t"][:, 0].tolist()} <= set(range(12))
+        if processes:  # each process opens its store with the dataset's bound
+            opener, args = openers.pop()
+            store, _ = getattr(datasets, opener.partition(":")[2])(*args)
+        else:
+            store = made.source.store()
+            assert (store._cached_bytes > 0) is keeps
+        assert store.cache_bytes == (DEFAULT_CACHE_BYTES if cache_bytes is None else 0)
+
+
+@pytest.mark.parametrize("cache_bytes", [-1, 1.5, True, "1"])
+def test_cache_bytes_must_be_none_or_a_count_of_bytes(cache_bytes):
+    with pytest.raises(ValueError, match=r"cache_bytes \(.*\) must be None or an integer"):
+        reverb.TrajectoryDataset("localhost:1", "t", dtypes=[np.int64], shapes=[(1,)],
+                                 max_in_flight_samples_per_worker=1, cache_bytes=cache_bytes)

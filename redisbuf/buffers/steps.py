@@ -49,7 +49,7 @@ GRACE_SECONDS = 10.0
 SWEEP_PER_CHUNK, SWEEP_MIN = 4, 4
 #: What a StepStore object keeps decoded by default: chunks (bytes of their blobs), item
 #: records (how many).
-DEFAULT_CACHE_BYTES, DEFAULT_CACHE_RECORDS = 64 * 2**20, 100_000
+DEFAULT_CACHE_BYTES, DEFAULT_CACHE_RECORDS = 256 * 2**20, 100_000
 
 
 def steps_schema(store: str) -> dict[str, Any]:

@@ -239,6 +239,17 @@ class _Source:
     timeout: float | None
     max_samples: int
     processes: bool
+    cache_bytes: int | None = None
+
+    def store(self) -> Any:
+        """The client's step store, keeping ``cache_bytes`` of decoded chunks if set."""
+        return _bounded(self.client.store(), self.cache_bytes)
+
+
+def _bounded(store: Any, cache_bytes: int | None) -> Any:
+    if cache_bytes is not None:
+        store.cache_bytes = cache_bytes
+    return store
 
 
 class _Budget:
@@ -346,6 +357,9 @@ class TrajectoryDataset(_Dataset):
             (:mod:`redisbuf.buffers.batch_processes`), whose draws run on as many cores
             as there are workers; False: threads of this process, which take turns at
             its GIL (but start at once).
+        cache_bytes: (redisbuf's) how many bytes of decoded chunks each sampler process
+            (or, with threads, this process) keeps for later draws; None: the store's
+            default (:data:`~redisbuf.buffers.steps.DEFAULT_CACHE_BYTES`, 256 MiB).
 
     Raises:
         ValueError: as Reverb's (structures that differ, an argument out of range).
@@ -354,7 +368,8 @@ class TrajectoryDataset(_Dataset):
     def __init__(self, server_address: str, table: str, dtypes: Any, shapes: Any,
                  max_in_flight_samples_per_worker: int, num_workers_per_iterator: int = -1,
                  max_samples_per_stream: int = -1, rate_limiter_timeout_ms: int = -1,
-                 max_samples: int = -1, *, sampler_processes: bool = True) -> None:
+                 max_samples: int = -1, *, sampler_processes: bool = True,
+                 cache_bytes: int | None = None) -> None:
         super().__init__()
         shapes = _shapes_like(dtypes, shapes)
         if max_in_flight_samples_per_worker < 1:
@@ -371,12 +386,15 @@ class TrajectoryDataset(_Dataset):
                              "integer >= -1")
         if max_samples < 1 and max_samples != -1:
             raise ValueError(f"max_samples ({max_samples}) must be a positive integer or -1")
+        if cache_bytes is not None and (isinstance(cache_bytes, bool) or
+                                        not isinstance(cache_bytes, int) or cache_bytes < 0):
+            raise ValueError(f"cache_bytes ({cache_bytes!r}) must be None or an integer >= 0")
         #: what the dataset draws from and how (read by its batched form too)
         self.source = _Source(
             Client(server_address), table, dtypes, shapes, max_in_flight_samples_per_worker,
             2 if num_workers_per_iterator == -1 else num_workers_per_iterator,
             None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000,
-            max_samples, sampler_processes)
+            max_samples, sampler_processes, cache_bytes)
 
     @classmethod
     def from_table_signature(cls, server_address: str, table: str,
@@ -385,8 +403,8 @@ class TrajectoryDataset(_Dataset):
                              max_samples_per_stream: int = -1,
                              rate_limiter_timeout_ms: int = -1,
                              get_signature_timeout_secs: int | None = None,
-                             max_samples: int = -1, *, sampler_processes: bool = True
-                             ) -> Any:
+                             max_samples: int = -1, *, sampler_processes: bool = True,
+                             cache_bytes: int | None = None) -> Any:
         """The dataset of ``table`` with its signature's dtypes and shapes.
 
         Raises:
@@ -401,7 +419,7 @@ class TrajectoryDataset(_Dataset):
                    num_workers_per_iterator=num_workers_per_iterator,
                    max_samples_per_stream=max_samples_per_stream,
                    rate_limiter_timeout_ms=rate_limiter_timeout_ms, max_samples=max_samples,
-                   sampler_processes=sampler_processes)
+                   sampler_processes=sampler_processes, cache_bytes=cache_bytes)
 
     def batch(self, batch_size: int, drop_remainder: bool = False) -> _Dataset:
         """Samples stacked ``batch_size`` at a time, each batch drawn at once and cut
@@ -421,7 +439,7 @@ class TrajectoryDataset(_Dataset):
 
     def _items(self, chunk: int | None) -> Iterator[Any]:
         """The sampled items, drawn ``chunk`` (or max_in_flight) at a time."""
-        store = self.source.client.store()
+        store = self.source.store()
         buffer = self.source.client.table(self.source.table)
         count = chunk or self.source.per_worker
         given = 0
@@ -451,10 +469,12 @@ class TrajectoryDataset(_Dataset):
             yield ReplaySample(_info(item), self._data(item))
 
 
-def _open_table(server_address: str, table: str) -> tuple[Any, Any]:
-    """The step store and buffer of ``table`` (a sampler process's opener)."""
+def _open_table(server_address: str, table: str, cache_bytes: int | None = None
+                ) -> tuple[Any, Any]:
+    """The step store (keeping ``cache_bytes`` of decoded chunks if set) and buffer of
+    ``table`` (a sampler process's opener)."""
     client = Client(server_address)
-    return client.store(), client.table(table)
+    return _bounded(client.store(), cache_bytes), client.table(table)
 
 
 class _BatchedTrajectories(_Dataset):
@@ -476,7 +496,8 @@ class _BatchedTrajectories(_Dataset):
         per_draw = self._size * max(1, source.per_worker // self._size)
         if source.processes:
             draws = batch_processes.draws_in_processes(
-                f"{__name__}:_open_table", [source.client.server_address, source.table],
+                f"{__name__}:_open_table",
+                [source.client.server_address, source.table, source.cache_bytes],
                 source.workers, lambda: budget.take(per_draw), source.timeout)
         else:
             draws = self._from_threads(budget, per_draw)
@@ -502,7 +523,7 @@ class _BatchedTrajectories(_Dataset):
                       ) -> Generator[tuple[list[SampledBatch], bool], None, None]:
         """As :func:`~redisbuf.buffers.batch_processes.draws_in_processes`, by threads."""
         source = self._source
-        store = source.client.store()
+        store = source.store()
         buffer = source.client.table(source.table)
         # closed when the iteration ends: then no worker draws any more (not even a
         # queue's next item, which nobody would receive)
