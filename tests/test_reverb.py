@@ -6,7 +6,9 @@ Reverb's own tests are run against it separately (docs/coming-from/reverb.md).""
 from __future__ import annotations
 
 import collections
+import gc
 import pickle
+import weakref
 
 import numpy as np
 import pytest
@@ -173,6 +175,22 @@ def test_nest_flattens_as_dm_tree():
     assert [p for p, _ in nest.flatten_with_path(data)][:2] == [("a", 0), ("a", 1, 0)]
     assert nest.unflatten_as(data, list(range(6))) == {"b": 3, "a": [0, (1, 2)],
                                                        "c": {"z": 5, "y": 4}}
+
+
+def test_nest_holds_no_leaf_once_it_returns():
+    # no reference cycle keeps a leaf alive until the garbage collector runs
+    gc.disable()
+    try:
+        leaf = np.zeros(3)
+        alive = weakref.ref(leaf)
+        structure = {"a": [leaf, (leaf,)], "b": leaf}
+        nest.assert_same_structure(structure, structure)
+        nest.flatten_with_path(structure)
+        rebuilt = nest.map_structure(lambda x: x, structure)
+        del leaf, structure, rebuilt
+        assert alive() is None
+    finally:
+        gc.enable()
 
 
 def test_datasets_batch_as_acme_reads_them(client):

@@ -63,18 +63,54 @@ def _rebuild(template: Any, children: list[Any]) -> Any:
     return list(children)
 
 
+# The walks below are module functions, not closures: a closure that calls itself is a
+# reference cycle, which would hold the leaves it saw (a batch's arrays) until the garbage
+# collector runs, not until the caller lets them go.
+
+
+def _paths_into(value: Any, path: tuple[Any, ...], out: list[tuple[tuple[Any, ...], Any]]
+                ) -> None:
+    if not is_nested(value):
+        out.append((path, value))
+        return
+    for key, child in _children(value):
+        _paths_into(child, (*path, key), out)
+
+
+def _leaves_into(value: Any, out: list[Any]) -> None:
+    if not is_nested(value):
+        out.append(value)
+        return
+    for _, child in _children(value):
+        _leaves_into(child, out)
+
+
+def _built(template: Any, leaves: Iterator[Any]) -> Any:
+    if not is_nested(template):
+        return next(leaves)
+    return _rebuild(template, [_built(child, leaves) for _, child in _children(template)])
+
+
+def _same(x: Any, y: Any, path: tuple[Any, ...], check_types: bool) -> None:
+    if is_nested(x) != is_nested(y):
+        raise ValueError(f"the structures differ at {path}: {x!r} and {y!r}")
+    if not is_nested(x):
+        return
+    if check_types and type(x) is not type(y):
+        raise TypeError(f"the structures differ at {path}: {type(x).__name__} and "
+                        f"{type(y).__name__}")
+    cx, cy = _children(x), _children(y)
+    if [k for k, _ in cx] != [k for k, _ in cy]:
+        raise ValueError(f"the structures differ at {path}: keys {[k for k, _ in cx]} "
+                         f"and {[k for k, _ in cy]}")
+    for (key, vx), (_, vy) in zip(cx, cy, strict=True):
+        _same(vx, vy, (*path, key), check_types)
+
+
 def flatten_with_path(structure: Any) -> list[tuple[tuple[Any, ...], Any]]:
     """Every leaf with its path, in flattening order."""
     out: list[tuple[tuple[Any, ...], Any]] = []
-
-    def walk(value: Any, path: tuple[Any, ...]) -> None:
-        if not is_nested(value):
-            out.append((path, value))
-            return
-        for key, child in _children(value):
-            walk(child, (*path, key))
-
-    walk(structure, ())
+    _paths_into(structure, (), out)
     return out
 
 
@@ -87,15 +123,7 @@ def flatten(structure: Any) -> list[Any]:
         [2, 3, None, 1]
     """
     out: list[Any] = []
-
-    def walk(value: Any) -> None:
-        if not is_nested(value):
-            out.append(value)
-            return
-        for _, child in _children(value):
-            walk(child)
-
-    walk(structure)
+    _leaves_into(structure, out)
     return out
 
 
@@ -106,39 +134,16 @@ def unflatten_as(structure: Any, flat: list[Any]) -> Any:
         ValueError: ``flat`` holds another number of leaves.
     """
     flat = list(flat)
-    leaves = iter(flat)
     count = len(flatten(structure))
     if count != len(flat):
         raise ValueError(f"the structure has {count} leaves, {len(flat)} were given")
-
-    def build(template: Any) -> Any:
-        if not is_nested(template):
-            return next(leaves)
-        return _rebuild(template, [build(child) for _, child in _children(template)])
-
-    return build(structure)
+    return _built(structure, iter(flat))
 
 
 def assert_same_structure(a: Any, b: Any, check_types: bool = True) -> None:
     """Raise ``ValueError`` unless ``a`` and ``b`` nest alike (``TypeError`` when
     ``check_types`` and a container differs in type)."""
-
-    def walk(x: Any, y: Any, path: tuple[Any, ...]) -> None:
-        if is_nested(x) != is_nested(y):
-            raise ValueError(f"the structures differ at {path}: {x!r} and {y!r}")
-        if not is_nested(x):
-            return
-        if check_types and type(x) is not type(y):
-            raise TypeError(f"the structures differ at {path}: {type(x).__name__} and "
-                            f"{type(y).__name__}")
-        cx, cy = _children(x), _children(y)
-        if [k for k, _ in cx] != [k for k, _ in cy]:
-            raise ValueError(f"the structures differ at {path}: keys {[k for k, _ in cx]} "
-                             f"and {[k for k, _ in cy]}")
-        for (key, vx), (_, vy) in zip(cx, cy, strict=True):
-            walk(vx, vy, (*path, key))
-
-    walk(a, b, ())
+    _same(a, b, (), check_types)
 
 
 def map_structure(fn: Callable[..., Any], *structures: Any) -> Any:
