@@ -2,11 +2,14 @@
 (redisbuf/buffers/batch_processes.py): the same batches, ends and errors as its threads
 give; a process that dies is reported; closing the dataset ends every process, also one
 waiting on the rate limiter or blocked sending a batch nobody reads; a process draws
-its next answer while the last one waits for the reader; and the wire carries items of
-columns that differ in shape."""
+its next answer while the last one waits for the reader; the wire carries items of
+columns that differ in shape; and columns in slots of shared memory are never written
+over while a batch of them is kept, and cross the socket when no slot is lent."""
 
 from __future__ import annotations
 
+import gc
+import mmap
 import os
 import signal
 import socket
@@ -126,9 +129,11 @@ def test_a_sampler_process_that_dies_is_reported_by_pid(client):
 
 
 @pytest.mark.redis_server
-def test_closing_ends_a_process_blocked_sending_a_batch_nobody_reads(client):
-    # each batch (4 MiB) is far more than the socket holds: with two draws asked of each
-    # process, both are blocked in a send when the dataset is closed
+def test_closing_ends_a_process_blocked_sending_a_batch_nobody_reads(client, monkeypatch):
+    # each batch (4 MiB) is far more than the socket holds, and no slot of shared memory
+    # is lent: with two draws asked of each process, both are blocked in a send when the
+    # dataset is closed
+    monkeypatch.setattr(batch_processes, "_SLOTS_PER_PROCESS", 0)
     for value in range(4):
         client.insert(np.full(2**18, value, np.float32), priorities={"big": 1.0})
     before = children()
@@ -193,10 +198,13 @@ def test_errors_come_back_as_their_class_only_when_it_is_redisbufs_or_builtin():
 
 
 @pytest.mark.redis_server
-def test_a_process_draws_its_next_answer_while_the_last_waits_for_the_reader(client):
-    # each batch (4 MiB) is far more than the socket holds. After the first batch the
-    # reader has asked for two more and reads nothing: the process draws both, one of
-    # them waiting to be sent, rather than stopping at the send of the first
+def test_a_process_draws_its_next_answer_while_the_last_waits_for_the_reader(client,
+                                                                            monkeypatch):
+    # each batch (4 MiB) is far more than the socket holds, and no slot is lent. After
+    # the first batch the reader has asked for two more and reads nothing: the process
+    # draws both, one of them waiting to be sent, rather than stopping at the send of
+    # the first
+    monkeypatch.setattr(batch_processes, "_SLOTS_PER_PROCESS", 0)
     for value in range(4):
         client.insert(np.full(2**18, value, np.float32), priorities={"big": 1.0})
     made = reverb.TrajectoryDataset(client.server_address, "big", dtypes=[np.float32],
@@ -255,3 +263,90 @@ def test_cache_bytes_must_be_none_or_a_count_of_bytes(cache_bytes):
     with pytest.raises(ValueError, match=r"cache_bytes \(.*\) must be None or an integer"):
         reverb.TrajectoryDataset("localhost:1", "t", dtypes=[np.int64], shapes=[(1,)],
                                  max_in_flight_samples_per_worker=1, cache_bytes=cache_bytes)
+
+
+def _in_a_slot(array: np.ndarray) -> bool:
+    """Whether ``array`` is a view of a slot of the reader's shared memory."""
+    lease = array.base  # the slot's bytes, made of a memoryview of the map
+    view = None if lease is None else lease.base
+    return isinstance(view, memoryview) and isinstance(view.obj, mmap.mmap)
+
+
+def _fill_numbered(client, count):
+    """Items of two steps of 1,024 values each, every value the step's number."""
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+        for t in range(count + 1):
+            writer.append({"obs": np.full(1024, t, np.float32)})
+            if t:
+                writer.create_item("steps", 1.0, {"obs": writer.history["obs"][-2:]})
+
+
+def _numbered_batches(client, **kwargs):
+    return reverb.TrajectoryDataset(
+        client.server_address, "steps", dtypes={"obs": np.float32},
+        shapes={"obs": (2, 1024)}, max_in_flight_samples_per_worker=8,
+        **kwargs).batch(8).as_numpy_iterator()
+
+
+def _check_numbered(batch):
+    obs = batch.data["obs"]
+    assert obs.shape == (8, 2, 1024)
+    first = obs[:, 0, 0]  # an item's steps are t - 1 and t, every value the number
+    assert (obs[:, 0] == first[:, None]).all() and (obs[:, 1] == first[:, None] + 1).all()
+
+
+@pytest.mark.redis_server
+def test_batches_kept_are_never_written_over_and_dropped_ones_lend_their_slot(client,
+                                                                                monkeypatch):
+    # the first two draws are asked before an answer's size is known: they cross the
+    # socket; the next two are kept in their slots, and four slots are left to lend
+    monkeypatch.setattr(batch_processes, "_SLOTS_PER_PROCESS", 6)
+    _fill_numbered(client, 60)
+    batches = _numbered_batches(client, num_workers_per_iterator=1)
+    kept = [next(batches) for _ in range(4)]
+    copies = [b.data["obs"].copy() for b in kept]
+    assert any(_in_a_slot(b.data["obs"]) for b in kept)
+    assert not all(_in_a_slot(b.data["obs"]) for b in kept)
+    dropped = 0
+    for _ in range(30):  # each dropped at once: its slot is lent again
+        batch = next(batches)
+        _check_numbered(batch)
+        dropped += _in_a_slot(batch.data["obs"])
+        del batch
+    assert dropped >= 15  # (a draw may be asked while the slots are held downstream)
+    for batch, copy in zip(kept, copies, strict=True):
+        _check_numbered(batch)
+        np.testing.assert_array_equal(batch.data["obs"], copy)
+    batches.close()
+
+
+@pytest.mark.redis_server
+def test_without_memory_files_every_column_crosses_the_socket(client, monkeypatch):
+    monkeypatch.delattr(os, "memfd_create")
+    _fill_numbered(client, 20)
+    batches = _numbered_batches(client, max_samples=40)
+    got = list(batches)
+    assert len(got) == 5
+    for batch in got:
+        _check_numbered(batch)
+        assert not _in_a_slot(batch.data["obs"])
+
+
+@pytest.mark.redis_server
+def test_a_batch_is_let_go_without_the_garbage_collector(client, monkeypatch):
+    # a batch in no reference cycle: its slot is free again as soon as it is dropped
+    monkeypatch.setattr(batch_processes, "_SLOTS_PER_PROCESS", 3)
+    _fill_numbered(client, 20)
+    gc.disable()
+    try:
+        batches = _numbered_batches(client, num_workers_per_iterator=1)
+        slotted = 0
+        for _ in range(40):
+            batch = next(batches)
+            _check_numbered(batch)
+            slotted += _in_a_slot(batch.data["obs"])
+            del batch
+        batches.close()
+    finally:
+        gc.enable()
+    assert slotted >= 20  # (a cycle would hold each of the 3 slots for good)

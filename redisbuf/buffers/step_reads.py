@@ -18,6 +18,7 @@ draw, or, for an item the draw itself removed, the one it was inserted with.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -272,12 +273,18 @@ def sample(store: StepStore, table: ReplayBuffer, n: int, timeout: float | None 
                         f"they were read, {_MISSING_ATTEMPTS} times")
 
 
+#: makes an uninitialized array of a shape and dtype (as ``np.empty``), for a batch's columns
+Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+
+
 def sample_batch(store: StepStore, table: ReplayBuffer, n: int,
                  timeout: float | None = None,
-                 gate: DrawGate | None = None) -> SampledBatch:
+                 gate: DrawGate | None = None, empty: Allocator | None = None
+                 ) -> SampledBatch:
     """As :func:`sample`, as arrays: each flat column of every item cut out of the chunks
-    at once (one gather per column) when the items' columns agree in shape. Through
-    ``gate``, a closed gate raises :class:`DrawStopped` instead of drawing."""
+    at once (one gather per column, into an array of ``empty``, ``np.empty`` by default)
+    when the items' columns agree in shape. Through ``gate``, a closed gate raises
+    :class:`DrawStopped` instead of drawing."""
     if n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
     draw = _draw(table, n, timeout, gate)
@@ -306,7 +313,7 @@ def sample_batch(store: StepStore, table: ReplayBuffer, n: int,
                            extra.size_after, extra.max_use)
         present = list(range(len(draw.ids)))
     probabilities, sizes, priorities, times = _info(table, draw, fetched)
-    columns = _gather(fetched.records, fetched.chunks)
+    columns = _gather(fetched.records, fetched.chunks, empty)
     items = None
     if columns is None:
         items = [SampledItem(int(draw.ids[i]), float(probabilities[i]), int(sizes[i]),
@@ -320,13 +327,15 @@ def sample_batch(store: StepStore, table: ReplayBuffer, n: int,
                         np.asarray(times, dtype=np.int32), columns, items)
 
 
-def _gather(records: list[ItemRecord], chunks: dict[str, Chunk]) -> list[np.ndarray] | None:
+def _gather(records: list[ItemRecord], chunks: dict[str, Chunk],
+            empty: Allocator | None = None) -> list[np.ndarray] | None:
     """Each flat column of every record stacked: the runs' cells (views of the chunks'
-    arrays) joined, one copy per column; None when the records' columns differ (in
-    number, source column, rows or squeezing: :attr:`ItemRecord.layout`) or the cells a
-    column reads differ in dtype or cell shape from chunk to chunk. Views, not bytes
-    slices: an array is no object the garbage collector tracks, and a batch makes one
-    per run (a memoryview, tracked, made collections run several times as often)."""
+    arrays) joined, one copy per column, into an array of ``empty`` (``np.empty`` when
+    None); None when the records' columns differ (in number, source column, rows or
+    squeezing: :attr:`ItemRecord.layout`) or the cells a column reads differ in dtype or
+    cell shape from chunk to chunk. Views, not bytes slices: an array is no object the
+    garbage collector tracks, and a batch makes one per run (a memoryview, tracked, made
+    collections run several times as often)."""
     layout = records[0].layout
     if [record.layout for record in records].count(layout) != len(records):  # in C
         return None
@@ -338,6 +347,8 @@ def _gather(records: list[ItemRecord], chunks: dict[str, Chunk]) -> list[np.ndar
         # each chunk's cells of ``source``, looked up (and its kind checked) once per batch
         # rather than once per run: a batch reads a few runs of each chunk
         cells_of: dict[str, np.ndarray] = {}
+        cells = None
+        rows_in_all = 0
         for record in records:
             keys = record.chunks
             for index, start, rows in record.columns[position][1]:
@@ -352,9 +363,14 @@ def _gather(records: list[ItemRecord], chunks: dict[str, Chunk]) -> list[np.ndar
                         return None
                     cells = cells_of[key] = chunk.columns[source]
                 append(cells[start : start + rows])
-        if kind is None:  # no cell at all
+                rows_in_all += rows
+        if kind is None or cells is None:  # no cell at all
             return None
-        stacked = np.concatenate(parts)
+        if empty is None:
+            stacked = np.concatenate(parts)
+        else:  # every run is of one kind: the joined cells are of its dtype and cell shape
+            stacked = np.concatenate(parts, out=empty((rows_in_all, *cells.shape[1:]),
+                                                      cells.dtype))
         stacked = stacked.reshape(len(records), length, *stacked.shape[1:])
         out.append(stacked[:, 0] if squeeze else stacked)
     return out
