@@ -183,13 +183,18 @@ end
 -- X; {3, epoch, version, stamp, draws with '' at each hole, entries...} when a correction
 -- left holes.
 local function draws_at_commit(K, log, replica, mass, packed, width, spares, uniforms, present)
-  local candidates = unpack_ids(packed, width)
   local stride = 1 + spares
-  local sent = {}
-  for j = 1, #candidates / stride do sent[j] = candidates[stride * (j - 1) + 1] end
+  -- the draws as sent (every stride-th candidate), cut out alone: a draw that stands, as
+  -- most do, needs none of the spares, each a string the server would make for nothing
+  local sent, step = {}, width * stride
+  for j = 1, #packed / step do
+    local id = string.sub(packed, step * (j - 1) + 1, step * (j - 1) + width)
+    sent[j] = width == 12 and id or id_str(tonumber(id))
+  end
   if log[1] == replica[1] and log[2] == replica[2] and log[3] == replica[3] then
     return sent, {}, sent
   end
+  local candidates = unpack_ids(packed, width)
   local behind = masslog_behind(K, replica[1], tonumber(replica[2]), replica[3])
   if #behind == 4 or #behind - 4 ~= tonumber(behind[3]) - tonumber(replica[2]) then
     return nil, behind  -- cannot catch up from the log, or too far behind for one reply
