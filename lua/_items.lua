@@ -290,11 +290,12 @@ end
 -- staleness (current version - item's version) of each versioned draw is summed. It
 -- writes nothing in the read-only variant (RB_NO_WRITES, see redisbuf/store/scripts.py: a full
 -- server or a replica still samples, without max_use), nor once the buffer is dropped (a
--- counter must not recreate its meta).
+-- counter must not recreate its meta). Returns each drawn id's uses after the call (-1
+-- for an item it removed) and the buffer's max_use (nil: none); nil when it wrote nothing.
 local function record_draws(K, ids)
   if RB_NO_WRITES or redis.call('EXISTS', K.meta) == 0 then return end
   redis.call('HINCRBY', K.meta, 'sampled', #ids)
-  if #ids == 0 then return end
+  if #ids == 0 then return {}, nil end
   local conf = redis.call('HMGET', K.meta, 'max_use', 'cur_version')
   local max_use, counts, distinct = tonumber(conf[1]), {}, {}
   for i = 1, #ids do
@@ -309,6 +310,7 @@ local function record_draws(K, ids)
   end
   -- one HMGET and one HSET rather than an HINCRBY per item: a third of the server time
   local before, used_up, total, use_pairs = hmget_chunked(K.uses, distinct), {}, 0, {}
+  local after = {}
   local first_time = 0  -- items sampled for the first time (Reverb's num_unique_samples)
   for j, id in ipairs(distinct) do
     if not before[j] then first_time = first_time + 1 end
@@ -316,7 +318,11 @@ local function record_draws(K, ids)
     local uses = (tonumber(before[j]) or 0) + counts[id]
     use_pairs[2 * j - 1] = id
     use_pairs[2 * j] = uses
-    if max_use and uses >= max_use then used_up[#used_up + 1] = id end
+    after[id] = uses
+    if max_use and uses >= max_use then
+      used_up[#used_up + 1] = id
+      after[id] = -1
+    end
   end
   call_chunked('HSET', K.uses, use_pairs)
   redis.call('HINCRBY', K.meta, 'present_uses', total)
@@ -339,6 +345,7 @@ local function record_draws(K, ids)
     remove_items(K, used_up)
     redis.call('HINCRBY', K.meta, 'retired', #used_up)
   end
+  return after, max_use
 end
 
 -- Take back draws that were not returned (their items vanished before the blobs were

@@ -34,7 +34,10 @@
 -- else the corrected draw (ids comma-separated), with the log entries after the
 -- replica's version (its catch-up) after the blobs (count of them: 0 unless asked, or
 -- for a corrected draw not asked, n, nil but where the draw moved from its candidate);
--- (the two 0s: where earlier versions sent the PER sum, which the replicas now keep).
+-- in place of the two 0s (once the draws are recorded; the read-only variant keeps them):
+-- each draw's item's uses after the call (-1: the call removed it, at max_use),
+-- comma-separated, and "LENGTH:MAX_USE", the buffer's length after the call and its
+-- max_use ("" for none).
 -- {3, epoch, version, stamp, ids,
 -- entries...} when a corrected draw has holes: ids as above with '' at each position
 -- whose candidates ran out (or whose touched item drawn was not stored); nothing is
@@ -127,5 +130,12 @@ elseif #entries > 0 then  -- corrected: the blobs of the draws that moved, read 
   out[9] = #ids
 end
 for i = 1, #entries do out[#out + 1] = entries[i] end
-record_draws(K, ids)  -- after reading the blobs: it may remove used-up items
+-- after reading the blobs: it may remove used-up items
+local after, max_use = record_draws(K, ids)
+if after then  -- what a reader would read next, here, so that it need not ask
+  local uses = {}
+  for i = 1, #ids do uses[i] = after[ids[i]] end
+  out[3] = table.concat(uses, ',')
+  out[4] = redis.call('ZCARD', K.order) .. ':' .. (max_use or '')
+end
 return out

@@ -447,3 +447,31 @@ def test_an_add_with_priorities_is_two_round_trips(real_client, buffer_name, mon
     monkeypatch.setattr(redis.connection.Connection, "send_packed_command", counted)
     buffer.add(batch, priorities=np.full(4, 2.0))
     assert len(sent) == 2  # the reservation, then the MULTI/EXEC that stores the batch
+
+
+@pytest.mark.parametrize("max_use", [None, 2])
+def test_a_commit_says_the_uses_length_and_max_use_it_left(client, buffer_name, max_use):
+    # what a read right after the commit would find: each draw's item's uses (-1 for an
+    # item the commit removed at max_use), the buffer's length and its max_use
+    buffer = ReplayBuffer(client, buffer_name, capacity=64, sampler=PERSampler(), seed=3,
+                          max_use=max_use)
+    buffer.add(batch(np.arange(6)))
+    keys = BufferKeys(buffer_name)
+    for _ in range(4):
+        if not client.zcard(keys.order):
+            break
+        draw = buffer._draw_admitted(5, True, None)
+        assert draw.after is not None
+        uses, length, said_max_use = draw.after
+        assert said_max_use == max_use
+        assert length == client.zcard(keys.order)
+        read = client.hmget(keys.uses, [b"%012d" % i for i in draw.ids])
+        assert uses == [-1 if u is None else int(u) for u in read]
+        repeats = {i: draw.ids.count(i) for i in draw.ids}
+        for item_id, item_uses in zip(draw.ids, uses, strict=True):
+            if item_uses == -1:  # removed by this draw: it reached max_use here
+                assert max_use is not None and not client.hexists(keys.items,
+                                                                   b"%012d" % item_id)
+            else:
+                assert item_uses >= repeats[item_id]
+                assert max_use is None or item_uses < max_use

@@ -5,7 +5,9 @@ A draw is the buffer's own (its sampler, rate limiter, ``max_use``); then one pi
 reads the chunks the items name that this process does not hold decoded already (chunks
 and item records never change, so the store keeps the recent ones, see
 :class:`~redisbuf.buffers.steps.StepStore`), their PER priorities, their use counts and
-the buffer's length, and each item's flat columns are cut out of its chunks (for a batch,
+the buffer's length (a prioritized draw's commit says the last two itself, and its
+priorities: then only chunks are read, and nothing when every one is held), and each
+item's flat columns are cut out of its chunks (for a batch,
 each column of every item at once). What a sample reports, as Reverb's table reports it
 for the samples of one request one after the other: ``times_sampled`` counts this draw
 (the ``j``-th of ``c`` draws of one item in a batch reports ``uses - c + j``);
@@ -165,12 +167,13 @@ def _draw(table: ReplayBuffer, n: int, timeout: float | None,
 
 @dataclass
 class _Fetched:
-    """What the pipeline after a draw read: the records, chunks, and info sources."""
+    """What the pipeline after a draw read (or its commit said): the records, chunks,
+    and info sources."""
 
     records: list[ItemRecord]
     chunks: dict[str, Chunk]
     priorities: list[Any]
-    uses: list[Any]
+    uses: list[int]  # each draw's item's uses after the draw (-1: the draw removed it)
     size_after: int
     max_use: int | None
     complete: bool = False  # every chunk the records name was read
@@ -178,14 +181,21 @@ class _Fetched:
 
 def _fetch(store: StepStore, table: ReplayBuffer, draw: Draw) -> _Fetched:
     records = store.records(draw.blobs)
-    ids = [b"%012d" % i for i in draw.ids]  # format_id, inline: a batch names hundreds
     pipe = table.client.pipeline(transaction=False)
     named = {key: None for record in records for key in record.chunks}
     chunks = store.chunks_into(pipe, named)
+    if draw.after is not None and draw.priorities is not None:
+        # the commit said what it left, and each draw's priority: only chunks to read (no
+        # round trip when every one is held)
+        uses, size_after, max_use = draw.after
+        found = chunks(pipe.execute())  # (an empty pipeline sends nothing)
+        return _Fetched(records, found, list(draw.priorities), uses, size_after, max_use,
+                        len(found) == len(named))
+    ids = [b"%012d" % i for i in draw.ids]  # format_id, inline: a batch names hundreds
     pipe.hmget(table.keys.uses, ids)
     pipe.zcard(table.keys.order)
     pipe.hmget(table.keys.meta, "max_use", "mass")
-    *read, uses, size_after, (max_use, mass) = pipe.execute()
+    *read, read_uses, read_size, (read_max_use, mass) = pipe.execute()
     # each item's priority now: a PER draw's, at its commit; under another sampler of a
     # buffer with PER, from this process's replica of the priorities (the server keeps no
     # per-item copy); else (None) the record's own
@@ -195,8 +205,10 @@ def _fetch(store: StepStore, table: ReplayBuffer, draw: Draw) -> _Fetched:
     elif mass == b"per":
         priorities = table.priorities(draw.ids, follow=True).tolist()
     found = chunks(read)
-    return _Fetched(records, found, priorities, uses, int(size_after),
-                    int(max_use) if max_use is not None else None, len(found) == len(named))
+    return _Fetched(records, found, priorities,
+                    [-1 if u is None else int(u) for u in read_uses], int(read_size),
+                    int(read_max_use) if read_max_use is not None else None,
+                    len(found) == len(named))
 
 
 def _info(table: ReplayBuffer, draw: Draw, fetched: _Fetched
@@ -216,7 +228,7 @@ def _info(table: ReplayBuffer, draw: Draw, fetched: _Fetched
     seen, counts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     seen[order] = np.arange(n) - starts[group] + 1
     counts[order] = np.diff(np.append(starts, n))[group]
-    uses = np.array([-1 if u is None else int(u) for u in fetched.uses], dtype=np.int64)
+    uses = np.asarray(fetched.uses, dtype=np.int64)
     removed = uses < 0  # no use count left: this draw removed the item (max_use)
     max_use = fetched.max_use
     sizes = np.full(n, fetched.size_after, dtype=np.int64)

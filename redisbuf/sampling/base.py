@@ -150,6 +150,13 @@ class Draw:
     weights: np.ndarray | None = None  # PER importance-sampling weights (DI-engine's IS)
     importance_weights: np.ndarray | None = None  # ALF's priority / mean non-zero priority
     priorities: np.ndarray | None = None  # PER: each drawn item's priority at the commit
+    #: what the commit left, when it says: each draw's item's uses then (-1: the commit
+    #: removed it, at max_use), the buffer's length, and its max_use (None: none)
+    after: CommitAfter | None = None
+
+
+#: see :attr:`Draw.after`
+CommitAfter = tuple[list[int], int, "int | None"]
 
 
 class Sampler(Protocol):

@@ -28,7 +28,7 @@ from ..errors import EmptyBufferError, RequestTooLargeError, SamplingError
 from ..store import applying, bounds, scripts
 from ..store.connection import retrying
 from ..store.keys import pack_ids, split_ids
-from .base import BufferView
+from .base import BufferView, CommitAfter
 from .replica import MassReplica, replica_of
 from .uniforms import packed_uniforms
 
@@ -76,6 +76,7 @@ class ReplicaDraw:
     min_mass: float
     per_sum: float
     per_nonzero: int
+    after: CommitAfter | None = None  # see Draw.after
 
 
 class CorrectedCommit(Generic[T]):
@@ -288,7 +289,8 @@ def replica_draw(
             parts[-1].schema_json, np.concatenate([p.probabilities for p in parts]),
             np.concatenate([p.masses for p in parts]),
             np.concatenate([p.scores for p in parts]), min(p.min_mass for p in parts),
-            parts[-1].per_sum, parts[-1].per_nonzero)
+            parts[-1].per_sum, parts[-1].per_nonzero)  # (no after: an id of two parts
+        # has its uses after the later one, which the earlier part does not say)
 
 
 def _draw_checked(
@@ -567,7 +569,20 @@ class _DrawCommit(CorrectedCommit[ReplicaDraw]):
         return ReplicaDraw(
             [int(i) for i in final], blobs, replies[-1], masses / replica.total, masses,
             replica.scores[where], replica.min_mass, replica.score_sum, replica.nonzero,
+            _after(reply[2], reply[3], len(final)),
         )
+
+
+def _after(uses: Any, state: Any, n: int) -> CommitAfter | None:
+    """What a commit of ``n`` draws left (see :attr:`Draw.after`), from its reply's
+    third and fourth entries; None where it recorded nothing (the read-only variant)."""
+    if not isinstance(state, bytes) or b":" not in state:
+        return None
+    length, _, max_use = state.partition(b":")
+    counts = [int(u) for u in uses.split(b",")] if n else []
+    if len(counts) != n:
+        return None
+    return counts, int(length), int(max_use) if max_use else None
 
 
 __all__ = ["CorrectedCommit", "ReplicaDraw", "commit_corrected", "follow", "replica_draw"]

@@ -387,7 +387,8 @@ class PrioritizedSampler:
         replace = self.replacement if replacement is None else bool(replacement)
         drawn = _draw_turning_on(
             buffer, self.prepare, lambda: commits.replica_draw(buffer, "softmax", n, rng, replace))
-        return Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
+        return Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json,
+                    after=drawn.after)
 
 
 def _forget_replica(buffer: BufferView, rule: str) -> None:
@@ -527,7 +528,8 @@ class PERSampler:
         drawn = _draw_turning_on(
             buffer, self.prepare,
             lambda: commits.replica_draw(buffer, "per", n, rng, True, self.stratified))
-        draw = Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json)
+        draw = Draw(drawn.ids, drawn.blobs, drawn.probabilities, drawn.schema_json,
+                    after=drawn.after)
         # (N P(i))^-beta / max_j (N P(j))^-beta = (min_mass / mass_i)^beta: N and the total
         # cancel, and the largest weight belongs to the lowest non-zero mass present.
         draw.weights = (drawn.min_mass / drawn.masses) ** self.beta
