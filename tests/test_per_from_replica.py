@@ -15,6 +15,7 @@ from replica_helpers import stored_priorities
 
 from redisbuf import BufferKeys, PERSampler, ReplayBuffer
 from redisbuf.buffers.priorities import PER_SUM_CAP
+from redisbuf.sampling import commits
 from redisbuf.sampling.replica import replica_of
 
 
@@ -183,3 +184,32 @@ def test_priorities_near_the_largest_double_keep_draws_and_sums_finite(client, b
     stored, total, nonzero, _ = per_state(client, buffer_name, replica)
     assert total == pytest.approx(math.fsum(stored.values()), rel=1e-12) and nonzero == 12
     assert buffer.sample_with_info(8, replacement=True).probabilities.sum() > 0
+
+
+def test_quiet_commits_send_no_spares_and_a_change_then_still_draws_by_the_law_now(
+        client, buffer_name, monkeypatch):
+    sent: list[int] = []
+    send = commits._DrawCommit.send
+
+    def recorded(self, candidates, spares, uniforms):
+        sent.append(spares)
+        return send(self, candidates, spares, uniforms)
+
+    monkeypatch.setattr(commits._DrawCommit, "send", recorded)
+    buffer = ReplayBuffer(client, buffer_name, capacity=64, sampler=PERSampler(eps=0.0),
+                          seed=4)
+    ids = buffer.add(batch(20)).ids
+    for _ in range(commits._QUIET_COMMITS + 2):
+        buffer.sample_with_info(50)
+    assert sent[0] > 0 and sent[-1] == 0  # nothing changed: no spares once quiet
+    # another process leaves one item with mass: every candidate of the stale replica
+    # but that item's is touched, and the commit has no spare to replace it with
+    other = ReplayBuffer(client, buffer_name, capacity=64, sampler=PERSampler(eps=0.0))
+    other.update_priority(ids[1:], np.zeros(len(ids) - 1))
+    del sent[:]
+    info = buffer.sample_with_info(50)
+    assert set(info.ids.tolist()) == {int(ids[0])}
+    np.testing.assert_allclose(info.probabilities, 1.0)
+    assert sent[0] == 0 and sent[-1] > 0  # the change brought spares back
+    buffer.sample_with_info(10)
+    assert sent[-1] > 0

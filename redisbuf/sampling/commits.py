@@ -45,6 +45,11 @@ _EXACT_SECONDS = 30.0
 # use in its place when its item changed since the replica's version
 # (lua/sample_prioritized.lua)
 _SPARES = 2
+# After this many commits in a row that found nothing changed (no writer between a draw
+# and its commit, as while a learner only samples), a draw sends no spares: the server
+# would unpack and the replica draw them for nothing. The first commit that finds changes
+# then has its holes filled in one more round trip, and spares come back.
+_QUIET_COMMITS = 8
 # Arrivals past n sent with a draw without replacement (at least), for the server to use
 # when candidates changed since the replica's version; a reply that named too few
 # arrivals doubles them for the replica's next draws, a draw that stood lowers them
@@ -149,7 +154,8 @@ def commit_corrected(
     that cannot correct is a catch-up, after which the draw is made afresh. The spare
     draws per draw follow how much changed (:func:`_spares_for`)."""
     synced = False
-    spares = max(commit.least_spares, replica.spares)
+    spares = 0 if replica.quiet >= _QUIET_COMMITS else max(commit.least_spares,
+                                                            replica.spares)
     limit = commit.limit
     carried: np.ndarray | None = None  # a draw of the replica as it is, to commit again
     for _ in range(_COMMIT_ATTEMPTS):
@@ -187,6 +193,8 @@ def commit_corrected(
         replies = commit.send(drawn, spares, packed_uniforms(rng, 2 * count))
         reply = replies[0]
         status = int(reply[0])
+        # (a commit that stood as sent names no corrected draw: nothing changed)
+        replica.quiet = replica.quiet + 1 if status == 1 and not reply[4] else 0
         if status == 3:  # corrected, with holes to fill among the items not changed
             touched = replica._follow(buffer, [0, reply[1], reply[2], reply[3], *reply[5:]])
             if touched is None:  # (cannot happen: the reply carries every entry)

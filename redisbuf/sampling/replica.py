@@ -88,6 +88,9 @@ class MassReplica(ReplicaDraws):
         self.stamp = ""
         #: spare draws the last PER commits needed (redisbuf/sampling/samplers.py)
         self.spares = 0
+        #: commits in a row that found nothing changed since the replica's version
+        #: (redisbuf/sampling/commits.py: after _QUIET_COMMITS, they send no spares)
+        self.quiet = 0
         self.alpha = 1.0
         self.eps = 0.0
         self.ref: float = 0.0
