@@ -319,12 +319,21 @@ def test_a_first_read_finishes_while_two_processes_add(url, buffer_name, monkeyp
     buffer = ReplayBuffer(url, buffer_name, capacity=capacity, sampler=PERSampler(), seed=1)
     _fill(buffer, capacity)
     monkeypatch.setattr(first_read, "_SCAN_COUNT", 100)  # ~200 slices: a long read
+    read_scores = replica_module.read_scores
+    attempts = 0
+
+    def reading(*args):
+        nonlocal attempts
+        attempts += 1
+        return read_scores(*args)
+
+    monkeypatch.setattr(replica_module, "read_scores", reading)
     with _two_writers(url, buffer, capacity + 3000):
         replica = MassReplica("per")
-        started = time.monotonic()
         replica.load(buffer.view)
-        assert time.monotonic() - started < 60
         moved = buffer.stats()["inserted"]
+    monkeypatch.setattr(replica_module, "read_scores", read_scores)
+    assert attempts == 1  # finished in one read, however long the machine made it take
     assert moved > capacity + 3000  # writers kept adding during the read
     replica.sync(buffer.view)
     truth = _truth(buffer)
