@@ -39,11 +39,13 @@ end
 
 -- Ids sent packed: `width` decimal digits each, back to back (one argument instead of one
 -- per id). Width 12 is the stored form itself (id_str); a wider one (ids from 10^12 on)
--- is read as a number and written back in the stored form.
-local function unpack_ids(packed, width)
-  local ids = {}
-  for i = 1, #packed / width do
-    ids[i] = string.sub(packed, width * (i - 1) + 1, width * i)
+-- is read as a number and written back in the stored form. With `every` (default 1),
+-- only the first of each `every` ids: the rest are never cut out.
+local function unpack_ids(packed, width, every)
+  local ids, step = {}, width * (every or 1)
+  for i = 1, #packed / step do
+    local at = step * (i - 1)
+    ids[i] = string.sub(packed, at + 1, at + width)
   end
   if width ~= 12 then
     for i = 1, #ids do ids[i] = id_str(tonumber(ids[i])) end

@@ -183,14 +183,9 @@ end
 -- X; {3, epoch, version, stamp, draws with '' at each hole, entries...} when a correction
 -- left holes.
 local function draws_at_commit(K, log, replica, mass, packed, width, spares, uniforms, present)
-  local stride = 1 + spares
-  -- the draws as sent (every stride-th candidate), cut out alone: a draw that stands, as
-  -- most do, needs none of the spares, each a string the server would make for nothing
-  local sent, step = {}, width * stride
-  for j = 1, #packed / step do
-    local id = string.sub(packed, step * (j - 1) + 1, step * (j - 1) + width)
-    sent[j] = width == 12 and id or id_str(tonumber(id))
-  end
+  -- the draws as sent (the first candidate of each), cut out alone: a draw that stands,
+  -- as most do, needs none of the spares, each a string the server would make for nothing
+  local sent = unpack_ids(packed, width, 1 + spares)
   if log[1] == replica[1] and log[2] == replica[2] and log[3] == replica[3] then
     return sent, {}, sent
   end
