@@ -360,7 +360,6 @@ def _gather(records: list[ItemRecord], chunks: dict[str, Chunk],
         # rather than once per run: a batch reads a few runs of each chunk
         cells_of: dict[str, np.ndarray] = {}
         cells = None
-        rows_in_all = 0
         for record in records:
             keys = record.chunks
             for index, start, rows in record.columns[position][1]:
@@ -375,14 +374,11 @@ def _gather(records: list[ItemRecord], chunks: dict[str, Chunk],
                         return None
                     cells = cells_of[key] = chunk.columns[source]
                 append(cells[start : start + rows])
-                rows_in_all += rows
         if kind is None or cells is None:  # no cell at all
             return None
-        if empty is None:
-            stacked = np.concatenate(parts)
-        else:  # every run is of one kind: the joined cells are of its dtype and cell shape
-            stacked = np.concatenate(parts, out=empty((rows_in_all, *cells.shape[1:]),
-                                                      cells.dtype))
+        # every run is of one kind, and every record (one layout) has ``length`` rows
+        shape = (len(records) * length, *cells.shape[1:])
+        stacked = np.concatenate(parts, out=(empty or np.empty)(shape, cells.dtype))
         stacked = stacked.reshape(len(records), length, *stacked.shape[1:])
         out.append(stacked[:, 0] if squeeze else stacked)
     return out
